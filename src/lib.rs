@@ -1,1 +1,17 @@
+//! dualera: a dual-era MCP gateway, and the modern (2026-07-28) notes and
+//! repository-summary server it fronts.
+//!
+//! This crate is the IO side: listeners, transports, the modern server and the CLI's
+//! building blocks. Protocol translation that must be deterministic and testable
+//! without sockets lives in the sans-IO crate `dualera-adapters`.
+//!
+//! ```text
+//!  legacy host ──► gateway (src/, drives adapters' session machine) ──► modern server
+//!  modern host ──► gateway pass-through ─────────────────────────────► modern server
+//!                                                                     (src/server/)
+//! ```
 
+pub mod config;
+pub mod demo;
+pub mod guard;
+pub mod server;

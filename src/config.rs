@@ -1,0 +1,314 @@
+//! The TOML configuration shared by `serve` (and later the gateway): who may call, what
+//! each caller may touch, how MRTR state is signed, and every limit.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Errors loading or checking a configuration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("invalid config file {path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What the TOML parser said.
+        source: Box<toml::de::Error>,
+    },
+    /// A value is well-formed but unusable.
+    #[error("invalid config: {reason}")]
+    Invalid {
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Listener settings.
+    #[serde(default)]
+    pub server: ServerSection,
+    /// Where notes and single-use nonces live.
+    #[serde(default)]
+    pub store: StoreSection,
+    /// How `requestState` is signed.
+    #[serde(default)]
+    pub state: StateSection,
+    /// Size and round limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Bearer token → principal. Empty: every request on a loopback listener is `local`.
+    #[serde(default)]
+    pub principals: Vec<Principal>,
+    /// What each principal may touch.
+    #[serde(default)]
+    pub grants: Vec<Grant>,
+}
+
+/// Listener settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    /// Address of the HTTP listener (the `--listen` flag wins).
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Extra `Origin` values accepted besides loopback origins.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// Name reported in `serverInfo`.
+    #[serde(default = "default_name")]
+    pub name: String,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            listen: default_listen(),
+            allowed_origins: Vec::new(),
+            name: default_name(),
+        }
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8787))
+}
+
+fn default_name() -> String {
+    "dualera-notes".to_owned()
+}
+
+/// Where notes and nonces are stored.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSection {
+    /// SQLite file path, or `:memory:`.
+    #[serde(default = "default_store_path")]
+    pub path: String,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        Self {
+            path: default_store_path(),
+        }
+    }
+}
+
+fn default_store_path() -> String {
+    ":memory:".to_owned()
+}
+
+/// `requestState` signing.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateSection {
+    /// How long a signed state stays valid, in milliseconds.
+    #[serde(default = "default_ttl_ms")]
+    pub ttl_ms: u64,
+    /// Signing keys, newest first: the first signs, all verify (rotation).
+    #[serde(default)]
+    pub keys: Vec<StateKey>,
+}
+
+impl Default for StateSection {
+    fn default() -> Self {
+        Self {
+            ttl_ms: default_ttl_ms(),
+            keys: Vec::new(),
+        }
+    }
+}
+
+fn default_ttl_ms() -> u64 {
+    5 * 60 * 1000
+}
+
+/// One HMAC key.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateKey {
+    /// Key id carried in each state payload.
+    pub id: String,
+    /// The secret itself (prefer `secret_env`).
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// Name of an environment variable holding the secret.
+    #[serde(default)]
+    pub secret_env: Option<String>,
+}
+
+/// Limits; every one has a default.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Largest request body accepted, in bytes (HTTP 413 / stdio line limit).
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+    /// Most MRTR rounds one request may take.
+    #[serde(default = "default_max_rounds")]
+    pub max_rounds: u32,
+    /// Bytes of repository content sent to the client's model in one sampling round.
+    #[serde(default = "default_sampling_bytes")]
+    pub sampling_bytes_per_round: usize,
+    /// `maxTokens` asked of the client's model in one sampling round.
+    #[serde(default = "default_sampling_tokens")]
+    pub sampling_max_tokens: u32,
+    /// Largest file read by `summarize_repo`.
+    #[serde(default = "default_file_bytes")]
+    pub max_file_bytes: u64,
+    /// Most files listed by `summarize_repo`.
+    #[serde(default = "default_max_files")]
+    pub max_files: usize,
+    /// Longest `requestState` accepted, in bytes.
+    #[serde(default = "default_max_state")]
+    pub max_state_bytes: usize,
+    /// Most notes returned by one `notes_list`.
+    #[serde(default = "default_max_list")]
+    pub max_list: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: default_max_body(),
+            max_rounds: default_max_rounds(),
+            sampling_bytes_per_round: default_sampling_bytes(),
+            sampling_max_tokens: default_sampling_tokens(),
+            max_file_bytes: default_file_bytes(),
+            max_files: default_max_files(),
+            max_state_bytes: default_max_state(),
+            max_list: default_max_list(),
+        }
+    }
+}
+
+fn default_max_body() -> usize {
+    1024 * 1024
+}
+fn default_max_rounds() -> u32 {
+    3
+}
+fn default_sampling_bytes() -> usize {
+    48 * 1024
+}
+fn default_sampling_tokens() -> u32 {
+    800
+}
+fn default_file_bytes() -> u64 {
+    64 * 1024
+}
+fn default_max_files() -> usize {
+    200
+}
+fn default_max_state() -> usize {
+    16 * 1024
+}
+fn default_max_list() -> usize {
+    500
+}
+
+/// A caller identified by a bearer token.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Principal {
+    /// The principal's name (what grants refer to).
+    pub name: String,
+    /// The bearer token (prefer `token_env`).
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Name of an environment variable holding the token.
+    #[serde(default)]
+    pub token_env: Option<String>,
+}
+
+/// What one principal may touch.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Grant {
+    /// The principal (`local` when authentication is off).
+    pub principal: String,
+    /// Workspace URIs (`file:///…`) whose notes it may read and change.
+    #[serde(default)]
+    pub workspaces: Vec<String>,
+    /// Repository directories (paths or `file:` URIs) it may summarize.
+    #[serde(default)]
+    pub repositories: Vec<String>,
+}
+
+impl Config {
+    /// Reads and parses a configuration file; relative store paths are resolved
+    /// against the file's folder.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut config = Self::parse(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })?;
+        if config.store.path != ":memory:" && Path::new(&config.store.path).is_relative() {
+            if let Some(dir) = path.parent() {
+                config.store.path = dir.join(&config.store.path).to_string_lossy().into_owned();
+            }
+        }
+        Ok(config)
+    }
+
+    /// Parses configuration text.
+    pub fn parse(text: &str) -> Result<Self, toml::de::Error> {
+        toml::from_str(text)
+    }
+}
+
+/// Resolves a secret given inline or through an environment variable.
+pub fn resolve_secret(
+    what: &str,
+    inline: &Option<String>,
+    env: &Option<String>,
+) -> Result<String, ConfigError> {
+    match (inline, env) {
+        (Some(s), None) if !s.is_empty() => Ok(s.clone()),
+        (None, Some(var)) => match std::env::var(var) {
+            Ok(s) if !s.is_empty() => Ok(s),
+            _ => Err(ConfigError::Invalid {
+                reason: format!("{what}: environment variable {var} is unset or empty"),
+            }),
+        },
+        _ => Err(ConfigError::Invalid {
+            reason: format!("{what}: give exactly one of the inline value or the _env variable"),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_parses() {
+        let text = include_str!("../examples/dualera.toml");
+        let config = Config::parse(text).expect("examples/dualera.toml parses");
+        assert!(!config.grants.is_empty());
+        assert!(!config.state.keys.is_empty());
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        assert!(Config::parse("[server]\nlisten = \"127.0.0.1:1\"\nbogus = 1\n").is_err());
+        assert!(Config::parse("nonsense = true\n").is_err());
+    }
+}

@@ -1,0 +1,148 @@
+//! The modern server's error enum and the one place that turns an error into a
+//! JSON-RPC error object and an HTTP status.
+
+use dualera_adapters::jsonrpc::EnvelopeError;
+use dualera_adapters::{ErrorCode, ErrorObject, ProtocolVersion};
+use http::StatusCode;
+use serde_json::{json, Value};
+
+/// Everything that can make the modern server refuse a request.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// The body is not JSON.
+    #[error("Parse error: {detail}")]
+    Parse {
+        /// What the parser said.
+        detail: String,
+    },
+    /// The body is JSON but not a valid JSON-RPC request.
+    #[error("Invalid request: {detail}")]
+    InvalidRequest {
+        /// Which rule was broken.
+        detail: String,
+    },
+    /// No such method.
+    #[error("Method not found: {method}")]
+    MethodNotFound {
+        /// The method asked for.
+        method: String,
+    },
+    /// The params are wrong (unknown tool, bad arguments, bad `_meta`, bad state).
+    #[error("Invalid params: {reason}")]
+    InvalidParams {
+        /// What is wrong, for the caller.
+        reason: String,
+    },
+    /// The requested protocol version is not one this server speaks.
+    #[error("Unsupported protocol version: {requested}")]
+    UnsupportedVersion {
+        /// What the client asked for.
+        requested: String,
+    },
+    /// The request needs a client capability it did not declare.
+    #[error("Missing required client capability")]
+    MissingCapability {
+        /// The capabilities needed, in `ClientCapabilities` shape.
+        required: Value,
+    },
+    /// HTTP headers disagree with the body (or a required one is missing).
+    #[error("Header mismatch: {reason}")]
+    HeaderMismatch {
+        /// Which header, and why.
+        reason: String,
+    },
+    /// The caller did not authenticate.
+    #[error("Unauthorized: {reason}")]
+    Unauthorized {
+        /// Why.
+        reason: String,
+    },
+    /// The store failed.
+    #[error("Internal error")]
+    Store(#[from] crate::server::store::StoreError),
+    /// Anything else that is the server's fault.
+    #[error("Internal error: {detail}")]
+    Internal {
+        /// Logged, and said to the caller without secrets.
+        detail: String,
+    },
+}
+
+impl From<EnvelopeError> for ServerError {
+    fn from(e: EnvelopeError) -> Self {
+        match e {
+            EnvelopeError::Parse { detail } => Self::Parse { detail },
+            EnvelopeError::Invalid { detail, .. } => Self::InvalidRequest { detail },
+        }
+    }
+}
+
+impl ServerError {
+    /// Shorthand for [`ServerError::InvalidParams`].
+    pub fn params(reason: impl Into<String>) -> Self {
+        Self::InvalidParams {
+            reason: reason.into(),
+        }
+    }
+
+    /// The JSON-RPC error object and HTTP status for this error: the only mapping.
+    ///
+    /// Statuses follow the 2026-07-28 Streamable HTTP page: 400 for malformed requests,
+    /// version and capability errors and header mismatches, 404 for an unknown method.
+    pub fn respond(&self) -> (StatusCode, ErrorObject) {
+        let message = self.to_string();
+        match self {
+            Self::Parse { .. } => (
+                StatusCode::BAD_REQUEST,
+                ErrorObject::new(ErrorCode::PARSE_ERROR, message),
+            ),
+            Self::InvalidRequest { .. } => (
+                StatusCode::BAD_REQUEST,
+                ErrorObject::new(ErrorCode::INVALID_REQUEST, message),
+            ),
+            Self::MethodNotFound { .. } => (
+                StatusCode::NOT_FOUND,
+                ErrorObject::new(ErrorCode::METHOD_NOT_FOUND, message),
+            ),
+            Self::InvalidParams { .. } => (
+                StatusCode::BAD_REQUEST,
+                ErrorObject::new(ErrorCode::INVALID_PARAMS, message),
+            ),
+            Self::UnsupportedVersion { requested } => (
+                StatusCode::BAD_REQUEST,
+                ErrorObject::new(
+                    ErrorCode::UNSUPPORTED_PROTOCOL_VERSION,
+                    format!(
+                        "Unsupported protocol version {requested:?}; this server supports {}",
+                        ProtocolVersion::MODERN.join(", ")
+                    ),
+                )
+                .with_data(json!({
+                    "supported": ProtocolVersion::MODERN,
+                    "requested": requested,
+                })),
+            ),
+            Self::MissingCapability { required } => (
+                StatusCode::BAD_REQUEST,
+                ErrorObject::new(
+                    ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY,
+                    format!("Missing required client capability: {required}"),
+                )
+                .with_data(json!({ "requiredCapabilities": required })),
+            ),
+            Self::HeaderMismatch { .. } => (
+                StatusCode::BAD_REQUEST,
+                ErrorObject::new(ErrorCode::HEADER_MISMATCH, message),
+            ),
+            Self::Unauthorized { .. } => (
+                StatusCode::UNAUTHORIZED,
+                ErrorObject::new(ErrorCode::INVALID_REQUEST, message),
+            ),
+            Self::Store(_) | Self::Internal { .. } => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorObject::new(ErrorCode::INTERNAL_ERROR, "Internal error"),
+            ),
+        }
+    }
+}

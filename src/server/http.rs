@@ -1,0 +1,245 @@
+//! Streamable HTTP for the modern server (2026-07-28): POST-only `/mcp`, JSON or SSE
+//! responses, 202 for notifications, header/body cross-checks via the router.
+
+use super::access::LOCAL_PRINCIPAL;
+use super::error::ServerError;
+use super::router::{Handled, MirroredHeaders};
+use super::Server;
+use crate::guard;
+use bytes::Bytes;
+use dualera_adapters::Message;
+use http::{header, HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use tokio::net::TcpListener;
+use tracing::{debug, info, Instrument};
+
+/// The MCP endpoint path.
+pub const ENDPOINT: &str = "/mcp";
+
+/// Serves HTTP on a bound listener until `shutdown` resolves, then lets in-flight
+/// requests finish.
+pub async fn serve(
+    listener: TcpListener,
+    server: Server,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let loopback = listener.local_addr()?.ip().is_loopback();
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        debug!(error = %e, "accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let server = server.clone();
+                let svc = service_fn(move |req| {
+                    let server = server.clone();
+                    async move { Ok::<_, Infallible>(handle(server, loopback, req).await) }
+                });
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc);
+                let conn = graceful.watch(conn);
+                tokio::spawn(
+                    async move {
+                        if let Err(e) = conn.await {
+                            debug!(error = %e, "connection ended with an error");
+                        }
+                    }
+                    .instrument(tracing::debug_span!("connection", transport = "http", %peer)),
+                );
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    info!("shutting down; waiting for in-flight requests");
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(std::time::Duration::from_secs(10)) => {}
+    }
+    Ok(())
+}
+
+/// Binds `addr` and reports the bound address.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain"));
+    r
+}
+
+fn error_response(e: ServerError) -> Response<Full<Bytes>> {
+    let (status, error) = e.respond();
+    let body = Message::Response(dualera_adapters::Response::error(None, error)).to_vec();
+    json_response(status, body)
+}
+
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn sse_response(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut framed = Vec::with_capacity(body.len() + 24);
+    framed.extend_from_slice(b"event: message\ndata: ");
+    framed.extend_from_slice(&body);
+    framed.extend_from_slice(b"\n\n");
+    let mut r = Response::new(Full::new(Bytes::from(framed)));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", header::HeaderValue::from_static("no"));
+    r
+}
+
+fn header_str(h: &HeaderMap, name: &str) -> Option<String> {
+    h.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
+}
+
+/// Whether the client asked for SSE only (otherwise JSON is sent).
+fn wants_sse_only(h: &HeaderMap) -> bool {
+    let accept = h
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect::<Vec<_>>()
+        .join(",");
+    accept.contains("text/event-stream")
+        && !accept.contains("application/json")
+        && !accept.contains("*/*")
+}
+
+async fn handle(server: Server, loopback: bool, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.uri().path() != ENDPOINT {
+        return plain(StatusCode::NOT_FOUND, "not found; the MCP endpoint is /mcp\n");
+    }
+    let headers = req.headers();
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let ok = origin
+            .to_str()
+            .is_ok_and(|o| guard::origin_allowed(o, server.allowed_origins()));
+        if !ok {
+            return error_response(ServerError::InvalidRequest {
+                detail: "Origin not allowed".into(),
+            })
+            .map_status(StatusCode::FORBIDDEN);
+        }
+    }
+    if loopback {
+        let host_ok = headers
+            .get(header::HOST)
+            .is_none_or(|h| h.to_str().is_ok_and(guard::host_allowed_on_loopback));
+        if !host_ok {
+            return error_response(ServerError::InvalidRequest {
+                detail: "Host not allowed".into(),
+            })
+            .map_status(StatusCode::FORBIDDEN);
+        }
+    }
+    if req.method() != Method::POST {
+        let mut r = plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "this endpoint takes POST only (protocol 2026-07-28 has no GET stream and no sessions)\n",
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
+        return r;
+    }
+    let access = &server.services().access;
+    let principal = if access.auth_required() {
+        let token = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match token.and_then(|t| access.authenticate(t)) {
+            Some(p) => p.to_owned(),
+            None => {
+                let mut r = error_response(ServerError::Unauthorized {
+                    reason: "a valid bearer token is required".into(),
+                });
+                r.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    header::HeaderValue::from_static("Bearer"),
+                );
+                return r;
+            }
+        }
+    } else {
+        LOCAL_PRINCIPAL.to_owned()
+    };
+    let mirrored = MirroredHeaders {
+        protocol_version: header_str(headers, "mcp-protocol-version"),
+        method: header_str(headers, "mcp-method"),
+        name: header_str(headers, "mcp-name"),
+    };
+    let sse = wants_sse_only(headers);
+    let limit = server.services().limits.max_body_bytes;
+    let body = match Limited::new(req.into_body(), limit).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                return error_response(ServerError::InvalidRequest {
+                    detail: format!("body larger than {limit} bytes"),
+                })
+                .map_status(StatusCode::PAYLOAD_TOO_LARGE);
+            }
+            return plain(StatusCode::BAD_REQUEST, "could not read the request body\n");
+        }
+    };
+    let handled = tokio::task::spawn_blocking(move || {
+        server.handle_bytes(&principal, &body, Some(&mirrored))
+    })
+    .await;
+    match handled {
+        Ok(Handled::Accepted) => {
+            let mut r = Response::new(Full::new(Bytes::new()));
+            *r.status_mut() = StatusCode::ACCEPTED;
+            r
+        }
+        Ok(Handled::Reply { status, response }) => {
+            let body = Message::Response(response).to_vec();
+            if sse {
+                sse_response(status, body)
+            } else {
+                json_response(status, body)
+            }
+        }
+        Err(_) => error_response(ServerError::Internal {
+            detail: "handler panicked".into(),
+        }),
+    }
+}
+
+trait MapStatus {
+    fn map_status(self, status: StatusCode) -> Self;
+}
+
+impl MapStatus for Response<Full<Bytes>> {
+    fn map_status(mut self, status: StatusCode) -> Self {
+        *self.status_mut() = status;
+        self
+    }
+}

@@ -1,0 +1,141 @@
+//! The modern, stateless MCP server (revision 2026-07-28): notes and repository
+//! summaries. Every request carries everything needed to answer it; what must survive
+//! between MRTR rounds rides in a signed `requestState`, and the only shared state is
+//! the store. Nothing here knows about legacy sessions.
+//!
+//! ```text
+//!  HTTP POST /mcp ─┐                        ┌─ server/discover, tools/list
+//!                  ├─► Server::handle_bytes ─┤
+//!  stdio line   ───┘   (envelope, _meta,    └─ tools/call ─► Tool::call ─► complete
+//!                       headers, version)                        │          or input_required
+//!                                                                └─► store (SQLite)
+//! ```
+
+pub mod access;
+pub mod error;
+pub mod http;
+pub mod meta;
+pub mod request_state;
+mod router;
+pub mod scope;
+pub mod stdio;
+pub mod store;
+pub mod tools;
+
+pub use access::Access;
+pub use error::ServerError;
+pub use router::{Handled, MirroredHeaders};
+
+use crate::config::{resolve_secret, Config, ConfigError, Limits};
+use request_state::StateCodec;
+use std::sync::Arc;
+use store::SqliteStore;
+use tools::ToolRegistry;
+
+/// What handlers can reach: the store, the state codec, access rules and limits.
+#[derive(Debug)]
+pub struct Services {
+    /// Notes and nonces.
+    pub store: SqliteStore,
+    /// Signs and verifies `requestState`.
+    pub codec: StateCodec,
+    /// Principals and grants.
+    pub access: Access,
+    /// Size and round limits.
+    pub limits: Limits,
+}
+
+/// A cheaply clonable handle on one server instance.
+#[derive(Clone, Debug)]
+pub struct Server {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    services: Services,
+    tools: ToolRegistry,
+    name: String,
+    allowed_origins: Vec<String>,
+}
+
+/// How a server's signing key came to be (so `main` can say so on stderr).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeySource {
+    /// From the configuration.
+    Configured,
+    /// Generated at start-up because the configuration names none.
+    Generated,
+}
+
+impl Server {
+    /// Builds a server from a configuration: opens the store, resolves secrets.
+    pub fn from_config(config: &Config) -> Result<(Self, KeySource), ConfigError> {
+        let limits = config.limits.clone();
+        let (codec, source) = if config.state.keys.is_empty() {
+            let codec = StateCodec::random(config.state.ttl_ms, limits.max_state_bytes).map_err(
+                |e| ConfigError::Invalid {
+                    reason: format!("cannot draw a random state key: {e}"),
+                },
+            )?;
+            (codec, KeySource::Generated)
+        } else {
+            let mut keys = Vec::new();
+            for k in &config.state.keys {
+                let secret = resolve_secret(
+                    &format!("state key {:?}", k.id),
+                    &k.secret,
+                    &k.secret_env,
+                )?;
+                if secret.len() < 16 {
+                    return Err(ConfigError::Invalid {
+                        reason: format!("state key {:?} is shorter than 16 bytes", k.id),
+                    });
+                }
+                keys.push((k.id.clone(), secret.into_bytes()));
+            }
+            (
+                StateCodec::new(keys, config.state.ttl_ms, limits.max_state_bytes),
+                KeySource::Configured,
+            )
+        };
+        let store = SqliteStore::open(&config.store.path).map_err(|e| ConfigError::Invalid {
+            reason: format!("cannot open store {:?}: {e}", config.store.path),
+        })?;
+        let access = Access::from_config(config)?;
+        Ok((
+            Self {
+                inner: Arc::new(Inner {
+                    services: Services {
+                        store,
+                        codec,
+                        access,
+                        limits,
+                    },
+                    tools: ToolRegistry::notes_server(),
+                    name: config.server.name.clone(),
+                    allowed_origins: config.server.allowed_origins.clone(),
+                }),
+            },
+            source,
+        ))
+    }
+
+    /// The services handlers use.
+    pub fn services(&self) -> &Services {
+        &self.inner.services
+    }
+
+    /// Extra allowed `Origin` values.
+    pub fn allowed_origins(&self) -> &[String] {
+        &self.inner.allowed_origins
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}

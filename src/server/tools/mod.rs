@@ -1,0 +1,184 @@
+//! Tools: the trait every tool implements, the registry, and helpers for arguments
+//! and results shared by the notes and summary tools.
+
+mod notes;
+mod summarize;
+
+use super::error::ServerError;
+use super::meta::RequestMeta;
+use super::request_state::{digest_arguments, Binding, Opened};
+use super::Services;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+
+/// Everything a tool call may look at. Built fresh for every request.
+#[derive(Debug)]
+pub struct CallContext<'a> {
+    /// The authenticated principal.
+    pub principal: &'a str,
+    /// This request's `_meta`.
+    pub meta: &'a RequestMeta,
+    /// `params.arguments`.
+    pub arguments: &'a Map<String, Value>,
+    /// `params.inputResponses` on an MRTR retry.
+    pub input_responses: Option<&'a Map<String, Value>>,
+    /// `params.requestState` on an MRTR retry (attacker-controlled until opened).
+    pub request_state: Option<&'a str>,
+    /// Store, codec, access rules, limits.
+    pub services: &'a Services,
+    /// Now, in ms since the epoch.
+    pub now_ms: u64,
+}
+
+/// What a tool answers.
+#[derive(Debug)]
+pub enum ToolOutcome {
+    /// A `CallToolResult` (without `resultType`; the router adds it).
+    Complete(Value),
+    /// More input is needed: an MRTR round.
+    InputRequired {
+        /// Keyed input requests (`elicitation/create`, `sampling/createMessage`, `roots/list`).
+        input_requests: Map<String, Value>,
+        /// Signed state to be echoed on the retry.
+        request_state: Option<String>,
+    },
+}
+
+/// A tool.
+pub trait Tool: Send + Sync + std::fmt::Debug {
+    /// The tool's name.
+    fn name(&self) -> &'static str;
+    /// The `Tool` descriptor served by `tools/list`.
+    fn descriptor(&self) -> Value;
+    /// Capabilities a caller must declare (in `ClientCapabilities` shape).
+    fn required_capabilities(&self) -> Option<Value> {
+        None
+    }
+    /// Runs the tool.
+    fn call(&self, cx: &CallContext<'_>) -> Result<ToolOutcome, ServerError>;
+}
+
+/// Tools by name, listed in a fixed order.
+#[derive(Debug)]
+pub struct ToolRegistry {
+    tools: BTreeMap<&'static str, Box<dyn Tool>>,
+}
+
+impl ToolRegistry {
+    /// The notes + repository-summary server's tools.
+    pub fn notes_server() -> Self {
+        let mut r = Self {
+            tools: BTreeMap::new(),
+        };
+        r.add(Box::new(notes::NotesCreate));
+        r.add(Box::new(notes::NotesList));
+        r.add(Box::new(notes::NotesDelete));
+        r.add(Box::new(summarize::SummarizeRepo));
+        r
+    }
+
+    /// Adds a tool (replacing one of the same name).
+    pub fn add(&mut self, tool: Box<dyn Tool>) {
+        self.tools.insert(tool.name(), tool);
+    }
+
+    /// Looks a tool up.
+    pub fn get(&self, name: &str) -> Option<&dyn Tool> {
+        self.tools.get(name).map(|t| &**t)
+    }
+
+    /// Every descriptor, in name order (deterministic).
+    pub fn descriptors(&self) -> Vec<Value> {
+        self.tools.values().map(|t| t.descriptor()).collect()
+    }
+}
+
+impl CallContext<'_> {
+    /// A required string argument, non-empty, at most `max` bytes.
+    pub fn string_arg(&self, key: &str, max: usize) -> Result<&str, ServerError> {
+        match self.arguments.get(key) {
+            Some(Value::String(s)) if !s.is_empty() && s.len() <= max => Ok(s),
+            Some(Value::String(s)) if s.is_empty() => Err(ServerError::params(format!(
+                "argument {key} must not be empty"
+            ))),
+            Some(Value::String(_)) => Err(ServerError::params(format!(
+                "argument {key} is longer than {max} bytes"
+            ))),
+            Some(_) => Err(ServerError::params(format!("argument {key} must be a string"))),
+            None => Err(ServerError::params(format!("argument {key} is required"))),
+        }
+    }
+
+    /// An optional string argument.
+    pub fn optional_string_arg(&self, key: &str, max: usize) -> Result<Option<&str>, ServerError> {
+        match self.arguments.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(_) => self.string_arg(key, max).map(Some),
+        }
+    }
+
+    /// Refuses arguments the schema does not list.
+    pub fn only_args(&self, allowed: &[&str]) -> Result<(), ServerError> {
+        match self.arguments.keys().find(|k| !allowed.contains(&k.as_str())) {
+            Some(k) => Err(ServerError::params(format!("unknown argument {k}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// The state binding for this call: principal, method, tool, argument digest.
+    pub fn binding(&self, tool: &str) -> Binding {
+        Binding {
+            principal: self.principal.to_owned(),
+            method: "tools/call".to_owned(),
+            target: tool.to_owned(),
+            arguments: digest_arguments(&Value::Object(self.arguments.clone())),
+        }
+    }
+
+    /// Opens this call's `requestState`, if it carries one.
+    pub fn open_state(&self, tool: &str) -> Result<Option<Opened>, ServerError> {
+        match self.request_state {
+            None => Ok(None),
+            Some(token) => self
+                .services
+                .codec
+                .open(token, &self.binding(tool), self.now_ms)
+                .map(Some)
+                .map_err(|e| ServerError::params(e.to_string())),
+        }
+    }
+
+    /// Signs a new state for this call.
+    pub fn seal_state(
+        &self,
+        tool: &str,
+        phase: &str,
+        round: u32,
+        data: Value,
+    ) -> Result<String, ServerError> {
+        self.services
+            .codec
+            .seal(&self.binding(tool), phase, round, data, self.now_ms)
+            .map_err(|e| ServerError::Internal {
+                detail: format!("random source failed: {e}"),
+            })
+    }
+
+    /// The input response under `key`, if the client sent one.
+    pub fn input_response(&self, key: &str) -> Option<&Value> {
+        self.input_responses.and_then(|r| r.get(key))
+    }
+}
+
+/// A `CallToolResult` with one text block, optional structured content.
+pub fn text_result(text: impl Into<String>, structured: Option<Value>, is_error: bool) -> Value {
+    let mut m = Map::new();
+    m.insert("content".into(), json!([{ "type": "text", "text": text.into() }]));
+    if let Some(s) = structured {
+        m.insert("structuredContent".into(), s);
+    }
+    if is_error {
+        m.insert("isError".into(), Value::Bool(true));
+    }
+    Value::Object(m)
+}
