@@ -55,6 +55,38 @@ pub struct Config {
     /// What each principal may touch.
     #[serde(default)]
     pub grants: Vec<Grant>,
+    /// Gateway bounds and timers.
+    #[serde(default)]
+    pub gateway: GatewaySection,
+}
+
+/// Gateway settings (`dualera gateway`, `dualera up`); every field has a default.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewaySection {
+    /// Address of the gateway listener (the `--listen` flag wins).
+    pub listen: Option<SocketAddr>,
+    /// Extra `Origin` values accepted besides loopback ones.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// Most live legacy sessions (default 10000).
+    pub max_sessions: Option<usize>,
+    /// Idle legacy sessions are evicted after this many seconds (default 1800).
+    pub session_idle_ttl_secs: Option<u64>,
+    /// SSE keepalive comment interval in seconds (default 15).
+    pub keepalive_secs: Option<u64>,
+    /// Seconds a live elicitation/sampling/roots request may go unanswered (default 600).
+    pub live_request_timeout_secs: Option<u64>,
+    /// Pause before retrying a state-only MRTR round, in ms (default 250).
+    pub retry_pause_ms: Option<u64>,
+    /// Most MRTR rounds per legacy request (default 8).
+    pub max_rounds: Option<u32>,
+    /// SSE events kept per stream for Last-Event-ID resumption (default 64).
+    pub replay_buffer: Option<usize>,
+    /// Requests in flight per legacy session (default 64).
+    pub max_in_flight: Option<usize>,
+    /// Largest body accepted, in bytes (default 4 MiB).
+    pub max_body_bytes: Option<usize>,
 }
 
 /// Listener settings.

@@ -13,5 +13,6 @@
 
 pub mod config;
 pub mod demo;
+pub mod gateway;
 pub mod guard;
 pub mod server;

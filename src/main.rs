@@ -2,11 +2,14 @@
 
 use clap::{Parser, Subcommand};
 use dualera::config::Config;
+use dualera::gateway::{Gateway, GatewayConfig, Upstream};
 use dualera::server::{self, KeySource, Server};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
+
+type BoxError = Box<dyn std::error::Error>;
 
 #[derive(Parser)]
 #[command(name = "dualera", version, about = "Dual-era MCP gateway and modern notes server")]
@@ -35,6 +38,28 @@ enum Command {
         #[arg(long, num_args = 0..=1, default_missing_value = "dualera-demo")]
         demo: Option<PathBuf>,
     },
+    /// Run the gateway in front of a modern server.
+    Gateway {
+        /// The modern server's MCP endpoint, e.g. http://127.0.0.1:8787/mcp.
+        #[arg(long)]
+        upstream: String,
+        /// Address to listen on. Overrides the config file.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Configuration file (TOML; its [gateway] section is used).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// The whole thing on the embedded default: sample workspace, modern server and
+    /// gateway, no setup.
+    Up {
+        /// Folder for the sample workspace, repository, config and database.
+        #[arg(long, default_value = "dualera-demo")]
+        dir: PathBuf,
+        /// Address the gateway listens on.
+        #[arg(long, default_value = "127.0.0.1:8788")]
+        listen: SocketAddr,
+    },
 }
 
 fn main() -> ExitCode {
@@ -61,7 +86,25 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+fn load(path: Option<&PathBuf>) -> Result<Config, BoxError> {
+    Ok(match path {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    })
+}
+
+fn build_server(config: &Config) -> Result<Server, BoxError> {
+    let (server, keys) = Server::from_config(config)?;
+    if keys == KeySource::Generated {
+        eprintln!(
+            "dualera: no [[state.keys]] configured; generated a random requestState key \
+             for this process (states will not survive a restart or verify elsewhere)"
+        );
+    }
+    Ok(server)
+}
+
+async fn run(cli: Cli) -> Result<(), BoxError> {
     match cli.command {
         Command::Serve {
             listen,
@@ -80,17 +123,8 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 );
                 config_path.get_or_insert(layout.config);
             }
-            let config = match &config_path {
-                Some(p) => Config::load(p)?,
-                None => Config::default(),
-            };
-            let (server, keys) = Server::from_config(&config)?;
-            if keys == KeySource::Generated {
-                eprintln!(
-                    "dualera: no [[state.keys]] configured; generated a random requestState key \
-                     for this process (states will not survive a restart or verify elsewhere)"
-                );
-            }
+            let config = load(config_path.as_ref())?;
+            let server = build_server(&config)?;
             if stdio {
                 let stdin = tokio::io::BufReader::new(tokio::io::stdin());
                 return Ok(server::stdio::serve(server, principal, stdin, tokio::io::stdout()).await?);
@@ -106,6 +140,56 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             let bound = listener.local_addr()?;
             eprintln!("dualera: modern server listening on http://{bound}{}", server::http::ENDPOINT);
             server::http::serve(listener, server, shutdown_signal()).await?;
+            Ok(())
+        }
+        Command::Gateway {
+            upstream,
+            listen,
+            config,
+        } => {
+            let config = load(config.as_ref())?;
+            let uri: http::Uri = upstream.parse()?;
+            if uri.scheme_str() != Some("http") {
+                return Err("--upstream must be an http:// URL".into());
+            }
+            let gw_config = GatewayConfig::from_section(&config.gateway);
+            let addr = listen
+                .or(config.gateway.listen)
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8788)));
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            let bound = listener.local_addr()?;
+            eprintln!("dualera: gateway listening on http://{bound}/mcp, upstream {uri}");
+            let gateway = Gateway::new(Upstream::new(uri, gw_config.max_body_bytes), gw_config);
+            gateway.serve(listener, shutdown_signal()).await?;
+            Ok(())
+        }
+        Command::Up { dir, listen } => {
+            let layout = dualera::demo::ensure(&dir)?;
+            let config = load(Some(&layout.config))?;
+            let server = build_server(&config)?;
+            let upstream_listener =
+                server::http::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+            let upstream_addr = upstream_listener.local_addr()?;
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let mut rx = stop_rx.clone();
+            let server_task = tokio::spawn(server::http::serve(upstream_listener, server, async move {
+                let _ = rx.changed().await;
+            }));
+            let gw_config = GatewayConfig::from_section(&config.gateway);
+            let uri: http::Uri = format!("http://{upstream_addr}{}", server::http::ENDPOINT).parse()?;
+            let listener = tokio::net::TcpListener::bind(listen).await?;
+            let bound = listener.local_addr()?;
+            println!("dualera is up.");
+            println!("  gateway (legacy and modern hosts): http://{bound}/mcp");
+            println!("  modern server (direct):           {uri}");
+            println!("  notes workspace:                   {}", layout.notes_uri);
+            println!("  repository:                        {}", layout.repo_dir.display());
+            println!("  config:                            {}", layout.config.display());
+            println!("Press Ctrl-C to stop.");
+            let gateway = Gateway::new(Upstream::new(uri, gw_config.max_body_bytes), gw_config);
+            gateway.serve(listener, shutdown_signal()).await?;
+            let _ = stop_tx.send(true);
+            let _ = server_task.await;
             Ok(())
         }
     }

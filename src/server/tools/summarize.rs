@@ -122,7 +122,7 @@ impl Tool for SummarizeRepo {
                     return self.ask_pick(cx, audience, &listing, &digest, next_round);
                 };
                 let picks = parse_picks(&sampling_text(reply, PICK_KEY)?, &listing)?;
-                self.ask_summary(cx, audience, &dir, &picks, &digest, next_round)
+                self.ask_summary(cx, audience, (&root, &dir), &picks, &digest, next_round)
             }
             "summary" => {
                 let picks: Vec<String> = opened
@@ -132,7 +132,7 @@ impl Tool for SummarizeRepo {
                     .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
                     .unwrap_or_default();
                 let Some(reply) = cx.input_response(SUMMARY_KEY) else {
-                    return self.ask_summary(cx, audience, &dir, &picks, &digest, next_round);
+                    return self.ask_summary(cx, audience, (&root, &dir), &picks, &digest, next_round);
                 };
                 let summary = sampling_text(reply, SUMMARY_KEY)?;
                 let summary = summary.trim();
@@ -191,7 +191,7 @@ impl SummarizeRepo {
         &self,
         cx: &CallContext<'_>,
         audience: &str,
-        dir: &Scope,
+        (root, dir): (&Path, &Scope),
         picks: &[String],
         digest: &str,
         round: u32,
@@ -201,7 +201,7 @@ impl SummarizeRepo {
         let mut body = String::new();
         for rel in picks {
             let path = dir.to_path().join(rel);
-            let content = read_capped(&path, per_file as u64, cx.services.limits.max_file_bytes)
+            let content = read_capped(root, &path, per_file as u64, cx.services.limits.max_file_bytes)
                 .map_err(|e| ServerError::params(format!("cannot read {rel}: {e}")))?;
             body.push_str(&format!("=== {rel} ===\n{content}\n\n"));
         }
@@ -368,9 +368,18 @@ fn list_files(root: &Path, dir: &Scope, max_files: usize) -> Result<Listing, Ser
     Ok(out)
 }
 
-/// Reads at most `cap` bytes (and never more than `max_file`), as lossy UTF-8.
-fn read_capped(path: &Path, cap: u64, max_file: u64) -> std::io::Result<String> {
-    let f = fs::File::open(path)?;
+/// Reads at most `cap` bytes (and never more than `max_file`), as lossy UTF-8, after
+/// checking again that the file's real path is inside `root` (it may have changed
+/// into a symlink since it was listed).
+fn read_capped(root: &Path, path: &Path, cap: u64, max_file: u64) -> std::io::Result<String> {
+    let real = fs::canonicalize(path)?;
+    if !real.starts_with(root) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "the file now resolves outside the granted repository",
+        ));
+    }
+    let f = fs::File::open(real)?;
     let mut buf = Vec::new();
     f.take(cap.min(max_file)).read_to_end(&mut buf)?;
     Ok(String::from_utf8_lossy(&buf).into_owned())

@@ -1,0 +1,210 @@
+//! The gateway: one endpoint for both eras. A modern request (2026-07-28 header, no
+//! session) is proxied untouched; legacy traffic (an `initialize`, or a known session)
+//! is driven through the sans-IO session machine of `dualera-adapters`.
+//!
+//! ```text
+//!   POST /mcp ─► origin/host guard ─► era? ─ modern ─► passthrough::forward ─► upstream
+//!                                          └ legacy ─► legacy_http ─► Session (adapters)
+//!                                                              ▲           │ commands
+//!                                                              └─ upstream::exchange
+//! ```
+
+pub mod body;
+mod legacy_http;
+pub mod passthrough;
+pub mod sse;
+pub mod upstream;
+
+use crate::guard;
+use body::GatewayBody;
+use dualera_adapters::version::is_modern_or_later;
+use http::{header, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tracing::{debug, info, Instrument};
+pub use upstream::Upstream;
+
+/// Gateway settings; every bound has a default.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Largest request body accepted (and largest upstream message decoded).
+    pub max_body_bytes: usize,
+    /// Extra `Origin` values accepted besides loopback ones.
+    pub allowed_origins: Vec<String>,
+    /// Most live legacy sessions.
+    pub max_sessions: usize,
+    /// A legacy session unused this long is evicted.
+    pub session_idle_ttl: Duration,
+    /// SSE comment keepalive interval on idle legacy streams.
+    pub keepalive: Duration,
+    /// How long a live server-initiated request may go unanswered (reset by progress).
+    pub live_request_timeout: Duration,
+    /// Pause before retrying a round that carried only `requestState`.
+    pub retry_pause: Duration,
+    /// Most MRTR rounds per legacy request.
+    pub max_rounds: u32,
+    /// Events kept per stream for `Last-Event-ID` resumption.
+    pub replay_buffer: usize,
+    /// Requests in flight per legacy session.
+    pub max_in_flight: usize,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 4 * 1024 * 1024,
+            allowed_origins: Vec::new(),
+            max_sessions: 10_000,
+            session_idle_ttl: Duration::from_secs(30 * 60),
+            keepalive: Duration::from_secs(15),
+            live_request_timeout: Duration::from_secs(600),
+            retry_pause: Duration::from_millis(250),
+            max_rounds: 8,
+            replay_buffer: 64,
+            max_in_flight: 64,
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// Defaults overridden by a config file's `[gateway]` section.
+    pub fn from_section(s: &crate::config::GatewaySection) -> Self {
+        let d = Self::default();
+        Self {
+            max_body_bytes: s.max_body_bytes.unwrap_or(d.max_body_bytes),
+            allowed_origins: s.allowed_origins.clone(),
+            max_sessions: s.max_sessions.unwrap_or(d.max_sessions),
+            session_idle_ttl: s
+                .session_idle_ttl_secs
+                .map_or(d.session_idle_ttl, Duration::from_secs),
+            keepalive: s.keepalive_secs.map_or(d.keepalive, Duration::from_secs),
+            live_request_timeout: s
+                .live_request_timeout_secs
+                .map_or(d.live_request_timeout, Duration::from_secs),
+            retry_pause: s.retry_pause_ms.map_or(d.retry_pause, Duration::from_millis),
+            max_rounds: s.max_rounds.unwrap_or(d.max_rounds),
+            replay_buffer: s.replay_buffer.unwrap_or(d.replay_buffer),
+            max_in_flight: s.max_in_flight.unwrap_or(d.max_in_flight),
+        }
+    }
+}
+
+/// A cheaply clonable gateway handle.
+#[derive(Clone, Debug)]
+pub struct Gateway {
+    config: Arc<GatewayConfig>,
+    upstream: Upstream,
+    legacy: Arc<legacy_http::Sessions>,
+}
+
+impl Gateway {
+    /// A gateway in front of `upstream`.
+    pub fn new(upstream: Upstream, config: GatewayConfig) -> Self {
+        Self {
+            legacy: Arc::new(legacy_http::Sessions::new(&config)),
+            config: Arc::new(config),
+            upstream,
+        }
+    }
+
+    /// Serves on a bound listener until `shutdown` resolves.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> std::io::Result<()> {
+        let loopback = listener.local_addr()?.ip().is_loopback();
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let reaper = tokio::spawn(legacy_http::reap(self.clone()));
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let (stream, peer) = match accepted {
+                        Ok(a) => a,
+                        Err(e) => {
+                            debug!(error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            continue;
+                        }
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let gw = self.clone();
+                    let svc = service_fn(move |req| {
+                        let gw = gw.clone();
+                        async move { Ok::<_, Infallible>(gw.route(loopback, req).await) }
+                    });
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc);
+                    let conn = graceful.watch(conn);
+                    tokio::spawn(
+                        async move {
+                            if let Err(e) = conn.await {
+                                debug!(error = %e, "connection ended with an error");
+                            }
+                        }
+                        .instrument(tracing::debug_span!("connection", transport = "http", %peer)),
+                    );
+                }
+                () = &mut shutdown => break,
+            }
+        }
+        info!("gateway shutting down");
+        reaper.abort();
+        self.legacy.close_all();
+        tokio::select! {
+            () = graceful.shutdown() => {}
+            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+        Ok(())
+    }
+
+    async fn route(&self, loopback: bool, req: Request<Incoming>) -> Response<GatewayBody> {
+        if req.uri().path() != crate::server::http::ENDPOINT {
+            return text(StatusCode::NOT_FOUND, "not found; the MCP endpoint is /mcp\n");
+        }
+        let h = req.headers();
+        if let Some(origin) = h.get(header::ORIGIN) {
+            if !origin
+                .to_str()
+                .is_ok_and(|o| guard::origin_allowed(o, &self.config.allowed_origins))
+            {
+                return text(StatusCode::FORBIDDEN, "Origin not allowed\n");
+            }
+        }
+        if loopback
+            && !h
+                .get(header::HOST)
+                .is_none_or(|v| v.to_str().is_ok_and(guard::host_allowed_on_loopback))
+        {
+            return text(StatusCode::FORBIDDEN, "Host not allowed\n");
+        }
+        let modern = h
+            .get("mcp-protocol-version")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(is_modern_or_later)
+            && !h.contains_key("mcp-session-id");
+        if modern {
+            passthrough::forward(self, req).await
+        } else {
+            legacy_http::handle(self, req).await
+        }
+    }
+}
+
+/// A plain-text response.
+pub(crate) fn text(status: StatusCode, msg: &'static str) -> Response<GatewayBody> {
+    let mut r = Response::new(body::full(msg));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain"),
+    );
+    r
+}
