@@ -1,27 +1,852 @@
-//! Legacy Streamable HTTP (2025-03-26 … 2025-11-25): sessions, SSE streams and the
-//! driver loop around the adapters' session machine.
+//! Legacy Streamable HTTP (2025-03-26 … 2025-11-25): session ids, per-request SSE
+//! streams, the standalone GET stream, `Last-Event-ID` resumption, and the driver
+//! loop that feeds the adapters' session machine and carries out what it asks.
+//!
+//! Locking: each session's machine and stream table sit behind one `std` mutex that
+//! is never held across an `.await`; upstream exchanges and timers run as tasks that
+//! take the lock only to feed a message and route the resulting events.
 
-use super::body::GatewayBody;
-use super::{GatewayConfig, Gateway};
-use http::{Request, Response, StatusCode};
+use super::body::{empty, full, ChannelBody, GatewayBody};
+use super::{sse, text, Gateway, GatewayConfig};
+use bytes::Bytes;
+use dashmap::DashMap;
+use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
+use dualera_adapters::{
+    Config as MachineConfig, ErrorCode, ErrorObject, Event, Message, PeerStream, ProtocolVersion,
+    RequestId, Response as RpcResponse, Session, SessionState, Timestamp, UpstreamRole,
+};
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::AbortHandle;
+use tracing::{debug, info, warn, Instrument};
 
-/// Live legacy sessions.
-#[derive(Debug)]
-pub(super) struct Sessions {}
+/// Messages queued towards one live SSE connection before it counts as stalled.
+const STREAM_QUEUE: usize = 256;
+/// Finished streams whose events are kept for resumption, per session.
+const FINISHED_KEPT: usize = 16;
+/// How long a request's POST waits for a first message before it opens an SSE stream.
+const FIRST_MESSAGE_WAIT: Duration = Duration::from_secs(1);
+/// How long an `initialize` may wait for the upstream's discover.
+const INIT_WAIT: Duration = Duration::from_secs(30);
 
-impl Sessions {
-    pub(super) fn new(_config: &GatewayConfig) -> Self {
-        Self {}
-    }
-
-    pub(super) fn close_all(&self) {}
+fn epoch() -> Instant {
+    static START: OnceLock<Instant> = OnceLock::new();
+    *START.get_or_init(Instant::now)
 }
 
-/// Evicts idle sessions, forever.
-pub(super) async fn reap(_gw: Gateway) {}
+fn now() -> Timestamp {
+    Timestamp::from_millis(u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX))
+}
 
-/// Handles one legacy request.
-pub(super) async fn handle(_gw: &Gateway, _req: Request<Incoming>) -> Response<GatewayBody> {
-    super::text(StatusCode::NOT_IMPLEMENTED, "legacy sessions are not implemented yet\n")
+/// Live legacy sessions, and the shared `server/discover` cache.
+#[derive(Debug)]
+pub(super) struct Sessions {
+    map: DashMap<String, Arc<SessionHandle>>,
+    discover: Mutex<Option<(Value, Instant)>>,
+    machine: MachineConfig,
+}
+
+impl Sessions {
+    pub(super) fn new(config: &GatewayConfig) -> Self {
+        let mut machine = MachineConfig::default();
+        machine.max_in_flight = config.max_in_flight;
+        machine.max_rounds = config.max_rounds;
+        machine.retry_pause = config.retry_pause;
+        machine.live_timeout = config.live_request_timeout;
+        Self {
+            map: DashMap::new(),
+            discover: Mutex::new(None),
+            machine,
+        }
+    }
+
+    /// Closes every session (gateway shutdown).
+    pub(super) fn close_all(&self) {
+        for entry in self.map.iter() {
+            entry.value().close();
+        }
+        self.map.clear();
+    }
+
+    fn cached_discover(&self) -> Option<Value> {
+        let guard = self.discover.lock().ok()?;
+        let (v, until) = guard.as_ref()?;
+        (Instant::now() < *until).then(|| v.clone())
+    }
+
+    fn store_discover(&self, result: &Value) {
+        let ttl = result.get("ttlMs").and_then(Value::as_u64).unwrap_or(0);
+        let private = result.get("cacheScope").and_then(Value::as_str) == Some("private");
+        if ttl == 0 || private {
+            return;
+        }
+        if let Ok(mut g) = self.discover.lock() {
+            *g = Some((
+                result.clone(),
+                Instant::now() + Duration::from_millis(ttl.min(24 * 3_600_000)),
+            ));
+        }
+    }
+
+    /// How many sessions are live.
+    pub(super) fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// One stream towards the peer.
+#[derive(Debug)]
+struct StreamState {
+    /// Stream number inside the session (first part of its event ids).
+    number: u64,
+    /// Last event sequence number used.
+    seq: u64,
+    /// Recent events, for `Last-Event-ID` resumption.
+    ring: VecDeque<(u64, Bytes)>,
+    /// The live connection, if one is attached.
+    tx: Option<mpsc::Sender<Bytes>>,
+    /// Before the POST handler decides between JSON and SSE: the messages so far.
+    pending: Option<Vec<Vec<u8>>>,
+    /// The stream's last message was sent.
+    finished: bool,
+}
+
+#[derive(Debug)]
+struct Shared {
+    machine: Session,
+    streams: HashMap<PeerStream, StreamState>,
+    by_number: HashMap<u64, PeerStream>,
+    finished_order: VecDeque<PeerStream>,
+    next_stream: u64,
+    upstream_tasks: HashMap<RequestId, AbortHandle>,
+}
+
+/// A legacy session: the machine, its streams, and what binds it to its caller.
+#[derive(Debug)]
+pub(super) struct SessionHandle {
+    id: String,
+    credential: [u8; 32],
+    authorization: Option<HeaderValue>,
+    shared: Mutex<Shared>,
+    last_used: AtomicU64,
+    wake: Notify,
+    settled: Notify,
+    replay: usize,
+}
+
+impl SessionHandle {
+    fn touch(&self) {
+        self.last_used.store(now().as_millis(), Ordering::Relaxed);
+    }
+
+    fn close(&self) {
+        if let Ok(mut s) = self.shared.lock() {
+            s.machine.close();
+            for (_, h) in s.upstream_tasks.drain() {
+                h.abort();
+            }
+            for st in s.streams.values_mut() {
+                st.tx = None;
+            }
+        }
+        self.wake.notify_one();
+    }
+}
+
+fn credential_hash(auth: Option<&HeaderValue>) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"dualera-session-credential\0");
+    if let Some(a) = auth {
+        h.update(a.as_bytes());
+    }
+    h.finalize().into()
+}
+
+fn same_credential(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn mint_session_id() -> Option<String> {
+    let mut bytes = [0u8; 24];
+    getrandom::fill(&mut bytes).ok()?;
+    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn rpc_error(status: StatusCode, id: Option<RequestId>, code: ErrorCode, msg: String) -> Response<GatewayBody> {
+    let body = Message::Response(RpcResponse::error(id, ErrorObject::new(code, msg))).to_vec();
+    let mut r = Response::new(full(body));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+fn with_session_header(mut r: Response<GatewayBody>, id: &str) -> Response<GatewayBody> {
+    if let Ok(v) = HeaderValue::from_str(id) {
+        r.headers_mut().insert("mcp-session-id", v);
+    }
+    r
+}
+
+fn sse_headers(r: &mut Response<GatewayBody>) {
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+}
+
+/// Handles one legacy request (POST, GET or DELETE on `/mcp`).
+pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<GatewayBody> {
+    let session_header = req
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if let Some(v) = req.headers().get("mcp-protocol-version") {
+        let known = v
+            .to_str()
+            .is_ok_and(|v| ProtocolVersion::LEGACY.contains(&v));
+        if !known {
+            return rpc_error(
+                StatusCode::BAD_REQUEST,
+                None,
+                ErrorCode::INVALID_REQUEST,
+                format!(
+                    "Bad Request: unsupported MCP-Protocol-Version {:?}; supported: {}",
+                    v.to_str().unwrap_or("?"),
+                    ProtocolVersion::LEGACY.join(", ")
+                ),
+            );
+        }
+    }
+    let auth = req.headers().get(header::AUTHORIZATION).cloned();
+    let existing = match &session_header {
+        None => None,
+        Some(id) => match gw.legacy.map.get(id).map(|e| e.value().clone()) {
+            Some(h) if same_credential(&h.credential, &credential_hash(auth.as_ref())) => Some(h),
+            _ => {
+                return rpc_error(
+                    StatusCode::NOT_FOUND,
+                    None,
+                    ErrorCode::INVALID_REQUEST,
+                    "Session not found: it ended, expired, or belongs to another caller; send initialize again".into(),
+                )
+            }
+        },
+    };
+    match *req.method() {
+        Method::POST => post(gw, req, existing, auth).await,
+        Method::GET => match existing {
+            Some(h) => get(gw, &h, req.headers()),
+            None => rpc_error(
+                StatusCode::BAD_REQUEST,
+                None,
+                ErrorCode::INVALID_REQUEST,
+                "Bad Request: Mcp-Session-Id header is required".into(),
+            ),
+        },
+        Method::DELETE => match existing {
+            Some(h) => {
+                gw.legacy.map.remove(&h.id);
+                h.close();
+                info!(session = %h.id, "session deleted by the peer");
+                let mut r = Response::new(empty());
+                *r.status_mut() = StatusCode::OK;
+                r
+            }
+            None => rpc_error(
+                StatusCode::BAD_REQUEST,
+                None,
+                ErrorCode::INVALID_REQUEST,
+                "Bad Request: Mcp-Session-Id header is required".into(),
+            ),
+        },
+        _ => {
+            let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE\n");
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+            r
+        }
+    }
+}
+
+async fn post(
+    gw: &Gateway,
+    req: Request<Incoming>,
+    existing: Option<Arc<SessionHandle>>,
+    auth: Option<HeaderValue>,
+) -> Response<GatewayBody> {
+    let limit = gw.config.max_body_bytes;
+    let body = match Limited::new(req.into_body(), limit).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return rpc_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                None,
+                ErrorCode::INVALID_REQUEST,
+                format!("Invalid request: body larger than {limit} bytes"),
+            )
+        }
+    };
+    let parsed = match jsonrpc::parse_incoming(&body) {
+        Ok(p) => p,
+        Err(e) => {
+            let resp = e.to_response();
+            let mut r = Response::new(full(Message::Response(resp).to_vec()));
+            *r.status_mut() = StatusCode::BAD_REQUEST;
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            return r;
+        }
+    };
+    let handle = match existing {
+        Some(h) => h,
+        None => {
+            let is_initialize = matches!(&parsed, Parsed::Single(Message::Request(r)) if r.method == "initialize");
+            if !is_initialize {
+                return rpc_error(
+                    StatusCode::BAD_REQUEST,
+                    None,
+                    ErrorCode::INVALID_REQUEST,
+                    "Bad Request: Mcp-Session-Id header is required (or send initialize to start a session)".into(),
+                );
+            }
+            return initialize(gw, parsed, auth).await;
+        }
+    };
+    handle.touch();
+    match parsed {
+        Parsed::Single(Message::Request(r)) => request(gw, &handle, r).await,
+        Parsed::Single(other) => {
+            let result = {
+                let Ok(mut s) = handle.shared.lock() else {
+                    return internal();
+                };
+                let r = s.machine.handle_peer_message(other, now());
+                route(gw, &handle, &mut s);
+                r
+            };
+            handle.wake.notify_one();
+            match result {
+                Ok(()) => accepted(),
+                Err(e) => {
+                    warn!(session = %handle.id, error = %e, "peer message refused");
+                    rpc_error(StatusCode::BAD_REQUEST, None, ErrorCode::INVALID_REQUEST, format!("Invalid request: {e}"))
+                }
+            }
+        }
+        Parsed::Batch(items) => batch(gw, &handle, items),
+    }
+}
+
+fn accepted() -> Response<GatewayBody> {
+    let mut r = Response::new(empty());
+    *r.status_mut() = StatusCode::ACCEPTED;
+    r
+}
+
+fn internal() -> Response<GatewayBody> {
+    rpc_error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        None,
+        ErrorCode::INTERNAL_ERROR,
+        "Internal error".into(),
+    )
+}
+
+async fn initialize(gw: &Gateway, parsed: Parsed, auth: Option<HeaderValue>) -> Response<GatewayBody> {
+    let Parsed::Single(Message::Request(init)) = parsed else {
+        return internal();
+    };
+    if gw.legacy.len() >= gw.config.max_sessions {
+        warn!(limit = gw.config.max_sessions, "session limit reached");
+        return rpc_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Some(init.id),
+            ErrorCode::INTERNAL_ERROR,
+            "Too many sessions; try again later".into(),
+        );
+    }
+    let Some(id) = mint_session_id() else {
+        return internal();
+    };
+    let mut machine_config = gw.legacy.machine.clone();
+    machine_config.id_prefix = format!("dualera-{}", &id[..8]);
+    let mut machine = Session::new(machine_config);
+    if let Some(d) = gw.legacy.cached_discover() {
+        let _ = machine.handle_discover(d);
+    }
+    let handle = Arc::new(SessionHandle {
+        id: id.clone(),
+        credential: credential_hash(auth.as_ref()),
+        authorization: auth,
+        shared: Mutex::new(Shared {
+            machine,
+            streams: HashMap::new(),
+            by_number: HashMap::new(),
+            finished_order: VecDeque::new(),
+            next_stream: 0,
+            upstream_tasks: HashMap::new(),
+        }),
+        last_used: AtomicU64::new(now().as_millis()),
+        wake: Notify::new(),
+        settled: Notify::new(),
+        replay: gw.config.replay_buffer,
+    });
+    let stream = PeerStream::Request(init.id.clone());
+    let init_id = init.id.clone();
+    {
+        let Ok(mut s) = handle.shared.lock() else {
+            return internal();
+        };
+        open_pending(&mut s, stream.clone());
+        if let Err(e) = s.machine.handle_peer_message(Message::Request(init), now()) {
+            return rpc_error(StatusCode::BAD_REQUEST, Some(init_id), ErrorCode::INVALID_REQUEST, format!("Invalid request: {e}"));
+        }
+        route(gw, &handle, &mut s);
+    }
+    let outcome = wait_pending(&handle, &stream, INIT_WAIT).await;
+    let Some(messages) = outcome else {
+        handle.close();
+        return rpc_error(
+            StatusCode::GATEWAY_TIMEOUT,
+            Some(init_id),
+            ErrorCode::INTERNAL_ERROR,
+            "the upstream server did not answer in time".into(),
+        );
+    };
+    let ready = handle
+        .shared
+        .lock()
+        .map(|s| s.machine.state() == SessionState::Ready)
+        .unwrap_or(false);
+    let body = messages.last().cloned().unwrap_or_default();
+    let mut r = Response::new(full(body));
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if !ready {
+        // A failed initialize leaves no session behind.
+        handle.close();
+        return r;
+    }
+    gw.legacy.map.insert(id.clone(), handle.clone());
+    let timer = tokio::spawn(
+        timer_loop(gw.clone(), handle.clone()).instrument(tracing::info_span!("session", session = %id)),
+    );
+    drop(timer);
+    info!(session = %id, sessions = gw.legacy.len(), "legacy session opened");
+    with_session_header(r, &id)
+}
+
+fn open_pending(s: &mut Shared, stream: PeerStream) {
+    s.next_stream += 1;
+    let number = s.next_stream;
+    s.by_number.insert(number, stream.clone());
+    s.streams.insert(
+        stream,
+        StreamState {
+            number,
+            seq: 0,
+            ring: VecDeque::new(),
+            tx: None,
+            pending: Some(Vec::new()),
+            finished: false,
+        },
+    );
+}
+
+/// Waits until the pending stream finished (its last message arrived), up to `limit`.
+async fn wait_pending(handle: &SessionHandle, stream: &PeerStream, limit: Duration) -> Option<Vec<Vec<u8>>> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let notified = handle.settled.notified();
+        {
+            let mut s = handle.shared.lock().ok()?;
+            if let Some(st) = s.streams.get_mut(stream) {
+                if st.finished {
+                    return st.pending.take();
+                }
+            } else {
+                return None;
+            }
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return None;
+        }
+    }
+}
+
+async fn request(gw: &Gateway, handle: &Arc<SessionHandle>, r: dualera_adapters::Request) -> Response<GatewayBody> {
+    let stream = PeerStream::Request(r.id.clone());
+    if let Err(refused) = feed_request(gw, handle, r, &stream) {
+        return refused;
+    }
+    wait_first(handle, &stream, FIRST_MESSAGE_WAIT).await;
+    let Ok(mut s) = handle.shared.lock() else {
+        return internal();
+    };
+    respond_on(handle, &mut s, &stream)
+}
+
+fn feed_request(
+    gw: &Gateway,
+    handle: &Arc<SessionHandle>,
+    r: dualera_adapters::Request,
+    stream: &PeerStream,
+) -> Result<(), Response<GatewayBody>> {
+    let id = r.id.clone();
+    let Ok(mut s) = handle.shared.lock() else {
+        return Err(internal());
+    };
+    if s.streams.get(stream).is_some_and(|st| !st.finished) {
+        return Err(rpc_error(StatusCode::BAD_REQUEST, Some(id), ErrorCode::INVALID_REQUEST, "Invalid request: this request id is already in use".into()));
+    }
+    open_pending(&mut s, stream.clone());
+    if let Err(e) = s.machine.handle_peer_message(Message::Request(r), now()) {
+        s.streams.remove(stream);
+        return Err(rpc_error(StatusCode::BAD_REQUEST, Some(id), ErrorCode::INVALID_REQUEST, format!("Invalid request: {e}")));
+    }
+    route(gw, handle, &mut s);
+    handle.wake.notify_one();
+    Ok(())
+}
+
+/// Waits until the stream has produced something (or finished), up to `limit`, so
+/// that a request answered without any live round gets a plain JSON response.
+async fn wait_first(handle: &SessionHandle, stream: &PeerStream, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let notified = handle.settled.notified();
+        {
+            let Ok(s) = handle.shared.lock() else { return };
+            match s.streams.get(stream) {
+                Some(st) if !st.finished && st.pending.as_ref().is_some_and(Vec::is_empty) => {}
+                _ => return,
+            }
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn batch(gw: &Gateway, handle: &Arc<SessionHandle>, items: Vec<Result<Message, jsonrpc::EnvelopeError>>) -> Response<GatewayBody> {
+    let Ok(mut s) = handle.shared.lock() else {
+        return internal();
+    };
+    // The stream id of the batch is known only after feeding; buffer by peeking the
+    // next batch id is not possible, so feed and then adopt whatever the batch emitted.
+    let outcome = s.machine.handle_peer_batch(items, now());
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(e) => {
+            return rpc_error(StatusCode::BAD_REQUEST, None, ErrorCode::INVALID_REQUEST, format!("Invalid request: {e}"));
+        }
+    };
+    for refused in &outcome.refused {
+        warn!(session = %handle.id, error = %refused, "batch element refused");
+    }
+    let Some(batch) = outcome.batch else {
+        route(gw, handle, &mut s);
+        return accepted();
+    };
+    let stream = PeerStream::Batch(batch);
+    open_pending(&mut s, stream.clone());
+    route(gw, handle, &mut s);
+    handle.wake.notify_one();
+    respond_on(handle, &mut s, &stream)
+}
+
+/// After feeding a request: JSON when it was answered at once, else an SSE stream
+/// carrying what was produced so far and everything that follows.
+fn respond_on(handle: &SessionHandle, s: &mut Shared, stream: &PeerStream) -> Response<GatewayBody> {
+    let Some(st) = s.streams.get_mut(stream) else {
+        return internal();
+    };
+    let pending = st.pending.take().unwrap_or_default();
+    if st.finished && pending.len() == 1 {
+        let body = pending.into_iter().next().unwrap_or_default();
+        let mut r = Response::new(full(body));
+        r.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        return r;
+    }
+    let (tx, body) = ChannelBody::new(STREAM_QUEUE);
+    // Priming event: lets the client resume this stream from its start.
+    let _ = tx.try_send(sse::prime(&format!("{}.0", st.number)));
+    for (seq, ev) in &st.ring {
+        let _ = seq;
+        let _ = tx.try_send(ev.clone());
+    }
+    if !st.finished {
+        st.tx = Some(tx);
+    }
+    debug!(session = %handle.id, stream = st.number, "SSE stream opened");
+    let mut r = Response::new(body);
+    sse_headers(&mut r);
+    r
+}
+
+fn get(gw: &Gateway, handle: &Arc<SessionHandle>, headers: &http::HeaderMap) -> Response<GatewayBody> {
+    handle.touch();
+    let Ok(mut s) = handle.shared.lock() else {
+        return internal();
+    };
+    let last = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once('.'))
+        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
+    let (tx, body) = ChannelBody::new(STREAM_QUEUE);
+    if let Some((number, after)) = last {
+        let Some(stream) = s.by_number.get(&number).cloned() else {
+            return rpc_error(StatusCode::NOT_FOUND, None, ErrorCode::INVALID_REQUEST, "Unknown Last-Event-ID: that stream can no longer be resumed".into());
+        };
+        let Some(st) = s.streams.get_mut(&stream) else {
+            return internal();
+        };
+        if st.ring.front().is_some_and(|(first, _)| *first > after + 1) {
+            warn!(session = %handle.id, stream = number, "resumption gap: older events were dropped");
+        }
+        for (seq, ev) in &st.ring {
+            if *seq > after {
+                let _ = tx.try_send(ev.clone());
+            }
+        }
+        if !st.finished {
+            st.tx = Some(tx);
+        }
+        debug!(session = %handle.id, stream = number, after, "stream resumed");
+    } else {
+        let stream = PeerStream::Standalone;
+        if s.streams.get(&stream).is_some_and(|st| st.tx.as_ref().is_some_and(|t| !t.is_closed())) {
+            return rpc_error(StatusCode::CONFLICT, None, ErrorCode::INVALID_REQUEST, "Conflict: this session already has a GET stream open".into());
+        }
+        if !s.streams.contains_key(&stream) {
+            open_pending(&mut s, stream.clone());
+            if let Some(st) = s.streams.get_mut(&stream) {
+                st.pending = None;
+            }
+        }
+        if let Some(st) = s.streams.get_mut(&stream) {
+            let _ = tx.try_send(sse::prime(&format!("{}.{}", st.number, st.seq)));
+            st.tx = Some(tx);
+        }
+        let _ = s.machine.handle_standalone_opened();
+        route(gw, handle, &mut s);
+    }
+    let mut r = Response::new(body);
+    sse_headers(&mut r);
+    r
+}
+
+/// Carries out everything the machine asked for. Called with the session lock held;
+/// never awaits.
+fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
+    let mut settled = false;
+    while let Some(event) = s.machine.poll_event() {
+        match event {
+            Event::ToPeer { stream, message } => {
+                let last = matches!(&message, Message::Response(r) if matches!(&stream, PeerStream::Request(id) if r.id.as_ref() == Some(id)));
+                settled |= deliver(handle, s, &stream, message.to_vec(), last);
+            }
+            Event::ToPeerBatch { stream, messages } => {
+                let values: Vec<Value> = messages.iter().map(Message::to_value).collect();
+                let bytes = serde_json::to_vec(&Value::Array(values)).unwrap_or_default();
+                settled |= deliver(handle, s, &stream, bytes, true);
+            }
+            Event::CloseStream { stream } => {
+                if let Some(st) = s.streams.get_mut(&stream) {
+                    st.finished = true;
+                    st.tx = None;
+                }
+                settled = true;
+            }
+            Event::ToUpstream { role, request } => {
+                let id = request.id.clone();
+                let task = tokio::spawn(
+                    upstream_task(gw.clone(), handle.clone(), role.clone(), Message::Request(request))
+                        .instrument(tracing::debug_span!("upstream", session = %handle.id, rpc.id = %id, ?role)),
+                );
+                s.upstream_tasks.insert(id, task.abort_handle());
+            }
+            Event::CancelUpstream { id, reason } => {
+                if let Some(h) = s.upstream_tasks.remove(&id) {
+                    debug!(session = %handle.id, rpc.id = %id, reason, "upstream request cancelled");
+                    h.abort();
+                }
+            }
+            Event::DiscoverFetched { result } => gw.legacy.store_discover(&result),
+            Event::RequestFailed { legacy, failure } => {
+                info!(session = %handle.id, rpc.id = %legacy, failure = %failure, "legacy request failed");
+            }
+            _ => {}
+        }
+    }
+    if settled {
+        handle.settled.notify_waiters();
+    }
+    trim_finished(s);
+}
+
+/// Queues one message on a stream. Returns whether a waiting POST should look again
+/// (the stream finished, or a not-yet-answered POST got its first message).
+fn deliver(handle: &SessionHandle, s: &mut Shared, stream: &PeerStream, bytes: Vec<u8>, last: bool) -> bool {
+    if !s.streams.contains_key(stream) {
+        // A stream the peer never opened (e.g. standalone before any GET): keep the
+        // events so a later GET can... no: the standalone stream only carries what is
+        // sent while it is open, so open a detached one that buffers for resumption.
+        open_pending(s, stream.clone());
+        if let Some(st) = s.streams.get_mut(stream) {
+            st.pending = None;
+        }
+    }
+    let Some(st) = s.streams.get_mut(stream) else {
+        return false;
+    };
+    let mut woke = false;
+    if let Some(p) = st.pending.as_mut() {
+        p.push(bytes.clone());
+        woke = true;
+    }
+    st.seq += 1;
+    let event = sse::encode(Some(&format!("{}.{}", st.number, st.seq)), &bytes);
+    st.ring.push_back((st.seq, event.clone()));
+    while st.ring.len() > handle.replay.max(1) {
+        st.ring.pop_front();
+    }
+    if let Some(tx) = &st.tx {
+        if tx.try_send(event).is_err() {
+            debug!(session = %handle.id, stream = st.number, "stream detached (closed or stalled); events kept for resumption");
+            st.tx = None;
+        }
+    }
+    if last {
+        st.finished = true;
+        st.tx = None;
+        if !s.finished_order.contains(stream) {
+            s.finished_order.push_back(stream.clone());
+        }
+    }
+    last || woke
+}
+
+fn trim_finished(s: &mut Shared) {
+    while s.finished_order.len() > FINISHED_KEPT {
+        if let Some(old) = s.finished_order.pop_front() {
+            if let Some(st) = s.streams.remove(&old) {
+                s.by_number.remove(&st.number);
+            }
+        }
+    }
+}
+
+async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, role: UpstreamRole, request: Message) {
+    let Message::Request(r) = &request else { return };
+    let id = r.id.clone();
+    let result = gw
+        .upstream
+        .exchange(&request, handle.authorization.as_ref(), |msg| {
+            if let Ok(mut s) = handle.shared.lock() {
+                if let Err(e) = s.machine.handle_upstream_message(Some(id.clone()), msg, now()) {
+                    debug!(session = %handle.id, error = %e, "upstream message refused");
+                }
+                route(&gw, &handle, &mut s);
+            }
+            handle.wake.notify_one();
+        })
+        .await;
+    if let Ok(mut s) = handle.shared.lock() {
+        s.upstream_tasks.remove(&id);
+        if let Err(e) = result {
+            warn!(session = %handle.id, rpc.id = %id, ?role, error = %e, "upstream exchange failed");
+            let _ = s.machine.handle_upstream_lost(&id, now());
+            route(&gw, &handle, &mut s);
+        }
+    }
+    handle.wake.notify_one();
+}
+
+/// Per-session timers: the machine's deadlines and SSE keepalives.
+async fn timer_loop(gw: Gateway, handle: Arc<SessionHandle>) {
+    let keepalive = gw.config.keepalive;
+    let mut next_keepalive = tokio::time::Instant::now() + keepalive;
+    loop {
+        let (deadline, closed) = match handle.shared.lock() {
+            Ok(s) => (s.machine.poll_timeout(), s.machine.state() == SessionState::Closed),
+            Err(_) => return,
+        };
+        if closed {
+            return;
+        }
+        let machine_at = deadline.map(|t| {
+            let wait = t.saturating_duration_since(now());
+            tokio::time::Instant::now() + wait
+        });
+        let at = machine_at.map_or(next_keepalive, |m| m.min(next_keepalive));
+        tokio::select! {
+            () = tokio::time::sleep_until(at) => {}
+            () = handle.wake.notified() => continue,
+        }
+        let Ok(mut s) = handle.shared.lock() else { return };
+        if machine_at.is_some_and(|m| m <= tokio::time::Instant::now()) {
+            s.machine.handle_timeout(now());
+            route(&gw, &handle, &mut s);
+        }
+        if tokio::time::Instant::now() >= next_keepalive {
+            next_keepalive = tokio::time::Instant::now() + keepalive;
+            let mut lost_standalone = false;
+            for (stream, st) in s.streams.iter_mut() {
+                if let Some(tx) = &st.tx {
+                    if tx.try_send(sse::keepalive()).is_err() && tx.is_closed() {
+                        st.tx = None;
+                        lost_standalone |= *stream == PeerStream::Standalone;
+                    }
+                }
+            }
+            if lost_standalone {
+                let _ = s.machine.handle_standalone_closed();
+                route(&gw, &handle, &mut s);
+            }
+        }
+    }
+}
+
+/// Evicts idle sessions, forever (aborted at shutdown).
+pub(super) async fn reap(gw: Gateway) {
+    let ttl = gw.config.session_idle_ttl;
+    let period = (ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(30));
+    loop {
+        tokio::time::sleep(period).await;
+        let cutoff = now().as_millis().saturating_sub(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        let idle: Vec<String> = gw
+            .legacy
+            .map
+            .iter()
+            .filter(|e| {
+                let h = e.value();
+                h.last_used.load(Ordering::Relaxed) < cutoff
+                    && h.shared.lock().is_ok_and(|s| {
+                        s.machine.in_flight() == 0
+                            && s.streams.values().all(|st| st.tx.as_ref().is_none_or(|t| t.is_closed()))
+                    })
+            })
+            .map(|e| e.key().clone())
+            .collect();
+        for id in idle {
+            if let Some((_, h)) = gw.legacy.map.remove(&id) {
+                h.close();
+                info!(session = %id, "idle session evicted");
+            }
+        }
+    }
 }

@@ -141,7 +141,6 @@ impl Server {
             check_mirrored(h, &req)?;
         }
         let params = req.params.as_ref().and_then(Value::as_object);
-        tracing::Span::current().record("principal", principal);
         match req.method.as_str() {
             "server/discover" => Ok(self.discover()),
             "tools/list" => self.tools_list(params),
