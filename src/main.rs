@@ -179,13 +179,23 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             let uri: http::Uri = format!("http://{upstream_addr}{}", server::http::ENDPOINT).parse()?;
             let listener = tokio::net::TcpListener::bind(listen).await?;
             let bound = listener.local_addr()?;
-            println!("dualera is up.");
-            println!("  gateway (legacy and modern hosts): http://{bound}/mcp");
-            println!("  modern server (direct):           {uri}");
-            println!("  notes workspace:                   {}", layout.notes_uri);
-            println!("  repository:                        {}", layout.repo_dir.display());
-            println!("  config:                            {}", layout.config.display());
-            println!("Press Ctrl-C to stop.");
+            // Written with errors ignored: whoever started us may have stopped reading.
+            let banner = format!(
+                "dualera is up.\n  gateway (legacy and modern hosts): http://{bound}/mcp\n  \
+                 modern server (direct):           {uri}\n  \
+                 notes workspace:                   {}\n  \
+                 repository:                        {}\n  \
+                 config:                            {}\nPress Ctrl-C to stop.\n",
+                layout.notes_uri,
+                layout.repo_dir.display(),
+                layout.config.display()
+            );
+            {
+                use std::io::Write;
+                let mut out = std::io::stdout();
+                let _ = out.write_all(banner.as_bytes());
+                let _ = out.flush();
+            }
             let gateway = Gateway::new(Upstream::new(uri, gw_config.max_body_bytes), gw_config);
             gateway.serve(listener, shutdown_signal()).await?;
             let _ = stop_tx.send(true);

@@ -50,6 +50,8 @@ fn start_up(dir: &std::path::Path) -> Up {
             repo = Some(value);
         }
     }
+    // Keep draining stdout so the child never writes into a closed pipe.
+    std::thread::spawn(move || for _ in lines.by_ref() {});
     Up {
         child,
         gateway: gateway.unwrap_or_default(),

@@ -215,7 +215,10 @@ pub fn check_input_request(
                 InputCheck::Missing("sampling")
             } else {
                 let wants_tools = params.contains_key("tools") || params.contains_key("toolChoice");
-                InputCheck::need(wants_tools && !has(&["sampling", "tools"]), "sampling.tools")
+                InputCheck::need(
+                    wants_tools && !has(&["sampling", "tools"]),
+                    "sampling.tools",
+                )
             }
         }
         "roots/list" => InputCheck::need(!has(&["roots"]), "roots"),

@@ -123,8 +123,14 @@ pub fn content_block(revision: &Revision, block: &mut Value) {
             Some(format!("Resource link: {name} <{uri}>"))
         }
         "audio" if !revision.audio => {
-            let mime = block.get("mimeType").and_then(Value::as_str).unwrap_or("audio");
-            Some(format!("[{mime} content omitted: not supported by protocol {}]", revision.version))
+            let mime = block
+                .get("mimeType")
+                .and_then(Value::as_str)
+                .unwrap_or("audio");
+            Some(format!(
+                "[{mime} content omitted: not supported by protocol {}]",
+                revision.version
+            ))
         }
         _ => None,
     };

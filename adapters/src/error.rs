@@ -22,6 +22,14 @@ pub enum SessionError {
         /// The id in the reply.
         id: RequestId,
     },
+    /// The peer sent a reply without an id (an error about a message it could not
+    /// read); nothing can be correlated with it.
+    ReplyWithoutId {
+        /// The error the peer sent, if it was an error.
+        error: Option<ErrorObject>,
+    },
+    /// The upstream sent a response without an id on a pipe shared by all requests.
+    UpstreamResponseWithoutId,
     /// The peer answered a live request a second time.
     DuplicateReply {
         /// The id in the reply.
@@ -101,9 +109,18 @@ impl fmt::Display for SessionError {
             Self::DuplicateRequestId { id } => write!(f, "request id {id} is already in flight"),
             Self::UnknownReply { id } => write!(f, "reply to id {id}, which was never sent"),
             Self::DuplicateReply { id } => write!(f, "second reply to id {id}"),
+            Self::ReplyWithoutId { .. } => f.write_str("reply without an id"),
+            Self::UpstreamResponseWithoutId => {
+                f.write_str("upstream response without an id on a shared pipe")
+            }
             Self::LateReply { id } => write!(f, "reply to id {id} after the gateway gave up on it"),
-            Self::BatchNotAllowed { negotiated: Some(v) } => {
-                write!(f, "JSON-RPC batches are not allowed in protocol version {v}")
+            Self::BatchNotAllowed {
+                negotiated: Some(v),
+            } => {
+                write!(
+                    f,
+                    "JSON-RPC batches are not allowed in protocol version {v}"
+                )
             }
             Self::BatchNotAllowed { negotiated: None } => {
                 f.write_str("JSON-RPC batches are not allowed before initialization")
@@ -116,12 +133,20 @@ impl fmt::Display for SessionError {
                 write!(f, "upstream answered id {id}, which is no longer awaited")
             }
             Self::UnexpectedUpstreamRequest { method } => {
-                write!(f, "upstream sent a request ({method}); modern servers do not")
+                write!(
+                    f,
+                    "upstream sent a request ({method}); modern servers do not"
+                )
             }
             Self::UncorrelatedNotification { method } => {
-                write!(f, "upstream notification {method} belongs to nothing in flight")
+                write!(
+                    f,
+                    "upstream notification {method} belongs to nothing in flight"
+                )
             }
-            Self::InvalidDiscover { reason } => write!(f, "unusable server/discover result: {reason}"),
+            Self::InvalidDiscover { reason } => {
+                write!(f, "unusable server/discover result: {reason}")
+            }
         }
     }
 }

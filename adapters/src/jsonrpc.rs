@@ -321,7 +321,10 @@ impl Message {
             }
             (None, Some(error)) => {
                 let error = ErrorObject::from_value(&error).ok_or_else(|| {
-                    invalid(id.clone(), "`error` needs an integer `code` and a `message`")
+                    invalid(
+                        id.clone(),
+                        "`error` needs an integer `code` and a `message`",
+                    )
                 })?;
                 Ok(Self::Response(Response::error(id, error)))
             }
@@ -394,7 +397,10 @@ mod tests {
             Ok(Message::Response(_))
         ));
         assert!(matches!(parse(b"{"), Err(EnvelopeError::Parse { .. })));
-        assert!(matches!(parse(b"\xff\xfe"), Err(EnvelopeError::Parse { .. })));
+        assert!(matches!(
+            parse(b"\xff\xfe"),
+            Err(EnvelopeError::Parse { .. })
+        ));
         assert!(matches!(
             parse(br#"{"jsonrpc":"1.0","id":7,"method":"x"}"#),
             Err(EnvelopeError::Invalid {
@@ -430,7 +436,8 @@ mod tests {
 
     #[test]
     fn roundtrip() {
-        let raw = br#"{"jsonrpc":"2.0","id":"x","error":{"code":-32022,"message":"m","data":{"a":1}}}"#;
+        let raw =
+            br#"{"jsonrpc":"2.0","id":"x","error":{"code":-32022,"message":"m","data":{"a":1}}}"#;
         let m = parse(raw).unwrap();
         assert_eq!(parse(&m.to_vec()).unwrap(), m);
     }

@@ -2,20 +2,46 @@
 //!
 //! This crate is the compatibility boundary of dualera. It holds the JSON-RPC 2.0
 //! envelope every MCP revision shares, the table of protocol revisions and their era,
-//! and (as it grows) the legacy session machine that turns a session-based peer's
-//! messages into stateless 2026-07-28 requests.
+//! and the legacy session machine ([`session::Session`]) that serves a session-based
+//! peer (2025-11-25, 2025-06-18, 2025-03-26, 2024-11-05) from a stateless 2026-07-28
+//! upstream.
 //!
-//! What it does **not** do: no sockets, no async runtime, no clocks it is not handed.
-//! Callers feed it bytes or parsed messages and act on what it returns:
+//! What it does **not** do: no sockets, no async runtime, no threads, no clocks it is
+//! not handed (time comes in as [`Timestamp`]). Callers feed it parsed messages and act
+//! on the events it returns:
 //!
 //! ```text
-//!   bytes from a peer ──► jsonrpc::parse ──► Message ──► (state machine) ──► commands
-//!                                                                          │
-//!   bytes to a peer   ◄── Message::to_vec ◄──────────────────────────────────┘
+//!   bytes from a peer ──► jsonrpc::parse ──► Message ──► Session::handle_peer_* ─┐
+//!   upstream answers  ──► jsonrpc::parse ──► Message ──► Session::handle_upstream_*┤
+//!   timer fired       ─────────────────────────────────► Session::handle_timeout ──┤
+//!                                                                                   ▼
+//!   bytes to a peer   ◄── Message::to_vec ◄── Event::ToPeer{stream} ◄── Session::poll_event
+//!   upstream requests ◄── Message::to_vec ◄── Event::ToUpstream     ◄──┘
 //! ```
+//!
+//! Everything version-specific lives here: [`capabilities`] maps capabilities between
+//! eras, [`downgrade`] shapes results per revision, [`mrtr`] runs Multi Round-Trip
+//! Requests, and the `v*` modules hold what differs between the legacy revisions.
 
+pub mod capabilities;
+pub mod downgrade;
+pub mod error;
+pub mod event;
 pub mod jsonrpc;
+pub mod mrtr;
+pub mod revision;
+pub mod session;
+pub mod time;
+pub mod v2024_11_05;
+pub mod v2025_03_26;
+pub mod v2025_06_18;
+pub mod v2025_11_25;
 pub mod version;
 
+pub use error::{Failure, SessionError};
+pub use event::{BatchId, Event, PeerStream, UpstreamRole};
 pub use jsonrpc::{ErrorCode, ErrorObject, Message, Notification, Request, RequestId, Response};
+pub use revision::Revision;
+pub use session::{BatchOutcome, Config, Session, SessionState};
+pub use time::Timestamp;
 pub use version::{Era, ProtocolVersion};

@@ -148,7 +148,10 @@ mod tests {
     #[test]
     fn classifies() {
         assert_eq!(classify(&json!({})), ResultKind::Complete);
-        assert_eq!(classify(&json!({"resultType": "complete"})), ResultKind::Complete);
+        assert_eq!(
+            classify(&json!({"resultType": "complete"})),
+            ResultKind::Complete
+        );
         assert_eq!(
             classify(&json!({"resultType": "input_required"})),
             ResultKind::InputRequired

@@ -36,7 +36,10 @@ use serde_json::{Map, Value};
 /// Shapes a modern URL-mode `elicitation/create` params object for a 2025-11-25 peer:
 /// the modern revision has no `elicitationId`, the 2025-11-25 one requires it, so the
 /// gateway supplies the id it minted.
-pub fn url_elicitation_params(mut params: Map<String, Value>, elicitation_id: &str) -> Map<String, Value> {
+pub fn url_elicitation_params(
+    mut params: Map<String, Value>,
+    elicitation_id: &str,
+) -> Map<String, Value> {
     params.insert(
         "elicitationId".into(),
         Value::String(elicitation_id.to_owned()),

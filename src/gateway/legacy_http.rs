@@ -6,7 +6,7 @@
 //! is never held across an `.await`; upstream exchanges and timers run as tasks that
 //! take the lock only to feed a message and route the resulting events.
 
-use super::body::{empty, full, ChannelBody, GatewayBody};
+use crate::body::{empty, full, ChannelBody, GatewayBody};
 use super::{sse, text, Gateway, GatewayConfig};
 use bytes::Bytes;
 use dashmap::DashMap;

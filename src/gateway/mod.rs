@@ -9,14 +9,13 @@
 //!                                                              └─ upstream::exchange
 //! ```
 
-pub mod body;
 mod legacy_http;
 pub mod passthrough;
 pub mod sse;
 pub mod upstream;
 
 use crate::guard;
-use body::GatewayBody;
+use crate::body::{self, GatewayBody};
 use dualera_adapters::version::is_modern_or_later;
 use http::{header, Request, Response, StatusCode};
 use hyper::body::Incoming;

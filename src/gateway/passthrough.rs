@@ -2,7 +2,7 @@
 //! or buffered. Headers are kept except hop-by-hop ones, the upstream status is kept,
 //! SSE flows frame by frame, and a client that goes away drops the upstream request.
 
-use super::body::{full, BoxError, GatewayBody};
+use crate::body::{full, BoxError, GatewayBody};
 use super::Gateway;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};

@@ -2,7 +2,7 @@
 //! client. Pass-through uses the raw client; the legacy path uses [`Upstream::exchange`],
 //! which sends one JSON-RPC request and streams back what the upstream says about it.
 
-use super::body::{full, GatewayBody};
+use crate::body::{full, GatewayBody};
 use super::sse;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;

@@ -3,13 +3,17 @@
 
 use super::access::LOCAL_PRINCIPAL;
 use super::error::ServerError;
-use super::router::{Handled, MirroredHeaders};
-use super::Server;
+use super::router::{Handled, Listen, MirroredHeaders};
+use super::{Server, Sink};
+use crate::body::{empty, full, ChannelBody, GatewayBody};
 use crate::guard;
 use bytes::Bytes;
 use dualera_adapters::Message;
 use http::{header, HeaderMap, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::sync::mpsc;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -21,6 +25,11 @@ use tracing::{debug, info, Instrument};
 
 /// The MCP endpoint path.
 pub const ENDPOINT: &str = "/mcp";
+
+/// Notifications queued for one response stream.
+const NOTIFY_QUEUE: usize = 64;
+/// Comment keepalive interval on `subscriptions/listen` streams.
+const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Serves HTTP on a bound listener until `shutdown` resolves, then lets in-flight
 /// requests finish.
@@ -77,41 +86,27 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+fn plain(status: StatusCode, text: &'static str) -> Response<GatewayBody> {
+    let mut r = Response::new(full(Bytes::from_static(text.as_bytes())));
     *r.status_mut() = status;
     r.headers_mut()
         .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain"));
     r
 }
 
-fn error_response(e: ServerError) -> Response<Full<Bytes>> {
+fn error_response(e: ServerError) -> Response<GatewayBody> {
     let (status, error) = e.respond();
     let body = Message::Response(dualera_adapters::Response::error(None, error)).to_vec();
     json_response(status, body)
 }
 
-fn json_response(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response<GatewayBody> {
+    let mut r = Response::new(full(body));
     *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("application/json"),
     );
-    r
-}
-
-fn sse_response(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
-    let mut framed = Vec::with_capacity(body.len() + 24);
-    framed.extend_from_slice(b"event: message\ndata: ");
-    framed.extend_from_slice(&body);
-    framed.extend_from_slice(b"\n\n");
-    let mut r = Response::new(Full::new(Bytes::from(framed)));
-    *r.status_mut() = status;
-    let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream"));
-    h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", header::HeaderValue::from_static("no"));
     r
 }
 
@@ -132,7 +127,7 @@ fn wants_sse_only(h: &HeaderMap) -> bool {
         && !accept.contains("*/*")
 }
 
-async fn handle(server: Server, loopback: bool, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn handle(server: Server, loopback: bool, req: Request<Incoming>) -> Response<GatewayBody> {
     if req.uri().path() != ENDPOINT {
         return plain(StatusCode::NOT_FOUND, "not found; the MCP endpoint is /mcp\n");
     }
@@ -209,35 +204,159 @@ async fn handle(server: Server, loopback: bool, req: Request<Incoming>) -> Respo
             return plain(StatusCode::BAD_REQUEST, "could not read the request body\n");
         }
     };
-    let handled = tokio::task::spawn_blocking(move || {
-        server.handle_bytes(&principal, &body, Some(&mirrored))
-    })
-    .await;
-    match handled {
-        Ok(Handled::Accepted) => {
-            let mut r = Response::new(Full::new(Bytes::new()));
+    run_request(server, principal, body, mirrored, sse).await
+}
+
+/// Runs the handler on the blocking pool. If it emits a notification before its
+/// response, the answer becomes an SSE stream (notifications, then the response);
+/// otherwise it is plain JSON. A client that goes away sets the cancel flag.
+async fn run_request(
+    server: Server,
+    principal: String,
+    body: Bytes,
+    mirrored: MirroredHeaders,
+    sse_only: bool,
+) -> Response<GatewayBody> {
+    let (note_tx, mut note_rx) = mpsc::channel::<Message>(NOTIFY_QUEUE);
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let flag = cancelled.clone();
+    let listen_server = server.clone();
+    let mut task = tokio::task::spawn_blocking(move || {
+        let notify = move |m: Message| {
+            let _ = note_tx.blocking_send(m);
+        };
+        let sink = Sink {
+            notify: &notify,
+            cancelled: &flag,
+        };
+        server.handle_bytes(&principal, &body, Some(&mirrored), &sink)
+    });
+    let first = tokio::select! {
+        biased;
+        note = note_rx.recv() => note,
+        done = &mut task => {
+            let early: Vec<Message> = std::iter::from_fn(|| note_rx.try_recv().ok()).collect();
+            return finish(listen_server, done, early, sse_only);
+        }
+    };
+    let Some(first) = first else {
+        return finish(listen_server, task.await, Vec::new(), sse_only);
+    };
+    // Streaming: the first notification is already here.
+    let (tx, body) = ChannelBody::new(NOTIFY_QUEUE);
+    tokio::spawn(async move {
+        if tx.send(sse_event(&first.to_vec())).await.is_err() {
+            cancelled.store(true, Ordering::Relaxed);
+        }
+        while let Some(note) = note_rx.recv().await {
+            if tx.send(sse_event(&note.to_vec())).await.is_err() {
+                cancelled.store(true, Ordering::Relaxed);
+            }
+        }
+        if let Ok(Handled::Reply { response, .. }) = task.await {
+            let _ = tx.send(sse_event(&Message::Response(response).to_vec())).await;
+        }
+    });
+    sse_stream(StatusCode::OK, body)
+}
+
+fn finish(
+    server: Server,
+    done: Result<Handled, tokio::task::JoinError>,
+    early: Vec<Message>,
+    sse_only: bool,
+) -> Response<GatewayBody> {
+    match done {
+        Ok(Handled::Accepted { .. }) => {
+            let mut r = Response::new(empty());
             *r.status_mut() = StatusCode::ACCEPTED;
             r
         }
         Ok(Handled::Reply { status, response }) => {
             let body = Message::Response(response).to_vec();
-            if sse {
-                sse_response(status, body)
+            if sse_only || !early.is_empty() {
+                let mut bytes = Vec::new();
+                for m in &early {
+                    bytes.extend_from_slice(&sse_event(&m.to_vec()));
+                }
+                bytes.extend_from_slice(&sse_event(&body));
+                sse_stream(status, full(bytes))
             } else {
                 json_response(status, body)
             }
         }
+        Ok(Handled::Listen(listen)) => listen_stream(server, listen),
         Err(_) => error_response(ServerError::Internal {
             detail: "handler panicked".into(),
         }),
     }
 }
 
+/// Keeps a `subscriptions/listen` stream open: the acknowledgment first, then every
+/// announced change the filter asked for, with comment keepalives, until the client
+/// closes it or the server stops.
+fn listen_stream(server: Server, listen: Listen) -> Response<GatewayBody> {
+    let mut changes = server.services().changes.subscribe();
+    let (tx, body) = ChannelBody::new(NOTIFY_QUEUE);
+    tokio::spawn(async move {
+        if tx.send(sse_event(&listen.acknowledgment().to_vec())).await.is_err() {
+            return;
+        }
+        let mut keepalive = tokio::time::interval(KEEPALIVE);
+        keepalive.tick().await;
+        loop {
+            tokio::select! {
+                change = changes.recv() => match change {
+                    Ok(change) => {
+                        if let Some(m) = listen.forward(&change) {
+                            if tx.send(sse_event(&m.to_vec())).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "listen stream lagged behind");
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        let _ = tx.send(sse_event(&listen.closing().to_vec())).await;
+                        return;
+                    }
+                },
+                _ = keepalive.tick() => {
+                    if tx.send(Bytes::from_static(b": keepalive\n\n")).await.is_err() {
+                        return;
+                    }
+                }
+                () = tx.closed() => return,
+            }
+        }
+    });
+    sse_stream(StatusCode::OK, body)
+}
+
+fn sse_event(json: &[u8]) -> Bytes {
+    let mut framed = Vec::with_capacity(json.len() + 24);
+    framed.extend_from_slice(b"event: message\ndata: ");
+    framed.extend_from_slice(json);
+    framed.extend_from_slice(b"\n\n");
+    Bytes::from(framed)
+}
+
+fn sse_stream(status: StatusCode, body: GatewayBody) -> Response<GatewayBody> {
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", header::HeaderValue::from_static("no"));
+    r
+}
+
 trait MapStatus {
     fn map_status(self, status: StatusCode) -> Self;
 }
 
-impl MapStatus for Response<Full<Bytes>> {
+impl MapStatus for Response<GatewayBody> {
     fn map_status(mut self, status: StatusCode) -> Self {
         *self.status_mut() = status;
         self

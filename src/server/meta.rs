@@ -12,6 +12,8 @@ pub const CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilitie
 pub const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
 /// `_meta` key carrying the requested log level.
 pub const LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
+/// `_meta` key correlating notifications with their `subscriptions/listen`.
+pub const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
 /// `_meta` key carrying the server identity on results.
 pub const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
 
@@ -26,6 +28,8 @@ pub struct RequestMeta {
     pub client_info: Option<Value>,
     /// Requested minimum log level, if any.
     pub log_level: Option<String>,
+    /// `progressToken`, if the request opted into progress notifications.
+    pub progress_token: Option<Value>,
 }
 
 impl RequestMeta {
@@ -72,6 +76,10 @@ impl RequestMeta {
             capabilities,
             client_info: meta.get(CLIENT_INFO).cloned(),
             log_level,
+            progress_token: meta
+                .get("progressToken")
+                .filter(|t| t.is_string() || t.is_i64())
+                .cloned(),
         })
     }
 

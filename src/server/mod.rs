@@ -12,6 +12,7 @@
 //! ```
 
 pub mod access;
+pub mod catalog;
 pub mod error;
 pub mod http;
 pub mod meta;
@@ -24,13 +25,14 @@ pub mod tools;
 
 pub use access::Access;
 pub use error::ServerError;
-pub use router::{Handled, MirroredHeaders};
+pub use router::{Handled, Listen, MirroredHeaders};
+pub use tools::Sink;
 
 use crate::config::{resolve_secret, Config, ConfigError, Limits};
 use request_state::StateCodec;
 use std::sync::Arc;
 use store::SqliteStore;
-use tools::ToolRegistry;
+use catalog::Catalog;
 
 /// What handlers can reach: the store, the state codec, access rules and limits.
 #[derive(Debug)]
@@ -43,6 +45,8 @@ pub struct Services {
     pub access: Access,
     /// Size and round limits.
     pub limits: Limits,
+    /// Changes announced by handlers, fanned out to `subscriptions/listen` streams.
+    pub changes: tokio::sync::broadcast::Sender<serde_json::Value>,
 }
 
 /// A cheaply clonable handle on one server instance.
@@ -54,8 +58,7 @@ pub struct Server {
 #[derive(Debug)]
 struct Inner {
     services: Services,
-    tools: ToolRegistry,
-    name: String,
+    catalog: Catalog,
     allowed_origins: Vec<String>,
 }
 
@@ -69,8 +72,14 @@ pub enum KeySource {
 }
 
 impl Server {
-    /// Builds a server from a configuration: opens the store, resolves secrets.
+    /// Builds the notes server from a configuration: opens the store, resolves secrets.
     pub fn from_config(config: &Config) -> Result<(Self, KeySource), ConfigError> {
+        Self::with_catalog(config, Catalog::notes(config.server.name.clone()))
+    }
+
+    /// Builds a server offering `catalog` (the notes server, or another app on the
+    /// same framework such as the conformance fixture).
+    pub fn with_catalog(config: &Config, catalog: Catalog) -> Result<(Self, KeySource), ConfigError> {
         let limits = config.limits.clone();
         let (codec, source) = if config.state.keys.is_empty() {
             let codec = StateCodec::random(config.state.ttl_ms, limits.max_state_bytes).map_err(
@@ -111,9 +120,9 @@ impl Server {
                         codec,
                         access,
                         limits,
+                        changes: tokio::sync::broadcast::channel(256).0,
                     },
-                    tools: ToolRegistry::notes_server(),
-                    name: config.server.name.clone(),
+                    catalog,
                     allowed_origins: config.server.allowed_origins.clone(),
                 }),
             },

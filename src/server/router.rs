@@ -7,12 +7,12 @@
 //! (`-32021`) → handler.
 
 use super::error::ServerError;
-use super::meta::{RequestMeta, SERVER_INFO};
-use super::tools::{CallContext, ToolOutcome};
+use super::meta::{RequestMeta, SERVER_INFO, SUBSCRIPTION_ID};
+use super::tools::{CallContext, Outcome, Sink};
 use super::{now_ms, Server};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use dualera_adapters::jsonrpc::{self, Message, Request, Response};
+use dualera_adapters::jsonrpc::{self, Message, Notification, Request, RequestId, Response};
 use dualera_adapters::ProtocolVersion;
 use http::StatusCode;
 use serde_json::{json, Map, Value};
@@ -40,7 +40,12 @@ pub enum Handled {
         response: Response,
     },
     /// A notification: HTTP 202 with no body; nothing on stdio.
-    Accepted,
+    Accepted {
+        /// For `notifications/cancelled` (stdio): the request to cancel.
+        cancelled: Option<RequestId>,
+    },
+    /// A `subscriptions/listen` stream to keep open.
+    Listen(Listen),
 }
 
 /// Methods of the legacy era that a modern-only server answers with `-32601`.
@@ -52,19 +57,103 @@ const LEGACY_METHODS: &[&str] = &[
     "resources/unsubscribe",
 ];
 
+/// A `subscriptions/listen` request that passed validation: the transport keeps its
+/// stream open and forwards matching changes.
+#[derive(Debug, Clone)]
+pub struct Listen {
+    /// The listen request's id (the subscription id).
+    pub id: RequestId,
+    /// The honored filter (what the acknowledgment carries).
+    pub honored: Map<String, Value>,
+}
+
+impl Listen {
+    /// The `notifications/subscriptions/acknowledged` message, first on the stream.
+    pub fn acknowledgment(&self) -> Message {
+        Message::Notification(Notification {
+            method: "notifications/subscriptions/acknowledged".into(),
+            params: Some(json!({
+                "_meta": { SUBSCRIPTION_ID: self.id.to_value() },
+                "notifications": self.honored,
+            })),
+        })
+    }
+
+    /// The notification to forward for a change announced by a handler, if this
+    /// subscription asked for it, tagged with the subscription id.
+    pub fn forward(&self, change: &Value) -> Option<Message> {
+        let method = change.get("method")?.as_str()?;
+        let wanted = match method {
+            "notifications/tools/list_changed" => self.flag("toolsListChanged"),
+            "notifications/prompts/list_changed" => self.flag("promptsListChanged"),
+            "notifications/resources/list_changed" => self.flag("resourcesListChanged"),
+            "notifications/resources/updated" => {
+                let uri = change.pointer("/params/uri").and_then(Value::as_str);
+                self.honored
+                    .get("resourceSubscriptions")
+                    .and_then(Value::as_array)
+                    .is_some_and(|a| a.iter().any(|u| u.as_str() == uri))
+            }
+            _ => false,
+        };
+        if !wanted {
+            return None;
+        }
+        let mut params = change
+            .get("params")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        params.insert("_meta".into(), json!({ SUBSCRIPTION_ID: self.id.to_value() }));
+        Some(Message::Notification(Notification {
+            method: method.to_owned(),
+            params: Some(Value::Object(params)),
+        }))
+    }
+
+    /// The graceful end of the subscription (sent when the server shuts down).
+    pub fn closing(&self) -> Message {
+        Message::Response(Response::result(
+            self.id.clone(),
+            json!({ "resultType": "complete", "_meta": { SUBSCRIPTION_ID: self.id.to_value() } }),
+        ))
+    }
+
+    fn flag(&self, key: &str) -> bool {
+        self.honored.get(key).and_then(Value::as_bool) == Some(true)
+    }
+}
+
+
+/// What a request turned into before the transport answers it.
+enum Answer {
+    Result(Value),
+    Listen(Listen),
+}
+
 impl Server {
-    /// Handles one body (HTTP) or line (stdio) from `principal`.
+    /// Handles one body (HTTP) or line (stdio) from `principal`. Notifications about
+    /// the request go to `sink` before the return value is sent.
     pub fn handle_bytes(
         &self,
         principal: &str,
         body: &[u8],
         headers: Option<&MirroredHeaders>,
+        sink: &Sink<'_>,
     ) -> Handled {
         match jsonrpc::parse(body) {
-            Ok(Message::Request(req)) => self.handle_request(principal, req, headers),
+            Ok(Message::Request(req)) => self.handle_request(principal, req, headers, sink),
             Ok(Message::Notification(n)) => {
                 debug!(method = %n.method, "notification accepted");
-                Handled::Accepted
+                let cancelled = (n.method == "notifications/cancelled")
+                    .then(|| {
+                        n.params
+                            .as_ref()
+                            .and_then(|p| p.get("requestId"))
+                            .and_then(RequestId::from_value)
+                    })
+                    .flatten();
+                Handled::Accepted { cancelled }
             }
             Ok(Message::Response(_)) => reply_error(
                 None,
@@ -88,15 +177,17 @@ impl Server {
         principal: &str,
         req: Request,
         headers: Option<&MirroredHeaders>,
+        sink: &Sink<'_>,
     ) -> Handled {
         let span = info_span!("request", rpc.id = %req.id, method = %req.method, principal);
         let _enter = span.enter();
         let id = req.id.clone();
-        match self.dispatch(principal, req, headers) {
-            Ok(result) => Handled::Reply {
+        match self.dispatch(principal, req, headers, sink) {
+            Ok(Answer::Result(result)) => Handled::Reply {
                 status: StatusCode::OK,
                 response: Response::result(id, result),
             },
+            Ok(Answer::Listen(listen)) => Handled::Listen(listen),
             Err(e) => {
                 debug!(error = %e, "request refused");
                 reply_error(Some(id), e)
@@ -109,7 +200,8 @@ impl Server {
         principal: &str,
         req: Request,
         headers: Option<&MirroredHeaders>,
-    ) -> Result<Value, ServerError> {
+        sink: &Sink<'_>,
+    ) -> Result<Answer, ServerError> {
         if LEGACY_METHODS.contains(&req.method.as_str()) && is_legacy_shaped(&req, headers) {
             return Err(legacy_method(&req.method));
         }
@@ -140,20 +232,59 @@ impl Server {
         if let Some(h) = headers {
             check_mirrored(h, &req)?;
         }
-        let params = req.params.as_ref().and_then(Value::as_object);
-        match req.method.as_str() {
-            "server/discover" => Ok(self.discover()),
-            "tools/list" => self.tools_list(params),
-            "tools/call" => self.tools_call(principal, &meta, params),
-            m if LEGACY_METHODS.contains(&m) => Err(legacy_method(m)),
-            other => Err(ServerError::MethodNotFound {
-                method: other.to_owned(),
-            }),
-        }
+        let empty = Map::new();
+        let params = req.params.as_ref().and_then(Value::as_object).unwrap_or(&empty);
+        let catalog = &self.inner.catalog;
+        let result = match req.method.as_str() {
+            "server/discover" => self.discover(),
+            "tools/list" => {
+                no_cursor(params)?;
+                self.list_result("tools", Value::from(catalog.tools.descriptors()))
+            }
+            "tools/call" => self.call(principal, &meta, params, sink, "tools/call")?,
+            "resources/list" if catalog.resources.is_some() => {
+                no_cursor(params)?;
+                let list = catalog.resources.as_ref().map(|r| r.list()).unwrap_or_default();
+                self.list_result("resources", Value::from(list))
+            }
+            "resources/templates/list" if catalog.resources.is_some() => {
+                no_cursor(params)?;
+                let list = catalog.resources.as_ref().map(|r| r.templates()).unwrap_or_default();
+                self.list_result("resourceTemplates", Value::from(list))
+            }
+            "resources/read" if catalog.resources.is_some() => {
+                self.call(principal, &meta, params, sink, "resources/read")?
+            }
+            "prompts/list" if catalog.prompts.is_some() => {
+                no_cursor(params)?;
+                let list = catalog.prompts.as_ref().map(|p| p.list()).unwrap_or_default();
+                self.list_result("prompts", Value::from(list))
+            }
+            "prompts/get" if catalog.prompts.is_some() => {
+                self.call(principal, &meta, params, sink, "prompts/get")?
+            }
+            "completion/complete" if catalog.completions.is_some() => {
+                let completion = catalog
+                    .completions
+                    .as_ref()
+                    .map(|c| c.complete(params))
+                    .transpose()?
+                    .unwrap_or(Value::Null);
+                json!({ "resultType": "complete", "completion": completion, "_meta": self.result_meta() })
+            }
+            "subscriptions/listen" => return Ok(Answer::Listen(self.listen(req.id.clone(), params)?)),
+            m if LEGACY_METHODS.contains(&m) => return Err(legacy_method(m)),
+            other => {
+                return Err(ServerError::MethodNotFound {
+                    method: other.to_owned(),
+                })
+            }
+        };
+        Ok(Answer::Result(result))
     }
 
     fn server_info(&self) -> Value {
-        json!({ "name": self.inner.name, "version": env!("CARGO_PKG_VERSION") })
+        json!({ "name": self.inner.catalog.name, "version": self.inner.catalog.version })
     }
 
     fn result_meta(&self) -> Value {
@@ -161,52 +292,98 @@ impl Server {
     }
 
     fn discover(&self) -> Value {
-        json!({
+        let c = &self.inner.catalog;
+        let mut v = json!({
             "resultType": "complete",
             "supportedVersions": ProtocolVersion::MODERN,
-            "capabilities": { "tools": { "listChanged": false } },
-            "instructions": "Notes live in workspaces named by file: URIs that the server's \
-                configuration grants you; pass workspaceUri explicitly. notes_delete asks the \
-                user to pick and confirm through a form; summarize_repo asks your model twice \
-                (pick files, then summarize).",
-            "ttlMs": 3_600_000,
-            "cacheScope": "public",
+            "capabilities": c.capabilities(),
+            "ttlMs": c.cache.discover_ttl_ms,
+            "cacheScope": c.cache.discover_scope,
             "_meta": self.result_meta(),
-        })
-    }
-
-    fn tools_list(&self, params: Option<&Map<String, Value>>) -> Result<Value, ServerError> {
-        if let Some(cursor) = params.and_then(|p| p.get("cursor")) {
-            // One page holds every tool, so no cursor was ever issued.
-            return Err(ServerError::params(format!("unknown cursor {cursor}")));
+        });
+        if let (Some(i), Value::Object(m)) = (&c.instructions, &mut v) {
+            m.insert("instructions".into(), Value::String(i.clone()));
         }
-        Ok(json!({
-            "resultType": "complete",
-            "tools": self.inner.tools.descriptors(),
-            "ttlMs": 3_600_000,
-            "cacheScope": "public",
-            "_meta": self.result_meta(),
-        }))
+        v
     }
 
-    fn tools_call(
+    fn list_result(&self, key: &str, items: Value) -> Value {
+        let c = &self.inner.catalog;
+        let mut m = Map::new();
+        m.insert("resultType".into(), json!("complete"));
+        m.insert(key.into(), items);
+        m.insert("ttlMs".into(), json!(c.cache.list_ttl_ms));
+        m.insert("cacheScope".into(), json!(c.cache.list_scope));
+        m.insert("_meta".into(), self.result_meta());
+        Value::Object(m)
+    }
+
+    fn listen(&self, id: RequestId, params: &Map<String, Value>) -> Result<Listen, ServerError> {
+        let filter = match params.get("notifications") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(f)) => f.clone(),
+            Some(_) => return Err(ServerError::params("params.notifications must be an object")),
+        };
+        let c = &self.inner.catalog;
+        let mut honored = Map::new();
+        for (key, offered) in [
+            ("toolsListChanged", c.list_changed),
+            ("promptsListChanged", c.list_changed && c.prompts.is_some()),
+            ("resourcesListChanged", c.list_changed && c.resources.is_some()),
+        ] {
+            match filter.get(key) {
+                None | Some(Value::Bool(false)) => {}
+                Some(Value::Bool(true)) => {
+                    if offered {
+                        honored.insert(key.into(), Value::Bool(true));
+                    }
+                }
+                Some(_) => return Err(ServerError::params(format!("notifications.{key} must be a boolean"))),
+            }
+        }
+        if let Some(subs) = filter.get("resourceSubscriptions") {
+            let subs = subs
+                .as_array()
+                .ok_or_else(|| ServerError::params("notifications.resourceSubscriptions must be an array"))?;
+            let kept: Vec<Value> = subs
+                .iter()
+                .take(256)
+                .filter(|u| {
+                    u.as_str().is_some_and(|u| {
+                        c.resources.as_ref().is_some_and(|r| r.subscribable(u))
+                    })
+                })
+                .cloned()
+                .collect();
+            if !kept.is_empty() {
+                honored.insert("resourceSubscriptions".into(), Value::Array(kept));
+            }
+        }
+        Ok(Listen { id, honored })
+    }
+
+    /// `tools/call`, `prompts/get`, `resources/read`: the methods that may answer
+    /// `input_required`.
+    fn call(
         &self,
         principal: &str,
         meta: &RequestMeta,
-        params: Option<&Map<String, Value>>,
+        params: &Map<String, Value>,
+        sink: &Sink<'_>,
+        method: &str,
     ) -> Result<Value, ServerError> {
-        let params = params.ok_or_else(|| ServerError::params("params are required"))?;
-        let name = match params.get("name") {
-            Some(Value::String(n)) => n.as_str(),
-            _ => return Err(ServerError::params("params.name must be a string")),
+        let catalog = &self.inner.catalog;
+        let (target_key, args_key) = match method {
+            "resources/read" => ("uri", None),
+            "prompts/get" => ("name", Some("arguments")),
+            _ => ("name", Some("arguments")),
         };
-        let tool = self
-            .inner
-            .tools
-            .get(name)
-            .ok_or_else(|| ServerError::params(format!("Unknown tool: {name}")))?;
+        let target = match params.get(target_key) {
+            Some(Value::String(n)) => n.as_str(),
+            _ => return Err(ServerError::params(format!("params.{target_key} must be a string"))),
+        };
         let empty = Map::new();
-        let arguments = match params.get("arguments") {
+        let arguments = match args_key.and_then(|k| params.get(k)) {
             None | Some(Value::Null) => &empty,
             Some(Value::Object(a)) => a,
             Some(_) => return Err(ServerError::params("params.arguments must be an object")),
@@ -221,13 +398,24 @@ impl Server {
             Some(Value::String(s)) => Some(s.as_str()),
             Some(_) => return Err(ServerError::params("params.requestState must be a string")),
         };
-        if let Some(need) = tool.required_capabilities() {
-            if !meta.satisfies(&need) {
-                return Err(ServerError::MissingCapability { required: need });
+        let tool = if method == "tools/call" {
+            let tool = catalog
+                .tools
+                .get(target)
+                .ok_or_else(|| ServerError::params(format!("Unknown tool: {target}")))?;
+            if let Some(need) = tool.required_capabilities() {
+                if !meta.satisfies(&need) {
+                    return Err(ServerError::MissingCapability { required: need });
+                }
             }
-        }
+            Some(tool)
+        } else {
+            None
+        };
         let cx = CallContext {
             principal,
+            method,
+            sink,
             meta,
             arguments,
             input_responses,
@@ -235,17 +423,40 @@ impl Server {
             services: &self.inner.services,
             now_ms: now_ms(),
         };
-        let span = info_span!("tool", tool = name, round = request_state.is_some());
+        // An echoed requestState is verified (tag, expiry, principal, method, target,
+        // arguments) before any handler runs, including handlers and paths that never
+        // use one: a state replayed elsewhere is -32602, never silently ignored.
+        if request_state.is_some() {
+            cx.open_state(target)?;
+        }
+        let span = info_span!("call", target, round = request_state.is_some());
         let _enter = span.enter();
-        match tool.call(&cx)? {
-            ToolOutcome::Complete(mut result) => {
+        let outcome = match (method, tool) {
+            (_, Some(tool)) => tool.call(&cx)?,
+            ("prompts/get", None) => catalog
+                .prompts
+                .as_ref()
+                .ok_or_else(|| ServerError::MethodNotFound { method: method.into() })?
+                .get(&cx, target)?,
+            _ => catalog
+                .resources
+                .as_ref()
+                .ok_or_else(|| ServerError::MethodNotFound { method: method.into() })?
+                .read(&cx, target)?,
+        };
+        Ok(match outcome {
+            Outcome::Complete(mut result) => {
                 if let Value::Object(m) = &mut result {
                     m.insert("resultType".into(), json!("complete"));
+                    if method == "resources/read" {
+                        m.insert("ttlMs".into(), json!(catalog.cache.read_ttl_ms));
+                        m.insert("cacheScope".into(), json!(catalog.cache.read_scope));
+                    }
                     m.insert("_meta".into(), self.result_meta());
                 }
-                Ok(result)
+                result
             }
-            ToolOutcome::InputRequired {
+            Outcome::InputRequired {
                 input_requests,
                 request_state,
             } => {
@@ -258,9 +469,17 @@ impl Server {
                     m.insert("requestState".into(), Value::String(s));
                 }
                 m.insert("_meta".into(), self.result_meta());
-                Ok(Value::Object(m))
+                Value::Object(m)
             }
-        }
+        })
+    }
+}
+
+fn no_cursor(params: &Map<String, Value>) -> Result<(), ServerError> {
+    match params.get("cursor") {
+        // One page holds everything, so no cursor was ever issued.
+        Some(c) if !c.is_null() => Err(ServerError::params(format!("unknown cursor {c}"))),
+        _ => Ok(()),
     }
 }
 

@@ -8,14 +8,46 @@ use super::error::ServerError;
 use super::meta::RequestMeta;
 use super::request_state::{digest_arguments, Binding, Opened};
 use super::Services;
+use dualera_adapters::{Message, Notification};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Where a request's notifications go, and how its transport says it was cancelled.
+pub struct Sink<'a> {
+    /// Called for each notification about the request (progress, log), in order,
+    /// before the response.
+    pub notify: &'a (dyn Fn(Message) + Sync),
+    /// Set by the transport when the client cancelled or went away.
+    pub cancelled: &'a AtomicBool,
+}
+
+impl std::fmt::Debug for Sink<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sink").field("cancelled", &self.cancelled).finish()
+    }
+}
+
+/// A sink that drops notifications and is never cancelled.
+pub fn discard(f: impl FnOnce(&Sink<'_>) -> Handled) -> Handled {
+    let cancelled = AtomicBool::new(false);
+    f(&Sink {
+        notify: &|_| {},
+        cancelled: &cancelled,
+    })
+}
+
+use super::router::Handled;
 
 /// Everything a tool call may look at. Built fresh for every request.
 #[derive(Debug)]
 pub struct CallContext<'a> {
     /// The authenticated principal.
     pub principal: &'a str,
+    /// The method being served (`tools/call`, `prompts/get`, `resources/read`).
+    pub method: &'a str,
+    /// Notifications and cancellation.
+    pub sink: &'a Sink<'a>,
     /// This request's `_meta`.
     pub meta: &'a RequestMeta,
     /// `params.arguments`.
@@ -30,10 +62,10 @@ pub struct CallContext<'a> {
     pub now_ms: u64,
 }
 
-/// What a tool answers.
+/// What a tool, prompt or resource handler answers.
 #[derive(Debug)]
-pub enum ToolOutcome {
-    /// A `CallToolResult` (without `resultType`; the router adds it).
+pub enum Outcome {
+    /// The final result (without `resultType`; the router adds it).
     Complete(Value),
     /// More input is needed: an MRTR round.
     InputRequired {
@@ -43,6 +75,9 @@ pub enum ToolOutcome {
         request_state: Option<String>,
     },
 }
+
+/// The former name of [`Outcome`].
+pub type ToolOutcome = Outcome;
 
 /// A tool.
 pub trait Tool: Send + Sync + std::fmt::Debug {
@@ -125,11 +160,60 @@ impl CallContext<'_> {
         }
     }
 
-    /// The state binding for this call: principal, method, tool, argument digest.
+    /// Whether the client cancelled this request (or went away).
+    pub fn is_cancelled(&self) -> bool {
+        self.sink.cancelled.load(Ordering::Relaxed)
+    }
+
+    /// Sends `notifications/progress` if the request carried a `progressToken`.
+    pub fn progress(&self, progress: f64, total: Option<f64>, message: Option<&str>) {
+        let Some(token) = self.meta.progress_token.clone() else {
+            return;
+        };
+        let mut params = Map::new();
+        params.insert("progressToken".into(), token);
+        params.insert("progress".into(), json!(progress));
+        if let Some(t) = total {
+            params.insert("total".into(), json!(t));
+        }
+        if let Some(m) = message {
+            params.insert("message".into(), json!(m));
+        }
+        (self.sink.notify)(Message::Notification(Notification {
+            method: "notifications/progress".into(),
+            params: Some(Value::Object(params)),
+        }));
+    }
+
+    /// Sends `notifications/message` if this request asked for logs at `level` or
+    /// more severe (`_meta["io.modelcontextprotocol/logLevel"]`); never otherwise.
+    pub fn log(&self, level: &str, data: Value) {
+        let Some(wanted) = self.meta.log_level.as_deref() else {
+            return;
+        };
+        if severity(level) < severity(wanted) {
+            return;
+        }
+        (self.sink.notify)(Message::Notification(Notification {
+            method: "notifications/message".into(),
+            params: Some(json!({ "level": level, "data": data })),
+        }));
+    }
+
+    /// Tells every `subscriptions/listen` stream that asked for it (e.g.
+    /// `notifications/tools/list_changed`).
+    pub fn announce(&self, method: &str, params: Value) {
+        let _ = self
+            .services
+            .changes
+            .send(json!({ "method": method, "params": params }));
+    }
+
+    /// The state binding for this call: principal, method, target, argument digest.
     pub fn binding(&self, tool: &str) -> Binding {
         Binding {
             principal: self.principal.to_owned(),
-            method: "tools/call".to_owned(),
+            method: self.method.to_owned(),
             target: tool.to_owned(),
             arguments: digest_arguments(&Value::Object(self.arguments.clone())),
         }
@@ -167,6 +251,21 @@ impl CallContext<'_> {
     /// The input response under `key`, if the client sent one.
     pub fn input_response(&self, key: &str) -> Option<&Value> {
         self.input_responses.and_then(|r| r.get(key))
+    }
+}
+
+/// RFC 5424 severity order of MCP log levels (higher is more severe).
+pub fn severity(level: &str) -> u8 {
+    match level {
+        "debug" => 0,
+        "info" => 1,
+        "notice" => 2,
+        "warning" => 3,
+        "error" => 4,
+        "critical" => 5,
+        "alert" => 6,
+        "emergency" => 7,
+        _ => 0,
     }
 }
 

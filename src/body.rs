@@ -1,5 +1,5 @@
-//! Response bodies the gateway hands to hyper: boxed, so a streamed upstream body, a
-//! fixed JSON body and a live SSE channel share one type.
+//! HTTP bodies shared by the server and the gateway: boxed, so a streamed upstream
+//! body, a fixed JSON body and a live SSE channel share one type.
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;

@@ -1,0 +1,1699 @@
+//! The legacy session machine: one legacy MCP session (2025-11-25 … 2024-11-05) served
+//! over a stateless 2026-07-28 upstream, as a deterministic state machine without IO.
+//!
+//! See [`Session`] for the call order and the data flow.
+
+use crate::capabilities::{self, InputCheck};
+use crate::downgrade;
+use crate::error::{failure_response, Failure, SessionError};
+use crate::event::{BatchId, Event, PeerStream, UpstreamRole};
+use crate::jsonrpc::{
+    EnvelopeError, ErrorCode, ErrorObject, Message, Notification, Request, RequestId, Response,
+};
+use crate::mrtr::{self, ResultKind, Round};
+use crate::revision::{ElicitationSupport, Revision};
+use crate::time::Timestamp;
+use crate::version::ProtocolVersion;
+use crate::{v2025_06_18, v2025_11_25};
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::time::Duration;
+
+/// `_meta` key: protocol version of a modern request.
+pub const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+/// `_meta` key: client capabilities of a modern request.
+pub const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+/// `_meta` key: client implementation info of a modern request.
+pub const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+/// `_meta` key: minimum log level for a modern request.
+pub const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
+/// `_meta` key: server implementation info on a modern result.
+pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+/// `_meta` key: the subscription a notification belongs to.
+pub const META_SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+
+/// The log levels `logging/setLevel` accepts, lowest first.
+pub const LOG_LEVELS: [&str; 8] = [
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+];
+
+/// Bounds and timings of a session. Every map the machine keeps is bounded by one of
+/// these.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Config {
+    /// Legacy revisions offered to peers, newest first (default: all four).
+    pub legacy_versions: Vec<String>,
+    /// Most legacy requests forwarded upstream at once (default 64); more are answered
+    /// with a failure.
+    pub max_in_flight: usize,
+    /// Most `inputRequests` in one round (default 16).
+    pub max_input_requests: usize,
+    /// Most `input_required` rounds per legacy request (default 8).
+    pub max_rounds: u32,
+    /// Pause before retrying a round that had only `requestState` (default 250 ms).
+    pub retry_pause: Duration,
+    /// How long a live request may go unanswered; reset by the peer's
+    /// `notifications/progress` for it (default 600 s).
+    pub live_timeout: Duration,
+    /// How long a live request may run at most, progress or not (default 3600 s).
+    pub live_timeout_max: Duration,
+    /// Most messages in one batch (default 32).
+    pub max_batch_len: usize,
+    /// Most resource URIs one session may subscribe to (default 256).
+    pub max_subscriptions: usize,
+    /// Pause before re-opening a lost `subscriptions/listen` (default 1 s).
+    pub listen_retry_pause: Duration,
+    /// Consecutive `subscriptions/listen` losses before giving up until the filter
+    /// changes (default 5).
+    pub max_listen_retries: u32,
+    /// How many finished request ids are remembered to tell late and duplicate
+    /// replies from unknown ones (default 1024).
+    pub retired_ids: usize,
+    /// Prefix of every id the machine mints (`<prefix>-u7`, `<prefix>-l3`,
+    /// `<prefix>-e1`). Drivers that share one upstream pipe between sessions give each
+    /// session its own prefix (default `dualera`).
+    pub id_prefix: String,
+    /// `serverInfo` used when the upstream's discover result has none.
+    pub fallback_server_info: Value,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            legacy_versions: ProtocolVersion::LEGACY
+                .iter()
+                .map(|v| (*v).to_owned())
+                .collect(),
+            max_in_flight: 64,
+            max_input_requests: 16,
+            max_rounds: 8,
+            retry_pause: Duration::from_millis(250),
+            live_timeout: Duration::from_secs(600),
+            live_timeout_max: Duration::from_secs(3600),
+            max_batch_len: 32,
+            max_subscriptions: 256,
+            listen_retry_pause: Duration::from_secs(1),
+            max_listen_retries: 5,
+            retired_ids: 1024,
+            id_prefix: "dualera".to_owned(),
+            fallback_server_info: json!({ "name": "dualera", "version": env!("CARGO_PKG_VERSION") }),
+        }
+    }
+}
+
+/// Where a session is in its lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionState {
+    /// No `initialize` yet.
+    AwaitingInitialize,
+    /// `initialize` received; waiting for the upstream's `server/discover`.
+    Initializing,
+    /// `initialize` answered; requests are served.
+    Ready,
+    /// Closed by [`Session::close`]; every input is refused.
+    Closed,
+}
+
+/// What a batch fed with [`Session::handle_peer_batch`] produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchOutcome {
+    /// The batch's stream, when it held requests (its grouped responses follow as
+    /// [`Event::ToPeerBatch`]); `None` when it held only notifications and replies (on
+    /// HTTP: answer `202 Accepted`).
+    pub batch: Option<BatchId>,
+    /// Replies in the batch that were refused, for logging.
+    pub refused: Vec<SessionError>,
+}
+
+#[derive(Debug)]
+struct PendingInit {
+    id: RequestId,
+    stream: PeerStream,
+}
+
+#[derive(Debug)]
+struct UrlElicitation {
+    key: String,
+    url: String,
+    elicitation_id: String,
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// Between attempts: no upstream request in flight, nothing pending at the peer.
+    Idle,
+    /// An upstream attempt is in flight.
+    Upstream(RequestId),
+    /// Live requests are out at the peer.
+    Input(Round),
+    /// A state-only round waits for its retry time.
+    Paused {
+        until: Timestamp,
+        request_state: Option<String>,
+    },
+}
+
+#[derive(Debug)]
+struct Call {
+    seq: u64,
+    method: String,
+    params: Map<String, Value>,
+    stream: PeerStream,
+    rounds: u32,
+    phase: Phase,
+    url_elicitations: Vec<UrlElicitation>,
+}
+
+#[derive(Debug)]
+struct Live {
+    seq: u64,
+    legacy: RequestId,
+    key: String,
+    method: String,
+    deadline: Timestamp,
+    hard_deadline: Timestamp,
+}
+
+#[derive(Debug)]
+struct UpstreamEntry {
+    seq: u64,
+    role: UpstreamRole,
+}
+
+#[derive(Debug)]
+enum ListenState {
+    Open(RequestId),
+    RetryAt(Timestamp),
+    GaveUp,
+}
+
+#[derive(Debug)]
+struct Listen {
+    filter: Value,
+    state: ListenState,
+    failures: u32,
+}
+
+#[derive(Debug)]
+struct Batch {
+    open: usize,
+    responses: Vec<Message>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RetiredKind {
+    Answered,
+    Abandoned,
+}
+
+/// A bounded memory of ids that were finished, oldest forgotten first.
+#[derive(Debug)]
+struct Retired {
+    order: VecDeque<RequestId>,
+    kinds: HashMap<RequestId, RetiredKind>,
+    cap: usize,
+}
+
+impl Retired {
+    fn new(cap: usize) -> Self {
+        Self {
+            order: VecDeque::new(),
+            kinds: HashMap::new(),
+            cap: cap.max(1),
+        }
+    }
+
+    fn insert(&mut self, id: RequestId, kind: RetiredKind) {
+        if self.kinds.insert(id.clone(), kind).is_none() {
+            self.order.push_back(id);
+            while self.order.len() > self.cap {
+                if let Some(old) = self.order.pop_front() {
+                    self.kinds.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn get(&self, id: &RequestId) -> Option<RetiredKind> {
+        self.kinds.get(id).copied()
+    }
+}
+
+/// One legacy session, sans IO.
+///
+/// # What it does
+///
+/// It plays the server towards a legacy peer (answering `initialize`, `ping`,
+/// `logging/setLevel`, `resources/(un)subscribe` itself) and the client towards a
+/// 2026-07-28 upstream (forwarding every other request with per-request `_meta`, and
+/// driving Multi Round-Trip Requests by turning `inputRequests` into live
+/// `elicitation/create` / `sampling/createMessage` / `roots/list` requests to the peer).
+///
+/// ```text
+///  legacy peer ──handle_peer_message / handle_peer_batch──►┐
+///  upstream    ──handle_upstream_message / _lost──────────►│ Session ──poll_event──► Event::ToPeer{stream,..}
+///  driver      ──handle_discover / handle_standalone_*────►│         ──poll_timeout─► next deadline
+///  clock       ──handle_timeout(now)──────────────────────►┘                          Event::ToUpstream / CancelUpstream …
+/// ```
+///
+/// # Call order
+///
+/// 1. [`Session::new`]; optionally [`Session::handle_discover`] with a cached
+///    `server/discover` result (otherwise the machine asks for one with an
+///    [`Event::ToUpstream`] of role [`UpstreamRole::Discover`] when `initialize` arrives).
+/// 2. For every input — a peer message ([`handle_peer_message`](Self::handle_peer_message),
+///    [`handle_peer_batch`](Self::handle_peer_batch)), an upstream message or failure
+///    ([`handle_upstream_message`](Self::handle_upstream_message),
+///    [`handle_upstream_lost`](Self::handle_upstream_lost)), a stream change
+///    ([`handle_standalone_opened`](Self::handle_standalone_opened) /
+///    [`handle_standalone_closed`](Self::handle_standalone_closed)) or a timer
+///    ([`handle_timeout`](Self::handle_timeout)) — call the `handle_*` method, then drain
+///    [`poll_event`](Self::poll_event) until `None` and act on each event in order,
+///    then re-read [`poll_timeout`](Self::poll_timeout) and arm the driver's timer.
+/// 3. When the peer goes away (HTTP `DELETE`, stdio EOF, socket closed) call
+///    [`close`](Self::close) and drain the events once more (they cancel upstream work).
+///
+/// A `handle_*` method that returns `Err` changed nothing; the error says what the
+/// driver should log, and [`SessionError::to_response`] what (if anything) to answer.
+#[derive(Debug)]
+pub struct Session {
+    config: Config,
+    state: SessionState,
+    revision: Option<&'static Revision>,
+    client_info: Option<Value>,
+    legacy_capabilities: Value,
+    client_capabilities: Value,
+    log_level: Option<String>,
+    discover: Option<Value>,
+    init: Option<PendingInit>,
+    initialized_notified: bool,
+    calls: HashMap<RequestId, Call>,
+    live: HashMap<RequestId, Live>,
+    upstream: HashMap<RequestId, UpstreamEntry>,
+    retired_live: Retired,
+    retired_upstream: Retired,
+    batches: HashMap<BatchId, Batch>,
+    subscriptions: BTreeSet<String>,
+    standalone_open: bool,
+    listen: Option<Listen>,
+    ping: Option<RequestId>,
+    next_upstream: u64,
+    next_live: u64,
+    next_elicitation: u64,
+    next_batch: u64,
+    next_seq: u64,
+    events: VecDeque<Event>,
+}
+
+impl Session {
+    /// A new session waiting for `initialize`.
+    pub fn new(config: Config) -> Self {
+        let retired = config.retired_ids;
+        Self {
+            config,
+            state: SessionState::AwaitingInitialize,
+            revision: None,
+            client_info: None,
+            legacy_capabilities: Value::Object(Map::new()),
+            client_capabilities: Value::Object(Map::new()),
+            log_level: None,
+            discover: None,
+            init: None,
+            initialized_notified: false,
+            calls: HashMap::new(),
+            live: HashMap::new(),
+            upstream: HashMap::new(),
+            retired_live: Retired::new(retired),
+            retired_upstream: Retired::new(retired),
+            batches: HashMap::new(),
+            subscriptions: BTreeSet::new(),
+            standalone_open: false,
+            listen: None,
+            ping: None,
+            next_upstream: 0,
+            next_live: 0,
+            next_elicitation: 0,
+            next_batch: 0,
+            next_seq: 0,
+            events: VecDeque::new(),
+        }
+    }
+
+    // ----- introspection -------------------------------------------------------------
+
+    /// Where the session is in its lifecycle.
+    pub fn state(&self) -> SessionState {
+        self.state
+    }
+
+    /// The negotiated legacy revision, once `initialize` has been received.
+    pub fn revision(&self) -> Option<&'static Revision> {
+        self.revision
+    }
+
+    /// The peer's `clientInfo`, as sent in `initialize`.
+    pub fn client_info(&self) -> Option<&Value> {
+        self.client_info.as_ref()
+    }
+
+    /// The peer's `capabilities`, as sent in `initialize`.
+    pub fn legacy_capabilities(&self) -> &Value {
+        &self.legacy_capabilities
+    }
+
+    /// The modern `clientCapabilities` sent upstream, mapped from the peer's.
+    pub fn client_capabilities(&self) -> &Value {
+        &self.client_capabilities
+    }
+
+    /// The log level set with `logging/setLevel`, if any.
+    pub fn log_level(&self) -> Option<&str> {
+        self.log_level.as_deref()
+    }
+
+    /// Whether the peer has sent `notifications/initialized`.
+    pub fn initialized_notified(&self) -> bool {
+        self.initialized_notified
+    }
+
+    /// Legacy requests currently forwarded upstream (or waiting for the peer's input).
+    pub fn in_flight(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// The resource URIs the peer subscribed to.
+    pub fn subscriptions(&self) -> impl Iterator<Item = &str> {
+        self.subscriptions.iter().map(String::as_str)
+    }
+
+    // ----- outputs -------------------------------------------------------------------
+
+    /// The next thing the driver must do, in order; `None` when there is nothing left.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The earliest time [`handle_timeout`](Self::handle_timeout) must be called, if any
+    /// timer is armed (a live-request deadline, a paused round, a subscription retry).
+    pub fn poll_timeout(&self) -> Option<Timestamp> {
+        let live = self.live.values().map(|l| l.deadline);
+        let paused = self.calls.values().filter_map(|c| match c.phase {
+            Phase::Paused { until, .. } => Some(until),
+            _ => None,
+        });
+        let listen = self.listen.iter().filter_map(|l| match l.state {
+            ListenState::RetryAt(at) => Some(at),
+            _ => None,
+        });
+        live.chain(paused).chain(listen).min()
+    }
+
+    // ----- inputs: driver ------------------------------------------------------------
+
+    /// Supplies a `server/discover` result the driver cached (or fetched itself). May be
+    /// called at any time before or while `initialize` waits for one; a waiting
+    /// `initialize` is answered at once (and an upstream discover in flight cancelled).
+    pub fn handle_discover(&mut self, result: Value) -> Result<(), SessionError> {
+        self.check_open()?;
+        validate_discover(&result)?;
+        self.discover = Some(result);
+        if self.state == SessionState::Initializing {
+            if let Some(id) = self.pending_discover() {
+                self.cancel_upstream(id, "discover supplied by the driver");
+            }
+            self.answer_initialize();
+        }
+        Ok(())
+    }
+
+    /// The peer opened its standalone stream (HTTP GET). Single-pipe drivers (stdio,
+    /// WebSocket) call this once right after creating the session.
+    pub fn handle_standalone_opened(&mut self) -> Result<(), SessionError> {
+        self.check_open()?;
+        self.standalone_open = true;
+        self.update_listen();
+        Ok(())
+    }
+
+    /// The peer's standalone stream closed.
+    pub fn handle_standalone_closed(&mut self) -> Result<(), SessionError> {
+        self.check_open()?;
+        self.standalone_open = false;
+        self.update_listen();
+        Ok(())
+    }
+
+    /// Sends the peer a `ping` on the standalone stream (at most one outstanding);
+    /// returns its id. The peer's reply is absorbed by the machine.
+    pub fn ping_peer(&mut self) -> Option<RequestId> {
+        if self.state != SessionState::Ready || self.ping.is_some() {
+            return None;
+        }
+        let id = self.mint_live();
+        self.ping = Some(id.clone());
+        self.emit_peer(
+            PeerStream::Standalone,
+            Message::Request(Request {
+                id: id.clone(),
+                method: "ping".into(),
+                params: None,
+            }),
+        );
+        Some(id)
+    }
+
+    /// Closes the session (HTTP `DELETE`, stdio EOF, connection lost): every upstream
+    /// request in flight is cancelled, pending live requests are abandoned, and every
+    /// later input is refused with [`SessionError::Closed`].
+    pub fn close(&mut self) {
+        if self.state == SessionState::Closed {
+            return;
+        }
+        let mut ids: Vec<(u64, RequestId)> =
+            self.upstream.drain().map(|(id, e)| (e.seq, id)).collect();
+        ids.sort_by_key(|(seq, _)| *seq);
+        for (_, id) in ids {
+            self.events.push_back(Event::CancelUpstream {
+                id,
+                reason: "session closed",
+            });
+        }
+        self.calls.clear();
+        self.live.clear();
+        self.batches.clear();
+        self.listen = None;
+        self.init = None;
+        self.ping = None;
+        self.state = SessionState::Closed;
+    }
+
+    /// Fires every timer due at `now`: live requests past their deadline fail their
+    /// legacy request, paused rounds are retried, a lost subscription is re-opened.
+    pub fn handle_timeout(&mut self, now: Timestamp) {
+        if self.state == SessionState::Closed {
+            return;
+        }
+        let mut expired: Vec<(u64, RequestId)> = self
+            .live
+            .iter()
+            .filter(|(_, l)| l.deadline <= now)
+            .map(|(id, l)| (l.seq, id.clone()))
+            .collect();
+        expired.sort_by_key(|(seq, _)| *seq);
+        for (_, id) in expired {
+            let Some(live) = self.live.get(&id) else {
+                continue;
+            };
+            let failure = Failure::LiveTimeout {
+                method: live.method.clone(),
+                input_key: live.key.clone(),
+            };
+            let legacy = live.legacy.clone();
+            if let Some(call) = self.calls.remove(&legacy) {
+                self.fail_call(legacy, call, failure, "timed out");
+            }
+        }
+        let mut due: Vec<(u64, RequestId)> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| matches!(c.phase, Phase::Paused { until, .. } if until <= now))
+            .map(|(id, c)| (c.seq, id.clone()))
+            .collect();
+        due.sort_by_key(|(seq, _)| *seq);
+        for (_, legacy) in due {
+            let state = match self.calls.get_mut(&legacy).map(|c| &mut c.phase) {
+                Some(Phase::Paused { request_state, .. }) => request_state.take(),
+                _ => continue,
+            };
+            self.send_attempt(&legacy, None, state);
+        }
+        if let Some(listen) = &self.listen {
+            if matches!(listen.state, ListenState::RetryAt(at) if at <= now) {
+                let filter = listen.filter.clone();
+                let failures = listen.failures;
+                self.open_listen(filter, failures);
+            }
+        }
+    }
+
+    // ----- inputs: peer --------------------------------------------------------------
+
+    /// Feeds one message from the legacy peer.
+    pub fn handle_peer_message(
+        &mut self,
+        message: Message,
+        now: Timestamp,
+    ) -> Result<(), SessionError> {
+        self.check_open()?;
+        match message {
+            Message::Request(request) => self.peer_request(request, None, now),
+            Message::Notification(notification) => {
+                self.peer_notification(notification, now);
+                Ok(())
+            }
+            Message::Response(response) => self.peer_response(response, now),
+        }
+    }
+
+    /// Feeds a JSON-RPC batch from the legacy peer (2025-03-26 only; elements as
+    /// [`crate::jsonrpc::parse_incoming`] returns them). The responses to its requests
+    /// are grouped into one [`Event::ToPeerBatch`] on [`PeerStream::Batch`] once all of
+    /// them are settled; invalid elements get their error response in that group.
+    pub fn handle_peer_batch(
+        &mut self,
+        items: Vec<Result<Message, EnvelopeError>>,
+        now: Timestamp,
+    ) -> Result<BatchOutcome, SessionError> {
+        self.check_open()?;
+        let negotiated = self.revision.map(|r| r.version);
+        if self.state != SessionState::Ready || !self.revision.is_some_and(|r| r.batches) {
+            return Err(SessionError::BatchNotAllowed { negotiated });
+        }
+        if items.len() > self.config.max_batch_len {
+            return Err(SessionError::BatchTooLarge {
+                len: items.len(),
+                max: self.config.max_batch_len,
+            });
+        }
+        let answers_due = items
+            .iter()
+            .any(|i| matches!(i, Ok(Message::Request(_)) | Err(_)));
+        let mut refused = Vec::new();
+        let batch = if answers_due {
+            self.next_batch += 1;
+            let id = BatchId(self.next_batch);
+            // One extra "open" slot held while the elements are fed, so the group
+            // cannot be sent before the last element was seen.
+            self.batches.insert(
+                id,
+                Batch {
+                    open: 1,
+                    responses: Vec::new(),
+                },
+            );
+            Some(id)
+        } else {
+            None
+        };
+        for item in items {
+            match item {
+                Ok(Message::Request(request)) => {
+                    if let Some(b) = batch.and_then(|b| self.batches.get_mut(&b)) {
+                        b.open += 1;
+                    }
+                    if let Err(e) = self.peer_request(request, batch, now) {
+                        refused.push(e);
+                    }
+                }
+                Ok(Message::Notification(n)) => self.peer_notification(n, now),
+                Ok(Message::Response(r)) => {
+                    if let Err(e) = self.peer_response(r, now) {
+                        refused.push(e);
+                    }
+                }
+                Err(e) => {
+                    if let Some(b) = batch {
+                        if let Some(entry) = self.batches.get_mut(&b) {
+                            entry.open += 1;
+                        }
+                        self.respond(PeerStream::Batch(b), e.to_response());
+                    }
+                }
+            }
+        }
+        if let Some(b) = batch {
+            self.settle_batch(b, None);
+        }
+        Ok(BatchOutcome { batch, refused })
+    }
+
+    fn peer_request(
+        &mut self,
+        request: Request,
+        batch: Option<BatchId>,
+        now: Timestamp,
+    ) -> Result<(), SessionError> {
+        let stream = match batch {
+            Some(b) => PeerStream::Batch(b),
+            None => PeerStream::Request(request.id.clone()),
+        };
+        let id = request.id.clone();
+        let duplicate =
+            self.calls.contains_key(&id) || self.init.as_ref().is_some_and(|i| i.id == id);
+        if duplicate {
+            let error = SessionError::DuplicateRequestId { id };
+            if batch.is_some() {
+                if let Some(response) = error.to_response() {
+                    self.respond(stream, response);
+                }
+                return Ok(());
+            }
+            return Err(error);
+        }
+        let method = request.method.as_str();
+        match (self.state, method) {
+            (_, "ping") => self.respond(stream, Response::result(id, json!({}))),
+            (SessionState::AwaitingInitialize, "initialize") => {
+                self.initialize(request, stream);
+            }
+            (SessionState::Initializing, "initialize") => self.respond_error(
+                stream,
+                id,
+                ErrorCode::INVALID_REQUEST,
+                "initialize is already in progress",
+            ),
+            (SessionState::AwaitingInitialize | SessionState::Initializing, _) => self
+                .respond_error(
+                    stream,
+                    id,
+                    ErrorCode::INVALID_REQUEST,
+                    "the session is not initialized: send initialize first",
+                ),
+            (_, "initialize") => self.respond_error(
+                stream,
+                id,
+                ErrorCode::INVALID_REQUEST,
+                "the session is already initialized",
+            ),
+            (_, "logging/setLevel") => self.set_level(request, stream),
+            (_, "resources/subscribe" | "resources/unsubscribe") => {
+                self.subscribe(request, stream);
+            }
+            (_, "subscriptions/listen" | "server/discover") => self.respond_error(
+                stream,
+                id,
+                ErrorCode::METHOD_NOT_FOUND,
+                "method not found in legacy protocol revisions",
+            ),
+            _ => self.forward(request, stream, now),
+        }
+        Ok(())
+    }
+
+    fn peer_notification(&mut self, notification: Notification, now: Timestamp) {
+        let params = notification.params.as_ref();
+        match notification.method.as_str() {
+            "notifications/initialized" => self.initialized_notified = true,
+            "notifications/cancelled" => {
+                let Some(id) = params
+                    .and_then(|p| p.get("requestId"))
+                    .and_then(RequestId::from_value)
+                else {
+                    return;
+                };
+                if let Some(call) = self.calls.remove(&id) {
+                    self.cancel_call(id, call);
+                }
+            }
+            "notifications/progress" => {
+                let Some(id) = params
+                    .and_then(|p| p.get("progressToken"))
+                    .and_then(RequestId::from_value)
+                else {
+                    return;
+                };
+                if let Some(live) = self.live.get_mut(&id) {
+                    live.deadline = now
+                        .saturating_add(self.config.live_timeout)
+                        .min(live.hard_deadline);
+                }
+            }
+            // Roots are asked for afresh in every round and never cached, so a change
+            // needs no action.
+            "notifications/roots/list_changed" => {}
+            _ => {}
+        }
+    }
+
+    fn peer_response(&mut self, response: Response, _now: Timestamp) -> Result<(), SessionError> {
+        let Some(id) = response.id else {
+            return Err(SessionError::ReplyWithoutId {
+                error: response.outcome.err(),
+            });
+        };
+        if self.ping.as_ref() == Some(&id) {
+            self.ping = None;
+            self.retired_live.insert(id, RetiredKind::Answered);
+            return Ok(());
+        }
+        let Some(live) = self.live.remove(&id) else {
+            return Err(match self.retired_live.get(&id) {
+                Some(RetiredKind::Answered) => SessionError::DuplicateReply { id },
+                Some(RetiredKind::Abandoned) => SessionError::LateReply { id },
+                None if self.was_minted(&id, 'l', self.next_live) => SessionError::LateReply { id },
+                None => SessionError::UnknownReply { id },
+            });
+        };
+        self.retired_live.insert(id, RetiredKind::Answered);
+        let Some(mut call) = self.calls.remove(&live.legacy) else {
+            return Ok(());
+        };
+        match response.outcome {
+            Ok(result) => {
+                let Phase::Input(round) = &mut call.phase else {
+                    self.calls.insert(live.legacy, call);
+                    return Ok(());
+                };
+                if round.answer(&live.key, result) {
+                    let round = std::mem::take(round);
+                    self.calls.insert(live.legacy.clone(), call);
+                    self.send_attempt(&live.legacy, Some(round.responses), round.request_state);
+                } else {
+                    self.calls.insert(live.legacy, call);
+                }
+            }
+            Err(error) => {
+                let failure = Failure::PeerError {
+                    method: live.method,
+                    error,
+                };
+                self.fail_call(live.legacy, call, failure, "another input request failed");
+            }
+        }
+        Ok(())
+    }
+
+    // ----- inputs: upstream ----------------------------------------------------------
+
+    /// Feeds one message from the upstream. `on` is the upstream request whose response
+    /// stream carried it (HTTP), or `None` when all upstream traffic shares one pipe
+    /// (stdio); responses are matched by their id either way.
+    pub fn handle_upstream_message(
+        &mut self,
+        on: Option<RequestId>,
+        message: Message,
+        now: Timestamp,
+    ) -> Result<(), SessionError> {
+        self.check_open()?;
+        match message {
+            Message::Response(response) => {
+                let Some(id) = response.id.clone().or(on) else {
+                    return Err(SessionError::UpstreamResponseWithoutId);
+                };
+                let entry = self.take_upstream(&id)?;
+                self.upstream_answered(id, entry.role, response.outcome, now);
+                Ok(())
+            }
+            Message::Notification(n) => self.upstream_notification(on, n, now),
+            Message::Request(r) => {
+                Err(SessionError::UnexpectedUpstreamRequest { method: r.method })
+            }
+        }
+    }
+
+    /// The upstream request `id` ended without a JSON-RPC response (connection refused,
+    /// stream closed early, HTTP error without a JSON-RPC body, driver-side timeout).
+    pub fn handle_upstream_lost(
+        &mut self,
+        id: &RequestId,
+        now: Timestamp,
+    ) -> Result<(), SessionError> {
+        self.check_open()?;
+        let entry = self.take_upstream(id)?;
+        match entry.role {
+            UpstreamRole::Discover => self.fail_initialize(
+                ErrorObject::new(
+                    ErrorCode::INTERNAL_ERROR,
+                    "the upstream server did not answer server/discover",
+                )
+                .with_data(json!({ "reason": Failure::UpstreamLost.kind() })),
+            ),
+            UpstreamRole::Call { legacy, .. } => {
+                if let Some(mut call) = self.calls.remove(&legacy) {
+                    call.phase = Phase::Idle;
+                    self.fail_call(legacy, call, Failure::UpstreamLost, "upstream lost");
+                }
+            }
+            UpstreamRole::Listen => self.listen_lost(id, now),
+        }
+        Ok(())
+    }
+
+    fn take_upstream(&mut self, id: &RequestId) -> Result<UpstreamEntry, SessionError> {
+        match self.upstream.remove(id) {
+            Some(entry) => {
+                self.retired_upstream
+                    .insert(id.clone(), RetiredKind::Answered);
+                Ok(entry)
+            }
+            None if self.retired_upstream.get(id).is_some()
+                || self.was_minted(id, 'u', self.next_upstream) =>
+            {
+                Err(SessionError::LateUpstreamResponse { id: id.clone() })
+            }
+            None => Err(SessionError::UnknownUpstreamId { id: id.clone() }),
+        }
+    }
+
+    fn upstream_answered(
+        &mut self,
+        id: RequestId,
+        role: UpstreamRole,
+        outcome: Result<Value, ErrorObject>,
+        now: Timestamp,
+    ) {
+        match role {
+            UpstreamRole::Discover => match outcome {
+                Ok(result) => match validate_discover(&result) {
+                    Ok(()) => {
+                        self.discover = Some(result.clone());
+                        self.events.push_back(Event::DiscoverFetched { result });
+                        self.answer_initialize();
+                    }
+                    Err(SessionError::InvalidDiscover { reason }) => {
+                        let supported = result.get("supportedVersions").cloned();
+                        self.fail_initialize(
+                            ErrorObject::new(
+                                ErrorCode::INTERNAL_ERROR,
+                                format!("the upstream server cannot be used: {reason}"),
+                            )
+                            .with_data(json!({
+                                "reason": "invalidDiscover",
+                                "upstreamSupportedVersions": supported,
+                            })),
+                        );
+                    }
+                    Err(_) => {}
+                },
+                Err(error) => self.fail_initialize(
+                    ErrorObject::new(
+                        ErrorCode::INTERNAL_ERROR,
+                        format!(
+                            "the upstream server refused server/discover: {}",
+                            error.message
+                        ),
+                    )
+                    .with_data(
+                        json!({ "reason": "discoverFailed", "upstreamError": error.to_value() }),
+                    ),
+                ),
+            },
+            UpstreamRole::Call { legacy, .. } => {
+                if let Some(mut call) = self.calls.remove(&legacy) {
+                    call.phase = Phase::Idle;
+                    self.call_answered(legacy, call, outcome, now);
+                }
+            }
+            // The upstream ended the subscription gracefully: open it again.
+            UpstreamRole::Listen => self.listen_lost(&id, now),
+        }
+    }
+
+    fn upstream_notification(
+        &mut self,
+        on: Option<RequestId>,
+        notification: Notification,
+        now: Timestamp,
+    ) -> Result<(), SessionError> {
+        let uncorrelated = |n: &Notification| SessionError::UncorrelatedNotification {
+            method: n.method.clone(),
+        };
+        let params = notification.params.as_ref();
+        let subscription = params
+            .and_then(|p| p.get("_meta"))
+            .and_then(|m| m.get(META_SUBSCRIPTION_ID))
+            .and_then(RequestId::from_value);
+        let open_listen = match self.listen.as_ref().map(|l| &l.state) {
+            Some(ListenState::Open(id)) => Some(id.clone()),
+            _ => None,
+        };
+        let cancelled_target = (notification.method == "notifications/cancelled")
+            .then(|| {
+                params
+                    .and_then(|p| p.get("requestId"))
+                    .and_then(RequestId::from_value)
+            })
+            .flatten();
+        let target = subscription.clone().or(cancelled_target).or(on.clone());
+        if let (Some(target), Some(listen_id)) = (&target, &open_listen) {
+            if target == listen_id {
+                match notification.method.as_str() {
+                    "notifications/subscriptions/acknowledged" => {
+                        if let Some(l) = self.listen.as_mut() {
+                            l.failures = 0;
+                        }
+                    }
+                    "notifications/cancelled" => {
+                        self.upstream.remove(listen_id);
+                        self.retired_upstream
+                            .insert(listen_id.clone(), RetiredKind::Answered);
+                        self.listen_lost(&listen_id.clone(), now);
+                    }
+                    _ => {
+                        let shaped = self.shape_notification(notification);
+                        self.emit_peer(PeerStream::Standalone, Message::Notification(shaped));
+                    }
+                }
+                return Ok(());
+            }
+        }
+        if subscription.is_some() || notification.method == "notifications/cancelled" {
+            return Err(uncorrelated(&notification));
+        }
+        let by_stream = on.as_ref().and_then(|id| match self.upstream.get(id) {
+            Some(UpstreamEntry {
+                role: UpstreamRole::Call { legacy, .. },
+                ..
+            }) => Some(legacy.clone()),
+            _ => None,
+        });
+        if on.is_some() && by_stream.is_none() {
+            return Err(uncorrelated(&notification));
+        }
+        let legacy = by_stream.or_else(|| {
+            if notification.method != "notifications/progress" {
+                return None;
+            }
+            let token = params.and_then(|p| p.get("progressToken"))?;
+            self.calls
+                .iter()
+                .find(|(_, c)| {
+                    c.params.get("_meta").and_then(|m| m.get("progressToken")) == Some(token)
+                })
+                .map(|(id, _)| id.clone())
+        });
+        let stream = match legacy.and_then(|l| self.calls.get(&l)) {
+            Some(call) => call.stream.clone(),
+            None if notification.method == "notifications/progress" => {
+                return Err(uncorrelated(&notification));
+            }
+            // On a shared pipe a log message or list change belongs to no request:
+            // legacy peers take those on the standalone stream.
+            None => PeerStream::Standalone,
+        };
+        let shaped = self.shape_notification(notification);
+        self.emit_peer(stream, Message::Notification(shaped));
+        Ok(())
+    }
+
+    // ----- initialize ----------------------------------------------------------------
+
+    fn initialize(&mut self, request: Request, stream: PeerStream) {
+        let params = request.params.unwrap_or_else(|| json!({}));
+        let Some(requested) = params.get("protocolVersion").and_then(Value::as_str) else {
+            self.respond_error(
+                stream,
+                request.id,
+                ErrorCode::INVALID_PARAMS,
+                "initialize needs params.protocolVersion (a string)",
+            );
+            return;
+        };
+        let offered: Vec<&'static Revision> = self
+            .config
+            .legacy_versions
+            .iter()
+            .filter_map(|v| Revision::lookup(v))
+            .collect();
+        let revision = offered
+            .iter()
+            .copied()
+            .find(|r| r.version == requested)
+            .or_else(|| offered.first().copied())
+            .unwrap_or(Revision::all()[0]);
+        self.revision = Some(revision);
+        self.client_info = params.get("clientInfo").filter(|v| v.is_object()).cloned();
+        self.legacy_capabilities = params
+            .get("capabilities")
+            .filter(|v| v.is_object())
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        self.client_capabilities =
+            capabilities::client_to_modern(revision, &self.legacy_capabilities);
+        self.state = SessionState::Initializing;
+        self.init = Some(PendingInit {
+            id: request.id,
+            stream,
+        });
+        if self.discover.is_some() {
+            self.answer_initialize();
+        } else {
+            let id = self.mint_upstream();
+            let params = json!({ "_meta": self.upstream_meta(None, false) });
+            self.send_upstream(UpstreamRole::Discover, id, "server/discover", params);
+        }
+    }
+
+    fn pending_discover(&self) -> Option<RequestId> {
+        self.upstream
+            .iter()
+            .find(|(_, e)| e.role == UpstreamRole::Discover)
+            .map(|(id, _)| id.clone())
+    }
+
+    fn answer_initialize(&mut self) {
+        let (Some(init), Some(revision), Some(discover)) =
+            (self.init.take(), self.revision, self.discover.as_ref())
+        else {
+            return;
+        };
+        let capabilities = capabilities::server_to_legacy(
+            revision,
+            discover.get("capabilities").unwrap_or(&Value::Null),
+        );
+        let info = discover
+            .get("_meta")
+            .and_then(|m| m.get(META_SERVER_INFO))
+            .filter(|v| v.is_object())
+            .unwrap_or(&self.config.fallback_server_info);
+        let mut result = Map::new();
+        result.insert("protocolVersion".into(), json!(revision.version));
+        result.insert("capabilities".into(), capabilities);
+        result.insert(
+            "serverInfo".into(),
+            downgrade::implementation(revision, info),
+        );
+        if let Some(instructions @ Value::String(_)) = discover.get("instructions") {
+            result.insert("instructions".into(), instructions.clone());
+        }
+        self.state = SessionState::Ready;
+        self.respond(
+            init.stream,
+            Response::result(init.id, Value::Object(result)),
+        );
+        self.update_listen();
+    }
+
+    fn fail_initialize(&mut self, error: ErrorObject) {
+        let Some(init) = self.init.take() else {
+            return;
+        };
+        self.state = SessionState::AwaitingInitialize;
+        self.revision = None;
+        self.respond(init.stream, Response::error(Some(init.id), error));
+    }
+
+    // ----- locally answered requests -------------------------------------------------
+
+    fn set_level(&mut self, request: Request, stream: PeerStream) {
+        let level = request
+            .params
+            .as_ref()
+            .and_then(|p| p.get("level"))
+            .and_then(Value::as_str);
+        match level {
+            Some(level) if LOG_LEVELS.contains(&level) => {
+                self.log_level = Some(level.to_owned());
+                self.respond(stream, Response::result(request.id, json!({})));
+            }
+            _ => self.respond_error(
+                stream,
+                request.id,
+                ErrorCode::INVALID_PARAMS,
+                "params.level must be one of debug, info, notice, warning, error, critical, alert, emergency",
+            ),
+        }
+    }
+
+    fn subscribe(&mut self, request: Request, stream: PeerStream) {
+        let subscribe = request.method == "resources/subscribe";
+        let Some(uri) = request
+            .params
+            .as_ref()
+            .and_then(|p| p.get("uri"))
+            .and_then(Value::as_str)
+        else {
+            self.respond_error(
+                stream,
+                request.id,
+                ErrorCode::INVALID_PARAMS,
+                "params.uri must be a string",
+            );
+            return;
+        };
+        if subscribe
+            && !self.subscriptions.contains(uri)
+            && self.subscriptions.len() >= self.config.max_subscriptions
+        {
+            self.respond_error(
+                stream,
+                request.id,
+                ErrorCode::INTERNAL_ERROR,
+                "too many resource subscriptions in this session",
+            );
+            return;
+        }
+        if subscribe {
+            self.subscriptions.insert(uri.to_owned());
+        } else {
+            self.subscriptions.remove(uri);
+        }
+        self.respond(stream, Response::result(request.id, json!({})));
+        self.update_listen();
+    }
+
+    // ----- forwarding and rounds -----------------------------------------------------
+
+    fn forward(&mut self, request: Request, stream: PeerStream, _now: Timestamp) {
+        if self.calls.len() >= self.config.max_in_flight {
+            let failure = Failure::TooManyInFlight {
+                max: self.config.max_in_flight,
+            };
+            let response = failure_response(&request.method, request.id.clone(), &failure);
+            self.events.push_back(Event::RequestFailed {
+                legacy: request.id,
+                failure,
+            });
+            self.respond(stream, response);
+            return;
+        }
+        let mut params = match request.params {
+            Some(Value::Object(p)) => p,
+            _ => Map::new(),
+        };
+        // The machine owns the MRTR fields: a legacy peer cannot supply them.
+        params.remove("inputResponses");
+        params.remove("requestState");
+        self.next_seq += 1;
+        let call = Call {
+            seq: self.next_seq,
+            method: request.method,
+            params,
+            stream,
+            rounds: 0,
+            phase: Phase::Idle,
+            url_elicitations: Vec::new(),
+        };
+        self.calls.insert(request.id.clone(), call);
+        self.send_attempt(&request.id, None, None);
+    }
+
+    fn send_attempt(
+        &mut self,
+        legacy: &RequestId,
+        responses: Option<Map<String, Value>>,
+        request_state: Option<String>,
+    ) {
+        let Some(call) = self.calls.get(legacy) else {
+            return;
+        };
+        let mut params = mrtr::retry_params(&call.params, responses, request_state.as_deref());
+        let meta = self.upstream_meta(params.get("_meta"), true);
+        params.insert("_meta".into(), meta);
+        let method = call.method.clone();
+        let round = call.rounds;
+        let id = self.mint_upstream();
+        if let Some(call) = self.calls.get_mut(legacy) {
+            call.phase = Phase::Upstream(id.clone());
+        }
+        self.send_upstream(
+            UpstreamRole::Call {
+                legacy: legacy.clone(),
+                round,
+            },
+            id,
+            &method,
+            Value::Object(params),
+        );
+    }
+
+    fn call_answered(
+        &mut self,
+        legacy: RequestId,
+        call: Call,
+        outcome: Result<Value, ErrorObject>,
+        now: Timestamp,
+    ) {
+        match outcome {
+            Err(error) => self.respond(call.stream, Response::error(Some(legacy), error)),
+            Ok(result) => match mrtr::classify(&result) {
+                ResultKind::Complete => self.complete(legacy, call, result),
+                ResultKind::InputRequired => self.start_round(legacy, call, result, now),
+                ResultKind::Unknown(result_type) => {
+                    self.fail_call(legacy, call, Failure::UnknownResultType { result_type }, "")
+                }
+            },
+        }
+    }
+
+    fn complete(&mut self, legacy: RequestId, call: Call, result: Value) {
+        // The upstream no longer asks for any URL elicitation of this request.
+        for url in &call.url_elicitations {
+            self.emit_elicitation_complete(call.stream.clone(), &url.elicitation_id);
+        }
+        let revision = self.revision.unwrap_or(Revision::all()[0]);
+        let result = downgrade::result(revision, &call.method, result);
+        self.respond(call.stream, Response::result(legacy, result));
+    }
+
+    fn start_round(&mut self, legacy: RequestId, mut call: Call, result: Value, now: Timestamp) {
+        call.rounds += 1;
+        if !mrtr::MRTR_METHODS.contains(&call.method.as_str()) {
+            let method = call.method.clone();
+            return self.fail_call(
+                legacy,
+                call,
+                Failure::InputRequiredNotAllowed { method },
+                "",
+            );
+        }
+        if call.rounds > self.config.max_rounds {
+            let max_rounds = self.config.max_rounds;
+            return self.fail_call(legacy, call, Failure::RoundLimit { max_rounds }, "");
+        }
+        let parsed = match mrtr::parse_input_required(&result) {
+            Ok(parsed) => parsed,
+            Err(failure) => return self.fail_call(legacy, call, failure, ""),
+        };
+        if parsed.requests.len() > self.config.max_input_requests {
+            let failure = Failure::TooManyInputRequests {
+                count: parsed.requests.len(),
+                max: self.config.max_input_requests,
+            };
+            return self.fail_call(legacy, call, failure, "");
+        }
+        let mut missing = Vec::new();
+        for (key, request) in &parsed.requests {
+            match capabilities::check_input_request(
+                &self.client_capabilities,
+                &request.method,
+                &request.params,
+            ) {
+                InputCheck::Covered => {}
+                InputCheck::Missing(capability) => missing.push(capabilities::MissingCapability {
+                    input_key: key.clone(),
+                    method: request.method.clone(),
+                    capability,
+                }),
+                InputCheck::NotAnInputRequest => {
+                    let failure = Failure::UnsupportedInputRequest {
+                        input_key: key.clone(),
+                        method: request.method.clone(),
+                    };
+                    return self.fail_call(legacy, call, failure, "");
+                }
+            }
+        }
+        if !missing.is_empty() {
+            let failure = Failure::MissingCapabilities {
+                required: capabilities::merge_required(&missing),
+                missing: missing
+                    .into_iter()
+                    .map(|m| (m.input_key, m.capability))
+                    .collect(),
+            };
+            return self.fail_call(legacy, call, failure, "");
+        }
+        let revision = self.revision.unwrap_or(Revision::all()[0]);
+        let mut round = Round {
+            request_state: parsed.request_state,
+            ..Round::default()
+        };
+        let mut urls = Vec::new();
+        let mut outgoing = Vec::new();
+        for (key, request) in parsed.requests {
+            let mut params = request.params;
+            if request.method == "elicitation/create" {
+                let url_mode = params.get("mode").and_then(Value::as_str) == Some("url");
+                match revision.elicitation {
+                    ElicitationSupport::FormWithoutMode => {
+                        params = v2025_06_18::form_elicitation_params(params);
+                    }
+                    ElicitationSupport::FormAndUrl if url_mode => {
+                        let url = params
+                            .get("url")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned();
+                        let reused = call
+                            .url_elicitations
+                            .iter()
+                            .position(|u| u.key == key && u.url == url)
+                            .map(|i| call.url_elicitations.remove(i));
+                        let entry = match reused {
+                            Some(entry) => entry,
+                            None => UrlElicitation {
+                                key: key.clone(),
+                                url,
+                                elicitation_id: self.mint_elicitation(),
+                            },
+                        };
+                        params = v2025_11_25::url_elicitation_params(params, &entry.elicitation_id);
+                        urls.push(entry);
+                    }
+                    _ => {}
+                }
+            }
+            let id = self.mint_live();
+            if !matches!(params.get("_meta"), Some(Value::Object(_))) {
+                params.insert("_meta".into(), json!({}));
+            }
+            if let Some(Value::Object(meta)) = params.get_mut("_meta") {
+                // Lets the peer report progress, which resets this request's timeout.
+                meta.insert("progressToken".into(), id.to_value());
+            }
+            self.next_seq += 1;
+            self.live.insert(
+                id.clone(),
+                Live {
+                    seq: self.next_seq,
+                    legacy: legacy.clone(),
+                    key: key.clone(),
+                    method: request.method.clone(),
+                    deadline: now.saturating_add(self.config.live_timeout),
+                    hard_deadline: now.saturating_add(self.config.live_timeout_max),
+                },
+            );
+            round.pending.insert(key, id.clone());
+            outgoing.push(Message::Request(Request {
+                id,
+                method: request.method,
+                params: Some(Value::Object(params)),
+            }));
+        }
+        // URL elicitations of the previous round the upstream stopped asking for.
+        for done in std::mem::replace(&mut call.url_elicitations, urls) {
+            self.emit_elicitation_complete(call.stream.clone(), &done.elicitation_id);
+        }
+        for message in outgoing {
+            self.emit_peer(call.stream.clone(), message);
+        }
+        call.phase = if round.pending.is_empty() {
+            Phase::Paused {
+                until: now.saturating_add(self.config.retry_pause),
+                request_state: round.request_state,
+            }
+        } else {
+            Phase::Input(round)
+        };
+        self.calls.insert(legacy, call);
+    }
+
+    /// Ends `call` with `failure`: its live requests are cancelled at the peer, an
+    /// upstream attempt in flight is cancelled, and the peer gets the failure response.
+    fn fail_call(&mut self, legacy: RequestId, call: Call, failure: Failure, reason: &str) {
+        let reason = if reason.is_empty() {
+            "the request failed"
+        } else {
+            reason
+        };
+        self.abandon(&call, reason);
+        let response = failure_response(&call.method, legacy.clone(), &failure);
+        self.events
+            .push_back(Event::RequestFailed { legacy, failure });
+        self.respond(call.stream, response);
+    }
+
+    /// Ends `call` because the peer cancelled it: no response, its stream just ends.
+    fn cancel_call(&mut self, _legacy: RequestId, call: Call) {
+        self.abandon(&call, "the request was cancelled");
+        match call.stream {
+            PeerStream::Batch(b) => self.settle_batch(b, None),
+            stream => self.events.push_back(Event::CloseStream { stream }),
+        }
+    }
+
+    fn abandon(&mut self, call: &Call, reason: &str) {
+        match &call.phase {
+            Phase::Upstream(id) => {
+                self.upstream.remove(id);
+                self.retired_upstream
+                    .insert(id.clone(), RetiredKind::Abandoned);
+                self.events.push_back(Event::CancelUpstream {
+                    id: id.clone(),
+                    reason: "legacy request ended",
+                });
+            }
+            Phase::Input(round) => {
+                for id in round.pending.values() {
+                    if self.live.remove(id).is_some() {
+                        self.retired_live.insert(id.clone(), RetiredKind::Abandoned);
+                        self.emit_peer(
+                            call.stream.clone(),
+                            Message::Notification(Notification {
+                                method: "notifications/cancelled".into(),
+                                params: Some(
+                                    json!({ "requestId": id.to_value(), "reason": reason }),
+                                ),
+                            }),
+                        );
+                    }
+                }
+            }
+            Phase::Paused { .. } | Phase::Idle => {}
+        }
+    }
+
+    // ----- subscriptions -------------------------------------------------------------
+
+    fn desired_filter(&self) -> Option<Value> {
+        if self.state != SessionState::Ready {
+            return None;
+        }
+        let caps = self.discover.as_ref().and_then(|d| d.get("capabilities"));
+        let flag = |cap: &str| {
+            caps.and_then(|c| c.get(cap))
+                .and_then(|c| c.get("listChanged"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+        };
+        let mut filter = Map::new();
+        if self.standalone_open {
+            for (cap, field) in [
+                ("tools", "toolsListChanged"),
+                ("prompts", "promptsListChanged"),
+                ("resources", "resourcesListChanged"),
+            ] {
+                if flag(cap) {
+                    filter.insert(field.into(), Value::Bool(true));
+                }
+            }
+        }
+        if !self.subscriptions.is_empty() {
+            filter.insert(
+                "resourceSubscriptions".into(),
+                self.subscriptions.iter().cloned().collect(),
+            );
+        }
+        (!filter.is_empty()).then_some(Value::Object(filter))
+    }
+
+    fn update_listen(&mut self) {
+        let desired = self.desired_filter();
+        if desired.as_ref() == self.listen.as_ref().map(|l| &l.filter) {
+            return;
+        }
+        if let Some(Listen {
+            state: ListenState::Open(id),
+            ..
+        }) = self.listen.take()
+        {
+            self.cancel_upstream(id, "subscription filter changed");
+        }
+        if let Some(filter) = desired {
+            self.open_listen(filter, 0);
+        }
+    }
+
+    fn open_listen(&mut self, filter: Value, failures: u32) {
+        let id = self.mint_upstream();
+        let params = json!({
+            "_meta": self.upstream_meta(None, false),
+            "notifications": filter.clone(),
+        });
+        self.listen = Some(Listen {
+            filter,
+            state: ListenState::Open(id.clone()),
+            failures,
+        });
+        self.send_upstream(UpstreamRole::Listen, id, "subscriptions/listen", params);
+    }
+
+    fn listen_lost(&mut self, id: &RequestId, now: Timestamp) {
+        let Some(listen) = self.listen.as_mut() else {
+            return;
+        };
+        if !matches!(&listen.state, ListenState::Open(open) if open == id) {
+            return;
+        }
+        listen.failures += 1;
+        listen.state = if listen.failures > self.config.max_listen_retries {
+            ListenState::GaveUp
+        } else {
+            ListenState::RetryAt(now.saturating_add(self.config.listen_retry_pause))
+        };
+    }
+
+    // ----- helpers -------------------------------------------------------------------
+
+    fn check_open(&self) -> Result<(), SessionError> {
+        if self.state == SessionState::Closed {
+            Err(SessionError::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The `_meta` of an upstream request: the peer's own keys (minus any reserved
+    /// `io.modelcontextprotocol/*` ones, which the gateway owns) plus the session's
+    /// protocol fields.
+    fn upstream_meta(&self, peer_meta: Option<&Value>, with_log_level: bool) -> Value {
+        let mut meta = match peer_meta {
+            Some(Value::Object(m)) => m
+                .iter()
+                .filter(|(k, _)| !k.starts_with(downgrade::RESERVED_META_PREFIX))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            _ => Map::new(),
+        };
+        meta.insert(
+            META_PROTOCOL_VERSION.into(),
+            json!(ProtocolVersion::V2026_07_28),
+        );
+        meta.insert(
+            META_CLIENT_CAPABILITIES.into(),
+            self.client_capabilities.clone(),
+        );
+        if let Some(info) = &self.client_info {
+            meta.insert(META_CLIENT_INFO.into(), info.clone());
+        }
+        if with_log_level {
+            if let Some(level) = &self.log_level {
+                meta.insert(META_LOG_LEVEL.into(), json!(level));
+            }
+        }
+        Value::Object(meta)
+    }
+
+    fn shape_notification(&self, notification: Notification) -> Notification {
+        let revision = self.revision.unwrap_or(Revision::all()[0]);
+        downgrade::notification(revision, notification)
+    }
+
+    fn send_upstream(&mut self, role: UpstreamRole, id: RequestId, method: &str, params: Value) {
+        self.next_seq += 1;
+        self.upstream.insert(
+            id.clone(),
+            UpstreamEntry {
+                seq: self.next_seq,
+                role: role.clone(),
+            },
+        );
+        self.events.push_back(Event::ToUpstream {
+            role,
+            request: Request {
+                id,
+                method: method.to_owned(),
+                params: Some(params),
+            },
+        });
+    }
+
+    fn cancel_upstream(&mut self, id: RequestId, reason: &'static str) {
+        self.upstream.remove(&id);
+        self.retired_upstream
+            .insert(id.clone(), RetiredKind::Abandoned);
+        self.events.push_back(Event::CancelUpstream { id, reason });
+    }
+
+    fn emit_peer(&mut self, stream: PeerStream, message: Message) {
+        self.events.push_back(Event::ToPeer { stream, message });
+    }
+
+    fn emit_elicitation_complete(&mut self, stream: PeerStream, elicitation_id: &str) {
+        self.emit_peer(
+            stream,
+            Message::Notification(Notification {
+                method: v2025_11_25::ELICITATION_COMPLETE.into(),
+                params: Some(v2025_11_25::elicitation_complete_params(elicitation_id)),
+            }),
+        );
+    }
+
+    fn respond(&mut self, stream: PeerStream, response: Response) {
+        match stream {
+            PeerStream::Batch(b) => self.settle_batch(b, Some(Message::Response(response))),
+            stream => self.emit_peer(stream, Message::Response(response)),
+        }
+    }
+
+    fn respond_error(&mut self, stream: PeerStream, id: RequestId, code: ErrorCode, message: &str) {
+        self.respond(
+            stream,
+            Response::error(Some(id), ErrorObject::new(code, message)),
+        );
+    }
+
+    fn settle_batch(&mut self, batch: BatchId, message: Option<Message>) {
+        let Some(entry) = self.batches.get_mut(&batch) else {
+            return;
+        };
+        entry.responses.extend(message);
+        entry.open = entry.open.saturating_sub(1);
+        if entry.open > 0 {
+            return;
+        }
+        let Some(entry) = self.batches.remove(&batch) else {
+            return;
+        };
+        let stream = PeerStream::Batch(batch);
+        if entry.responses.is_empty() {
+            self.events.push_back(Event::CloseStream { stream });
+        } else {
+            self.events.push_back(Event::ToPeerBatch {
+                stream,
+                messages: entry.responses,
+            });
+        }
+    }
+
+    fn mint_upstream(&mut self) -> RequestId {
+        self.next_upstream += 1;
+        RequestId::String(format!("{}-u{}", self.config.id_prefix, self.next_upstream))
+    }
+
+    fn mint_live(&mut self) -> RequestId {
+        self.next_live += 1;
+        RequestId::String(format!("{}-l{}", self.config.id_prefix, self.next_live))
+    }
+
+    fn mint_elicitation(&mut self) -> String {
+        self.next_elicitation += 1;
+        format!("{}-e{}", self.config.id_prefix, self.next_elicitation)
+    }
+
+    /// Whether `id` has the shape of an id this session minted with `tag` (so a reply
+    /// to it is late rather than unknown, even after it left the retired memory).
+    fn was_minted(&self, id: &RequestId, tag: char, counter: u64) -> bool {
+        let RequestId::String(s) = id else {
+            return false;
+        };
+        let Some(rest) = s
+            .strip_prefix(self.config.id_prefix.as_str())
+            .and_then(|r| r.strip_prefix('-'))
+            .and_then(|r| r.strip_prefix(tag))
+        else {
+            return false;
+        };
+        rest.parse::<u64>().is_ok_and(|n| n >= 1 && n <= counter)
+    }
+}
+
+fn validate_discover(result: &Value) -> Result<(), SessionError> {
+    let invalid = |reason| Err(SessionError::InvalidDiscover { reason });
+    let Some(obj) = result.as_object() else {
+        return invalid("the result is not an object");
+    };
+    let speaks_modern = obj
+        .get("supportedVersions")
+        .and_then(Value::as_array)
+        .is_some_and(|v| {
+            v.iter()
+                .any(|v| v.as_str() == Some(ProtocolVersion::V2026_07_28))
+        });
+    if !speaks_modern {
+        return invalid("supportedVersions does not include 2026-07-28");
+    }
+    if obj.get("capabilities").is_some_and(|c| !c.is_object()) {
+        return invalid("capabilities is not an object");
+    }
+    Ok(())
+}
