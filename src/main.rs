@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use dualera::config::Config;
-use dualera::gateway::{Gateway, GatewayConfig, Upstream};
+use dualera::gateway::{Gateway, GatewayConfig, HttpUpstream, StdioUpstream, Upstream};
 use dualera::server::{self, KeySource, Server};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -41,8 +41,16 @@ enum Command {
     /// Run the gateway in front of a modern server.
     Gateway {
         /// The modern server's MCP endpoint, e.g. http://127.0.0.1:8787/mcp.
+        #[arg(long, required_unless_present = "upstream_cmd", conflicts_with = "upstream_cmd")]
+        upstream: Option<String>,
+        /// Spawn the modern server and speak to it over stdio instead, e.g.
+        /// "dualera serve --stdio --demo" (split on whitespace).
         #[arg(long)]
-        upstream: String,
+        upstream_cmd: Option<String>,
+        /// Serve one legacy session on stdin/stdout (for hosts that spawn their servers)
+        /// instead of listening on HTTP.
+        #[arg(long)]
+        stdio: bool,
         /// Address to listen on. Overrides the config file.
         #[arg(long)]
         listen: Option<SocketAddr>,
@@ -144,22 +152,40 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
         }
         Command::Gateway {
             upstream,
+            upstream_cmd,
+            stdio,
             listen,
             config,
         } => {
             let config = load(config.as_ref())?;
-            let uri: http::Uri = upstream.parse()?;
-            if uri.scheme_str() != Some("http") {
-                return Err("--upstream must be an http:// URL".into());
-            }
             let gw_config = GatewayConfig::from_section(&config.gateway);
+            let upstream = match (upstream, upstream_cmd) {
+                (Some(url), _) => {
+                    let uri: http::Uri = url.parse()?;
+                    if uri.scheme_str() != Some("http") {
+                        return Err("--upstream must be an http:// URL".into());
+                    }
+                    Upstream::Http(HttpUpstream::new(uri, gw_config.max_body_bytes))
+                }
+                (None, Some(cmd)) => {
+                    let mut words = cmd.split_whitespace().map(str::to_owned);
+                    let program = words.next().ok_or("--upstream-cmd is empty")?;
+                    Upstream::Stdio(StdioUpstream::spawn(program, words.collect()))
+                }
+                (None, None) => return Err("give --upstream URL or --upstream-cmd CMD".into()),
+            };
+            let gateway = Gateway::new(upstream, gw_config);
+            if stdio {
+                let stdin = tokio::io::BufReader::new(tokio::io::stdin());
+                gateway.serve_stdio(stdin, tokio::io::stdout()).await?;
+                return Ok(());
+            }
             let addr = listen
                 .or(config.gateway.listen)
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8788)));
             let listener = tokio::net::TcpListener::bind(addr).await?;
             let bound = listener.local_addr()?;
-            eprintln!("dualera: gateway listening on http://{bound}/mcp, upstream {uri}");
-            let gateway = Gateway::new(Upstream::new(uri, gw_config.max_body_bytes), gw_config);
+            eprintln!("dualera: gateway listening on http://{bound}/mcp");
             gateway.serve(listener, shutdown_signal()).await?;
             Ok(())
         }
@@ -196,7 +222,10 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 let _ = out.write_all(banner.as_bytes());
                 let _ = out.flush();
             }
-            let gateway = Gateway::new(Upstream::new(uri, gw_config.max_body_bytes), gw_config);
+            let gateway = Gateway::new(
+                Upstream::Http(HttpUpstream::new(uri, gw_config.max_body_bytes)),
+                gw_config,
+            );
             gateway.serve(listener, shutdown_signal()).await?;
             let _ = stop_tx.send(true);
             let _ = server_task.await;

@@ -77,13 +77,21 @@ impl Sessions {
         self.map.clear();
     }
 
-    fn cached_discover(&self) -> Option<Value> {
+    /// The machine configuration for a new session on `transport`, with ids of its own.
+    pub(super) fn machine_config(&self, transport: &str) -> MachineConfig {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let mut c = self.machine.clone();
+        c.id_prefix = format!("dualera-{transport}{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        c
+    }
+
+    pub(super) fn cached_discover(&self) -> Option<Value> {
         let guard = self.discover.lock().ok()?;
         let (v, until) = guard.as_ref()?;
         (Instant::now() < *until).then(|| v.clone())
     }
 
-    fn store_discover(&self, result: &Value) {
+    pub(super) fn store_discover(&self, result: &Value) {
         let ttl = result.get("ttlMs").and_then(Value::as_u64).unwrap_or(0);
         let private = result.get("cacheScope").and_then(Value::as_str) == Some("private");
         if ttl == 0 || private {

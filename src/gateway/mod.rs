@@ -10,6 +10,7 @@
 //! ```
 
 mod legacy_http;
+mod pipe;
 pub mod passthrough;
 pub mod sse;
 pub mod upstream;
@@ -27,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tracing::{debug, info, Instrument};
-pub use upstream::Upstream;
+pub use upstream::{HttpUpstream, StdioUpstream, Upstream, UpstreamError};
 
 /// Gateway settings; every bound has a default.
 #[derive(Debug, Clone)]
@@ -161,6 +162,46 @@ impl Gateway {
             () = graceful.shutdown() => {}
             () = tokio::time::sleep(Duration::from_secs(5)) => {}
         }
+        Ok(())
+    }
+
+    /// Serves one legacy session over a byte stream (the stdio host bridge): one
+    /// JSON-RPC message per line each way. Returns at EOF, after cancelling what the
+    /// session still had in flight upstream.
+    pub async fn serve_stdio<R, W>(self, mut reader: R, mut writer: W) -> std::io::Result<()>
+    where
+        R: tokio::io::AsyncBufRead + Unpin,
+        W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        use tokio::io::AsyncWriteExt;
+        let (in_tx, in_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
+        let (out_tx, mut out_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(256);
+        let writer_task = tokio::spawn(async move {
+            while let Some(mut line) = out_rx.recv().await {
+                line.push(b'\n');
+                if writer.write_all(&line).await.is_err() || writer.flush().await.is_err() {
+                    break;
+                }
+            }
+        });
+        let session = tokio::spawn(pipe::run_session(self.clone(), in_rx, out_tx, "stdio", None));
+        let limit = self.config.max_body_bytes;
+        let mut buf = Vec::new();
+        while let Some(line) = crate::server::stdio::read_bounded_line(&mut reader, &mut buf, limit).await? {
+            if line.is_err() {
+                tracing::warn!(limit, "over-long line from the host dropped");
+                continue;
+            }
+            if buf.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            if in_tx.send(std::mem::take(&mut buf)).await.is_err() {
+                break;
+            }
+        }
+        drop(in_tx);
+        let _ = session.await;
+        let _ = writer_task.await;
         Ok(())
     }
 

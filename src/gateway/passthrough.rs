@@ -2,8 +2,12 @@
 //! or buffered. Headers are kept except hop-by-hop ones, the upstream status is kept,
 //! SSE flows frame by frame, and a client that goes away drops the upstream request.
 
-use crate::body::{full, BoxError, GatewayBody};
-use super::Gateway;
+use super::upstream::{HttpUpstream, StdioUpstream, Upstream};
+use super::{sse, Gateway};
+use crate::body::{full, BoxError, ChannelBody, GatewayBody};
+use dualera_adapters::jsonrpc::{self, Message};
+use dualera_adapters::ErrorCode;
+use tokio::sync::mpsc;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
@@ -39,6 +43,100 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Proxies one modern request to the upstream.
 pub async fn forward(gateway: &Gateway, req: Request<Incoming>) -> Response<GatewayBody> {
+    match &gateway.upstream {
+        Upstream::Http(h) => forward_http(gateway, h, req).await,
+        Upstream::Stdio(s) => forward_stdio(gateway, s, req).await,
+    }
+}
+
+/// Over a stdio upstream the body must be read (ids are rewritten for the shared
+/// pipe): JSON back when nothing else came first, else an SSE stream.
+async fn forward_stdio(gateway: &Gateway, upstream: &StdioUpstream, req: Request<Incoming>) -> Response<GatewayBody> {
+    let limit = gateway.config.max_body_bytes;
+    let Ok(body) = Limited::new(req.into_body(), limit).collect().await.map(|b| b.to_bytes()) else {
+        return status_only(StatusCode::PAYLOAD_TOO_LARGE);
+    };
+    let msg = match jsonrpc::parse(&body) {
+        Ok(m @ Message::Request(_)) => m,
+        Ok(_) => return status_only(StatusCode::ACCEPTED),
+        Err(e) => {
+            let mut r = Response::new(full(Message::Response(e.to_response()).to_vec()));
+            *r.status_mut() = StatusCode::BAD_REQUEST;
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            return r;
+        }
+    };
+    let (tx, mut rx) = mpsc::channel::<Message>(64);
+    let upstream = upstream.clone();
+    let mut task = tokio::spawn(async move {
+        let res = upstream
+            .exchange(&msg, |m| {
+                let _ = tx.try_send(m);
+            })
+            .await;
+        res.is_ok()
+    });
+    let first = tokio::select! {
+        m = rx.recv() => m,
+        ok = &mut task => {
+            if !matches!(ok, Ok(true)) {
+                return unavailable();
+            }
+            rx.recv().await
+        }
+    };
+    match first {
+        Some(m @ Message::Response(_)) => {
+            let status = status_for(&m);
+            let mut r = Response::new(full(m.to_vec()));
+            *r.status_mut() = status;
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        }
+        Some(first) => {
+            let (out, body) = ChannelBody::new(64);
+            tokio::spawn(async move {
+                let _keep = task;
+                let _ = out.send(sse::encode(None, &first.to_vec())).await;
+                while let Some(m) = rx.recv().await {
+                    let last = matches!(m, Message::Response(_));
+                    if out.send(sse::encode(None, &m.to_vec())).await.is_err() || last {
+                        break;
+                    }
+                }
+            });
+            let mut r = Response::new(body);
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+            r.headers_mut().insert("x-accel-buffering", HeaderValue::from_static("no"));
+            r
+        }
+        None => unavailable(),
+    }
+}
+
+/// The HTTP status the modern server would have used for this response.
+fn status_for(m: &Message) -> StatusCode {
+    match m {
+        Message::Response(r) => match &r.outcome {
+            Ok(_) => StatusCode::OK,
+            Err(e) if e.code == ErrorCode::METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
+            Err(e) if e.code == ErrorCode::INTERNAL_ERROR => StatusCode::INTERNAL_SERVER_ERROR,
+            Err(_) => StatusCode::BAD_REQUEST,
+        },
+        _ => StatusCode::OK,
+    }
+}
+
+fn unavailable() -> Response<GatewayBody> {
+    let mut r = Response::new(full(Bytes::from_static(
+        br#"{"jsonrpc":"2.0","error":{"code":-32603,"message":"Upstream unavailable"}}"#,
+    )));
+    *r.status_mut() = StatusCode::BAD_GATEWAY;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+async fn forward_http(gateway: &Gateway, upstream: &HttpUpstream, req: Request<Incoming>) -> Response<GatewayBody> {
     let limit = gateway.config.max_body_bytes;
     let declared = req
         .headers()
@@ -50,17 +148,17 @@ pub async fn forward(gateway: &Gateway, req: Request<Incoming>) -> Response<Gate
     }
     let (mut parts, body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    if let Some(authority) = gateway.upstream.authority() {
+    if let Some(authority) = upstream.authority() {
         if let Ok(v) = HeaderValue::from_str(authority) {
             parts.headers.insert(header::HOST, v);
         }
     }
-    parts.uri = gateway.upstream.uri().clone();
+    parts.uri = upstream.uri().clone();
     let body: GatewayBody = Limited::new(body, limit)
         .map_err(|e| -> BoxError { e })
         .boxed();
     let upstream_req = Request::from_parts(parts, body);
-    match gateway.upstream.client().request(upstream_req).await {
+    match upstream.client().request(upstream_req).await {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
@@ -68,15 +166,7 @@ pub async fn forward(gateway: &Gateway, req: Request<Incoming>) -> Response<Gate
         }
         Err(e) => {
             tracing::warn!(error = %e, "upstream request failed");
-            let mut r = Response::new(full(Bytes::from_static(
-                br#"{"jsonrpc":"2.0","error":{"code":-32603,"message":"Upstream unavailable"}}"#,
-            )));
-            *r.status_mut() = StatusCode::BAD_GATEWAY;
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            r
+            unavailable()
         }
     }
 }

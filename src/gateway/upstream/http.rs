@@ -1,9 +1,10 @@
-//! The upstream: a modern (2026-07-28) server over HTTP, reached through one pooled
-//! client. Pass-through uses the raw client; the legacy path uses [`Upstream::exchange`],
+//! A modern (2026-07-28) upstream over HTTP, reached through one pooled client.
+//! Pass-through uses the raw client; the legacy path uses [`HttpUpstream::exchange`],
 //! which sends one JSON-RPC request and streams back what the upstream says about it.
 
 use crate::body::{full, GatewayBody};
-use super::sse;
+use super::UpstreamError;
+use crate::gateway::sse;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use bytes::Bytes;
@@ -18,40 +19,16 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use std::time::Duration;
 
-/// Why an exchange with the upstream failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum UpstreamError {
-    /// No connection, or it broke.
-    #[error("upstream unreachable: {detail}")]
-    Unreachable {
-        /// What failed.
-        detail: String,
-    },
-    /// The upstream answered with something that is not MCP.
-    #[error("upstream answered HTTP {status} without a JSON-RPC body")]
-    Status {
-        /// The HTTP status.
-        status: u16,
-    },
-    /// The upstream's body could not be decoded.
-    #[error("upstream sent an undecodable body: {detail}")]
-    Protocol {
-        /// What was wrong.
-        detail: String,
-    },
-}
-
 /// The upstream server and the pooled client that reaches it.
 #[derive(Clone, Debug)]
-pub struct Upstream {
+pub struct HttpUpstream {
     uri: Uri,
     authority: Option<String>,
     client: Client<HttpConnector, GatewayBody>,
     max_message: usize,
 }
 
-impl Upstream {
+impl HttpUpstream {
     /// An upstream at `uri` (`http://host:port/mcp`).
     pub fn new(uri: Uri, max_message: usize) -> Self {
         let mut connector = HttpConnector::new();

@@ -1,0 +1,174 @@
+//! The driver for legacy wires with one channel per session — the stdio host bridge,
+//! WebSocket, and the 2024-11-05 HTTP+SSE transport: one task owns the session
+//! machine, feeds it what the peer and the upstream say, and carries out its events.
+//! Every stream the machine names maps onto the one outgoing channel.
+
+use super::Gateway;
+use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
+use dualera_adapters::{Event, Message, RequestId, Session, SessionState, Timestamp};
+use std::collections::HashMap;
+use std::time::Instant;
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+use tracing::{debug, info, warn, Instrument};
+
+/// What an upstream exchange task reports back to the session task.
+enum FromUpstream {
+    Message(RequestId, Message),
+    Lost(RequestId),
+    Done(RequestId),
+}
+
+/// Runs one legacy session until `incoming` ends (EOF, closed socket) or the peer's
+/// side of `outgoing` goes away. Each item of `incoming` is one JSON-RPC message or
+/// batch as text; each item sent on `outgoing` is one message or batch.
+pub(super) async fn run_session(
+    gw: Gateway,
+    mut incoming: mpsc::Receiver<Vec<u8>>,
+    outgoing: mpsc::Sender<Vec<u8>>,
+    transport: &'static str,
+    authorization: Option<http::HeaderValue>,
+) {
+    let start = Instant::now();
+    let now = || Timestamp::from_millis(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
+    let mut machine = Session::new(gw.legacy.machine_config(transport));
+    if let Some(d) = gw.legacy.cached_discover() {
+        let _ = machine.handle_discover(d);
+    }
+    // One channel: the "standalone stream" is always open.
+    let _ = machine.handle_standalone_opened();
+    let (up_tx, mut up_rx) = mpsc::channel::<FromUpstream>(256);
+    let mut tasks: HashMap<RequestId, AbortHandle> = HashMap::new();
+    info!(transport, "legacy session opened");
+    loop {
+        route(&gw, &mut machine, &outgoing, &up_tx, &mut tasks, authorization.as_ref()).await;
+        if machine.state() == SessionState::Closed {
+            break;
+        }
+        let deadline = machine.poll_timeout().map(|t| {
+            tokio::time::Instant::now() + t.saturating_duration_since(now())
+        });
+        tokio::select! {
+            line = incoming.recv() => {
+                let Some(line) = line else { break };
+                match jsonrpc::parse_incoming(&line) {
+                    Ok(Parsed::Single(msg)) => {
+                        if let Err(e) = machine.handle_peer_message(msg, now()) {
+                            warn!(transport, error = %e, "peer message refused");
+                            if let Some(resp) = e.to_response() {
+                                let _ = outgoing.send(Message::Response(resp).to_vec()).await;
+                            }
+                        }
+                    }
+                    Ok(Parsed::Batch(items)) => match machine.handle_peer_batch(items, now()) {
+                        Ok(outcome) => {
+                            for e in outcome.refused {
+                                debug!(transport, error = %e, "batch element refused");
+                            }
+                        }
+                        Err(e) => {
+                            if let Some(resp) = e.to_response() {
+                                let _ = outgoing.send(Message::Response(resp).to_vec()).await;
+                            }
+                        }
+                    },
+                    Err(e) => {
+                        let _ = outgoing.send(Message::Response(e.to_response()).to_vec()).await;
+                    }
+                }
+            }
+            from = up_rx.recv() => match from {
+                Some(FromUpstream::Message(id, msg)) => {
+                    if let Err(e) = machine.handle_upstream_message(Some(id), msg, now()) {
+                        debug!(transport, error = %e, "upstream message refused");
+                    }
+                }
+                Some(FromUpstream::Lost(id)) => {
+                    tasks.remove(&id);
+                    let _ = machine.handle_upstream_lost(&id, now());
+                }
+                Some(FromUpstream::Done(id)) => {
+                    tasks.remove(&id);
+                }
+                None => break,
+            },
+            () = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            } => machine.handle_timeout(now()),
+            () = outgoing.closed() => break,
+        }
+    }
+    machine.close();
+    route(&gw, &mut machine, &outgoing, &up_tx, &mut tasks, authorization.as_ref()).await;
+    for (_, t) in tasks.drain() {
+        t.abort();
+    }
+    info!(transport, "legacy session closed");
+}
+
+async fn route(
+    gw: &Gateway,
+    machine: &mut Session,
+    outgoing: &mpsc::Sender<Vec<u8>>,
+    up_tx: &mpsc::Sender<FromUpstream>,
+    tasks: &mut HashMap<RequestId, AbortHandle>,
+    authorization: Option<&http::HeaderValue>,
+) {
+    while let Some(event) = machine.poll_event() {
+        match event {
+            Event::ToPeer { message, .. } => {
+                let _ = outgoing.send(message.to_vec()).await;
+            }
+            Event::ToPeerBatch { messages, .. } => {
+                let values: Vec<serde_json::Value> = messages.iter().map(Message::to_value).collect();
+                let _ = outgoing
+                    .send(serde_json::to_vec(&values).unwrap_or_default())
+                    .await;
+            }
+            Event::ToUpstream { role, request } => {
+                let id = request.id.clone();
+                let up = gw.upstream.clone();
+                let tx = up_tx.clone();
+                let task_id = id.clone();
+                let auth = authorization.cloned();
+                let task = tokio::spawn(
+                    async move {
+                        let msg = Message::Request(request);
+                        let relay = tx.clone();
+                        let rid = task_id.clone();
+                        let result = up
+                            .exchange(&msg, auth.as_ref(), |m| {
+                                // Bounded: a flood from the upstream waits here.
+                                let _ = relay.try_send(FromUpstream::Message(rid.clone(), m));
+                            })
+                            .await;
+                        let last = match result {
+                            Ok(()) => FromUpstream::Done(task_id),
+                            Err(e) => {
+                                warn!(error = %e, "upstream exchange failed");
+                                FromUpstream::Lost(task_id)
+                            }
+                        };
+                        let _ = tx.send(last).await;
+                    }
+                    .instrument(tracing::debug_span!("upstream", rpc.id = %id, ?role)),
+                );
+                tasks.insert(id, task.abort_handle());
+            }
+            Event::CancelUpstream { id, reason } => {
+                if let Some(t) = tasks.remove(&id) {
+                    debug!(rpc.id = %id, reason, "upstream request cancelled");
+                    t.abort();
+                }
+            }
+            Event::DiscoverFetched { result } => gw.legacy.store_discover(&result),
+            Event::RequestFailed { legacy, failure } => {
+                info!(rpc.id = %legacy, failure = %failure, "legacy request failed");
+            }
+            _ => {}
+        }
+    }
+}

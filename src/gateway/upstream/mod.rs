@@ -1,0 +1,62 @@
+//! The upstream a gateway fronts: a modern (2026-07-28) server over HTTP, or one it
+//! spawns and speaks to over stdio. One closed enum, one file per variant.
+
+mod http;
+mod stdio;
+
+pub use self::http::{encode_header_value, HttpUpstream};
+pub use self::stdio::StdioUpstream;
+
+use ::http::header::HeaderValue;
+use dualera_adapters::Message;
+
+/// Why an exchange with the upstream failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UpstreamError {
+    /// No connection, or it broke (for stdio: the child is down or died).
+    #[error("upstream unreachable: {detail}")]
+    Unreachable {
+        /// What failed.
+        detail: String,
+    },
+    /// The upstream answered with something that is not MCP.
+    #[error("upstream answered HTTP {status} without a JSON-RPC body")]
+    Status {
+        /// The HTTP status.
+        status: u16,
+    },
+    /// The upstream's body could not be decoded.
+    #[error("upstream sent an undecodable body: {detail}")]
+    Protocol {
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+/// The upstream server.
+#[derive(Clone, Debug)]
+pub enum Upstream {
+    /// Over HTTP (pooled connections).
+    Http(HttpUpstream),
+    /// A child process speaking newline-delimited JSON-RPC on stdio.
+    Stdio(StdioUpstream),
+}
+
+impl Upstream {
+    /// Sends one modern request and calls `on_message` for every message the upstream
+    /// sends about it: notifications as they arrive, then the response. Dropping the
+    /// future cancels the request upstream (HTTP: the stream closes; stdio:
+    /// `notifications/cancelled`).
+    pub async fn exchange(
+        &self,
+        request: &Message,
+        authorization: Option<&HeaderValue>,
+        on_message: impl FnMut(Message),
+    ) -> Result<(), UpstreamError> {
+        match self {
+            Self::Http(h) => h.exchange(request, authorization, on_message).await,
+            Self::Stdio(s) => s.exchange(request, on_message).await,
+        }
+    }
+}
