@@ -12,7 +12,11 @@ use tracing_subscriber::EnvFilter;
 type BoxError = Box<dyn std::error::Error>;
 
 #[derive(Parser)]
-#[command(name = "dualera", version, about = "Dual-era MCP gateway and modern notes server")]
+#[command(
+    name = "dualera",
+    version,
+    about = "Dual-era MCP gateway and modern notes server"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -41,7 +45,11 @@ enum Command {
     /// Run the gateway in front of a modern server.
     Gateway {
         /// The modern server's MCP endpoint, e.g. http://127.0.0.1:8787/mcp.
-        #[arg(long, required_unless_present = "upstream_cmd", conflicts_with = "upstream_cmd")]
+        #[arg(
+            long,
+            required_unless_present = "upstream_cmd",
+            conflicts_with = "upstream_cmd"
+        )]
         upstream: Option<String>,
         /// Spawn the modern server and speak to it over stdio instead, e.g.
         /// "dualera serve --stdio --demo" (split on whitespace).
@@ -78,7 +86,10 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("dualera: cannot start the runtime: {e}");
@@ -135,7 +146,9 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             let server = build_server(&config)?;
             if stdio {
                 let stdin = tokio::io::BufReader::new(tokio::io::stdin());
-                return Ok(server::stdio::serve(server, principal, stdin, tokio::io::stdout()).await?);
+                return Ok(
+                    server::stdio::serve(server, principal, stdin, tokio::io::stdout()).await?,
+                );
             }
             let addr = listen.unwrap_or(config.server.listen);
             if !addr.ip().is_loopback() && !server.services().access.auth_required() {
@@ -146,7 +159,10 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             }
             let listener = server::http::bind(addr).await?;
             let bound = listener.local_addr()?;
-            eprintln!("dualera: modern server listening on http://{bound}{}", server::http::ENDPOINT);
+            eprintln!(
+                "dualera: modern server listening on http://{bound}{}",
+                server::http::ENDPOINT
+            );
             server::http::serve(listener, server, shutdown_signal()).await?;
             Ok(())
         }
@@ -198,11 +214,13 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             let upstream_addr = upstream_listener.local_addr()?;
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
             let mut rx = stop_rx.clone();
-            let server_task = tokio::spawn(server::http::serve(upstream_listener, server, async move {
-                let _ = rx.changed().await;
-            }));
+            let server_task =
+                tokio::spawn(server::http::serve(upstream_listener, server, async move {
+                    let _ = rx.changed().await;
+                }));
             let gw_config = GatewayConfig::from_section(&config.gateway);
-            let uri: http::Uri = format!("http://{upstream_addr}{}", server::http::ENDPOINT).parse()?;
+            let uri: http::Uri =
+                format!("http://{upstream_addr}{}", server::http::ENDPOINT).parse()?;
             let listener = tokio::net::TcpListener::bind(listen).await?;
             let bound = listener.local_addr()?;
             // Written with errors ignored: whoever started us may have stopped reading.
@@ -238,13 +256,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(t) => t,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -6,8 +6,8 @@
 //! is never held across an `.await`; upstream exchanges and timers run as tasks that
 //! take the lock only to feed a message and route the resulting events.
 
-use crate::body::{empty, full, ChannelBody, GatewayBody};
 use super::{sse, text, Gateway, GatewayConfig};
+use crate::body::{empty, full, ChannelBody, GatewayBody};
 use bytes::Bytes;
 use dashmap::DashMap;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
@@ -81,7 +81,10 @@ impl Sessions {
     pub(super) fn machine_config(&self, transport: &str) -> MachineConfig {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let mut c = self.machine.clone();
-        c.id_prefix = format!("dualera-{transport}{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        c.id_prefix = format!(
+            "dualera-{transport}{}",
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
         c
     }
 
@@ -180,7 +183,10 @@ fn credential_hash(auth: Option<&HeaderValue>) -> [u8; 32] {
 }
 
 fn same_credential(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }
 
 fn mint_session_id() -> Option<String> {
@@ -189,12 +195,19 @@ fn mint_session_id() -> Option<String> {
     Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn rpc_error(status: StatusCode, id: Option<RequestId>, code: ErrorCode, msg: String) -> Response<GatewayBody> {
+fn rpc_error(
+    status: StatusCode,
+    id: Option<RequestId>,
+    code: ErrorCode,
+    msg: String,
+) -> Response<GatewayBody> {
     let body = Message::Response(RpcResponse::error(id, ErrorObject::new(code, msg))).to_vec();
     let mut r = Response::new(full(body));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     r
 }
 
@@ -207,7 +220,10 @@ fn with_session_header(mut r: Response<GatewayBody>, id: &str) -> Response<Gatew
 
 fn sse_headers(r: &mut Response<GatewayBody>) {
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
 }
@@ -311,15 +327,18 @@ async fn post(
             let resp = e.to_response();
             let mut r = Response::new(full(Message::Response(resp).to_vec()));
             *r.status_mut() = StatusCode::BAD_REQUEST;
-            r.headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
             return r;
         }
     };
     let handle = match existing {
         Some(h) => h,
         None => {
-            let is_initialize = matches!(&parsed, Parsed::Single(Message::Request(r)) if r.method == "initialize");
+            let is_initialize =
+                matches!(&parsed, Parsed::Single(Message::Request(r)) if r.method == "initialize");
             if !is_initialize {
                 return rpc_error(
                     StatusCode::BAD_REQUEST,
@@ -348,7 +367,12 @@ async fn post(
                 Ok(()) => accepted(),
                 Err(e) => {
                     warn!(session = %handle.id, error = %e, "peer message refused");
-                    rpc_error(StatusCode::BAD_REQUEST, None, ErrorCode::INVALID_REQUEST, format!("Invalid request: {e}"))
+                    rpc_error(
+                        StatusCode::BAD_REQUEST,
+                        None,
+                        ErrorCode::INVALID_REQUEST,
+                        format!("Invalid request: {e}"),
+                    )
                 }
             }
         }
@@ -371,7 +395,11 @@ fn internal() -> Response<GatewayBody> {
     )
 }
 
-async fn initialize(gw: &Gateway, parsed: Parsed, auth: Option<HeaderValue>) -> Response<GatewayBody> {
+async fn initialize(
+    gw: &Gateway,
+    parsed: Parsed,
+    auth: Option<HeaderValue>,
+) -> Response<GatewayBody> {
     let Parsed::Single(Message::Request(init)) = parsed else {
         return internal();
     };
@@ -418,7 +446,12 @@ async fn initialize(gw: &Gateway, parsed: Parsed, auth: Option<HeaderValue>) -> 
         };
         open_pending(&mut s, stream.clone());
         if let Err(e) = s.machine.handle_peer_message(Message::Request(init), now()) {
-            return rpc_error(StatusCode::BAD_REQUEST, Some(init_id), ErrorCode::INVALID_REQUEST, format!("Invalid request: {e}"));
+            return rpc_error(
+                StatusCode::BAD_REQUEST,
+                Some(init_id),
+                ErrorCode::INVALID_REQUEST,
+                format!("Invalid request: {e}"),
+            );
         }
         route(gw, &handle, &mut s);
     }
@@ -439,8 +472,10 @@ async fn initialize(gw: &Gateway, parsed: Parsed, auth: Option<HeaderValue>) -> 
         .unwrap_or(false);
     let body = messages.last().cloned().unwrap_or_default();
     let mut r = Response::new(full(body));
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     if !ready {
         // A failed initialize leaves no session behind.
         handle.close();
@@ -448,7 +483,8 @@ async fn initialize(gw: &Gateway, parsed: Parsed, auth: Option<HeaderValue>) -> 
     }
     gw.legacy.map.insert(id.clone(), handle.clone());
     let timer = tokio::spawn(
-        timer_loop(gw.clone(), handle.clone()).instrument(tracing::info_span!("session", session = %id)),
+        timer_loop(gw.clone(), handle.clone())
+            .instrument(tracing::info_span!("session", session = %id)),
     );
     drop(timer);
     info!(session = %id, sessions = gw.legacy.len(), "legacy session opened");
@@ -473,7 +509,11 @@ fn open_pending(s: &mut Shared, stream: PeerStream) {
 }
 
 /// Waits until the pending stream finished (its last message arrived), up to `limit`.
-async fn wait_pending(handle: &SessionHandle, stream: &PeerStream, limit: Duration) -> Option<Vec<Vec<u8>>> {
+async fn wait_pending(
+    handle: &SessionHandle,
+    stream: &PeerStream,
+    limit: Duration,
+) -> Option<Vec<Vec<u8>>> {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         let notified = handle.settled.notified();
@@ -493,7 +533,11 @@ async fn wait_pending(handle: &SessionHandle, stream: &PeerStream, limit: Durati
     }
 }
 
-async fn request(gw: &Gateway, handle: &Arc<SessionHandle>, r: dualera_adapters::Request) -> Response<GatewayBody> {
+async fn request(
+    gw: &Gateway,
+    handle: &Arc<SessionHandle>,
+    r: dualera_adapters::Request,
+) -> Response<GatewayBody> {
     let stream = PeerStream::Request(r.id.clone());
     if let Err(refused) = feed_request(gw, handle, r, &stream) {
         return refused;
@@ -516,12 +560,22 @@ fn feed_request(
         return Err(internal());
     };
     if s.streams.get(stream).is_some_and(|st| !st.finished) {
-        return Err(rpc_error(StatusCode::BAD_REQUEST, Some(id), ErrorCode::INVALID_REQUEST, "Invalid request: this request id is already in use".into()));
+        return Err(rpc_error(
+            StatusCode::BAD_REQUEST,
+            Some(id),
+            ErrorCode::INVALID_REQUEST,
+            "Invalid request: this request id is already in use".into(),
+        ));
     }
     open_pending(&mut s, stream.clone());
     if let Err(e) = s.machine.handle_peer_message(Message::Request(r), now()) {
         s.streams.remove(stream);
-        return Err(rpc_error(StatusCode::BAD_REQUEST, Some(id), ErrorCode::INVALID_REQUEST, format!("Invalid request: {e}")));
+        return Err(rpc_error(
+            StatusCode::BAD_REQUEST,
+            Some(id),
+            ErrorCode::INVALID_REQUEST,
+            format!("Invalid request: {e}"),
+        ));
     }
     route(gw, handle, &mut s);
     handle.wake.notify_one();
@@ -547,7 +601,11 @@ async fn wait_first(handle: &SessionHandle, stream: &PeerStream, limit: Duration
     }
 }
 
-fn batch(gw: &Gateway, handle: &Arc<SessionHandle>, items: Vec<Result<Message, jsonrpc::EnvelopeError>>) -> Response<GatewayBody> {
+fn batch(
+    gw: &Gateway,
+    handle: &Arc<SessionHandle>,
+    items: Vec<Result<Message, jsonrpc::EnvelopeError>>,
+) -> Response<GatewayBody> {
     let Ok(mut s) = handle.shared.lock() else {
         return internal();
     };
@@ -557,7 +615,12 @@ fn batch(gw: &Gateway, handle: &Arc<SessionHandle>, items: Vec<Result<Message, j
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {
-            return rpc_error(StatusCode::BAD_REQUEST, None, ErrorCode::INVALID_REQUEST, format!("Invalid request: {e}"));
+            return rpc_error(
+                StatusCode::BAD_REQUEST,
+                None,
+                ErrorCode::INVALID_REQUEST,
+                format!("Invalid request: {e}"),
+            );
         }
     };
     for refused in &outcome.refused {
@@ -576,7 +639,11 @@ fn batch(gw: &Gateway, handle: &Arc<SessionHandle>, items: Vec<Result<Message, j
 
 /// After feeding a request: JSON when it was answered at once, else an SSE stream
 /// carrying what was produced so far and everything that follows.
-fn respond_on(handle: &SessionHandle, s: &mut Shared, stream: &PeerStream) -> Response<GatewayBody> {
+fn respond_on(
+    handle: &SessionHandle,
+    s: &mut Shared,
+    stream: &PeerStream,
+) -> Response<GatewayBody> {
     let Some(st) = s.streams.get_mut(stream) else {
         return internal();
     };
@@ -584,8 +651,10 @@ fn respond_on(handle: &SessionHandle, s: &mut Shared, stream: &PeerStream) -> Re
     if st.finished && pending.len() == 1 {
         let body = pending.into_iter().next().unwrap_or_default();
         let mut r = Response::new(full(body));
-        r.headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         return r;
     }
     let (tx, body) = ChannelBody::new(STREAM_QUEUE);
@@ -604,7 +673,11 @@ fn respond_on(handle: &SessionHandle, s: &mut Shared, stream: &PeerStream) -> Re
     r
 }
 
-fn get(gw: &Gateway, handle: &Arc<SessionHandle>, headers: &http::HeaderMap) -> Response<GatewayBody> {
+fn get(
+    gw: &Gateway,
+    handle: &Arc<SessionHandle>,
+    headers: &http::HeaderMap,
+) -> Response<GatewayBody> {
     handle.touch();
     let Ok(mut s) = handle.shared.lock() else {
         return internal();
@@ -617,7 +690,12 @@ fn get(gw: &Gateway, handle: &Arc<SessionHandle>, headers: &http::HeaderMap) -> 
     let (tx, body) = ChannelBody::new(STREAM_QUEUE);
     if let Some((number, after)) = last {
         let Some(stream) = s.by_number.get(&number).cloned() else {
-            return rpc_error(StatusCode::NOT_FOUND, None, ErrorCode::INVALID_REQUEST, "Unknown Last-Event-ID: that stream can no longer be resumed".into());
+            return rpc_error(
+                StatusCode::NOT_FOUND,
+                None,
+                ErrorCode::INVALID_REQUEST,
+                "Unknown Last-Event-ID: that stream can no longer be resumed".into(),
+            );
         };
         let Some(st) = s.streams.get_mut(&stream) else {
             return internal();
@@ -636,8 +714,16 @@ fn get(gw: &Gateway, handle: &Arc<SessionHandle>, headers: &http::HeaderMap) -> 
         debug!(session = %handle.id, stream = number, after, "stream resumed");
     } else {
         let stream = PeerStream::Standalone;
-        if s.streams.get(&stream).is_some_and(|st| st.tx.as_ref().is_some_and(|t| !t.is_closed())) {
-            return rpc_error(StatusCode::CONFLICT, None, ErrorCode::INVALID_REQUEST, "Conflict: this session already has a GET stream open".into());
+        if s.streams
+            .get(&stream)
+            .is_some_and(|st| st.tx.as_ref().is_some_and(|t| !t.is_closed()))
+        {
+            return rpc_error(
+                StatusCode::CONFLICT,
+                None,
+                ErrorCode::INVALID_REQUEST,
+                "Conflict: this session already has a GET stream open".into(),
+            );
         }
         if !s.streams.contains_key(&stream) {
             open_pending(&mut s, stream.clone());
@@ -682,8 +768,15 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
             Event::ToUpstream { role, request } => {
                 let id = request.id.clone();
                 let task = tokio::spawn(
-                    upstream_task(gw.clone(), handle.clone(), role.clone(), Message::Request(request))
-                        .instrument(tracing::debug_span!("upstream", session = %handle.id, rpc.id = %id, ?role)),
+                    upstream_task(
+                        gw.clone(),
+                        handle.clone(),
+                        role.clone(),
+                        Message::Request(request),
+                    )
+                    .instrument(
+                        tracing::debug_span!("upstream", session = %handle.id, rpc.id = %id, ?role),
+                    ),
                 );
                 s.upstream_tasks.insert(id, task.abort_handle());
             }
@@ -708,7 +801,13 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
 
 /// Queues one message on a stream. Returns whether a waiting POST should look again
 /// (the stream finished, or a not-yet-answered POST got its first message).
-fn deliver(handle: &SessionHandle, s: &mut Shared, stream: &PeerStream, bytes: Vec<u8>, last: bool) -> bool {
+fn deliver(
+    handle: &SessionHandle,
+    s: &mut Shared,
+    stream: &PeerStream,
+    bytes: Vec<u8>,
+    last: bool,
+) -> bool {
     if !s.streams.contains_key(stream) {
         // A stream the peer never opened (e.g. standalone before any GET): keep the
         // events so a later GET can... no: the standalone stream only carries what is
@@ -758,14 +857,24 @@ fn trim_finished(s: &mut Shared) {
     }
 }
 
-async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, role: UpstreamRole, request: Message) {
-    let Message::Request(r) = &request else { return };
+async fn upstream_task(
+    gw: Gateway,
+    handle: Arc<SessionHandle>,
+    role: UpstreamRole,
+    request: Message,
+) {
+    let Message::Request(r) = &request else {
+        return;
+    };
     let id = r.id.clone();
     let result = gw
         .upstream
         .exchange(&request, handle.authorization.as_ref(), |msg| {
             if let Ok(mut s) = handle.shared.lock() {
-                if let Err(e) = s.machine.handle_upstream_message(Some(id.clone()), msg, now()) {
+                if let Err(e) = s
+                    .machine
+                    .handle_upstream_message(Some(id.clone()), msg, now())
+                {
                     debug!(session = %handle.id, error = %e, "upstream message refused");
                 }
                 route(&gw, &handle, &mut s);
@@ -790,7 +899,10 @@ async fn timer_loop(gw: Gateway, handle: Arc<SessionHandle>) {
     let mut next_keepalive = tokio::time::Instant::now() + keepalive;
     loop {
         let (deadline, closed) = match handle.shared.lock() {
-            Ok(s) => (s.machine.poll_timeout(), s.machine.state() == SessionState::Closed),
+            Ok(s) => (
+                s.machine.poll_timeout(),
+                s.machine.state() == SessionState::Closed,
+            ),
             Err(_) => return,
         };
         if closed {
@@ -805,7 +917,9 @@ async fn timer_loop(gw: Gateway, handle: Arc<SessionHandle>) {
             () = tokio::time::sleep_until(at) => {}
             () = handle.wake.notified() => continue,
         }
-        let Ok(mut s) = handle.shared.lock() else { return };
+        let Ok(mut s) = handle.shared.lock() else {
+            return;
+        };
         if machine_at.is_some_and(|m| m <= tokio::time::Instant::now()) {
             s.machine.handle_timeout(now());
             route(&gw, &handle, &mut s);
@@ -835,7 +949,9 @@ pub(super) async fn reap(gw: Gateway) {
     let period = (ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(30));
     loop {
         tokio::time::sleep(period).await;
-        let cutoff = now().as_millis().saturating_sub(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        let cutoff = now()
+            .as_millis()
+            .saturating_sub(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
         let idle: Vec<String> = gw
             .legacy
             .map
@@ -845,7 +961,9 @@ pub(super) async fn reap(gw: Gateway) {
                 h.last_used.load(Ordering::Relaxed) < cutoff
                     && h.shared.lock().is_ok_and(|s| {
                         s.machine.in_flight() == 0
-                            && s.streams.values().all(|st| st.tx.as_ref().is_none_or(|t| t.is_closed()))
+                            && s.streams
+                                .values()
+                                .all(|st| st.tx.as_ref().is_none_or(|t| t.is_closed()))
                     })
             })
             .map(|e| e.key().clone())

@@ -9,15 +9,18 @@
 //!                                                              └─ upstream::exchange
 //! ```
 
+pub mod http_sse;
 mod legacy_http;
-mod pipe;
 pub mod passthrough;
+mod pipe;
 pub mod sse;
 pub mod upstream;
+pub mod websocket;
 
-use crate::guard;
 use crate::body::{self, GatewayBody};
+use crate::guard;
 use dualera_adapters::version::is_modern_or_later;
+use dualera_adapters::ProtocolVersion;
 use http::{header, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -87,7 +90,9 @@ impl GatewayConfig {
             live_request_timeout: s
                 .live_request_timeout_secs
                 .map_or(d.live_request_timeout, Duration::from_secs),
-            retry_pause: s.retry_pause_ms.map_or(d.retry_pause, Duration::from_millis),
+            retry_pause: s
+                .retry_pause_ms
+                .map_or(d.retry_pause, Duration::from_millis),
             max_rounds: s.max_rounds.unwrap_or(d.max_rounds),
             replay_buffer: s.replay_buffer.unwrap_or(d.replay_buffer),
             max_in_flight: s.max_in_flight.unwrap_or(d.max_in_flight),
@@ -101,6 +106,7 @@ pub struct Gateway {
     config: Arc<GatewayConfig>,
     upstream: Upstream,
     legacy: Arc<legacy_http::Sessions>,
+    sse: Arc<http_sse::SseSessions>,
 }
 
 impl Gateway {
@@ -108,6 +114,7 @@ impl Gateway {
     pub fn new(upstream: Upstream, config: GatewayConfig) -> Self {
         Self {
             legacy: Arc::new(legacy_http::Sessions::new(&config)),
+            sse: Arc::default(),
             config: Arc::new(config),
             upstream,
         }
@@ -120,12 +127,14 @@ impl Gateway {
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
         let loopback = listener.local_addr()?.ip().is_loopback();
-        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let reaper = tokio::spawn(legacy_http::reap(self.clone()));
+        let mut connections = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
                 accepted = listener.accept() => {
+                    while connections.try_join_next().is_some() {}
                     let (stream, peer) = match accepted {
                         Ok(a) => a,
                         Err(e) => {
@@ -141,13 +150,22 @@ impl Gateway {
                         async move { Ok::<_, Infallible>(gw.route(loopback, req).await) }
                     });
                     let conn = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc);
-                    let conn = graceful.watch(conn);
-                    tokio::spawn(
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .with_upgrades();
+                    let mut stop = stop_rx.clone();
+                    connections.spawn(
                         async move {
-                            if let Err(e) = conn.await {
-                                debug!(error = %e, "connection ended with an error");
+                            tokio::pin!(conn);
+                            tokio::select! {
+                                res = conn.as_mut() => {
+                                    if let Err(e) = res {
+                                        debug!(error = %e, "connection ended with an error");
+                                    }
+                                    return;
+                                }
+                                _ = stop.changed() => conn.as_mut().graceful_shutdown(),
                             }
+                            let _ = conn.await;
                         }
                         .instrument(tracing::debug_span!("connection", transport = "http", %peer)),
                     );
@@ -158,10 +176,11 @@ impl Gateway {
         info!("gateway shutting down");
         reaper.abort();
         self.legacy.close_all();
-        tokio::select! {
-            () = graceful.shutdown() => {}
-            () = tokio::time::sleep(Duration::from_secs(5)) => {}
-        }
+        let _ = stop_tx.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            while connections.join_next().await.is_some() {}
+        })
+        .await;
         Ok(())
     }
 
@@ -184,10 +203,18 @@ impl Gateway {
                 }
             }
         });
-        let session = tokio::spawn(pipe::run_session(self.clone(), in_rx, out_tx, "stdio", None));
+        let session = tokio::spawn(pipe::run_session(
+            self.clone(),
+            in_rx,
+            out_tx,
+            "stdio",
+            None,
+        ));
         let limit = self.config.max_body_bytes;
         let mut buf = Vec::new();
-        while let Some(line) = crate::server::stdio::read_bounded_line(&mut reader, &mut buf, limit).await? {
+        while let Some(line) =
+            crate::server::stdio::read_bounded_line(&mut reader, &mut buf, limit).await?
+        {
             if line.is_err() {
                 tracing::warn!(limit, "over-long line from the host dropped");
                 continue;
@@ -206,9 +233,6 @@ impl Gateway {
     }
 
     async fn route(&self, loopback: bool, req: Request<Incoming>) -> Response<GatewayBody> {
-        if req.uri().path() != crate::server::http::ENDPOINT {
-            return text(StatusCode::NOT_FOUND, "not found; the MCP endpoint is /mcp\n");
-        }
         let h = req.headers();
         if let Some(origin) = h.get(header::ORIGIN) {
             if !origin
@@ -225,10 +249,27 @@ impl Gateway {
         {
             return text(StatusCode::FORBIDDEN, "Host not allowed\n");
         }
+        match req.uri().path() {
+            crate::server::http::ENDPOINT => {}
+            websocket::PATH => return websocket::upgrade(self, req).await,
+            http_sse::SSE_PATH => return http_sse::open(self, &req),
+            http_sse::MESSAGES_PATH => return http_sse::post(self, req).await,
+            _ => {
+                return text(
+                    StatusCode::NOT_FOUND,
+                    "not found; the MCP endpoint is /mcp\n",
+                )
+            }
+        }
+        let h = req.headers();
+        // Without a session, any MCP-Protocol-Version header that is not a legacy
+        // revision goes upstream: a modern one to be served, an unknown one (e.g.
+        // `v999.0.0`) to be refused by the upstream with `-32022`, the request id and
+        // the versions it supports, as the modern era requires.
         let modern = h
             .get("mcp-protocol-version")
             .and_then(|v| v.to_str().ok())
-            .is_some_and(is_modern_or_later)
+            .is_some_and(|v| is_modern_or_later(v) || !ProtocolVersion::LEGACY.contains(&v))
             && !h.contains_key("mcp-session-id");
         if modern {
             passthrough::forward(self, req).await

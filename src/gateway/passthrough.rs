@@ -5,14 +5,14 @@
 use super::upstream::{HttpUpstream, StdioUpstream, Upstream};
 use super::{sse, Gateway};
 use crate::body::{full, BoxError, ChannelBody, GatewayBody};
+use bytes::Bytes;
 use dualera_adapters::jsonrpc::{self, Message};
 use dualera_adapters::ErrorCode;
-use tokio::sync::mpsc;
-use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use tokio::sync::mpsc;
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: &[HeaderName] = &[
@@ -51,9 +51,17 @@ pub async fn forward(gateway: &Gateway, req: Request<Incoming>) -> Response<Gate
 
 /// Over a stdio upstream the body must be read (ids are rewritten for the shared
 /// pipe): JSON back when nothing else came first, else an SSE stream.
-async fn forward_stdio(gateway: &Gateway, upstream: &StdioUpstream, req: Request<Incoming>) -> Response<GatewayBody> {
+async fn forward_stdio(
+    gateway: &Gateway,
+    upstream: &StdioUpstream,
+    req: Request<Incoming>,
+) -> Response<GatewayBody> {
     let limit = gateway.config.max_body_bytes;
-    let Ok(body) = Limited::new(req.into_body(), limit).collect().await.map(|b| b.to_bytes()) else {
+    let Ok(body) = Limited::new(req.into_body(), limit)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+    else {
         return status_only(StatusCode::PAYLOAD_TOO_LARGE);
     };
     let msg = match jsonrpc::parse(&body) {
@@ -62,7 +70,10 @@ async fn forward_stdio(gateway: &Gateway, upstream: &StdioUpstream, req: Request
         Err(e) => {
             let mut r = Response::new(full(Message::Response(e.to_response()).to_vec()));
             *r.status_mut() = StatusCode::BAD_REQUEST;
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
             return r;
         }
     };
@@ -90,7 +101,10 @@ async fn forward_stdio(gateway: &Gateway, upstream: &StdioUpstream, req: Request
             let status = status_for(&m);
             let mut r = Response::new(full(m.to_vec()));
             *r.status_mut() = status;
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
             r
         }
         Some(first) => {
@@ -106,8 +120,12 @@ async fn forward_stdio(gateway: &Gateway, upstream: &StdioUpstream, req: Request
                 }
             });
             let mut r = Response::new(body);
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-            r.headers_mut().insert("x-accel-buffering", HeaderValue::from_static("no"));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            );
+            r.headers_mut()
+                .insert("x-accel-buffering", HeaderValue::from_static("no"));
             r
         }
         None => unavailable(),
@@ -132,11 +150,18 @@ fn unavailable() -> Response<GatewayBody> {
         br#"{"jsonrpc":"2.0","error":{"code":-32603,"message":"Upstream unavailable"}}"#,
     )));
     *r.status_mut() = StatusCode::BAD_GATEWAY;
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     r
 }
 
-async fn forward_http(gateway: &Gateway, upstream: &HttpUpstream, req: Request<Incoming>) -> Response<GatewayBody> {
+async fn forward_http(
+    gateway: &Gateway,
+    upstream: &HttpUpstream,
+    req: Request<Incoming>,
+) -> Response<GatewayBody> {
     let limit = gateway.config.max_body_bytes;
     let declared = req
         .headers()

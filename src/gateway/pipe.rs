@@ -30,7 +30,8 @@ pub(super) async fn run_session(
     authorization: Option<http::HeaderValue>,
 ) {
     let start = Instant::now();
-    let now = || Timestamp::from_millis(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
+    let now =
+        || Timestamp::from_millis(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
     let mut machine = Session::new(gw.legacy.machine_config(transport));
     if let Some(d) = gw.legacy.cached_discover() {
         let _ = machine.handle_discover(d);
@@ -41,13 +42,21 @@ pub(super) async fn run_session(
     let mut tasks: HashMap<RequestId, AbortHandle> = HashMap::new();
     info!(transport, "legacy session opened");
     loop {
-        route(&gw, &mut machine, &outgoing, &up_tx, &mut tasks, authorization.as_ref()).await;
+        route(
+            &gw,
+            &mut machine,
+            &outgoing,
+            &up_tx,
+            &mut tasks,
+            authorization.as_ref(),
+        )
+        .await;
         if machine.state() == SessionState::Closed {
             break;
         }
-        let deadline = machine.poll_timeout().map(|t| {
-            tokio::time::Instant::now() + t.saturating_duration_since(now())
-        });
+        let deadline = machine
+            .poll_timeout()
+            .map(|t| tokio::time::Instant::now() + t.saturating_duration_since(now()));
         tokio::select! {
             line = incoming.recv() => {
                 let Some(line) = line else { break };
@@ -102,7 +111,15 @@ pub(super) async fn run_session(
         }
     }
     machine.close();
-    route(&gw, &mut machine, &outgoing, &up_tx, &mut tasks, authorization.as_ref()).await;
+    route(
+        &gw,
+        &mut machine,
+        &outgoing,
+        &up_tx,
+        &mut tasks,
+        authorization.as_ref(),
+    )
+    .await;
     for (_, t) in tasks.drain() {
         t.abort();
     }
@@ -123,7 +140,8 @@ async fn route(
                 let _ = outgoing.send(message.to_vec()).await;
             }
             Event::ToPeerBatch { messages, .. } => {
-                let values: Vec<serde_json::Value> = messages.iter().map(Message::to_value).collect();
+                let values: Vec<serde_json::Value> =
+                    messages.iter().map(Message::to_value).collect();
                 let _ = outgoing
                     .send(serde_json::to_vec(&values).unwrap_or_default())
                     .await;

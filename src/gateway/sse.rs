@@ -138,7 +138,9 @@ mod tests {
     fn decodes_split_events() {
         let mut d = Decoder::new(1024);
         assert!(d.feed(b"event: message\r\nda").unwrap().is_empty());
-        let ev = d.feed(b"ta: {\"a\":1}\r\nid: 7\r\n\r\n: comment\n\ndata: x\ndata: y\n\n").unwrap();
+        let ev = d
+            .feed(b"ta: {\"a\":1}\r\nid: 7\r\n\r\n: comment\n\ndata: x\ndata: y\n\n")
+            .unwrap();
         assert_eq!(ev.len(), 2);
         assert_eq!(ev[0].data, "{\"a\":1}");
         assert_eq!(ev[0].id.as_deref(), Some("7"));

@@ -2,8 +2,8 @@
 //! Pass-through uses the raw client; the legacy path uses [`HttpUpstream::exchange`],
 //! which sends one JSON-RPC request and streams back what the upstream says about it.
 
-use crate::body::{full, GatewayBody};
 use super::UpstreamError;
+use crate::body::{full, GatewayBody};
 use crate::gateway::sse;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
@@ -124,7 +124,9 @@ impl HttpUpstream {
                 let frame = frame.map_err(|e| UpstreamError::Unreachable {
                     detail: e.to_string(),
                 })?;
-                let Some(data) = frame.data_ref() else { continue };
+                let Some(data) = frame.data_ref() else {
+                    continue;
+                };
                 let events = decoder.feed(data).map_err(|e| UpstreamError::Protocol {
                     detail: e.to_string(),
                 })?;

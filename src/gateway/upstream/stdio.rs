@@ -91,13 +91,8 @@ impl StdioUpstream {
             .cloned();
         let (tx, mut rx) = mpsc::channel(PER_REQUEST_QUEUE);
         if let Ok(mut t) = self.shared.table.lock() {
-            t.pending.insert(
-                wire_id.clone(),
-                Pending {
-                    tx,
-                    progress_token,
-                },
-            );
+            t.pending
+                .insert(wire_id.clone(), Pending { tx, progress_token });
         }
         // Removes the entry, and cancels upstream if the caller gave up early.
         let mut guard = Guard {
@@ -126,11 +121,9 @@ impl StdioUpstream {
                 Message::Notification(mut n) => {
                     // A listen stream's notifications name the wire id; give the
                     // caller its own id back.
-                    if let Some(sub) = n
-                        .params
-                        .as_mut()
-                        .and_then(|p| p.pointer_mut("/_meta/io.modelcontextprotocol~1subscriptionId"))
-                    {
+                    if let Some(sub) = n.params.as_mut().and_then(|p| {
+                        p.pointer_mut("/_meta/io.modelcontextprotocol~1subscriptionId")
+                    }) {
                         if sub.as_str() == Some(wire_id.as_str()) {
                             *sub = r.id.to_value();
                         }
@@ -153,7 +146,10 @@ impl StdioUpstream {
             if let Some(w) = self.shared.writer.lock().ok().and_then(|g| g.clone()) {
                 return Ok(w);
             }
-            if tokio::time::timeout_at(deadline, ready.changed()).await.is_err() {
+            if tokio::time::timeout_at(deadline, ready.changed())
+                .await
+                .is_err()
+            {
                 return Err(UpstreamError::Unreachable {
                     detail: "the stdio upstream is not running".into(),
                 });
@@ -176,7 +172,9 @@ impl Drop for Guard<'_> {
         if !self.done {
             let cancel = Message::Notification(Notification {
                 method: "notifications/cancelled".into(),
-                params: Some(json!({ "requestId": self.wire_id, "reason": "cancelled by the gateway" })),
+                params: Some(
+                    json!({ "requestId": self.wire_id, "reason": "cancelled by the gateway" }),
+                ),
             });
             if let Some(w) = self.shared.writer.lock().ok().and_then(|g| g.clone()) {
                 let _ = w.try_send(cancel.to_vec());

@@ -1,0 +1,148 @@
+//! The deprecated HTTP+SSE transport (2024-11-05): `GET /sse` opens the session's one
+//! stream and names, in an `endpoint` event, the URL to POST messages to; each POST
+//! gets 202 and every answer travels on the stream. The session ends with the stream.
+
+use super::{pipe, sse, Gateway};
+use crate::body::{empty, ChannelBody, GatewayBody};
+use bytes::Bytes;
+use dashmap::DashMap;
+use http::header::{self, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tracing::{info, Instrument};
+
+/// The stream endpoint.
+pub const SSE_PATH: &str = "/sse";
+/// The message endpoint (with `?sessionId=`).
+pub const MESSAGES_PATH: &str = "/messages";
+
+/// Live HTTP+SSE sessions.
+#[derive(Debug, Default)]
+pub(super) struct SseSessions {
+    map: DashMap<String, (mpsc::Sender<Vec<u8>>, [u8; 32])>,
+}
+
+fn credential(auth: Option<&HeaderValue>) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"dualera-sse-credential\0");
+    if let Some(a) = auth {
+        h.update(a.as_bytes());
+    }
+    h.finalize().into()
+}
+
+fn status(code: StatusCode, msg: &'static str) -> Response<GatewayBody> {
+    super::text(code, msg)
+}
+
+/// `GET /sse`: opens a session.
+pub(super) fn open(gw: &Gateway, req: &Request<Incoming>) -> Response<GatewayBody> {
+    if req.method() != http::Method::GET {
+        return status(StatusCode::METHOD_NOT_ALLOWED, "GET opens the stream\n");
+    }
+    if gw.sse.map.len() >= gw.config.max_sessions {
+        return status(StatusCode::SERVICE_UNAVAILABLE, "too many sessions\n");
+    }
+    let mut raw = [0u8; 24];
+    if getrandom::fill(&mut raw).is_err() {
+        return status(StatusCode::INTERNAL_SERVER_ERROR, "no randomness\n");
+    }
+    let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let auth = req.headers().get(header::AUTHORIZATION).cloned();
+    let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(64);
+    let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(256);
+    let (stream_tx, body) = ChannelBody::new(256);
+    gw.sse
+        .map
+        .insert(id.clone(), (in_tx, credential(auth.as_ref())));
+    let endpoint = format!("event: endpoint\ndata: {MESSAGES_PATH}?sessionId={id}\n\n");
+    let _ = stream_tx.try_send(Bytes::from(endpoint));
+    let span = tracing::info_span!("session", transport = "http+sse", session = %id);
+    let sessions: Arc<SseSessions> = gw.sse.clone();
+    let keepalive = gw.config.keepalive;
+    let session = tokio::spawn(
+        pipe::run_session(gw.clone(), in_rx, out_tx, "http+sse", auth).instrument(span.clone()),
+    );
+    tokio::spawn(
+        async move {
+            let mut tick = tokio::time::interval(keepalive);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    m = out_rx.recv() => match m {
+                        Some(m) => {
+                            if stream_tx.send(sse::encode(None, &m)).await.is_err() {
+                                break;
+                            }
+                        }
+                        None => break,
+                    },
+                    _ = tick.tick() => {
+                        if stream_tx.send(sse::keepalive()).await.is_err() {
+                            break;
+                        }
+                    }
+                    () = stream_tx.closed() => break,
+                }
+            }
+            // The stream is gone: so is the session.
+            sessions.map.remove(&id);
+            drop(out_rx);
+            let _ = session.await;
+            info!("HTTP+SSE session ended");
+        }
+        .instrument(span),
+    );
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    r
+}
+
+/// `POST /messages?sessionId=…`: one message into a session.
+pub(super) async fn post(gw: &Gateway, req: Request<Incoming>) -> Response<GatewayBody> {
+    if req.method() != http::Method::POST {
+        return status(StatusCode::METHOD_NOT_ALLOWED, "POST messages here\n");
+    }
+    let id = req
+        .uri()
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("sessionId="))
+        .map(str::to_owned);
+    let Some(id) = id else {
+        return status(StatusCode::BAD_REQUEST, "missing sessionId\n");
+    };
+    let auth = req.headers().get(header::AUTHORIZATION).cloned();
+    let Some(tx) = gw.sse.map.get(&id).and_then(|e| {
+        let (tx, cred) = e.value();
+        crate::server::request_state::constant_time_eq(cred, &credential(auth.as_ref()))
+            .then(|| tx.clone())
+    }) else {
+        return status(StatusCode::NOT_FOUND, "unknown session\n");
+    };
+    let limit = gw.config.max_body_bytes;
+    let Ok(body) = Limited::new(req.into_body(), limit)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+    else {
+        return status(StatusCode::PAYLOAD_TOO_LARGE, "body too large\n");
+    };
+    if tx.send(body.to_vec()).await.is_err() {
+        return status(StatusCode::NOT_FOUND, "session ended\n");
+    }
+    let mut r = Response::new(empty());
+    *r.status_mut() = StatusCode::ACCEPTED;
+    r
+}
