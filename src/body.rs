@@ -17,7 +17,9 @@ pub type GatewayBody = BoxBody<Bytes, BoxError>;
 
 /// A fixed body.
 pub fn full(bytes: impl Into<Bytes>) -> GatewayBody {
-    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 /// An empty body.
@@ -34,7 +36,7 @@ pub struct ChannelBody {
 
 impl ChannelBody {
     /// A body and the sender that feeds it; `capacity` bounds what may be queued.
-    pub fn new(capacity: usize) -> (mpsc::Sender<Bytes>, GatewayBody) {
+    pub fn channel(capacity: usize) -> (mpsc::Sender<Bytes>, GatewayBody) {
         let (tx, rx) = mpsc::channel(capacity);
         (tx, Self { rx }.boxed())
     }

@@ -181,7 +181,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                     if uri.scheme_str() != Some("http") {
                         return Err("--upstream must be an http:// URL".into());
                     }
-                    Upstream::Http(HttpUpstream::new(uri, gw_config.max_body_bytes))
+                    Upstream::Http(Box::new(HttpUpstream::new(uri, gw_config.max_body_bytes)))
                 }
                 (None, Some(cmd)) => {
                     let mut words = cmd.split_whitespace().map(str::to_owned);
@@ -241,7 +241,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 let _ = out.flush();
             }
             let gateway = Gateway::new(
-                Upstream::Http(HttpUpstream::new(uri, gw_config.max_body_bytes)),
+                Upstream::Http(Box::new(HttpUpstream::new(uri, gw_config.max_body_bytes))),
                 gw_config,
             );
             gateway.serve(listener, shutdown_signal()).await?;

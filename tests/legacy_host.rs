@@ -2,7 +2,7 @@
 //! gateway and the modern server as a user runs them.
 
 #[path = "../examples/legacy_host.rs"]
-#[allow(dead_code)]
+#[allow(dead_code, unreachable_pub)]
 mod legacy_host;
 
 use std::io::{BufRead, BufReader};
@@ -37,11 +37,18 @@ fn start_up(dir: &std::path::Path) -> Up {
     let (mut gateway, mut workspace, mut repo) = (None, None, None);
     let deadline = Instant::now() + Duration::from_secs(60);
     while gateway.is_none() || workspace.is_none() || repo.is_none() {
-        assert!(Instant::now() < deadline, "dualera up did not print its layout");
+        assert!(
+            Instant::now() < deadline,
+            "dualera up did not print its layout"
+        );
         let Some(Ok(line)) = lines.next() else {
             panic!("dualera up exited early");
         };
-        let value = line.split_whitespace().last().unwrap_or_default().to_owned();
+        let value = line
+            .split_whitespace()
+            .last()
+            .unwrap_or_default()
+            .to_owned();
         if line.contains("gateway (") {
             gateway = Some(value);
         } else if line.contains("notes workspace:") {

@@ -55,7 +55,7 @@ pub(super) fn open(gw: &Gateway, req: &Request<Incoming>) -> Response<GatewayBod
     let auth = req.headers().get(header::AUTHORIZATION).cloned();
     let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(64);
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(256);
-    let (stream_tx, body) = ChannelBody::new(256);
+    let (stream_tx, body) = ChannelBody::channel(256);
     gw.sse
         .map
         .insert(id.clone(), (in_tx, credential(auth.as_ref())));

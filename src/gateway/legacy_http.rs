@@ -380,6 +380,22 @@ async fn post(
     }
 }
 
+/// The HTTP answer to input the session machine refused: its own JSON-RPC error when
+/// it has one, else a generic `-32600`.
+fn refusal(id: Option<RequestId>, e: &dualera_adapters::SessionError) -> Response<GatewayBody> {
+    let resp = e.to_response().unwrap_or_else(|| {
+        RpcResponse::error(
+            id,
+            ErrorObject::new(ErrorCode::INVALID_REQUEST, format!("Invalid request: {e}")),
+        )
+    });
+    let mut r = Response::new(full(Message::Response(resp).to_vec()));
+    *r.status_mut() = StatusCode::BAD_REQUEST;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
 fn accepted() -> Response<GatewayBody> {
     let mut r = Response::new(empty());
     *r.status_mut() = StatusCode::ACCEPTED;
@@ -540,7 +556,7 @@ async fn request(
 ) -> Response<GatewayBody> {
     let stream = PeerStream::Request(r.id.clone());
     if let Err(refused) = feed_request(gw, handle, r, &stream) {
-        return refused;
+        return *refused;
     }
     wait_first(handle, &stream, FIRST_MESSAGE_WAIT).await;
     let Ok(mut s) = handle.shared.lock() else {
@@ -554,28 +570,23 @@ fn feed_request(
     handle: &Arc<SessionHandle>,
     r: dualera_adapters::Request,
     stream: &PeerStream,
-) -> Result<(), Response<GatewayBody>> {
+) -> Result<(), Box<Response<GatewayBody>>> {
     let id = r.id.clone();
     let Ok(mut s) = handle.shared.lock() else {
-        return Err(internal());
+        return Err(Box::new(internal()));
     };
     if s.streams.get(stream).is_some_and(|st| !st.finished) {
-        return Err(rpc_error(
+        return Err(Box::new(rpc_error(
             StatusCode::BAD_REQUEST,
             Some(id),
             ErrorCode::INVALID_REQUEST,
             "Invalid request: this request id is already in use".into(),
-        ));
+        )));
     }
     open_pending(&mut s, stream.clone());
     if let Err(e) = s.machine.handle_peer_message(Message::Request(r), now()) {
         s.streams.remove(stream);
-        return Err(rpc_error(
-            StatusCode::BAD_REQUEST,
-            Some(id),
-            ErrorCode::INVALID_REQUEST,
-            format!("Invalid request: {e}"),
-        ));
+        return Err(Box::new(refusal(Some(id), &e)));
     }
     route(gw, handle, &mut s);
     handle.wake.notify_one();
@@ -657,7 +668,7 @@ fn respond_on(
         );
         return r;
     }
-    let (tx, body) = ChannelBody::new(STREAM_QUEUE);
+    let (tx, body) = ChannelBody::channel(STREAM_QUEUE);
     // Priming event: lets the client resume this stream from its start.
     let _ = tx.try_send(sse::prime(&format!("{}.0", st.number)));
     for (seq, ev) in &st.ring {
@@ -687,7 +698,7 @@ fn get(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once('.'))
         .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
-    let (tx, body) = ChannelBody::new(STREAM_QUEUE);
+    let (tx, body) = ChannelBody::channel(STREAM_QUEUE);
     if let Some((number, after)) = last {
         let Some(stream) = s.by_number.get(&number).cloned() else {
             return rpc_error(

@@ -108,7 +108,7 @@ async fn forward_stdio(
             r
         }
         Some(first) => {
-            let (out, body) = ChannelBody::new(64);
+            let (out, body) = ChannelBody::channel(64);
             tokio::spawn(async move {
                 let _keep = task;
                 let _ = out.send(sse::encode(None, &first.to_vec())).await;

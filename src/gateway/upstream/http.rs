@@ -171,11 +171,12 @@ impl HttpUpstream {
 
 /// Encodes a value for `Mcp-Name` (plain when header-safe, else the base64 sentinel).
 pub fn encode_header_value(v: &str) -> String {
+    let sentinel = v.starts_with("=?base64?") && v.ends_with("?=");
     let plain = !v.is_empty()
         && v.bytes().all(|b| (0x21..=0x7e).contains(&b) || b == b' ')
         && !v.starts_with(' ')
         && !v.ends_with(' ')
-        && !(v.starts_with("=?base64?") && v.ends_with("?="));
+        && !sentinel;
     if plain {
         v.to_owned()
     } else {

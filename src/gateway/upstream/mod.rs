@@ -38,7 +38,7 @@ pub enum UpstreamError {
 #[derive(Clone, Debug)]
 pub enum Upstream {
     /// Over HTTP (pooled connections).
-    Http(HttpUpstream),
+    Http(Box<HttpUpstream>),
     /// A child process speaking newline-delimited JSON-RPC on stdio.
     Stdio(StdioUpstream),
 }

@@ -20,9 +20,14 @@ const ROOTS_KEY: &str = "roots";
 
 /// Resolves `workspaceUri` for the caller: normalized, inside a grant.
 fn authorized_workspace(cx: &CallContext<'_>, uri: &str) -> Result<Scope, ServerError> {
-    let scope = Scope::from_file_uri(uri)
-        .map_err(|e| ServerError::params(format!("workspaceUri: {e}")))?;
-    if cx.services.access.workspace_for(cx.principal, &scope).is_none() {
+    let scope =
+        Scope::from_file_uri(uri).map_err(|e| ServerError::params(format!("workspaceUri: {e}")))?;
+    if cx
+        .services
+        .access
+        .workspace_for(cx.principal, &scope)
+        .is_none()
+    {
         return Err(ServerError::params(format!(
             "workspaceUri {uri:?} (normalized {}) is not inside any workspace granted to this caller",
             scope.to_uri()
@@ -70,13 +75,20 @@ impl Tool for NotesCreate {
         let body = match cx.arguments.get("body") {
             Some(Value::String(b)) if b.len() <= MAX_BODY => b.as_str(),
             Some(Value::String(_)) => {
-                return Err(ServerError::params(format!("argument body is longer than {MAX_BODY} bytes")))
+                return Err(ServerError::params(format!(
+                    "argument body is longer than {MAX_BODY} bytes"
+                )))
             }
             _ => return Err(ServerError::params("argument body must be a string")),
         };
         let note = cx.services.store.create(&ws.to_uri(), title, body)?;
         Ok(ToolOutcome::Complete(text_result(
-            format!("Created {} \"{}\" in {}", note.public_id(), note.title, note.workspace),
+            format!(
+                "Created {} \"{}\" in {}",
+                note.public_id(),
+                note.title,
+                note.workspace
+            ),
             Some(note_json(&note)),
             false,
         )))
@@ -117,7 +129,7 @@ impl Tool for NotesList {
         let limit = cx.services.limits.max_list;
         let workspaces: Vec<String> = match cx.optional_string_arg("workspaceUri", MAX_URI)? {
             Some(uri) => vec![authorized_workspace(cx, uri)?.to_uri()],
-            None => match self.from_roots(cx)? {
+            None => match self.roots_scope(cx)? {
                 Ok(ws) => ws,
                 Err(round) => return Ok(round),
             },
@@ -146,14 +158,22 @@ impl Tool for NotesList {
 impl NotesList {
     /// The roots migration adapter: ask `roots/list`, then keep only granted workspaces
     /// that lie inside a returned root. `Err` carries the MRTR round to send.
-    fn from_roots(&self, cx: &CallContext<'_>) -> Result<Result<Vec<String>, ToolOutcome>, ServerError> {
+    fn roots_scope(
+        &self,
+        cx: &CallContext<'_>,
+    ) -> Result<Result<Vec<String>, ToolOutcome>, ServerError> {
         let opened = cx.open_state(self.name())?;
         let ask = |round: u32| -> Result<ToolOutcome, ServerError> {
             if round > cx.services.limits.max_rounds {
-                return Err(ServerError::params("too many rounds without a roots/list answer"));
+                return Err(ServerError::params(
+                    "too many rounds without a roots/list answer",
+                ));
             }
             let mut input_requests = Map::new();
-            input_requests.insert(ROOTS_KEY.into(), json!({ "method": "roots/list", "params": {} }));
+            input_requests.insert(
+                ROOTS_KEY.into(),
+                json!({ "method": "roots/list", "params": {} }),
+            );
             Ok(ToolOutcome::InputRequired {
                 input_requests,
                 request_state: Some(cx.seal_state(self.name(), "roots", round, Value::Null)?),
@@ -177,7 +197,11 @@ impl NotesList {
         let roots = answer
             .get("roots")
             .and_then(Value::as_array)
-            .ok_or_else(|| ServerError::params("inputResponses.roots must be a ListRootsResult with a roots array"))?;
+            .ok_or_else(|| {
+                ServerError::params(
+                    "inputResponses.roots must be a ListRootsResult with a roots array",
+                )
+            })?;
         let mut root_scopes = Vec::new();
         for r in roots.iter().take(MAX_ROOTS) {
             let uri = r
@@ -262,26 +286,53 @@ impl Tool for NotesDelete {
             .data
             .get("candidates")
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
             .unwrap_or_default();
-        let signed_ws = opened.data.get("workspace").and_then(Value::as_str).unwrap_or_default();
+        let signed_ws = opened
+            .data
+            .get("workspace")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         if signed_ws != workspace {
-            return Err(ServerError::params("requestState was issued for another workspace"));
+            return Err(ServerError::params(
+                "requestState was issued for another workspace",
+            ));
         }
         let Some(answer) = cx.input_response(CHOICE_KEY) else {
             // The client did not answer: ask again (bounded by the round limit and the
             // state's expiry) rather than fail.
-            let live = cx.services.store.find_by_title(&workspace, title, MAX_CANDIDATES)?;
-            let live: Vec<Note> = live.into_iter().filter(|n| signed_ids.contains(&n.public_id())).collect();
+            let live = cx
+                .services
+                .store
+                .find_by_title(&workspace, title, MAX_CANDIDATES)?;
+            let live: Vec<Note> = live
+                .into_iter()
+                .filter(|n| signed_ids.contains(&n.public_id()))
+                .collect();
             if opened.round >= cx.services.limits.max_rounds {
-                return Err(ServerError::params("too many rounds without an answer to delete_choice"));
+                return Err(ServerError::params(
+                    "too many rounds without an answer to delete_choice",
+                ));
             }
-            return self.ask(cx, &workspace, title, &live, signed_ids.clone(), opened.round + 1);
+            return self.ask(
+                cx,
+                &workspace,
+                title,
+                &live,
+                signed_ids.clone(),
+                opened.round + 1,
+            );
         };
         let action = answer
             .get("action")
             .and_then(Value::as_str)
-            .ok_or_else(|| ServerError::params("inputResponses.delete_choice.action must be a string"))?;
+            .ok_or_else(|| {
+                ServerError::params("inputResponses.delete_choice.action must be a string")
+            })?;
         let claim = NonceClaim {
             nonce: opened.nonce.clone(),
             expires_ms: opened.expires_ms,
@@ -333,11 +384,17 @@ impl Tool for NotesDelete {
                 // Re-authorize and re-check containment now, not when the form was shown.
                 let ws_again = authorized_workspace(cx, &workspace)?;
                 if ws_again.to_uri() != workspace {
-                    return Err(ServerError::params("workspace no longer resolves the same way"));
+                    return Err(ServerError::params(
+                        "workspace no longer resolves the same way",
+                    ));
                 }
                 let id = Note::parse_public_id(note_id)
                     .ok_or_else(|| ServerError::params("note_id is malformed"))?;
-                let check = LiveCheck { id, workspace: workspace.clone(), title: title.to_owned() };
+                let check = LiveCheck {
+                    id,
+                    workspace: workspace.clone(),
+                    title: title.to_owned(),
+                };
                 match cx.services.store.delete_claimed(&claim, &check)? {
                     DeleteOutcome::Deleted(n) => {
                         tracing::info!(note = %n.public_id(), principal = cx.principal, "note deleted");
@@ -409,6 +466,9 @@ impl NotesDelete {
                 }
             }),
         );
-        Ok(ToolOutcome::InputRequired { input_requests, request_state: Some(state) })
+        Ok(ToolOutcome::InputRequired {
+            input_requests,
+            request_state: Some(state),
+        })
     }
 }
