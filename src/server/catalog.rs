@@ -138,7 +138,10 @@ impl Catalog {
             );
         }
         if self.prompts.is_some() {
-            caps.insert("prompts".into(), json!({ "listChanged": self.list_changed }));
+            caps.insert(
+                "prompts".into(),
+                json!({ "listChanged": self.list_changed }),
+            );
         }
         if self.completions.is_some() {
             caps.insert("completions".into(), json!({}));

@@ -34,6 +34,12 @@ pub enum ServerError {
         /// What is wrong, for the caller.
         reason: String,
     },
+    /// `resources/read` of a URI the server does not have (`-32602`, `data.uri`).
+    #[error("Resource not found: {uri}")]
+    ResourceNotFound {
+        /// The URI asked for.
+        uri: String,
+    },
     /// The requested protocol version is not one this server speaks.
     #[error("Unsupported protocol version: {requested}")]
     UnsupportedVersion {
@@ -108,6 +114,11 @@ impl ServerError {
             Self::InvalidParams { .. } => (
                 StatusCode::BAD_REQUEST,
                 ErrorObject::new(ErrorCode::INVALID_PARAMS, message),
+            ),
+            Self::ResourceNotFound { uri } => (
+                StatusCode::BAD_REQUEST,
+                ErrorObject::new(ErrorCode::INVALID_PARAMS, message)
+                    .with_data(json!({ "uri": uri })),
             ),
             Self::UnsupportedVersion { requested } => (
                 StatusCode::BAD_REQUEST,

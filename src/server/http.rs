@@ -11,16 +11,16 @@ use bytes::Bytes;
 use dualera_adapters::Message;
 use http::{header, HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use tokio::sync::mpsc;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use tokio::net::TcpListener;
+use tokio::sync::mpsc;
 use tracing::{debug, info, Instrument};
 
 /// The MCP endpoint path.
@@ -89,8 +89,10 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 fn plain(status: StatusCode, text: &'static str) -> Response<GatewayBody> {
     let mut r = Response::new(full(Bytes::from_static(text.as_bytes())));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain"),
+    );
     r
 }
 
@@ -129,7 +131,10 @@ fn wants_sse_only(h: &HeaderMap) -> bool {
 
 async fn handle(server: Server, loopback: bool, req: Request<Incoming>) -> Response<GatewayBody> {
     if req.uri().path() != ENDPOINT {
-        return plain(StatusCode::NOT_FOUND, "not found; the MCP endpoint is /mcp\n");
+        return plain(
+            StatusCode::NOT_FOUND,
+            "not found; the MCP endpoint is /mcp\n",
+        );
     }
     let headers = req.headers();
     if let Some(origin) = headers.get(header::ORIGIN) {
@@ -195,7 +200,9 @@ async fn handle(server: Server, loopback: bool, req: Request<Incoming>) -> Respo
     let body = match Limited::new(req.into_body(), limit).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
                 return error_response(ServerError::InvalidRequest {
                     detail: format!("body larger than {limit} bytes"),
                 })
@@ -243,7 +250,7 @@ async fn run_request(
         return finish(listen_server, task.await, Vec::new(), sse_only);
     };
     // Streaming: the first notification is already here.
-    let (tx, body) = ChannelBody::new(NOTIFY_QUEUE);
+    let (tx, body) = ChannelBody::channel(NOTIFY_QUEUE);
     tokio::spawn(async move {
         if tx.send(sse_event(&first.to_vec())).await.is_err() {
             cancelled.store(true, Ordering::Relaxed);
@@ -254,7 +261,9 @@ async fn run_request(
             }
         }
         if let Ok(Handled::Reply { response, .. }) = task.await {
-            let _ = tx.send(sse_event(&Message::Response(response).to_vec())).await;
+            let _ = tx
+                .send(sse_event(&Message::Response(response).to_vec()))
+                .await;
         }
     });
     sse_stream(StatusCode::OK, body)
@@ -297,9 +306,13 @@ fn finish(
 /// closes it or the server stops.
 fn listen_stream(server: Server, listen: Listen) -> Response<GatewayBody> {
     let mut changes = server.services().changes.subscribe();
-    let (tx, body) = ChannelBody::new(NOTIFY_QUEUE);
+    let (tx, body) = ChannelBody::channel(NOTIFY_QUEUE);
     tokio::spawn(async move {
-        if tx.send(sse_event(&listen.acknowledgment().to_vec())).await.is_err() {
+        if tx
+            .send(sse_event(&listen.acknowledgment().to_vec()))
+            .await
+            .is_err()
+        {
             return;
         }
         let mut keepalive = tokio::time::interval(KEEPALIVE);
@@ -346,8 +359,14 @@ fn sse_stream(status: StatusCode, body: GatewayBody) -> Response<GatewayBody> {
     let mut r = Response::new(body);
     *r.status_mut() = status;
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream"));
-    h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
+    h.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-cache"),
+    );
     h.insert("x-accel-buffering", header::HeaderValue::from_static("no"));
     r
 }

@@ -97,7 +97,9 @@ impl RequestMeta {
 
     /// Whether this request's client can answer `sampling/createMessage`.
     pub fn supports_sampling(&self) -> bool {
-        self.capabilities.get("sampling").is_some_and(Value::is_object)
+        self.capabilities
+            .get("sampling")
+            .is_some_and(Value::is_object)
     }
 
     /// Whether this request's client can answer `roots/list`.
@@ -155,7 +157,10 @@ mod tests {
     fn required_fields() {
         assert!(RequestMeta::read(None).is_err());
         assert!(RequestMeta::read(Some(&json!({"_meta": {}}))).is_err());
-        assert!(RequestMeta::read(Some(&json!({"_meta": {PROTOCOL_VERSION: 5, CLIENT_CAPABILITIES: {}}}))).is_err());
+        assert!(RequestMeta::read(Some(
+            &json!({"_meta": {PROTOCOL_VERSION: 5, CLIENT_CAPABILITIES: {}}})
+        ))
+        .is_err());
         assert!(RequestMeta::read(Some(&json!({"_meta": {PROTOCOL_VERSION: "x"}}))).is_err());
     }
 }

@@ -29,10 +29,10 @@ pub use router::{Handled, Listen, MirroredHeaders};
 pub use tools::Sink;
 
 use crate::config::{resolve_secret, Config, ConfigError, Limits};
+use catalog::Catalog;
 use request_state::StateCodec;
 use std::sync::Arc;
 use store::SqliteStore;
-use catalog::Catalog;
 
 /// What handlers can reach: the store, the state codec, access rules and limits.
 #[derive(Debug)]
@@ -79,35 +79,35 @@ impl Server {
 
     /// Builds a server offering `catalog` (the notes server, or another app on the
     /// same framework such as the conformance fixture).
-    pub fn with_catalog(config: &Config, catalog: Catalog) -> Result<(Self, KeySource), ConfigError> {
+    pub fn with_catalog(
+        config: &Config,
+        catalog: Catalog,
+    ) -> Result<(Self, KeySource), ConfigError> {
         let limits = config.limits.clone();
-        let (codec, source) = if config.state.keys.is_empty() {
-            let codec = StateCodec::random(config.state.ttl_ms, limits.max_state_bytes).map_err(
-                |e| ConfigError::Invalid {
-                    reason: format!("cannot draw a random state key: {e}"),
-                },
-            )?;
-            (codec, KeySource::Generated)
-        } else {
-            let mut keys = Vec::new();
-            for k in &config.state.keys {
-                let secret = resolve_secret(
-                    &format!("state key {:?}", k.id),
-                    &k.secret,
-                    &k.secret_env,
-                )?;
-                if secret.len() < 16 {
-                    return Err(ConfigError::Invalid {
-                        reason: format!("state key {:?} is shorter than 16 bytes", k.id),
-                    });
+        let (codec, source) =
+            if config.state.keys.is_empty() {
+                let codec = StateCodec::random(config.state.ttl_ms, limits.max_state_bytes)
+                    .map_err(|e| ConfigError::Invalid {
+                        reason: format!("cannot draw a random state key: {e}"),
+                    })?;
+                (codec, KeySource::Generated)
+            } else {
+                let mut keys = Vec::new();
+                for k in &config.state.keys {
+                    let secret =
+                        resolve_secret(&format!("state key {:?}", k.id), &k.secret, &k.secret_env)?;
+                    if secret.len() < 16 {
+                        return Err(ConfigError::Invalid {
+                            reason: format!("state key {:?} is shorter than 16 bytes", k.id),
+                        });
+                    }
+                    keys.push((k.id.clone(), secret.into_bytes()));
                 }
-                keys.push((k.id.clone(), secret.into_bytes()));
-            }
-            (
-                StateCodec::new(keys, config.state.ttl_ms, limits.max_state_bytes),
-                KeySource::Configured,
-            )
-        };
+                (
+                    StateCodec::new(keys, config.state.ttl_ms, limits.max_state_bytes),
+                    KeySource::Configured,
+                )
+            };
         let store = SqliteStore::open(&config.store.path).map_err(|e| ConfigError::Invalid {
             reason: format!("cannot open store {:?}: {e}", config.store.path),
         })?;

@@ -100,7 +100,10 @@ impl std::fmt::Debug for StateCodec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never print secrets.
         f.debug_struct("StateCodec")
-            .field("key_ids", &self.keys.iter().map(|k| &k.0).collect::<Vec<_>>())
+            .field(
+                "key_ids",
+                &self.keys.iter().map(|k| &k.0).collect::<Vec<_>>(),
+            )
             .field("ttl_ms", &self.ttl_ms)
             .finish()
     }
@@ -121,7 +124,11 @@ impl StateCodec {
     pub fn random(ttl_ms: u64, max_len: usize) -> Result<Self, getrandom::Error> {
         let mut secret = vec![0u8; 32];
         getrandom::fill(&mut secret)?;
-        Ok(Self::new(vec![("ephemeral".into(), secret)], ttl_ms, max_len))
+        Ok(Self::new(
+            vec![("ephemeral".into(), secret)],
+            ttl_ms,
+            max_len,
+        ))
     }
 
     /// Signs a new state for `binding`, valid for the configured TTL from `now_ms`.
@@ -212,7 +219,10 @@ fn sign(secret: &[u8], body: &[u8]) -> Vec<u8> {
 /// Compares two byte strings in time independent of where they differ.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     let (da, db) = (Sha256::digest(a), Sha256::digest(b));
-    da.iter().zip(db.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    da.iter()
+        .zip(db.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }
 
 /// A digest of JSON arguments that does not depend on object key order.
@@ -278,7 +288,9 @@ mod tests {
     #[test]
     fn roundtrip_and_bindings() {
         let c = codec();
-        let s = c.seal(&binding(), "confirm", 1, json!({"ids": ["note-1"]}), 10).unwrap();
+        let s = c
+            .seal(&binding(), "confirm", 1, json!({"ids": ["note-1"]}), 10)
+            .unwrap();
         let o = c.open(&s, &binding(), 11).unwrap();
         assert_eq!(o.phase, "confirm");
         assert_eq!(o.data, json!({"ids": ["note-1"]}));
@@ -301,7 +313,9 @@ mod tests {
         for i in 0..s.len() {
             let mut bytes = s.clone().into_bytes();
             bytes[i] ^= 0x01;
-            let Ok(t) = String::from_utf8(bytes) else { continue };
+            let Ok(t) = String::from_utf8(bytes) else {
+                continue;
+            };
             assert!(c.open(&t, &binding(), 11).is_err(), "flip at {i} accepted");
         }
     }
@@ -311,7 +325,10 @@ mod tests {
         let old = StateCodec::new(vec![("k0".into(), b"old".to_vec())], 1000, 16384);
         let s = old.seal(&binding(), "p", 1, json!(null), 10).unwrap();
         let new = StateCodec::new(
-            vec![("k1".into(), b"new".to_vec()), ("k0".into(), b"old".to_vec())],
+            vec![
+                ("k1".into(), b"new".to_vec()),
+                ("k0".into(), b"old".to_vec()),
+            ],
             1000,
             16384,
         );

@@ -104,7 +104,10 @@ impl Listen {
             .and_then(Value::as_object)
             .cloned()
             .unwrap_or_default();
-        params.insert("_meta".into(), json!({ SUBSCRIPTION_ID: self.id.to_value() }));
+        params.insert(
+            "_meta".into(),
+            json!({ SUBSCRIPTION_ID: self.id.to_value() }),
+        );
         Some(Message::Notification(Notification {
             method: method.to_owned(),
             params: Some(Value::Object(params)),
@@ -123,7 +126,6 @@ impl Listen {
         self.honored.get(key).and_then(Value::as_bool) == Some(true)
     }
 }
-
 
 /// What a request turned into before the transport answers it.
 enum Answer {
@@ -233,7 +235,11 @@ impl Server {
             check_mirrored(h, &req)?;
         }
         let empty = Map::new();
-        let params = req.params.as_ref().and_then(Value::as_object).unwrap_or(&empty);
+        let params = req
+            .params
+            .as_ref()
+            .and_then(Value::as_object)
+            .unwrap_or(&empty);
         let catalog = &self.inner.catalog;
         let result = match req.method.as_str() {
             "server/discover" => self.discover(),
@@ -244,12 +250,20 @@ impl Server {
             "tools/call" => self.call(principal, &meta, params, sink, "tools/call")?,
             "resources/list" if catalog.resources.is_some() => {
                 no_cursor(params)?;
-                let list = catalog.resources.as_ref().map(|r| r.list()).unwrap_or_default();
+                let list = catalog
+                    .resources
+                    .as_ref()
+                    .map(|r| r.list())
+                    .unwrap_or_default();
                 self.list_result("resources", Value::from(list))
             }
             "resources/templates/list" if catalog.resources.is_some() => {
                 no_cursor(params)?;
-                let list = catalog.resources.as_ref().map(|r| r.templates()).unwrap_or_default();
+                let list = catalog
+                    .resources
+                    .as_ref()
+                    .map(|r| r.templates())
+                    .unwrap_or_default();
                 self.list_result("resourceTemplates", Value::from(list))
             }
             "resources/read" if catalog.resources.is_some() => {
@@ -257,7 +271,11 @@ impl Server {
             }
             "prompts/list" if catalog.prompts.is_some() => {
                 no_cursor(params)?;
-                let list = catalog.prompts.as_ref().map(|p| p.list()).unwrap_or_default();
+                let list = catalog
+                    .prompts
+                    .as_ref()
+                    .map(|p| p.list())
+                    .unwrap_or_default();
                 self.list_result("prompts", Value::from(list))
             }
             "prompts/get" if catalog.prompts.is_some() => {
@@ -272,7 +290,9 @@ impl Server {
                     .unwrap_or(Value::Null);
                 json!({ "resultType": "complete", "completion": completion, "_meta": self.result_meta() })
             }
-            "subscriptions/listen" => return Ok(Answer::Listen(self.listen(req.id.clone(), params)?)),
+            "subscriptions/listen" => {
+                return Ok(Answer::Listen(self.listen(req.id.clone(), params)?))
+            }
             m if LEGACY_METHODS.contains(&m) => return Err(legacy_method(m)),
             other => {
                 return Err(ServerError::MethodNotFound {
@@ -322,14 +342,21 @@ impl Server {
         let filter = match params.get("notifications") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(f)) => f.clone(),
-            Some(_) => return Err(ServerError::params("params.notifications must be an object")),
+            Some(_) => {
+                return Err(ServerError::params(
+                    "params.notifications must be an object",
+                ))
+            }
         };
         let c = &self.inner.catalog;
         let mut honored = Map::new();
         for (key, offered) in [
             ("toolsListChanged", c.list_changed),
             ("promptsListChanged", c.list_changed && c.prompts.is_some()),
-            ("resourcesListChanged", c.list_changed && c.resources.is_some()),
+            (
+                "resourcesListChanged",
+                c.list_changed && c.resources.is_some(),
+            ),
         ] {
             match filter.get(key) {
                 None | Some(Value::Bool(false)) => {}
@@ -338,20 +365,23 @@ impl Server {
                         honored.insert(key.into(), Value::Bool(true));
                     }
                 }
-                Some(_) => return Err(ServerError::params(format!("notifications.{key} must be a boolean"))),
+                Some(_) => {
+                    return Err(ServerError::params(format!(
+                        "notifications.{key} must be a boolean"
+                    )))
+                }
             }
         }
         if let Some(subs) = filter.get("resourceSubscriptions") {
-            let subs = subs
-                .as_array()
-                .ok_or_else(|| ServerError::params("notifications.resourceSubscriptions must be an array"))?;
+            let subs = subs.as_array().ok_or_else(|| {
+                ServerError::params("notifications.resourceSubscriptions must be an array")
+            })?;
             let kept: Vec<Value> = subs
                 .iter()
                 .take(256)
                 .filter(|u| {
-                    u.as_str().is_some_and(|u| {
-                        c.resources.as_ref().is_some_and(|r| r.subscribable(u))
-                    })
+                    u.as_str()
+                        .is_some_and(|u| c.resources.as_ref().is_some_and(|r| r.subscribable(u)))
                 })
                 .cloned()
                 .collect();
@@ -380,7 +410,11 @@ impl Server {
         };
         let target = match params.get(target_key) {
             Some(Value::String(n)) => n.as_str(),
-            _ => return Err(ServerError::params(format!("params.{target_key} must be a string"))),
+            _ => {
+                return Err(ServerError::params(format!(
+                    "params.{target_key} must be a string"
+                )))
+            }
         };
         let empty = Map::new();
         let arguments = match args_key.and_then(|k| params.get(k)) {
@@ -391,7 +425,11 @@ impl Server {
         let input_responses = match params.get("inputResponses") {
             None | Some(Value::Null) => None,
             Some(Value::Object(r)) => Some(r),
-            Some(_) => return Err(ServerError::params("params.inputResponses must be an object")),
+            Some(_) => {
+                return Err(ServerError::params(
+                    "params.inputResponses must be an object",
+                ))
+            }
         };
         let request_state = match params.get("requestState") {
             None | Some(Value::Null) => None,
@@ -436,12 +474,16 @@ impl Server {
             ("prompts/get", None) => catalog
                 .prompts
                 .as_ref()
-                .ok_or_else(|| ServerError::MethodNotFound { method: method.into() })?
+                .ok_or_else(|| ServerError::MethodNotFound {
+                    method: method.into(),
+                })?
                 .get(&cx, target)?,
             _ => catalog
                 .resources
                 .as_ref()
-                .ok_or_else(|| ServerError::MethodNotFound { method: method.into() })?
+                .ok_or_else(|| ServerError::MethodNotFound {
+                    method: method.into(),
+                })?
                 .read(&cx, target)?,
         };
         Ok(match outcome {
@@ -591,7 +633,10 @@ mod tests {
 
     #[test]
     fn header_values() {
-        assert_eq!(decode_header_value("notes_delete").as_deref(), Some("notes_delete"));
+        assert_eq!(
+            decode_header_value("notes_delete").as_deref(),
+            Some("notes_delete")
+        );
         assert_eq!(
             decode_header_value("=?base64?SGVsbG8sIOS4lueVjA==?=").as_deref(),
             Some("Hello, 世界")

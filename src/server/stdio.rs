@@ -74,7 +74,12 @@ type Running = Arc<Mutex<HashMap<RequestId, Arc<Cancel>>>>;
 
 /// Serves newline-delimited JSON-RPC until the reader reaches EOF, then cancels what
 /// is still running, waits for it, and returns.
-pub async fn serve<R, W>(server: Server, principal: String, mut reader: R, mut writer: W) -> std::io::Result<()>
+pub async fn serve<R, W>(
+    server: Server,
+    principal: String,
+    mut reader: R,
+    mut writer: W,
+) -> std::io::Result<()>
 where
     R: AsyncBufRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -202,7 +207,12 @@ where
 }
 
 /// Forwards announced changes to one subscription until it is cancelled.
-async fn listen_loop(server: &Server, listen: &Listen, tx: &mpsc::Sender<Vec<u8>>, cancel: &Cancel) {
+async fn listen_loop(
+    server: &Server,
+    listen: &Listen,
+    tx: &mpsc::Sender<Vec<u8>>,
+    cancel: &Cancel,
+) {
     let mut changes = server.services().changes.subscribe();
     if tx.send(listen.acknowledgment().to_vec()).await.is_err() {
         return;

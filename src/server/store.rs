@@ -39,7 +39,10 @@ impl Note {
 
     /// Parses a public id (`note-14`).
     pub fn parse_public_id(s: &str) -> Option<i64> {
-        s.strip_prefix("note-")?.parse().ok().filter(|n: &i64| *n > 0)
+        s.strip_prefix("note-")?
+            .parse()
+            .ok()
+            .filter(|n: &i64| *n > 0)
     }
 }
 
@@ -288,7 +291,8 @@ impl NoteStore for SqliteStore {
                     row_to_note,
                 )
                 .optional()?;
-            let Some(note) = live.filter(|n| n.workspace == check.workspace && n.title == check.title)
+            let Some(note) =
+                live.filter(|n| n.workspace == check.workspace && n.title == check.title)
             else {
                 return Ok(DeleteOutcome::NotLive);
             };
@@ -339,8 +343,14 @@ mod tests {
             workspace: "file:///w".into(),
             title: "TPS report".into(),
         };
-        assert!(matches!(s.delete_claimed(&claim, &check), Ok(DeleteOutcome::Deleted(_))));
-        assert_eq!(s.delete_claimed(&claim, &check).unwrap(), DeleteOutcome::Replayed);
+        assert!(matches!(
+            s.delete_claimed(&claim, &check),
+            Ok(DeleteOutcome::Deleted(_))
+        ));
+        assert_eq!(
+            s.delete_claimed(&claim, &check).unwrap(),
+            DeleteOutcome::Replayed
+        );
         let n2 = s.create("file:///w", "TPS report", "y").unwrap();
         let wrong = LiveCheck {
             id: n2.id,
@@ -351,7 +361,10 @@ mod tests {
             nonce: "n2".into(),
             ..claim.clone()
         };
-        assert_eq!(s.delete_claimed(&claim2, &wrong).unwrap(), DeleteOutcome::NotLive);
+        assert_eq!(
+            s.delete_claimed(&claim2, &wrong).unwrap(),
+            DeleteOutcome::NotLive
+        );
         assert!(s.claim(&claim2).unwrap());
         assert!(!s.claim(&claim2).unwrap());
         assert_eq!(s.count("file:///w").unwrap(), 1);

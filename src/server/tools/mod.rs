@@ -24,7 +24,9 @@ pub struct Sink<'a> {
 
 impl std::fmt::Debug for Sink<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sink").field("cancelled", &self.cancelled).finish()
+        f.debug_struct("Sink")
+            .field("cancelled", &self.cancelled)
+            .finish()
     }
 }
 
@@ -94,12 +96,17 @@ pub trait Tool: Send + Sync + std::fmt::Debug {
 }
 
 /// Tools by name, listed in a fixed order.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct ToolRegistry {
     tools: BTreeMap<&'static str, Box<dyn Tool>>,
 }
 
 impl ToolRegistry {
+    /// An empty registry (another app on the framework adds its own tools).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
     /// The notes + repository-summary server's tools.
     pub fn notes_server() -> Self {
         let mut r = Self {
@@ -139,7 +146,9 @@ impl CallContext<'_> {
             Some(Value::String(_)) => Err(ServerError::params(format!(
                 "argument {key} is longer than {max} bytes"
             ))),
-            Some(_) => Err(ServerError::params(format!("argument {key} must be a string"))),
+            Some(_) => Err(ServerError::params(format!(
+                "argument {key} must be a string"
+            ))),
             None => Err(ServerError::params(format!("argument {key} is required"))),
         }
     }
@@ -154,7 +163,11 @@ impl CallContext<'_> {
 
     /// Refuses arguments the schema does not list.
     pub fn only_args(&self, allowed: &[&str]) -> Result<(), ServerError> {
-        match self.arguments.keys().find(|k| !allowed.contains(&k.as_str())) {
+        match self
+            .arguments
+            .keys()
+            .find(|k| !allowed.contains(&k.as_str()))
+        {
             Some(k) => Err(ServerError::params(format!("unknown argument {k}"))),
             None => Ok(()),
         }
@@ -272,7 +285,10 @@ pub fn severity(level: &str) -> u8 {
 /// A `CallToolResult` with one text block, optional structured content.
 pub fn text_result(text: impl Into<String>, structured: Option<Value>, is_error: bool) -> Value {
     let mut m = Map::new();
-    m.insert("content".into(), json!([{ "type": "text", "text": text.into() }]));
+    m.insert(
+        "content".into(),
+        json!([{ "type": "text", "text": text.into() }]),
+    );
     if let Some(s) = structured {
         m.insert("structuredContent".into(), s);
     }

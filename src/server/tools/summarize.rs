@@ -129,10 +129,21 @@ impl Tool for SummarizeRepo {
                     .data
                     .get("files")
                     .and_then(Value::as_array)
-                    .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|v| v.as_str().map(str::to_owned))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 let Some(reply) = cx.input_response(SUMMARY_KEY) else {
-                    return self.ask_summary(cx, audience, (&root, &dir), &picks, &digest, next_round);
+                    return self.ask_summary(
+                        cx,
+                        audience,
+                        (&root, &dir),
+                        &picks,
+                        &digest,
+                        next_round,
+                    );
                 };
                 let summary = sampling_text(reply, SUMMARY_KEY)?;
                 let summary = summary.trim();
@@ -183,8 +194,18 @@ impl SummarizeRepo {
             "Choose up to {MAX_PICKS} files that best show what this repository is, for a \
              {audience} audience. Reply with only a JSON array of paths from this list:\n\n{list}"
         );
-        let state = cx.seal_state(self.name(), "pick_files", round, json!({ "listing": digest }))?;
-        Ok(sampling_round(PICK_KEY, text, cx.services.limits.sampling_max_tokens.min(400), state))
+        let state = cx.seal_state(
+            self.name(),
+            "pick_files",
+            round,
+            json!({ "listing": digest }),
+        )?;
+        Ok(sampling_round(
+            PICK_KEY,
+            text,
+            cx.services.limits.sampling_max_tokens.min(400),
+            state,
+        ))
     }
 
     fn ask_summary(
@@ -201,8 +222,13 @@ impl SummarizeRepo {
         let mut body = String::new();
         for rel in picks {
             let path = dir.to_path().join(rel);
-            let content = read_capped(root, &path, per_file as u64, cx.services.limits.max_file_bytes)
-                .map_err(|e| ServerError::params(format!("cannot read {rel}: {e}")))?;
+            let content = read_capped(
+                root,
+                &path,
+                per_file as u64,
+                cx.services.limits.max_file_bytes,
+            )
+            .map_err(|e| ServerError::params(format!("cannot read {rel}: {e}")))?;
             body.push_str(&format!("=== {rel} ===\n{content}\n\n"));
         }
         let text = format!(
@@ -215,7 +241,12 @@ impl SummarizeRepo {
             round,
             json!({ "listing": digest, "files": picks }),
         )?;
-        Ok(sampling_round(SUMMARY_KEY, text, cx.services.limits.sampling_max_tokens, state))
+        Ok(sampling_round(
+            SUMMARY_KEY,
+            text,
+            cx.services.limits.sampling_max_tokens,
+            state,
+        ))
     }
 }
 
@@ -242,7 +273,11 @@ fn sampling_round(key: &str, text: String, max_tokens: u32, state: String) -> To
 
 /// The text of a `CreateMessageResult` (content block or array of blocks).
 fn sampling_text(reply: &Value, key: &str) -> Result<String, ServerError> {
-    let bad = || ServerError::params(format!("inputResponses.{key} must be a CreateMessageResult with text content"));
+    let bad = || {
+        ServerError::params(format!(
+            "inputResponses.{key} must be a CreateMessageResult with text content"
+        ))
+    };
     let content = reply.get("content").ok_or_else(bad)?;
     let blocks: Vec<&Value> = match content {
         Value::Array(a) => a.iter().collect(),
@@ -262,9 +297,8 @@ fn sampling_text(reply: &Value, key: &str) -> Result<String, ServerError> {
 
 /// The model's pick: a JSON array of distinct listed paths.
 fn parse_picks(text: &str, listing: &Listing) -> Result<Vec<String>, ServerError> {
-    let value: Value = serde_json::from_str(text.trim()).map_err(|_| {
-        ServerError::params("the pick_files reply is not a JSON array of paths")
-    })?;
+    let value: Value = serde_json::from_str(text.trim())
+        .map_err(|_| ServerError::params("the pick_files reply is not a JSON array of paths"))?;
     let arr = value
         .as_array()
         .ok_or_else(|| ServerError::params("the pick_files reply is not a JSON array of paths"))?;
@@ -292,7 +326,10 @@ fn parse_picks(text: &str, listing: &Listing) -> Result<Vec<String>, ServerError
 
 /// The granted root and the requested directory, both real (symlinks resolved), the
 /// directory inside the root.
-fn authorized_directory(cx: &CallContext<'_>, directory: &str) -> Result<(PathBuf, Scope), ServerError> {
+fn authorized_directory(
+    cx: &CallContext<'_>,
+    directory: &str,
+) -> Result<(PathBuf, Scope), ServerError> {
     let scope = Scope::from_path_or_uri(directory)
         .map_err(|e| ServerError::params(format!("directory: {e}")))?;
     let granted = cx
@@ -306,8 +343,9 @@ fn authorized_directory(cx: &CallContext<'_>, directory: &str) -> Result<(PathBu
         })?;
     let root = fs::canonicalize(granted.to_path())
         .map_err(|e| ServerError::params(format!("granted repository is not readable: {e}")))?;
-    let real = fs::canonicalize(scope.to_path())
-        .map_err(|e| ServerError::params(format!("directory {directory:?} is not readable: {e}")))?;
+    let real = fs::canonicalize(scope.to_path()).map_err(|e| {
+        ServerError::params(format!("directory {directory:?} is not readable: {e}"))
+    })?;
     if !real.starts_with(&root) || !real.is_dir() {
         return Err(ServerError::params(format!(
             "directory {directory:?} resolves outside the granted repository"
@@ -329,7 +367,9 @@ fn list_files(root: &Path, dir: &Scope, max_files: usize) -> Result<Listing, Ser
         if visited > 10_000 {
             break;
         }
-        let Ok(entries) = fs::read_dir(&d) else { continue };
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
         let mut entries: Vec<_> = entries.filter_map(Result::ok).collect();
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
@@ -339,14 +379,22 @@ fn list_files(root: &Path, dir: &Scope, max_files: usize) -> Result<Listing, Ser
                 continue;
             }
             let path = e.path();
-            let Ok(rel) = path.strip_prefix(&base) else { continue };
+            let Ok(rel) = path.strip_prefix(&base) else {
+                continue;
+            };
             let rel = rel.to_string_lossy().into_owned();
-            let Ok(meta) = fs::symlink_metadata(&path) else { continue };
+            let Ok(meta) = fs::symlink_metadata(&path) else {
+                continue;
+            };
             let (is_dir, is_file, size) = if meta.file_type().is_symlink() {
                 match fs::canonicalize(&path) {
                     Ok(target) if target.starts_with(root) => {
                         let m = fs::metadata(&target).ok();
-                        (false, m.as_ref().is_some_and(|m| m.is_file()), m.map_or(0, |m| m.len()))
+                        (
+                            false,
+                            m.as_ref().is_some_and(|m| m.is_file()),
+                            m.map_or(0, |m| m.len()),
+                        )
                     }
                     _ => {
                         tracing::warn!(file = %rel, "symlink leaves the repository; refused");

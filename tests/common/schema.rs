@@ -1,0 +1,137 @@
+//! Validation of every server response against the 2026-07-28 `schema.json`.
+//!
+//! Each `$defs` entry is compiled once as `{"$defs": <all defs>, "$ref": "#/$defs/<X>"}`;
+//! [`check_response`] picks the defs that apply to a response (the envelope, the result
+//! type for the method, the specific error type for the code) and panics on any
+//! violation, so every test that talks to the server gets it for free.
+
+use jsonschema::{Draft, Validator};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+const DEFS: &[&str] = &[
+    "JSONRPCResultResponse",
+    "JSONRPCErrorResponse",
+    "DiscoverResult",
+    "ListToolsResult",
+    "CallToolResult",
+    "InputRequiredResult",
+    "UnsupportedProtocolVersionError",
+    "MissingRequiredClientCapabilityError",
+    "HeaderMismatchError",
+    "Tool",
+];
+
+fn schema_path() -> String {
+    format!(
+        "{}/../shared/spec/2026-07-28/schema.json",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+fn validators() -> &'static HashMap<&'static str, Validator> {
+    static V: OnceLock<HashMap<&'static str, Validator>> = OnceLock::new();
+    V.get_or_init(|| {
+        let path = schema_path();
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read the spec schema at {path}: {e}"));
+        let schema: Value = serde_json::from_str(&text).expect("schema.json is JSON");
+        let defs = schema["$defs"].clone();
+        DEFS.iter()
+            .map(|name| {
+                assert!(defs.get(name).is_some(), "schema.json has no $defs/{name}");
+                let wrapped = json!({
+                    "$schema": "https://json-schema.org/draft/2020-12/schema",
+                    "$defs": defs,
+                    "$ref": format!("#/$defs/{name}"),
+                });
+                let v = jsonschema::options()
+                    .with_draft(Draft::Draft202012)
+                    .build(&wrapped)
+                    .unwrap_or_else(|e| panic!("cannot compile $defs/{name}: {e}"));
+                (*name, v)
+            })
+            .collect()
+    })
+}
+
+/// Validates `instance` against `$defs/<def>`; `Err` lists every violation.
+pub(crate) fn validate(def: &str, instance: &Value) -> Result<(), String> {
+    let v = validators()
+        .get(def)
+        .unwrap_or_else(|| panic!("no validator compiled for {def}"));
+    let errors: Vec<String> = v
+        .iter_errors(instance)
+        .map(|e| format!("{} at {}", e, e.instance_path))
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+fn must(def: &str, instance: &Value, context: &str) {
+    if let Err(e) = validate(def, instance) {
+        panic!(
+            "response does not validate against $defs/{def} ({context}): {e}\nresponse: {instance}"
+        );
+    }
+}
+
+/// The envelope and error defs a response must satisfy.
+pub(crate) fn defs_for(response: &Value) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if response.get("error").is_some() {
+        out.push("JSONRPCErrorResponse");
+        match response["error"]["code"].as_i64() {
+            Some(-32022) => out.push("UnsupportedProtocolVersionError"),
+            Some(-32021) => out.push("MissingRequiredClientCapabilityError"),
+            Some(-32020) => out.push("HeaderMismatchError"),
+            _ => {}
+        }
+    } else {
+        out.push("JSONRPCResultResponse");
+    }
+    out
+}
+
+/// Checks one response the server sent. Panics with the violation when it does not
+/// validate.
+pub(crate) fn check_response(method: Option<&str>, response: &Value) {
+    let context = format!("answer to {}", method.unwrap_or("<unparsed request>"));
+    for def in defs_for(response) {
+        must(def, response, &context);
+    }
+    if let Some(result) = response.get("result") {
+        let def = match (method, result.get("resultType").and_then(Value::as_str)) {
+            (_, Some("input_required")) => {
+                assert_eq!(
+                    method,
+                    Some("tools/call"),
+                    "input_required is only allowed on tools/call, prompts/get, resources/read"
+                );
+                Some("InputRequiredResult")
+            }
+            (Some("server/discover"), _) => Some("DiscoverResult"),
+            (Some("tools/list"), _) => Some("ListToolsResult"),
+            (Some("tools/call"), _) => Some("CallToolResult"),
+            _ => None,
+        };
+        let def = def.unwrap_or_else(|| {
+            panic!("a result for a request this test harness cannot classify: {response}")
+        });
+        assert!(
+            result.get("resultType").and_then(Value::as_str).is_some(),
+            "every 2026-07-28 result carries resultType: {response}"
+        );
+        must(def, result, &context);
+        if def == "InputRequiredResult" {
+            assert!(
+                result.get("inputRequests").is_some() || result.get("requestState").is_some(),
+                "InputRequiredResult needs inputRequests or requestState: {response}"
+            );
+        }
+    }
+}
