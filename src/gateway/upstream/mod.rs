@@ -52,8 +52,15 @@ impl Upstream {
         &self,
         request: &Message,
         authorization: Option<&HeaderValue>,
-        on_message: impl FnMut(Message),
+        mut on_message: impl FnMut(Message),
     ) -> Result<(), UpstreamError> {
+        // Message bodies (never headers, so never credentials) at trace level, opt-in:
+        // `DUALERA_LOG=dualera::wire=trace` prints the gateway→upstream transcript.
+        tracing::trace!(target: "dualera::wire", direction = "to-upstream", body = %String::from_utf8_lossy(&request.to_vec()));
+        let on_message = |m: Message| {
+            tracing::trace!(target: "dualera::wire", direction = "from-upstream", body = %String::from_utf8_lossy(&m.to_vec()));
+            on_message(m);
+        };
         match self {
             Self::Http(h) => h.exchange(request, authorization, on_message).await,
             Self::Stdio(s) => s.exchange(request, on_message).await,

@@ -1,0 +1,83 @@
+"""Interop peer: the official Python SDK, mcp 1.30.0, as a legacy (2025-11-25) host.
+
+`ClientSession` over `streamablehttp_client`, with elicitation, sampling and roots
+callbacks. Run by tests/interop/run.py inside its own venv; argv[1] is the scenario
+config (JSON). See scenarios.py for the protocol.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from datetime import timedelta
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import scenarios  # noqa: E402
+from mcp import ClientSession, types  # noqa: E402
+from mcp.client.streamable_http import streamablehttp_client  # noqa: E402
+from mcp.shared.exceptions import McpError  # noqa: E402
+
+
+def dump(model) -> dict:
+    return model.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class Conn:
+    def __init__(self, session: ClientSession, init: types.InitializeResult):
+        self.session = session
+        self.init = init
+
+    async def info(self) -> dict:
+        return {
+            "protocolVersion": self.init.protocolVersion,
+            "serverInfo": dump(self.init.serverInfo),
+            "capabilities": dump(self.init.capabilities),
+        }
+
+    async def list_tools(self) -> list[dict]:
+        return [dump(t) for t in (await self.session.list_tools()).tools]
+
+    async def call(self, name: str, arguments: dict) -> dict:
+        try:
+            return {"result": dump(await self.session.call_tool(name, arguments))}
+        except McpError as e:
+            return {"error": {"code": e.error.code, "message": e.error.message, "data": e.error.data}}
+
+
+class Peer:
+    @contextlib.asynccontextmanager
+    async def session(self, cfg, *, elicit, sample, roots):
+        async def elicitation_callback(ctx, params: types.ElicitRequestParams):
+            return types.ElicitResult(**(await elicit(dump(params))))
+
+        async def sampling_callback(ctx, params: types.CreateMessageRequestParams):
+            text = await sample(dump(params))
+            return types.CreateMessageResult(
+                role="assistant",
+                content=types.TextContent(type="text", text=text),
+                model="interop-scripted-model",
+                stopReason="endTurn",
+            )
+
+        async def list_roots_callback(ctx):
+            return types.ListRootsResult(roots=[types.Root(uri=u) for u in await roots()])
+
+        async with streamablehttp_client(cfg["url"], timeout=30) as (read, write, _session_id):
+            async with ClientSession(
+                read,
+                write,
+                read_timeout_seconds=timedelta(seconds=45),
+                elicitation_callback=elicitation_callback if elicit else None,
+                sampling_callback=sampling_callback if sample else None,
+                list_roots_callback=list_roots_callback if roots else None,
+                client_info=types.Implementation(name="interop-python-legacy", version="1.30.0"),
+            ) as session:
+                init = await session.initialize()
+                scenarios.SEEN_VERSIONS.append(init.protocolVersion)
+                yield Conn(session, init)
+
+
+if __name__ == "__main__":
+    scenarios.main(Peer())

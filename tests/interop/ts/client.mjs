@@ -1,0 +1,251 @@
+// Interop peer: the official TypeScript SDK, @modelcontextprotocol/sdk 1.32.2, as a
+// legacy (2025-11-25) host: `Client` over `StreamableHTTPClientTransport`, declaring
+// elicitation (form), sampling and roots, with request handlers for each.
+//
+// A port of tests/interop/py/scenarios.py: the same scenarios, the same observations.
+// Run by tests/interop/run.py; argv[2] is the scenario config (JSON). Protocol on stdout,
+// one JSON object per line: {"event":"checkpoint","name":..} (then wait for one line on
+// stdin), {"event":"done","obs":{..}}, {"event":"error","error":".."}.
+
+import readline from 'node:readline';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import {
+  CreateMessageRequestSchema,
+  ElicitRequestSchema,
+  ListRootsRequestSchema,
+  McpError,
+} from '@modelcontextprotocol/sdk/types.js';
+
+const BARRIER_MS = 20_000;
+// The protocol version each opened session negotiated, reported as obs.protocol_versions.
+const seenVersions = [];
+const REQUEST_TIMEOUT_MS = 45_000;
+
+function emit(obj) {
+  process.stdout.write(JSON.stringify(obj) + '\n');
+}
+
+const stdinLines = readline.createInterface({ input: process.stdin })[Symbol.asyncIterator]();
+
+async function checkpoint(name) {
+  emit({ event: 'checkpoint', name });
+  const r = await stdinLines.next();
+  if (r.done) throw new Error('the orchestrator went away during a checkpoint');
+}
+
+function withTimeout(promise, ms, what) {
+  let timer;
+  const t = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out waiting for ${what}`)), ms);
+  });
+  return Promise.race([promise, t]).finally(() => clearTimeout(timer));
+}
+
+function deferred() {
+  let resolve;
+  const promise = new Promise((r) => (resolve = r));
+  return { promise, resolve };
+}
+
+function answerFor(spec, params) {
+  if (spec.action !== 'accept') return { action: spec.action };
+  const ids = params?.requestedSchema?.properties?.note_id?.enum ?? [];
+  const pick = spec.pick ?? 0;
+  if (pick >= ids.length) throw new Error(`answer spec picks #${pick} but the form offered ${JSON.stringify(ids)}`);
+  return { action: 'accept', content: { note_id: ids[pick], confirm: spec.confirm ?? true } };
+}
+
+class Recorder {
+  constructor({ answers = [], samples = [], rootsAnswers = [] } = {}) {
+    this.answers = [...answers];
+    this.samples = [...samples];
+    this.rootsAnswers = [...rootsAnswers];
+    this.elicitations = [];
+    this.samplings = [];
+    this.rootsCalls = 0;
+  }
+  handlers() {
+    return {
+      elicit: async (params) => {
+        this.elicitations.push(params);
+        if (this.answers.length === 0) return { action: 'cancel' };
+        return answerFor(this.answers.shift(), params);
+      },
+      sample: async (params) => {
+        this.samplings.push(params);
+        return this.samples.length ? this.samples.shift() : '(no more planned sampling replies)';
+      },
+      roots: async () => {
+        this.rootsCalls += 1;
+        return this.rootsAnswers.length ? this.rootsAnswers.shift() : [];
+      },
+    };
+  }
+  obs() {
+    return { elicitations: this.elicitations, samplings: this.samplings, roots_calls: this.rootsCalls };
+  }
+}
+
+// Opens a legacy session; `elicit`, `sample`, `roots` may be null (capability not declared).
+async function withSession(cfg, { elicit, sample, roots }, body) {
+  const capabilities = {};
+  if (elicit) capabilities.elicitation = { form: {} };
+  if (sample) capabilities.sampling = {};
+  if (roots) capabilities.roots = { listChanged: true };
+  const client = new Client({ name: 'interop-typescript-legacy', version: '1.32.2' }, { capabilities });
+  if (elicit) {
+    client.setRequestHandler(ElicitRequestSchema, async (req) => elicit(req.params));
+  }
+  if (sample) {
+    client.setRequestHandler(CreateMessageRequestSchema, async (req) => ({
+      role: 'assistant',
+      content: { type: 'text', text: await sample(req.params) },
+      model: 'interop-scripted-model',
+      stopReason: 'endTurn',
+    }));
+  }
+  if (roots) {
+    client.setRequestHandler(ListRootsRequestSchema, async () => ({
+      roots: (await roots()).map((uri) => ({ uri })),
+    }));
+  }
+  const transport = new StreamableHTTPClientTransport(new URL(cfg.url));
+  await client.connect(transport);
+  seenVersions.push(transport.protocolVersion);
+  const conn = {
+    info: async () => ({
+      protocolVersion: transport.protocolVersion,
+      serverInfo: client.getServerVersion(),
+      capabilities: client.getServerCapabilities(),
+    }),
+    listTools: async () => (await client.listTools(undefined, { timeout: REQUEST_TIMEOUT_MS })).tools,
+    call: async (name, args) => {
+      try {
+        return { result: await client.callTool({ name, arguments: args }, undefined, { timeout: REQUEST_TIMEOUT_MS }) };
+      } catch (e) {
+        if (e instanceof McpError) return { error: { code: e.code, message: e.message, data: e.data ?? null } };
+        throw e;
+      }
+    },
+  };
+  try {
+    return await body(conn);
+  } finally {
+    try {
+      await transport.terminateSession();
+    } catch {
+      // best effort: the session is gone with the gateway anyway
+    }
+    await client.close();
+  }
+}
+
+const scenarios = {
+  async discover(cfg) {
+    const rec = new Recorder();
+    return withSession(cfg, rec.handlers(), async (c) => ({
+      info: await c.info(),
+      tools: await c.listTools(),
+      ...rec.obs(),
+    }));
+  },
+
+  async delete_accept(cfg) {
+    const rec = new Recorder({ answers: cfg.answers });
+    const call = await withSession(cfg, rec.handlers(), (c) =>
+      c.call('notes_delete', { workspaceUri: cfg.workspace, title: cfg.title }),
+    );
+    return { call, ...rec.obs() };
+  },
+
+  async delete_decline_cancel(cfg) {
+    const rec = new Recorder({ answers: cfg.answers });
+    const args = { workspaceUri: cfg.workspace, title: cfg.title };
+    const calls = await withSession(cfg, rec.handlers(), async (c) => {
+      const out = [await c.call('notes_delete', args)];
+      await checkpoint('after_decline');
+      out.push(await c.call('notes_delete', args));
+      await checkpoint('after_cancel');
+      out.push(await c.call('notes_delete', args));
+      return out;
+    });
+    return { calls, ...rec.obs() };
+  },
+
+  async summarize(cfg) {
+    const rec = new Recorder({ samples: cfg.samples });
+    const r = await withSession(cfg, rec.handlers(), async (c) => {
+      await c.listTools(); // the SDK validates structuredContent against outputSchema
+      const call = await c.call('summarize_repo', { directory: cfg.repo, audience: 'developer' });
+      const after = await c.call('notes_list', { workspaceUri: cfg.workspace });
+      return { call, after };
+    });
+    return { ...r, ...rec.obs() };
+  },
+
+  async roots(cfg) {
+    const rec = new Recorder({ rootsAnswers: cfg.roots_answers });
+    const calls = await withSession(cfg, rec.handlers(), async (c) => {
+      const out = [];
+      for (let i = 0; i < cfg.roots_answers.length; i++) out.push(await c.call('notes_list', {}));
+      return out;
+    });
+    return { calls, ...rec.obs() };
+  },
+
+  async no_elicitation(cfg) {
+    const rec = new Recorder();
+    const handlers = { ...rec.handlers(), elicit: null };
+    const r = await withSession(cfg, handlers, async (c) => ({
+      call: await c.call('notes_delete', { workspaceUri: cfg.workspace, title: cfg.title }),
+      after: await c.call('notes_list', { workspaceUri: cfg.workspace }),
+    }));
+    return { ...r, ...rec.obs() };
+  },
+
+  // Two sessions, each in the middle of an elicitation round at the same time; B's
+  // whole request completes while A's round is still open, then A answers.
+  async interleave(cfg) {
+    const gotForm = { A: deferred(), B: deferred() };
+    const bDone = deferred();
+    const out = {};
+    const party = async (name) => {
+      const { title, answer } = cfg.parties[name];
+      const rec = new Recorder();
+      const handlers = rec.handlers();
+      handlers.elicit = async (params) => {
+        rec.elicitations.push(params);
+        gotForm[name].resolve();
+        await withTimeout(Promise.all([gotForm.A.promise, gotForm.B.promise]), BARRIER_MS, 'both forms');
+        if (name === 'A') await withTimeout(bDone.promise, BARRIER_MS, "B's result");
+        return answerFor(answer, params);
+      };
+      try {
+        const call = await withSession(cfg, handlers, async (c) => {
+          const r = await c.call('notes_delete', { workspaceUri: cfg.workspace, title });
+          if (name === 'B') bDone.resolve();
+          return r;
+        });
+        out[name] = { call, ...rec.obs() };
+      } finally {
+        if (name === 'B') bDone.resolve();
+        gotForm[name].resolve();
+      }
+    };
+    await Promise.all([party('A'), party('B')]);
+    return out;
+  },
+};
+
+scenarios.summarize_bad_pick = scenarios.summarize;
+
+const cfg = JSON.parse(process.argv[2]);
+try {
+  const obs = await scenarios[cfg.scenario](cfg);
+  emit({ event: 'done', obs: { ...obs, protocol_versions: seenVersions } });
+  process.exit(0);
+} catch (e) {
+  emit({ event: 'error', error: String(e?.stack ?? e) });
+  process.exit(1);
+}
