@@ -72,7 +72,10 @@ impl LegacyHost {
         }
     }
 
-    async fn post(&self, body: Vec<u8>) -> Result<hyper::Response<hyper::body::Incoming>, BoxError> {
+    async fn post(
+        &self,
+        body: Vec<u8>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, BoxError> {
         self.log("host →", &body);
         let mut b = http::Request::builder()
             .method(Method::POST)
@@ -84,7 +87,10 @@ impl LegacyHost {
                 .header("mcp-session-id", s.as_str())
                 .header("mcp-protocol-version", "2025-11-25");
         }
-        Ok(self.client.request(b.body(Full::new(Bytes::from(body)))?).await?)
+        Ok(self
+            .client
+            .request(b.body(Full::new(Bytes::from(body)))?)
+            .await?)
     }
 
     /// Sends a request and serves live requests until its response arrives.
@@ -118,7 +124,9 @@ impl LegacyHost {
         let mut decoder = sse::Decoder::new(4 << 20);
         while let Some(frame) = body.frame().await {
             let frame = frame?;
-            let Some(data) = frame.data_ref() else { continue };
+            let Some(data) = frame.data_ref() else {
+                continue;
+            };
             for ev in decoder.feed(data)? {
                 if ev.data.trim().is_empty() {
                     continue;
@@ -144,7 +152,9 @@ impl LegacyHost {
                     .cloned()
                     .unwrap_or(Value::Null);
                 match self.answer {
-                    Answer::Accept => json!({"action": "accept", "content": {"note_id": first, "confirm": true}}),
+                    Answer::Accept => {
+                        json!({"action": "accept", "content": {"note_id": first, "confirm": true}})
+                    }
                     Answer::Decline => json!({"action": "decline"}),
                     Answer::Cancel => json!({"action": "cancel"}),
                 }
@@ -182,7 +192,9 @@ impl LegacyHost {
                        "clientInfo": {"name": "dualera-legacy-host", "version": "1.0.0"}}),
             )
             .await?;
-        let result = r.outcome.map_err(|e| format!("initialize failed: {}", e.message))?;
+        let result = r
+            .outcome
+            .map_err(|e| format!("initialize failed: {}", e.message))?;
         let note = Message::Notification(jsonrpc::Notification {
             method: "notifications/initialized".into(),
             params: None,
@@ -239,43 +251,90 @@ pub async fn run(url: &str, workspace: &str, repo: &str, verbose: bool) -> Resul
     let mut host = LegacyHost::new(url);
     host.verbose = verbose;
     let init = host
-        .initialize(json!({"elicitation": {"form": {}}, "sampling": {}, "roots": {"listChanged": true}}))
+        .initialize(
+            json!({"elicitation": {"form": {}}, "sampling": {}, "roots": {"listChanged": true}}),
+        )
         .await?;
-    check(init["protocolVersion"] == "2025-11-25", "initialize negotiated 2025-11-25")?;
-    check(init.get("resultType").is_none(), "initialize result has no resultType")?;
-    let tools = host.call("tools/list", json!({})).await?.outcome.map_err(|e| e.message)?;
+    check(
+        init["protocolVersion"] == "2025-11-25",
+        "initialize negotiated 2025-11-25",
+    )?;
+    check(
+        init.get("resultType").is_none(),
+        "initialize result has no resultType",
+    )?;
+    let tools = host
+        .call("tools/list", json!({}))
+        .await?
+        .outcome
+        .map_err(|e| e.message)?;
     let names: Vec<&str> = tools["tools"]
         .as_array()
         .map(|a| a.iter().filter_map(|t| t["name"].as_str()).collect())
         .unwrap_or_default();
     check(
-        names == ["notes_create", "notes_delete", "notes_list", "summarize_repo"],
+        names
+            == [
+                "notes_create",
+                "notes_delete",
+                "notes_list",
+                "summarize_repo",
+            ],
         "tools/list has the four tools",
     )?;
 
     let title = "TPS report";
     let before = count(&mut host, workspace, title).await?;
     check(before >= 1, "there are notes to delete")?;
-    for (answer, expect_gone) in [(Answer::Accept, 1), (Answer::Decline, 0), (Answer::Cancel, 0)] {
+    for (answer, expect_gone) in [
+        (Answer::Accept, 1),
+        (Answer::Decline, 0),
+        (Answer::Cancel, 0),
+    ] {
         host.answer = answer;
         let n = count(&mut host, workspace, title).await?;
         let r = host
-            .tool("notes_delete", json!({"workspaceUri": workspace, "title": title}))
+            .tool(
+                "notes_delete",
+                json!({"workspaceUri": workspace, "title": title}),
+            )
             .await?;
-        check(r["isError"] != true, &format!("notes_delete answered {answer:?} completes"))?;
+        check(
+            r["isError"] != true,
+            &format!("notes_delete answered {answer:?} completes"),
+        )?;
         let after = count(&mut host, workspace, title).await?;
-        check(after == n - expect_gone, &format!("{answer:?}: {n} → {after} notes"))?;
+        check(
+            after == n - expect_gone,
+            &format!("{answer:?}: {n} → {after} notes"),
+        )?;
     }
     check(
-        host.live.iter().filter(|(m, _)| m == "elicitation/create").count() == 3,
+        host.live
+            .iter()
+            .filter(|(m, _)| m == "elicitation/create")
+            .count()
+            == 3,
         "three live elicitations were asked",
     )?;
 
-    let sampled_before = host.live.iter().filter(|(m, _)| m == "sampling/createMessage").count();
+    let sampled_before = host
+        .live
+        .iter()
+        .filter(|(m, _)| m == "sampling/createMessage")
+        .count();
     let r = host
-        .tool("summarize_repo", json!({"directory": repo, "audience": "developer"}))
+        .tool(
+            "summarize_repo",
+            json!({"directory": repo, "audience": "developer"}),
+        )
         .await?;
-    let sampled = host.live.iter().filter(|(m, _)| m == "sampling/createMessage").count() - sampled_before;
+    let sampled = host
+        .live
+        .iter()
+        .filter(|(m, _)| m == "sampling/createMessage")
+        .count()
+        - sampled_before;
     check(sampled == 2, "summarize_repo took two live sampling rounds")?;
     check(
         r.pointer("/structuredContent/files") == Some(&json!(["README.md", "src/lib.rs"])),
@@ -289,8 +348,14 @@ pub async fn run(url: &str, workspace: &str, repo: &str, verbose: bool) -> Resul
     )?;
 
     // Roots: the parent of the workspace selects it; nothing outside the grants appears.
-    let parent = workspace.rsplit_once('/').map_or(workspace, |(p, _)| p).to_owned();
-    host.roots = vec![json!({"uri": parent, "name": "project"}), json!({"uri": "file:///etc", "name": "outside"})];
+    let parent = workspace
+        .rsplit_once('/')
+        .map_or(workspace, |(p, _)| p)
+        .to_owned();
+    host.roots = vec![
+        json!({"uri": parent, "name": "project"}),
+        json!({"uri": "file:///etc", "name": "outside"}),
+    ];
     let r = host.tool("notes_list", json!({})).await?;
     check(
         host.live.iter().any(|(m, _)| m == "roots/list"),

@@ -27,10 +27,22 @@ const REPO_FILES: &[(&str, &str)] = &[
 ];
 
 const NOTES: &[(&str, &str)] = &[
-    ("TPS report", "Q3 TPS report draft: cover sheet still missing."),
-    ("TPS report", "TPS report for the Initech account, sent to Lumbergh."),
-    ("TPS report", "Old TPS report template (pre-2026). Safe to remove."),
-    ("Standup", "Monday standup: ledger import is blocked on the parser."),
+    (
+        "TPS report",
+        "Q3 TPS report draft: cover sheet still missing.",
+    ),
+    (
+        "TPS report",
+        "TPS report for the Initech account, sent to Lumbergh.",
+    ),
+    (
+        "TPS report",
+        "Old TPS report template (pre-2026). Safe to remove.",
+    ),
+    (
+        "Standup",
+        "Monday standup: ledger import is blocked on the parser.",
+    ),
     ("Ideas", "Add a roots-free workspace picker to the host."),
 ];
 
@@ -66,7 +78,11 @@ pub fn ensure(dir: &Path) -> io::Result<DemoLayout> {
     }
     let store = SqliteStore::open(&dir.join("dualera.db").to_string_lossy())
         .map_err(|e| io::Error::other(e.to_string()))?;
-    if store.count(&notes_uri).map_err(|e| io::Error::other(e.to_string()))? == 0 {
+    if store
+        .count(&notes_uri)
+        .map_err(|e| io::Error::other(e.to_string()))?
+        == 0
+    {
         for (title, body) in NOTES {
             store
                 .create(&notes_uri, title, body)

@@ -2,8 +2,7 @@
 
 /// Whether a host name (without port) is a loopback name.
 fn is_loopback_host(host: &str) -> bool {
-    matches!(host, "localhost" | "127.0.0.1" | "[::1]" | "::1")
-        || host.ends_with(".localhost")
+    matches!(host, "localhost" | "127.0.0.1" | "[::1]" | "::1") || host.ends_with(".localhost")
 }
 
 /// Splits `host[:port]` (with `[v6]` literals) and returns the host part.
@@ -49,7 +48,10 @@ mod tests {
         assert!(!origin_allowed("http://evil.example.com", &[]));
         assert!(!origin_allowed("http://localhost.evil.com", &[]));
         assert!(!origin_allowed("null", &[]));
-        assert!(origin_allowed("https://app.example", &["https://app.example".into()]));
+        assert!(origin_allowed(
+            "https://app.example",
+            &["https://app.example".into()]
+        ));
         assert!(host_allowed_on_loopback("localhost:8787"));
         assert!(host_allowed_on_loopback("[::1]:80"));
         assert!(!host_allowed_on_loopback("evil.example.com"));

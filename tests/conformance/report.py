@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Scores conformance-suite results (tests/conformance/run.sh calls this).
+
+For each run NAME:REVISION it reads RESULTS/NAME/server-<scenario>-<timestamp>/checks.json
+(what `conformance server -o` writes) and the revision's frozen requirement list
+(REQUIREMENTS/<revision>.yaml from the installed suite). A scenario fails iff one of its
+checks has status FAILURE; a scored scenario with no results at all fails too.
+
+Prints a table of every scenario of every run (scored and not scored), the failing
+checks, and ends with exactly "N passed, M failed" over the scored scenarios of all
+runs. Exit status 1 if any scored scenario failed.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+
+DIR_RE = re.compile(r"^server-(.+)-\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}-\d{3}Z$")
+
+
+def read_requirements(path):
+    """The `server:` list and the server-leg `not_scored:` entries of a requirement file.
+
+    The file is plain block YAML of two shapes (`  - name` under `server:`, and
+    `  - scenario: X` / `    leg: L` / `    reason: R` under `not_scored:`); reading
+    just that keeps this script dependency-free."""
+    scored, not_scored = [], []
+    section, entry = None, None
+    with open(path, encoding="utf-8") as f:
+        for raw in f:
+            line = raw.rstrip()
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            if not line.startswith(" "):
+                section = line.rstrip(":").strip()
+                continue
+            stripped = line.strip()
+            if section == "server" and stripped.startswith("- "):
+                scored.append(stripped[2:].strip())
+            elif section == "not_scored":
+                if stripped.startswith("- scenario:"):
+                    entry = {"scenario": stripped.split(":", 1)[1].strip()}
+                    not_scored.append(entry)
+                elif entry is not None and ":" in stripped and not stripped.startswith("-"):
+                    key, value = stripped.split(":", 1)
+                    if key in ("leg", "reason"):
+                        entry[key] = value.strip()
+    return scored, [e for e in not_scored if e.get("leg") == "server"]
+
+
+def read_results(run_dir):
+    """scenario -> list of checks (the newest result directory wins)."""
+    out = {}
+    if not os.path.isdir(run_dir):
+        return out
+    for name in sorted(os.listdir(run_dir)):
+        m = DIR_RE.match(name)
+        path = os.path.join(run_dir, name, "checks.json")
+        if not m or not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                out[m.group(1)] = json.load(f)
+        except (OSError, ValueError) as e:
+            out[m.group(1)] = [{"id": "checks.json", "status": "FAILURE", "errorMessage": str(e)}]
+    return out
+
+
+def verdict(checks):
+    """FAIL iff a check failed (the suite's rule); "skip" when nothing failed and
+    nothing succeeded either (every check SKIPPED/INFO), so it is not mistaken for a
+    pass in the table, though the suite does not count it as failing."""
+    if checks is None:
+        return "NO RESULT"
+    statuses = [c.get("status") for c in checks]
+    if "FAILURE" in statuses:
+        return "FAIL"
+    if "SUCCESS" not in statuses and "WARNING" not in statuses:
+        return "skip"
+    return "pass"
+
+
+def ok(checks):
+    return verdict(checks) in ("pass", "skip")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requirements", required=True)
+    ap.add_argument("--results", required=True)
+    ap.add_argument("runs", nargs="+", help="NAME:REVISION")
+    args = ap.parse_args()
+
+    runs = []
+    for spec in args.runs:
+        name, revision = spec.split(":", 1)
+        scored, not_scored = read_requirements(os.path.join(args.requirements, f"{revision}.yaml"))
+        results = read_results(os.path.join(args.results, name))
+        runs.append((name, revision, scored, not_scored, results))
+
+    # One row per scenario, one column per run.
+    rows = []
+    for _, _, scored, not_scored, _ in runs:
+        for s in scored + [e["scenario"] for e in not_scored]:
+            if s not in rows:
+                rows.append(s)
+    width = max(len(r) for r in rows)
+    header = f"{'scenario':<{width}}  " + "  ".join(f"{r[0]:<14}" for r in runs)
+    print()
+    print(header.rstrip())
+    print("-" * len(header))
+    for s in rows:
+        cells = []
+        for _, _, scored, not_scored, results in runs:
+            ns = {e["scenario"]: e for e in not_scored}
+            if s in scored:
+                cells.append(verdict(results.get(s)))
+            elif s in ns:
+                v = verdict(results.get(s))
+                cells.append(f"({'not run' if v == 'NO RESULT' else v}, ns)")
+            else:
+                cells.append("-")
+        print((f"{s:<{width}}  " + "  ".join(f"{c:<14}" for c in cells)).rstrip())
+    print("(ns = not scored: run and reported, never counted)")
+
+    total_pass = total_fail = 0
+    print()
+    print(f"{'run':<14} {'revision':<11} {'scored':>8}  not scored")
+    for name, revision, scored, not_scored, results in runs:
+        passed = sum(1 for s in scored if ok(results.get(s)))
+        total_pass += passed
+        total_fail += len(scored) - passed
+        ns = ", ".join(
+            f"{e['scenario']}={verdict(results.get(e['scenario'])) if e['scenario'] in results else 'not run'}"
+            f" [{e.get('reason', '?')}]"
+            for e in not_scored
+        )
+        print(f"{name:<14} {revision:<11} {passed:>3}/{len(scored):<4}  {ns}")
+
+    failures = []
+    for name, _, scored, not_scored, results in runs:
+        for s in scored + [e["scenario"] for e in not_scored]:
+            checks = results.get(s)
+            if checks is None:
+                if s in scored:
+                    failures.append(f"{name} {s}: no result (the scenario did not run to completion)")
+                continue
+            for c in checks:
+                if c.get("status") == "FAILURE":
+                    tag = "" if s in scored else " (not scored)"
+                    msg = (c.get("errorMessage") or c.get("description") or "").replace("\n", " ")
+                    failures.append(f"{name} {s}{tag}: {c.get('id')}: {msg[:300]}")
+    if failures:
+        print()
+        print("Failing checks:")
+        for f in failures:
+            print(f"  {f}")
+    print()
+    print(f"{total_pass} passed, {total_fail} failed")
+    return 1 if total_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
