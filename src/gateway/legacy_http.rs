@@ -51,7 +51,7 @@ fn now() -> Timestamp {
 #[derive(Debug)]
 pub(super) struct Sessions {
     map: DashMap<String, Arc<SessionHandle>>,
-    discover: Mutex<Option<(Value, Instant)>>,
+    discover: Mutex<Option<(Arc<Value>, Instant)>>,
     machine: MachineConfig,
 }
 
@@ -88,7 +88,8 @@ impl Sessions {
         c
     }
 
-    pub(super) fn cached_discover(&self) -> Option<Value> {
+    /// The cached discover result, shared (not copied) by the sessions that use it.
+    pub(super) fn cached_discover(&self) -> Option<Arc<Value>> {
         let guard = self.discover.lock().ok()?;
         let (v, until) = guard.as_ref()?;
         (Instant::now() < *until).then(|| v.clone())
@@ -102,7 +103,7 @@ impl Sessions {
         }
         if let Ok(mut g) = self.discover.lock() {
             *g = Some((
-                result.clone(),
+                Arc::new(result.clone()),
                 Instant::now() + Duration::from_millis(ttl.min(24 * 3_600_000)),
             ));
         }
@@ -391,8 +392,10 @@ fn refusal(id: Option<RequestId>, e: &dualera_adapters::SessionError) -> Respons
     });
     let mut r = Response::new(full(Message::Response(resp).to_vec()));
     *r.status_mut() = StatusCode::BAD_REQUEST;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     r
 }
 
@@ -435,7 +438,7 @@ async fn initialize(
     machine_config.id_prefix = format!("dualera-{}", &id[..8]);
     let mut machine = Session::new(machine_config);
     if let Some(d) = gw.legacy.cached_discover() {
-        let _ = machine.handle_discover(d);
+        let _ = machine.handle_discover_shared(d);
     }
     let handle = Arc::new(SessionHandle {
         id: id.clone(),
@@ -497,6 +500,9 @@ async fn initialize(
         handle.close();
         return r;
     }
+    // Idle time counts from now, not from when `initialize` arrived: a slow discover
+    // must not make the new session look idle before the peer could use it.
+    handle.touch();
     gw.legacy.map.insert(id.clone(), handle.clone());
     let timer = tokio::spawn(
         timer_loop(gw.clone(), handle.clone())
@@ -537,7 +543,10 @@ async fn wait_pending(
             let mut s = handle.shared.lock().ok()?;
             if let Some(st) = s.streams.get_mut(stream) {
                 if st.finished {
-                    return st.pending.take();
+                    let pending = st.pending.take();
+                    // Answered as JSON: no event id ever reached the peer.
+                    forget_stream(&mut s, stream);
+                    return pending;
                 }
             } else {
                 return None;
@@ -661,6 +670,8 @@ fn respond_on(
     let pending = st.pending.take().unwrap_or_default();
     if st.finished && pending.len() == 1 {
         let body = pending.into_iter().next().unwrap_or_default();
+        // Answered as JSON: no event id ever reached the peer, so nothing can resume it.
+        forget_stream(s, stream);
         let mut r = Response::new(full(body));
         r.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -856,6 +867,20 @@ fn deliver(
         }
     }
     last || woke
+}
+
+/// Drops a finished stream the peer got as a plain JSON response (it never saw an event
+/// id, so it cannot resume it); keeping its events would only hold memory per session.
+fn forget_stream(s: &mut Shared, stream: &PeerStream) {
+    if let Some(st) = s.streams.remove(stream) {
+        s.by_number.remove(&st.number);
+    }
+    s.finished_order.retain(|f| f != stream);
+    if s.streams.is_empty() {
+        s.streams.shrink_to_fit();
+        s.by_number.shrink_to_fit();
+        s.finished_order.shrink_to_fit();
+    }
 }
 
 fn trim_finished(s: &mut Shared) {
