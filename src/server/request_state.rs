@@ -88,6 +88,21 @@ pub struct Opened {
     pub data: Value,
 }
 
+impl Opened {
+    /// The strings of an array the handler stored under `key` (empty if absent).
+    pub fn strings(&self, key: &str) -> Vec<String> {
+        self.data
+            .get(key)
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
 /// Signs and verifies states.
 #[derive(Clone)]
 pub struct StateCodec {

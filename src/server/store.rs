@@ -180,6 +180,15 @@ fn row_to_note(r: &rusqlite::Row<'_>) -> rusqlite::Result<Note> {
     })
 }
 
+/// Forgets nonces whose state has expired: such a state can no longer verify, so its
+/// nonce cannot be presented again. Keeps the table bounded by the live states.
+fn purge_expired(tx: &rusqlite::Transaction<'_>, now_ms: u64) -> rusqlite::Result<usize> {
+    tx.execute(
+        "DELETE FROM nonces WHERE expires_ms < ?1",
+        params![to_i64(now_ms)],
+    )
+}
+
 fn to_i64(ms: u64) -> i64 {
     i64::try_from(ms).unwrap_or(i64::MAX)
 }
@@ -270,10 +279,7 @@ impl NoteStore for SqliteStore {
             // IMMEDIATE takes the write lock up front, so two processes serialize here
             // and the loser sees the winner's nonce.
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            tx.execute(
-                "DELETE FROM nonces WHERE expires_ms < ?1",
-                params![to_i64(claim.now_ms)],
-            )?;
+            purge_expired(&tx, claim.now_ms)?;
             let used: Option<i64> = tx
                 .query_row(
                     "SELECT 1 FROM nonces WHERE nonce = ?1",
@@ -311,10 +317,7 @@ impl ReplayStore for SqliteStore {
     fn claim(&self, claim: &NonceClaim) -> Result<bool, StoreError> {
         self.with(|c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            tx.execute(
-                "DELETE FROM nonces WHERE expires_ms < ?1",
-                params![to_i64(claim.now_ms)],
-            )?;
+            purge_expired(&tx, claim.now_ms)?;
             let inserted = tx.execute(
                 "INSERT OR IGNORE INTO nonces (nonce, expires_ms) VALUES (?1, ?2)",
                 params![claim.nonce, to_i64(claim.expires_ms)],

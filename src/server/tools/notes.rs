@@ -282,16 +282,7 @@ impl Tool for NotesDelete {
         if opened.phase != "confirm" {
             return Err(ServerError::params("requestState belongs to another step"));
         }
-        let signed_ids: Vec<String> = opened
-            .data
-            .get("candidates")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let signed_ids = opened.strings("candidates");
         let signed_ws = opened
             .data
             .get("workspace")

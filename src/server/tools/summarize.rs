@@ -125,16 +125,7 @@ impl Tool for SummarizeRepo {
                 self.ask_summary(cx, audience, (&root, &dir), &picks, &digest, next_round)
             }
             "summary" => {
-                let picks: Vec<String> = opened
-                    .data
-                    .get("files")
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|v| v.as_str().map(str::to_owned))
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let picks = opened.strings("files");
                 let Some(reply) = cx.input_response(SUMMARY_KEY) else {
                     return self.ask_summary(
                         cx,
