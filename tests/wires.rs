@@ -667,3 +667,67 @@ async fn stdio_upstream_child_killed_mid_round_then_restarted() {
     assert_eq!(peer.tps(&ws).await, before - 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Gateway shutdown ends open HTTP+SSE streams instead of waiting out the grace period
+/// for them (in-process, so the shutdown is exactly when the test says).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_sse_stream_ends_promptly_on_gateway_shutdown() {
+    use dualera::gateway::{Gateway, GatewayConfig, HttpUpstream, Upstream};
+    let dir = tmp_dir("sse-shutdown");
+    let demo = dir.to_string_lossy().into_owned();
+    let (_up, upstream) = spawn_listening(
+        &["serve", "--demo", &demo, "--listen", "127.0.0.1:0"],
+        "listening on ",
+    );
+    let gw = Gateway::new(
+        Upstream::Http(Box::new(HttpUpstream::new(
+            upstream.parse().expect("upstream URI"),
+            1 << 22,
+        ))),
+        GatewayConfig::default(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(gw.serve(listener, async move {
+        let _ = stopped.await;
+    }));
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let req = http::Request::get(format!("{base}/sse"))
+        .header("accept", "text/event-stream")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let mut body = client.request(req).await.expect("GET /sse").into_body();
+    let mut dec = sse::Decoder::new(1 << 22);
+    'endpoint: loop {
+        let frame = body.frame().await.expect("stream").expect("frame");
+        if let Some(d) = frame.data_ref() {
+            if dec
+                .feed(d)
+                .unwrap_or_default()
+                .iter()
+                .any(|ev| ev.event == "endpoint")
+            {
+                break 'endpoint;
+            }
+        }
+    }
+    let t0 = std::time::Instant::now();
+    let _ = stop.send(());
+    // The stream ends (its session is closed) and `serve` returns, well before the 5 s
+    // the gateway grants connections that do not finish on their own.
+    let ended = tokio::time::timeout(Duration::from_secs(3), async {
+        while let Some(Ok(_)) = body.frame().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the HTTP+SSE stream outlived the shutdown");
+    let served = tokio::time::timeout(Duration::from_secs(3), serving).await;
+    assert!(
+        matches!(served, Ok(Ok(Ok(())))),
+        "serve did not return promptly: {served:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    let _ = std::fs::remove_dir_all(&dir);
+}

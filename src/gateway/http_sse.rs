@@ -26,6 +26,15 @@ pub(super) struct SseSessions {
     map: DashMap<String, (mpsc::Sender<Vec<u8>>, [u8; 32])>,
 }
 
+impl SseSessions {
+    /// Ends every session (gateway shutdown): with its message sender gone, a session's
+    /// task closes the machine and returns, and its stream ends, so the `GET /sse`
+    /// response completes and the connection can shut down gracefully.
+    pub(super) fn close_all(&self) {
+        self.map.clear();
+    }
+}
+
 fn credential(auth: Option<&HeaderValue>) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(b"dualera-sse-credential\0");

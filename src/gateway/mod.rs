@@ -176,6 +176,7 @@ impl Gateway {
         info!("gateway shutting down");
         reaper.abort();
         self.legacy.close_all();
+        self.sse.close_all();
         let _ = stop_tx.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(5), async {
             while connections.join_next().await.is_some() {}

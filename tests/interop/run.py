@@ -1,10 +1,18 @@
 #!/usr/bin/env python3
 """Interop suite: real hosts built on the official MCP SDKs, through dualera.
 
-Clients (installed by this script, pinned, into .cache/interop/ and tests/interop/ts/node_modules):
-  python-legacy      mcp==1.30.0 (2025-11-25)   ClientSession over streamablehttp_client
-  typescript-legacy  @modelcontextprotocol/sdk@1.32.2 (2025-11-25)  Client over StreamableHTTPClientTransport
-  python-modern      mcp==2.3.0 (2026-07-28)    mcp.Client, pass-through, drives input_required itself
+Clients (installed by this script, pinned, into .cache/interop/ and tests/interop/ts/node_modules),
+one column per SDK x wire:
+  python-legacy            mcp==1.30.0 (2025-11-25)   ClientSession over streamablehttp_client
+  typescript-legacy        @modelcontextprotocol/sdk@1.32.2 (2025-11-25)  Client over StreamableHTTPClientTransport
+  python-modern            mcp==2.3.0 (2026-07-28)    mcp.Client, pass-through, drives input_required itself
+  python-legacy/sse        mcp==1.30.0, sse_client on the gateway's /sse (2024-11-05 HTTP+SSE)
+  python-legacy/stdio      mcp==1.30.0, stdio_client spawning `dualera gateway --stdio --upstream <modern server>`
+  typescript-legacy/sse    sdk 1.32.2, SSEClientTransport on /sse
+  typescript-legacy/stdio  sdk 1.32.2, StdioClientTransport spawning `dualera gateway --stdio ...`
+The sse and stdio columns run scenarios 2-4 (the elicitation and sampling rounds;
+`--all-scenarios` runs all eight there too); the drivers and the expectations are the same
+code for every wire. For the stdio columns the tap records the stdio gateway's upstream hop.
 
 Every (client, scenario) case runs against its own freshly started `dualera up --dir <tmp>`
 (gateway + modern server on free loopback ports, the demo workspace seeded with three notes
@@ -12,7 +20,7 @@ titled "TPS report") and is checked on what the client saw *and* on the notes st
 (<tmp>/dualera.db, read with sqlite3), including store snapshots taken at checkpoints the
 driver announces mid-scenario. A missing or broken peer fails its cases; nothing is skipped.
 
-Usage: python3 tests/interop/run.py [--client NAME]... [--scenario NAME]... [--keep]
+Usage: python3 tests/interop/run.py [--client NAME]... [--scenario NAME]... [--all-scenarios] [--keep] [--direct]
 Env:   DUALERA_BIN=path  use this binary instead of `cargo build --locked --bin dualera`.
 The last line printed is `N passed, M failed`; the exit status is 0 only when M is 0.
 Standard library only.
@@ -35,6 +43,7 @@ import threading
 import time
 import traceback
 import urllib.request
+from urllib.parse import urlsplit, urlunsplit
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -121,28 +130,70 @@ def ensure_ts() -> list[str]:
 
 
 @dataclass
-class ClientKind:
-    name: str
+class Peer:
+    """One pinned SDK and the driver script built on it; installed once per run."""
     label: str
-    era: str  # "legacy" or "modern"
     install: Callable[[], list[str]]
     script: Path
     command: list[str] | None = None
     error: str | None = None
+    tried: bool = False
+
+    def ensure(self) -> None:
+        if self.tried:
+            return
+        self.tried = True
+        try:
+            self.command = self.install()
+        except Exception as e:  # noqa: BLE001 - a missing peer fails its cases, never skips
+            self.error = str(e)
+
+
+PY_LEGACY = Peer("mcp 1.30.0",
+                 lambda: ensure_venv("mcp-1.30.0", HERE / "py" / "requirements-legacy.txt", "mcp", "1.30.0"),
+                 HERE / "py" / "legacy_client.py")
+TS_LEGACY = Peer("sdk 1.32.2", ensure_ts, TS_DIR / "client.mjs")
+PY_MODERN = Peer("mcp 2.3.0",
+                 lambda: ensure_venv("mcp-2.3.0", HERE / "py" / "requirements-modern.txt", "mcp", "2.3.0"),
+                 HERE / "py" / "modern_client.py")
+
+# Wires (the driver's cfg["wire"]): how the client reaches the gateway.
+HTTP, SSE, STDIO = "streamable-http", "sse", "stdio"
+# What the sse and stdio columns run: scenarios 2-4.
+ROUND_SCENARIOS = ("delete_accept", "delete_decline_cancel", "summarize")
+
+
+@dataclass
+class ClientKind:
+    """A column of the table: one peer over one wire."""
+    name: str
+    peer: Peer
+    era: str  # "legacy" or "modern"
+    wire: str
+    scenarios: tuple[str, ...] | None = None  # None: every scenario
+
+    @property
+    def label(self) -> str:
+        return self.peer.label
+
+    @property
+    def wire_label(self) -> str:
+        if self.era == "modern":
+            return "pass-through"
+        return {HTTP: "streamable http", SSE: "http+sse 2024-11-05", STDIO: "stdio"}[self.wire]
+
+    def runs(self, scenario: str) -> bool:
+        return self.scenarios is None or scenario in self.scenarios
 
 
 CLIENTS = [
-    ClientKind(
-        "python-legacy", "mcp 1.30.0", "legacy",
-        lambda: ensure_venv("mcp-1.30.0", HERE / "py" / "requirements-legacy.txt", "mcp", "1.30.0"),
-        HERE / "py" / "legacy_client.py",
-    ),
-    ClientKind("typescript-legacy", "sdk 1.32.2", "legacy", ensure_ts, TS_DIR / "client.mjs"),
-    ClientKind(
-        "python-modern", "mcp 2.3.0", "modern",
-        lambda: ensure_venv("mcp-2.3.0", HERE / "py" / "requirements-modern.txt", "mcp", "2.3.0"),
-        HERE / "py" / "modern_client.py",
-    ),
+    ClientKind("python-legacy", PY_LEGACY, "legacy", HTTP),
+    ClientKind("typescript-legacy", TS_LEGACY, "legacy", HTTP),
+    ClientKind("python-modern", PY_MODERN, "modern", HTTP),
+    ClientKind("python-legacy/sse", PY_LEGACY, "legacy", SSE, ROUND_SCENARIOS),
+    ClientKind("python-legacy/stdio", PY_LEGACY, "legacy", STDIO, ROUND_SCENARIOS),
+    ClientKind("typescript-legacy/sse", TS_LEGACY, "legacy", SSE, ROUND_SCENARIOS),
+    ClientKind("typescript-legacy/stdio", TS_LEGACY, "legacy", STDIO, ROUND_SCENARIOS),
 ]
 
 
@@ -561,8 +612,8 @@ SCENARIOS = [
 def run_driver(client: ClientKind, cfg: dict, up: Dualera, snaps: dict, stderr_path: Path) -> dict:
     with open(stderr_path, "w") as err:
         proc = subprocess.Popen(
-            [*client.command, str(client.script), json.dumps(cfg)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, cwd=client.script.parent,
+            [*client.peer.command, str(client.peer.script), json.dumps(cfg)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, cwd=client.peer.script.parent,
         )
         q: queue.Queue = queue.Queue()
         reader_thread(proc.stdout, q)
@@ -598,19 +649,37 @@ def run_driver(client: ClientKind, cfg: dict, up: Dualera, snaps: dict, stderr_p
 
 def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct: bool) -> tuple[bool, str, str]:
     """(passed, one-line detail, failure report)."""
-    if client.error:
-        return False, "peer missing", f"peer {client.name} ({client.label}) is not available:\n{client.error}"
-    workdir = Path(tempfile.mkdtemp(prefix=f"dualera-interop-{client.name}-{sc.name}-"))
+    if client.peer.error:
+        return False, "peer missing", f"peer {client.name} ({client.label}) is not available:\n{client.peer.error}"
+    workdir = Path(tempfile.mkdtemp(prefix=f"dualera-interop-{client.name.replace('/', '-')}-{sc.name}-"))
     up = None
     tap = None
+    tap_hop = "client <-> gateway transcript (hop 1"
+    stdio_log = workdir / "gateway-stdio.log"
     cx = None
     try:
         up = Dualera(binary, workdir)
-        url = up.url
-        if not direct:
-            tap = Wiretap(up.url)
-            url = tap.url
-        cfg = {"scenario": sc.name, "url": url, "workspace": up.workspace, "repo": up.repo, **sc.make_cfg(up)}
+        wire = {"wire": client.wire}
+        if client.wire == STDIO:
+            # The client spawns the gateway; the tap records its upstream hop instead.
+            upstream = up.upstream
+            if not direct:
+                tap = Wiretap(up.upstream, client="gateway", server="upstream")
+                upstream = tap.url
+                tap_hop = "gateway (stdio) <-> modern server transcript (hop 2"
+            wire["stdio"] = {
+                "command": str(binary),
+                "args": ["gateway", "--stdio", "--upstream", upstream],
+                "env": {"DUALERA_LOG": "debug", "NO_COLOR": "1"},
+                "stderr": str(stdio_log),
+            }
+        else:
+            target = up.url if client.wire == HTTP else urlunsplit(urlsplit(up.url)._replace(path="/sse"))
+            wire["url"] = target
+            if not direct:
+                tap = Wiretap(target)
+                wire["url"] = tap.url
+        cfg = {"scenario": sc.name, **wire, "workspace": up.workspace, "repo": up.repo, **sc.make_cfg(up)}
         cx = Ctx(client=client, up=up, cfg=cfg)
         if sc.name == "discover":
             cx.reference = up.upstream_call("tools/list")["result"]
@@ -632,8 +701,11 @@ def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct:
         if err.exists() and err.stat().st_size:
             report.append("--- client stderr (tail):\n" + "\n".join(err.read_text(errors="replace").splitlines()[-40:]))
         if tap is not None:
-            report.append(f"--- client <-> gateway transcript (hop 1, recorded by tests/interop/wiretap.py):\n"
+            report.append(f"--- {tap_hop}, recorded by tests/interop/wiretap.py):\n"
                           f"{tap.transcript(TRANSCRIPT_TAIL)}")
+        if stdio_log.exists():
+            report.append(f"--- `dualera gateway --stdio` log, DUALERA_LOG=debug (tail {LOG_TAIL}, full: {stdio_log}):\n"
+                          + "\n".join(stdio_log.read_text(errors="replace").splitlines()[-LOG_TAIL:]))
         if up is not None:
             report.append(f"--- dualera log, DUALERA_LOG=debug: gateway and upstream spans (hop 2) "
                           f"(tail {LOG_TAIL}, full: {up.log_path}):\n{up.log_tail()}")
@@ -657,6 +729,8 @@ def main() -> int:
     ap.add_argument("--scenario", action="append", choices=[s.name for s in SCENARIOS])
     ap.add_argument("--keep", action="store_true", help="keep every case's temporary directory")
     ap.add_argument("--direct", action="store_true", help="no recording tap between client and gateway")
+    ap.add_argument("--all-scenarios", action="store_true",
+                    help="run every scenario on every column (the sse and stdio columns run 2-4 by default)")
     args = ap.parse_args()
     clients = [c for c in CLIENTS if not args.client or c.name in args.client]
     scenarios = [s for s in SCENARIOS if not args.scenario or s.name in args.scenario]
@@ -664,11 +738,10 @@ def main() -> int:
     print("interop: preparing peers (pinned; cached under .cache/interop and tests/interop/ts/node_modules)")
     CACHE.mkdir(parents=True, exist_ok=True)
     for c in clients:
-        try:
-            c.command = c.install()
-        except Exception as e:  # noqa: BLE001 - a missing peer fails its cases, never skips
-            c.error = str(e)
-            print(f"  {c.name}: NOT AVAILABLE: {e}", flush=True)
+        if not c.peer.tried:
+            c.peer.ensure()
+            if c.peer.error:
+                print(f"  {c.peer.label}: NOT AVAILABLE: {c.peer.error}", flush=True)
     binary = build_binary()
     print(f"interop: dualera binary {binary}")
 
@@ -677,10 +750,12 @@ def main() -> int:
     t_all = time.monotonic()
     for c in clients:
         for sc in scenarios:
+            if not (args.all_scenarios or c.runs(sc.name)):
+                continue
             t0 = time.monotonic()
             passed, detail, report = run_case(binary, c, sc, args.keep, args.direct)
             results[(c.name, sc.name)] = (passed, detail)
-            print(f"  {'PASS' if passed else 'FAIL'}  {c.name:<18} {sc.name:<22} {time.monotonic() - t0:5.1f}s  {detail}",
+            print(f"  {'PASS' if passed else 'FAIL'}  {c.name:<23} {sc.name:<22} {time.monotonic() - t0:5.1f}s  {detail}",
                   flush=True)
             if report:
                 reports.append(report)
@@ -688,15 +763,19 @@ def main() -> int:
 
     print()
     w = max(len(s.name) for s in scenarios) + 4
-    header = f"{'scenario':<{w}}" + "".join(f"{c.name:<20}" for c in clients)
+    cw = max(max(len(c.name), len(c.wire_label)) for c in clients) + 2
+    header = f"{'scenario':<{w}}" + "".join(f"{c.name:<{cw}}" for c in clients)
     print(header)
-    print(f"{'':<{w}}" + "".join(f"{c.label:<20}" for c in clients))
+    print(f"{'':<{w}}" + "".join(f"{c.label:<{cw}}" for c in clients))
+    print(f"{'':<{w}}" + "".join(f"{c.wire_label:<{cw}}" for c in clients))
     print("-" * len(header))
-    for i, sc in enumerate(scenarios, 1):
+    for sc in scenarios:
         row = f"{f'{SCENARIOS.index(sc) + 1} {sc.name}':<{w}}"
         for c in clients:
-            row += f"{'PASS' if results[(c.name, sc.name)][0] else 'FAIL':<20}"
+            cell = results.get((c.name, sc.name))
+            row += f"{'-' if cell is None else 'PASS' if cell[0] else 'FAIL':<{cw}}"
         print(row)
+    print("(-: not part of that column's matrix)")
     passed = sum(1 for ok, _ in results.values() if ok)
     failed = len(results) - passed
     print(f"\ninterop: {len(results)} cases in {time.monotonic() - t_all:.0f}s")

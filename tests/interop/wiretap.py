@@ -22,7 +22,10 @@ MAX_SHOWN = 2000  # characters of one body or event in the transcript
 
 
 class Wiretap:
-    def __init__(self, target_url: str):
+    def __init__(self, target_url: str, client: str = "client", server: str = "gateway"):
+        # Who is on either side, for the transcript ("gateway -> upstream" on hop 2).
+        self.up = f"{client} -> {server}"
+        self.down = f"{server} -> {client}"
         t = urlsplit(target_url)
         self.host, self.port, self.path = t.hostname, t.port, t.path
         self.lines: list[str] = []
@@ -66,7 +69,7 @@ class Wiretap:
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""
         shown = " ".join(f"{k}={h.headers[k]}" for k in SHOWN_HEADERS if h.headers.get(k))
-        self.note(n, f"client -> gateway {h.command} {shown} {body.decode(errors='replace')}".rstrip())
+        self.note(n, f"{self.up} {h.command} {shown} {body.decode(errors='replace')}".rstrip())
         headers = {k: v for k, v in h.headers.items() if k.lower() not in HOP_BY_HOP}
         headers["Host"] = f"{self.host}:{self.port}"
         if body or h.command in ("POST", "PUT", "PATCH"):
@@ -82,7 +85,7 @@ class Wiretap:
             return
         ctype = resp.getheader("Content-Type", "")
         sid = resp.getheader("Mcp-Session-Id")
-        self.note(n, f"gateway -> client HTTP {resp.status} {ctype}" + (f" mcp-session-id={sid}" if sid else ""))
+        self.note(n, f"{self.down} HTTP {resp.status} {ctype}" + (f" mcp-session-id={sid}" if sid else ""))
         try:
             h.send_response_only(resp.status, resp.reason)
             for k, v in resp.getheaders():
@@ -97,7 +100,7 @@ class Wiretap:
                 h.wfile.write(data)
                 h.wfile.flush()
                 if data:
-                    self.note(n, f"gateway -> client {data.decode(errors='replace')}")
+                    self.note(n, f"{self.down} {data.decode(errors='replace')}")
         except OSError as e:  # the client went away: drop the upstream request too
             self.note(n, f"client closed the connection ({type(e).__name__})")
             h.close_connection = True
@@ -120,10 +123,10 @@ class Wiretap:
                 event, pending = pending.split("\n\n", 1)
                 shown = " ".join(ln for ln in event.split("\n") if not ln.startswith(":") and ln)
                 if shown:
-                    self.note(n, f"gateway -> client SSE {shown}")
+                    self.note(n, f"{self.down} SSE {shown}")
         h.wfile.write(b"0\r\n\r\n")
         h.wfile.flush()
-        self.note(n, "gateway -> client SSE stream ended")
+        self.note(n, f"{self.down} SSE stream ended")
 
     def transcript(self, last: int | None = None) -> str:
         with self.lock:

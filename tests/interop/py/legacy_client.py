@@ -1,8 +1,11 @@
 """Interop peer: the official Python SDK, mcp 1.30.0, as a legacy (2025-11-25) host.
 
-`ClientSession` over `streamablehttp_client`, with elicitation, sampling and roots
-callbacks. Run by tests/interop/run.py inside its own venv; argv[1] is the scenario
-config (JSON). See scenarios.py for the protocol.
+`ClientSession` with elicitation, sampling and roots callbacks, over the transport named
+by the config's `wire`: `streamable-http` (`streamablehttp_client(url)`), `sse` (the
+2024-11-05 transport, `sse_client(url)` on the gateway's `/sse`) or `stdio`
+(`stdio_client`, spawning `dualera gateway --stdio ...` as described by `cfg["stdio"]`).
+Run by tests/interop/run.py inside its own venv; argv[1] is the scenario config (JSON).
+See scenarios.py for the protocol.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import scenarios  # noqa: E402
 from mcp import ClientSession, types  # noqa: E402
+from mcp.client.sse import sse_client  # noqa: E402
+from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamablehttp_client  # noqa: E402
 from mcp.shared.exceptions import McpError  # noqa: E402
 
@@ -46,6 +51,26 @@ class Conn:
             return {"error": {"code": e.error.code, "message": e.error.message, "data": e.error.data}}
 
 
+@contextlib.asynccontextmanager
+async def transport(cfg):
+    """(read, write) streams of the configured wire."""
+    wire = cfg.get("wire", "streamable-http")
+    if wire == "streamable-http":
+        async with streamablehttp_client(cfg["url"], timeout=30) as (read, write, _session_id):
+            yield read, write
+    elif wire == "sse":
+        async with sse_client(cfg["url"], timeout=30) as (read, write):
+            yield read, write
+    elif wire == "stdio":
+        spec = cfg["stdio"]
+        params = StdioServerParameters(command=spec["command"], args=spec["args"], env=spec["env"])
+        with open(spec["stderr"], "a") as errlog:
+            async with stdio_client(params, errlog=errlog) as (read, write):
+                yield read, write
+    else:
+        raise ValueError(f"unknown wire {wire!r}")
+
+
 class Peer:
     @contextlib.asynccontextmanager
     async def session(self, cfg, *, elicit, sample, roots):
@@ -64,7 +89,7 @@ class Peer:
         async def list_roots_callback(ctx):
             return types.ListRootsResult(roots=[types.Root(uri=u) for u in await roots()])
 
-        async with streamablehttp_client(cfg["url"], timeout=30) as (read, write, _session_id):
+        async with transport(cfg) as (read, write):
             async with ClientSession(
                 read,
                 write,

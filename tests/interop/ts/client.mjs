@@ -1,14 +1,20 @@
 // Interop peer: the official TypeScript SDK, @modelcontextprotocol/sdk 1.32.2, as a
-// legacy (2025-11-25) host: `Client` over `StreamableHTTPClientTransport`, declaring
-// elicitation (form), sampling and roots, with request handlers for each.
+// legacy (2025-11-25) host: `Client` declaring elicitation (form), sampling and roots,
+// with request handlers for each, over the transport named by the config's `wire`:
+// `streamable-http` (`StreamableHTTPClientTransport`), `sse` (the 2024-11-05 transport,
+// `SSEClientTransport` on the gateway's `/sse`) or `stdio` (`StdioClientTransport`,
+// spawning `dualera gateway --stdio ...` as described by `cfg.stdio`).
 //
 // A port of tests/interop/py/scenarios.py: the same scenarios, the same observations.
 // Run by tests/interop/run.py; argv[2] is the scenario config (JSON). Protocol on stdout,
 // one JSON object per line: {"event":"checkpoint","name":..} (then wait for one line on
 // stdin), {"event":"done","obs":{..}}, {"event":"error","error":".."}.
 
+import fs from 'node:fs';
 import readline from 'node:readline';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { SSEClientTransport } from '@modelcontextprotocol/sdk/client/sse.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import {
   CreateMessageRequestSchema,
@@ -87,6 +93,20 @@ class Recorder {
   }
 }
 
+// The transport of the configured wire.
+function makeTransport(cfg) {
+  const wire = cfg.wire ?? 'streamable-http';
+  if (wire === 'streamable-http') return new StreamableHTTPClientTransport(new URL(cfg.url));
+  if (wire === 'sse') return new SSEClientTransport(new URL(cfg.url));
+  if (wire === 'stdio') {
+    const { command, args, env, stderr } = cfg.stdio;
+    const transport = new StdioClientTransport({ command, args, env, stderr: 'pipe' });
+    transport.stderr.pipe(fs.createWriteStream(stderr, { flags: 'a' }));
+    return transport;
+  }
+  throw new Error(`unknown wire ${wire}`);
+}
+
 // Opens a legacy session; `elicit`, `sample`, `roots` may be null (capability not declared).
 async function withSession(cfg, { elicit, sample, roots }, body) {
   const capabilities = {};
@@ -110,12 +130,20 @@ async function withSession(cfg, { elicit, sample, roots }, body) {
       roots: (await roots()).map((uri) => ({ uri })),
     }));
   }
-  const transport = new StreamableHTTPClientTransport(new URL(cfg.url));
+  const transport = makeTransport(cfg);
+  // `Client` has no getter for the negotiated version; it hands it to the transport's
+  // `setProtocolVersion` (HTTP transports only), so observe that on every wire.
+  let negotiated;
+  const setProtocolVersion = transport.setProtocolVersion?.bind(transport);
+  transport.setProtocolVersion = (v) => {
+    negotiated = v;
+    setProtocolVersion?.(v);
+  };
   await client.connect(transport);
-  seenVersions.push(transport.protocolVersion);
+  seenVersions.push(negotiated);
   const conn = {
     info: async () => ({
-      protocolVersion: transport.protocolVersion,
+      protocolVersion: negotiated,
       serverInfo: client.getServerVersion(),
       capabilities: client.getServerCapabilities(),
     }),
@@ -132,11 +160,14 @@ async function withSession(cfg, { elicit, sample, roots }, body) {
   try {
     return await body(conn);
   } finally {
-    try {
-      await transport.terminateSession();
-    } catch {
-      // best effort: the session is gone with the gateway anyway
+    if (transport instanceof StreamableHTTPClientTransport) {
+      try {
+        await transport.terminateSession();
+      } catch {
+        // best effort: the session is gone with the gateway anyway
+      }
     }
+    // SSE: closes the stream, which ends the session; stdio: closes the child's stdin.
     await client.close();
   }
 }
