@@ -159,11 +159,12 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             }
             let listener = server::http::bind(addr).await?;
             let bound = listener.local_addr()?;
+            let stop = shutdown_signal();
             eprintln!(
                 "dualera: modern server listening on http://{bound}{}",
                 server::http::ENDPOINT
             );
-            server::http::serve(listener, server, shutdown_signal()).await?;
+            server::http::serve(listener, server, stop).await?;
             Ok(())
         }
         Command::Gateway {
@@ -201,8 +202,9 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8788)));
             let listener = tokio::net::TcpListener::bind(addr).await?;
             let bound = listener.local_addr()?;
+            let stop = shutdown_signal();
             eprintln!("dualera: gateway listening on http://{bound}/mcp");
-            gateway.serve(listener, shutdown_signal()).await?;
+            gateway.serve(listener, stop).await?;
             Ok(())
         }
         Command::Up { dir, listen } => {
@@ -223,6 +225,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 format!("http://{upstream_addr}{}", server::http::ENDPOINT).parse()?;
             let listener = tokio::net::TcpListener::bind(listen).await?;
             let bound = listener.local_addr()?;
+            let stop = shutdown_signal();
             // Written with errors ignored: whoever started us may have stopped reading.
             let banner = format!(
                 "dualera is up.\n  gateway (legacy and modern hosts): http://{bound}/mcp\n  \
@@ -244,7 +247,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 Upstream::Http(Box::new(HttpUpstream::new(uri, gw_config.max_body_bytes))),
                 gw_config,
             );
-            gateway.serve(listener, shutdown_signal()).await?;
+            gateway.serve(listener, stop).await?;
             let _ = stop_tx.send(true);
             let _ = server_task.await;
             Ok(())
@@ -252,25 +255,34 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// The shutdown trigger (SIGTERM or Ctrl-C). The handlers are installed when this is
+/// called, not when the future is first polled, so a signal that arrives right after
+/// the listener announces itself still shuts down cleanly.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(t) => t,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
+        use tokio::signal::unix::{signal, SignalKind};
+        let term = signal(SignalKind::terminate()).ok();
+        let int = signal(SignalKind::interrupt()).ok();
+        async move {
+            let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
                 }
             };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+            tokio::select! {
+                () = wait(term) => {}
+                () = wait(int) => {}
+            }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = ctrl_c.await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

@@ -82,34 +82,56 @@ impl StdioUpstream {
                 detail: "only requests are exchanged".into(),
             });
         };
-        let writer = self.writer().await?;
         let wire_id = format!("up-{}", self.shared.next.fetch_add(1, Ordering::Relaxed));
         let progress_token = r
             .params
             .as_ref()
             .and_then(|p| p.pointer("/_meta/progressToken"))
             .cloned();
-        let (tx, mut rx) = mpsc::channel(PER_REQUEST_QUEUE);
-        if let Ok(mut t) = self.shared.table.lock() {
-            t.pending
-                .insert(wire_id.clone(), Pending { tx, progress_token });
-        }
+        let wire = Message::Request(Request {
+            id: RequestId::String(wire_id.clone()),
+            method: r.method.clone(),
+            params: r.params.clone(),
+        })
+        .to_vec();
         // Removes the entry, and cancels upstream if the caller gave up early.
         let mut guard = Guard {
             shared: &self.shared,
             wire_id: wire_id.clone(),
             done: false,
         };
-        let wire = Message::Request(Request {
-            id: RequestId::String(wire_id.clone()),
-            method: r.method.clone(),
-            params: r.params.clone(),
-        });
-        if writer.send(wire.to_vec()).await.is_err() {
+        // A child that just died may still be published for a moment; a request that
+        // could not even be written to it was never seen, so it waits for the restart
+        // and goes to the new child instead.
+        let mut rx = None;
+        for _ in 0..2 {
+            let writer = self.writer().await?;
+            let (tx, new_rx) = mpsc::channel(PER_REQUEST_QUEUE);
+            if let Ok(mut t) = self.shared.table.lock() {
+                t.pending.insert(
+                    wire_id.clone(),
+                    Pending {
+                        tx,
+                        progress_token: progress_token.clone(),
+                    },
+                );
+            }
+            if writer.send(wire.clone()).await.is_ok() {
+                rx = Some(new_rx);
+                break;
+            }
+            if let Ok(mut w) = self.shared.writer.lock() {
+                if w.as_ref().is_some_and(|cur| cur.same_channel(&writer)) {
+                    *w = None;
+                }
+            }
+        }
+        let Some(mut rx) = rx else {
+            guard.done = true;
             return Err(UpstreamError::Unreachable {
                 detail: "the stdio upstream is restarting".into(),
             });
-        }
+        };
         while let Some(msg) = rx.recv().await {
             match msg {
                 Message::Response(mut resp) => {
@@ -250,6 +272,10 @@ async fn run_child(shared: &Arc<Shared>, child: &mut tokio::process::Child) {
     tokio::select! {
         () = writer => {}
         () = reader => {}
+    }
+    // The pipe is gone: stop handing it out before waiting for the exit status.
+    if let Ok(mut w) = shared.writer.lock() {
+        *w = None;
     }
 }
 
