@@ -227,7 +227,7 @@ class Dualera:
         self.dir = workdir / "demo"
         self.log_path = workdir / "dualera.log"
         self.log = open(self.log_path, "w")
-        env = dict(os.environ, DUALERA_LOG="debug", NO_COLOR="1")
+        env = dict(os.environ, DUALERA_LOG="debug,dualera::wire=trace", NO_COLOR="1")
         self.proc = subprocess.Popen(
             [str(binary), "up", "--dir", str(self.dir), "--listen", "127.0.0.1:0"],
             stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL, text=True, env=env,
@@ -670,7 +670,7 @@ def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct:
             wire["stdio"] = {
                 "command": str(binary),
                 "args": ["gateway", "--stdio", "--upstream", upstream],
-                "env": {"DUALERA_LOG": "debug", "NO_COLOR": "1"},
+                "env": {"DUALERA_LOG": "debug,dualera::wire=trace", "NO_COLOR": "1"},
                 "stderr": str(stdio_log),
             }
         else:
