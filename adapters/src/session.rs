@@ -17,6 +17,7 @@ use crate::version::ProtocolVersion;
 use crate::{v2025_06_18, v2025_11_25};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// `_meta` key: protocol version of a modern request.
@@ -292,7 +293,7 @@ pub struct Session {
     legacy_capabilities: Value,
     client_capabilities: Value,
     log_level: Option<String>,
-    discover: Option<Value>,
+    discover: Option<Arc<Value>>,
     init: Option<PendingInit>,
     initialized_notified: bool,
     calls: HashMap<RequestId, Call>,
@@ -422,6 +423,12 @@ impl Session {
     /// called at any time before or while `initialize` waits for one; a waiting
     /// `initialize` is answered at once (and an upstream discover in flight cancelled).
     pub fn handle_discover(&mut self, result: Value) -> Result<(), SessionError> {
+        self.handle_discover_shared(Arc::new(result))
+    }
+
+    /// [`Session::handle_discover`] with a result shared between sessions (a driver's
+    /// cache), so that each session does not keep its own copy.
+    pub fn handle_discover_shared(&mut self, result: Arc<Value>) -> Result<(), SessionError> {
         self.check_open()?;
         validate_discover(&result)?;
         self.discover = Some(result);
@@ -864,7 +871,7 @@ impl Session {
             UpstreamRole::Discover => match outcome {
                 Ok(result) => match validate_discover(&result) {
                     Ok(()) => {
-                        self.discover = Some(result.clone());
+                        self.discover = Some(Arc::new(result.clone()));
                         self.events.push_back(Event::DiscoverFetched { result });
                         self.answer_initialize();
                     }

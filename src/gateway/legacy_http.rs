@@ -150,7 +150,11 @@ pub(super) struct SessionHandle {
     authorization: Option<HeaderValue>,
     shared: Mutex<Shared>,
     last_used: AtomicU64,
+    /// Wakes the timer task early (a deadline moved earlier, or the session closed).
     wake: Notify,
+    /// When the timer task will next wake on its own (machine clock, ms); set by it
+    /// under the session lock, so that routine traffic does not wake it for nothing.
+    timer_at: AtomicU64,
     settled: Notify,
     replay: usize,
 }
@@ -361,9 +365,9 @@ async fn post(
                 };
                 let r = s.machine.handle_peer_message(other, now());
                 route(gw, &handle, &mut s);
+                rearm(&handle, &s);
                 r
             };
-            handle.wake.notify_one();
             match result {
                 Ok(()) => accepted(),
                 Err(e) => {
@@ -453,6 +457,7 @@ async fn initialize(
             upstream_tasks: HashMap::new(),
         }),
         last_used: AtomicU64::new(now().as_millis()),
+        timer_at: AtomicU64::new(0),
         wake: Notify::new(),
         settled: Notify::new(),
         replay: gw.config.replay_buffer,
@@ -598,7 +603,7 @@ fn feed_request(
         return Err(Box::new(refusal(Some(id), &e)));
     }
     route(gw, handle, &mut s);
-    handle.wake.notify_one();
+    rearm(handle, &s);
     Ok(())
 }
 
@@ -653,7 +658,7 @@ fn batch(
     let stream = PeerStream::Batch(batch);
     open_pending(&mut s, stream.clone());
     route(gw, handle, &mut s);
-    handle.wake.notify_one();
+    rearm(handle, &s);
     respond_on(handle, &mut s, &stream)
 }
 
@@ -914,8 +919,8 @@ async fn upstream_task(
                     debug!(session = %handle.id, error = %e, "upstream message refused");
                 }
                 route(&gw, &handle, &mut s);
+                rearm(&handle, &s);
             }
-            handle.wake.notify_one();
         })
         .await;
     if let Ok(mut s) = handle.shared.lock() {
@@ -925,8 +930,20 @@ async fn upstream_task(
             let _ = s.machine.handle_upstream_lost(&id, now());
             route(&gw, &handle, &mut s);
         }
+        rearm(&handle, &s);
     }
-    handle.wake.notify_one();
+}
+
+/// Wakes the timer task only if the machine now needs it before it would wake anyway
+/// (or the session closed). Called with the session lock held, after feeding the
+/// machine: waking it after every message costs a task switch per message.
+fn rearm(handle: &SessionHandle, s: &Shared) {
+    let due = s.machine.poll_timeout().map(Timestamp::as_millis);
+    if due.is_some_and(|t| t < handle.timer_at.load(Ordering::Relaxed))
+        || s.machine.state() == SessionState::Closed
+    {
+        handle.wake.notify_one();
+    }
 }
 
 /// Per-session timers: the machine's deadlines and SSE keepalives.
@@ -934,21 +951,30 @@ async fn timer_loop(gw: Gateway, handle: Arc<SessionHandle>) {
     let keepalive = gw.config.keepalive;
     let mut next_keepalive = tokio::time::Instant::now() + keepalive;
     loop {
-        let (deadline, closed) = match handle.shared.lock() {
-            Ok(s) => (
-                s.machine.poll_timeout(),
-                s.machine.state() == SessionState::Closed,
-            ),
-            Err(_) => return,
+        let (machine_at, at) = {
+            let Ok(s) = handle.shared.lock() else {
+                return;
+            };
+            if s.machine.state() == SessionState::Closed {
+                return;
+            }
+            let machine_at = s.machine.poll_timeout().map(|t| {
+                let wait = t.saturating_duration_since(now());
+                tokio::time::Instant::now() + wait
+            });
+            let at = machine_at.map_or(next_keepalive, |m| m.min(next_keepalive));
+            // Published under the lock: whoever feeds the machine next sees it.
+            let in_ms = at
+                .saturating_duration_since(tokio::time::Instant::now())
+                .as_millis();
+            handle.timer_at.store(
+                now()
+                    .as_millis()
+                    .saturating_add(u64::try_from(in_ms).unwrap_or(u64::MAX)),
+                Ordering::Relaxed,
+            );
+            (machine_at, at)
         };
-        if closed {
-            return;
-        }
-        let machine_at = deadline.map(|t| {
-            let wait = t.saturating_duration_since(now());
-            tokio::time::Instant::now() + wait
-        });
-        let at = machine_at.map_or(next_keepalive, |m| m.min(next_keepalive));
         tokio::select! {
             () = tokio::time::sleep_until(at) => {}
             () = handle.wake.notified() => continue,

@@ -27,18 +27,44 @@ const HOP_BY_HOP: &[HeaderName] = &[
 ];
 
 /// Removes hop-by-hop headers, including any the `Connection` header names.
+///
+/// On the pass-through hot path: one pass over the names present finds which to remove,
+/// so a request pays one hashed removal per hop-by-hop header it carries (usually just
+/// `Host`) rather than one per name in the list.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in HOP_BY_HOP.iter().chain(named.iter()) {
-        headers.remove(n);
+    const KEEP_ALIVE: usize = HOP_BY_HOP.len();
+    let mut present = 0u16;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present |= 1 << i;
+        } else if name.as_str() == "keep-alive" {
+            present |= 1 << KEEP_ALIVE;
+        }
     }
-    headers.remove("keep-alive");
+    if present == 0 {
+        return;
+    }
+    if present & 1 != 0 {
+        // HOP_BY_HOP[0] is Connection: the names it lists go too.
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+            .collect();
+        for n in &named {
+            headers.remove(n);
+        }
+    }
+    for (i, n) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(n);
+        }
+    }
+    if present & (1 << KEEP_ALIVE) != 0 {
+        headers.remove("keep-alive");
+    }
 }
 
 /// Proxies one modern request to the upstream.
@@ -173,10 +199,8 @@ async fn forward_http(
     }
     let (mut parts, body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    if let Some(authority) = upstream.authority() {
-        if let Ok(v) = HeaderValue::from_str(authority) {
-            parts.headers.insert(header::HOST, v);
-        }
+    if let Some(host) = upstream.host_header() {
+        parts.headers.insert(header::HOST, host.clone());
     }
     parts.uri = upstream.uri().clone();
     let body: GatewayBody = Limited::new(body, limit)
@@ -200,4 +224,35 @@ fn status_only(status: StatusCode) -> Response<GatewayBody> {
     let mut r = Response::new(super::body::empty());
     *r.status_mut() = status;
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_hop_by_hop_and_connection_named_headers() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("host", "a"),
+            ("connection", "keep-alive, x-hop"),
+            ("keep-alive", "timeout=5"),
+            ("x-hop", "1"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("mcp-protocol-version", "2026-07-28"),
+            ("content-type", "application/json"),
+        ] {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-type", "mcp-protocol-version"]);
+
+        let mut none = HeaderMap::new();
+        none.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+        strip_hop_by_hop(&mut none);
+        assert_eq!(none.len(), 1);
+    }
 }

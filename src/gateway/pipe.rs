@@ -34,7 +34,7 @@ pub(super) async fn run_session(
         || Timestamp::from_millis(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
     let mut machine = Session::new(gw.legacy.machine_config(transport));
     if let Some(d) = gw.legacy.cached_discover() {
-        let _ = machine.handle_discover(d);
+        let _ = machine.handle_discover_shared(d);
     }
     // One channel: the "standalone stream" is always open.
     let _ = machine.handle_standalone_opened();

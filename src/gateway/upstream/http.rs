@@ -24,6 +24,8 @@ use std::time::Duration;
 pub struct HttpUpstream {
     uri: Uri,
     authority: Option<String>,
+    /// `authority` as a header value, built once (pass-through sets it per request).
+    host: Option<HeaderValue>,
     client: Client<HttpConnector, GatewayBody>,
     max_message: usize,
 }
@@ -39,9 +41,13 @@ impl HttpUpstream {
             .pool_max_idle_per_host(256)
             .build(connector);
         let authority = uri.authority().map(|a| a.as_str().to_owned());
+        let host = authority
+            .as_deref()
+            .and_then(|a| HeaderValue::from_str(a).ok());
         Self {
             uri,
             authority,
+            host,
             client,
             max_message,
         }
@@ -55,6 +61,11 @@ impl HttpUpstream {
     /// `host:port` of the upstream.
     pub fn authority(&self) -> Option<&str> {
         self.authority.as_deref()
+    }
+
+    /// `host:port` of the upstream as a `Host` header value.
+    pub fn host_header(&self) -> Option<&HeaderValue> {
+        self.host.as_ref()
     }
 
     /// The pooled client.

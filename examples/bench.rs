@@ -1,0 +1,1964 @@
+//! The benchmark suite: pass-through overhead, MRTR translation cost, session memory and
+//! pending rounds, each against a baseline measured in the same run. A program, not a
+//! test; loopback only, bounded in count and time, stops by itself.
+//!
+//! ```sh
+//! cargo run --release --example bench                       # the whole suite
+//! cargo run --release --example bench -- --scenarios passthrough --rounds 3
+//! cargo run --release --example bench -- --scenarios passthrough --profile perf
+//! ```
+//!
+//! It builds and spawns its own processes (`target/release/dualera serve`,
+//! `dualera gateway`, `examples/bare_proxy`) on 127.0.0.1 ephemeral ports, with a
+//! throw-away workspace under the system temp folder, and writes
+//! `bench/results/<unix-time>.{md,json}` plus `latest.{md,json}`.
+//!
+//! Scenarios (`--scenarios a,b,…`, default all):
+//! - `passthrough`: `tools/list` and `tools/call notes_list`, concurrency 1/16/64, against
+//!   the modern server directly, through the gateway, and through `bare_proxy`. Variants
+//!   are interleaved (rotating order) for `--rounds` rounds of `--secs` each; medians.
+//! - `mrtr`: notes_create + notes_delete with one elicitation round (accept): one legacy
+//!   session through the gateway vs a modern client doing the MRTR retry directly.
+//! - `memory`: gateway RSS with 0, 1k, 10k, 100k idle initialized legacy sessions.
+//! - `pending`: 10k legacy requests parked on an unanswered elicitation, then drained.
+//!
+//! `--profile perf` records the gateway with `perf record -g` during the selected
+//! scenarios (report and, with inferno installed, a flamegraph under bench/results/);
+//! `--profile callgrind` runs the gateway under `valgrind --tool=callgrind` (instruction
+//! counts; timings are then meaningless), `--profile massif` under massif (heap by
+//! allocation site, for per-session memory). Each is skipped with a message when its tool
+//! is absent. `--dualera PATH` runs another build of the binary (before/after figures).
+//!
+//! Scenario timings are medians of interleaved rounds; nothing here asserts on a timing:
+//! the targets table says which were met.
+
+use bytes::Bytes;
+use dualera::gateway::sse;
+use dualera::server::store::{NoteStore, SqliteStore};
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write as _};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Res<T> = Result<T, BoxError>;
+
+const MODERN: &str = "2026-07-28";
+const LEGACY: &str = "2025-11-25";
+const PV: &str = "io.modelcontextprotocol/protocolVersion";
+const CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
+const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+const ALL_SCENARIOS: [&str; 4] = ["passthrough", "mrtr", "memory", "pending"];
+
+// ---------------------------------------------------------------------------------
+// Options.
+// ---------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Profile {
+    Perf,
+    Callgrind,
+    Massif,
+}
+
+#[derive(Debug, Clone)]
+struct Opts {
+    scenarios: Vec<String>,
+    rounds: usize,
+    secs: f64,
+    concurrency: Vec<usize>,
+    session_levels: Vec<usize>,
+    pending: usize,
+    pending_sessions: usize,
+    profile: Option<Profile>,
+    no_build: bool,
+    dualera: Option<PathBuf>,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: bench [--scenarios passthrough,mrtr,memory,pending] [--rounds N] [--secs S]\n\
+         \x20            [--concurrency 1,16,64] [--sessions 1000,10000,100000]\n\
+         \x20            [--pending N] [--pending-sessions N] [--profile perf|callgrind|massif] [--no-build]\n\
+         \x20            [--dualera PATH (another build of the binary, e.g. to compare before/after)]"
+    );
+    std::process::exit(2)
+}
+
+fn list<T: std::str::FromStr>(v: &str) -> Vec<T> {
+    v.split(',')
+        .map(|x| x.trim().parse().unwrap_or_else(|_| usage()))
+        .collect()
+}
+
+fn parse_opts() -> Opts {
+    let mut o = Opts {
+        scenarios: ALL_SCENARIOS.iter().map(|s| (*s).to_owned()).collect(),
+        rounds: 5,
+        secs: 1.0,
+        concurrency: vec![1, 16, 64],
+        session_levels: vec![1_000, 10_000, 100_000],
+        pending: 10_000,
+        pending_sessions: 2_500,
+        profile: None,
+        no_build: false,
+        dualera: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().unwrap_or_else(|| usage());
+        match a.as_str() {
+            "--scenarios" => {
+                o.scenarios = list(&val());
+                if o.scenarios
+                    .iter()
+                    .any(|s| !ALL_SCENARIOS.contains(&s.as_str()))
+                {
+                    usage()
+                }
+            }
+            "--rounds" => o.rounds = val().parse().unwrap_or_else(|_| usage()),
+            "--secs" => o.secs = val().parse().unwrap_or_else(|_| usage()),
+            "--concurrency" => o.concurrency = list(&val()),
+            "--sessions" => o.session_levels = list(&val()),
+            "--pending" => o.pending = val().parse().unwrap_or_else(|_| usage()),
+            "--pending-sessions" => o.pending_sessions = val().parse().unwrap_or_else(|_| usage()),
+            "--profile" => {
+                o.profile = match val().as_str() {
+                    "perf" => Some(Profile::Perf),
+                    "callgrind" => Some(Profile::Callgrind),
+                    "massif" => Some(Profile::Massif),
+                    _ => usage(),
+                }
+            }
+            "--no-build" => o.no_build = true,
+            "--dualera" => o.dualera = Some(PathBuf::from(val())),
+            _ => usage(),
+        }
+    }
+    o.rounds = o.rounds.clamp(1, 50);
+    o.secs = o.secs.clamp(0.1, 30.0);
+    o.pending_sessions = o.pending_sessions.clamp(1, o.pending.max(1));
+    o
+}
+
+// ---------------------------------------------------------------------------------
+// Processes.
+// ---------------------------------------------------------------------------------
+
+/// A child process this benchmark started; terminated (SIGTERM, then SIGKILL) on drop.
+struct Proc {
+    name: String,
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Proc {
+    fn spawn(name: &str, mut cmd: Command, log: &Path, wait: Duration) -> Res<Self> {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn()?;
+        let stderr = child.stderr.take().ok_or("no stderr")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut logfile = std::fs::File::create(log)?;
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let _ = writeln!(logfile, "{line}");
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    if let Some(t) = tx.take() {
+                        let _ = t.send(rest.trim_end_matches("/mcp").to_owned());
+                    }
+                }
+            }
+        });
+        let mut p = Self {
+            name: name.to_owned(),
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        match rx.recv_timeout(wait) {
+            Ok(a) => p.addr = a.parse()?,
+            Err(_) => {
+                return Err(format!(
+                    "{name} did not report its address in {wait:?}; see {}",
+                    log.display()
+                )
+                .into())
+            }
+        }
+        Ok(p)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    /// Resident set size, bytes (VmRSS).
+    fn rss(&self) -> Res<u64> {
+        rss_of(self.pid())
+    }
+}
+
+fn rss_of(pid: u32) -> Res<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .ok_or("no VmRSS")?;
+    Ok(kb * 1024)
+}
+
+/// CPU time (user + system) a process used so far, in seconds.
+fn cpu_of(pid: u32) -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    let ticks = *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0)
+    });
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name (which may contain spaces): utime is the 12th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (t(11) + t(12)) / ticks
+}
+
+/// Context switches (voluntary + involuntary) of every thread of a process so far.
+fn switches_of(pid: u32) -> u64 {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|st| {
+            st.lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        signal(self.child.id(), "-TERM");
+        let until = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < until {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("bench: {} did not stop on SIGTERM; killing it", self.name);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Where everything lives for one run.
+struct Env {
+    bin: PathBuf,
+    bare: PathBuf,
+    dir: PathBuf,
+    results: PathBuf,
+    stamp: u64,
+    server_config: PathBuf,
+    gateway_config: PathBuf,
+    db: PathBuf,
+    notes_uri: String,
+    scratch_uri: String,
+    profile: Option<Profile>,
+}
+
+impl Env {
+    fn server(&self) -> Res<Proc> {
+        let mut c = Command::new(&self.bin);
+        c.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&self.server_config)
+            .env("DUALERA_LOG", "warn");
+        Proc::spawn(
+            "server",
+            c,
+            &self.results.join("logs/server.log"),
+            Duration::from_secs(30),
+        )
+    }
+
+    fn gateway(&self, upstream: &Proc, tag: &str) -> Res<Proc> {
+        let under_valgrind = matches!(self.profile, Some(Profile::Callgrind | Profile::Massif));
+        let mut c = if under_valgrind {
+            let tool = if self.profile == Some(Profile::Massif) {
+                "massif"
+            } else {
+                "callgrind"
+            };
+            let mut c = Command::new("valgrind");
+            c.arg(format!("--tool={tool}"))
+                .arg(format!(
+                    "--{tool}-out-file={}",
+                    self.results
+                        .join(format!("{tool}-{}-{tag}.out", self.stamp))
+                        .display()
+                ))
+                .arg(&self.bin);
+            c
+        } else {
+            Command::new(&self.bin)
+        };
+        c.args(["gateway", "--listen", "127.0.0.1:0", "--upstream"])
+            .arg(upstream.url())
+            .arg("--config")
+            .arg(&self.gateway_config)
+            .env("DUALERA_LOG", "warn");
+        Proc::spawn(
+            "gateway",
+            c,
+            &self.results.join(format!("logs/gateway-{tag}.log")),
+            Duration::from_secs(if under_valgrind { 120 } else { 30 }),
+        )
+    }
+
+    fn bare_proxy(&self, upstream: &Proc) -> Res<Proc> {
+        let mut c = Command::new(&self.bare);
+        c.arg(upstream.url()).arg("127.0.0.1:0");
+        Proc::spawn(
+            "bare_proxy",
+            c,
+            &self.results.join("logs/bare_proxy.log"),
+            Duration::from_secs(30),
+        )
+    }
+}
+
+/// `perf record` attached to one process for the life of this guard.
+struct PerfGuard {
+    child: Option<Child>,
+    data: PathBuf,
+    results: PathBuf,
+    tag: String,
+}
+
+impl PerfGuard {
+    fn start(env: &Env, pid: u32, tag: &str) -> Option<Self> {
+        if env.profile != Some(Profile::Perf) {
+            return None;
+        }
+        let data = env.results.join(format!("perf-{}-{tag}.data", env.stamp));
+        let child = Command::new("perf")
+            .args(["record", "-F", "999", "-g", "-p", &pid.to_string(), "-o"])
+            .arg(&data)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("bench: perf is not available ({e}); profiling skipped");
+                return None;
+            }
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        if let Ok(Some(status)) = child.try_wait() {
+            eprintln!(
+                "bench: perf record exited at once ({status}); check perf_event_paranoid; profiling skipped"
+            );
+            return None;
+        }
+        eprintln!("bench: perf recording the gateway into {}", data.display());
+        Some(Self {
+            child: Some(child),
+            data,
+            results: env.results.clone(),
+            tag: tag.to_owned(),
+        })
+    }
+}
+
+impl Drop for PerfGuard {
+    fn drop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        signal(child.id(), "-INT");
+        let _ = child.wait();
+        let report = self.results.join(format!("perf-{}-report.txt", self.tag));
+        if let Ok(out) = Command::new("perf")
+            .args([
+                "report",
+                "--stdio",
+                "--no-children",
+                "--percent-limit",
+                "0.5",
+                "-i",
+            ])
+            .arg(&self.data)
+            .stderr(Stdio::null())
+            .output()
+        {
+            let _ = std::fs::write(&report, out.stdout);
+            eprintln!("bench: perf report in {}", report.display());
+        }
+        let have = |p: &str| {
+            Command::new(p)
+                .arg("--help")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok()
+        };
+        if have("inferno-collapse-perf") && have("inferno-flamegraph") {
+            let svg = self.results.join(format!("flamegraph-{}.svg", self.tag));
+            let script = format!(
+                "perf script -i '{}' | inferno-collapse-perf | inferno-flamegraph > '{}'",
+                self.data.display(),
+                svg.display()
+            );
+            if Command::new("sh")
+                .args(["-c", &script])
+                .status()
+                .is_ok_and(|s| s.success())
+            {
+                eprintln!("bench: flamegraph in {}", svg.display());
+            }
+        } else {
+            eprintln!(
+                "bench: no inferno-flamegraph on PATH (cargo install inferno); perf report only"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// HTTP client.
+// ---------------------------------------------------------------------------------
+
+/// One keep-alive HTTP/1.1 connection.
+struct Conn {
+    tx: SendRequest<Full<Bytes>>,
+    host: HeaderValue,
+}
+
+type Headers = Vec<(HeaderName, HeaderValue)>;
+
+impl Conn {
+    async fn open(addr: SocketAddr) -> Res<Self> {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(Self {
+            tx,
+            host: HeaderValue::from_str(&addr.to_string())?,
+        })
+    }
+
+    async fn post(&mut self, headers: &Headers, body: Bytes) -> Res<http::Response<Incoming>> {
+        self.tx.ready().await?;
+        let mut req = Request::post("/mcp").body(Full::new(body))?;
+        let h = req.headers_mut();
+        h.insert(header::HOST, self.host.clone());
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        for (k, v) in headers {
+            h.insert(k.clone(), v.clone());
+        }
+        Ok(self.tx.send_request(req).await?)
+    }
+
+    /// POSTs and returns every JSON-RPC message of the answer (JSON or SSE).
+    async fn exchange(&mut self, headers: &Headers, body: Bytes) -> Res<(StatusCode, Vec<Value>)> {
+        let resp = self.post(headers, body).await?;
+        let status = resp.status();
+        let is_sse = is_sse(&resp);
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        if !is_sse {
+            if bytes.is_empty() {
+                return Ok((status, Vec::new()));
+            }
+            return Ok((status, vec![serde_json::from_slice(&bytes)?]));
+        }
+        let mut dec = sse::Decoder::new(16 << 20);
+        let mut out = Vec::new();
+        for ev in dec.feed(&bytes)? {
+            if !ev.data.trim().is_empty() {
+                out.push(serde_json::from_str(&ev.data)?);
+            }
+        }
+        Ok((status, out))
+    }
+}
+
+fn is_sse(resp: &http::Response<Incoming>) -> bool {
+    resp.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+fn hv(s: &str) -> HeaderValue {
+    HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
+
+fn modern_headers(method: &str, name: Option<&str>) -> Headers {
+    let mut h = vec![
+        (HeaderName::from_static("mcp-protocol-version"), hv(MODERN)),
+        (HeaderName::from_static("mcp-method"), hv(method)),
+    ];
+    if let Some(n) = name {
+        h.push((HeaderName::from_static("mcp-name"), hv(n)));
+    }
+    h
+}
+
+fn modern_body(id: u64, method: &str, mut params: Value, caps: Value) -> Bytes {
+    params["_meta"] =
+        json!({PV: MODERN, CAPS: caps, CLIENT_INFO: {"name": "dualera-bench", "version": "0"}});
+    Bytes::from(
+        serde_json::to_vec(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )
+        .unwrap_or_default(),
+    )
+}
+
+/// The JSON-RPC response among `msgs`: its result, or an error.
+fn result_of(status: StatusCode, msgs: &[Value]) -> Res<Value> {
+    let r = msgs
+        .iter()
+        .rev()
+        .find(|m| m.get("result").is_some() || m.get("error").is_some())
+        .ok_or_else(|| format!("HTTP {status} without a JSON-RPC response"))?;
+    if let Some(e) = r.get("error") {
+        return Err(format!("JSON-RPC error: {e}").into());
+    }
+    Ok(r["result"].clone())
+}
+
+// ---------------------------------------------------------------------------------
+// Statistics.
+// ---------------------------------------------------------------------------------
+
+fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+fn percentile(sorted_ns: &[u64], p: f64) -> f64 {
+    if sorted_ns.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted_ns.len() as f64).ceil() as usize;
+    sorted_ns[rank.clamp(1, sorted_ns.len()) - 1] as f64 / 1000.0
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    rps: f64,
+    p50_us: f64,
+    p99_us: f64,
+    n: usize,
+    errors: usize,
+}
+
+fn fmt_f(v: f64, digits: usize) -> String {
+    if v.is_finite() {
+        format!("{v:.digits$}")
+    } else {
+        "–".into()
+    }
+}
+
+fn load_avg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------------
+// Scenario 1: pass-through.
+// ---------------------------------------------------------------------------------
+
+struct Spec {
+    headers: Headers,
+    body: Bytes,
+}
+
+/// `conc` connections posting `spec` back to back; after `warm`, counts what completes
+/// within `secs`. Bounded by time and by `max` requests.
+async fn load(addr: SocketAddr, spec: Arc<Spec>, conc: usize, warm: f64, secs: f64) -> Res<Sample> {
+    const MAX_PER_WORKER: usize = 400_000;
+    let mut conns = Vec::with_capacity(conc);
+    for _ in 0..conc {
+        conns.push(Conn::open(addr).await?);
+    }
+    let start = Instant::now() + Duration::from_secs_f64(warm);
+    let end = start + Duration::from_secs_f64(secs);
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut c in conns {
+        let spec = spec.clone();
+        tasks.spawn(async move {
+            let mut lat: Vec<u64> = Vec::with_capacity(16_384);
+            let mut errors = 0usize;
+            let mut sent = 0usize;
+            loop {
+                let t0 = Instant::now();
+                if t0 >= end || sent >= MAX_PER_WORKER {
+                    break;
+                }
+                sent += 1;
+                let ok = match c.post(&spec.headers, spec.body.clone()).await {
+                    Ok(resp) => {
+                        let st = resp.status();
+                        resp.into_body().collect().await.is_ok() && st == StatusCode::OK
+                    }
+                    Err(_) => false,
+                };
+                let t1 = Instant::now();
+                if !ok {
+                    errors += 1;
+                    if c.tx.is_closed() {
+                        match Conn::open(c.tx_addr()).await {
+                            Ok(n) => c = n,
+                            Err(_) => break,
+                        }
+                    }
+                    continue;
+                }
+                if t0 >= start && t1 <= end {
+                    lat.push(u64::try_from((t1 - t0).as_nanos()).unwrap_or(u64::MAX));
+                }
+            }
+            (lat, errors)
+        });
+    }
+    let mut all = Vec::new();
+    let mut errors = 0;
+    while let Some(r) = tasks.join_next().await {
+        let (lat, e) = r?;
+        all.extend(lat);
+        errors += e;
+    }
+    all.sort_unstable();
+    Ok(Sample {
+        rps: all.len() as f64 / secs,
+        p50_us: percentile(&all, 50.0),
+        p99_us: percentile(&all, 99.0),
+        n: all.len(),
+        errors,
+    })
+}
+
+impl Conn {
+    fn tx_addr(&self) -> SocketAddr {
+        self.host
+            .to_str()
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+}
+
+const VARIANTS: [&str; 3] = ["direct", "gateway", "bare_proxy"];
+
+async fn passthrough(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
+    let gateway = env.gateway(server, "passthrough")?;
+    let bare = env.bare_proxy(server)?;
+    let _perf = PerfGuard::start(env, gateway.pid(), "passthrough");
+    let addrs = [server.addr, gateway.addr, bare.addr];
+    let kinds: Vec<(&str, Arc<Spec>)> = vec![
+        (
+            "tools/list",
+            Arc::new(Spec {
+                headers: modern_headers("tools/list", None),
+                body: modern_body(1, "tools/list", json!({}), json!({})),
+            }),
+        ),
+        (
+            "tools/call notes_list",
+            Arc::new(Spec {
+                headers: modern_headers("tools/call", Some("notes_list")),
+                body: modern_body(
+                    1,
+                    "tools/call",
+                    json!({"name": "notes_list", "arguments": {"workspaceUri": env.notes_uri}}),
+                    json!({}),
+                ),
+            }),
+        ),
+    ];
+    // Correctness first: every variant gives the same answer.
+    for (kind, spec) in &kinds {
+        let mut answers = Vec::new();
+        for a in addrs {
+            let mut c = Conn::open(a).await?;
+            let (st, msgs) = c.exchange(&spec.headers, spec.body.clone()).await?;
+            let r = result_of(st, &msgs)?;
+            if st != StatusCode::OK {
+                return Err(format!("{kind}: HTTP {st}").into());
+            }
+            answers.push(r);
+        }
+        if answers.iter().any(|a| a != &answers[0]) {
+            return Err(format!("{kind}: the variants answered differently").into());
+        }
+    }
+    eprintln!("bench: passthrough (load {})", load_avg());
+    let mut samples: BTreeMap<(usize, usize, usize), Vec<Sample>> = BTreeMap::new();
+    // CPU seconds and requests per proxy (gateway, bare proxy) and per concurrency.
+    let pids = [server.pid(), gateway.pid(), bare.pid()];
+    let mut cpu: BTreeMap<(usize, usize), (f64, usize)> = BTreeMap::new();
+    // Per (concurrency, kind): gateway/direct, gateway/bare, p50 added, one per round.
+    type Ratios = Vec<(f64, f64, f64)>;
+    let mut ratios: BTreeMap<(usize, usize), Ratios> = BTreeMap::new();
+    for (ci, &conc) in opts.concurrency.iter().enumerate() {
+        for (ki, (kind, spec)) in kinds.iter().enumerate() {
+            for round in 0..opts.rounds {
+                let mut this = [None; 3];
+                for k in 0..3 {
+                    let v = (round + k) % 3;
+                    let before = cpu_of(pids[v]);
+                    let s = load(addrs[v], spec.clone(), conc, 0.2, opts.secs).await?;
+                    let used = cpu_of(pids[v]) - before;
+                    let e = cpu.entry((ci, v)).or_default();
+                    e.0 += used;
+                    // Warm-up requests used CPU too: count them at the measured rate.
+                    e.1 += s.n + (s.rps * 0.2) as usize;
+                    this[v] = Some(s);
+                    samples.entry((ci, ki, v)).or_default().push(s);
+                }
+                let [Some(d), Some(g), Some(b)] = this else {
+                    continue;
+                };
+                ratios.entry((ci, ki)).or_default().push((
+                    g.rps / d.rps,
+                    g.rps / b.rps,
+                    g.p50_us - d.p50_us,
+                ));
+                eprintln!(
+                    "  c={conc:<3} {kind:<22} round {}: direct {:>7.0}/s  gateway {:>7.0}/s  bare {:>7.0}/s",
+                    round + 1,
+                    d.rps,
+                    g.rps,
+                    b.rps
+                );
+            }
+        }
+    }
+    let rss = gateway.rss().unwrap_or(0);
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "### 1. Pass-through ({} rounds × {} s per variant, interleaved; medians)\n",
+        opts.rounds, opts.secs
+    );
+    let _ = writeln!(
+        md,
+        "| request | conc | variant | req/s | p50 µs | p99 µs | errors |"
+    );
+    let _ = writeln!(md, "|---|---:|---|---:|---:|---:|---:|");
+    let mut json_rows = Vec::new();
+    for (ci, &conc) in opts.concurrency.iter().enumerate() {
+        for (ki, (kind, _)) in kinds.iter().enumerate() {
+            for (v, name) in VARIANTS.iter().enumerate() {
+                let s = &samples[&(ci, ki, v)];
+                let rps = median(&s.iter().map(|x| x.rps).collect::<Vec<_>>());
+                let p50 = median(&s.iter().map(|x| x.p50_us).collect::<Vec<_>>());
+                let p99 = median(&s.iter().map(|x| x.p99_us).collect::<Vec<_>>());
+                let errors: usize = s.iter().map(|x| x.errors).sum();
+                let _ = writeln!(
+                    md,
+                    "| {kind} | {conc} | {name} | {} | {} | {} | {errors} |",
+                    fmt_f(rps, 0),
+                    fmt_f(p50, 1),
+                    fmt_f(p99, 1)
+                );
+                json_rows.push(json!({
+                    "request": kind, "concurrency": conc, "variant": name,
+                    "rps_median": rps, "p50_us_median": p50, "p99_us_median": p99, "errors": errors,
+                    "rounds": s.iter().map(|x| json!({"rps": x.rps, "p50_us": x.p50_us, "p99_us": x.p99_us, "n": x.n, "errors": x.errors})).collect::<Vec<_>>(),
+                }));
+            }
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\n| request | conc | gateway/direct req/s | gateway/bare req/s | p50 added vs direct µs |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|");
+    let mut json_ratios = Vec::new();
+    for (ci, &conc) in opts.concurrency.iter().enumerate() {
+        for (ki, (kind, _)) in kinds.iter().enumerate() {
+            let r = &ratios[&(ci, ki)];
+            let gd = median(&r.iter().map(|x| x.0).collect::<Vec<_>>());
+            let gb = median(&r.iter().map(|x| x.1).collect::<Vec<_>>());
+            let added = median(&r.iter().map(|x| x.2).collect::<Vec<_>>());
+            let _ = writeln!(
+                md,
+                "| {kind} | {conc} | {} | {} | {} |",
+                fmt_f(gd, 3),
+                fmt_f(gb, 3),
+                fmt_f(added, 1)
+            );
+            json_ratios.push(json!({"request": kind, "concurrency": conc,
+                "gateway_over_direct": gd, "gateway_over_bare_proxy": gb, "p50_added_us": added}));
+            report
+                .passthrough_ratios
+                .push((conc, kind.to_string(), gd, gb, added));
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\nRatios are medians of per-round ratios (each round runs the three variants back to back). Gateway RSS after this scenario: {:.1} MiB.",
+        rss as f64 / 1048576.0
+    );
+    let _ = writeln!(
+        md,
+        "\nCPU per request of the process serving the variant (from /proc/PID/stat, both request kinds; for direct that is the server's own work):\n"
+    );
+    let _ = writeln!(
+        md,
+        "| conc | server (direct) µs | gateway µs | bare proxy µs |"
+    );
+    let _ = writeln!(md, "|---:|---:|---:|---:|");
+    let mut json_cpu = Vec::new();
+    for (ci, &conc) in opts.concurrency.iter().enumerate() {
+        let per = |v: usize| {
+            cpu.get(&(ci, v))
+                .map_or(f64::NAN, |(secs, n)| secs * 1e6 / (*n).max(1) as f64)
+        };
+        let _ = writeln!(
+            md,
+            "| {conc} | {} | {} | {} |",
+            fmt_f(per(0), 1),
+            fmt_f(per(1), 1),
+            fmt_f(per(2), 1)
+        );
+        json_cpu.push(json!({"concurrency": conc, "server_direct_cpu_us": per(0), "gateway_cpu_us": per(1), "bare_proxy_cpu_us": per(2)}));
+    }
+    report.add(
+        "passthrough",
+        md,
+        json!({"rows": json_rows, "ratios": json_ratios, "cpu_per_request": json_cpu, "gateway_rss_bytes": rss}),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Legacy client (2025-11-25 Streamable HTTP).
+// ---------------------------------------------------------------------------------
+
+fn legacy_headers(session: &str) -> Headers {
+    vec![
+        (HeaderName::from_static("mcp-session-id"), hv(session)),
+        (HeaderName::from_static("mcp-protocol-version"), hv(LEGACY)),
+    ]
+}
+
+fn rpc(id: u64, method: &str, params: Value) -> Bytes {
+    Bytes::from(
+        serde_json::to_vec(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )
+        .unwrap_or_default(),
+    )
+}
+
+/// Opens an initialized legacy session on `conn`; returns its id.
+async fn legacy_open(conn: &mut Conn) -> Res<String> {
+    let init = rpc(
+        0,
+        "initialize",
+        json!({"protocolVersion": LEGACY, "capabilities": {"elicitation": {"form": {}}},
+               "clientInfo": {"name": "dualera-bench", "version": "0"}}),
+    );
+    let resp = conn.post(&Vec::new(), init).await?;
+    let status = resp.status();
+    let sid = resp
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let body = resp.into_body().collect().await?.to_bytes();
+    let Some(sid) = sid else {
+        return Err(format!(
+            "initialize: HTTP {status} without a session: {}",
+            String::from_utf8_lossy(&body)
+        )
+        .into());
+    };
+    let note = Bytes::from_static(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    let resp = conn.post(&legacy_headers(&sid), note).await?;
+    let st = resp.status();
+    resp.into_body().collect().await?;
+    if st != StatusCode::ACCEPTED {
+        return Err(format!("initialized: HTTP {st}").into());
+    }
+    Ok(sid)
+}
+
+/// The reply a scripted user gives to a delete form: accept + confirm the first note.
+fn accept_reply(live: &Value) -> Res<Bytes> {
+    let note = live
+        .pointer("/params/requestedSchema/properties/note_id/enum/0")
+        .cloned()
+        .ok_or("elicitation without a note to pick")?;
+    Ok(Bytes::from(serde_json::to_vec(&json!({
+        "jsonrpc": "2.0", "id": live["id"],
+        "result": {"action": "accept", "content": {"note_id": note, "confirm": true}}
+    }))?))
+}
+
+/// Reads an SSE response until it ends, calling `on_live` for server requests.
+async fn read_sse(
+    resp: http::Response<Incoming>,
+    mut on_live: impl FnMut(Value) -> Option<Bytes>,
+    replies: &mut Vec<Bytes>,
+) -> Res<Option<Value>> {
+    let mut body = resp.into_body();
+    let mut dec = sse::Decoder::new(16 << 20);
+    let mut response = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame?;
+        let Some(data) = frame.data_ref() else {
+            continue;
+        };
+        for ev in dec.feed(data)? {
+            if ev.data.trim().is_empty() {
+                continue;
+            }
+            let m: Value = serde_json::from_str(&ev.data)?;
+            if m.get("method").is_some() && m.get("id").is_some() {
+                if let Some(r) = on_live(m) {
+                    replies.push(r);
+                }
+            } else if m.get("result").is_some() || m.get("error").is_some() {
+                response = Some(m);
+            }
+        }
+    }
+    Ok(response)
+}
+
+/// One legacy session on two connections (requests + SSE on `a`, replies on `b`).
+struct LegacyClient {
+    a: Conn,
+    b: Conn,
+    headers: Headers,
+    next: u64,
+}
+
+impl LegacyClient {
+    async fn open(addr: SocketAddr) -> Res<Self> {
+        let mut a = Conn::open(addr).await?;
+        let b = Conn::open(addr).await?;
+        let sid = legacy_open(&mut a).await?;
+        Ok(Self {
+            a,
+            b,
+            headers: legacy_headers(&sid),
+            next: 1,
+        })
+    }
+
+    /// Calls a tool, answering live elicitation with accept; returns the result.
+    async fn tool(&mut self, name: &str, args: Value) -> Res<Value> {
+        self.next += 1;
+        let body = rpc(
+            self.next,
+            "tools/call",
+            json!({"name": name, "arguments": args}),
+        );
+        let resp = self.a.post(&self.headers, body).await?;
+        let status = resp.status();
+        if !is_sse(&resp) {
+            let bytes = resp.into_body().collect().await?.to_bytes();
+            return result_of(status, &[serde_json::from_slice(&bytes)?]);
+        }
+        // The elicitation arrives first; answer it on the other connection while this
+        // stream stays open, then read on to the response.
+        let mut body = resp.into_body();
+        let mut dec = sse::Decoder::new(16 << 20);
+        let mut response = None;
+        while let Some(frame) = body.frame().await {
+            let frame = frame?;
+            let Some(data) = frame.data_ref() else {
+                continue;
+            };
+            for ev in dec.feed(data)? {
+                if ev.data.trim().is_empty() {
+                    continue;
+                }
+                let m: Value = serde_json::from_str(&ev.data)?;
+                if m.get("method").is_some() && m.get("id").is_some() {
+                    let reply = accept_reply(&m)?;
+                    let r = self.b.post(&self.headers, reply).await?;
+                    let st = r.status();
+                    r.into_body().collect().await?;
+                    if st != StatusCode::ACCEPTED {
+                        return Err(format!("reply refused: HTTP {st}").into());
+                    }
+                } else if m.get("result").is_some() || m.get("error").is_some() {
+                    response = Some(m);
+                }
+            }
+        }
+        result_of(status, &response.into_iter().collect::<Vec<_>>())
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Scenario 2: MRTR flow.
+// ---------------------------------------------------------------------------------
+
+fn check_deleted(r: &Value) -> Res<()> {
+    if r.pointer("/structuredContent/deleted")
+        .is_some_and(Value::is_string)
+    {
+        Ok(())
+    } else {
+        Err(format!("notes_delete did not delete: {r}").into())
+    }
+}
+
+/// One flow; returns how long the create and the delete took, in µs.
+async fn legacy_flow(c: &mut LegacyClient, ws: &str, title: &str) -> Res<(f64, f64)> {
+    let t0 = Instant::now();
+    c.tool(
+        "notes_create",
+        json!({"workspaceUri": ws, "title": title, "body": "bench"}),
+    )
+    .await?;
+    let t1 = Instant::now();
+    let r = c
+        .tool("notes_delete", json!({"workspaceUri": ws, "title": title}))
+        .await?;
+    check_deleted(&r)?;
+    Ok((
+        (t1 - t0).as_secs_f64() * 1e6,
+        t1.elapsed().as_secs_f64() * 1e6,
+    ))
+}
+
+/// One flow; returns how long the create and the delete (both rounds) took, in µs.
+async fn modern_flow(c: &mut Conn, ws: &str, title: &str) -> Res<(f64, f64)> {
+    let t0 = Instant::now();
+    let (st, m) = c
+        .exchange(
+            &modern_headers("tools/call", Some("notes_create")),
+            modern_body(
+                1,
+                "tools/call",
+                json!({"name": "notes_create", "arguments": {"workspaceUri": ws, "title": title, "body": "bench"}}),
+                json!({}),
+            ),
+        )
+        .await?;
+    result_of(st, &m)?;
+    let t1 = Instant::now();
+    let args = json!({"workspaceUri": ws, "title": title});
+    let form = json!({"elicitation": {"form": {}}});
+    let h = modern_headers("tools/call", Some("notes_delete"));
+    let (st, m) = c
+        .exchange(
+            &h,
+            modern_body(
+                2,
+                "tools/call",
+                json!({"name": "notes_delete", "arguments": args}),
+                form.clone(),
+            ),
+        )
+        .await?;
+    let r = result_of(st, &m)?;
+    if r["resultType"] != "input_required" {
+        return Err(format!("notes_delete did not ask: {r}").into());
+    }
+    let ask = r
+        .pointer("/inputRequests/delete_choice")
+        .ok_or("no delete_choice input request")?;
+    let note = ask
+        .pointer("/params/requestedSchema/properties/note_id/enum/0")
+        .cloned()
+        .ok_or("no candidate")?;
+    let state = r["requestState"].clone();
+    let (st, m) = c
+        .exchange(
+            &h,
+            modern_body(
+                3,
+                "tools/call",
+                json!({"name": "notes_delete", "arguments": args,
+                       "inputResponses": {"delete_choice": {"action": "accept", "content": {"note_id": note, "confirm": true}}},
+                       "requestState": state}),
+                form,
+            ),
+        )
+        .await?;
+    check_deleted(&result_of(st, &m)?)?;
+    Ok((
+        (t1 - t0).as_secs_f64() * 1e6,
+        t1.elapsed().as_secs_f64() * 1e6,
+    ))
+}
+
+async fn mrtr(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
+    let gateway = env.gateway(server, "mrtr")?;
+    let _perf = PerfGuard::start(env, gateway.pid(), "mrtr");
+    eprintln!("bench: mrtr (load {})", load_avg());
+    let mut legacy = LegacyClient::open(gateway.addr).await?;
+    let mut modern = Conn::open(server.addr).await?;
+    let ws = env.scratch_uri.clone();
+    let secs = (opts.secs * 2.0).max(0.5);
+    let mut counter = 0u64;
+    let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut lats: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut steps: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
+    let mut ratios = Vec::new();
+    // Warm-up: one flow each.
+    counter += 1;
+    legacy_flow(&mut legacy, &ws, &format!("flow-{counter}")).await?;
+    counter += 1;
+    modern_flow(&mut modern, &ws, &format!("flow-{counter}")).await?;
+    let mut gw_cpu = (0.0f64, 0usize);
+    let mut gw_switches = 0u64;
+    for round in 0..opts.rounds {
+        let mut this = [0.0f64; 2];
+        for k in 0..2 {
+            let v = (round + k) % 2;
+            let cpu0 = cpu_of(gateway.pid());
+            let sw0 = switches_of(gateway.pid());
+            let start = Instant::now();
+            let end = start + Duration::from_secs_f64(secs);
+            let mut n = 0usize;
+            let mut ns = Vec::new();
+            while Instant::now() < end && n < 100_000 {
+                counter += 1;
+                let title = format!("flow-{counter}");
+                let t0 = Instant::now();
+                let step = if v == 0 {
+                    legacy_flow(&mut legacy, &ws, &title).await?
+                } else {
+                    modern_flow(&mut modern, &ws, &title).await?
+                };
+                steps[v].push(step);
+                ns.push(t0.elapsed().as_secs_f64() * 1e6);
+                n += 1;
+            }
+            let rate = n as f64 / start.elapsed().as_secs_f64();
+            if v == 0 {
+                gw_cpu.0 += cpu_of(gateway.pid()) - cpu0;
+                gw_switches += switches_of(gateway.pid()) - sw0;
+                gw_cpu.1 += n;
+            }
+            this[v] = rate;
+            rates[v].push(rate);
+            lats[v].push(median(&ns));
+        }
+        ratios.push(this[0] / this[1]);
+        eprintln!(
+            "  round {}: legacy via gateway {:>6.1} flows/s  modern direct {:>6.1} flows/s",
+            round + 1,
+            this[0],
+            this[1]
+        );
+    }
+    let legacy_rate = median(&rates[0]);
+    let modern_rate = median(&rates[1]);
+    let ratio = median(&ratios);
+    report.mrtr_ratio = Some(ratio);
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "### 2. MRTR flow: notes_create + notes_delete with one elicitation (accept), one client, sequential ({} rounds × {secs} s, interleaved)\n",
+        opts.rounds
+    );
+    let step_median =
+        |v: usize, f: fn(&(f64, f64)) -> f64| median(&steps[v].iter().map(f).collect::<Vec<_>>());
+    let _ = writeln!(
+        md,
+        "| variant | flows/s | median flow µs | median create µs | median delete µs |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|");
+    let _ = writeln!(
+        md,
+        "| legacy session through the gateway (live elicitation) | {} | {} | {} | {} |",
+        fmt_f(legacy_rate, 1),
+        fmt_f(median(&lats[0]), 0),
+        fmt_f(step_median(0, |x| x.0), 0),
+        fmt_f(step_median(0, |x| x.1), 0)
+    );
+    let _ = writeln!(
+        md,
+        "| modern client direct (input_required + retry) | {} | {} | {} | {} |",
+        fmt_f(modern_rate, 1),
+        fmt_f(median(&lats[1]), 0),
+        fmt_f(step_median(1, |x| x.0), 0),
+        fmt_f(step_median(1, |x| x.1), 0)
+    );
+    let gw_cpu_us = gw_cpu.0 * 1e6 / gw_cpu.1.max(1) as f64;
+    let gw_sw = gw_switches as f64 / gw_cpu.1.max(1) as f64;
+    let _ = writeln!(
+        md,
+        "\nlegacy/modern ratio (median of per-round ratios): **{}**; gateway CPU per legacy flow: {} µs, context switches per legacy flow: {}",
+        fmt_f(ratio, 3),
+        fmt_f(gw_cpu_us, 0),
+        fmt_f(gw_sw, 1)
+    );
+    report.add(
+        "mrtr",
+        md,
+        json!({"legacy_flows_per_s": legacy_rate, "modern_flows_per_s": modern_rate,
+               "ratio": ratio, "gateway_cpu_us_per_flow": gw_cpu_us, "gateway_context_switches_per_flow": gw_sw, "per_round_legacy": rates[0], "per_round_modern": rates[1],
+               "median_flow_us_legacy": median(&lats[0]), "median_flow_us_modern": median(&lats[1])}),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Scenario 3: session memory.
+// ---------------------------------------------------------------------------------
+
+/// Opens `count` initialized legacy sessions over `conns` connections; stops early at
+/// `deadline`. Returns the session ids opened.
+async fn open_sessions(
+    addr: SocketAddr,
+    count: usize,
+    conns: usize,
+    deadline: Instant,
+) -> Res<Vec<String>> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..conns.min(count.max(1)) {
+        let next = next.clone();
+        tasks.spawn(async move {
+            let mut ids = Vec::new();
+            let mut c = Conn::open(addr).await?;
+            while next.fetch_add(1, Ordering::Relaxed) < count {
+                if Instant::now() >= deadline {
+                    break;
+                }
+                ids.push(legacy_open(&mut c).await?);
+            }
+            Ok::<_, BoxError>(ids)
+        });
+    }
+    let mut all = Vec::with_capacity(count);
+    while let Some(r) = tasks.join_next().await {
+        all.extend(r??);
+    }
+    Ok(all)
+}
+
+async fn settle_rss(p: &Proc) -> Res<u64> {
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    p.rss()
+}
+
+async fn memory(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
+    let gateway = env.gateway(server, "memory")?;
+    let _perf = PerfGuard::start(env, gateway.pid(), "memory");
+    eprintln!("bench: memory (load {})", load_avg());
+    // Warm the discover cache, the runtime and the connections, then end those sessions.
+    let warm = open_sessions(
+        gateway.addr,
+        64,
+        32,
+        Instant::now() + Duration::from_secs(60),
+    )
+    .await?;
+    let mut c = Conn::open(gateway.addr).await?;
+    for sid in &warm {
+        let mut req = Request::delete("/mcp").body(Full::new(Bytes::new()))?;
+        req.headers_mut().insert(header::HOST, c.host.clone());
+        for (k, v) in legacy_headers(sid) {
+            req.headers_mut().insert(k, v);
+        }
+        c.tx.ready().await?;
+        let r = c.tx.send_request(req).await?;
+        r.into_body().collect().await?;
+    }
+    let base = settle_rss(&gateway).await?;
+    let mut rows = vec![(0usize, base, 0.0f64, 0.0f64)];
+    let mut open = 0usize;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut note = String::new();
+    let mut keep = Vec::new();
+    for &level in &opts.session_levels {
+        let t0 = Instant::now();
+        let ids = open_sessions(gateway.addr, level.saturating_sub(open), 64, deadline).await?;
+        let took = t0.elapsed().as_secs_f64();
+        let rate = ids.len() as f64 / took;
+        open += ids.len();
+        keep.extend(ids);
+        let rss = settle_rss(&gateway).await?;
+        rows.push((open, rss, rate, took));
+        eprintln!(
+            "  {open} sessions: RSS {:.1} MiB ({rate:.0} initializes/s)",
+            rss as f64 / 1048576.0
+        );
+        if open < level {
+            note = format!(
+                "Stopped at {open} sessions: the 240 s bound for this scenario ran out before {level}."
+            );
+            break;
+        }
+    }
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "### 3. Session memory: gateway RSS with idle initialized legacy sessions\n"
+    );
+    let _ = writeln!(
+        md,
+        "| sessions | RSS MiB | bytes/session (vs 0) | initialize+initialized/s |"
+    );
+    let _ = writeln!(md, "|---:|---:|---:|---:|");
+    let mut json_rows = Vec::new();
+    for (n, rss, rate, took) in &rows {
+        let per = if *n == 0 {
+            f64::NAN
+        } else {
+            (*rss as f64 - base as f64) / *n as f64
+        };
+        let _ = writeln!(
+            md,
+            "| {n} | {:.1} | {} | {} |",
+            *rss as f64 / 1048576.0,
+            fmt_f(per, 0),
+            if *n == 0 {
+                "–".into()
+            } else {
+                fmt_f(*rate, 0)
+            }
+        );
+        json_rows.push(json!({"sessions": n, "rss_bytes": rss, "bytes_per_session": if per.is_finite() { json!(per) } else { Value::Null }, "sessions_per_s": rate, "seconds": took}));
+        if *n > 0 {
+            report.bytes_per_session = Some((*n, per));
+        }
+    }
+    if !note.is_empty() {
+        let _ = writeln!(md, "\n{note}");
+    }
+    report.add(
+        "memory",
+        md,
+        json!({"rows": json_rows, "note": note, "sessions_kept": keep.len()}),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Scenario 4: pending rounds.
+// ---------------------------------------------------------------------------------
+
+async fn pending(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
+    let n = opts.pending;
+    let ws = env.scratch_uri.clone();
+    let store = SqliteStore::open(&env.db.to_string_lossy()).map_err(|e| e.to_string())?;
+    let before = store.count(&ws).map_err(|e| e.to_string())?;
+    eprintln!(
+        "bench: pending: creating {n} notes directly (load {})",
+        load_avg()
+    );
+    // The notes to delete, created on the server directly (not measured).
+    {
+        let next = Arc::new(AtomicUsize::new(0));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..16 {
+            let next = next.clone();
+            let ws = ws.clone();
+            let addr = server.addr;
+            tasks.spawn(async move {
+                let mut c = Conn::open(addr).await?;
+                let h = modern_headers("tools/call", Some("notes_create"));
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n {
+                        return Ok::<_, BoxError>(());
+                    }
+                    let (st, m) = c
+                        .exchange(
+                            &h,
+                            modern_body(
+                                1,
+                                "tools/call",
+                                json!({"name": "notes_create", "arguments": {"workspaceUri": ws, "title": format!("pending-{i}"), "body": "bench"}}),
+                                json!({}),
+                            ),
+                        )
+                        .await?;
+                    result_of(st, &m)?;
+                }
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r??;
+        }
+    }
+    let gateway = env.gateway(server, "pending")?;
+    let _perf = PerfGuard::start(env, gateway.pid(), "pending");
+    let rss0 = settle_rss(&gateway).await?;
+    let sessions = open_sessions(
+        gateway.addr,
+        opts.pending_sessions,
+        32,
+        Instant::now() + Duration::from_secs(120),
+    )
+    .await?;
+    if sessions.len() < opts.pending_sessions {
+        return Err("pending: could not open the sessions in time".into());
+    }
+    let rss_sessions = settle_rss(&gateway).await?;
+    eprintln!(
+        "bench: pending: parking {n} requests on {} sessions",
+        sessions.len()
+    );
+    // Park: each request on its own connection, SSE kept open; setup concurrency bounded.
+    let gate = Arc::new(tokio::sync::Semaphore::new(256));
+    let (parked_tx, mut parked_rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Bytes)>();
+    let mut streams = tokio::task::JoinSet::new();
+    let park_start = Instant::now();
+    for i in 0..n {
+        let sid = sessions[i % sessions.len()].clone();
+        let gate = gate.clone();
+        let parked_tx = parked_tx.clone();
+        let ws = ws.clone();
+        let addr = gateway.addr;
+        streams.spawn(async move {
+            let permit = gate.acquire_owned().await?;
+            let mut c = Conn::open(addr).await?;
+            let h = legacy_headers(&sid);
+            let body = rpc(
+                1_000_000 + i as u64,
+                "tools/call",
+                json!({"name": "notes_delete", "arguments": {"workspaceUri": ws, "title": format!("pending-{i}")}}),
+            );
+            let resp = c.post(&h, body).await?;
+            if !is_sse(&resp) {
+                let st = resp.status();
+                let b = resp.into_body().collect().await?.to_bytes();
+                return Err(format!(
+                    "request {i}: not parked (HTTP {st}): {}",
+                    String::from_utf8_lossy(&b)
+                )
+                .into());
+            }
+            let mut permit = Some(permit);
+            let mut replies = Vec::new();
+            let response = read_sse(
+                resp,
+                |live| {
+                    let reply = accept_reply(&live).ok()?;
+                    let _ = parked_tx.send((i, reply));
+                    permit.take();
+                    None
+                },
+                &mut replies,
+            )
+            .await?;
+            let r = response.ok_or_else(|| format!("request {i}: stream ended without a response"))?;
+            if let Some(e) = r.get("error") {
+                return Err(format!("request {i}: {e}").into());
+            }
+            check_deleted(&r["result"])?;
+            Ok::<_, BoxError>(i)
+        });
+    }
+    drop(parked_tx);
+    let mut replies: Vec<(usize, Bytes)> = Vec::with_capacity(n);
+    let park_deadline = Instant::now() + Duration::from_secs(180);
+    while replies.len() < n {
+        match tokio::time::timeout_at(park_deadline.into(), parked_rx.recv()).await {
+            Ok(Some(r)) => replies.push(r),
+            Ok(None) => break,
+            Err(_) => break,
+        }
+        // A stream task that failed before parking shows up here.
+        if let Some(Ok(Err(e))) = streams.try_join_next() {
+            return Err(e);
+        }
+    }
+    let park_secs = park_start.elapsed().as_secs_f64();
+    if replies.len() < n {
+        return Err(format!("pending: only {} of {n} requests parked", replies.len()).into());
+    }
+    let rss_parked = settle_rss(&gateway).await?;
+    eprintln!(
+        "  {n} parked in {park_secs:.1} s; RSS {:.1} MiB; answering",
+        rss_parked as f64 / 1048576.0
+    );
+    // Answer them all, 64 at a time on pooled connections, and time the drain.
+    let drain_start = Instant::now();
+    let replies = Arc::new(std::sync::Mutex::new(replies));
+    let mut answerers = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        let replies = replies.clone();
+        let sessions = sessions.clone();
+        let addr = gateway.addr;
+        answerers.spawn(async move {
+            let mut c = Conn::open(addr).await?;
+            let mut refused = 0usize;
+            loop {
+                let next = replies.lock().map_err(|_| "poisoned")?.pop();
+                let Some((i, reply)) = next else {
+                    return Ok::<_, BoxError>(refused);
+                };
+                let h = legacy_headers(&sessions[i % sessions.len()]);
+                let r = c.post(&h, reply).await?;
+                let st = r.status();
+                r.into_body().collect().await?;
+                if st != StatusCode::ACCEPTED {
+                    refused += 1;
+                }
+            }
+        });
+    }
+    let mut refused = 0;
+    while let Some(r) = answerers.join_next().await {
+        refused += r??;
+    }
+    let answered_secs = drain_start.elapsed().as_secs_f64();
+    let mut completed = 0usize;
+    let mut errors = Vec::new();
+    let drain_deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        match tokio::time::timeout_at(drain_deadline.into(), streams.join_next()).await {
+            Ok(Some(Ok(Ok(_)))) => completed += 1,
+            Ok(Some(Ok(Err(e)))) => errors.push(e.to_string()),
+            Ok(Some(Err(e))) => errors.push(e.to_string()),
+            Ok(None) => break,
+            Err(_) => {
+                errors.push("timed out waiting for the streams to finish".into());
+                streams.abort_all();
+                break;
+            }
+        }
+    }
+    let drain_secs = drain_start.elapsed().as_secs_f64();
+    let after = store.count(&ws).map_err(|e| e.to_string())?;
+    let rss_after = settle_rss(&gateway).await?;
+    eprintln!(
+        "  drained in {drain_secs:.2} s: {completed}/{n} completed, {} errors, store {before} → {after}",
+        errors.len()
+    );
+    let ok = completed == n && errors.is_empty() && refused == 0 && after == before;
+    report.pending_ok = Some(ok);
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "### 4. Pending rounds: {n} legacy requests parked on an unanswered elicitation ({} sessions × {})\n",
+        sessions.len(),
+        n.div_ceil(sessions.len())
+    );
+    let _ = writeln!(md, "| measure | value |");
+    let _ = writeln!(md, "|---|---:|");
+    let rows: Vec<(&str, String)> = vec![
+        (
+            "gateway RSS before sessions",
+            format!("{:.1} MiB", rss0 as f64 / 1048576.0),
+        ),
+        (
+            "gateway RSS with sessions, nothing pending",
+            format!("{:.1} MiB", rss_sessions as f64 / 1048576.0),
+        ),
+        (
+            "gateway RSS with all rounds pending",
+            format!("{:.1} MiB", rss_parked as f64 / 1048576.0),
+        ),
+        (
+            "bytes per pending round (vs sessions only)",
+            format!(
+                "{:.0}",
+                (rss_parked as f64 - rss_sessions as f64) / n as f64
+            ),
+        ),
+        ("time to park all", format!("{park_secs:.2} s")),
+        ("time to post all answers", format!("{answered_secs:.2} s")),
+        (
+            "time to drain (first answer posted → last response)",
+            format!("{drain_secs:.2} s"),
+        ),
+        (
+            "completed / errors / refused replies",
+            format!("{completed} / {} / {refused}", errors.len()),
+        ),
+        (
+            "notes left of those parked (store check)",
+            format!("{}", after.saturating_sub(before)),
+        ),
+        (
+            "gateway RSS after drain",
+            format!("{:.1} MiB", rss_after as f64 / 1048576.0),
+        ),
+    ];
+    for (k, v) in &rows {
+        let _ = writeln!(md, "| {k} | {v} |");
+    }
+    if let Some(e) = errors.first() {
+        let _ = writeln!(md, "\nfirst error: `{e}`");
+    }
+    report.add(
+        "pending",
+        md,
+        json!({"requests": n, "sessions": sessions.len(), "rss_before_sessions": rss0,
+               "rss_sessions": rss_sessions, "rss_parked": rss_parked, "rss_after": rss_after,
+               "park_seconds": park_secs, "answer_seconds": answered_secs, "drain_seconds": drain_secs,
+               "completed": completed, "errors": errors.len(), "first_errors": errors.iter().take(5).collect::<Vec<_>>(),
+               "refused_replies": refused, "store_before": before, "store_after": after, "ok": ok}),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Report.
+// ---------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Report {
+    sections: Vec<(String, String, Value)>,
+    passthrough_ratios: Vec<(usize, String, f64, f64, f64)>,
+    mrtr_ratio: Option<f64>,
+    bytes_per_session: Option<(usize, f64)>,
+    pending_ok: Option<bool>,
+}
+
+impl Report {
+    fn add(&mut self, name: &str, md: String, json: Value) {
+        self.sections.push((name.to_owned(), md, json));
+    }
+
+    fn targets(&self) -> (String, Value) {
+        let mut md = String::from("### Targets\n\n| target | measured | met |\n|---|---:|:---:|\n");
+        let mut js = Vec::new();
+        let mut row = |name: &str, measured: String, met: Option<bool>| {
+            let m = match met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "–",
+            };
+            let _ = writeln!(md, "| {name} | {measured} | {m} |");
+            js.push(json!({"target": name, "measured": measured, "met": met}));
+        };
+        let at = |c: usize| {
+            self.passthrough_ratios
+                .iter()
+                .filter(|r| r.0 == c)
+                .collect::<Vec<_>>()
+        };
+        for r in at(64) {
+            row(
+                &format!("pass-through ≥ 0.95× direct at c=64 ({})", r.1),
+                fmt_f(r.2, 3),
+                Some(r.2 >= 0.95),
+            );
+        }
+        for r in at(1) {
+            row(
+                &format!("p50 added ≤ 50 µs at c=1 ({})", r.1),
+                format!("{} µs", fmt_f(r.4, 1)),
+                Some(r.4 <= 50.0),
+            );
+        }
+        for r in &self.passthrough_ratios {
+            row(
+                &format!("gateway/bare proxy ≥ 0.95 (c={}, {})", r.0, r.1),
+                fmt_f(r.3, 3),
+                Some(r.3 >= 0.95),
+            );
+        }
+        if let Some(r) = self.mrtr_ratio {
+            row(
+                "legacy MRTR flow ≥ 0.8× modern direct",
+                fmt_f(r, 3),
+                Some(r >= 0.8),
+            );
+        }
+        if let Some((n, b)) = self.bytes_per_session {
+            row(
+                &format!("≤ 8 KiB per idle legacy session (at {n})"),
+                format!("{} B", fmt_f(b, 0)),
+                Some(b <= 8192.0),
+            );
+        }
+        if let Some(ok) = self.pending_ok {
+            row(
+                "pending rounds: all complete, no error or timeout",
+                if ok { "all completed" } else { "failures" }.into(),
+                Some(ok),
+            );
+        }
+        (md, Value::Array(js))
+    }
+}
+
+fn git(args: &[&str]) -> String {
+    Command::new("git")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------------
+// Main.
+// ---------------------------------------------------------------------------------
+
+fn build(release: bool) -> Res<()> {
+    let Ok(cargo) = std::env::var("CARGO") else {
+        return Ok(());
+    };
+    let mut c = Command::new(cargo);
+    c.args(["build", "--bin", "dualera", "--example", "bare_proxy"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if release {
+        c.arg("--release");
+    }
+    if !c.status()?.success() {
+        return Err("building dualera and bare_proxy failed".into());
+    }
+    Ok(())
+}
+
+fn setup(opts: &Opts) -> Res<Env> {
+    let exe = std::env::current_exe()?;
+    let examples = exe.parent().ok_or("no exe dir")?;
+    let profile_dir = examples.parent().ok_or("no target dir")?;
+    let release = profile_dir.file_name().is_some_and(|n| n == "release");
+    if !release {
+        eprintln!("bench: WARNING: not a --release build; figures are not measurements");
+    }
+    if !opts.no_build {
+        build(release)?;
+    }
+    let bin = opts
+        .dualera
+        .clone()
+        .unwrap_or_else(|| profile_dir.join("dualera"));
+    let bare = examples.join("bare_proxy");
+    for p in [&bin, &bare] {
+        if !p.exists() {
+            return Err(format!(
+                "{} is missing: cargo build --release --bin dualera --example bare_proxy",
+                p.display()
+            )
+            .into());
+        }
+    }
+    let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+    let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/results");
+    std::fs::create_dir_all(results.join("logs"))?;
+    let dir = std::env::temp_dir().join(format!("dualera-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let layout = dualera::demo::ensure(&dir)?;
+    let scratch = dir.join("scratch");
+    std::fs::create_dir_all(&scratch)?;
+    let scratch_uri =
+        dualera::server::scope::Scope::from_fs_path(&std::fs::canonicalize(&scratch)?)
+            .map_err(|e| e.to_string())?
+            .to_uri();
+    let db = dir.join("dualera.db");
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| e.to_string())?;
+    let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let server_config = dir.join("bench-server.toml");
+    std::fs::write(
+        &server_config,
+        format!(
+            "[store]\npath = {db:?}\n\n[state]\nttl_ms = 3600000\n\n[[state.keys]]\nid = \"bench\"\nsecret = {secret:?}\n\n\
+             [[grants]]\nprincipal = \"local\"\nworkspaces = [{:?}, {:?}]\nrepositories = [{:?}]\n",
+            layout.notes_uri,
+            scratch_uri,
+            layout.repo_dir.to_string_lossy(),
+            db = db.to_string_lossy(),
+        ),
+    )?;
+    let gateway_config = dir.join("bench-gateway.toml");
+    let max_sessions = opts
+        .session_levels
+        .iter()
+        .copied()
+        .chain([opts.pending_sessions])
+        .max()
+        .unwrap_or(0)
+        + 1_000;
+    std::fs::write(
+        &gateway_config,
+        format!(
+            "[gateway]\nmax_sessions = {max_sessions}\nsession_idle_ttl_secs = 7200\n\
+             live_request_timeout_secs = 3600\nmax_in_flight = 64\n"
+        ),
+    )?;
+    Ok(Env {
+        bin,
+        bare,
+        dir,
+        results,
+        stamp,
+        server_config,
+        gateway_config,
+        db,
+        notes_uri: layout.notes_uri,
+        scratch_uri,
+        profile: opts.profile,
+    })
+}
+
+fn main() -> Res<()> {
+    let opts = parse_opts();
+    let mut env = setup(&opts)?;
+    if opts.profile == Some(Profile::Perf)
+        && !Command::new("perf")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    {
+        eprintln!("bench: --profile perf: `perf` is not available; running without profiling");
+        env.profile = None;
+    }
+    if matches!(opts.profile, Some(Profile::Callgrind | Profile::Massif))
+        && !Command::new("valgrind")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    {
+        eprintln!(
+            "bench: --profile callgrind: `valgrind` is not available; running without profiling"
+        );
+        env.profile = None;
+    }
+    if matches!(env.profile, Some(Profile::Callgrind | Profile::Massif)) {
+        eprintln!("bench: the gateway runs under valgrind: timings and RSS are not measurements");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let load_start = load_avg();
+    let started = Instant::now();
+    let mut report = Report::default();
+    let result = runtime.block_on(async {
+        let server = env.server()?;
+        for s in &opts.scenarios {
+            match s.as_str() {
+                "passthrough" => passthrough(&env, &opts, &server, &mut report).await?,
+                "mrtr" => mrtr(&env, &opts, &server, &mut report).await?,
+                "memory" => memory(&env, &opts, &server, &mut report).await?,
+                "pending" => pending(&env, &opts, &server, &mut report).await?,
+                _ => {}
+            }
+        }
+        Ok::<_, BoxError>(())
+    });
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    let _ = std::fs::remove_dir_all(&env.dir);
+    if let Err(e) = &result {
+        eprintln!("bench: FAILED: {e}");
+    }
+    let (targets_md, targets_json) = report.targets();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let commit = git(&["rev-parse", "--short", "HEAD"]);
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    let mut md = format!(
+        "## Benchmark results ({})\n\ncommit {commit}{}, binary {}, {cpus} CPUs, load average {load_start} at start / {} at end, {:.0} s, scenarios: {}{}\n\n",
+        env.stamp,
+        if dirty { " + local changes" } else { "" },
+        env.bin.display(),
+        load_avg(),
+        started.elapsed().as_secs_f64(),
+        opts.scenarios.join(", "),
+        match env.profile {
+            Some(Profile::Perf) => " (under perf)",
+            Some(Profile::Callgrind | Profile::Massif) => " (gateway under valgrind: timings and RSS meaningless)",
+            None => "",
+        }
+    );
+    md.push_str(&targets_md);
+    md.push('\n');
+    for (_, s, _) in &report.sections {
+        md.push_str(s);
+        md.push('\n');
+    }
+    if let Err(e) = &result {
+        let _ = writeln!(md, "**The run failed:** {e}");
+    }
+    let js = json!({
+        "stamp": env.stamp, "commit": commit, "dirty": dirty, "binary": env.bin.display().to_string(), "cpus": cpus,
+        "load_start": load_start, "load_end": load_avg(),
+        "options": {"rounds": opts.rounds, "secs": opts.secs, "concurrency": opts.concurrency,
+                    "sessions": opts.session_levels, "pending": opts.pending, "pending_sessions": opts.pending_sessions},
+        "targets": targets_json,
+        "scenarios": report.sections.iter().map(|(n, _, j)| (n.clone(), j.clone())).collect::<serde_json::Map<_, _>>(),
+        "error": result.as_ref().err().map(ToString::to_string),
+    });
+    let md_path = env.results.join(format!("{}.md", env.stamp));
+    let json_path = env.results.join(format!("{}.json", env.stamp));
+    std::fs::write(&md_path, &md)?;
+    std::fs::write(&json_path, serde_json::to_vec_pretty(&js)?)?;
+    std::fs::write(env.results.join("latest.md"), &md)?;
+    std::fs::write(
+        env.results.join("latest.json"),
+        serde_json::to_vec_pretty(&js)?,
+    )?;
+    println!("{md}");
+    eprintln!(
+        "bench: wrote {} and {}",
+        md_path.display(),
+        json_path.display()
+    );
+    result
+}
