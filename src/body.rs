@@ -53,3 +53,20 @@ impl Body for ChannelBody {
         self.rx.poll_recv(cx).map(|m| m.map(|b| Ok(Frame::data(b))))
     }
 }
+
+/// A `200` SSE response over `body`, with the headers every SSE stream gets here
+/// (`no-cache`, and `X-Accel-Buffering: no` so reverse proxies do not hold events back).
+pub fn sse_response(body: GatewayBody) -> http::Response<GatewayBody> {
+    let mut r = http::Response::new(body);
+    let h = r.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-cache"),
+    );
+    h.insert("x-accel-buffering", http::HeaderValue::from_static("no"));
+    r
+}

@@ -106,15 +106,7 @@ pub(super) fn open(gw: &Gateway, req: &Request<Incoming>) -> Response<GatewayBod
         }
         .instrument(span),
     );
-    let mut r = Response::new(body);
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    r
+    crate::body::sse_response(body)
 }
 
 /// `POST /messages?sessionId=…`: one message into a session.

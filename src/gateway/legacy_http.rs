@@ -223,16 +223,6 @@ fn with_session_header(mut r: Response<GatewayBody>, id: &str) -> Response<Gatew
     r
 }
 
-fn sse_headers(r: &mut Response<GatewayBody>) {
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-}
-
 /// Handles one legacy request (POST, GET or DELETE on `/mcp`).
 pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<GatewayBody> {
     let session_header = req
@@ -695,9 +685,7 @@ fn respond_on(
         st.tx = Some(tx);
     }
     debug!(session = %handle.id, stream = st.number, "SSE stream opened");
-    let mut r = Response::new(body);
-    sse_headers(&mut r);
-    r
+    crate::body::sse_response(body)
 }
 
 fn get(
@@ -765,9 +753,7 @@ fn get(
         let _ = s.machine.handle_standalone_opened();
         route(gw, handle, &mut s);
     }
-    let mut r = Response::new(body);
-    sse_headers(&mut r);
-    r
+    crate::body::sse_response(body)
 }
 
 /// Carries out everything the machine asked for. Called with the session lock held;

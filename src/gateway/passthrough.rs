@@ -145,14 +145,7 @@ async fn forward_stdio(
                     }
                 }
             });
-            let mut r = Response::new(body);
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream"),
-            );
-            r.headers_mut()
-                .insert("x-accel-buffering", HeaderValue::from_static("no"));
-            r
+            crate::body::sse_response(body)
         }
         None => unavailable(),
     }

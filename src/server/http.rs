@@ -356,18 +356,8 @@ fn sse_event(json: &[u8]) -> Bytes {
 }
 
 fn sse_stream(status: StatusCode, body: GatewayBody) -> Response<GatewayBody> {
-    let mut r = Response::new(body);
+    let mut r = crate::body::sse_response(body);
     *r.status_mut() = status;
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(
-        header::CACHE_CONTROL,
-        header::HeaderValue::from_static("no-cache"),
-    );
-    h.insert("x-accel-buffering", header::HeaderValue::from_static("no"));
     r
 }
 
