@@ -805,10 +805,14 @@ fn roots_select_only_granted_workspaces(kind: Kind) {
         "{sc}"
     );
     assert_eq!(sc["notes"].as_array().unwrap().len(), 5, "{sc}");
-    // Roots outside the grants only: nothing at all.
+    // Roots outside the grants only (wherever the checkout lives): nothing at all.
     let sc = list(
         5,
-        json!([{"uri": "file:///tmp"}, {"uri": "file:///etc/passwd"}]),
+        json!([
+            {"uri": format!("{}-outside", fx.notes_uri)},
+            {"uri": fx.notes_path("..").replace("/notes/..", "/elsewhere")},
+            {"uri": "file:///etc/passwd"}
+        ]),
     );
     assert_eq!(sc["workspaces"], json!([]), "{sc}");
     assert_eq!(sc["notes"], json!([]), "{sc}");
