@@ -66,11 +66,6 @@ impl StdioUpstream {
         Self { shared }
     }
 
-    /// How many times the child has been (re)started.
-    pub fn starts(&self) -> u64 {
-        self.shared.restarts.load(Ordering::Relaxed)
-    }
-
     /// Sends one request and calls `on_message` for its notifications and response.
     pub async fn exchange(
         &self,

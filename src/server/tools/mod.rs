@@ -78,9 +78,6 @@ pub enum Outcome {
     },
 }
 
-/// The former name of [`Outcome`].
-pub type ToolOutcome = Outcome;
-
 /// A tool.
 pub trait Tool: Send + Sync + std::fmt::Debug {
     /// The tool's name.
@@ -92,7 +89,7 @@ pub trait Tool: Send + Sync + std::fmt::Debug {
         None
     }
     /// Runs the tool.
-    fn call(&self, cx: &CallContext<'_>) -> Result<ToolOutcome, ServerError>;
+    fn call(&self, cx: &CallContext<'_>) -> Result<Outcome, ServerError>;
 }
 
 /// Tools by name, listed in a fixed order.

@@ -1,7 +1,7 @@
 //! `notes_create`, `notes_list` (with the roots migration adapter) and `notes_delete`
 //! (form elicitation through MRTR, single-use signed confirmation).
 
-use super::{text_result, CallContext, Tool, ToolOutcome};
+use super::{text_result, CallContext, Outcome, Tool};
 use crate::server::error::ServerError;
 use crate::server::scope::Scope;
 use crate::server::store::{DeleteOutcome, LiveCheck, NonceClaim, Note, NoteStore, ReplayStore};
@@ -68,7 +68,7 @@ impl Tool for NotesCreate {
         })
     }
 
-    fn call(&self, cx: &CallContext<'_>) -> Result<ToolOutcome, ServerError> {
+    fn call(&self, cx: &CallContext<'_>) -> Result<Outcome, ServerError> {
         cx.only_args(&["workspaceUri", "title", "body"])?;
         let ws = authorized_workspace(cx, cx.string_arg("workspaceUri", MAX_URI)?)?;
         let title = cx.string_arg("title", MAX_TITLE)?;
@@ -82,7 +82,7 @@ impl Tool for NotesCreate {
             _ => return Err(ServerError::params("argument body must be a string")),
         };
         let note = cx.services.store.create(&ws.to_uri(), title, body)?;
-        Ok(ToolOutcome::Complete(text_result(
+        Ok(Outcome::Complete(text_result(
             format!(
                 "Created {} \"{}\" in {}",
                 note.public_id(),
@@ -123,7 +123,7 @@ impl Tool for NotesList {
         })
     }
 
-    fn call(&self, cx: &CallContext<'_>) -> Result<ToolOutcome, ServerError> {
+    fn call(&self, cx: &CallContext<'_>) -> Result<Outcome, ServerError> {
         cx.only_args(&["workspaceUri", "query"])?;
         let query = cx.optional_string_arg("query", MAX_QUERY)?;
         let limit = cx.services.limits.max_list;
@@ -144,7 +144,7 @@ impl Tool for NotesList {
                 .collect::<Vec<_>>()
                 .join("\n")
         };
-        Ok(ToolOutcome::Complete(text_result(
+        Ok(Outcome::Complete(text_result(
             text,
             Some(json!({
                 "workspaces": workspaces,
@@ -161,9 +161,9 @@ impl NotesList {
     fn roots_scope(
         &self,
         cx: &CallContext<'_>,
-    ) -> Result<Result<Vec<String>, ToolOutcome>, ServerError> {
+    ) -> Result<Result<Vec<String>, Outcome>, ServerError> {
         let opened = cx.open_state(self.name())?;
-        let ask = |round: u32| -> Result<ToolOutcome, ServerError> {
+        let ask = |round: u32| -> Result<Outcome, ServerError> {
             if round > cx.services.limits.max_rounds {
                 return Err(ServerError::params(
                     "too many rounds without a roots/list answer",
@@ -174,7 +174,7 @@ impl NotesList {
                 ROOTS_KEY.into(),
                 json!({ "method": "roots/list", "params": {} }),
             );
-            Ok(ToolOutcome::InputRequired {
+            Ok(Outcome::InputRequired {
                 input_requests,
                 request_state: Some(cx.seal_state(self.name(), "roots", round, Value::Null)?),
             })
@@ -257,7 +257,7 @@ impl Tool for NotesDelete {
         Some(json!({ "elicitation": { "form": {} } }))
     }
 
-    fn call(&self, cx: &CallContext<'_>) -> Result<ToolOutcome, ServerError> {
+    fn call(&self, cx: &CallContext<'_>) -> Result<Outcome, ServerError> {
         cx.only_args(&["workspaceUri", "title"])?;
         let ws = authorized_workspace(cx, cx.string_arg("workspaceUri", MAX_URI)?)?;
         let title = cx.string_arg("title", MAX_TITLE)?;
@@ -269,7 +269,7 @@ impl Tool for NotesDelete {
                 .store
                 .find_by_title(&workspace, title, MAX_CANDIDATES)?;
             if candidates.is_empty() {
-                return Ok(ToolOutcome::Complete(text_result(
+                return Ok(Outcome::Complete(text_result(
                     format!("No note titled {title:?} in {workspace}; nothing deleted."),
                     None,
                     true,
@@ -330,7 +330,7 @@ impl Tool for NotesDelete {
             now_ms: cx.now_ms,
         };
         match action {
-            "cancel" => Ok(ToolOutcome::Complete(text_result(
+            "cancel" => Ok(Outcome::Complete(text_result(
                 "Deletion cancelled; nothing was deleted.",
                 Some(json!({ "deleted": null, "action": "cancel" })),
                 false,
@@ -339,7 +339,7 @@ impl Tool for NotesDelete {
                 if !cx.services.store.claim(&claim)? {
                     return Err(ServerError::params("requestState has already been used"));
                 }
-                Ok(ToolOutcome::Complete(text_result(
+                Ok(Outcome::Complete(text_result(
                     "Deletion declined; nothing was deleted.",
                     Some(json!({ "deleted": null, "action": "decline" })),
                     false,
@@ -366,7 +366,7 @@ impl Tool for NotesDelete {
                     if !cx.services.store.claim(&claim)? {
                         return Err(ServerError::params("requestState has already been used"));
                     }
-                    return Ok(ToolOutcome::Complete(text_result(
+                    return Ok(Outcome::Complete(text_result(
                         "Deletion not confirmed; nothing was deleted.",
                         Some(json!({ "deleted": null, "action": "accept", "confirm": false })),
                         false,
@@ -389,14 +389,14 @@ impl Tool for NotesDelete {
                 match cx.services.store.delete_claimed(&claim, &check)? {
                     DeleteOutcome::Deleted(n) => {
                         tracing::info!(note = %n.public_id(), principal = cx.principal, "note deleted");
-                        Ok(ToolOutcome::Complete(text_result(
+                        Ok(Outcome::Complete(text_result(
                             format!("Deleted {} \"{}\" from {}.", n.public_id(), n.title, n.workspace),
                             Some(json!({ "deleted": n.public_id(), "action": "accept" })),
                             false,
                         )))
                     }
                     DeleteOutcome::Replayed => Err(ServerError::params("requestState has already been used")),
-                    DeleteOutcome::NotLive => Ok(ToolOutcome::Complete(text_result(
+                    DeleteOutcome::NotLive => Ok(Outcome::Complete(text_result(
                         format!("{note_id} is no longer a note titled {title:?} in {workspace}; nothing was deleted."),
                         None,
                         true,
@@ -419,7 +419,7 @@ impl NotesDelete {
         shown: &[Note],
         ids: Vec<String>,
         round: u32,
-    ) -> Result<ToolOutcome, ServerError> {
+    ) -> Result<Outcome, ServerError> {
         let lines: Vec<String> = shown
             .iter()
             .map(|n| {
@@ -457,7 +457,7 @@ impl NotesDelete {
                 }
             }),
         );
-        Ok(ToolOutcome::InputRequired {
+        Ok(Outcome::InputRequired {
             input_requests,
             request_state: Some(state),
         })

@@ -1,7 +1,7 @@
 //! `summarize_repo {directory, audience}`: deterministic file work inside the granted
 //! directory, then two sampling rounds through MRTR (pick files, then summarize).
 
-use super::{text_result, CallContext, Tool, ToolOutcome};
+use super::{text_result, CallContext, Outcome, Tool};
 use crate::server::error::ServerError;
 use crate::server::request_state::hex;
 use crate::server::scope::Scope;
@@ -86,14 +86,14 @@ impl Tool for SummarizeRepo {
         Some(json!({ "sampling": {} }))
     }
 
-    fn call(&self, cx: &CallContext<'_>) -> Result<ToolOutcome, ServerError> {
+    fn call(&self, cx: &CallContext<'_>) -> Result<Outcome, ServerError> {
         cx.only_args(&["directory", "audience"])?;
         let directory = cx.string_arg("directory", 4096)?;
         let audience = cx.string_arg("audience", MAX_AUDIENCE)?;
         let (root, dir) = authorized_directory(cx, directory)?;
         let listing = list_files(&root, &dir, cx.services.limits.max_files)?;
         if listing.files.is_empty() {
-            return Ok(ToolOutcome::Complete(text_result(
+            return Ok(Outcome::Complete(text_result(
                 format!("{directory} has no readable files to summarize."),
                 None,
                 true,
@@ -144,7 +144,7 @@ impl Tool for SummarizeRepo {
                     )));
                 }
                 let shown_dir = dir.to_path().display().to_string();
-                Ok(ToolOutcome::Complete(text_result(
+                Ok(Outcome::Complete(text_result(
                     format!(
                         "Summary of {shown_dir} for {audience} (from {}):\n\n{summary}",
                         picks.join(", ")
@@ -171,7 +171,7 @@ impl SummarizeRepo {
         listing: &Listing,
         digest: &str,
         round: u32,
-    ) -> Result<ToolOutcome, ServerError> {
+    ) -> Result<Outcome, ServerError> {
         let budget = cx.services.limits.sampling_bytes_per_round;
         let mut list = String::new();
         for f in &listing.files {
@@ -207,7 +207,7 @@ impl SummarizeRepo {
         picks: &[String],
         digest: &str,
         round: u32,
-    ) -> Result<ToolOutcome, ServerError> {
+    ) -> Result<Outcome, ServerError> {
         let budget = cx.services.limits.sampling_bytes_per_round;
         let per_file = budget / picks.len().max(1);
         let mut body = String::new();
@@ -241,7 +241,7 @@ impl SummarizeRepo {
     }
 }
 
-fn sampling_round(key: &str, text: String, max_tokens: u32, state: String) -> ToolOutcome {
+fn sampling_round(key: &str, text: String, max_tokens: u32, state: String) -> Outcome {
     let mut input_requests = Map::new();
     input_requests.insert(
         key.to_owned(),
@@ -256,7 +256,7 @@ fn sampling_round(key: &str, text: String, max_tokens: u32, state: String) -> To
             }
         }),
     );
-    ToolOutcome::InputRequired {
+    Outcome::InputRequired {
         input_requests,
         request_state: Some(state),
     }
