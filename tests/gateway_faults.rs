@@ -1,6 +1,7 @@
 //! Faults at the gateway, over real sockets: the upstream down at `initialize` and in
 //! the middle of a round, a silent peer, DELETE mid-round, refused replies, session
-//! errors (404/400), and `Last-Event-ID` resumption of a broken SSE stream.
+//! errors (404/400), `Last-Event-ID` resumption of a broken SSE stream, and a host
+//! that hangs up before its first message.
 
 mod gateway_support;
 
@@ -489,4 +490,45 @@ async fn last_event_id_resumes_broken_stream() {
     assert_eq!(all[1]["id"], id);
     assert_eq!(rig.count("Resume").await, 1, "deleted once");
     assert_eq!(rig.hop.seen_method("tools/call").len(), 2);
+}
+
+/// The host drops its POST before anything came back (2025-11-25: a disconnection is
+/// not a cancellation). The upstream call the gateway was driving for that POST keeps
+/// running, gets its answer, and is never cancelled; the session stays usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_gone_before_first_message_keeps_upstream_call() {
+    let sc = Scripted::new(&[], json!({"tools": {}}), |_| Script::Stream(vec![])).await;
+    let mut host = sc.legacy();
+    host.open("2025-11-25", json!({})).await;
+    let gone = tokio::time::timeout(
+        Duration::from_millis(300),
+        host.request("tools/call", json!({"name": "slow", "arguments": {}})),
+    )
+    .await;
+    assert!(
+        gone.is_err(),
+        "the gateway answered before its first message"
+    );
+    let call = sc.up.wait_method("tools/call", 1).await.remove(0);
+    // Past the point where the POST would have become an SSE stream.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !sc.up.was_closed(&call.id),
+        "the upstream call was cancelled"
+    );
+    sc.up.push(
+        &call.id,
+        complete(
+            &call.id,
+            json!({"content": [{"type": "text", "text": "done"}]}),
+        ),
+    );
+    eventually(WAIT, "the upstream call to finish", || {
+        sc.up.was_finished(&call.id).then_some(())
+    })
+    .await;
+    assert!(!sc.up.was_closed(&call.id));
+    assert_eq!(sc.up.seen_method("notifications/cancelled").len(), 0);
+    let ping = json!({"jsonrpc": "2.0", "id": "after", "method": "ping"});
+    assert_eq!(host.post(&ping).await.json()["result"], json!({}));
 }

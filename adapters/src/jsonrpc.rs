@@ -366,9 +366,71 @@ impl Message {
         Value::Object(m)
     }
 
-    /// The message serialized as compact JSON.
+    /// The message serialized as compact JSON: the bytes `to_value` would serialize to
+    /// (members in the same sorted order), written straight from the fields. Every
+    /// message crossing the gateway goes through here, so no intermediate tree is built.
     pub fn to_vec(&self) -> Vec<u8> {
-        serde_json::to_vec(&self.to_value()).unwrap_or_default()
+        let mut out = Vec::with_capacity(128);
+        let params = |out: &mut Vec<u8>, p: &Option<Value>| {
+            if let Some(p) = p {
+                out.extend_from_slice(b",\"params\":");
+                write_json(out, p);
+            }
+        };
+        match self {
+            Self::Request(r) => {
+                out.extend_from_slice(b"{\"id\":");
+                write_id(&mut out, &r.id);
+                out.extend_from_slice(b",\"jsonrpc\":\"2.0\",\"method\":");
+                write_json(&mut out, &r.method);
+                params(&mut out, &r.params);
+            }
+            Self::Notification(n) => {
+                out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":");
+                write_json(&mut out, &n.method);
+                params(&mut out, &n.params);
+            }
+            Self::Response(r) => {
+                // Sorted member order: "error" < "id" < "jsonrpc" < "result".
+                out.push(b'{');
+                if let Err(e) = &r.outcome {
+                    out.extend_from_slice(b"\"error\":{\"code\":");
+                    out.extend_from_slice(e.code.0.to_string().as_bytes());
+                    if let Some(d) = &e.data {
+                        out.extend_from_slice(b",\"data\":");
+                        write_json(&mut out, d);
+                    }
+                    out.extend_from_slice(b",\"message\":");
+                    write_json(&mut out, &e.message);
+                    out.extend_from_slice(b"},");
+                }
+                if let Some(id) = &r.id {
+                    out.extend_from_slice(b"\"id\":");
+                    write_id(&mut out, id);
+                    out.push(b',');
+                }
+                out.extend_from_slice(b"\"jsonrpc\":\"2.0\"");
+                if let Ok(v) = &r.outcome {
+                    out.extend_from_slice(b",\"result\":");
+                    write_json(&mut out, v);
+                }
+            }
+        }
+        out.push(b'}');
+        out
+    }
+}
+
+/// Appends `v` as compact JSON. Writing to a `Vec` cannot fail, and neither can
+/// serializing a `Value` or a `str` (their keys are strings).
+fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
+    let _ = serde_json::to_writer(&mut *out, v);
+}
+
+fn write_id(out: &mut Vec<u8>, id: &RequestId) {
+    match id {
+        RequestId::Number(n) => out.extend_from_slice(n.to_string().as_bytes()),
+        RequestId::String(s) => write_json(out, s.as_str()),
     }
 }
 
@@ -440,5 +502,25 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":"x","error":{"code":-32022,"message":"m","data":{"a":1}}}"#;
         let m = parse(raw).unwrap();
         assert_eq!(parse(&m.to_vec()).unwrap(), m);
+    }
+
+    #[test]
+    fn to_vec_matches_the_value_serialization() {
+        for raw in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a\"b","arguments":{"z":1,"a":[true,null]}}}"#,
+            r#"{"jsonrpc":"2.0","id":"s\u0001","method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":0.5}}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            r#"{"jsonrpc":"2.0","id":-7,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":"x","error":{"code":-32022,"message":"m\n","data":{"a":1}}}"#,
+            r#"{"jsonrpc":"2.0","error":{"code":-32700,"message":"Parse error"}}"#,
+        ] {
+            let m = parse(raw.as_bytes()).unwrap();
+            assert_eq!(
+                m.to_vec(),
+                serde_json::to_vec(&m.to_value()).unwrap(),
+                "{raw}"
+            );
+        }
     }
 }

@@ -3,8 +3,12 @@
 //! loop that feeds the adapters' session machine and carries out what it asks.
 //!
 //! Locking: each session's machine and stream table sit behind one `std` mutex that
-//! is never held across an `.await`; upstream exchanges and timers run as tasks that
-//! take the lock only to feed a message and route the resulting events.
+//! is never held across an `.await`; upstream exchanges and timers take the lock only
+//! to feed a message and route the resulting events.
+//!
+//! A request's first upstream exchange runs inside its own POST handler (no task
+//! hand-off each way on the hot path) and is detached into a task of its own when the
+//! handler stops waiting; every other exchange is a task from the start.
 
 use super::{sse, text, Gateway, GatewayConfig};
 use crate::body::{empty, full, ChannelBody, GatewayBody};
@@ -15,6 +19,7 @@ use dualera_adapters::{
     Config as MachineConfig, ErrorCode, ErrorObject, Event, Message, PeerStream, ProtocolVersion,
     RequestId, Response as RpcResponse, Session, SessionState, Timestamp, UpstreamRole,
 };
+use futures_util::future::{abortable, AbortHandle};
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -22,11 +27,13 @@ use hyper::body::Incoming;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
-use tokio::task::AbortHandle;
 use tracing::{debug, info, warn, Instrument};
 
 /// Messages queued towards one live SSE connection before it counts as stalled.
@@ -130,6 +137,8 @@ struct StreamState {
     pending: Option<Vec<Vec<u8>>>,
     /// The stream's last message was sent.
     finished: bool,
+    /// The POST handler waiting for this stream's first (or last) message.
+    waiter: Option<Waker>,
 }
 
 #[derive(Debug)]
@@ -140,6 +149,55 @@ struct Shared {
     finished_order: VecDeque<PeerStream>,
     next_stream: u64,
     upstream_tasks: HashMap<RequestId, AbortHandle>,
+    /// Where `route` leaves the first upstream exchange it starts for the POST handler
+    /// that is feeding the machine, instead of spawning it.
+    inline: InlineSlot,
+}
+
+/// One upstream exchange, abortable through its entry in `upstream_tasks`.
+type Exchange = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// See [`Shared::inline`].
+enum InlineSlot {
+    /// Nobody is waiting inline: exchanges are spawned.
+    Closed,
+    /// A POST handler will drive the next exchange itself.
+    Open,
+    /// The exchange that handler will drive.
+    Taken(Exchange),
+}
+
+impl std::fmt::Debug for InlineSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Closed => "Closed",
+            Self::Open => "Open",
+            Self::Taken(_) => "Taken",
+        })
+    }
+}
+
+/// An exchange a POST handler drives; if the handler stops before it finishes (it got
+/// its first message, or its client went away) the rest runs as a task, so dropping
+/// the handler never cancels upstream work.
+struct Detachable(Option<Exchange>);
+
+impl Detachable {
+    /// Closes the inline slot, taking the exchange `route` left there, if any.
+    fn take(s: &mut Shared) -> Self {
+        match std::mem::replace(&mut s.inline, InlineSlot::Closed) {
+            InlineSlot::Taken(exchange) => Self(Some(exchange)),
+            InlineSlot::Open | InlineSlot::Closed => Self(None),
+        }
+    }
+}
+
+impl Drop for Detachable {
+    fn drop(&mut self) {
+        if let (Some(rest), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(rest);
+        }
+    }
 }
 
 /// A legacy session: the machine, its streams, and what binds it to its caller.
@@ -155,7 +213,6 @@ pub(super) struct SessionHandle {
     /// When the timer task will next wake on its own (machine clock, ms); set by it
     /// under the session lock, so that routine traffic does not wake it for nothing.
     timer_at: AtomicU64,
-    settled: Notify,
     replay: usize,
 }
 
@@ -445,16 +502,16 @@ async fn initialize(
             finished_order: VecDeque::new(),
             next_stream: 0,
             upstream_tasks: HashMap::new(),
+            inline: InlineSlot::Closed,
         }),
         last_used: AtomicU64::new(now().as_millis()),
         timer_at: AtomicU64::new(0),
         wake: Notify::new(),
-        settled: Notify::new(),
         replay: gw.config.replay_buffer,
     });
     let stream = PeerStream::Request(init.id.clone());
     let init_id = init.id.clone();
-    {
+    let mut inline = {
         let Ok(mut s) = handle.shared.lock() else {
             return internal();
         };
@@ -467,9 +524,12 @@ async fn initialize(
                 format!("Invalid request: {e}"),
             );
         }
+        s.inline = InlineSlot::Open;
         route(gw, &handle, &mut s);
-    }
-    let outcome = wait_pending(&handle, &stream, INIT_WAIT).await;
+        Detachable::take(&mut s)
+    };
+    let outcome = wait_pending(&handle, &stream, INIT_WAIT, &mut inline).await;
+    drop(inline);
     let Some(messages) = outcome else {
         handle.close();
         return rpc_error(
@@ -521,36 +581,74 @@ fn open_pending(s: &mut Shared, stream: PeerStream) {
             tx: None,
             pending: Some(Vec::new()),
             finished: false,
+            waiter: None,
         },
     );
 }
 
-/// Waits until the pending stream finished (its last message arrived), up to `limit`.
+/// Waits until the pending stream finished (its last message arrived), up to `limit`,
+/// driving `inline` meanwhile.
 async fn wait_pending(
     handle: &SessionHandle,
     stream: &PeerStream,
     limit: Duration,
+    inline: &mut Detachable,
 ) -> Option<Vec<Vec<u8>>> {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let notified = handle.settled.notified();
-        {
-            let mut s = handle.shared.lock().ok()?;
-            if let Some(st) = s.streams.get_mut(stream) {
-                if st.finished {
-                    let pending = st.pending.take();
-                    // Answered as JSON: no event id ever reached the peer.
-                    forget_stream(&mut s, stream);
-                    return pending;
+    wait_stream(handle, stream, limit, inline, |st| st.finished).await;
+    let mut s = handle.shared.lock().ok()?;
+    let st = s.streams.get_mut(stream)?;
+    if !st.finished {
+        return None;
+    }
+    let pending = st.pending.take();
+    // Answered as JSON: no event id ever reached the peer.
+    forget_stream(&mut s, stream);
+    pending
+}
+
+/// Waits until `ready` holds for the stream (or it is gone), up to `limit`, while
+/// driving the caller's inline exchange.
+///
+/// The waker is parked in the stream itself and cleared before the exchange is
+/// polled: a message the exchange delivers during that poll must not wake the task
+/// that is running it, because a task woken during its own poll is requeued as a
+/// yield, which makes the runtime wake an idle worker for nothing (twice per request
+/// before this was done, per `perf record -e sched:sched_wakeup`).
+async fn wait_stream(
+    handle: &SessionHandle,
+    stream: &PeerStream,
+    limit: Duration,
+    inline: &mut Detachable,
+    ready: impl Fn(&StreamState) -> bool,
+) {
+    let sleep = tokio::time::sleep(limit);
+    tokio::pin!(sleep);
+    std::future::poll_fn(|cx| {
+        if let Some(exchange) = inline.0.as_mut() {
+            if let Ok(mut s) = handle.shared.lock() {
+                if let Some(st) = s.streams.get_mut(stream) {
+                    st.waiter = None;
                 }
-            } else {
-                return None;
+            }
+            if exchange.as_mut().poll(cx).is_ready() {
+                inline.0 = None;
             }
         }
-        if tokio::time::timeout_at(deadline, notified).await.is_err() {
-            return None;
+        {
+            let Ok(mut s) = handle.shared.lock() else {
+                return Poll::Ready(());
+            };
+            match s.streams.get_mut(stream) {
+                Some(st) if !ready(st) => match &st.waiter {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => st.waiter = Some(cx.waker().clone()),
+                },
+                _ => return Poll::Ready(()),
+            }
         }
-    }
+        sleep.as_mut().poll(cx)
+    })
+    .await;
 }
 
 async fn request(
@@ -559,22 +657,30 @@ async fn request(
     r: dualera_adapters::Request,
 ) -> Response<GatewayBody> {
     let stream = PeerStream::Request(r.id.clone());
-    if let Err(refused) = feed_request(gw, handle, r, &stream) {
-        return *refused;
-    }
-    wait_first(handle, &stream, FIRST_MESSAGE_WAIT).await;
+    let mut inline = match feed_request(gw, handle, r, &stream) {
+        Ok(inline) => inline,
+        Err(refused) => return *refused,
+    };
+    // A request answered without any live round gets a plain JSON response.
+    wait_stream(handle, &stream, FIRST_MESSAGE_WAIT, &mut inline, |st| {
+        st.finished || st.pending.as_ref().is_none_or(|p| !p.is_empty())
+    })
+    .await;
+    drop(inline);
     let Ok(mut s) = handle.shared.lock() else {
         return internal();
     };
     respond_on(handle, &mut s, &stream)
 }
 
+/// Feeds a request to the machine; returns the first upstream exchange it started,
+/// for the caller to drive.
 fn feed_request(
     gw: &Gateway,
     handle: &Arc<SessionHandle>,
     r: dualera_adapters::Request,
     stream: &PeerStream,
-) -> Result<(), Box<Response<GatewayBody>>> {
+) -> Result<Detachable, Box<Response<GatewayBody>>> {
     let id = r.id.clone();
     let Ok(mut s) = handle.shared.lock() else {
         return Err(Box::new(internal()));
@@ -592,28 +698,10 @@ fn feed_request(
         s.streams.remove(stream);
         return Err(Box::new(refusal(Some(id), &e)));
     }
+    s.inline = InlineSlot::Open;
     route(gw, handle, &mut s);
     rearm(handle, &s);
-    Ok(())
-}
-
-/// Waits until the stream has produced something (or finished), up to `limit`, so
-/// that a request answered without any live round gets a plain JSON response.
-async fn wait_first(handle: &SessionHandle, stream: &PeerStream, limit: Duration) {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let notified = handle.settled.notified();
-        {
-            let Ok(s) = handle.shared.lock() else { return };
-            match s.streams.get(stream) {
-                Some(st) if !st.finished && st.pending.as_ref().is_some_and(Vec::is_empty) => {}
-                _ => return,
-            }
-        }
-        if tokio::time::timeout_at(deadline, notified).await.is_err() {
-            return;
-        }
-    }
+    Ok(Detachable::take(&mut s))
 }
 
 fn batch(
@@ -759,28 +847,29 @@ fn get(
 /// Carries out everything the machine asked for. Called with the session lock held;
 /// never awaits.
 fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
-    let mut settled = false;
     while let Some(event) = s.machine.poll_event() {
         match event {
             Event::ToPeer { stream, message } => {
                 let last = matches!(&message, Message::Response(r) if matches!(&stream, PeerStream::Request(id) if r.id.as_ref() == Some(id)));
-                settled |= deliver(handle, s, &stream, message.to_vec(), last);
+                deliver(handle, s, &stream, message.to_vec(), last);
             }
             Event::ToPeerBatch { stream, messages } => {
                 let values: Vec<Value> = messages.iter().map(Message::to_value).collect();
                 let bytes = serde_json::to_vec(&Value::Array(values)).unwrap_or_default();
-                settled |= deliver(handle, s, &stream, bytes, true);
+                deliver(handle, s, &stream, bytes, true);
             }
             Event::CloseStream { stream } => {
                 if let Some(st) = s.streams.get_mut(&stream) {
                     st.finished = true;
                     st.tx = None;
+                    if let Some(w) = st.waiter.take() {
+                        w.wake();
+                    }
                 }
-                settled = true;
             }
             Event::ToUpstream { role, request } => {
                 let id = request.id.clone();
-                let task = tokio::spawn(
+                let (exchange, abort) = abortable(
                     upstream_task(
                         gw.clone(),
                         handle.clone(),
@@ -791,7 +880,15 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
                         tracing::debug_span!("upstream", session = %handle.id, rpc.id = %id, ?role),
                     ),
                 );
-                s.upstream_tasks.insert(id, task.abort_handle());
+                s.upstream_tasks.insert(id, abort);
+                let exchange: Exchange = Box::pin(async move {
+                    let _ = exchange.await;
+                });
+                if matches!(s.inline, InlineSlot::Open) {
+                    s.inline = InlineSlot::Taken(exchange);
+                } else {
+                    tokio::spawn(exchange);
+                }
             }
             Event::CancelUpstream { id, reason } => {
                 if let Some(h) = s.upstream_tasks.remove(&id) {
@@ -806,21 +903,18 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
             _ => {}
         }
     }
-    if settled {
-        handle.settled.notify_waiters();
-    }
     trim_finished(s);
 }
 
-/// Queues one message on a stream. Returns whether a waiting POST should look again
-/// (the stream finished, or a not-yet-answered POST got its first message).
+/// Queues one message on a stream, and wakes the POST waiting on it when the stream
+/// finished or a not-yet-answered POST got its first message.
 fn deliver(
     handle: &SessionHandle,
     s: &mut Shared,
     stream: &PeerStream,
     bytes: Vec<u8>,
     last: bool,
-) -> bool {
+) {
     if !s.streams.contains_key(stream) {
         // A stream the peer never opened (e.g. standalone before any GET): keep the
         // events so a later GET can... no: the standalone stream only carries what is
@@ -831,7 +925,7 @@ fn deliver(
         }
     }
     let Some(st) = s.streams.get_mut(stream) else {
-        return false;
+        return;
     };
     let mut woke = false;
     if let Some(p) = st.pending.as_mut() {
@@ -857,7 +951,11 @@ fn deliver(
             s.finished_order.push_back(stream.clone());
         }
     }
-    last || woke
+    if last || woke {
+        if let Some(w) = st.waiter.take() {
+            w.wake();
+        }
+    }
 }
 
 /// Drops a finished stream the peer got as a plain JSON response (it never saw an event

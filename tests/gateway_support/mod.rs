@@ -632,6 +632,11 @@ impl Upstream {
         self.state.closed.lock().unwrap().contains(id)
     }
 
+    /// Whether the held stream of upstream request `id` ended with its response.
+    pub fn was_finished(&self, id: &Value) -> bool {
+        self.state.finished.lock().unwrap().contains(id)
+    }
+
     /// Waits until the gateway closed the held stream of upstream request `id`.
     pub async fn wait_closed(&self, id: &Value) {
         eventually(
