@@ -18,7 +18,9 @@
 //!   the modern server directly, through the gateway, and through `bare_proxy`. Variants
 //!   are interleaved (rotating order) for `--rounds` rounds of `--secs` each; medians.
 //! - `mrtr`: notes_create + notes_delete with one elicitation round (accept): one legacy
-//!   session through the gateway vs a modern client doing the MRTR retry directly.
+//!   session through the gateway vs a modern client doing the MRTR retry directly, with
+//!   the modern client through `bare_proxy` as the one-hop reference; flows alternate
+//!   one by one.
 //! - `memory`: gateway RSS with 0, 1k, 10k, 100k idle initialized legacy sessions.
 //! - `pending`: 10k legacy requests parked on an unanswered elicitation, then drained.
 //!
