@@ -1,7 +1,7 @@
 //! Faults at the gateway, over real sockets: the upstream down at `initialize` and in
 //! the middle of a round, a silent peer, DELETE mid-round, refused replies, session
-//! errors (404/400), `Last-Event-ID` resumption of a broken SSE stream, and a host
-//! that hangs up before its first message.
+//! errors (404/400), `Last-Event-ID` resumption of a broken POST or GET stream, and a
+//! host that hangs up before its first message.
 
 mod gateway_support;
 
@@ -531,4 +531,72 @@ async fn host_gone_before_first_message_keeps_upstream_call() {
     assert_eq!(sc.up.seen_method("notifications/cancelled").len(), 0);
     let ping = json!({"jsonrpc": "2.0", "id": "after", "method": "ping"});
     assert_eq!(host.post(&ping).await.json()["result"], json!({}));
+}
+
+/// `Last-Event-ID` on the standalone GET stream: a notification sent while the host's
+/// GET was broken is replayed, alone and in order, on the GET that names the last event
+/// seen; the subscription behind it is never dropped upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_event_id_resumes_broken_get_stream() {
+    let caps = json!({"resources": {"subscribe": true}});
+    let sc = Scripted::new(&[], caps, |s| match s.method.as_str() {
+        "subscriptions/listen" => Script::Stream(vec![json!({
+            "jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+            "params": {"_meta": {SUBSCRIPTION_ID: s.id}, "notifications": s.params()["notifications"]}
+        })]),
+        _ => Script::Json(complete(&s.id, json!({}))),
+    })
+    .await;
+    let mut host = sc.legacy();
+    host.open("2025-11-25", json!({})).await;
+    let mut get = host.get(None).await.sse();
+    let uri = "file:///docs/plan.md";
+    assert_eq!(
+        host.call("resources/subscribe", json!({"uri": uri})).await["result"],
+        json!({})
+    );
+    let listen = eventually(WAIT, "the listen carrying the subscription", || {
+        sc.up
+            .seen_method("subscriptions/listen")
+            .into_iter()
+            .find(|s| s.params()["notifications"]["resourceSubscriptions"] == json!([uri]))
+    })
+    .await;
+    eventually(WAIT, "listen stream registered", || {
+        (!sc.up.was_closed(&listen.id)).then_some(())
+    })
+    .await;
+    let updated = |n: u32| {
+        json!({"jsonrpc": "2.0", "method": "notifications/resources/updated",
+               "params": {"uri": format!("{uri}#{n}"), "_meta": {SUBSCRIPTION_ID: listen.id}}})
+    };
+    sc.up.push(&listen.id, updated(1));
+    let (first_id, first) = get.next_message_item().await.expect("first update");
+    assert_eq!(first["params"]["uri"], format!("{uri}#1"));
+    let first_id = first_id.expect("an event id on the GET stream");
+
+    // Break the GET, then let two more updates happen while nobody listens.
+    drop(get);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    sc.up.push(&listen.id, updated(2));
+    sc.up.push(&listen.id, updated(3));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut resumed = host.get(Some(&first_id)).await.sse();
+    let (id2, m2) = resumed.next_message_item().await.expect("missed update 2");
+    let (_, m3) = resumed.next_message_item().await.expect("missed update 3");
+    assert_eq!(m2["params"]["uri"], format!("{uri}#2"), "{m2}");
+    assert_eq!(m3["params"]["uri"], format!("{uri}#3"), "{m3}");
+    let (n1, s1) = first_id.split_once('.').unwrap();
+    let (n2, s2) = id2.as_deref().expect("event id").split_once('.').unwrap();
+    assert_eq!(n1, n2, "same stream");
+    assert!(s2.parse::<u64>().unwrap() > s1.parse::<u64>().unwrap());
+    // The resumed stream stays live.
+    sc.up.push(&listen.id, updated(4));
+    let (_, m4) = resumed.next_message_item().await.expect("live update 4");
+    assert_eq!(m4["params"]["uri"], format!("{uri}#4"), "{m4}");
+    assert!(
+        !sc.up.was_closed(&listen.id),
+        "the subscription was dropped"
+    );
 }
