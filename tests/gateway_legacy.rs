@@ -1089,3 +1089,111 @@ async fn two_requests_in_flight_each_on_its_own_stream() {
     assert_eq!(rig.count("Alpha").await, 0);
     assert_eq!(rig.count("Beta").await, 1);
 }
+
+/// `x-mcp-header` (2026-07-28 Streamable HTTP, "Custom Headers from Tool Parameters"):
+/// the gateway is the upstream's client, so it leaves tools with invalid annotations
+/// out of `tools/list`, mirrors annotated arguments into `Mcp-Param-*` headers (Base64
+/// sentinel when not plain ASCII), and after a `-32020` fetches `tools/list` again and
+/// retries once. The scripted upstream checks the headers as a server must.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn x_mcp_header_params_mirrored_and_invalid_tools_left_out() {
+    let sql = json!({"type": "object", "properties": {
+        "region": {"type": "string", "x-mcp-header": "Region"},
+        "greeting": {"type": "string", "x-mcp-header": "Greeting"},
+        "opts": {"type": "object", "properties": {"limit": {"type": "integer", "x-mcp-header": "Limit"}}},
+        "query": {"type": "string"}}});
+    let tools = json!([
+        {"name": "execute_sql", "inputSchema": sql},
+        {"name": "tag_all", "inputSchema": {"type": "object", "properties": {
+            "tags": {"type": "array", "items": {"type": "string", "x-mcp-header": "Tag"}}}}},
+        {"name": "stubborn", "inputSchema": {"type": "object", "properties": {
+            "k": {"type": "string", "x-mcp-header": "K"}}}},
+    ]);
+    let mismatch = |id: &Value| json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32020, "message": "Header mismatch"}});
+    let sc = Scripted::new(&[], json!({"tools": {}}), move |s| {
+        let header = |n: &str| {
+            s.headers
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        match (s.method.as_str(), s.params()["name"].as_str()) {
+            ("tools/list", _) => Script::Json(complete(&s.id, json!({"tools": tools}))),
+            ("tools/call", Some("execute_sql")) => {
+                let args = &s.params()["arguments"];
+                let ok = header("mcp-param-region").as_deref() == args["region"].as_str()
+                    && header("mcp-param-greeting").as_deref()
+                        == Some("=?base64?SGVsbG8sIOS4lueVjA==?=")
+                    && header("mcp-param-limit").as_deref() == Some("42");
+                if ok {
+                    Script::Json(complete(
+                        &s.id,
+                        json!({"content": [{"type": "text", "text": "ok"}]}),
+                    ))
+                } else {
+                    Script::Json(mismatch(&s.id))
+                }
+            }
+            _ => Script::Json(mismatch(&s.id)),
+        }
+    })
+    .await;
+    let mut host = sc.legacy();
+    host.open("2025-11-25", json!({})).await;
+    let args = json!({"region": "us-west1", "greeting": "Hello, 世界", "opts": {"limit": 42}, "query": "SELECT 1"});
+
+    // Called before the host ever listed tools: the first attempt has no headers, the
+    // upstream refuses it, the gateway lists tools and retries with them.
+    let r = host
+        .call(
+            "tools/call",
+            json!({"name": "execute_sql", "arguments": args}),
+        )
+        .await;
+    assert_eq!(r["result"]["content"][0]["text"], "ok", "{r}");
+    let calls = sc.up.seen_method("tools/call");
+    assert_eq!(calls.len(), 2);
+    assert!(calls[0].headers.get("mcp-param-region").is_none());
+    assert_eq!(calls[1].headers["mcp-param-region"], "us-west1");
+    assert_eq!(calls[1].headers["mcp-param-limit"], "42");
+    assert_eq!(sc.up.seen_method("tools/list").len(), 1);
+
+    // The host's own list: the tool with an annotation under `items` is left out.
+    let listed = host.call("tools/list", json!({})).await;
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, ["execute_sql", "stubborn"], "{listed}");
+
+    // Known schema now: headers on the first attempt, no refresh.
+    let r = host
+        .call(
+            "tools/call",
+            json!({"name": "execute_sql", "arguments": args}),
+        )
+        .await;
+    assert_eq!(r["result"]["content"][0]["text"], "ok", "{r}");
+    assert_eq!(sc.up.seen_method("tools/call").len(), 3);
+    assert_eq!(sc.up.seen_method("tools/list").len(), 2);
+
+    // An upstream that keeps refusing: one refresh, one retry, then the host sees -32020.
+    let r = host
+        .call(
+            "tools/call",
+            json!({"name": "stubborn", "arguments": {"k": "v"}}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], -32020, "{r}");
+    let stubborn: Vec<_> = sc
+        .up
+        .seen_method("tools/call")
+        .into_iter()
+        .filter(|s| s.params()["name"] == "stubborn")
+        .collect();
+    assert_eq!(stubborn.len(), 2);
+    assert!(stubborn.iter().all(|s| s.headers["mcp-param-k"] == "v"));
+    assert_eq!(sc.up.seen_method("tools/list").len(), 3);
+}

@@ -49,6 +49,13 @@ pub enum UpstreamRole {
     },
     /// The session's single `subscriptions/listen`: a long-lived stream of notifications.
     Listen,
+    /// A `tools/list` sent because the upstream refused an attempt of `legacy` with
+    /// `-32020` (its `Mcp-Param-*` headers did not match): the tool's `inputSchema`
+    /// may have changed. The attempt is sent again once it is answered.
+    ToolsRefresh {
+        /// The legacy `tools/call` waiting for it.
+        legacy: RequestId,
+    },
 }
 
 /// An output of the session machine, returned by
@@ -102,6 +109,15 @@ pub enum Event {
     DiscoverFetched {
         /// The result as the upstream sent it.
         result: Value,
+    },
+    /// A tool definition from the upstream was left out of `tools/list` because its
+    /// `x-mcp-header` annotations break the 2026-07-28 rules; the driver should log a
+    /// warning naming the tool and the reason.
+    ToolRejected {
+        /// The tool's name.
+        tool: String,
+        /// What is wrong with it.
+        reason: String,
     },
     /// A legacy request failed inside the gateway (the peer also gets a response saying
     /// so); for logs and metrics.

@@ -29,6 +29,7 @@ pub mod error;
 pub mod event;
 pub mod jsonrpc;
 pub mod mrtr;
+pub mod param_headers;
 pub mod revision;
 pub mod session;
 pub mod time;

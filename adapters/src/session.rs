@@ -11,6 +11,7 @@ use crate::jsonrpc::{
     EnvelopeError, ErrorCode, ErrorObject, Message, Notification, Request, RequestId, Response,
 };
 use crate::mrtr::{self, ResultKind, Round};
+use crate::param_headers::{self, ParamHeader};
 use crate::revision::{ElicitationSupport, Revision};
 use crate::time::Timestamp;
 use crate::version::ProtocolVersion;
@@ -19,6 +20,10 @@ use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Tools whose `x-mcp-header` parameters a session remembers (one `tools/list` page is
+/// bounded by the message size; this bounds what many pages can add).
+const MAX_TOOL_HEADERS: usize = 1024;
 
 /// `_meta` key: protocol version of a modern request.
 pub const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
@@ -171,6 +176,8 @@ struct Call {
     rounds: u32,
     phase: Phase,
     url_elicitations: Vec<UrlElicitation>,
+    /// `tools/list` was fetched again after a `-32020`: a second one is not retried.
+    tools_refreshed: bool,
 }
 
 #[derive(Debug)]
@@ -306,6 +313,9 @@ pub struct Session {
     standalone_open: bool,
     listen: Option<Listen>,
     ping: Option<RequestId>,
+    /// `x-mcp-header` parameters of the upstream's tools, by tool name, as learned from
+    /// the `tools/list` results that passed through.
+    tool_headers: HashMap<String, Vec<ParamHeader>>,
     next_upstream: u64,
     next_live: u64,
     next_elicitation: u64,
@@ -339,6 +349,7 @@ impl Session {
             standalone_open: false,
             listen: None,
             ping: None,
+            tool_headers: HashMap::new(),
             next_upstream: 0,
             next_live: 0,
             next_elicitation: 0,
@@ -833,7 +844,7 @@ impl Session {
                 )
                 .with_data(json!({ "reason": Failure::UpstreamLost.kind() })),
             ),
-            UpstreamRole::Call { legacy, .. } => {
+            UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
                 if let Some(mut call) = self.calls.remove(&legacy) {
                     call.phase = Phase::Idle;
                     self.fail_call(legacy, call, Failure::UpstreamLost, "upstream lost");
@@ -907,6 +918,17 @@ impl Session {
                 if let Some(mut call) = self.calls.remove(&legacy) {
                     call.phase = Phase::Idle;
                     self.call_answered(legacy, call, outcome, now);
+                }
+            }
+            // Whatever the refresh says, the attempt goes again: with the headers the
+            // new list implies, or as before (and a second -32020 reaches the peer).
+            UpstreamRole::ToolsRefresh { legacy } => {
+                if let Ok(result) = outcome {
+                    let _ = self.learn_tools(result);
+                }
+                if let Some(call) = self.calls.get_mut(&legacy) {
+                    call.phase = Phase::Idle;
+                    self.send_attempt(&legacy, None, None);
                 }
             }
             // The upstream ended the subscription gracefully: open it again.
@@ -1188,6 +1210,7 @@ impl Session {
             rounds: 0,
             phase: Phase::Idle,
             url_elicitations: Vec::new(),
+            tools_refreshed: false,
         };
         self.calls.insert(request.id.clone(), call);
         self.send_attempt(&request.id, None, None);
@@ -1230,6 +1253,14 @@ impl Session {
         now: Timestamp,
     ) {
         match outcome {
+            Err(error)
+                if error.code == ErrorCode::HEADER_MISMATCH
+                    && call.method == "tools/call"
+                    && call.rounds == 0
+                    && !call.tools_refreshed =>
+            {
+                self.refresh_tools(legacy, call)
+            }
             Err(error) => self.respond(call.stream, Response::error(Some(legacy), error)),
             Ok(result) => match mrtr::classify(&result) {
                 ResultKind::Complete => self.complete(legacy, call, result),
@@ -1247,8 +1278,86 @@ impl Session {
             self.emit_elicitation_complete(call.stream.clone(), &url.elicitation_id);
         }
         let revision = self.revision.unwrap_or(Revision::all()[0]);
+        let result = if call.method == "tools/list" {
+            self.learn_tools(result)
+        } else {
+            result
+        };
         let result = downgrade::result(revision, &call.method, result);
         self.respond(call.stream, Response::result(legacy, result));
+    }
+
+    /// Records the `x-mcp-header` parameters of each listed tool and removes the tools
+    /// whose annotations are invalid: a client on the Streamable HTTP transport MUST
+    /// leave them out of `tools/list` (2026-07-28 transports, "Custom Headers from Tool
+    /// Parameters").
+    fn learn_tools(&mut self, mut result: Value) -> Value {
+        let Some(tools) = result.get_mut("tools").and_then(Value::as_array_mut) else {
+            return result;
+        };
+        let mut rejected = Vec::new();
+        tools.retain(|tool| {
+            let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
+            let schema = tool.get("inputSchema").unwrap_or(&Value::Null);
+            match param_headers::tool_param_headers(schema) {
+                Ok(headers) => {
+                    if headers.is_empty() {
+                        self.tool_headers.remove(name);
+                    } else if self.tool_headers.len() < MAX_TOOL_HEADERS
+                        || self.tool_headers.contains_key(name)
+                    {
+                        self.tool_headers.insert(name.to_owned(), headers);
+                    }
+                    true
+                }
+                Err(reason) => {
+                    self.tool_headers.remove(name);
+                    rejected.push((name.to_owned(), reason));
+                    false
+                }
+            }
+        });
+        for (tool, reason) in rejected {
+            self.events.push_back(Event::ToolRejected { tool, reason });
+        }
+        result
+    }
+
+    /// The upstream refused the first attempt of a `tools/call` with `-32020`: fetch
+    /// `tools/list` (the tool's `x-mcp-header` annotations may have changed) and send
+    /// the attempt again, once (the transport's client behaviour SHOULD).
+    fn refresh_tools(&mut self, legacy: RequestId, mut call: Call) {
+        call.tools_refreshed = true;
+        let id = self.mint_upstream();
+        call.phase = Phase::Upstream(id.clone());
+        self.calls.insert(legacy.clone(), call);
+        let mut params = Map::new();
+        params.insert("_meta".into(), self.upstream_meta(None, false));
+        self.send_upstream(
+            UpstreamRole::ToolsRefresh { legacy },
+            id,
+            "tools/list",
+            Value::Object(params),
+        );
+    }
+
+    /// The `Mcp-Param-*` headers (name, plain value) an upstream request must carry
+    /// over HTTP: the `x-mcp-header` parameters of the called tool, as learned from
+    /// `tools/list`. Values are not yet encoded for HTTP. Empty for anything but a
+    /// `tools/call` of an annotated tool.
+    pub fn upstream_headers(&self, request: &Request) -> Vec<(String, String)> {
+        if request.method != "tools/call" {
+            return Vec::new();
+        }
+        let params = request.params.as_ref();
+        let Some(headers) = params
+            .and_then(|p| p.get("name"))
+            .and_then(Value::as_str)
+            .and_then(|name| self.tool_headers.get(name))
+        else {
+            return Vec::new();
+        };
+        param_headers::mirror(headers, params.and_then(|p| p.get("arguments")))
     }
 
     fn start_round(&mut self, legacy: RequestId, mut call: Call, result: Value, now: Timestamp) {

@@ -73,11 +73,14 @@ fn event_json(event: &Event) -> Option<Value> {
                 UpstreamRole::Discover => "discover",
                 UpstreamRole::Call { .. } => "call",
                 UpstreamRole::Listen => "listen",
+                UpstreamRole::ToolsRefresh { .. } => "tools-refresh",
             };
             json!({ "to": "upstream", "role": role, "message": Message::Request(request.clone()).to_value() })
         }
         Event::CancelUpstream { id, .. } => json!({ "to": "upstream", "cancel": id.to_value() }),
-        Event::DiscoverFetched { .. } | Event::RequestFailed { .. } => return None,
+        Event::DiscoverFetched { .. }
+        | Event::RequestFailed { .. }
+        | Event::ToolRejected { .. } => return None,
         other => panic!("unknown event {other:?}"),
     })
 }

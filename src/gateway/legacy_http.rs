@@ -869,12 +869,14 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
             }
             Event::ToUpstream { role, request } => {
                 let id = request.id.clone();
+                let params = s.machine.upstream_headers(&request);
                 let (exchange, abort) = abortable(
                     upstream_task(
                         gw.clone(),
                         handle.clone(),
                         role.clone(),
                         Message::Request(request),
+                        params,
                     )
                     .instrument(
                         tracing::debug_span!("upstream", session = %handle.id, rpc.id = %id, ?role),
@@ -899,6 +901,9 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
             Event::DiscoverFetched { result } => gw.legacy.store_discover(&result),
             Event::RequestFailed { legacy, failure } => {
                 info!(session = %handle.id, rpc.id = %legacy, failure = %failure, "legacy request failed");
+            }
+            Event::ToolRejected { tool, reason } => {
+                warn!(session = %handle.id, tool, reason, "upstream tool left out of tools/list");
             }
             _ => {}
         }
@@ -987,6 +992,7 @@ async fn upstream_task(
     handle: Arc<SessionHandle>,
     role: UpstreamRole,
     request: Message,
+    params: Vec<(String, String)>,
 ) {
     let Message::Request(r) = &request else {
         return;
@@ -994,7 +1000,7 @@ async fn upstream_task(
     let id = r.id.clone();
     let result = gw
         .upstream
-        .exchange(&request, handle.authorization.as_ref(), |msg| {
+        .exchange(&request, handle.authorization.as_ref(), &params, |msg| {
             if let Ok(mut s) = handle.shared.lock() {
                 if let Err(e) = s
                     .machine

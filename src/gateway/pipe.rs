@@ -148,6 +148,7 @@ async fn route(
             }
             Event::ToUpstream { role, request } => {
                 let id = request.id.clone();
+                let params = machine.upstream_headers(&request);
                 let up = gw.upstream.clone();
                 let tx = up_tx.clone();
                 let task_id = id.clone();
@@ -158,7 +159,7 @@ async fn route(
                         let relay = tx.clone();
                         let rid = task_id.clone();
                         let result = up
-                            .exchange(&msg, auth.as_ref(), |m| {
+                            .exchange(&msg, auth.as_ref(), &params, |m| {
                                 // Bounded: a flood from the upstream waits here.
                                 let _ = relay.try_send(FromUpstream::Message(rid.clone(), m));
                             })
@@ -185,6 +186,9 @@ async fn route(
             Event::DiscoverFetched { result } => gw.legacy.store_discover(&result),
             Event::RequestFailed { legacy, failure } => {
                 info!(rpc.id = %legacy, failure = %failure, "legacy request failed");
+            }
+            Event::ToolRejected { tool, reason } => {
+                warn!(tool, reason, "upstream tool left out of tools/list");
             }
             _ => {}
         }

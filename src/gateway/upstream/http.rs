@@ -81,6 +81,7 @@ impl HttpUpstream {
         &self,
         request: &Message,
         authorization: Option<&HeaderValue>,
+        params: &[(String, String)],
         mut on_message: impl FnMut(Message),
     ) -> Result<(), UpstreamError> {
         let Message::Request(r) = request else {
@@ -109,6 +110,11 @@ impl HttpUpstream {
         }
         if let Some(auth) = authorization {
             builder = builder.header(header::AUTHORIZATION, auth.clone());
+        }
+        // `x-mcp-header` parameters, encoded like `Mcp-Name` (2026-07-28 transports,
+        // "Value Encoding"); names were checked as field-name tokens when learned.
+        for (name, value) in params {
+            builder = builder.header(name.as_str(), encode_header_value(value));
         }
         let req = builder
             .body(full(Bytes::from(request.to_vec())))

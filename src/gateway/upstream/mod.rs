@@ -48,10 +48,15 @@ impl Upstream {
     /// sends about it: notifications as they arrive, then the response. Dropping the
     /// future cancels the request upstream (HTTP: the stream closes; stdio:
     /// `notifications/cancelled`).
+    ///
+    /// `params` are the request's `Mcp-Param-*` headers (name, plain value), from
+    /// [`Session::upstream_headers`](dualera_adapters::Session::upstream_headers); the
+    /// stdio transport has no headers and MAY ignore them.
     pub async fn exchange(
         &self,
         request: &Message,
         authorization: Option<&HeaderValue>,
+        params: &[(String, String)],
         mut on_message: impl FnMut(Message),
     ) -> Result<(), UpstreamError> {
         // Message bodies (never headers, so never credentials) at trace level, opt-in:
@@ -62,7 +67,7 @@ impl Upstream {
             on_message(m);
         };
         match self {
-            Self::Http(h) => h.exchange(request, authorization, on_message).await,
+            Self::Http(h) => h.exchange(request, authorization, params, on_message).await,
             Self::Stdio(s) => s.exchange(request, on_message).await,
         }
     }
