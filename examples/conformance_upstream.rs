@@ -823,6 +823,24 @@ fn tools() -> ToolRegistry {
         needs: None,
         run: |cx| text(format!("ok: {}", Value::Object(cx.arguments.clone()))),
     });
+    add(FnTool {
+        name: "query_region",
+        descriptor: json!({
+            "name": "query_region",
+            "description": "Runs a query in a region; the region and the row limit are mirrored into Mcp-Param-* headers (x-mcp-header) for intermediaries that route on them",
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "region": { "type": "string", "x-mcp-header": "Region" },
+                    "limit": { "type": "integer", "x-mcp-header": "Limit" },
+                    "query": { "type": "string" },
+                },
+                "required": ["region", "query"],
+            },
+        }),
+        needs: None,
+        run: |cx| text(format!("ok: {}", Value::Object(cx.arguments.clone()))),
+    });
     for (name, description, run) in [
         (
             "test_input_required_result_elicitation",

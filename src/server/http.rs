@@ -194,6 +194,13 @@ async fn handle(server: Server, loopback: bool, req: Request<Incoming>) -> Respo
         protocol_version: header_str(headers, "mcp-protocol-version"),
         method: header_str(headers, "mcp-method"),
         name: header_str(headers, "mcp-name"),
+        params: headers
+            .iter()
+            .filter_map(|(name, value)| {
+                let param = name.as_str().strip_prefix("mcp-param-")?;
+                Some((param.to_owned(), value.to_str().ok().map(str::to_owned)))
+            })
+            .collect(),
     };
     let sse = wants_sse_only(headers);
     let limit = server.services().limits.max_body_bytes;

@@ -13,6 +13,7 @@ use super::{now_ms, Server};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use dualera_adapters::jsonrpc::{self, Message, Notification, Request, RequestId, Response};
+use dualera_adapters::param_headers::ParamHeader;
 use dualera_adapters::ProtocolVersion;
 use http::StatusCode;
 use serde_json::{json, Map, Value};
@@ -27,6 +28,9 @@ pub struct MirroredHeaders {
     pub method: Option<String>,
     /// `Mcp-Name`, raw (possibly `=?base64?…?=`).
     pub name: Option<String>,
+    /// Every `Mcp-Param-{Name}` header: `{Name}` lower-cased, and the raw value (`None`
+    /// when it is not visible ASCII).
+    pub params: Vec<(String, Option<String>)>,
 }
 
 /// What the transport should do with a request body.
@@ -247,7 +251,7 @@ impl Server {
                 no_cursor(params)?;
                 self.list_result("tools", Value::from(catalog.tools.descriptors()))
             }
-            "tools/call" => self.call(principal, &meta, params, sink, "tools/call")?,
+            "tools/call" => self.call(principal, &meta, params, sink, "tools/call", headers)?,
             "resources/list" if catalog.resources.is_some() => {
                 no_cursor(params)?;
                 let list = catalog
@@ -267,7 +271,7 @@ impl Server {
                 self.list_result("resourceTemplates", Value::from(list))
             }
             "resources/read" if catalog.resources.is_some() => {
-                self.call(principal, &meta, params, sink, "resources/read")?
+                self.call(principal, &meta, params, sink, "resources/read", None)?
             }
             "prompts/list" if catalog.prompts.is_some() => {
                 no_cursor(params)?;
@@ -279,7 +283,7 @@ impl Server {
                 self.list_result("prompts", Value::from(list))
             }
             "prompts/get" if catalog.prompts.is_some() => {
-                self.call(principal, &meta, params, sink, "prompts/get")?
+                self.call(principal, &meta, params, sink, "prompts/get", None)?
             }
             "completion/complete" if catalog.completions.is_some() => {
                 let completion = catalog
@@ -401,6 +405,7 @@ impl Server {
         params: &Map<String, Value>,
         sink: &Sink<'_>,
         method: &str,
+        headers: Option<&MirroredHeaders>,
     ) -> Result<Value, ServerError> {
         let catalog = &self.inner.catalog;
         let (target_key, args_key) = match method {
@@ -441,6 +446,9 @@ impl Server {
                 .tools
                 .get(target)
                 .ok_or_else(|| ServerError::params(format!("Unknown tool: {target}")))?;
+            if let Some(h) = headers {
+                check_param_headers(h, catalog.tools.param_headers(target), arguments)?;
+            }
             if let Some(need) = tool.required_capabilities() {
                 if !meta.satisfies(&need) {
                     return Err(ServerError::MissingCapability { required: need });
@@ -603,6 +611,74 @@ fn check_mirrored(h: &MirroredHeaders, req: &Request) -> Result<(), ServerError>
     Ok(())
 }
 
+/// `Mcp-Param-*` against the body (2026-07-28 Streamable HTTP, "Server Validation"): a
+/// server that reads the body MUST reject, with 400 and `-32020`, a header that is
+/// missing while its parameter has a value, present while it has none, not validly
+/// encoded, or different from the value (integers compared as numbers).
+fn check_param_headers(
+    h: &MirroredHeaders,
+    annotated: &[ParamHeader],
+    arguments: &Map<String, Value>,
+) -> Result<(), ServerError> {
+    let mismatch = |reason: String| ServerError::HeaderMismatch { reason };
+    for param in annotated {
+        let header = format!("Mcp-Param-{}", param.name);
+        let raw = h
+            .params
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(&param.name))
+            .map(|(_, v)| v);
+        let mut value = None;
+        for (i, step) in param.path.iter().enumerate() {
+            let next = if i == 0 {
+                arguments.get(step)
+            } else {
+                value.and_then(Value::as_object).and_then(|o| o.get(step))
+            };
+            value = next;
+        }
+        let value = value.filter(|v| !v.is_null());
+        let at = param.path.join(".");
+        let raw = match (value, raw) {
+            (None, None) => continue,
+            (Some(_), None) => {
+                return Err(mismatch(format!(
+                    "the {header} header is required: arguments.{at} has a value"
+                )))
+            }
+            (None, Some(_)) => {
+                return Err(mismatch(format!(
+                    "{header} header sent, but arguments.{at} has no value"
+                )))
+            }
+            (Some(_), Some(raw)) => raw,
+        };
+        let decoded = raw
+            .as_deref()
+            .and_then(decode_header_value)
+            .ok_or_else(|| {
+                mismatch(format!(
+                    "the {header} header is not valid (bad characters or base64)"
+                ))
+            })?;
+        let matches = match value {
+            Some(Value::String(s)) => *s == decoded,
+            Some(Value::Bool(b)) => decoded == if *b { "true" } else { "false" },
+            Some(Value::Number(n)) => decoded
+                .trim()
+                .parse::<f64>()
+                .is_ok_and(|d| n.as_f64() == Some(d)),
+            _ => false,
+        };
+        if !matches {
+            return Err(mismatch(format!(
+                "{header} header {decoded:?} does not match arguments.{at}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Decodes a mirrored header value (plain visible ASCII, or `=?base64?…?=`).
 fn decode_header_value(raw: &str) -> Option<String> {
     if let Some(inner) = raw
@@ -629,7 +705,110 @@ fn reply_error(id: Option<dualera_adapters::RequestId>, e: ServerError) -> Handl
 
 #[cfg(test)]
 mod tests {
-    use super::decode_header_value;
+    use super::{check_param_headers, decode_header_value, MirroredHeaders};
+    use dualera_adapters::param_headers::tool_param_headers;
+    use serde_json::{json, Value};
+
+    #[test]
+    fn param_headers_checked_against_the_body() {
+        let annotated = tool_param_headers(&json!({"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "limit": {"type": "integer", "x-mcp-header": "Limit"},
+            "opts": {"type": "object", "properties": {"dry": {"type": "boolean", "x-mcp-header": "Dry"}}},
+            "query": {"type": "string"}}}))
+        .unwrap();
+        let check = |args: Value, headers: &[(&str, Option<&str>)]| {
+            let h = MirroredHeaders {
+                params: headers
+                    .iter()
+                    .map(|(n, v)| ((*n).to_owned(), v.map(str::to_owned)))
+                    .collect(),
+                ..MirroredHeaders::default()
+            };
+            check_param_headers(&h, &annotated, args.as_object().unwrap()).is_ok()
+        };
+        let args = json!({"region": "Hello", "limit": 42, "opts": {"dry": true}, "query": "q"});
+        let good = [
+            ("region", Some("Hello")),
+            ("limit", Some("42")),
+            ("dry", Some("true")),
+        ];
+        assert!(check(args.clone(), &good));
+        // Header names are case-insensitive; integers compare as numbers; Base64 decodes.
+        assert!(check(
+            args.clone(),
+            &[
+                ("REGION", Some("=?base64?SGVsbG8=?=")),
+                ("limit", Some("42.0")),
+                ("dry", Some("true"))
+            ]
+        ));
+        // A literal that only looks half like the sentinel is a literal.
+        assert!(check(
+            json!({"region": "=?base64?SGVsbG8=", "limit": 1}),
+            &[("region", Some("=?base64?SGVsbG8=")), ("limit", Some("1"))]
+        ));
+        // Absent and null parameters need no header.
+        assert!(check(json!({"query": "q", "limit": null}), &[]));
+        for (args, headers) in [
+            // Missing while the body has a value.
+            (args.clone(), &good[..2]),
+            // Different value.
+            (
+                args.clone(),
+                &[
+                    ("region", Some("Goodbye")),
+                    ("limit", Some("42")),
+                    ("dry", Some("true")),
+                ][..],
+            ),
+            (
+                args.clone(),
+                &[
+                    ("region", Some("Hello")),
+                    ("limit", Some("41")),
+                    ("dry", Some("true")),
+                ][..],
+            ),
+            (
+                args.clone(),
+                &[
+                    ("region", Some("Hello")),
+                    ("limit", Some("42")),
+                    ("dry", Some("false")),
+                ][..],
+            ),
+            // Bad padding, bad alphabet, not visible ASCII.
+            (
+                args.clone(),
+                &[
+                    ("region", Some("=?base64?SGVsbG8?=")),
+                    ("limit", Some("42")),
+                    ("dry", Some("true")),
+                ][..],
+            ),
+            (
+                args.clone(),
+                &[
+                    ("region", Some("=?base64?SGVs!!!bG8=?=")),
+                    ("limit", Some("42")),
+                    ("dry", Some("true")),
+                ][..],
+            ),
+            (
+                args.clone(),
+                &[
+                    ("region", None),
+                    ("limit", Some("42")),
+                    ("dry", Some("true")),
+                ][..],
+            ),
+            // Sent for a parameter with no value.
+            (json!({"query": "q"}), &[("region", Some("Hello"))][..]),
+        ] {
+            assert!(!check(args.clone(), headers), "{args} {headers:?}");
+        }
+    }
 
     #[test]
     fn header_values() {

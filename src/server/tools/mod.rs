@@ -8,6 +8,7 @@ use super::error::ServerError;
 use super::meta::RequestMeta;
 use super::request_state::{digest_arguments, Binding, Opened};
 use super::Services;
+use dualera_adapters::param_headers::{tool_param_headers, ParamHeader};
 use dualera_adapters::{Message, Notification};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -96,6 +97,8 @@ pub trait Tool: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Default)]
 pub struct ToolRegistry {
     tools: BTreeMap<&'static str, Box<dyn Tool>>,
+    /// Each tool's `x-mcp-header` parameters, read from its descriptor once.
+    param_headers: BTreeMap<&'static str, Vec<ParamHeader>>,
 }
 
 impl ToolRegistry {
@@ -106,9 +109,7 @@ impl ToolRegistry {
 
     /// The notes + repository-summary server's tools.
     pub fn notes_server() -> Self {
-        let mut r = Self {
-            tools: BTreeMap::new(),
-        };
+        let mut r = Self::new();
         r.add(Box::new(notes::NotesCreate));
         r.add(Box::new(notes::NotesList));
         r.add(Box::new(notes::NotesDelete));
@@ -117,8 +118,26 @@ impl ToolRegistry {
     }
 
     /// Adds a tool (replacing one of the same name).
+    ///
+    /// Panics if the tool's `inputSchema` carries an `x-mcp-header` annotation that
+    /// breaks the 2026-07-28 rules: clients would drop the tool, so it is a bug in the
+    /// tool, caught when the server is assembled.
     pub fn add(&mut self, tool: Box<dyn Tool>) {
-        self.tools.insert(tool.name(), tool);
+        let name = tool.name();
+        let schema = tool.descriptor().get("inputSchema").cloned();
+        let headers = tool_param_headers(schema.as_ref().unwrap_or(&Value::Null))
+            .unwrap_or_else(|e| panic!("tool {name}: invalid x-mcp-header: {e}"));
+        if headers.is_empty() {
+            self.param_headers.remove(name);
+        } else {
+            self.param_headers.insert(name, headers);
+        }
+        self.tools.insert(name, tool);
+    }
+
+    /// The `x-mcp-header` parameters of a tool (empty for most).
+    pub fn param_headers(&self, name: &str) -> &[ParamHeader] {
+        self.param_headers.get(name).map_or(&[], Vec::as_slice)
     }
 
     /// Looks a tool up.
