@@ -104,7 +104,9 @@ impl GatewayConfig {
 #[derive(Clone, Debug)]
 pub struct Gateway {
     config: Arc<GatewayConfig>,
-    upstream: Upstream,
+    /// Shared: a handle is cloned per request, and the HTTP upstream's fields (URI,
+    /// authority, pooled client) would otherwise be copied each time.
+    upstream: Arc<Upstream>,
     legacy: Arc<legacy_http::Sessions>,
     sse: Arc<http_sse::SseSessions>,
 }
@@ -116,7 +118,7 @@ impl Gateway {
             legacy: Arc::new(legacy_http::Sessions::new(&config)),
             sse: Arc::default(),
             config: Arc::new(config),
-            upstream,
+            upstream: Arc::new(upstream),
         }
     }
 

@@ -69,7 +69,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Proxies one modern request to the upstream.
 pub async fn forward(gateway: &Gateway, req: Request<Incoming>) -> Response<GatewayBody> {
-    match &gateway.upstream {
+    match &*gateway.upstream {
         Upstream::Http(h) => forward_http(gateway, h, req).await,
         Upstream::Stdio(s) => forward_stdio(gateway, s, req).await,
     }
