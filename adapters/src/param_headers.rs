@@ -4,7 +4,7 @@
 //! (Streamable HTTP transport, "Custom Headers from Tool Parameters"; tools page,
 //! "x-mcp-header").
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// One annotated parameter of a tool: the header's name part and where its value
 /// lives in the call's `arguments` (a chain of `properties` keys).
@@ -14,6 +14,19 @@ pub struct ParamHeader {
     pub name: String,
     /// The property path from the arguments' root.
     pub path: Vec<String>,
+}
+
+impl ParamHeader {
+    /// The parameter's value in a call's `arguments`: `None` when absent or `null`
+    /// (then no header is sent, and none may be).
+    pub fn value_in<'a>(&self, arguments: &'a Map<String, Value>) -> Option<&'a Value> {
+        let (first, rest) = self.path.split_first()?;
+        let mut v = arguments.get(first)?;
+        for step in rest {
+            v = v.as_object()?.get(step)?;
+        }
+        (!v.is_null()).then_some(v)
+    }
 }
 
 /// Largest integer a header may carry: IEEE 754 doubles are exact up to 2^53 − 1.
@@ -124,17 +137,13 @@ fn is_tchar(b: u8) -> bool {
 /// string, a boolean or a safe integer is left for the server to refuse. The values are
 /// not yet encoded for HTTP (see the transport's Value Encoding).
 pub fn mirror(headers: &[ParamHeader], arguments: Option<&Value>) -> Vec<(String, String)> {
-    let Some(arguments) = arguments else {
+    let Some(arguments) = arguments.and_then(Value::as_object) else {
         return Vec::new();
     };
     headers
         .iter()
         .filter_map(|h| {
-            let mut v = arguments;
-            for step in &h.path {
-                v = v.as_object()?.get(step)?;
-            }
-            let text = match v {
+            let text = match h.value_in(arguments)? {
                 Value::String(s) => s.clone(),
                 Value::Bool(b) => b.to_string(),
                 Value::Number(n) => {

@@ -628,16 +628,7 @@ fn check_param_headers(
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(&param.name))
             .map(|(_, v)| v);
-        let mut value = None;
-        for (i, step) in param.path.iter().enumerate() {
-            let next = if i == 0 {
-                arguments.get(step)
-            } else {
-                value.and_then(Value::as_object).and_then(|o| o.get(step))
-            };
-            value = next;
-        }
-        let value = value.filter(|v| !v.is_null());
+        let value = param.value_in(arguments);
         let at = param.path.join(".");
         let raw = match (value, raw) {
             (None, None) => continue,
