@@ -7,6 +7,9 @@
 # installs the pinned suite and a Node 22 into .cache/conformance; same closing line).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The real peers of the service-backed tests (Redis, HAProxy, PostgreSQL, Chromium),
+# installed from Debian when missing.
+bash tests/services/debian.sh
 cargo test --workspace --locked "$@"
 python3 tests/interop/run.py
 bash tests/conformance/run.sh
