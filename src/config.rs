@@ -58,6 +58,27 @@ pub struct Config {
     /// Gateway bounds and timers.
     #[serde(default)]
     pub gateway: GatewaySection,
+    /// The gateway's response cache.
+    #[serde(default)]
+    pub cache: CacheSection,
+}
+
+/// The gateway's response cache (2026-07-28 `server/utilities/caching.mdx`); every
+/// field has a default.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheSection {
+    /// Whether cacheable results are kept and served (default true).
+    pub enabled: Option<bool>,
+    /// Most entries (default 10000).
+    pub max_entries: Option<usize>,
+    /// Most bytes held (default 64 MiB).
+    pub max_bytes: Option<u64>,
+    /// Cap on a result's `ttlMs`, in ms (default 3600000).
+    pub max_ttl_ms: Option<u64>,
+    /// Serve an entry up to this long past its TTL when the re-fetch fails, in ms
+    /// (default 0: never).
+    pub stale_if_error_ms: Option<u64>,
 }
 
 /// Gateway settings (`dualera gateway`, `dualera up`); every field has a default.
