@@ -516,6 +516,8 @@ pub enum Script {
     Fail,
     /// This answer, after a pause.
     Delayed(Duration, Box<Script>),
+    /// A JSON body with this HTTP status (how an HTTP server sends a JSON-RPC error).
+    Status(StatusCode, Value),
 }
 
 type Handler = Arc<dyn Fn(&Seen) -> Script + Send + Sync>;
@@ -811,6 +813,7 @@ async fn serve_one(
     match script {
         Script::Delayed(..) => unreachable!("unwrapped above"),
         Script::Json(v) => Ok(json_response(StatusCode::OK, &v)),
+        Script::Status(status, v) => Ok(json_response(status, &v)),
         Script::Fail => Err(UpError("scripted failure".into())),
         Script::Stream(initial) => {
             let (tx, rx) = mpsc::channel::<Bytes>(16);
