@@ -17,6 +17,13 @@
 //! - `passthrough`: `tools/list` and `tools/call notes_list`, concurrency 1/16/64, against
 //!   the modern server directly, through the gateway, and through `bare_proxy`. Variants
 //!   are interleaved (rotating order) for `--rounds` rounds of `--secs` each; medians.
+//! - `cache`: the response cache. `tools/list`, `server/discover` and a mixed workload
+//!   (90 % `tools/call notes_list`, 10 % `tools/list`) at concurrency 1/16/64 against
+//!   the modern server directly, through `bare_proxy`, and through the gateway with its
+//!   cache on (`gateway+cache`; one gateway process per request kind, so its cache
+//!   counters, logged when it stops, give each kind's hit ratio and upstream request
+//!   count). Interleaved like `passthrough`. The `passthrough` gateway runs with the
+//!   cache off: it measures the proxy path itself.
 //! - `mrtr`: notes_create + notes_delete with one elicitation round (accept): one legacy
 //!   session through the gateway vs a modern client doing the MRTR retry directly, with
 //!   the modern client through `bare_proxy` as the one-hop reference; flows alternate
@@ -62,7 +69,7 @@ const LEGACY: &str = "2025-11-25";
 const PV: &str = "io.modelcontextprotocol/protocolVersion";
 const CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
 const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
-const ALL_SCENARIOS: [&str; 4] = ["passthrough", "mrtr", "memory", "pending"];
+const ALL_SCENARIOS: [&str; 5] = ["passthrough", "cache", "mrtr", "memory", "pending"];
 
 // ---------------------------------------------------------------------------------
 // Options.
@@ -91,7 +98,7 @@ struct Opts {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench [--scenarios passthrough,mrtr,memory,pending] [--rounds N] [--secs S]\n\
+        "usage: bench [--scenarios passthrough,cache,mrtr,memory,pending] [--rounds N] [--secs S]\n\
          \x20            [--concurrency 1,16,64] [--sessions 1000,10000,100000]\n\
          \x20            [--pending N] [--pending-sessions N] [--profile perf|callgrind|massif] [--no-build]\n\
          \x20            [--dualera PATH (another build of the binary, e.g. to compare before/after)]"
@@ -300,6 +307,8 @@ struct Env {
     stamp: u64,
     server_config: PathBuf,
     gateway_config: PathBuf,
+    /// The same `[gateway]` section with `[cache] enabled = false`.
+    nocache_config: PathBuf,
     db: PathBuf,
     notes_uri: String,
     scratch_uri: String,
@@ -321,6 +330,10 @@ impl Env {
     }
 
     fn gateway(&self, upstream: &Proc, tag: &str) -> Res<Proc> {
+        self.gateway_with(upstream, tag, &self.gateway_config, "warn")
+    }
+
+    fn gateway_with(&self, upstream: &Proc, tag: &str, config: &Path, log: &str) -> Res<Proc> {
         let under_valgrind = matches!(self.profile, Some(Profile::Callgrind | Profile::Massif));
         let mut c = if under_valgrind {
             let tool = if self.profile == Some(Profile::Massif) {
@@ -344,8 +357,8 @@ impl Env {
         c.args(["gateway", "--listen", "127.0.0.1:0", "--upstream"])
             .arg(upstream.url())
             .arg("--config")
-            .arg(&self.gateway_config)
-            .env("DUALERA_LOG", "warn");
+            .arg(config)
+            .env("DUALERA_LOG", log);
         Proc::spawn(
             "gateway",
             c,
@@ -639,6 +652,17 @@ struct Spec {
 /// `conc` connections posting `spec` back to back; after `warm`, counts what completes
 /// within `secs`. Bounded by time and by `max` requests.
 async fn load(addr: SocketAddr, spec: Arc<Spec>, conc: usize, warm: f64, secs: f64) -> Res<Sample> {
+    load_mix(addr, Arc::new(vec![spec]), conc, warm, secs).await
+}
+
+/// [`load`] where each connection cycles through `specs` in order (a workload mix).
+async fn load_mix(
+    addr: SocketAddr,
+    specs: Arc<Vec<Arc<Spec>>>,
+    conc: usize,
+    warm: f64,
+    secs: f64,
+) -> Res<Sample> {
     const MAX_PER_WORKER: usize = 400_000;
     let mut conns = Vec::with_capacity(conc);
     for _ in 0..conc {
@@ -647,8 +671,8 @@ async fn load(addr: SocketAddr, spec: Arc<Spec>, conc: usize, warm: f64, secs: f
     let start = Instant::now() + Duration::from_secs_f64(warm);
     let end = start + Duration::from_secs_f64(secs);
     let mut tasks = tokio::task::JoinSet::new();
-    for mut c in conns {
-        let spec = spec.clone();
+    for (w, mut c) in conns.into_iter().enumerate() {
+        let specs = specs.clone();
         tasks.spawn(async move {
             let mut lat: Vec<u64> = Vec::with_capacity(16_384);
             let mut errors = 0usize;
@@ -658,6 +682,8 @@ async fn load(addr: SocketAddr, spec: Arc<Spec>, conc: usize, warm: f64, secs: f
                 if t0 >= end || sent >= MAX_PER_WORKER {
                     break;
                 }
+                // Offset per connection, so a mix is mixed at every instant.
+                let spec = &specs[(sent + w) % specs.len()];
                 sent += 1;
                 let ok = match c.post(&spec.headers, spec.body.clone()).await {
                     Ok(resp) => {
@@ -714,7 +740,7 @@ impl Conn {
 const VARIANTS: [&str; 3] = ["direct", "gateway", "bare_proxy"];
 
 async fn passthrough(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
-    let gateway = env.gateway(server, "passthrough")?;
+    let gateway = env.gateway_with(server, "passthrough", &env.nocache_config, "warn")?;
     let bare = env.bare_proxy(server)?;
     let _perf = PerfGuard::start(env, gateway.pid(), "passthrough");
     let addrs = [server.addr, gateway.addr, bare.addr];
@@ -905,6 +931,230 @@ async fn passthrough(env: &Env, opts: &Opts, server: &Proc, report: &mut Report)
         "passthrough",
         md,
         json!({"rows": json_rows, "ratios": json_ratios, "cpu_per_request": json_cpu, "gateway_rss_bytes": rss}),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Scenario 1b: the response cache.
+// ---------------------------------------------------------------------------------
+
+const CACHE_VARIANTS: [&str; 3] = ["direct", "bare_proxy", "gateway+cache"];
+
+/// The cache counters a gateway logs when it stops (`cache counters` at info level).
+fn cache_counters(log: &Path) -> BTreeMap<String, u64> {
+    let raw = std::fs::read_to_string(log).unwrap_or_default();
+    // Without ANSI colour sequences (`ESC [ … m`).
+    let mut text = String::with_capacity(raw.len());
+    let mut in_escape = false;
+    for ch in raw.chars() {
+        match (in_escape, ch) {
+            (false, '\u{1b}') => in_escape = true,
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+            (false, c) => text.push(c),
+        }
+    }
+    let Some(line) = text.lines().rev().find(|l| l.contains("cache counters")) else {
+        return BTreeMap::new();
+    };
+    line.split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .filter_map(|(k, v)| Some((k.to_owned(), v.trim_matches(',').parse().ok()?)))
+        .collect()
+}
+
+async fn cache(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
+    let bare = env.bare_proxy(server)?;
+    let spec = |method: &str, name: Option<&str>, params: Value| {
+        Arc::new(Spec {
+            headers: modern_headers(method, name),
+            body: modern_body(1, method, params, json!({})),
+        })
+    };
+    let list = spec("tools/list", None, json!({}));
+    let call = spec(
+        "tools/call",
+        Some("notes_list"),
+        json!({"name": "notes_list", "arguments": {"workspaceUri": env.notes_uri}}),
+    );
+    let mut mixed = vec![call.clone(); 9];
+    mixed.push(list.clone());
+    let kinds: Vec<(&str, Arc<Vec<Arc<Spec>>>)> = vec![
+        ("tools/list", Arc::new(vec![list])),
+        (
+            "server/discover",
+            Arc::new(vec![spec("server/discover", None, json!({}))]),
+        ),
+        ("mixed", Arc::new(mixed)),
+    ];
+    // One cached gateway per kind: its counters then belong to that kind alone.
+    let mut gateways = Vec::new();
+    for (kind, _) in &kinds {
+        let tag = format!("cache-{}", kind.replace('/', "-"));
+        let g = env.gateway_with(
+            server,
+            &tag,
+            &env.gateway_config,
+            "warn,dualera::gateway=info",
+        )?;
+        gateways.push((tag, g));
+    }
+    // Correctness first: the cached answers equal the direct ones.
+    for (ki, (kind, specs)) in kinds.iter().enumerate() {
+        for s in specs.iter().take(2) {
+            let mut answers = Vec::new();
+            for a in [
+                server.addr,
+                bare.addr,
+                gateways[ki].1.addr,
+                gateways[ki].1.addr,
+            ] {
+                let mut c = Conn::open(a).await?;
+                let (st, msgs) = c.exchange(&s.headers, s.body.clone()).await?;
+                answers.push(result_of(st, &msgs)?);
+            }
+            if answers.iter().any(|a| a != &answers[0]) {
+                return Err(format!("{kind}: the variants answered differently").into());
+            }
+        }
+    }
+    eprintln!("bench: cache (load {})", load_avg());
+    let mut samples: BTreeMap<(usize, usize, usize), Vec<Sample>> = BTreeMap::new();
+    // Per (concurrency, kind): cache/direct, cache/bare, p50 vs direct, one per round.
+    type CacheRatios = Vec<(f64, f64, f64)>;
+    let mut ratios: BTreeMap<(usize, usize), CacheRatios> = BTreeMap::new();
+    let mut served = vec![0usize; kinds.len()];
+    for (ci, &conc) in opts.concurrency.iter().enumerate() {
+        for (ki, (kind, specs)) in kinds.iter().enumerate() {
+            let addrs = [server.addr, bare.addr, gateways[ki].1.addr];
+            for round in 0..opts.rounds {
+                let mut this = [None; 3];
+                for k in 0..3 {
+                    let v = (round + k) % 3;
+                    let s = load_mix(addrs[v], specs.clone(), conc, 0.2, opts.secs).await?;
+                    if v == 2 {
+                        served[ki] += s.n + (s.rps * 0.2) as usize;
+                    }
+                    this[v] = Some(s);
+                    samples.entry((ci, ki, v)).or_default().push(s);
+                }
+                let [Some(d), Some(b), Some(g)] = this else {
+                    continue;
+                };
+                ratios.entry((ci, ki)).or_default().push((
+                    g.rps / d.rps,
+                    g.rps / b.rps,
+                    g.p50_us - d.p50_us,
+                ));
+                eprintln!(
+                    "  c={conc:<3} {kind:<16} round {}: direct {:>7.0}/s  bare {:>7.0}/s  gateway+cache {:>7.0}/s",
+                    round + 1,
+                    d.rps,
+                    b.rps,
+                    g.rps
+                );
+            }
+        }
+    }
+    // Stop the cached gateways; each logs its counters on the way out.
+    let mut counters = Vec::new();
+    for (tag, g) in gateways {
+        drop(g);
+        counters.push(cache_counters(
+            &env.results.join(format!("logs/gateway-{tag}.log")),
+        ));
+    }
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "### 1b. Response cache ({} rounds × {} s per variant, interleaved; medians)\n",
+        opts.rounds, opts.secs
+    );
+    let _ = writeln!(
+        md,
+        "| request | conc | variant | req/s | p50 µs | p99 µs | errors |"
+    );
+    let _ = writeln!(md, "|---|---:|---|---:|---:|---:|---:|");
+    let mut json_rows = Vec::new();
+    for (ci, &conc) in opts.concurrency.iter().enumerate() {
+        for (ki, (kind, _)) in kinds.iter().enumerate() {
+            for (v, name) in CACHE_VARIANTS.iter().enumerate() {
+                let s = &samples[&(ci, ki, v)];
+                let rps = median(&s.iter().map(|x| x.rps).collect::<Vec<_>>());
+                let p50 = median(&s.iter().map(|x| x.p50_us).collect::<Vec<_>>());
+                let p99 = median(&s.iter().map(|x| x.p99_us).collect::<Vec<_>>());
+                let errors: usize = s.iter().map(|x| x.errors).sum();
+                let _ = writeln!(
+                    md,
+                    "| {kind} | {conc} | {name} | {} | {} | {} | {errors} |",
+                    fmt_f(rps, 0),
+                    fmt_f(p50, 1),
+                    fmt_f(p99, 1)
+                );
+                json_rows.push(json!({"request": kind, "concurrency": conc, "variant": name,
+                    "rps_median": rps, "p50_us_median": p50, "p99_us_median": p99, "errors": errors}));
+            }
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\n| request | conc | gateway+cache/direct req/s | gateway+cache/bare req/s | p50 vs direct µs |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|");
+    let mut json_ratios = Vec::new();
+    for (ci, &conc) in opts.concurrency.iter().enumerate() {
+        for (ki, (kind, _)) in kinds.iter().enumerate() {
+            let r = &ratios[&(ci, ki)];
+            let gd = median(&r.iter().map(|x| x.0).collect::<Vec<_>>());
+            let gb = median(&r.iter().map(|x| x.1).collect::<Vec<_>>());
+            let added = median(&r.iter().map(|x| x.2).collect::<Vec<_>>());
+            let _ = writeln!(
+                md,
+                "| {kind} | {conc} | {} | {} | {} |",
+                fmt_f(gd, 3),
+                fmt_f(gb, 3),
+                fmt_f(added, 1)
+            );
+            json_ratios.push(json!({"request": kind, "concurrency": conc,
+                "cache_over_direct": gd, "cache_over_bare_proxy": gb, "p50_vs_direct_us": added}));
+            report
+                .cache_ratios
+                .push((conc, kind.to_string(), gd, gb, added));
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\nWhat reached the upstream from each cached gateway (its cache counters; hit ratio = (hits + coalesced) / cacheable requests; for the mix, 90 % of requests are `tools/call`, which always go upstream):\n"
+    );
+    let _ = writeln!(
+        md,
+        "| request | requests served | cacheable | hits | coalesced | misses (upstream) | upstream requests | hit ratio |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut json_counts = Vec::new();
+    for (ki, (kind, _)) in kinds.iter().enumerate() {
+        let c = &counters[ki];
+        let get = |k: &str| c.get(k).copied().unwrap_or(0);
+        let (hits, coalesced, misses) = (get("hits"), get("coalesced"), get("misses"));
+        let cacheable = hits + coalesced + misses;
+        let passed = (served[ki] as u64).saturating_sub(cacheable);
+        let ratio = (hits + coalesced) as f64 / cacheable.max(1) as f64;
+        let _ = writeln!(
+            md,
+            "| {kind} | ≈{} | {cacheable} | {hits} | {coalesced} | {misses} | ≈{} | {} |",
+            served[ki],
+            misses + passed,
+            fmt_f(ratio, 5)
+        );
+        json_counts.push(json!({"request": kind, "served_approx": served[ki], "cacheable": cacheable,
+            "hits": hits, "coalesced": coalesced, "misses": misses, "invalidations": get("invalidations"),
+            "upstream_requests_approx": misses + passed, "hit_ratio": ratio}));
+    }
+    report.add(
+        "cache",
+        md,
+        json!({"rows": json_rows, "ratios": json_ratios, "upstream": json_counts}),
     );
     Ok(())
 }
@@ -1717,6 +1967,9 @@ struct PassthroughRatio {
 struct Report {
     sections: Vec<(String, String, Value)>,
     passthrough_ratios: Vec<PassthroughRatio>,
+    /// Per (concurrency, kind): gateway+cache over direct req/s, over bare proxy, p50
+    /// gateway+cache minus direct (µs).
+    cache_ratios: Vec<(usize, String, f64, f64, f64)>,
     /// Legacy flow over modern direct, and the modern flow through the bare proxy
     /// over modern direct (what one proxy hop per request costs this flow).
     mrtr_ratio: Option<(f64, f64)>,
@@ -1789,6 +2042,29 @@ impl Report {
                 Some(geo >= 0.95),
                 None,
             );
+        }
+        for (conc, kind, gd, _, added) in &self.cache_ratios {
+            match (conc, kind.as_str()) {
+                (1, k) if k != "mixed" => row(
+                    &format!("gateway+cache p50 below direct at c=1 ({kind})"),
+                    format!("{} µs", fmt_f(*added, 1)),
+                    Some(*added < 0.0),
+                    None,
+                ),
+                (16 | 64, k) if k != "mixed" => row(
+                    &format!("gateway+cache ≥ 2× direct at c={conc} ({kind})"),
+                    fmt_f(*gd, 3),
+                    Some(*gd >= 2.0),
+                    None,
+                ),
+                (_, "mixed") => row(
+                    &format!("gateway+cache ≥ 1.0× direct, mixed 90/10 (c={conc})"),
+                    fmt_f(*gd, 3),
+                    Some(*gd >= 1.0),
+                    None,
+                ),
+                _ => {}
+            }
         }
         if let Some((r, bare)) = self.mrtr_ratio {
             row(
@@ -1917,6 +2193,12 @@ fn setup(opts: &Opts) -> Res<Env> {
              live_request_timeout_secs = 3600\nmax_in_flight = 64\n"
         ),
     )?;
+    let gateway_section = std::fs::read_to_string(&gateway_config)?;
+    let nocache_config = dir.join("bench-gateway-nocache.toml");
+    std::fs::write(
+        &nocache_config,
+        format!("{gateway_section}\n[cache]\nenabled = false\n"),
+    )?;
     Ok(Env {
         bin,
         bare,
@@ -1925,6 +2207,7 @@ fn setup(opts: &Opts) -> Res<Env> {
         stamp,
         server_config,
         gateway_config,
+        nocache_config,
         db,
         notes_uri: layout.notes_uri,
         scratch_uri,
@@ -1972,6 +2255,7 @@ fn main() -> Res<()> {
         for s in &opts.scenarios {
             match s.as_str() {
                 "passthrough" => passthrough(&env, &opts, &server, &mut report).await?,
+                "cache" => cache(&env, &opts, &server, &mut report).await?,
                 "mrtr" => mrtr(&env, &opts, &server, &mut report).await?,
                 "memory" => memory(&env, &opts, &server, &mut report).await?,
                 "pending" => pending(&env, &opts, &server, &mut report).await?,
