@@ -169,15 +169,7 @@ async fn tool_call(
         })
         .await;
     if let (Some(tool), Some(code)) = (tool, failed_code) {
-        let n = gw.cache.tool_call_failed(&tool, code);
-        if n > 0 {
-            tracing::debug!(
-                tool,
-                code,
-                dropped = n,
-                "tools/list invalidated by a failed tools/call"
-            );
-        }
+        gw.cache.tool_call_failed(&tool, code);
     }
     outcome
 }

@@ -696,6 +696,12 @@ impl ResponseCache {
         if n > 0 {
             self.epoch.fetch_add(1, Ordering::AcqRel);
             self.counters.invalidations.fetch_add(n, Ordering::Relaxed);
+            tracing::debug!(
+                tool,
+                code,
+                dropped = n,
+                "tools/list invalidated by a failed tools/call"
+            );
         }
         n
     }

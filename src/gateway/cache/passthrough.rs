@@ -219,15 +219,7 @@ impl ToolCall {
                     .ok()
                     .and_then(|v| v.pointer("/error/code").and_then(serde_json::Value::as_i64));
                 if let Some(code) = code {
-                    let n = cache.tool_call_failed(&tool, code);
-                    if n > 0 {
-                        tracing::debug!(
-                            tool,
-                            code,
-                            dropped = n,
-                            "tools/list invalidated by a failed tools/call"
-                        );
-                    }
+                    cache.tool_call_failed(&tool, code);
                 }
             }),
         );
