@@ -61,6 +61,40 @@ pub struct Config {
     /// The gateway's response cache.
     #[serde(default)]
     pub cache: CacheSection,
+    /// The gateway's admin listener (health, readiness, metrics, migration report).
+    #[serde(default)]
+    pub admin: AdminSection,
+    /// The gateway's migration report.
+    #[serde(default)]
+    pub report: ReportSection,
+}
+
+/// The admin listener (`dualera gateway`, `dualera up`): off unless `listen` (or
+/// `--admin`) is set.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSection {
+    /// Address of the admin listener (the `--admin` flag wins); loopback is the norm.
+    pub listen: Option<SocketAddr>,
+    /// Bearer token required on `/metrics` and `/report*` (prefer `token_env`).
+    pub token: Option<String>,
+    /// Name of an environment variable holding that token.
+    pub token_env: Option<String>,
+    /// How often each route's upstream is probed with `server/discover`, in ms
+    /// (default 5000).
+    pub probe_interval_ms: Option<u64>,
+}
+
+/// The migration report; every field has a default.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportSection {
+    /// A SQLite file that keeps the report across restarts (relative paths are
+    /// resolved against the config file's folder). Unset: memory only.
+    pub path: Option<PathBuf>,
+    /// Most host identities kept (default 1000); sessions of further ones are counted
+    /// in one overflow row.
+    pub max_hosts: Option<usize>,
 }
 
 /// The gateway's response cache (2026-07-28 `server/utilities/caching.mdx`); every
@@ -316,6 +350,11 @@ impl Config {
         if config.store.path != ":memory:" && Path::new(&config.store.path).is_relative() {
             if let Some(dir) = path.parent() {
                 config.store.path = dir.join(&config.store.path).to_string_lossy().into_owned();
+            }
+        }
+        if let (Some(report), Some(dir)) = (&config.report.path, path.parent()) {
+            if report.is_relative() {
+                config.report.path = Some(dir.join(report));
             }
         }
         Ok(config)

@@ -232,6 +232,48 @@ impl Feature {
     }
 }
 
+/// The verdict for a host that used no feature with a [`Feature::needs`].
+pub const VERDICT_DIRECT: &str = "can move to 2026-07-28 directly";
+/// The verdict for a host that already speaks 2026-07-28.
+pub const VERDICT_MODERN: &str = "already modern";
+
+/// What a legacy host that used `used` still needs to talk 2026-07-28 directly, one
+/// sentence per need (the live-request features share one: they all need MRTR); empty
+/// when it needs nothing ([`VERDICT_DIRECT`]).
+pub fn needs(used: impl IntoIterator<Item = Feature>) -> Vec<String> {
+    let mut used: Vec<Feature> = used.into_iter().collect();
+    used.sort_unstable();
+    used.dedup();
+    let live: Vec<&str> = used
+        .iter()
+        .filter_map(|f| match f {
+            Feature::ElicitationForm => Some("form elicitation"),
+            Feature::ElicitationUrl => Some("URL elicitation"),
+            Feature::Sampling => Some("sampling"),
+            Feature::Roots => Some("roots/list"),
+            _ => None,
+        })
+        .collect();
+    let mut out = Vec::new();
+    if !live.is_empty() {
+        let list = match live.split_last() {
+            Some((last, [])) => (*last).to_owned(),
+            Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+            None => String::new(),
+        };
+        out.push(format!("answers {list} live: needs an MRTR-capable client"));
+    }
+    for f in used {
+        if LiveKind::ALL.iter().any(|k| k.feature() == f) {
+            continue;
+        }
+        if let Some(need) = f.needs() {
+            out.push(need.to_owned());
+        }
+    }
+    out
+}
+
 /// The kind of a live request the gateway sent a host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum LiveKind {
@@ -499,6 +541,29 @@ mod tests {
             assert_eq!(r.index(), i);
             assert_eq!(FailureReason::from_name(r.as_str()), Some(*r));
         }
+    }
+
+    #[test]
+    fn needs_group_the_live_features() {
+        assert!(needs([]).is_empty());
+        assert!(needs([Feature::Progress]).is_empty());
+        assert_eq!(
+            needs([Feature::Sampling]),
+            ["answers sampling live: needs an MRTR-capable client"]
+        );
+        assert_eq!(
+            needs([
+                Feature::GetStream,
+                Feature::Sampling,
+                Feature::ElicitationForm,
+                Feature::Sampling,
+                Feature::Roots
+            ]),
+            [
+                "answers form elicitation, sampling and roots/list live: needs an MRTR-capable client",
+                "listens on the GET stream: needs subscriptions/listen"
+            ]
+        );
     }
 
     #[test]

@@ -10,11 +10,14 @@
 //! hand-off each way on the hot path) and is detached into a task of its own when the
 //! handler stops waiting; every other exchange is a task from the start.
 
+use super::telemetry::{SessionTelemetry, WIRE_HTTP};
+use super::trace::TraceContext;
 use super::{cache, sse, text, Gateway, GatewayConfig};
 use crate::body::{empty, full, ChannelBody, GatewayBody};
 use bytes::Bytes;
 use dashmap::DashMap;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
+use dualera_adapters::usage::Feature;
 use dualera_adapters::{
     Config as MachineConfig, ErrorCode, ErrorObject, Event, Message, PeerStream, ProtocolVersion,
     RequestId, Response as RpcResponse, Session, SessionState, Timestamp, UpstreamRole,
@@ -116,6 +119,9 @@ struct StreamState {
     finished: bool,
     /// The POST handler waiting for this stream's first (or last) message.
     waiter: Option<Waker>,
+    /// The trace context of the HTTP request that opened the stream: every upstream
+    /// attempt of its legacy request carries it.
+    trace: Option<Arc<TraceContext>>,
 }
 
 #[derive(Debug)]
@@ -129,6 +135,10 @@ struct Shared {
     /// Where `route` leaves the first upstream exchange it starts for the POST handler
     /// that is feeding the machine, instead of spawning it.
     inline: InlineSlot,
+    /// Metrics and report of this session.
+    telemetry: SessionTelemetry,
+    /// The trace context of the `initialize` POST (for the discover it may cause).
+    init_trace: Option<Arc<TraceContext>>,
 }
 
 /// One upstream exchange, abortable through its entry in `upstream_tasks`.
@@ -201,6 +211,7 @@ impl SessionHandle {
     fn close(&self) {
         if let Ok(mut s) = self.shared.lock() {
             s.machine.close();
+            s.telemetry.close();
             for (_, h) in s.upstream_tasks.drain() {
                 h.abort();
             }
@@ -339,6 +350,7 @@ async fn post(
     auth: Option<HeaderValue>,
 ) -> Response<GatewayBody> {
     let limit = gw.config.max_body_bytes;
+    let trace = TraceContext::from_headers(req.headers()).map(Arc::new);
     let body = match Limited::new(req.into_body(), limit).collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => {
@@ -376,12 +388,12 @@ async fn post(
                     "Bad Request: Mcp-Session-Id header is required (or send initialize to start a session)".into(),
                 );
             }
-            return initialize(gw, parsed, auth).await;
+            return initialize(gw, parsed, auth, trace).await;
         }
     };
     handle.touch();
     match parsed {
-        Parsed::Single(Message::Request(r)) => request(gw, &handle, r).await,
+        Parsed::Single(Message::Request(r)) => request(gw, &handle, r, trace).await,
         Parsed::Single(other) => {
             let result = {
                 let Ok(mut s) = handle.shared.lock() else {
@@ -405,7 +417,7 @@ async fn post(
                 }
             }
         }
-        Parsed::Batch(items) => batch(gw, &handle, items),
+        Parsed::Batch(items) => batch(gw, &handle, items, trace),
     }
 }
 
@@ -446,6 +458,7 @@ async fn initialize(
     gw: &Gateway,
     parsed: Parsed,
     auth: Option<HeaderValue>,
+    trace: Option<Arc<TraceContext>>,
 ) -> Response<GatewayBody> {
     let Parsed::Single(Message::Request(init)) = parsed else {
         return internal();
@@ -480,6 +493,8 @@ async fn initialize(
             next_stream: 0,
             upstream_tasks: HashMap::new(),
             inline: InlineSlot::Closed,
+            telemetry: gw.telemetry.session(WIRE_HTTP),
+            init_trace: trace,
         }),
         last_used: AtomicU64::new(now().as_millis()),
         timer_at: AtomicU64::new(0),
@@ -493,6 +508,7 @@ async fn initialize(
             return internal();
         };
         open_pending(&mut s, stream.clone());
+        s.telemetry.request_started(&init.id);
         if let Err(e) = s.machine.handle_peer_message(Message::Request(init), now()) {
             return rpc_error(
                 StatusCode::BAD_REQUEST,
@@ -559,6 +575,7 @@ fn open_pending(s: &mut Shared, stream: PeerStream) {
             pending: Some(Vec::new()),
             finished: false,
             waiter: None,
+            trace: None,
         },
     );
 }
@@ -632,9 +649,10 @@ async fn request(
     gw: &Gateway,
     handle: &Arc<SessionHandle>,
     r: dualera_adapters::Request,
+    trace: Option<Arc<TraceContext>>,
 ) -> Response<GatewayBody> {
     let stream = PeerStream::Request(r.id.clone());
-    let mut inline = match feed_request(gw, handle, r, &stream) {
+    let mut inline = match feed_request(gw, handle, r, &stream, trace) {
         Ok(inline) => inline,
         Err(refused) => return *refused,
     };
@@ -657,6 +675,7 @@ fn feed_request(
     handle: &Arc<SessionHandle>,
     r: dualera_adapters::Request,
     stream: &PeerStream,
+    trace: Option<Arc<TraceContext>>,
 ) -> Result<Detachable, Box<Response<GatewayBody>>> {
     let id = r.id.clone();
     let Ok(mut s) = handle.shared.lock() else {
@@ -671,6 +690,10 @@ fn feed_request(
         )));
     }
     open_pending(&mut s, stream.clone());
+    if let Some(st) = s.streams.get_mut(stream) {
+        st.trace = trace;
+    }
+    s.telemetry.request_started(&id);
     if let Err(e) = s.machine.handle_peer_message(Message::Request(r), now()) {
         s.streams.remove(stream);
         return Err(Box::new(refusal(Some(id), &e)));
@@ -685,10 +708,16 @@ fn batch(
     gw: &Gateway,
     handle: &Arc<SessionHandle>,
     items: Vec<Result<Message, jsonrpc::EnvelopeError>>,
+    trace: Option<Arc<TraceContext>>,
 ) -> Response<GatewayBody> {
     let Ok(mut s) = handle.shared.lock() else {
         return internal();
     };
+    for item in &items {
+        if let Ok(Message::Request(r)) = item {
+            s.telemetry.request_started(&r.id);
+        }
+    }
     // The stream id of the batch is known only after feeding; buffer by peeking the
     // next batch id is not possible, so feed and then adopt whatever the batch emitted.
     let outcome = s.machine.handle_peer_batch(items, now());
@@ -712,6 +741,9 @@ fn batch(
     };
     let stream = PeerStream::Batch(batch);
     open_pending(&mut s, stream.clone());
+    if let Some(st) = s.streams.get_mut(&stream) {
+        st.trace = trace;
+    }
     route(gw, handle, &mut s);
     rearm(handle, &s);
     respond_on(handle, &mut s, &stream)
@@ -791,6 +823,7 @@ fn get(
         if !st.finished {
             st.tx = Some(tx);
         }
+        s.telemetry.feature(Feature::Resumption);
         debug!(session = %handle.id, stream = number, after, "stream resumed");
     } else {
         let stream = PeerStream::Standalone;
@@ -815,6 +848,7 @@ fn get(
             let _ = tx.try_send(sse::prime(&format!("{}.{}", st.number, st.seq)));
             st.tx = Some(tx);
         }
+        s.telemetry.feature(Feature::GetStream);
         let _ = s.machine.handle_standalone_opened();
         route(gw, handle, &mut s);
     }
@@ -847,6 +881,14 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
             Event::ToUpstream { role, request } => {
                 let id = request.id.clone();
                 let params = s.machine.upstream_headers(&request);
+                let trace = upstream_trace(s, &role, &request);
+                let span = tracing::debug_span!(
+                    "upstream",
+                    session = %handle.id,
+                    rpc.id = %id,
+                    ?role,
+                    trace_id = trace.as_ref().map_or("", |t| t.trace_id()),
+                );
                 let (exchange, abort) = abortable(
                     upstream_task(
                         gw.clone(),
@@ -854,10 +896,9 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
                         role.clone(),
                         Message::Request(request),
                         params,
+                        trace,
                     )
-                    .instrument(
-                        tracing::debug_span!("upstream", session = %handle.id, rpc.id = %id, ?role),
-                    ),
+                    .instrument(span),
                 );
                 s.upstream_tasks.insert(id, abort);
                 let exchange: Exchange = Box::pin(async move {
@@ -881,10 +922,31 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
             Event::ToolRejected { tool, reason } => {
                 warn!(session = %handle.id, tool, reason, "upstream tool left out of tools/list");
             }
+            Event::Observed(o) => s.telemetry.observe(o, &s.machine),
             _ => {}
         }
     }
     trim_finished(s);
+}
+
+/// The trace context an upstream attempt carries: that of the HTTP request which
+/// carried the legacy request it serves (retries included), else the request's own
+/// `_meta.traceparent`.
+fn upstream_trace(
+    s: &Shared,
+    role: &UpstreamRole,
+    request: &dualera_adapters::Request,
+) -> Option<Arc<TraceContext>> {
+    let from_http = match role {
+        UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => s
+            .machine
+            .request_stream(legacy)
+            .and_then(|stream| s.streams.get(stream))
+            .and_then(|st| st.trace.clone()),
+        UpstreamRole::Discover => s.init_trace.clone(),
+        _ => None,
+    };
+    from_http.or_else(|| TraceContext::from_meta(request.params.as_ref()).map(Arc::new))
 }
 
 /// Queues one message on a stream, and wakes the POST waiting on it when the stream
@@ -969,6 +1031,7 @@ async fn upstream_task(
     role: UpstreamRole,
     request: Message,
     params: Vec<(String, String)>,
+    trace: Option<Arc<TraceContext>>,
 ) {
     let Message::Request(r) = &request else {
         return;
@@ -980,6 +1043,7 @@ async fn upstream_task(
         &request,
         handle.authorization.as_ref(),
         &params,
+        trace.as_deref(),
         |msg| {
             if let Ok(mut s) = handle.shared.lock() {
                 if let Err(e) = s
@@ -997,6 +1061,7 @@ async fn upstream_task(
     if let Ok(mut s) = handle.shared.lock() {
         s.upstream_tasks.remove(&id);
         if let Err(e) = result {
+            gw.telemetry.upstream_error(&e);
             warn!(session = %handle.id, rpc.id = %id, ?role, error = %e, "upstream exchange failed");
             let _ = s.machine.handle_upstream_lost(&id, now());
             route(&gw, &handle, &mut s);

@@ -9,12 +9,18 @@
 //!                                                              └─ upstream::exchange
 //! ```
 
+pub mod admin;
 pub mod cache;
 pub mod http_sse;
 mod legacy_http;
+pub mod metrics;
 pub mod passthrough;
 mod pipe;
+pub mod readiness;
+pub mod report;
 pub mod sse;
+pub mod telemetry;
+pub mod trace;
 pub mod upstream;
 pub mod websocket;
 
@@ -123,23 +129,60 @@ pub struct Gateway {
     legacy: Arc<legacy_http::Sessions>,
     sse: Arc<http_sse::SseSessions>,
     cache: Arc<cache::ResponseCache>,
+    telemetry: Arc<telemetry::Telemetry>,
+}
+
+/// What the gateway knows about one accepted connection.
+#[derive(Debug)]
+pub(crate) struct Connection {
+    /// The listener is on a loopback address (`Host` is checked).
+    loopback: bool,
+    /// The modern client identified on this connection, for the report.
+    telemetry: telemetry::ConnectionTelemetry,
 }
 
 impl Gateway {
-    /// A gateway in front of `upstream`.
+    /// A gateway in front of `upstream`, its migration report in memory.
     pub fn new(upstream: Upstream, config: GatewayConfig) -> Self {
+        let report = report::Report::in_memory(report::ReportConfig::default().max_hosts);
+        Self::with_report(upstream, config, report)
+    }
+
+    /// A gateway in front of `upstream` that keeps its migration report in `report`
+    /// ([`report::Report::open`]).
+    pub fn with_report(upstream: Upstream, config: GatewayConfig, report: report::Report) -> Self {
         let upstream = Arc::new(upstream);
-        let cache = Arc::new(cache::ResponseCache::new(
-            config.cache.clone(),
-            crate::server::http::ENDPOINT,
-        ));
+        // The one route; its path labels every metric and report row.
+        let route: Arc<str> = Arc::from(crate::server::http::ENDPOINT);
+        let cache = Arc::new(cache::ResponseCache::new(config.cache.clone(), &route));
         cache.attach(upstream.clone());
+        let report = Arc::new(report);
+        let telemetry = Arc::new(telemetry::Telemetry::new(
+            route.clone(),
+            metrics::Metrics::new(vec![cache.clone()], report.clone()),
+            report,
+            readiness::Readiness::new(vec![route]),
+        ));
         Self {
             legacy: Arc::new(legacy_http::Sessions::new(&config)),
             sse: Arc::default(),
             config: Arc::new(config),
             upstream,
             cache,
+            telemetry,
+        }
+    }
+
+    /// The gateway's metrics, migration report and readiness.
+    pub fn telemetry(&self) -> &Arc<telemetry::Telemetry> {
+        &self.telemetry
+    }
+
+    /// Writes the migration report to its file, if it has one (also done every few
+    /// seconds while serving, and when serving stops).
+    pub fn flush_report(&self) {
+        if let Err(e) = self.telemetry.report().flush() {
+            tracing::warn!(error = %e, "migration report not saved");
         }
     }
 
@@ -157,6 +200,8 @@ impl Gateway {
         let loopback = listener.local_addr()?.ip().is_loopback();
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let reaper = tokio::spawn(legacy_http::reap(self.clone()));
+        let flusher = tokio::spawn(report::flush_loop(self.telemetry.report().clone()));
+        let open = self.telemetry.metrics().connections("gateway");
         let mut connections = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
         loop {
@@ -173,16 +218,26 @@ impl Gateway {
                     };
                     let _ = stream.set_nodelay(true);
                     let gw = self.clone();
+                    let connection = Arc::new(Connection {
+                        loopback,
+                        telemetry: telemetry::ConnectionTelemetry::default(),
+                    });
                     let svc = service_fn(move |req| {
                         let gw = gw.clone();
-                        async move { Ok::<_, Infallible>(gw.route(loopback, req).await) }
+                        let connection = connection.clone();
+                        async move { Ok::<_, Infallible>(gw.route(&connection, req).await) }
                     });
                     let conn = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), svc)
                         .with_upgrades();
                     let mut stop = stop_rx.clone();
+                    let open = open.clone();
                     connections.spawn(
                         async move {
+                            open.inc();
+                            let _open = scopeguard(move || {
+                                open.dec();
+                            });
                             tokio::pin!(conn);
                             tokio::select! {
                                 res = conn.as_mut() => {
@@ -203,6 +258,7 @@ impl Gateway {
         }
         info!("gateway shutting down");
         reaper.abort();
+        flusher.abort();
         self.cache.stop_listening();
         let stats = self.cache.stats();
         info!(
@@ -221,6 +277,8 @@ impl Gateway {
             while connections.join_next().await.is_some() {}
         })
         .await;
+        let gw = self.clone();
+        let _ = tokio::task::spawn_blocking(move || gw.flush_report()).await;
         Ok(())
     }
 
@@ -270,10 +328,17 @@ impl Gateway {
         let _ = session.await;
         self.cache.stop_listening();
         let _ = writer_task.await;
+        let gw = self.clone();
+        let _ = tokio::task::spawn_blocking(move || gw.flush_report()).await;
         Ok(())
     }
 
-    async fn route(&self, loopback: bool, req: Request<Incoming>) -> Response<GatewayBody> {
+    async fn route(
+        &self,
+        connection: &Connection,
+        req: Request<Incoming>,
+    ) -> Response<GatewayBody> {
+        let loopback = connection.loopback;
         let h = req.headers();
         if let Some(origin) = h.get(header::ORIGIN) {
             if !origin
@@ -313,11 +378,24 @@ impl Gateway {
             .is_some_and(|v| is_modern_or_later(v) || !ProtocolVersion::LEGACY.contains(&v))
             && !h.contains_key("mcp-session-id");
         if modern {
-            passthrough::forward(self, req).await
+            passthrough::forward(self, &connection.telemetry, req).await
         } else {
             legacy_http::handle(self, req).await
         }
     }
+}
+
+/// Runs `f` when dropped (also when the future holding it is cancelled).
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
 }
 
 /// A plain-text response.

@@ -2,17 +2,22 @@
 //! or buffered. Headers are kept except hop-by-hop ones, the upstream status is kept,
 //! SSE flows frame by frame, and a client that goes away drops the upstream request.
 
+use super::telemetry::ConnectionTelemetry;
+use super::trace::TraceContext;
 use super::upstream::{HttpUpstream, StdioUpstream, Upstream};
 use super::{cache, sse, Gateway};
 use crate::body::{full, BoxError, ChannelBody, GatewayBody};
 use bytes::Bytes;
 use dualera_adapters::jsonrpc::{self, Message};
+use dualera_adapters::usage::Method;
 use dualera_adapters::ErrorCode;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use std::time::Instant;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: &[HeaderName] = &[
@@ -67,29 +72,82 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Proxies one modern request to the upstream.
-pub async fn forward(gateway: &Gateway, req: Request<Incoming>) -> Response<GatewayBody> {
-    match &*gateway.upstream {
-        Upstream::Http(h) => forward_http(gateway, h, req).await,
-        Upstream::Stdio(s) => forward_stdio(gateway, s, req).await,
+/// Proxies one modern request to the upstream, and records it (metrics, and the
+/// client's row of the migration report).
+pub(super) async fn forward(
+    gateway: &Gateway,
+    connection: &ConnectionTelemetry,
+    req: Request<Incoming>,
+) -> Response<GatewayBody> {
+    let started = Instant::now();
+    let h = req.headers();
+    // Bounded label: a method outside the table is `_OTHER`.
+    let method = h
+        .get("mcp-method")
+        .and_then(|v| v.to_str().ok())
+        .map_or(Method::Other, Method::from_name);
+    let revision = h.get("mcp-protocol-version").cloned();
+    let span = tracing::debug_span!(
+        "passthrough",
+        method = method.as_str(),
+        trace_id = tracing::field::Empty
+    );
+    if !span.is_disabled() {
+        if let Some(t) = TraceContext::from_headers(h) {
+            span.record("trace_id", t.trace_id());
+        }
     }
+    let resp = match &*gateway.upstream {
+        Upstream::Http(up) => {
+            forward_http(gateway, connection, up, req)
+                .instrument(span)
+                .await
+        }
+        Upstream::Stdio(up) => {
+            forward_stdio(gateway, connection, up, req)
+                .instrument(span)
+                .await
+        }
+    };
+    let revision = revision
+        .as_ref()
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    gateway
+        .telemetry
+        .passthrough(connection, method, revision, resp.status(), started);
+    resp
+}
+
+/// The `MCP-Protocol-Version` a request names (for the report's row of its client).
+fn revision_of(headers: &HeaderMap) -> &str {
+    headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
 }
 
 /// Over a stdio upstream the body must be read (ids are rewritten for the shared
 /// pipe): JSON back when nothing else came first, else an SSE stream.
 async fn forward_stdio(
     gateway: &Gateway,
+    connection: &ConnectionTelemetry,
     upstream: &StdioUpstream,
     req: Request<Incoming>,
 ) -> Response<GatewayBody> {
     let limit = gateway.config.max_body_bytes;
-    let Ok(body) = Limited::new(req.into_body(), limit)
+    let (parts, body) = req.into_parts();
+    let Ok(body) = Limited::new(body, limit)
         .collect()
         .await
         .map(|b| b.to_bytes())
     else {
         return status_only(StatusCode::PAYLOAD_TOO_LARGE);
     };
+    // Read anyway (ids are rewritten): its clientInfo names the client.
+    gateway
+        .telemetry
+        .identify(connection, revision_of(&parts.headers), &body);
     let msg = match jsonrpc::parse(&body) {
         Ok(m @ Message::Request(_)) => m,
         Ok(_) => return status_only(StatusCode::ACCEPTED),
@@ -178,6 +236,7 @@ pub(super) fn unavailable() -> Response<GatewayBody> {
 
 async fn forward_http(
     gateway: &Gateway,
+    connection: &ConnectionTelemetry,
     upstream: &HttpUpstream,
     req: Request<Incoming>,
 ) -> Response<GatewayBody> {
@@ -193,10 +252,36 @@ async fn forward_http(
     // Cacheable methods (known from `Mcp-Method` alone) go through the cache; every
     // other request stays unparsed.
     if let Some(method) = gateway.cache.cacheable(req.headers()) {
-        return cache::passthrough::forward(gateway, upstream, req, method).await;
+        return cache::passthrough::forward(gateway, connection, upstream, req, method).await;
     }
     let tool_call = cache::passthrough::ToolCall::watch(&gateway.cache, req.headers());
     let (parts, body) = req.into_parts();
+    if parts
+        .headers
+        .get("mcp-method")
+        .is_some_and(|m| m == "server/discover")
+    {
+        // A modern client's first request, small: read to learn who the client is
+        // (with the cache on, the cache reads it).
+        let Ok(bytes) = Limited::new(body, limit)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+        else {
+            return status_only(StatusCode::PAYLOAD_TOO_LARGE);
+        };
+        gateway
+            .telemetry
+            .identify(connection, revision_of(&parts.headers), &bytes);
+        return match send(upstream, parts, full(bytes)).await {
+            Ok(resp) => downstream(resp),
+            Err(e) => {
+                gateway.telemetry.upstream_unreachable();
+                tracing::warn!(error = %e, "upstream request failed");
+                unavailable()
+            }
+        };
+    }
     let body: GatewayBody = Limited::new(body, limit)
         .map_err(|e| -> BoxError { e })
         .boxed();
@@ -206,6 +291,7 @@ async fn forward_http(
             None => downstream(resp),
         },
         Err(e) => {
+            gateway.telemetry.upstream_unreachable();
             tracing::warn!(error = %e, "upstream request failed");
             unavailable()
         }

@@ -3,6 +3,8 @@
 //! machine, feeds it what the peer and the upstream say, and carries out its events.
 //! Every stream the machine names maps onto the one outgoing channel.
 
+use super::telemetry::SessionTelemetry;
+use super::trace::TraceContext;
 use super::Gateway;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
 use dualera_adapters::{Event, Message, RequestId, Session, SessionState, Timestamp};
@@ -33,6 +35,7 @@ pub(super) async fn run_session(
     let now =
         || Timestamp::from_millis(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
     let mut machine = Session::new(gw.legacy.machine_config(transport));
+    let mut telemetry = gw.telemetry.session(transport);
     if let Some(d) =
         super::cache::legacy::discover_for_initialize(&gw.cache, authorization.as_ref())
     {
@@ -47,6 +50,7 @@ pub(super) async fn run_session(
         route(
             &gw,
             &mut machine,
+            &mut telemetry,
             &outgoing,
             &up_tx,
             &mut tasks,
@@ -64,6 +68,9 @@ pub(super) async fn run_session(
                 let Some(line) = line else { break };
                 match jsonrpc::parse_incoming(&line) {
                     Ok(Parsed::Single(msg)) => {
+                        if let Message::Request(r) = &msg {
+                            telemetry.request_started(&r.id);
+                        }
                         if let Err(e) = machine.handle_peer_message(msg, now()) {
                             warn!(transport, error = %e, "peer message refused");
                             if let Some(resp) = e.to_response() {
@@ -71,18 +78,25 @@ pub(super) async fn run_session(
                             }
                         }
                     }
-                    Ok(Parsed::Batch(items)) => match machine.handle_peer_batch(items, now()) {
-                        Ok(outcome) => {
-                            for e in outcome.refused {
-                                debug!(transport, error = %e, "batch element refused");
+                    Ok(Parsed::Batch(items)) => {
+                        for item in &items {
+                            if let Ok(Message::Request(r)) = item {
+                                telemetry.request_started(&r.id);
                             }
                         }
-                        Err(e) => {
-                            if let Some(resp) = e.to_response() {
-                                let _ = outgoing.send(Message::Response(resp).to_vec()).await;
+                        match machine.handle_peer_batch(items, now()) {
+                            Ok(outcome) => {
+                                for e in outcome.refused {
+                                    debug!(transport, error = %e, "batch element refused");
+                                }
+                            }
+                            Err(e) => {
+                                if let Some(resp) = e.to_response() {
+                                    let _ = outgoing.send(Message::Response(resp).to_vec()).await;
+                                }
                             }
                         }
-                    },
+                    }
                     Err(e) => {
                         let _ = outgoing.send(Message::Response(e.to_response()).to_vec()).await;
                     }
@@ -116,6 +130,7 @@ pub(super) async fn run_session(
     route(
         &gw,
         &mut machine,
+        &mut telemetry,
         &outgoing,
         &up_tx,
         &mut tasks,
@@ -125,12 +140,14 @@ pub(super) async fn run_session(
     for (_, t) in tasks.drain() {
         t.abort();
     }
+    telemetry.close();
     info!(transport, "legacy session closed");
 }
 
 async fn route(
     gw: &Gateway,
     machine: &mut Session,
+    telemetry: &mut SessionTelemetry,
     outgoing: &mpsc::Sender<Vec<u8>>,
     up_tx: &mpsc::Sender<FromUpstream>,
     tasks: &mut HashMap<RequestId, AbortHandle>,
@@ -155,7 +172,15 @@ async fn route(
                 let tx = up_tx.clone();
                 let task_id = id.clone();
                 let auth = authorization.cloned();
-                let span = tracing::debug_span!("upstream", rpc.id = %id, ?role);
+                // These wires carry no HTTP headers per message: the request's own
+                // `_meta.traceparent` is the trace context.
+                let trace = TraceContext::from_meta(request.params.as_ref());
+                let span = tracing::debug_span!(
+                    "upstream",
+                    rpc.id = %id,
+                    ?role,
+                    trace_id = trace.as_ref().map_or("", |t| t.trace_id()),
+                );
                 let task = tokio::spawn(
                     async move {
                         let msg = Message::Request(request);
@@ -167,6 +192,7 @@ async fn route(
                             &msg,
                             auth.as_ref(),
                             &params,
+                            trace.as_ref(),
                             |m| {
                                 // Bounded: a flood from the upstream waits here.
                                 let _ = relay.try_send(FromUpstream::Message(rid.clone(), m));
@@ -176,6 +202,7 @@ async fn route(
                         let last = match result {
                             Ok(()) => FromUpstream::Done(task_id),
                             Err(e) => {
+                                gw.telemetry.upstream_error(&e);
                                 warn!(error = %e, "upstream exchange failed");
                                 FromUpstream::Lost(task_id)
                             }
@@ -198,6 +225,7 @@ async fn route(
             Event::ToolRejected { tool, reason } => {
                 warn!(tool, reason, "upstream tool left out of tools/list");
             }
+            Event::Observed(o) => telemetry.observe(o, machine),
             _ => {}
         }
     }

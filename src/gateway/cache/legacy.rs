@@ -12,6 +12,7 @@
 
 use super::key::{Cacheable, Caller, RequestKey};
 use super::{Begin, ResponseCache};
+use crate::gateway::trace::TraceContext;
 use crate::gateway::upstream::UpstreamError;
 use crate::gateway::Gateway;
 use bytes::Bytes;
@@ -46,19 +47,20 @@ pub(in crate::gateway) async fn exchange(
     request: &Message,
     authorization: Option<&HeaderValue>,
     params: &[(String, String)],
+    trace: Option<&TraceContext>,
     mut on_message: impl FnMut(Message),
 ) -> Result<(), UpstreamError> {
     let cache = &gw.cache;
     let Message::Request(r) = request else {
         return gw
             .upstream
-            .exchange(request, authorization, params, on_message)
+            .exchange(request, authorization, params, trace, on_message)
             .await;
     };
     if !cache.enabled() || matches!(role, UpstreamRole::Listen) {
         return gw
             .upstream
-            .exchange(request, authorization, params, on_message)
+            .exchange(request, authorization, params, trace, on_message)
             .await;
     }
     let key = Cacheable::from_method(&r.method).and_then(|m| {
@@ -71,11 +73,11 @@ pub(in crate::gateway) async fn exchange(
     });
     let Some(key) = key else {
         if r.method == "tools/call" {
-            return tool_call(gw, request, authorization, params, on_message).await;
+            return tool_call(gw, request, authorization, params, trace, on_message).await;
         }
         return gw
             .upstream
-            .exchange(request, authorization, params, on_message)
+            .exchange(request, authorization, params, trace, on_message)
             .await;
     };
     let caller = Caller::from_authorization(authorization);
@@ -97,7 +99,7 @@ pub(in crate::gateway) async fn exchange(
     let mut last = None;
     let outcome = gw
         .upstream
-        .exchange(request, authorization, params, |m| match m {
+        .exchange(request, authorization, params, trace, |m| match m {
             Message::Response(resp) => last = Some(resp),
             other => {
                 notified = true;
@@ -144,6 +146,7 @@ async fn tool_call(
     request: &Message,
     authorization: Option<&HeaderValue>,
     params: &[(String, String)],
+    trace: Option<&TraceContext>,
     mut on_message: impl FnMut(Message),
 ) -> Result<(), UpstreamError> {
     let tool = match request {
@@ -158,7 +161,7 @@ async fn tool_call(
     let mut failed_code = None;
     let outcome = gw
         .upstream
-        .exchange(request, authorization, params, |m| {
+        .exchange(request, authorization, params, trace, |m| {
             if let Message::Response(Response {
                 outcome: Err(e), ..
             }) = &m

@@ -13,6 +13,7 @@ use super::{Begin, Fetch, ResponseCache};
 use crate::body::{full, BoxError, GatewayBody};
 use crate::gateway::passthrough::{downstream, send, status_only, unavailable};
 use crate::gateway::sse;
+use crate::gateway::telemetry::ConnectionTelemetry;
 use crate::gateway::upstream::{encode_header_value, HttpUpstream};
 use crate::gateway::Gateway;
 use bytes::Bytes;
@@ -30,6 +31,7 @@ const ERROR_BODY_LIMIT: usize = 64 * 1024;
 /// Serves a cacheable pass-through request from the cache, or forwards it.
 pub(in crate::gateway) async fn forward(
     gw: &Gateway,
+    connection: &ConnectionTelemetry,
     upstream: &HttpUpstream,
     req: Request<Incoming>,
     method: Cacheable,
@@ -43,6 +45,13 @@ pub(in crate::gateway) async fn forward(
     else {
         return status_only(StatusCode::PAYLOAD_TOO_LARGE);
     };
+    // The body is in hand: its clientInfo names the client for the migration report.
+    let revision = parts
+        .headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    gw.telemetry().identify(connection, revision, &bytes);
     let cache = &gw.cache;
     let parsed = parts
         .headers

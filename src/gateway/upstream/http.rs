@@ -5,6 +5,7 @@
 use super::UpstreamError;
 use crate::body::{full, GatewayBody};
 use crate::gateway::sse;
+use crate::gateway::trace::TraceContext;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use bytes::Bytes;
@@ -82,6 +83,7 @@ impl HttpUpstream {
         request: &Message,
         authorization: Option<&HeaderValue>,
         params: &[(String, String)],
+        trace: Option<&TraceContext>,
         mut on_message: impl FnMut(Message),
     ) -> Result<(), UpstreamError> {
         let Message::Request(r) = request else {
@@ -110,6 +112,12 @@ impl HttpUpstream {
         }
         if let Some(auth) = authorization {
             builder = builder.header(header::AUTHORIZATION, auth.clone());
+        }
+        if let Some(t) = trace {
+            builder = builder.header("traceparent", t.traceparent().clone());
+            if let Some(state) = t.tracestate() {
+                builder = builder.header("tracestate", state.clone());
+            }
         }
         // `x-mcp-header` parameters, encoded like `Mcp-Name` (2026-07-28 transports,
         // "Value Encoding"); names were checked as field-name tokens when learned.

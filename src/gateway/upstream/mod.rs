@@ -7,6 +7,7 @@ mod stdio;
 pub use self::http::{encode_header_value, HttpUpstream};
 pub use self::stdio::StdioUpstream;
 
+use super::trace::TraceContext;
 use ::http::header::HeaderValue;
 use dualera_adapters::Message;
 
@@ -34,6 +35,17 @@ pub enum UpstreamError {
     },
 }
 
+impl UpstreamError {
+    /// A short machine name (metric label `kind`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Unreachable { .. } => "unreachable",
+            Self::Status { .. } => "http_status",
+            Self::Protocol { .. } => "protocol",
+        }
+    }
+}
+
 /// The upstream server.
 #[derive(Clone, Debug)]
 pub enum Upstream {
@@ -51,12 +63,14 @@ impl Upstream {
     ///
     /// `params` are the request's `Mcp-Param-*` headers (name, plain value), from
     /// [`Session::upstream_headers`](dualera_adapters::Session::upstream_headers); the
-    /// stdio transport has no headers and MAY ignore them.
+    /// stdio transport has no headers and MAY ignore them. `trace` is the trace context
+    /// of the host request that caused this exchange (HTTP: `traceparent`/`tracestate`).
     pub async fn exchange(
         &self,
         request: &Message,
         authorization: Option<&HeaderValue>,
         params: &[(String, String)],
+        trace: Option<&TraceContext>,
         mut on_message: impl FnMut(Message),
     ) -> Result<(), UpstreamError> {
         // Message bodies (never headers, so never credentials) at trace level, opt-in:
@@ -67,7 +81,10 @@ impl Upstream {
             on_message(m);
         };
         match self {
-            Self::Http(h) => h.exchange(request, authorization, params, on_message).await,
+            Self::Http(h) => {
+                h.exchange(request, authorization, params, trace, on_message)
+                    .await
+            }
             Self::Stdio(s) => s.exchange(request, on_message).await,
         }
     }
