@@ -1079,7 +1079,7 @@ impl Session {
             .or_else(|| offered.first().copied())
             .unwrap_or(Revision::all()[0]);
         self.revision = Some(revision);
-        self.client_info = params.get("clientInfo").filter(|v| v.is_object()).cloned();
+        self.client_info = params.get("clientInfo").and_then(implementation);
         self.legacy_capabilities = params
             .get("capabilities")
             .filter(|v| v.is_object())
@@ -1320,7 +1320,13 @@ impl Session {
             }
             Err(error) => {
                 let method = usage::Method::from_name(&call.method);
-                self.ended(&legacy, method, RequestOutcome::Error, call.rounds);
+                // The upstream's own capability refusal is the host's capability gap.
+                let outcome = if error.code == ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY {
+                    RequestOutcome::Failed(usage::FailureReason::MissingCapability)
+                } else {
+                    RequestOutcome::Error
+                };
+                self.ended(&legacy, method, outcome, call.rounds);
                 self.respond(call.stream, Response::error(Some(legacy), error));
             }
             Ok(result) => match mrtr::classify(&result) {
@@ -1928,6 +1934,27 @@ impl Session {
         };
         rest.parse::<u64>().is_ok_and(|n| n >= 1 && n <= counter)
     }
+}
+
+/// The peer's `clientInfo` in the shape both eras' `Implementation` has, or `None`
+/// when `name` or `version` is not a string: only that is remembered and sent upstream
+/// as `_meta` clientInfo. Optional string members are kept; `icons` (display only,
+/// possibly large `data:` URIs) and anything else are not.
+fn implementation(info: &Value) -> Option<Value> {
+    let obj = info.as_object()?;
+    let mut out = Map::new();
+    for key in ["name", "version"] {
+        out.insert(
+            key.into(),
+            Value::String(obj.get(key)?.as_str()?.to_owned()),
+        );
+    }
+    for key in ["title", "description", "websiteUrl"] {
+        if let Some(Value::String(v)) = obj.get(key) {
+            out.insert(key.into(), Value::String(v.clone()));
+        }
+    }
+    Some(Value::Object(out))
 }
 
 fn validate_discover(result: &Value) -> Result<(), SessionError> {

@@ -463,7 +463,9 @@ pub enum RequestOutcome {
     Ok,
     /// Answered with a JSON-RPC error (the upstream's, or the session's own refusal).
     Error,
-    /// Failed inside the gateway (the peer got a response saying why).
+    /// Failed for a reason the report tracks: inside the gateway (the peer got a
+    /// response saying why), or refused by the upstream for a capability the peer did
+    /// not declare (`-32021`).
     Failed(FailureReason),
     /// Cancelled by the peer (no response).
     Cancelled,

@@ -407,6 +407,34 @@ fn failures_carry_their_reason_and_siblings_count_as_cancelled() {
         )]
     );
 
+    // The upstream's own capability refusal counts as the host's capability gap.
+    s.handle_peer_message(request(7, "tools/call", json!({"name": "t"})), T0)
+        .unwrap();
+    let (_, events) = drain(&mut s);
+    let id = upstream_ids(&events).pop().unwrap();
+    s.handle_upstream_message(
+        Some(id.clone()),
+        Message::Response(Response::error(
+            Some(id),
+            ErrorObject::new(
+                ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY,
+                "needs sampling",
+            ),
+        )),
+        T0,
+    )
+    .unwrap();
+    let (observed, _) = drain(&mut s);
+    assert_eq!(
+        observed,
+        [ended(
+            7,
+            Method::ToolsCall,
+            RequestOutcome::Failed(FailureReason::MissingCapability),
+            0
+        )]
+    );
+
     // An upstream error, and a cancellation by the peer.
     s.handle_peer_message(request(5, "resources/read", json!({"uri": "x:y"})), T0)
         .unwrap();

@@ -227,7 +227,9 @@ impl std::fmt::Debug for Proc {
 }
 
 impl Proc {
-    fn spawn(args: &[&str], marker: &str) -> Self {
+    /// `dualera <args>`, waiting for a stderr line containing `marker` (the URL is
+    /// its last word).
+    pub fn spawn(args: &[&str], marker: &str) -> Self {
         let level = std::env::var("DUALERA_TEST_LOG").unwrap_or_else(|_| "warn".into());
         let mut child = Command::new(env!("CARGO_BIN_EXE_dualera"))
             .args(args)
@@ -297,6 +299,22 @@ impl Proc {
             ],
             "gateway listening on",
         )
+    }
+
+    /// Stops the process with SIGTERM (a clean shutdown); whether it exited within
+    /// `WAIT` (it is killed otherwise).
+    pub fn terminate(&mut self) -> bool {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
     }
 
     /// What the process wrote on stderr so far.
