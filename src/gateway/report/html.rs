@@ -38,8 +38,10 @@ h1{font-size:22px;margin:0 0 4px}
 table{border-collapse:collapse;width:100%}
 th{text-align:left;font-weight:600;color:var(--muted);border-bottom:2px solid var(--line);padding:6px 8px;white-space:nowrap}
 td{border-bottom:1px solid var(--line);padding:8px;vertical-align:top}
-.who strong{font-size:15px}
+.who{min-width:190px}.who strong{font-size:15px;overflow-wrap:anywhere}
+.verdict{min-width:300px}
 .dim{color:var(--muted);font-size:12px}
+.seen{white-space:nowrap}
 .num{text-align:right;font-variant-numeric:tabular-nums}
 .feature{display:grid;grid-template-columns:170px 160px auto;gap:8px;align-items:center;margin:2px 0}
 .track{background:#eef1f4;height:10px;border-radius:5px;overflow:hidden}
@@ -47,7 +49,7 @@ td{border-bottom:1px solid var(--line);padding:8px;vertical-align:top}
 .count{font-variant-numeric:tabular-nums;white-space:nowrap}
 .none{color:var(--muted)}
 .failure{color:#cf222e;white-space:nowrap}
-.badge{display:inline-block;border-radius:10px;padding:1px 8px;font-size:12px;font-weight:600;color:#fff;margin-bottom:4px}
+.badge{display:inline-block;border-radius:10px;padding:1px 8px;font-size:12px;font-weight:600;color:#fff;margin-bottom:4px;white-space:nowrap}
 .badge.direct{background:var(--ok)}.badge.modern{background:var(--modern)}.badge.needs{background:var(--need)}
 .verdict ul{margin:2px 0 0;padding-left:18px}
 details summary{cursor:pointer;color:var(--muted)}
@@ -113,11 +115,19 @@ pub fn render(report: &ReportSnapshot) -> String {
     out
 }
 
+/// `2026-07-28T09:30:00.123Z` as `2026-07-28 09:30:00 UTC`.
+fn display_time(rfc3339: &str) -> String {
+    match rfc3339.get(..19) {
+        Some(t) if rfc3339.ends_with('Z') => format!("{} UTC", t.replacen('T', " ", 1)),
+        _ => rfc3339.to_owned(),
+    }
+}
+
 fn row(out: &mut String, h: &HostReport, max: u64) {
     let (class, badge) = match (h.era, h.needs.is_empty()) {
-        (EraName::Modern, _) => ("modern", "already modern"),
-        (EraName::Legacy, true) => ("direct", "can move directly"),
-        (EraName::Legacy, false) => ("needs", "needs changes"),
+        (EraName::Modern, _) => ("modern", usage::VERDICT_MODERN),
+        (EraName::Legacy, true) => ("direct", usage::VERDICT_DIRECT),
+        (EraName::Legacy, false) => ("needs", "still needs the legacy era"),
     };
     let _ =
         write!(
@@ -151,9 +161,9 @@ fn row(out: &mut String, h: &HostReport, max: u64) {
     );
     let _ = write!(
         out,
-        "<td class=\"dim\">first {}<br>last {}</td>",
-        escape(&h.first_seen),
-        escape(&h.last_seen)
+        "<td class=\"dim seen\">first {}<br>last {}</td>",
+        escape(&display_time(&h.first_seen)),
+        escape(&display_time(&h.last_seen))
     );
     let sessions = if h.era == EraName::Modern {
         "—".to_owned()
@@ -230,19 +240,10 @@ fn row(out: &mut String, h: &HostReport, max: u64) {
             );
         }
     }
-    let verdict_text = if h.needs.is_empty() {
-        match h.era {
-            EraName::Modern => usage::VERDICT_MODERN,
-            EraName::Legacy => usage::VERDICT_DIRECT,
-        }
-    } else {
-        "still needs the legacy era"
-    };
     let _ = write!(
         out,
-        "</td><td class=\"verdict\" data-verdict=\"{}\"><span class=\"badge {class}\">{badge}</span><div>{}</div>",
+        "</td><td class=\"verdict\" data-verdict=\"{}\"><span class=\"badge {class}\">{badge}</span>",
         escape(&h.verdict),
-        escape(verdict_text)
     );
     if !h.needs.is_empty() {
         out.push_str("<ul>");
