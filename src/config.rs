@@ -396,6 +396,8 @@ mod tests {
         let config = Config::parse(text).expect("examples/dualera.toml parses");
         assert!(!config.grants.is_empty());
         assert!(!config.state.keys.is_empty());
+        assert_eq!(config.admin.probe_interval_ms, Some(5000));
+        assert_eq!(config.report.max_hosts, Some(1000));
     }
 
     #[test]
