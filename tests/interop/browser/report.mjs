@@ -20,7 +20,7 @@ const context = await chromium.launchPersistentContext(cfg.profile, {
     '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
     '--disable-background-networking', '--disable-component-update', '--disable-sync',
   ],
-  viewport: { width: 1500, height: 900 },
+  viewport: { width: 1500, height: 300 },
   deviceScaleFactor: 1,
 });
 let rows = [];
