@@ -308,6 +308,9 @@ impl Gateway {
             "stdio",
             None,
         ));
+        let flusher = tokio::spawn(report::flush_loop(self.telemetry.report().clone()));
+        let flusher = flusher.abort_handle();
+        let _flusher = scopeguard(move || flusher.abort());
         let limit = self.config.max_body_bytes;
         let mut buf = Vec::new();
         while let Some(line) =

@@ -97,7 +97,7 @@ impl Telemetry {
     }
 
     /// A pass-through request found no upstream connection.
-    pub(super) fn upstream_unreachable(&self) {
+    pub(in crate::gateway) fn upstream_unreachable(&self) {
         self.metrics.upstream_error(&self.route, "unreachable");
     }
 

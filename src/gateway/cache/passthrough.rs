@@ -61,7 +61,11 @@ pub(in crate::gateway) async fn forward(
         .filter(|p| servable(&parts.headers, p));
     let Some(parsed) = parsed else {
         // Not provably the request an entry answers: the upstream has its say.
-        return relay(send(upstream, parts, full(bytes)).await);
+        let sent = send(upstream, parts, full(bytes)).await;
+        if sent.is_err() {
+            gw.telemetry().upstream_unreachable();
+        }
+        return relay(sent);
     };
     let caller = Caller::from_authorization(parts.headers.get(header::AUTHORIZATION));
     let id = bytes.slice(parsed.id.clone());
@@ -69,6 +73,9 @@ pub(in crate::gateway) async fn forward(
         Begin::Hit(entry) => answer(entry.with_id(&id)),
         Begin::Fetch(fetch) => {
             let sent = send(upstream, parts, full(bytes)).await;
+            if sent.is_err() {
+                gw.telemetry().upstream_unreachable();
+            }
             fetched(cache, sent, fetch, &id, limit)
         }
     }
