@@ -16,6 +16,7 @@ pub mod catalog;
 pub mod error;
 pub mod http;
 pub mod meta;
+pub mod oauth;
 pub mod request_state;
 mod router;
 pub mod scope;
