@@ -33,7 +33,7 @@ pub(super) async fn run_session(
     let now =
         || Timestamp::from_millis(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
     let mut machine = Session::new(gw.legacy.machine_config(transport));
-    if let Some(d) = gw.legacy.cached_discover() {
+    if let Some(d) = gw.legacy.cached_discover(authorization.as_ref()) {
         let _ = machine.handle_discover_shared(d);
     }
     // One channel: the "standalone stream" is always open.
@@ -183,7 +183,9 @@ async fn route(
                     t.abort();
                 }
             }
-            Event::DiscoverFetched { result } => gw.legacy.store_discover(&result),
+            Event::DiscoverFetched { result } => {
+                gw.legacy.store_discover(&result, authorization.is_none());
+            }
             Event::RequestFailed { legacy, failure } => {
                 info!(rpc.id = %legacy, failure = %failure, "legacy request failed");
             }
