@@ -92,6 +92,10 @@ pub struct AuthSection {
     /// Authorization servers listed in the Protected Resource Metadata (default: the issuer).
     #[serde(default)]
     pub authorization_servers: Vec<String>,
+    /// Least seconds between two `jwks_uri` fetches prompted by an unknown `kid`
+    /// (default 10): forged tokens cannot turn into a flood of fetches.
+    #[serde(default = "default_jwks_refresh")]
+    pub jwks_refresh_secs: u64,
     /// Tool name -> scopes a `tools/call` of it needs (tools not listed need none).
     #[serde(default)]
     pub scopes: std::collections::BTreeMap<String, Vec<String>>,
@@ -105,6 +109,9 @@ fn default_algorithms() -> Vec<String> {
 }
 fn default_clock_skew() -> u64 {
     30
+}
+fn default_jwks_refresh() -> u64 {
+    10
 }
 
 /// What binds a legacy session to its caller (`[gateway] session_binding`).

@@ -20,17 +20,21 @@
 //! [`fingerprint`], a short digest.
 
 use super::passthrough::strip_hop_by_hop;
-use super::upstream::{Denial, Upstream};
+use super::upstream::{Denial, Upstream, UpstreamError};
 use super::{text, Gateway};
 use crate::body::{empty, full, BoxError, GatewayBody};
 use crate::config::SessionBinding;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
+use dualera_adapters::session::{
+    META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_PROTOCOL_VERSION,
+};
+use dualera_adapters::{Message, ProtocolVersion, Request as RpcRequest, RequestId};
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use serde_json::Value;
+use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 /// The well-known path of the Protected Resource Metadata (RFC 9728 §3).
@@ -138,6 +142,35 @@ impl Denial {
         r
     }
 }
+
+/// What the upstream says to a caller without credentials, when it demands some: its
+/// 401/403 for a `server/discover` sent without `Authorization`.
+///
+/// Asked when a request names a session but carries no credentials while the session
+/// was opened with some (or is unknown): a host whose token expired may send its next
+/// request without one (the Python SDK does) and must learn to authorize again, not
+/// that its session is gone. Only a refusal is relayed; the session is not touched, and
+/// an unknown session id gets the same answer, so it reveals nothing. Bounded by
+/// [`PROBE_WAIT`].
+pub(super) async fn anonymous_denial(gw: &Gateway) -> Option<Denial> {
+    let probe = Message::Request(RpcRequest {
+        id: RequestId::String("dualera-credentials-probe".into()),
+        method: "server/discover".into(),
+        params: Some(json!({ "_meta": {
+            META_PROTOCOL_VERSION: ProtocolVersion::V2026_07_28,
+            META_CLIENT_CAPABILITIES: {},
+            META_CLIENT_INFO: { "name": "dualera", "version": env!("CARGO_PKG_VERSION") },
+        }})),
+    });
+    let asked = gw.upstream.exchange(&probe, None, &[], |_| {});
+    match tokio::time::timeout(PROBE_WAIT, asked).await {
+        Ok(Err(UpstreamError::Denied(d))) => Some(*d),
+        _ => None,
+    }
+}
+
+/// How long [`anonymous_denial`] waits for the upstream.
+const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Whether `path` is one of the metadata paths the gateway relays: the well-known root
 /// and the well-known path of its MCP endpoint.

@@ -391,13 +391,19 @@ pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Gat
             {
                 Some(h)
             }
-            _ => {
+            found => {
+                let opened_with_credentials = found.as_ref().is_none_or(|h| !h.anonymous);
+                if auth.is_none() && opened_with_credentials {
+                    if let Some(denial) = super::auth::anonymous_denial(gw).await {
+                        return denial.response();
+                    }
+                }
                 return rpc_error(
                     StatusCode::NOT_FOUND,
                     None,
                     ErrorCode::INVALID_REQUEST,
                     "Session not found: it ended, expired, or belongs to another caller; send initialize again".into(),
-                )
+                );
             }
         },
     };

@@ -37,9 +37,6 @@ pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 const MAX_JWKS_BYTES: usize = 256 * 1024;
 /// How long a `jwks_uri` fetch may take.
 const JWKS_TIMEOUT: Duration = Duration::from_secs(10);
-/// Least time between two fetches prompted by unknown `kid`s (a flood of forged
-/// tokens must not become a flood of fetches).
-const JWKS_REFETCH: Duration = Duration::from_secs(10);
 /// Most keys kept from one JWK Set.
 const MAX_KEYS: usize = 64;
 
@@ -118,6 +115,8 @@ type KeyClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes
 struct RemoteKeys {
     uri: Uri,
     client: KeyClient,
+    /// Least time between two fetches prompted by unknown `kid`s.
+    refetch: Duration,
     /// The last set fetched and when; the async mutex makes concurrent misses share
     /// one fetch.
     cache: tokio::sync::Mutex<(Option<Arc<JwkSet>>, Option<Instant>)>,
@@ -187,6 +186,7 @@ impl ResourceServer {
                 Keys::Remote(Box::new(RemoteKeys {
                     uri,
                     client: key_client()?,
+                    refetch: Duration::from_secs(section.jwks_refresh_secs),
                     cache: tokio::sync::Mutex::new((None, None)),
                 }))
             }
@@ -338,7 +338,7 @@ impl ResourceServer {
                 if let Some(key) = cache.0.as_deref().and_then(pick) {
                     return Ok(key);
                 }
-                let recently = cache.1.is_some_and(|at| at.elapsed() < JWKS_REFETCH);
+                let recently = cache.1.is_some_and(|at| at.elapsed() < remote.refetch);
                 if recently && cache.0.is_some() {
                     return Err(TokenError::UnknownKey);
                 }
@@ -481,6 +481,7 @@ mod tests {
             principal_claim: "sub".into(),
             algorithms: vec!["RS256".into(), "ES256".into(), "EdDSA".into()],
             clock_skew_secs: 30,
+            jwks_refresh_secs: 10,
             authorization_servers: Vec::new(),
             scopes: [("notes_delete".to_owned(), vec!["notes:write".to_owned()])].into(),
         }
