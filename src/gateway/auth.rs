@@ -143,16 +143,23 @@ impl Denial {
     }
 }
 
-/// What the upstream says to a caller without credentials, when it demands some: its
-/// 401/403 for a `server/discover` sent without `Authorization`.
+/// What the upstream says to `authorization` (none: a caller without credentials),
+/// when it refuses it: its 401/403 for a `server/discover` carrying that header.
 ///
-/// Asked when a request names a session but carries no credentials while the session
-/// was opened with some (or is unknown): a host whose token expired may send its next
-/// request without one (the Python SDK does) and must learn to authorize again, not
-/// that its session is gone. Only a refusal is relayed; the session is not touched, and
-/// an unknown session id gets the same answer, so it reveals nothing. Bounded by
-/// [`PROBE_WAIT`].
-pub(super) async fn anonymous_denial(gw: &Gateway) -> Option<Denial> {
+/// Asked where a host request must learn that its credentials no longer do but would
+/// otherwise cause no upstream call:
+/// - a request naming a session without credentials while the session was opened with
+///   some (or is unknown): a host whose token expired may send its next request
+///   without one (the Python SDK does) and must learn to authorize again, not that its
+///   session is gone; an unknown session id gets the same answer, so it reveals nothing;
+/// - a standalone GET that starts no `subscriptions/listen`: the stream is opened on
+///   behalf of its token, so the upstream checks that token first.
+///
+/// Only a refusal is relayed; the session is not touched. Bounded by [`PROBE_WAIT`].
+pub(super) async fn upstream_denial(
+    gw: &Gateway,
+    authorization: Option<&HeaderValue>,
+) -> Option<Denial> {
     let probe = Message::Request(RpcRequest {
         id: RequestId::String("dualera-credentials-probe".into()),
         method: "server/discover".into(),
@@ -162,14 +169,14 @@ pub(super) async fn anonymous_denial(gw: &Gateway) -> Option<Denial> {
             META_CLIENT_INFO: { "name": "dualera", "version": env!("CARGO_PKG_VERSION") },
         }})),
     });
-    let asked = gw.upstream.exchange(&probe, None, &[], |_| {});
+    let asked = gw.upstream.exchange(&probe, authorization, &[], |_| {});
     match tokio::time::timeout(PROBE_WAIT, asked).await {
         Ok(Err(UpstreamError::Denied(d))) => Some(*d),
         _ => None,
     }
 }
 
-/// How long [`anonymous_denial`] waits for the upstream.
+/// How long [`upstream_denial`] waits for the upstream.
 const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Whether `path` is one of the metadata paths the gateway relays: the well-known root

@@ -394,7 +394,7 @@ pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Gat
             found => {
                 let opened_with_credentials = found.as_ref().is_none_or(|h| !h.anonymous);
                 if auth.is_none() && opened_with_credentials {
-                    if let Some(denial) = super::auth::anonymous_denial(gw).await {
+                    if let Some(denial) = super::auth::upstream_denial(gw, None).await {
                         return denial.response();
                     }
                 }
@@ -946,6 +946,7 @@ async fn get(
 ) -> Response<GatewayBody> {
     handle.touch();
     let watch = Arc::new(HeadWatch::default());
+    let probe_auth = auth.clone();
     let (response, mut inline) = {
         let Ok(mut s) = handle.shared.lock() else {
             return internal();
@@ -954,12 +955,18 @@ async fn get(
         (r, Detachable::take(&mut s))
     };
     // Opening the stream may start `subscriptions/listen` with this GET's token: its
-    // 401/403 answers the GET, and the stream is closed again.
+    // 401/403 answers the GET, and the stream is closed again. Without one, the
+    // upstream is asked about the token all the same (a bound session only).
+    let mut denied = None;
     if inline.0.is_some() {
         wait_head(&watch, &mut inline).await;
+    } else if probe_auth.is_some() && !handle.anonymous {
+        denied = super::auth::upstream_denial(gw, probe_auth.as_ref())
+            .await
+            .map(Box::new);
     }
     drop(inline);
-    if let Some(denial) = watch.finish() {
+    if let Some(denial) = watch.finish().or(denied) {
         if let Ok(mut s) = handle.shared.lock() {
             if let Some(st) = s.streams.get_mut(&PeerStream::Standalone) {
                 st.tx = None;
