@@ -113,6 +113,16 @@ fn jwt_subject(auth: &HeaderValue) -> Option<(String, String)> {
     Some((iss.to_owned(), sub.to_owned()))
 }
 
+/// A request's `Authorization`, marked sensitive: `Debug` prints no token (the session
+/// state that holds it for the request in hand derives `Debug`).
+pub(super) fn credentials(headers: &http::HeaderMap) -> Option<HeaderValue> {
+    headers.get(header::AUTHORIZATION).map(|v| {
+        let mut v = v.clone();
+        v.set_sensitive(true);
+        v
+    })
+}
+
 /// A short digest of a credential, for logs (never the credential itself).
 pub(super) fn fingerprint(authorization: Option<&HeaderValue>) -> String {
     match authorization {
@@ -306,5 +316,10 @@ mod tests {
         let fp = fingerprint(Some(&secret));
         assert_eq!(fp.len(), 8);
         assert!(!fp.contains("s3cr3t"));
+        let mut h = http::HeaderMap::new();
+        h.insert(header::AUTHORIZATION, secret);
+        let held = credentials(&h).unwrap();
+        assert!(!format!("{held:?}").contains("s3cr3t"));
+        assert_eq!(held.as_bytes(), b"Bearer s3cr3t-token");
     }
 }

@@ -379,7 +379,7 @@ pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Gat
             );
         }
     }
-    let auth = req.headers().get(header::AUTHORIZATION).cloned();
+    let auth = super::auth::credentials(req.headers());
     let existing = match &session_header {
         None => None,
         Some(id) => match gw.legacy.map.get(id).map(|e| e.value().clone()) {
