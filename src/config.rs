@@ -122,19 +122,28 @@ fn default_name() -> String {
     "dualera-notes".to_owned()
 }
 
-/// Where notes and nonces are stored.
+/// Where notes and nonces are stored: SQLite (`path`, the embedded default) or
+/// PostgreSQL (`url`, or the `DUALERA_STORE_URL` environment variable, which wins).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreSection {
-    /// SQLite file path, or `:memory:`.
+    /// SQLite file path, or `:memory:`. Unused when a URL is given.
     #[serde(default = "default_store_path")]
     pub path: String,
+    /// `postgres://USER[:PASSWORD]@HOST:PORT/DB`: several instances share one database.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Most pooled PostgreSQL connections per instance (default 16).
+    #[serde(default)]
+    pub max_connections: Option<u32>,
 }
 
 impl Default for StoreSection {
     fn default() -> Self {
         Self {
             path: default_store_path(),
+            url: None,
+            max_connections: None,
         }
     }
 }
@@ -207,9 +216,12 @@ pub struct Limits {
     /// Longest `requestState` accepted, in bytes.
     #[serde(default = "default_max_state")]
     pub max_state_bytes: usize,
-    /// Most notes returned by one `notes_list`.
+    /// Most notes returned by one `notes_list` page (and the largest `limit`).
     #[serde(default = "default_max_list")]
     pub max_list: usize,
+    /// Most notes offered in one `notes_delete` confirmation form.
+    #[serde(default = "default_max_delete_candidates")]
+    pub max_delete_candidates: usize,
 }
 
 impl Default for Limits {
@@ -223,6 +235,7 @@ impl Default for Limits {
             max_files: default_max_files(),
             max_state_bytes: default_max_state(),
             max_list: default_max_list(),
+            max_delete_candidates: default_max_delete_candidates(),
         }
     }
 }
@@ -250,6 +263,9 @@ fn default_max_state() -> usize {
 }
 fn default_max_list() -> usize {
     500
+}
+fn default_max_delete_candidates() -> usize {
+    25
 }
 
 /// A caller identified by a bearer token.
