@@ -1,8 +1,8 @@
 //! The embedded default: a sample notes workspace, a sample repository and a config
 //! granting the local principal both, created on first use and left alone after.
 
-use crate::server::scope::Scope;
 use crate::config::StoreSection;
+use crate::server::scope::Scope;
 use crate::server::store;
 use std::fs;
 use std::io;

@@ -76,7 +76,10 @@ pub enum KeySource {
 impl Server {
     /// Builds the notes server from a configuration: opens the store, resolves secrets.
     pub fn from_config(config: &Config) -> Result<(Self, KeySource), ConfigError> {
-        Self::with_catalog(config, Catalog::notes(config.server.name.clone(), &config.limits))
+        Self::with_catalog(
+            config,
+            Catalog::notes(config.server.name.clone(), &config.limits),
+        )
     }
 
     /// Builds a server offering `catalog` (the notes server, or another app on the
@@ -119,10 +122,9 @@ impl Server {
             store::Location::from_section(&config.store).map_err(|e| ConfigError::Invalid {
                 reason: format!("cannot open the store: {e}"),
             })?;
-        let store =
-            store::open_at(&location, &config.store).map_err(|e| ConfigError::Invalid {
-                reason: format!("cannot open store {}: {e}", location.redacted()),
-            })?;
+        let store = store::open_at(&location, &config.store).map_err(|e| ConfigError::Invalid {
+            reason: format!("cannot open store {}: {e}", location.redacted()),
+        })?;
         tracing::debug!(engine = store.engine(), "store opened");
         let access = Access::from_config(config)?;
         Ok((

@@ -49,7 +49,9 @@ pub enum StoreError {
     #[error("store lock poisoned")]
     Poisoned,
     /// The database was migrated by a newer build.
-    #[error("store schema version {found} is newer than this build knows ({known}); upgrade dualera")]
+    #[error(
+        "store schema version {found} is newer than this build knows ({known}); upgrade dualera"
+    )]
     SchemaTooNew {
         /// The version recorded in the database.
         found: i64,
@@ -294,10 +296,7 @@ mod tests {
             redact_url("postgres://u:pw@127.0.0.1:5432/db?sslmode=disable"),
             "postgres://u:***@127.0.0.1:5432/db"
         );
-        assert_eq!(
-            redact_url("postgresql://u@h/db"),
-            "postgresql://u@h/db"
-        );
+        assert_eq!(redact_url("postgresql://u@h/db"), "postgresql://u@h/db");
         assert_eq!(redact_url("postgres://h:1"), "postgres://h:1");
         assert!(Location::from_url("mysql://x").is_err());
         assert_eq!(Note::parse_public_id("note-14"), Some(14));

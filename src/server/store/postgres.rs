@@ -218,9 +218,7 @@ impl NoteStore for PostgresStore {
         )?;
         let total: i64 = tx
             .query_one(
-                &format!(
-                    "SELECT count(*) FROM notes WHERE workspace = ANY($1) AND {TEXT_FILTER}"
-                ),
+                &format!("SELECT count(*) FROM notes WHERE workspace = ANY($1) AND {TEXT_FILTER}"),
                 &[&q.workspaces, &q.text],
             )?
             .get(0);

@@ -78,7 +78,11 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     if found > known {
         return Err(StoreError::SchemaTooNew { found, known });
     }
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(usize::try_from(found).unwrap_or(0)) {
+    for (i, sql) in MIGRATIONS
+        .iter()
+        .enumerate()
+        .skip(usize::try_from(found).unwrap_or(0))
+    {
         tx.execute_batch(sql)?;
         // PRAGMA takes no bound parameters; the value is our own integer.
         tx.execute_batch(&format!("PRAGMA user_version = {}", i + 1))?;
@@ -146,9 +150,8 @@ impl NoteStore for SqliteStore {
                  WHERE workspace IN ({ws}) AND id > ?2 AND {TEXT_FILTER}
                  ORDER BY id LIMIT ?3"
             );
-            let count_sql = format!(
-                "SELECT count(*) FROM notes WHERE workspace IN ({ws}) AND {TEXT_FILTER}"
-            );
+            let count_sql =
+                format!("SELECT count(*) FROM notes WHERE workspace IN ({ws}) AND {TEXT_FILTER}");
             let head = [
                 rusqlite::types::Value::from(q.text.map(str::to_owned)),
                 rusqlite::types::Value::from(q.after.unwrap_or(0)),

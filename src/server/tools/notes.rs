@@ -146,7 +146,9 @@ impl Tool for NotesList {
                 .and_then(|n| usize::try_from(n).ok())
                 .filter(|n| (1..=max).contains(n))
                 .ok_or_else(|| {
-                    ServerError::params(format!("argument limit must be an integer from 1 to {max}"))
+                    ServerError::params(format!(
+                        "argument limit must be an integer from 1 to {max}"
+                    ))
                 })?,
         };
         // An empty string is a valid (if never issued) cursor, so it is checked too.
@@ -201,7 +203,12 @@ impl Tool for NotesList {
             format!("showing {shown} of {} notes (the last page).", page.total)
         };
         for n in &page.notes {
-            text.push_str(&format!("\n{}  {}  ({})", n.public_id(), n.title, n.workspace));
+            text.push_str(&format!(
+                "\n{}  {}  ({})",
+                n.public_id(),
+                n.title,
+                n.workspace
+            ));
         }
         let mut structured = json!({
             "workspaces": workspaces,
@@ -211,7 +218,11 @@ impl Tool for NotesList {
         if let Some(c) = next {
             structured["nextCursor"] = Value::String(c);
         }
-        Ok(Outcome::Complete(text_result(text, Some(structured), false)))
+        Ok(Outcome::Complete(text_result(
+            text,
+            Some(structured),
+            false,
+        )))
     }
 }
 
@@ -537,7 +548,10 @@ impl NotesDelete {
             })
             .collect();
         let total = form.total;
-        let count = format!("{total} {} titled {title:?} in {workspace}", plural(total, "note"));
+        let count = format!(
+            "{total} {} titled {title:?} in {workspace}",
+            plural(total, "note")
+        );
         let (offer, intro) = match form.offer {
             Offer::All if total == 1 => ("all", format!("{count}.")),
             Offer::All => ("all", format!("{count}; all {total} are offered below.")),
