@@ -73,6 +73,8 @@ pub(crate) struct Options {
     pub(crate) max_body_bytes: Option<usize>,
     /// `[store] url` (PostgreSQL); `None`: the fixture's SQLite file.
     pub(crate) store_url: Option<String>,
+    /// `[limits] max_delete_candidates`.
+    pub(crate) max_delete_candidates: Option<usize>,
 }
 
 impl Default for Options {
@@ -82,6 +84,7 @@ impl Default for Options {
             principals: Vec::new(),
             max_body_bytes: None,
             store_url: None,
+            max_delete_candidates: None,
         }
     }
 }
@@ -181,9 +184,14 @@ impl Fixture {
             "\n[state]\nttl_ms = {}\n\n[[state.keys]]\nid = {key_id:?}\nsecret = {secret:?}\n\n",
             self.options.ttl_ms,
         ));
+        t.push_str("[limits]\n");
         if let Some(max) = self.options.max_body_bytes {
-            t.push_str(&format!("[limits]\nmax_body_bytes = {max}\n\n"));
+            t.push_str(&format!("max_body_bytes = {max}\n"));
         }
+        if let Some(max) = self.options.max_delete_candidates {
+            t.push_str(&format!("max_delete_candidates = {max}\n"));
+        }
+        t.push('\n');
         let mut names = vec!["local".to_owned()];
         for (name, token) in &self.options.principals {
             t.push_str(&format!(
