@@ -377,9 +377,9 @@ impl Tool for NotesDelete {
                     )));
                 }
                 None if matches.total > matches.newest.len() as u64 => {
-                    (matches.newest, Offer::Newest)
+                    (oldest_first(matches.newest), Offer::Newest)
                 }
-                None => (matches.newest, Offer::All),
+                None => (oldest_first(matches.newest), Offer::All),
             };
             let form = Form {
                 ids: candidates.iter().map(Note::public_id).collect(),
@@ -558,7 +558,7 @@ impl NotesDelete {
             Offer::Newest => (
                 "newest",
                 format!(
-                    "{count}; offered below are the {} most recently created (newest first). \
+                    "{count}; offered below are the {} most recently created. \
                      To delete an older one, call notes_delete again with its noteId \
                      (notes_list shows the ids).",
                     form.ids.len()
@@ -628,6 +628,13 @@ fn named_note(
         .get(n)?
         .filter(|note| note.workspace == workspace && note.title == title)
         .ok_or_else(not_it)
+}
+
+/// The form lists its notes in creation order, as it always has (the subset chosen is
+/// still the newest).
+fn oldest_first(mut notes: Vec<Note>) -> Vec<Note> {
+    notes.sort_by_key(|n| n.id);
+    notes
 }
 
 /// `1 note`, `2 notes`.
