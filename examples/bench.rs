@@ -1195,7 +1195,10 @@ async fn modern_flow(c: &mut Conn, ws: &str, title: &str) -> Res<(f64, f64)> {
 /// The modern MRTR flow (create, delete round 1, accepted retry: two store writes and
 /// a nonce claim) on SQLite vs PostgreSQL, one instance each, flows alternating.
 async fn store(env: &Env, opts: &Opts, sqlite: &Proc, report: &mut Report) -> Res<()> {
-    eprintln!("bench: store: starting a PostgreSQL cluster (load {})", load_avg());
+    eprintln!(
+        "bench: store: starting a PostgreSQL cluster (load {})",
+        load_avg()
+    );
     let cluster = pg_cluster::PgCluster::start_with(pg_cluster::Durability::Durable)?;
     let url = cluster.create_database("bench")?;
     let postgres = env.server_on(&url, "postgres")?;

@@ -136,6 +136,10 @@ pub struct StoreSection {
     /// Most pooled PostgreSQL connections per instance (default 16).
     #[serde(default)]
     pub max_connections: Option<u32>,
+    /// PEM file of the CA(s) that sign the PostgreSQL server's certificate (default:
+    /// the system's roots). A relative path is resolved against the config file.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for StoreSection {
@@ -144,6 +148,7 @@ impl Default for StoreSection {
             path: default_store_path(),
             url: None,
             max_connections: None,
+            ca_file: None,
         }
     }
 }
@@ -311,6 +316,11 @@ impl Config {
         if config.store.path != ":memory:" && Path::new(&config.store.path).is_relative() {
             if let Some(dir) = path.parent() {
                 config.store.path = dir.join(&config.store.path).to_string_lossy().into_owned();
+            }
+        }
+        if let (Some(ca), Some(dir)) = (&config.store.ca_file, path.parent()) {
+            if ca.is_relative() {
+                config.store.ca_file = Some(dir.join(ca));
             }
         }
         Ok(config)

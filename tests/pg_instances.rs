@@ -291,3 +291,44 @@ fn store_url_from_the_environment_and_newer_schemas_refused() {
     assert_eq!(status, Some(1), "{log}");
     assert!(!log.contains("wrong-password"), "{log}");
 }
+
+#[test]
+fn tls_to_the_database_is_verified() {
+    use dualera::config::StoreSection;
+    use dualera::server::store::{NoteStore, PostgresStore};
+    let pg = PgCluster::start_tls().expect("a throw-away PostgreSQL cluster with TLS");
+    let url = pg.create_database("tls").unwrap();
+    let ca = pg.ca_file().unwrap();
+    let with_ca = |ca_file: Option<std::path::PathBuf>| StoreSection {
+        ca_file,
+        max_connections: Some(2),
+        ..StoreSection::default()
+    };
+    let require = format!("{url}?sslmode=require");
+
+    // Verified against the cluster's CA: works, and the connections are TLS.
+    let store = PostgresStore::open(&require, &with_ca(Some(ca.clone()))).expect("TLS with the CA");
+    store.create("file:///tls", "over tls", "x").unwrap();
+    let tls_conns: u64 = pg
+        .psql("tls", "SELECT count(*) FROM pg_stat_ssl WHERE ssl")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(tls_conns >= 1, "no TLS connection to the database");
+    drop(store);
+
+    // Another CA, or the system roots: refused, never silently accepted.
+    let stranger = pg.write_ca("stranger", "not-the-issuer").unwrap();
+    for section in [with_ca(Some(stranger)), with_ca(None)] {
+        let err = PostgresStore::open(&require, &section).expect_err("an unverified server");
+        assert!(!err.to_string().contains(pg.password()), "{err}");
+    }
+    // The right CA but another name than the certificate's (IP:127.0.0.1).
+    let by_name = require.replace("127.0.0.1", "localhost");
+    assert!(PostgresStore::open(&by_name, &with_ca(Some(ca.clone()))).is_err());
+    // sslmode=prefer (the default) also verifies when the server offers TLS.
+    assert!(PostgresStore::open(&url, &with_ca(None)).is_err());
+    assert!(PostgresStore::open(&url, &with_ca(Some(ca))).is_ok());
+    // sslmode=disable: plaintext, by choice.
+    assert!(PostgresStore::open(&format!("{url}?sslmode=disable"), &with_ca(None)).is_ok());
+}

@@ -7,6 +7,7 @@
 mod common;
 
 use common::pg_cluster::PgCluster;
+use dualera::config::StoreSection;
 use dualera::server::store::{
     DeleteOutcome, ListQuery, LiveCheck, NonceClaim, Note, PostgresStore, SqliteStore, Store,
     StoreError, NONCE_GRACE_MS,
@@ -485,7 +486,11 @@ fn sqlite() {
 fn postgres() {
     let pg = PgCluster::start().expect("a throw-away PostgreSQL cluster");
     let url = pg.create_database("contract").unwrap();
-    let open = || PostgresStore::open(&url, Some(8)).map(|s| Box::new(s) as Box<dyn Store>);
+    let section = StoreSection {
+        max_connections: Some(8),
+        ..StoreSection::default()
+    };
+    let open = || PostgresStore::open(&url, &section).map(|s| Box::new(s) as Box<dyn Store>);
     let bump = || {
         pg.psql("contract", "UPDATE dualera_schema SET version = 99")
             .unwrap();

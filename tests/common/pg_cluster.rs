@@ -35,6 +35,7 @@ pub(crate) struct PgCluster {
     port: u16,
     password: String,
     as_postgres: bool,
+    tls: bool,
 }
 
 impl PgCluster {
@@ -45,6 +46,17 @@ impl PgCluster {
 
     /// Installs (when missing), initializes and starts a cluster.
     pub(crate) fn start_with(durability: Durability) -> Result<Self, String> {
+        Self::start_full(durability, false)
+    }
+
+    /// A scratch cluster that also accepts TLS, with a server certificate for
+    /// `IP:127.0.0.1` issued by a fresh CA (see [`PgCluster::ca_file`]); made with the
+    /// `openssl` command, which Debian's `postgresql` depends on.
+    pub(crate) fn start_tls() -> Result<Self, String> {
+        Self::start_full(Durability::Scratch, true)
+    }
+
+    fn start_full(durability: Durability, tls: bool) -> Result<Self, String> {
         install()?;
         let bin = bin_dir()?;
         let as_postgres = is_root()?;
@@ -65,6 +77,7 @@ impl PgCluster {
             port: 0,
             password,
             as_postgres,
+            tls,
         };
         cluster.prepare()?;
         cluster.boot(durability)
@@ -73,10 +86,19 @@ impl PgCluster {
     fn prepare(&self) -> Result<(), String> {
         let pwfile = self.dir.join("pwfile");
         std::fs::write(&pwfile, &self.password).map_err(|e| e.to_string())?;
+        if self.tls {
+            self.write_server_certificate()?;
+        }
         if self.as_postgres {
             run(Command::new("chown")
                 .args(["-R", "postgres:postgres"])
                 .arg(&self.dir))?;
+        }
+        if self.tls {
+            // PostgreSQL refuses a key file others can read.
+            run(Command::new("chmod")
+                .arg("600")
+                .arg(self.dir.join("server.key")))?;
         }
         let mut initdb = self.command("initdb");
         initdb
@@ -108,6 +130,13 @@ impl PgCluster {
                 self.port,
                 self.dir.display()
             );
+            if self.tls {
+                opts.push_str(&format!(
+                    " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                    self.dir.join("server.pem").display(),
+                    self.dir.join("server.key").display()
+                ));
+            }
             if durability == Durability::Scratch {
                 opts.push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
             }
@@ -147,6 +176,80 @@ impl PgCluster {
         }
     }
 
+    /// A CA (`ca.pem`) and the server certificate it issues for `IP:127.0.0.1`.
+    fn write_server_certificate(&self) -> Result<(), String> {
+        let ca = self.write_ca("ca", "dualera-test-ca")?;
+        let dir = &self.dir;
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+             keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+        )
+        .map_err(|e| e.to_string())?;
+        run(Command::new("openssl")
+            .args([
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+            ])
+            .args(["-nodes", "-subj", "/CN=127.0.0.1", "-keyout"])
+            .arg(dir.join("server.key"))
+            .arg("-out")
+            .arg(dir.join("server.csr")))?;
+        run(Command::new("openssl")
+            .args(["x509", "-req", "-days", "2", "-in"])
+            .arg(dir.join("server.csr"))
+            .arg("-CA")
+            .arg(&ca)
+            .arg("-CAkey")
+            .arg(dir.join("ca.key"))
+            .arg("-CAcreateserial")
+            .arg("-extfile")
+            .arg(dir.join("server.ext"))
+            .arg("-out")
+            .arg(dir.join("server.pem")))?;
+        Ok(())
+    }
+
+    /// Writes a self-signed CA certificate `<name>.pem` (key `<name>.key`) into the
+    /// cluster's directory and returns the certificate's path.
+    pub(crate) fn write_ca(&self, name: &str, common_name: &str) -> Result<PathBuf, String> {
+        let pem = self.dir.join(format!("{name}.pem"));
+        run(Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+            ])
+            .args([
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN={common_name}"),
+            ])
+            .args(["-addext", "basicConstraints=critical,CA:TRUE"])
+            .args([
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+                "-keyout",
+            ])
+            .arg(self.dir.join(format!("{name}.key")))
+            .arg("-out")
+            .arg(&pem))?;
+        Ok(pem)
+    }
+
+    /// The CA that issued the server certificate of a [`PgCluster::start_tls`] cluster.
+    pub(crate) fn ca_file(&self) -> Option<PathBuf> {
+        self.tls.then(|| self.dir.join("ca.pem"))
+    }
+
     /// The loopback port the cluster listens on.
     pub(crate) fn port(&self) -> u16 {
         self.port
@@ -165,6 +268,7 @@ impl PgCluster {
         );
         let mut psql = Command::new(self.bin.join("psql"));
         psql.env("PGPASSWORD", &self.password)
+            .env("PGSSLMODE", "disable")
             .args([
                 "-X",
                 "-q",
@@ -193,6 +297,7 @@ impl PgCluster {
     pub(crate) fn psql(&self, name: &str, sql: &str) -> Result<String, String> {
         let mut psql = Command::new(self.bin.join("psql"));
         psql.env("PGPASSWORD", &self.password)
+            .env("PGSSLMODE", "disable")
             .args([
                 "-X",
                 "-q",

@@ -58,6 +58,9 @@ pub enum StoreError {
         /// The newest version this build can migrate to.
         known: i64,
     },
+    /// The TLS settings for PostgreSQL cannot be used.
+    #[error("store tls: {0}")]
+    Tls(String),
     /// The store URL cannot be used (the URL itself is never repeated: it may hold a
     /// password).
     #[error("store url: {0}")]
@@ -263,11 +266,11 @@ pub fn open(section: &StoreSection) -> Result<Box<dyn Store>, StoreError> {
     open_at(&Location::from_section(section)?, section)
 }
 
-/// Opens the store at `location` (`section` supplies the pool size).
+/// Opens the store at `location` (`section` supplies the pool size and TLS roots).
 pub fn open_at(location: &Location, section: &StoreSection) -> Result<Box<dyn Store>, StoreError> {
     Ok(match location {
         Location::Sqlite(path) => Box::new(SqliteStore::open(path)?),
-        Location::Postgres(url) => Box::new(PostgresStore::open(url, section.max_connections)?),
+        Location::Postgres(url) => Box::new(PostgresStore::open(url, section)?),
     })
 }
 

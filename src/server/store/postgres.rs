@@ -11,6 +11,12 @@
 //! dropping the pool happen on a plain thread (see [`PostgresStore::open`] and `Drop`):
 //! a runtime may not be started or dropped inside an async context.
 //!
+//! TLS: rustls (ring), through `tokio-postgres-rustls`. The URL's `sslmode` decides
+//! whether TLS is used (`disable`; `prefer`, the default: when the server offers it;
+//! `require`); whenever it is used the server's certificate chain and name are verified,
+//! against `[store] ca_file` when given, else the system's roots. There is no mode that
+//! accepts an unverified certificate.
+//!
 //! Isolation: READ COMMITTED, PostgreSQL's default, on purpose. The single-use guarantee
 //! does not rest on snapshots but on the nonce's primary key: the claim is the first
 //! statement of the delete transaction (`INSERT … ON CONFLICT DO NOTHING`), and a second
@@ -27,12 +33,18 @@ use super::{
     limit_i64, purge_before, to_i64, DeleteOutcome, ListQuery, LiveCheck, NonceClaim, Note,
     NoteStore, Page, ReplayStore, Store, StoreError, TitleMatches,
 };
-use ::postgres::{Client, IsolationLevel, NoTls, Row};
+use crate::config::StoreSection;
+use ::postgres::{Client, IsolationLevel, Row};
 use r2d2_postgres::r2d2::{Pool, PooledConnection};
 use r2d2_postgres::PostgresConnectionManager;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
-type Manager = PostgresConnectionManager<NoTls>;
+type Manager = PostgresConnectionManager<MakeRustlsConnect>;
 
 /// Connections kept by one instance when `[store] max_connections` is not set.
 const DEFAULT_MAX_CONNECTIONS: u32 = 16;
@@ -77,26 +89,37 @@ impl std::fmt::Debug for PostgresStore {
 
 impl PostgresStore {
     /// Connects a pool to `url` (`postgres://USER[:PASSWORD]@HOST:PORT/DB`, libpq
-    /// parameters after `?`), creating or migrating the schema. Safe to call from
-    /// inside an async context: the work happens on a thread of its own.
-    pub fn open(url: &str, max_connections: Option<u32>) -> Result<Self, StoreError> {
+    /// parameters after `?`) with `[store] max_connections` and `ca_file`, creating or
+    /// migrating the schema. Safe to call from inside an async context: the work
+    /// happens on a thread of its own.
+    pub fn open(url: &str, section: &StoreSection) -> Result<Self, StoreError> {
         let config: ::postgres::Config = url
             .parse()
             .map_err(|e: ::postgres::Error| StoreError::Url(e.to_string()))?;
-        let max = max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS).max(1);
+        let tls = tls_connector(section.ca_file.as_deref())?;
+        let max = section
+            .max_connections
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS)
+            .max(1);
+        let mut config = config;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECTION_TIMEOUT);
+        }
         std::thread::scope(|s| {
             s.spawn(move || {
-                let manager = PostgresConnectionManager::new(config, NoTls);
+                // One direct connection first: a wrong password, an unverifiable
+                // certificate or an unreachable host fails here at once with its own
+                // error (the pool would retry until its timeout), and it migrates.
+                let mut first = config.connect(tls.clone())?;
+                migrate(&mut first)?;
+                drop(first);
+                let manager = PostgresConnectionManager::new(config, tls);
                 let pool = Pool::builder()
                     .max_size(max)
                     .min_idle(Some(1))
                     .connection_timeout(CONNECTION_TIMEOUT)
                     .build(manager)?;
-                let store = Self { pool: Some(pool) };
-                let mut conn = store.conn()?;
-                migrate(&mut conn)?;
-                drop(conn);
-                Ok(store)
+                Ok(Self { pool: Some(pool) })
             })
             .join()
             .unwrap_or_else(|_| Err(StoreError::Poisoned))
@@ -119,6 +142,45 @@ impl Drop for PostgresStore {
             let _ = std::thread::spawn(move || drop(pool)).join();
         }
     }
+}
+
+/// The TLS side of every connection: rustls with the ring provider, verifying against
+/// `ca_file` (PEM, one or more certificates) or else the system's roots.
+fn tls_connector(ca_file: Option<&Path>) -> Result<MakeRustlsConnect, StoreError> {
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_file {
+        Some(path) => {
+            let shown = path.display();
+            let certs = CertificateDer::pem_file_iter(path)
+                .map_err(|e| StoreError::Tls(format!("ca_file {shown}: {e}")))?;
+            for cert in certs {
+                let cert = cert.map_err(|e| StoreError::Tls(format!("ca_file {shown}: {e}")))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| StoreError::Tls(format!("ca_file {shown}: {e}")))?;
+            }
+            if roots.is_empty() {
+                return Err(StoreError::Tls(format!(
+                    "ca_file {shown} holds no certificate"
+                )));
+            }
+        }
+        None => {
+            // Unreadable system certificates only matter if TLS is then used, and
+            // verification will say so.
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+        }
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| StoreError::Tls(e.to_string()))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(config))
 }
 
 /// Brings the schema to the newest version. Instances starting together take an
