@@ -54,7 +54,7 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// claim adds one nonce, so purging keeps up).
 const PURGE_BATCH: i64 = 1000;
 /// The advisory lock key under which instances migrate one at a time.
-const MIGRATION_LOCK: i64 = 0x6475_616c_6572_61; // "dualera"
+const MIGRATION_LOCK: i64 = 0x0064_7561_6c65_7261; // "dualera" in ASCII
 
 /// Versioned migrations; the applied version is the one row of `dualera_schema`.
 const MIGRATIONS: &[&str] = &[
