@@ -8,7 +8,9 @@
 //! own domain label. The payload holds the key id, the principal, a digest of the
 //! listing (its workspaces and query) and the keyset: the last note id shown.
 
-use super::request_state::{constant_time_eq, hex, StateCodec, StateError};
+use super::request_state::{
+    constant_time_eq, hex, split_signed, SignedParts, StateCodec, StateError,
+};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
@@ -91,13 +93,7 @@ pub fn open(
     if token.len() > MAX_LEN {
         return Err(CursorError::Malformed);
     }
-    let (body, tag) = token.split_once('.').ok_or(CursorError::Malformed)?;
-    let tag = URL_SAFE_NO_PAD
-        .decode(tag)
-        .map_err(|_| CursorError::Malformed)?;
-    let raw = URL_SAFE_NO_PAD
-        .decode(body)
-        .map_err(|_| CursorError::Malformed)?;
+    let SignedParts { body, raw, tag } = split_signed(token).ok_or(CursorError::Malformed)?;
     // The key id must be read before the tag can be checked; nothing else is trusted
     // until it is.
     let payload: Payload = serde_json::from_slice(&raw).map_err(|_| CursorError::Malformed)?;

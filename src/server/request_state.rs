@@ -181,13 +181,7 @@ impl StateCodec {
         if token.len() > self.max_len {
             return Err(StateError::TooLong);
         }
-        let (body, tag) = token.split_once('.').ok_or(StateError::Malformed)?;
-        let tag = URL_SAFE_NO_PAD
-            .decode(tag)
-            .map_err(|_| StateError::Malformed)?;
-        let raw = URL_SAFE_NO_PAD
-            .decode(body)
-            .map_err(|_| StateError::Malformed)?;
+        let SignedParts { body, raw, tag } = split_signed(token).ok_or(StateError::Malformed)?;
         // The key id must be read before the tag can be checked; nothing else is
         // trusted until it is.
         let payload: Payload = serde_json::from_slice(&raw).map_err(|_| StateError::Malformed)?;
@@ -255,6 +249,27 @@ impl StateCodec {
         mac.update(&domain(purpose, body));
         mac.verify_slice(tag).map_err(|_| StateError::BadTag)
     }
+}
+
+/// A signed token (`base64url(payload) "." base64url(tag)`) taken apart.
+#[derive(Debug)]
+pub struct SignedParts<'a> {
+    /// The first part as sent: what the tag covers.
+    pub body: &'a str,
+    /// The first part decoded (payload JSON, not yet trusted).
+    pub raw: Vec<u8>,
+    /// The tag, decoded.
+    pub tag: Vec<u8>,
+}
+
+/// Splits and decodes a signed token; `None` when it is not of that shape.
+pub fn split_signed(token: &str) -> Option<SignedParts<'_>> {
+    let (body, tag) = token.split_once('.')?;
+    Some(SignedParts {
+        body,
+        raw: URL_SAFE_NO_PAD.decode(body).ok()?,
+        tag: URL_SAFE_NO_PAD.decode(tag).ok()?,
+    })
 }
 
 fn domain(purpose: &str, body: &[u8]) -> Vec<u8> {

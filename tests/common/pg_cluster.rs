@@ -266,22 +266,7 @@ impl PgCluster {
             name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
             "database names here are plain identifiers"
         );
-        let mut psql = Command::new(self.bin.join("psql"));
-        psql.env("PGPASSWORD", &self.password)
-            .env("PGSSLMODE", "disable")
-            .args([
-                "-X",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-            ])
-            .args(["-p", &self.port.to_string(), "-d", "postgres", "-c"])
-            .arg(format!("CREATE DATABASE {name}"));
-        run(&mut psql)?;
+        self.psql("postgres", &format!("CREATE DATABASE {name}"))?;
         Ok(self.url(name))
     }
 

@@ -155,6 +155,20 @@ pub struct Page {
     pub more: bool,
 }
 
+impl Page {
+    /// A page from up to `limit + 1` rows (the extra one only says that more follow)
+    /// and the count of all matches.
+    fn cut(mut notes: Vec<Note>, limit: usize, total: i64) -> Self {
+        let more = notes.len() > limit;
+        notes.truncate(limit);
+        Self {
+            notes,
+            total: count(total),
+            more,
+        }
+    }
+}
+
 /// What [`NoteStore::by_title`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TitleMatches {
@@ -272,6 +286,29 @@ pub fn open_at(location: &Location, section: &StoreSection) -> Result<Box<dyn St
         Location::Sqlite(path) => Box::new(SqliteStore::open(path)?),
         Location::Postgres(url) => Box::new(PostgresStore::open(url, section)?),
     })
+}
+
+/// The migrations still to apply to a schema at version `found`, each with the version
+/// it brings the schema to; refuses a schema newer than `migrations` know.
+fn pending<'m>(
+    migrations: &'m [&'m str],
+    found: i64,
+) -> Result<impl Iterator<Item = (i64, &'m str)> + 'm, StoreError> {
+    let known = limit_i64(migrations.len());
+    if found > known {
+        return Err(StoreError::SchemaTooNew { found, known });
+    }
+    let done = usize::try_from(found).unwrap_or(0);
+    Ok(migrations
+        .iter()
+        .enumerate()
+        .skip(done)
+        .map(|(i, sql)| (limit_i64(i + 1), *sql)))
+}
+
+/// A `count(*)` as an unsigned number.
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
 }
 
 /// Milliseconds as the signed integers both databases store.

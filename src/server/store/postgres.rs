@@ -30,8 +30,8 @@
 //! transaction so a page and its `total` come from the same snapshot.
 
 use super::{
-    limit_i64, purge_before, to_i64, DeleteOutcome, ListQuery, LiveCheck, NonceClaim, Note,
-    NoteStore, Page, ReplayStore, Store, StoreError, TitleMatches,
+    count, limit_i64, pending, purge_before, to_i64, DeleteOutcome, ListQuery, LiveCheck,
+    NonceClaim, Note, NoteStore, Page, ReplayStore, Store, StoreError, TitleMatches,
 };
 use crate::config::StoreSection;
 use ::postgres::{Client, IsolationLevel, Row};
@@ -186,7 +186,6 @@ fn tls_connector(ca_file: Option<&Path>) -> Result<MakeRustlsConnect, StoreError
 /// Brings the schema to the newest version. Instances starting together take an
 /// advisory lock, so one migrates and the others then find the schema current.
 fn migrate(conn: &mut Client) -> Result<(), StoreError> {
-    let known = limit_i64(MIGRATIONS.len());
     let mut tx = conn.transaction()?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
     tx.batch_execute("CREATE TABLE IF NOT EXISTS dualera_schema (version BIGINT NOT NULL)")?;
@@ -197,22 +196,21 @@ fn migrate(conn: &mut Client) -> Result<(), StoreError> {
             0
         }
     };
-    if found > known {
-        return Err(StoreError::SchemaTooNew { found, known });
-    }
-    for (i, sql) in MIGRATIONS
-        .iter()
-        .enumerate()
-        .skip(usize::try_from(found).unwrap_or(0))
-    {
+    for (version, sql) in pending(MIGRATIONS, found)? {
         tx.batch_execute(sql)?;
-        tx.execute(
-            "UPDATE dualera_schema SET version = $1",
-            &[&limit_i64(i + 1)],
-        )?;
+        tx.execute("UPDATE dualera_schema SET version = $1", &[&version])?;
     }
     tx.commit()?;
     Ok(())
+}
+
+/// A read-only REPEATABLE READ transaction: every statement in it sees one snapshot.
+fn snapshot(conn: &mut Client) -> Result<::postgres::Transaction<'_>, StoreError> {
+    Ok(conn
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()?)
 }
 
 fn row_to_note(r: &Row) -> Note {
@@ -259,11 +257,7 @@ impl NoteStore for PostgresStore {
             return Ok(Page::default());
         }
         let mut conn = self.conn()?;
-        let mut tx = conn
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()?;
+        let mut tx = snapshot(&mut conn)?;
         let after = q.after.unwrap_or(0);
         let rows = tx.query(
             &format!(
@@ -285,14 +279,11 @@ impl NoteStore for PostgresStore {
             )?
             .get(0);
         tx.commit()?;
-        let mut notes: Vec<Note> = rows.iter().map(row_to_note).collect();
-        let more = notes.len() > q.limit;
-        notes.truncate(q.limit);
-        Ok(Page {
-            notes,
-            total: u64::try_from(total).unwrap_or(0),
-            more,
-        })
+        Ok(Page::cut(
+            rows.iter().map(row_to_note).collect(),
+            q.limit,
+            total,
+        ))
     }
 
     fn by_title(
@@ -302,11 +293,7 @@ impl NoteStore for PostgresStore {
         limit: usize,
     ) -> Result<TitleMatches, StoreError> {
         let mut conn = self.conn()?;
-        let mut tx = conn
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()?;
+        let mut tx = snapshot(&mut conn)?;
         let rows = tx.query(
             "SELECT id, workspace, title, body FROM notes
              WHERE workspace = $1 AND title = $2 ORDER BY id DESC LIMIT $3",
@@ -321,7 +308,7 @@ impl NoteStore for PostgresStore {
         tx.commit()?;
         Ok(TitleMatches {
             newest: rows.iter().map(row_to_note).collect(),
-            total: u64::try_from(total).unwrap_or(0),
+            total: count(total),
         })
     }
 
@@ -344,7 +331,7 @@ impl NoteStore for PostgresStore {
                 &[&workspace],
             )?
             .get(0);
-        Ok(u64::try_from(n).unwrap_or(0))
+        Ok(count(n))
     }
 
     fn delete_claimed(

@@ -3,8 +3,8 @@
 //! one nonce serialize and the second sees the first's row.
 
 use super::{
-    limit_i64, purge_before, to_i64, DeleteOutcome, ListQuery, LiveCheck, NonceClaim, Note,
-    NoteStore, Page, ReplayStore, Store, StoreError, TitleMatches,
+    count, limit_i64, pending, purge_before, to_i64, DeleteOutcome, ListQuery, LiveCheck,
+    NonceClaim, Note, NoteStore, Page, ReplayStore, Store, StoreError, TitleMatches,
 };
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension, TransactionBehavior};
 use std::sync::Mutex;
@@ -72,20 +72,12 @@ impl SqliteStore {
 /// Brings the schema to the newest version, under the write lock so that processes
 /// starting together migrate once; refuses a database from a newer build.
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
-    let known = limit_i64(MIGRATIONS.len());
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let found: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    if found > known {
-        return Err(StoreError::SchemaTooNew { found, known });
-    }
-    for (i, sql) in MIGRATIONS
-        .iter()
-        .enumerate()
-        .skip(usize::try_from(found).unwrap_or(0))
-    {
+    for (version, sql) in pending(MIGRATIONS, found)? {
         tx.execute_batch(sql)?;
         // PRAGMA takes no bound parameters; the value is our own integer.
-        tx.execute_batch(&format!("PRAGMA user_version = {}", i + 1))?;
+        tx.execute_batch(&format!("PRAGMA user_version = {version}"))?;
     }
     tx.commit()?;
     Ok(())
@@ -162,7 +154,7 @@ impl NoteStore for SqliteStore {
                     .cloned()
                     .chain(q.workspaces.iter().cloned().map(Into::into))
             };
-            let mut notes = {
+            let notes = {
                 let mut stmt = tx.prepare_cached(&page_sql)?;
                 let rows = stmt.query_map(params_from_iter(values()), row_to_note)?;
                 rows.collect::<Result<Vec<_>, _>>()?
@@ -174,13 +166,7 @@ impl NoteStore for SqliteStore {
                 stmt.query_row(params_from_iter(values()), |r| r.get(0))?
             };
             tx.commit()?;
-            let more = notes.len() > q.limit;
-            notes.truncate(q.limit);
-            Ok(Page {
-                notes,
-                total: u64::try_from(total).unwrap_or(0),
-                more,
-            })
+            Ok(Page::cut(notes, q.limit, total))
         })
     }
 
@@ -209,7 +195,7 @@ impl NoteStore for SqliteStore {
             tx.commit()?;
             Ok(TitleMatches {
                 newest,
-                total: u64::try_from(total).unwrap_or(0),
+                total: count(total),
             })
         })
     }
@@ -232,7 +218,7 @@ impl NoteStore for SqliteStore {
                 params![workspace],
                 |r| r.get(0),
             )?;
-            Ok(u64::try_from(n).unwrap_or(0))
+            Ok(count(n))
         })
     }
 
