@@ -332,3 +332,44 @@ fn tls_to_the_database_is_verified() {
     // sslmode=disable: plaintext, by choice.
     assert!(PostgresStore::open(&format!("{url}?sslmode=disable"), &with_ca(None)).is_ok());
 }
+
+#[test]
+fn a_database_outage_is_an_internal_error_and_the_pool_recovers() {
+    let pg = PgCluster::start().expect("a throw-away PostgreSQL cluster");
+    let fx = pg_fixture(&pg, "outage");
+    let srv = fx.spawn(Kind::Http);
+    srv.create_note("before the outage", "x");
+    pg.stop().expect("stop PostgreSQL");
+    let r = srv.call(
+        "notes_list",
+        json!({"workspaceUri": fx.notes_uri}),
+        json!({}),
+    );
+    assert_eq!(r.code(), -32603, "{}", r.msg());
+    assert_eq!(r.status, Some(500));
+    assert!(!r.raw.windows(8).any(|w| w == b"postgres"), "{}", r.msg());
+    assert!(srv.alive(), "the server survives the outage");
+    pg.start_again().expect("start PostgreSQL again");
+    // The pool replaces its dead connections: requests succeed again.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let r = srv.call(
+            "notes_list",
+            json!({"workspaceUri": fx.notes_uri}),
+            json!({}),
+        );
+        if r.msg().get("result").is_some() {
+            assert_eq!(r.result()["structuredContent"]["total"], 1);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no recovery: {}",
+            r.msg()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let log = srv.stderr_text();
+    assert!(log.contains("store error"), "the cause is logged: {log}");
+    assert!(!log.contains(pg.password()), "password in the log: {log}");
+}

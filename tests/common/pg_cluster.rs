@@ -36,6 +36,8 @@ pub(crate) struct PgCluster {
     password: String,
     as_postgres: bool,
     tls: bool,
+    /// The server options of the running cluster (to start it again as it was).
+    opts: String,
 }
 
 impl PgCluster {
@@ -78,6 +80,7 @@ impl PgCluster {
             password,
             as_postgres,
             tls,
+            opts: String::new(),
         };
         cluster.prepare()?;
         cluster.boot(durability)
@@ -140,24 +143,43 @@ impl PgCluster {
             if durability == Durability::Scratch {
                 opts.push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
             }
-            let mut start = self.command("pg_ctl");
-            start
-                .arg("-D")
-                .arg(self.data())
-                .arg("-l")
-                .arg(self.dir.join("server.log"))
-                .args(["-w", "-t", "120", "-o", &opts, "start"]);
-            match run(&mut start) {
-                Ok(_) => return Ok(self),
-                Err(e) => {
-                    last = format!(
-                        "{e}\n{}",
-                        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
-                    );
-                }
+            self.opts = opts;
+            match self.pg_ctl_start() {
+                Ok(()) => return Ok(self),
+                Err(e) => last = e,
             }
         }
         Err(format!("PostgreSQL did not start: {last}"))
+    }
+
+    fn pg_ctl_start(&self) -> Result<(), String> {
+        let mut start = self.command("pg_ctl");
+        start
+            .arg("-D")
+            .arg(self.data())
+            .arg("-l")
+            .arg(self.dir.join("server.log"))
+            .args(["-w", "-t", "120", "-o", &self.opts, "start"]);
+        run(&mut start).map(|_| ()).map_err(|e| {
+            format!(
+                "{e}\n{}",
+                std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+            )
+        })
+    }
+
+    /// Stops the server (fast shutdown: clients are disconnected), keeping its data.
+    pub(crate) fn stop(&self) -> Result<(), String> {
+        let mut stop = self.command("pg_ctl");
+        stop.arg("-D")
+            .arg(self.data())
+            .args(["-m", "fast", "-w", "-t", "60", "stop"]);
+        run(&mut stop).map(|_| ())
+    }
+
+    /// Starts a stopped server again, on the same port with the same options.
+    pub(crate) fn start_again(&self) -> Result<(), String> {
+        self.pg_ctl_start()
     }
 
     fn data(&self) -> PathBuf {
