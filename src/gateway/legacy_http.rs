@@ -12,7 +12,7 @@
 
 use super::auth::{fingerprint, BindingKey};
 use super::upstream::{Denial, UpstreamError};
-use super::{sse, text, Gateway, GatewayConfig};
+use super::{cache, sse, text, Gateway, GatewayConfig};
 use crate::body::{empty, full, ChannelBody, GatewayBody};
 use bytes::Bytes;
 use dashmap::DashMap;
@@ -60,11 +60,10 @@ fn now() -> Timestamp {
     Timestamp::from_millis(u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Live legacy sessions, and the shared `server/discover` cache.
+/// Live legacy sessions.
 #[derive(Debug)]
 pub(super) struct Sessions {
     map: DashMap<String, Arc<SessionHandle>>,
-    discover: Mutex<Option<(Arc<Value>, Instant)>>,
     machine: MachineConfig,
 }
 
@@ -77,7 +76,6 @@ impl Sessions {
         machine.live_timeout = config.live_request_timeout;
         Self {
             map: DashMap::new(),
-            discover: Mutex::new(None),
             machine,
         }
     }
@@ -99,42 +97,6 @@ impl Sessions {
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         c
-    }
-
-    /// The cached discover result, shared (not copied) by the sessions that use it.
-    ///
-    /// Only for a caller without credentials, and only a result the upstream gave
-    /// without any: an `initialize` that carries a token always asks the upstream with
-    /// that token, so a cached result never lets a caller the upstream would refuse
-    /// open a session (its 401/403 is relayed instead).
-    pub(super) fn cached_discover(
-        &self,
-        authorization: Option<&HeaderValue>,
-    ) -> Option<Arc<Value>> {
-        if authorization.is_some() {
-            return None;
-        }
-        let guard = self.discover.lock().ok()?;
-        let (v, until) = guard.as_ref()?;
-        (Instant::now() < *until).then(|| v.clone())
-    }
-
-    /// Caches a discover result fetched without credentials (see [`Self::cached_discover`]).
-    pub(super) fn store_discover(&self, result: &Value, anonymous: bool) {
-        if !anonymous {
-            return;
-        }
-        let ttl = result.get("ttlMs").and_then(Value::as_u64).unwrap_or(0);
-        let private = result.get("cacheScope").and_then(Value::as_str) == Some("private");
-        if ttl == 0 || private {
-            return;
-        }
-        if let Ok(mut g) = self.discover.lock() {
-            *g = Some((
-                Arc::new(result.clone()),
-                Instant::now() + Duration::from_millis(ttl.min(24 * 3_600_000)),
-            ));
-        }
     }
 
     /// How many sessions are live.
@@ -607,7 +569,7 @@ async fn initialize(
     let mut machine_config = gw.legacy.machine.clone();
     machine_config.id_prefix = format!("dualera-{}", &id[..8]);
     let mut machine = Session::new(machine_config);
-    if let Some(d) = gw.legacy.cached_discover(auth.as_ref()) {
+    if let Some(d) = cache::legacy::discover_for_initialize(&gw.cache, auth.as_ref()) {
         let _ = machine.handle_discover_shared(d);
     }
     let handle = Arc::new(SessionHandle {
@@ -1087,6 +1049,7 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
                     upstream_task(
                         gw.clone(),
                         handle.clone(),
+                        role.clone(),
                         Message::Request(request),
                         params,
                         auth,
@@ -1111,9 +1074,6 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
                     debug!(session = %handle.id, rpc.id = %id, reason, "upstream request cancelled");
                     h.abort();
                 }
-            }
-            Event::DiscoverFetched { result } => {
-                gw.legacy.store_discover(&result, handle.anonymous)
             }
             Event::RequestFailed { legacy, failure } => {
                 info!(session = %handle.id, rpc.id = %legacy, failure = %failure, "legacy request failed");
@@ -1232,6 +1192,7 @@ fn trim_finished(s: &mut Shared) {
 async fn upstream_task(
     gw: Gateway,
     handle: Arc<SessionHandle>,
+    role: UpstreamRole,
     request: Message,
     params: Vec<(String, String)>,
     auth: Option<HeaderValue>,
@@ -1246,9 +1207,14 @@ async fn upstream_task(
             w.accepted();
         }
     };
-    let result = gw
-        .upstream
-        .exchange_observed(&request, auth.as_ref(), &params, accepted, |msg| {
+    let result = cache::legacy::exchange(
+        &gw,
+        &role,
+        &request,
+        auth.as_ref(),
+        &params,
+        accepted,
+        |msg| {
             if let Ok(mut s) = handle.shared.lock() {
                 if let Err(e) = s
                     .machine
@@ -1259,8 +1225,9 @@ async fn upstream_task(
                 route(&gw, &handle, &mut s);
                 rearm(&handle, &s);
             }
-        })
-        .await;
+        },
+    )
+    .await;
     if let Ok(mut s) = handle.shared.lock() {
         s.upstream_tasks.remove(&id);
         match result {

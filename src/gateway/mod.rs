@@ -10,6 +10,7 @@
 //! ```
 
 mod auth;
+pub mod cache;
 pub mod http_sse;
 mod legacy_http;
 pub mod passthrough;
@@ -59,6 +60,8 @@ pub struct GatewayConfig {
     pub max_in_flight: usize,
     /// What binds a legacy session to its caller.
     pub session_binding: crate::config::SessionBinding,
+    /// The response cache (`[cache]`).
+    pub cache: cache::CacheConfig,
 }
 
 impl Default for GatewayConfig {
@@ -75,6 +78,7 @@ impl Default for GatewayConfig {
             replay_buffer: 64,
             max_in_flight: 64,
             session_binding: crate::config::SessionBinding::default(),
+            cache: cache::CacheConfig::default(),
         }
     }
 }
@@ -101,6 +105,15 @@ impl GatewayConfig {
             replay_buffer: s.replay_buffer.unwrap_or(d.replay_buffer),
             max_in_flight: s.max_in_flight.unwrap_or(d.max_in_flight),
             session_binding: s.session_binding.unwrap_or(d.session_binding),
+            cache: d.cache,
+        }
+    }
+
+    /// Defaults overridden by a config file's `[gateway]` and `[cache]` sections.
+    pub fn from_config(c: &crate::config::Config) -> Self {
+        Self {
+            cache: cache::CacheConfig::from_section(&c.cache),
+            ..Self::from_section(&c.gateway)
         }
     }
 }
@@ -114,17 +127,30 @@ pub struct Gateway {
     upstream: Arc<Upstream>,
     legacy: Arc<legacy_http::Sessions>,
     sse: Arc<http_sse::SseSessions>,
+    cache: Arc<cache::ResponseCache>,
 }
 
 impl Gateway {
     /// A gateway in front of `upstream`.
     pub fn new(upstream: Upstream, config: GatewayConfig) -> Self {
+        let upstream = Arc::new(upstream);
+        let cache = Arc::new(cache::ResponseCache::new(
+            config.cache.clone(),
+            crate::server::http::ENDPOINT,
+        ));
+        cache.attach(upstream.clone());
         Self {
             legacy: Arc::new(legacy_http::Sessions::new(&config)),
             sse: Arc::default(),
             config: Arc::new(config),
-            upstream: Arc::new(upstream),
+            upstream,
+            cache,
         }
+    }
+
+    /// The response cache (its counters: [`cache::ResponseCache::stats`]).
+    pub fn cache(&self) -> &Arc<cache::ResponseCache> {
+        &self.cache
     }
 
     /// Serves on a bound listener until `shutdown` resolves.
@@ -182,6 +208,17 @@ impl Gateway {
         }
         info!("gateway shutting down");
         reaper.abort();
+        self.cache.stop_listening();
+        let stats = self.cache.stats();
+        info!(
+            hits = stats.hits,
+            misses = stats.misses,
+            coalesced = stats.coalesced,
+            evictions = stats.evictions,
+            invalidations = stats.invalidations,
+            stale_served = stats.stale_served,
+            "cache counters"
+        );
         self.legacy.close_all();
         self.sse.close_all();
         let _ = stop_tx.send(true);
@@ -236,6 +273,7 @@ impl Gateway {
         }
         drop(in_tx);
         let _ = session.await;
+        self.cache.stop_listening();
         let _ = writer_task.await;
         Ok(())
     }
