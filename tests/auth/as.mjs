@@ -9,8 +9,9 @@
 // Client-credentials grant only, resource indicators (RFC 8707) required, JWT access
 // tokens (RFC 9068) signed RS256 with the given lifetime. Every access token issued is
 // appended to the `tokens` file (one per line) so the harness can grep the logs of the
-// programs under test for each of them. A line "rotate" on stdin switches to a new
-// signing key (the old one stays published), to exercise JWKS refresh on unknown `kid`.
+// programs under test for each of them. A line "rotate <RS256|ES256|EdDSA>" on stdin
+// switches to a new signing key of that algorithm (the old ones stay published), to
+// exercise JWKS refresh on an unknown `kid` and every algorithm the server accepts.
 // Prints "issuer <url>" on stdout when ready.
 
 import { readFileSync, appendFileSync } from 'node:fs';
@@ -21,9 +22,16 @@ import Provider, { errors } from 'oidc-provider';
 
 const config = JSON.parse(readFileSync(process.argv[2], 'utf8'));
 
-function signingKey() {
-  const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
-  return { ...privateKey.export({ format: 'jwk' }), kid: randomUUID(), alg: 'RS256', use: 'sig' };
+const KEY_TYPES = {
+  RS256: ['rsa', { modulusLength: 2048 }],
+  ES256: ['ec', { namedCurve: 'P-256' }],
+  EdDSA: ['ed25519', {}],
+};
+
+function signingKey(alg = 'RS256') {
+  const [type, options] = KEY_TYPES[alg];
+  const { privateKey } = generateKeyPairSync(type, options);
+  return { ...privateKey.export({ format: 'jwk' }), kid: randomUUID(), alg, use: 'sig' };
 }
 
 function provider(issuer, keys) {
@@ -55,7 +63,7 @@ function provider(issuer, keys) {
             audience: resource,
             accessTokenTTL: config.ttl,
             accessTokenFormat: 'jwt',
-            jwt: { sign: { alg: 'RS256', kid: keys[0].kid } },
+            jwt: { sign: { alg: keys[0].alg, kid: keys[0].kid } },
           };
         },
       },
@@ -73,13 +81,15 @@ function provider(issuer, keys) {
 const server = createServer();
 server.listen(0, '127.0.0.1', () => {
   const issuer = `http://127.0.0.1:${server.address().port}`;
-  const first = signingKey();
-  let current = provider(issuer, [first]);
+  let keys = [signingKey()];
+  let current = provider(issuer, keys);
   server.on('request', (req, res) => current.callback()(req, res));
   createInterface({ input: process.stdin }).on('line', (line) => {
-    if (line.trim() === 'rotate') {
-      current = provider(issuer, [signingKey(), first]);
-      process.stdout.write('rotated\n');
+    const [command, alg] = line.trim().split(' ');
+    if (command === 'rotate' && KEY_TYPES[alg]) {
+      keys = [signingKey(alg), ...keys];
+      current = provider(issuer, keys);
+      process.stdout.write(`rotated ${alg}\n`);
     }
   });
   process.stdout.write(`issuer ${issuer}\n`);

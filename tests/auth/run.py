@@ -31,12 +31,12 @@ import json
 import os
 import queue
 import shutil
-import signal
 import socket
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -106,15 +106,12 @@ class Proc:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=stdin,
                                      text=True, env=env)
         q: queue.Queue = queue.Queue()
-        self._thread = interop.reader_thread(self.proc.stdout, q)
+        interop.reader_thread(self.proc.stdout, q)
         self.lines: queue.Queue = queue.Queue()
         deadline = time.monotonic() + 30
         self.ready_line = None
         while self.ready_line is None:
-            try:
-                line = q.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                line = None
+            line = interop.next_line(q, deadline)
             if line is None:
                 self.stop()
                 raise RuntimeError(f"{name} did not come up:\n{self.tail()}")
@@ -122,8 +119,6 @@ class Proc:
             self.log.flush()
             if ready in line:
                 self.ready_line = line.strip()
-        self._q = q
-        import threading
 
         def pump():
             while True:
@@ -140,13 +135,7 @@ class Proc:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        interop.stop_process(self.proc)
         time.sleep(0.05)
         self.log.flush()
 
@@ -237,8 +226,8 @@ summarize_repo = ["notes:read"]
         expect(st == 200, f"token endpoint answered {st}: {data[:300]!r}")
         return json.loads(data)["access_token"]
 
-    def rotate(self) -> None:
-        self.auth.proc.stdin.write("rotate\n")
+    def rotate(self, alg: str) -> None:
+        self.auth.proc.stdin.write(f"rotate {alg}\n")
         self.auth.proc.stdin.flush()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -599,19 +588,24 @@ def case_get_stream(stack: Stack) -> str:
 
 
 def case_key_rotation(stack: Stack) -> str:
-    """A token signed with a new key (unknown kid): the server fetches the JWKS again."""
-    old = stack.token("host-a", stack.gw)
-    stack.rotate()
-    time.sleep(1.2)  # jwks_refresh_secs = 1
-    new = stack.token("host-a", stack.gw)
-    kid = lambda t: json.loads(base64.urlsafe_b64decode(t.split(".")[0] + "=="))["kid"]  # noqa: E731
-    expect(kid(old) != kid(new), "the rotation did not change the signing key")
-    st, _, body = modern_call(stack.upstream, new, "server/discover")
-    expect(st == 200, f"a token with the new kid answered {st}: {body[:200]!r}")
-    sid = open_session(stack.gw, new)
-    st, _, _ = call(stack.gw, new, sid, 1, "notes_list", {"workspaceUri": stack.workspace})
-    expect(st == 200, f"notes_list through the gateway answered {st}")
-    return "new kid accepted after one JWKS fetch"
+    """Tokens signed with a new key (unknown kid) of each accepted algorithm: the server
+    fetches the JWK Set again and verifies RS256, ES256 and EdDSA alike."""
+    header = lambda t: json.loads(base64.urlsafe_b64decode(t.split(".")[0] + "=="))  # noqa: E731
+    seen = []
+    for alg in ("ES256", "EdDSA", "RS256"):
+        old = stack.token("host-a", stack.gw)
+        stack.rotate(alg)
+        time.sleep(1.2)  # jwks_refresh_secs = 1
+        new = stack.token("host-a", stack.gw)
+        h = header(new)
+        expect(h["alg"] == alg and h["kid"] != header(old)["kid"], f"the rotation gave {h}")
+        st, _, body = modern_call(stack.upstream, new, "server/discover")
+        expect(st == 200, f"a {alg} token with a new kid answered {st}: {body[:200]!r}")
+        sid = open_session(stack.gw, new)
+        st, _, _ = call(stack.gw, new, sid, 1, "notes_list", {"workspaceUri": stack.workspace})
+        expect(st == 200, f"notes_list through the gateway with a {alg} token answered {st}")
+        seen.append(alg)
+    return f"new kids accepted after a JWKS fetch each: {', '.join(seen)}"
 
 
 def run_sdk_host(stack: Stack, kind: str) -> dict:
