@@ -30,6 +30,9 @@
 //!   one by one.
 //! - `memory`: gateway RSS with 0, 1k, 10k, 100k idle initialized legacy sessions.
 //! - `pending`: 10k legacy requests parked on an unanswered elicitation, then drained.
+//! - `store`: the modern MRTR flow against one instance on SQLite (the run's server) and
+//!   one on PostgreSQL (a throw-away cluster the benchmark starts, PostgreSQL's durable
+//!   defaults), flows alternating one by one.
 //!
 //! `--profile perf` records the gateway with `perf record -g` during the selected
 //! scenarios (report and, with inferno installed, a flamegraph under bench/results/);
@@ -44,6 +47,9 @@
 use bytes::Bytes;
 use dualera::gateway::sse;
 use dualera::server::store::{NoteStore, SqliteStore};
+
+#[path = "../tests/common/pg_cluster.rs"]
+mod pg_cluster;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -69,7 +75,7 @@ const LEGACY: &str = "2025-11-25";
 const PV: &str = "io.modelcontextprotocol/protocolVersion";
 const CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
 const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
-const ALL_SCENARIOS: [&str; 5] = ["passthrough", "cache", "mrtr", "memory", "pending"];
+const ALL_SCENARIOS: [&str; 6] = ["passthrough", "cache", "mrtr", "memory", "pending", "store"];
 
 // ---------------------------------------------------------------------------------
 // Options.
@@ -98,7 +104,7 @@ struct Opts {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench [--scenarios passthrough,cache,mrtr,memory,pending] [--rounds N] [--secs S]\n\
+        "usage: bench [--scenarios passthrough,cache,mrtr,memory,pending,store] [--rounds N] [--secs S]\n\
          \x20            [--concurrency 1,16,64] [--sessions 1000,10000,100000]\n\
          \x20            [--pending N] [--pending-sessions N] [--profile perf|callgrind|massif] [--no-build]\n\
          \x20            [--dualera PATH (another build of the binary, e.g. to compare before/after)]"
@@ -325,6 +331,21 @@ impl Env {
             "server",
             c,
             &self.results.join("logs/server.log"),
+            Duration::from_secs(30),
+        )
+    }
+
+    /// Another server on the same configuration, its store the PostgreSQL at `url`.
+    fn server_on(&self, url: &str, tag: &str) -> Res<Proc> {
+        let mut c = Command::new(&self.bin);
+        c.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&self.server_config)
+            .env("DUALERA_STORE_URL", url)
+            .env("DUALERA_LOG", "warn");
+        Proc::spawn(
+            "server",
+            c,
+            &self.results.join(format!("logs/server-{tag}.log")),
             Duration::from_secs(30),
         )
     }
@@ -1417,6 +1438,107 @@ async fn modern_flow(c: &mut Conn, ws: &str, title: &str) -> Res<(f64, f64)> {
     ))
 }
 
+// ---------------------------------------------------------------------------------
+// Scenario 5: the store engines.
+// ---------------------------------------------------------------------------------
+
+/// The modern MRTR flow (create, delete round 1, accepted retry: two store writes and
+/// a nonce claim) on SQLite vs PostgreSQL, one instance each, flows alternating.
+async fn store(env: &Env, opts: &Opts, sqlite: &Proc, report: &mut Report) -> Res<()> {
+    eprintln!(
+        "bench: store: starting a PostgreSQL cluster (load {})",
+        load_avg()
+    );
+    let cluster = pg_cluster::PgCluster::start_with(pg_cluster::Durability::Durable)?;
+    let url = cluster.create_database("bench")?;
+    let postgres = env.server_on(&url, "postgres")?;
+    let mut conns = [
+        Conn::open(sqlite.addr).await?,
+        Conn::open(postgres.addr).await?,
+    ];
+    let ws = env.scratch_uri.clone();
+    let secs = (opts.secs * 2.0).max(0.5);
+    let mut counter = 0u64;
+    for c in &mut conns {
+        counter += 1;
+        modern_flow(c, &ws, &format!("store-{counter}")).await?;
+    }
+    let mut rates: [Vec<f64>; 2] = Default::default();
+    let mut lats: [Vec<f64>; 2] = Default::default();
+    let mut ratios = Vec::new();
+    for round in 0..opts.rounds {
+        let mut busy = [0.0f64; 2];
+        let mut ns: [Vec<f64>; 2] = Default::default();
+        let end = Instant::now() + Duration::from_secs_f64(secs * 2.0);
+        let mut turn = 0usize;
+        while Instant::now() < end && turn < 100_000 {
+            for k in 0..2 {
+                let v = (turn + k) % 2;
+                counter += 1;
+                let t0 = Instant::now();
+                modern_flow(&mut conns[v], &ws, &format!("store-{counter}")).await?;
+                let took = t0.elapsed().as_secs_f64();
+                busy[v] += took;
+                ns[v].push(took * 1e6);
+            }
+            turn += 1;
+        }
+        let this = [0, 1].map(|v| ns[v].len() as f64 / busy[v].max(1e-9));
+        for v in 0..2 {
+            rates[v].push(this[v]);
+            lats[v].push(median(&ns[v]));
+        }
+        ratios.push(this[1] / this[0]);
+        eprintln!(
+            "  round {}: SQLite {:>6.1} flows/s  PostgreSQL {:>6.1}",
+            round + 1,
+            this[0],
+            this[1]
+        );
+    }
+    let rate = [0, 1].map(|v| median(&rates[v]));
+    let ratio = median(&ratios);
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "### 5. Store engines: the modern MRTR flow (notes_create, notes_delete, accepted retry) on one instance each, flows alternating one by one ({} rounds × {} s)\n",
+        opts.rounds,
+        secs * 2.0
+    );
+    let _ = writeln!(md, "| store | flows/s | median flow µs |");
+    let _ = writeln!(md, "|---|---:|---:|");
+    for (v, name) in [
+        "SQLite (WAL, synchronous commits)",
+        "PostgreSQL (local cluster, durable defaults)",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} |",
+            fmt_f(rate[v], 1),
+            fmt_f(median(&lats[v]), 0)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nPostgreSQL/SQLite (median of per-round ratios): **{}**",
+        fmt_f(ratio, 3)
+    );
+    report.add(
+        "store",
+        md,
+        json!({"sqlite_flows_per_s": rate[0], "postgres_flows_per_s": rate[1], "ratio": ratio,
+               "per_round_sqlite": rates[0], "per_round_postgres": rates[1],
+               "median_flow_us_sqlite": median(&lats[0]), "median_flow_us_postgres": median(&lats[1])}),
+    );
+    drop(conns);
+    drop(postgres);
+    drop(cluster);
+    Ok(())
+}
+
 /// The MRTR flow's variants, in report order.
 const FLOW_VARIANTS: [&str; 3] = [
     "legacy session through the gateway (live elicitation)",
@@ -2259,6 +2381,7 @@ fn main() -> Res<()> {
                 "mrtr" => mrtr(&env, &opts, &server, &mut report).await?,
                 "memory" => memory(&env, &opts, &server, &mut report).await?,
                 "pending" => pending(&env, &opts, &server, &mut report).await?,
+                "store" => store(&env, &opts, &server, &mut report).await?,
                 _ => {}
             }
         }

@@ -58,6 +58,9 @@ pub struct Config {
     /// Gateway bounds and timers.
     #[serde(default)]
     pub gateway: GatewaySection,
+    /// The modern server as an OAuth 2.1 resource server (JWT access tokens).
+    #[serde(default)]
+    pub auth: Option<AuthSection>,
     /// The gateway's response cache.
     #[serde(default)]
     pub cache: CacheSection,
@@ -95,6 +98,68 @@ pub struct ReportSection {
     /// Most host identities kept (default 1000); sessions of further ones are counted
     /// in one overflow row.
     pub max_hosts: Option<usize>,
+}
+
+/// `[auth]`: JWT access tokens from an authorization server, checked by the modern
+/// server (`src/server/oauth.rs`). Static `[[principals]]` tokens keep working beside it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSection {
+    /// The authorization server's issuer identifier (the `iss` every token must carry).
+    pub issuer: String,
+    /// This resource's canonical URI (RFC 8707): the `aud` tokens must name. Behind the
+    /// gateway: the gateway's public URL, e.g. `https://gateway.example/mcp`.
+    pub audience: String,
+    /// A JWK Set file (relative paths: against the config file's folder).
+    #[serde(default)]
+    pub jwks_file: Option<PathBuf>,
+    /// A JWK Set URL, fetched over HTTPS (plain HTTP only to a loopback address), cached,
+    /// fetched again when a token names an unknown `kid`.
+    #[serde(default)]
+    pub jwks_uri: Option<String>,
+    /// The claim that names the principal in `[[grants]]` (default `sub`).
+    #[serde(default = "default_principal_claim")]
+    pub principal_claim: String,
+    /// Accepted signature algorithms (default RS256, ES256, EdDSA).
+    #[serde(default = "default_algorithms")]
+    pub algorithms: Vec<String>,
+    /// Clock skew allowed on `exp`/`nbf`, in seconds (default 30).
+    #[serde(default = "default_clock_skew")]
+    pub clock_skew_secs: u64,
+    /// Authorization servers listed in the Protected Resource Metadata (default: the issuer).
+    #[serde(default)]
+    pub authorization_servers: Vec<String>,
+    /// Least seconds between two `jwks_uri` fetches prompted by an unknown `kid`
+    /// (default 10): forged tokens cannot turn into a flood of fetches.
+    #[serde(default = "default_jwks_refresh")]
+    pub jwks_refresh_secs: u64,
+    /// Tool name -> scopes a `tools/call` of it needs (tools not listed need none).
+    #[serde(default)]
+    pub scopes: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+fn default_principal_claim() -> String {
+    "sub".to_owned()
+}
+fn default_algorithms() -> Vec<String> {
+    ["RS256", "ES256", "EdDSA"].map(str::to_owned).to_vec()
+}
+fn default_clock_skew() -> u64 {
+    30
+}
+fn default_jwks_refresh() -> u64 {
+    10
+}
+
+/// What binds a legacy session to its caller (`[gateway] session_binding`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionBinding {
+    /// The principal: `iss`+`sub` of a JWT bearer token, else the token's digest.
+    #[default]
+    Subject,
+    /// The exact token (its digest): a refreshed token needs a new session.
+    Token,
 }
 
 /// The gateway's response cache (2026-07-28 `server/utilities/caching.mdx`); every
@@ -142,6 +207,8 @@ pub struct GatewaySection {
     pub max_in_flight: Option<usize>,
     /// Largest body accepted, in bytes (default 4 MiB).
     pub max_body_bytes: Option<usize>,
+    /// What a legacy session is bound to: `"subject"` (default) or `"token"`.
+    pub session_binding: Option<SessionBinding>,
 }
 
 /// Listener settings.
@@ -177,19 +244,33 @@ fn default_name() -> String {
     "dualera-notes".to_owned()
 }
 
-/// Where notes and nonces are stored.
+/// Where notes and nonces are stored: SQLite (`path`, the embedded default) or
+/// PostgreSQL (`url`, or the `DUALERA_STORE_URL` environment variable, which wins).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreSection {
-    /// SQLite file path, or `:memory:`.
+    /// SQLite file path, or `:memory:`. Unused when a URL is given.
     #[serde(default = "default_store_path")]
     pub path: String,
+    /// `postgres://USER[:PASSWORD]@HOST:PORT/DB`: several instances share one database.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Most pooled PostgreSQL connections per instance (default 16).
+    #[serde(default)]
+    pub max_connections: Option<u32>,
+    /// PEM file of the CA(s) that sign the PostgreSQL server's certificate (default:
+    /// the system's roots). A relative path is resolved against the config file.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for StoreSection {
     fn default() -> Self {
         Self {
             path: default_store_path(),
+            url: None,
+            max_connections: None,
+            ca_file: None,
         }
     }
 }
@@ -262,9 +343,12 @@ pub struct Limits {
     /// Longest `requestState` accepted, in bytes.
     #[serde(default = "default_max_state")]
     pub max_state_bytes: usize,
-    /// Most notes returned by one `notes_list`.
+    /// Most notes returned by one `notes_list` page (and the largest `limit`).
     #[serde(default = "default_max_list")]
     pub max_list: usize,
+    /// Most notes offered in one `notes_delete` confirmation form.
+    #[serde(default = "default_max_delete_candidates")]
+    pub max_delete_candidates: usize,
 }
 
 impl Default for Limits {
@@ -278,6 +362,7 @@ impl Default for Limits {
             max_files: default_max_files(),
             max_state_bytes: default_max_state(),
             max_list: default_max_list(),
+            max_delete_candidates: default_max_delete_candidates(),
         }
     }
 }
@@ -305,6 +390,9 @@ fn default_max_state() -> usize {
 }
 fn default_max_list() -> usize {
     500
+}
+fn default_max_delete_candidates() -> usize {
+    25
 }
 
 /// A caller identified by a bearer token.
@@ -355,6 +443,16 @@ impl Config {
         if let (Some(report), Some(dir)) = (&config.report.path, path.parent()) {
             if report.is_relative() {
                 config.report.path = Some(dir.join(report));
+            }
+        }
+        if let (Some(ca), Some(dir)) = (&config.store.ca_file, path.parent()) {
+            if ca.is_relative() {
+                config.store.ca_file = Some(dir.join(ca));
+            }
+        }
+        if let (Some(auth), Some(dir)) = (config.auth.as_mut(), path.parent()) {
+            if let Some(file) = auth.jwks_file.as_mut().filter(|f| f.is_relative()) {
+                *file = dir.join(&*file);
             }
         }
         Ok(config)

@@ -86,11 +86,7 @@ fn authorized(req: &Request<Incoming>, token: &str) -> bool {
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            let (scheme, rest) = v.split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
-        })
+        .and_then(crate::bearer::token)
         .unwrap_or("");
     let (a, b) = (digest(presented.as_bytes()), digest(token.as_bytes()));
     let differ = a

@@ -191,8 +191,11 @@ async fn route(
                             &role,
                             &msg,
                             auth.as_ref(),
-                            &params,
-                            trace.as_ref(),
+                            super::cache::legacy::AttemptHeaders {
+                                params: &params,
+                                trace: trace.as_ref(),
+                            },
+                            || {},
                             |m| {
                                 // Bounded: a flood from the upstream waits here.
                                 let _ = relay.try_send(FromUpstream::Message(rid.clone(), m));

@@ -171,7 +171,7 @@ async fn probe(gw: &Gateway, n: u64, timeout: Duration) -> Result<(), String> {
         }})),
     });
     let mut answer = None;
-    let exchange = gw.upstream.exchange(&request, None, &[], None, |m| {
+    let exchange = gw.upstream.exchange(&request, None, &[], |m| {
         if let Message::Response(r) = m {
             answer = Some(r.outcome);
         }
@@ -181,7 +181,7 @@ async fn probe(gw: &Gateway, n: u64, timeout: Duration) -> Result<(), String> {
             "server/discover was not answered within {:.1} s",
             timeout.as_secs_f64()
         )),
-        Ok(Err(UpstreamError::Status { status: 401 | 403 })) => Ok(()),
+        Ok(Err(UpstreamError::Denied(_))) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
         Ok(Ok(())) => match answer {
             Some(Ok(result)) => {

@@ -39,28 +39,41 @@ pub(in crate::gateway) fn discover_for_initialize(
     cache.peek(&key, &Caller::anonymous()).map(|e| e.value())
 }
 
+/// What an upstream attempt of a legacy session carries in its headers besides the
+/// credentials: its `Mcp-Param-*` headers (name, plain value) and the trace context of
+/// the host request that caused it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(in crate::gateway) struct AttemptHeaders<'a> {
+    /// From [`Session::upstream_headers`](dualera_adapters::Session::upstream_headers).
+    pub(in crate::gateway) params: &'a [(String, String)],
+    /// `traceparent` / `tracestate`.
+    pub(in crate::gateway) trace: Option<&'a TraceContext>,
+}
+
 /// One upstream exchange of a legacy session, through the cache where it may be.
-/// Same contract as [`Upstream::exchange`](crate::gateway::Upstream::exchange).
+/// Same contract as [`Upstream::exchange_observed`](crate::gateway::Upstream::exchange_observed)
+/// (a cache hit counts as accepted).
 pub(in crate::gateway) async fn exchange(
     gw: &Gateway,
     role: &UpstreamRole,
     request: &Message,
     authorization: Option<&HeaderValue>,
-    params: &[(String, String)],
-    trace: Option<&TraceContext>,
+    headers: AttemptHeaders<'_>,
+    on_head: impl FnOnce(),
     mut on_message: impl FnMut(Message),
 ) -> Result<(), UpstreamError> {
+    let AttemptHeaders { params, trace } = headers;
     let cache = &gw.cache;
     let Message::Request(r) = request else {
         return gw
             .upstream
-            .exchange(request, authorization, params, trace, on_message)
+            .exchange_observed(request, authorization, params, trace, on_head, on_message)
             .await;
     };
     if !cache.enabled() || matches!(role, UpstreamRole::Listen) {
         return gw
             .upstream
-            .exchange(request, authorization, params, trace, on_message)
+            .exchange_observed(request, authorization, params, trace, on_head, on_message)
             .await;
     }
     let key = Cacheable::from_method(&r.method).and_then(|m| {
@@ -73,11 +86,11 @@ pub(in crate::gateway) async fn exchange(
     });
     let Some(key) = key else {
         if r.method == "tools/call" {
-            return tool_call(gw, request, authorization, params, trace, on_message).await;
+            return tool_call(gw, request, authorization, headers, on_head, on_message).await;
         }
         return gw
             .upstream
-            .exchange(request, authorization, params, trace, on_message)
+            .exchange_observed(request, authorization, params, trace, on_head, on_message)
             .await;
     };
     let caller = Caller::from_authorization(authorization);
@@ -86,6 +99,7 @@ pub(in crate::gateway) async fn exchange(
         UpstreamRole::ToolsRefresh { .. } => cache.revalidate(key, caller),
         _ => match cache.begin(key, caller, false).await {
             Begin::Hit(entry) => {
+                on_head();
                 on_message(Message::Response(Response::result(
                     r.id.clone(),
                     (*entry.value()).clone(),
@@ -99,15 +113,26 @@ pub(in crate::gateway) async fn exchange(
     let mut last = None;
     let outcome = gw
         .upstream
-        .exchange(request, authorization, params, trace, |m| match m {
-            Message::Response(resp) => last = Some(resp),
-            other => {
-                notified = true;
-                on_message(other);
-            }
-        })
+        .exchange_observed(
+            request,
+            authorization,
+            params,
+            trace,
+            on_head,
+            |m| match m {
+                Message::Response(resp) => last = Some(resp),
+                other => {
+                    notified = true;
+                    on_message(other);
+                }
+            },
+        )
         .await;
-    let failed = outcome.is_err()
+    // A refusal of the caller's credentials (401/403) is the upstream's verdict, never
+    // a failure to paper over with a stale entry.
+    let failed = outcome
+        .as_ref()
+        .is_err_and(|e| !matches!(e, UpstreamError::Denied(_)))
         || matches!(&last, Some(Response { outcome: Err(e), .. }) if e.code == ErrorCode::INTERNAL_ERROR);
     if failed && !notified {
         if let Some(stale) = &fetch.stale {
@@ -145,10 +170,11 @@ async fn tool_call(
     gw: &Gateway,
     request: &Message,
     authorization: Option<&HeaderValue>,
-    params: &[(String, String)],
-    trace: Option<&TraceContext>,
+    headers: AttemptHeaders<'_>,
+    on_head: impl FnOnce(),
     mut on_message: impl FnMut(Message),
 ) -> Result<(), UpstreamError> {
+    let AttemptHeaders { params, trace } = headers;
     let tool = match request {
         Message::Request(r) => r
             .params
@@ -161,7 +187,7 @@ async fn tool_call(
     let mut failed_code = None;
     let outcome = gw
         .upstream
-        .exchange(request, authorization, params, trace, |m| {
+        .exchange_observed(request, authorization, params, trace, on_head, |m| {
             if let Message::Response(Response {
                 outcome: Err(e), ..
             }) = &m

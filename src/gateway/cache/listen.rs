@@ -200,7 +200,7 @@ async fn run(cache: Arc<ResponseCache>, upstream: Arc<Upstream>) {
 async fn discover(upstream: &Upstream) -> Option<Value> {
     let mut result = None;
     let outcome = upstream
-        .exchange(&request("server/discover", None), None, &[], None, |m| {
+        .exchange(&request("server/discover", None), None, &[], |m| {
             if let Message::Response(r) = m {
                 result = r.outcome.ok();
             }
@@ -285,7 +285,7 @@ async fn listen_one(
     let mut ack = Some(ack);
     let msg = request("subscriptions/listen", Some(("notifications", filter)));
     let outcome = upstream
-        .exchange(&msg, None, &[], None, |m| {
+        .exchange(&msg, None, &[], |m| {
             let Message::Notification(n) = m else {
                 return;
             };

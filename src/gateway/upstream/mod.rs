@@ -9,7 +9,23 @@ pub use self::stdio::StdioUpstream;
 
 use super::trace::TraceContext;
 use ::http::header::HeaderValue;
+use ::http::StatusCode;
+use bytes::Bytes;
 use dualera_adapters::Message;
+
+/// An upstream's 401 or 403: relayed to the host request that caused it, unchanged
+/// (the gateway is a transparent resource proxy; see `gateway::auth`).
+#[derive(Debug, Clone)]
+pub struct Denial {
+    /// 401 or 403.
+    pub status: StatusCode,
+    /// Every `WWW-Authenticate` value, byte for byte.
+    pub challenges: Vec<HeaderValue>,
+    /// `Content-Type` of the body, if any.
+    pub content_type: Option<HeaderValue>,
+    /// The body (bounded by the upstream message limit).
+    pub body: Bytes,
+}
 
 /// Why an exchange with the upstream failed.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +43,9 @@ pub enum UpstreamError {
         /// The HTTP status.
         status: u16,
     },
+    /// The upstream refused the request's credentials (HTTP 401/403).
+    #[error("upstream refused the credentials: HTTP {}", .0.status.as_u16())]
+    Denied(Box<Denial>),
     /// The upstream's body could not be decoded.
     #[error("upstream sent an undecodable body: {detail}")]
     Protocol {
@@ -41,6 +60,7 @@ impl UpstreamError {
         match self {
             Self::Unreachable { .. } => "unreachable",
             Self::Status { .. } => "http_status",
+            Self::Denied(_) => "denied",
             Self::Protocol { .. } => "protocol",
         }
     }
@@ -63,14 +83,30 @@ impl Upstream {
     ///
     /// `params` are the request's `Mcp-Param-*` headers (name, plain value), from
     /// [`Session::upstream_headers`](dualera_adapters::Session::upstream_headers); the
-    /// stdio transport has no headers and MAY ignore them. `trace` is the trace context
-    /// of the host request that caused this exchange (HTTP: `traceparent`/`tracestate`).
+    /// stdio transport has no headers and MAY ignore them.
     pub async fn exchange(
         &self,
         request: &Message,
         authorization: Option<&HeaderValue>,
         params: &[(String, String)],
+        on_message: impl FnMut(Message),
+    ) -> Result<(), UpstreamError> {
+        self.exchange_observed(request, authorization, params, None, || {}, on_message)
+            .await
+    }
+
+    /// [`Upstream::exchange`], calling `on_head` once the upstream accepted the request
+    /// (HTTP: a response head that is not a 401/403; stdio: once written), before any
+    /// message. A driver that must answer a host with the upstream's 401/403 waits for
+    /// this before it commits to a response. `trace` is the trace context of the host
+    /// request that caused this exchange (HTTP: `traceparent`/`tracestate`).
+    pub async fn exchange_observed(
+        &self,
+        request: &Message,
+        authorization: Option<&HeaderValue>,
+        params: &[(String, String)],
         trace: Option<&TraceContext>,
+        on_head: impl FnOnce(),
         mut on_message: impl FnMut(Message),
     ) -> Result<(), UpstreamError> {
         // Message bodies (never headers, so never credentials) at trace level, opt-in:
@@ -82,10 +118,13 @@ impl Upstream {
         };
         match self {
             Self::Http(h) => {
-                h.exchange(request, authorization, params, trace, on_message)
+                h.exchange(request, authorization, params, trace, on_head, on_message)
                     .await
             }
-            Self::Stdio(s) => s.exchange(request, on_message).await,
+            Self::Stdio(s) => {
+                on_head();
+                s.exchange(request, on_message).await
+            }
         }
     }
 }
