@@ -36,6 +36,27 @@ pub fn host_allowed_on_loopback(host: &str) -> bool {
     is_loopback_host(&host_part(host).to_ascii_lowercase())
 }
 
+/// Why a request must be refused with 403 before anything else (its `Origin` is not
+/// allowed, or on a loopback listener its `Host` is not a loopback name), if it must.
+pub fn refusal(
+    headers: &http::HeaderMap,
+    loopback: bool,
+    allowed_origins: &[String],
+) -> Option<&'static str> {
+    if let Some(origin) = headers.get(http::header::ORIGIN) {
+        if !origin
+            .to_str()
+            .is_ok_and(|o| origin_allowed(o, allowed_origins))
+        {
+            return Some("Origin not allowed\n");
+        }
+    }
+    let host_ok = headers
+        .get(http::header::HOST)
+        .is_none_or(|v| v.to_str().is_ok_and(host_allowed_on_loopback));
+    (loopback && !host_ok).then_some("Host not allowed\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

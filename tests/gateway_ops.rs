@@ -31,19 +31,7 @@ fn append(ws: &Workspace, toml: &str) {
 /// `dualera gateway` for `upstream` with this workspace's config; returns it and the
 /// admin URL it printed.
 fn gateway(upstream: &str, ws: &Workspace) -> (Proc, String) {
-    let config = ws.config.display().to_string();
-    let proc = Proc::spawn(
-        &[
-            "gateway",
-            "--upstream",
-            upstream,
-            "--config",
-            &config,
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        "gateway listening on",
-    );
+    let proc = Proc::gateway(upstream, ws);
     let admin = admin_url(&proc);
     (proc, admin)
 }

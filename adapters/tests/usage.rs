@@ -128,6 +128,16 @@ fn input(requests: Value) -> Value {
     json!({"resultType": "input_required", "requestState": "st", "inputRequests": requests})
 }
 
+/// Sends `tools/call` `id`, answers its first attempt with one form elicitation;
+/// returns the live request's id.
+fn form_round(s: &mut Session, id: i64) -> RequestId {
+    s.handle_peer_message(request(id, "tools/call", json!({"name": "t"})), T0)
+        .unwrap();
+    let (_, events) = drain(s);
+    let (_, events) = answer_upstream(s, &events, input(json!({"a": form()})));
+    live_ids(&events).pop().unwrap()
+}
+
 #[test]
 fn local_requests_and_features_are_observed() {
     let mut s = session(Config::default(), "2025-11-25", json!({}));
@@ -351,11 +361,7 @@ fn failures_carry_their_reason_and_siblings_count_as_cancelled() {
     );
 
     // A host error.
-    s.handle_peer_message(request(3, "tools/call", json!({"name": "t"})), T0)
-        .unwrap();
-    let (_, events) = drain(&mut s);
-    let (_, events) = answer_upstream(&mut s, &events, input(json!({"a": form()})));
-    let l = live_ids(&events).pop().unwrap();
+    let l = form_round(&mut s, 3);
     s.handle_peer_message(
         Message::Response(Response::error(
             Some(l),
@@ -382,11 +388,7 @@ fn failures_carry_their_reason_and_siblings_count_as_cancelled() {
     );
 
     // The round limit (1): a second input_required fails the request.
-    s.handle_peer_message(request(4, "tools/call", json!({"name": "t"})), T0)
-        .unwrap();
-    let (_, events) = drain(&mut s);
-    let (_, events) = answer_upstream(&mut s, &events, input(json!({"a": form()})));
-    let l = live_ids(&events).pop().unwrap();
+    let l = form_round(&mut s, 4);
     s.handle_peer_message(
         Message::Response(Response::result(
             l,

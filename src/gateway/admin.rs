@@ -217,21 +217,8 @@ fn handle(
     loopback: bool,
     req: Request<Incoming>,
 ) -> Response<GatewayBody> {
-    let h = req.headers();
-    if let Some(origin) = h.get(header::ORIGIN) {
-        if !origin
-            .to_str()
-            .is_ok_and(|o| guard::origin_allowed(o, &gw.config.allowed_origins))
-        {
-            return plain(StatusCode::FORBIDDEN, "Origin not allowed\n");
-        }
-    }
-    if loopback
-        && !h
-            .get(header::HOST)
-            .is_none_or(|v| v.to_str().is_ok_and(guard::host_allowed_on_loopback))
-    {
-        return plain(StatusCode::FORBIDDEN, "Host not allowed\n");
+    if let Some(why) = guard::refusal(req.headers(), loopback, &gw.config.allowed_origins) {
+        return plain(StatusCode::FORBIDDEN, why);
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");

@@ -346,22 +346,13 @@ impl Gateway {
         connection: &Connection,
         req: Request<Incoming>,
     ) -> Response<GatewayBody> {
-        let loopback = connection.loopback;
-        let h = req.headers();
-        if let Some(origin) = h.get(header::ORIGIN) {
-            if !origin
-                .to_str()
-                .is_ok_and(|o| guard::origin_allowed(o, &self.config.allowed_origins))
-            {
-                return text(StatusCode::FORBIDDEN, "Origin not allowed\n");
-            }
-        }
-        if loopback
-            && !h
-                .get(header::HOST)
-                .is_none_or(|v| v.to_str().is_ok_and(guard::host_allowed_on_loopback))
-        {
-            return text(StatusCode::FORBIDDEN, "Host not allowed\n");
+        let refused = guard::refusal(
+            req.headers(),
+            connection.loopback,
+            &self.config.allowed_origins,
+        );
+        if let Some(why) = refused {
+            return text(StatusCode::FORBIDDEN, why);
         }
         match req.uri().path() {
             crate::server::http::ENDPOINT => {}

@@ -135,14 +135,10 @@ async fn forward_stdio(
     upstream: &StdioUpstream,
     req: Request<Incoming>,
 ) -> Response<GatewayBody> {
-    let limit = gateway.config.max_body_bytes;
     let (parts, body) = req.into_parts();
-    let Ok(body) = Limited::new(body, limit)
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-    else {
-        return status_only(StatusCode::PAYLOAD_TOO_LARGE);
+    let body = match read_body(body, gateway.config.max_body_bytes).await {
+        Ok(b) => b,
+        Err(too_large) => return too_large,
     };
     // Read anyway (ids are rewritten): its clientInfo names the client.
     gateway
@@ -263,12 +259,9 @@ async fn forward_http(
     {
         // A modern client's first request, small: read to learn who the client is
         // (with the cache on, the cache reads it).
-        let Ok(bytes) = Limited::new(body, limit)
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-        else {
-            return status_only(StatusCode::PAYLOAD_TOO_LARGE);
+        let bytes = match read_body(body, limit).await {
+            Ok(b) => b,
+            Err(too_large) => return too_large,
         };
         gateway
             .telemetry
@@ -322,6 +315,18 @@ pub(super) fn downstream(resp: Response<Incoming>) -> Response<GatewayBody> {
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     Response::from_parts(parts, body.map_err(|e| -> BoxError { Box::new(e) }).boxed())
+}
+
+/// A request body read whole, or the 413 for one over `limit` bytes.
+pub(super) async fn read_body(
+    body: Incoming,
+    limit: usize,
+) -> Result<Bytes, Response<GatewayBody>> {
+    Limited::new(body, limit)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .map_err(|_| status_only(StatusCode::PAYLOAD_TOO_LARGE))
 }
 
 pub(super) fn status_only(status: StatusCode) -> Response<GatewayBody> {

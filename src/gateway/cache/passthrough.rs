@@ -11,7 +11,7 @@
 use super::key::{self, Cacheable, Caller};
 use super::{Begin, Fetch, ResponseCache};
 use crate::body::{full, BoxError, GatewayBody};
-use crate::gateway::passthrough::{downstream, send, status_only, unavailable};
+use crate::gateway::passthrough::{downstream, read_body, send, unavailable};
 use crate::gateway::sse;
 use crate::gateway::telemetry::ConnectionTelemetry;
 use crate::gateway::upstream::{encode_header_value, HttpUpstream};
@@ -19,7 +19,7 @@ use crate::gateway::Gateway;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -38,12 +38,9 @@ pub(in crate::gateway) async fn forward(
 ) -> Response<GatewayBody> {
     let limit = gw.config.max_body_bytes;
     let (parts, body) = req.into_parts();
-    let Ok(bytes) = Limited::new(body, limit)
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-    else {
-        return status_only(StatusCode::PAYLOAD_TOO_LARGE);
+    let bytes = match read_body(body, limit).await {
+        Ok(b) => b,
+        Err(too_large) => return too_large,
     };
     // The body is in hand: its clientInfo names the client for the migration report.
     let revision = parts
