@@ -209,6 +209,71 @@ pub struct GatewaySection {
     pub max_body_bytes: Option<usize>,
     /// What a legacy session is bound to: `"subject"` (default) or `"token"`.
     pub session_binding: Option<SessionBinding>,
+    /// The instances of the `/mcp` route's upstream (`--upstream`, given once or more,
+    /// wins): requests are spread round-robin over the healthy ones.
+    #[serde(default)]
+    pub upstreams: Vec<UpstreamEntry>,
+    /// More routes: each path its own upstream, sessions and cache.
+    #[serde(default)]
+    pub routes: Vec<RouteSection>,
+}
+
+/// One `[[gateway.upstreams]]` instance.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamEntry {
+    /// The instance's MCP endpoint, e.g. `http://10.0.0.1:8787/mcp`.
+    pub url: String,
+}
+
+/// One URL or several (`upstream = "…"` or `upstream = ["…", "…"]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    /// One instance.
+    One(String),
+    /// Several instances of one upstream.
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    /// The URLs, in order.
+    pub fn urls(&self) -> Vec<String> {
+        match self {
+            Self::One(u) => vec![u.clone()],
+            Self::Many(v) => v.clone(),
+        }
+    }
+}
+
+/// One `[[gateway.routes]]` entry: an MCP endpoint path and the upstream behind it,
+/// with what a single upstream carries (its instances, and limits that override the
+/// `[gateway]` ones for this route).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSection {
+    /// The endpoint path, e.g. `/notes/mcp`.
+    pub path: String,
+    /// The upstream's MCP endpoint URL, or a list of its instances' URLs.
+    #[serde(default)]
+    pub upstream: Option<OneOrMany>,
+    /// Or a command to spawn and speak to over stdio (split on whitespace).
+    #[serde(default)]
+    pub upstream_cmd: Option<String>,
+    /// Largest request body on this route, in bytes.
+    pub max_body_bytes: Option<usize>,
+    /// Most live legacy sessions on this route.
+    pub max_sessions: Option<usize>,
+    /// Requests in flight per legacy session.
+    pub max_in_flight: Option<usize>,
+    /// Most MRTR rounds per legacy request.
+    pub max_rounds: Option<u32>,
+    /// Seconds a live elicitation/sampling/roots request may go unanswered.
+    pub live_request_timeout_secs: Option<u64>,
+    /// Pause before retrying a state-only MRTR round, in ms.
+    pub retry_pause_ms: Option<u64>,
+    /// Idle legacy sessions are evicted after this many seconds.
+    pub session_idle_ttl_secs: Option<u64>,
 }
 
 /// Listener settings.
@@ -496,6 +561,36 @@ mod tests {
         assert!(!config.state.keys.is_empty());
         assert_eq!(config.admin.probe_interval_ms, Some(5000));
         assert_eq!(config.report.max_hosts, Some(1000));
+    }
+
+    #[test]
+    fn upstreams_and_routes() {
+        let c = Config::parse(
+            "[[gateway.upstreams]]\nurl = \"http://127.0.0.1:1/mcp\"\n\
+             [[gateway.upstreams]]\nurl = \"http://127.0.0.1:2/mcp\"\n\
+             [[gateway.routes]]\npath = \"/a/mcp\"\nupstream = \"http://127.0.0.1:3/mcp\"\n\
+             max_sessions = 5\n\
+             [[gateway.routes]]\npath = \"/b/mcp\"\n\
+             upstream = [\"http://127.0.0.1:4/mcp\", \"http://127.0.0.1:5/mcp\"]\n\
+             [[gateway.routes]]\npath = \"/c/mcp\"\nupstream_cmd = \"dualera serve --stdio\"\n",
+        )
+        .expect("parses");
+        let g = &c.gateway;
+        assert_eq!(g.upstreams.len(), 2);
+        assert_eq!(g.upstreams[1].url, "http://127.0.0.1:2/mcp");
+        assert_eq!(g.routes.len(), 3);
+        assert_eq!(
+            g.routes[0].upstream.as_ref().map(OneOrMany::urls),
+            Some(vec!["http://127.0.0.1:3/mcp".to_owned()])
+        );
+        assert_eq!(g.routes[0].max_sessions, Some(5));
+        assert_eq!(
+            g.routes[1].upstream.as_ref().map(|u| u.urls().len()),
+            Some(2)
+        );
+        assert!(g.routes[2].upstream.is_none());
+        assert!(Config::parse("[[gateway.routes]]\npath = \"/a\"\nbogus = 1\n").is_err());
+        assert!(Config::parse("[[gateway.upstreams]]\nurl = 3\n").is_err());
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod passthrough;
 mod pipe;
 pub mod readiness;
 pub mod report;
+pub mod routes;
 pub mod sse;
 pub mod telemetry;
 pub mod trace;

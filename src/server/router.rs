@@ -494,6 +494,22 @@ impl Server {
                 })?
                 .read(&cx, target)?,
         };
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            // Which round answered which: a retry's `state_in` is the `state_out` of the
+            // round it answers, wherever that ran (digests only; a state is opaque).
+            let (result, state_out) = match &outcome {
+                Outcome::Complete(_) => ("complete", None),
+                Outcome::InputRequired { request_state, .. } => {
+                    ("input_required", request_state.as_deref().map(state_digest))
+                }
+            };
+            debug!(
+                result,
+                state_in = request_state.map(state_digest).as_deref(),
+                state_out = state_out.as_deref(),
+                "call answered"
+            );
+        }
         Ok(match outcome {
             Outcome::Complete(mut result) => {
                 if let Value::Object(m) = &mut result {
@@ -523,6 +539,15 @@ impl Server {
             }
         })
     }
+}
+
+/// A short digest of a `requestState`, for logs.
+fn state_digest(state: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(state.as_bytes())[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn no_cursor(params: &Map<String, Value>) -> Result<(), ServerError> {

@@ -1,6 +1,7 @@
 //! The upstream a gateway fronts: a modern (2026-07-28) server over HTTP, or one it
 //! spawns and speaks to over stdio. One closed enum, one file per variant.
 
+pub mod balance;
 mod http;
 mod stdio;
 
