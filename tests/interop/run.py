@@ -10,9 +10,15 @@ one column per SDK x wire:
   python-legacy/stdio      mcp==1.30.0, stdio_client spawning `dualera gateway --stdio --upstream <modern server>`
   typescript-legacy/sse    sdk 1.32.2, SSEClientTransport on /sse
   typescript-legacy/stdio  sdk 1.32.2, StdioClientTransport spawning `dualera gateway --stdio ...`
+  python-legacy/instances, typescript-legacy/instances
+                           the same clients against one gateway in front of two `dualera serve`
+                           instances on one PostgreSQL (tests/interop/instances.py)
 The sse and stdio columns run scenarios 2-4 (the elicitation and sampling rounds;
 `--all-scenarios` runs all eight there too); the drivers and the expectations are the same
 code for every wire. For the stdio columns the tap records the stdio gateway's upstream hop.
+The instances columns run scenarios 2-4 too, and check from the instances' logs that every
+round's retry went to the other instance; in scenario 3 one instance is killed (SIGKILL)
+at the driver's first checkpoint, and the rest of the scenario runs on the survivor.
 
 Every (client, scenario) case runs against its own freshly started `dualera up --dir <tmp>`
 (gateway + modern server on free loopback ports, the demo workspace seeded with three notes
@@ -51,6 +57,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from wiretap import Wiretap  # noqa: E402
+from instances import Instances  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -198,6 +205,8 @@ BROWSER = Peer("playwright-core 1.65.1 + Debian chromium", ensure_browser, HERE 
 HTTP, SSE, STDIO = "streamable-http", "sse", "stdio"
 # What the sse and stdio columns run: scenarios 2-4.
 ROUND_SCENARIOS = ("delete_accept", "delete_decline_cancel", "summarize")
+# The instances columns: (scenario, checkpoint) at which the second instance is killed.
+KILL_AT = {"delete_decline_cancel": "after_decline"}
 
 
 @dataclass
@@ -208,6 +217,8 @@ class ClientKind:
     era: str  # "legacy" or "modern"
     wire: str
     scenarios: tuple[str, ...] | None = None  # None: every scenario
+    # "up": one `dualera up`; "instances": a gateway in front of two instances on PostgreSQL.
+    backend: str = "up"
 
     @property
     def label(self) -> str:
@@ -217,6 +228,8 @@ class ClientKind:
     def wire_label(self) -> str:
         if self.era == "modern":
             return "pass-through"
+        if self.backend == "instances":
+            return "2 instances, postgres"
         return {HTTP: "streamable http", SSE: "http+sse 2024-11-05", STDIO: "stdio"}[self.wire]
 
     def runs(self, scenario: str) -> bool:
@@ -231,6 +244,8 @@ CLIENTS = [
     ClientKind("python-legacy/stdio", PY_LEGACY, "legacy", STDIO, ROUND_SCENARIOS),
     ClientKind("typescript-legacy/sse", TS_LEGACY, "legacy", SSE, ROUND_SCENARIOS),
     ClientKind("typescript-legacy/stdio", TS_LEGACY, "legacy", STDIO, ROUND_SCENARIOS),
+    ClientKind("python-legacy/instances", PY_LEGACY, "legacy", HTTP, ROUND_SCENARIOS, "instances"),
+    ClientKind("typescript-legacy/instances", TS_LEGACY, "legacy", HTTP, ROUND_SCENARIOS, "instances"),
 ]
 
 
@@ -630,6 +645,27 @@ def check_interleave(cx: Ctx) -> None:
     cx.detail = f"A deleted {deleted[0]} (of 3), B deleted {deleted[1]} (of 1)"
 
 
+def check_instances(up: Instances, scenario: str) -> str:
+    """From the instances' logs: every MRTR retry went to the other instance than the
+    round it answers while both ran; after a kill, the rounds ran on the survivor."""
+    rounds = up.rounds()
+    expect(rounds, "the instances logged no MRTR retry at all")
+    unknown = [r for r in rounds if r["asked"] is None]
+    expect(not unknown, f"retries echoing a state no instance logged issuing: {unknown}")
+    split = [r for r in rounds if r["asked"] != r["answered"]]
+    same = [r for r in rounds if r["asked"] == r["answered"]]
+    if not up.killed:
+        expect(not same, f"a retry went to the instance that asked for it: {same}")
+        return f"{len(split)} retries, each on the other instance"
+    survivors = set(range(len(up.instances))) - set(up.killed)
+    expect(bool(split), f"no retry changed instance before the kill: {rounds}")
+    expect(all(r["answered"] in survivors for r in same),
+           f"a round and its retry stayed on one instance that was not the survivor: {same}")
+    expect(bool(same), f"no round ran on the survivor after instance {up.killed} was killed: {rounds}")
+    return (f"{len(split)} retries on the other instance, then instance {up.killed[0]} killed: "
+            f"{len(same)} rounds on the survivor")
+
+
 @dataclass
 class Scenario:
     name: str
@@ -657,7 +693,8 @@ SCENARIOS = [
 # Running one case
 
 
-def run_driver(client: ClientKind, cfg: dict, up: Dualera, snaps: dict, stderr_path: Path) -> dict:
+def run_driver(client: ClientKind, cfg: dict, up: Dualera, snaps: dict, stderr_path: Path,
+               on_checkpoint: Callable[[str], None] | None = None) -> dict:
     with open(stderr_path, "w") as err:
         proc = subprocess.Popen(
             [*client.peer.command, str(client.peer.script), json.dumps(cfg)],
@@ -680,6 +717,8 @@ def run_driver(client: ClientKind, cfg: dict, up: Dualera, snaps: dict, stderr_p
                     continue  # stray output from a library
                 if msg.get("event") == "checkpoint":
                     snaps[msg["name"]] = up.notes()
+                    if on_checkpoint is not None:
+                        on_checkpoint(msg["name"])
                     proc.stdin.write("\n")
                     proc.stdin.flush()
                 elif msg.get("event") == "done":
@@ -708,7 +747,12 @@ def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct:
     stdio_log = workdir / "gateway-stdio.log"
     cx = None
     try:
-        up = shared or Dualera(binary, workdir)
+        if shared is not None:
+            up = shared
+        elif client.backend == "instances":
+            up = Instances(binary, workdir)
+        else:
+            up = Dualera(binary, workdir)
         direct = direct or shared is not None
         wire = {"wire": client.wire}
         if client.wire == STDIO:
@@ -735,13 +779,20 @@ def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct:
         if sc.name == "discover":
             cx.reference = up.upstream_call("tools/list")["result"]
         cx.snaps["start"] = up.notes()
-        cx.obs = run_driver(client, cfg, up, cx.snaps, workdir / "client.stderr")
+        on_checkpoint = None
+        if isinstance(up, Instances) and KILL_AT.get(sc.name):
+            def on_checkpoint(name: str, up=up, at=KILL_AT[sc.name]) -> None:
+                if name == at:
+                    up.kill(1)
+        cx.obs = run_driver(client, cfg, up, cx.snaps, workdir / "client.stderr", on_checkpoint)
         cx.snaps["end"] = up.notes()
         want = MODERN_VERSION if client.era == "modern" else LEGACY_VERSION
         seen = cx.obs.get("protocol_versions") or []
         expect(seen and all(v == want for v in seen),
                f"sessions negotiated {seen}; a {client.era} client must negotiate {want} through the gateway")
         sc.check(cx)
+        if isinstance(up, Instances):
+            cx.detail += "; " + check_instances(up, sc.name)
         return True, cx.detail, ""
     except Exception as e:  # noqa: BLE001 - every failure becomes a report
         reason = str(e) if isinstance(e, Fail) else traceback.format_exc()
