@@ -18,6 +18,8 @@
 //! recorder and string labels built per call fit a bounded, per-gateway set less well.
 
 use super::cache::ResponseCache;
+use super::upstream::balance::State;
+use super::upstream::UpstreamPool;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -152,8 +154,13 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Every family, registered; `caches` are read at each scrape.
-    pub fn new(caches: Vec<Arc<ResponseCache>>, report: Arc<super::report::Report>) -> Self {
+    /// Every family, registered; `caches` and the routes' upstream `pools` are read at
+    /// each scrape.
+    pub fn new(
+        caches: Vec<Arc<ResponseCache>>,
+        pools: Vec<(Arc<str>, Arc<UpstreamPool>)>,
+        report: Arc<super::report::Report>,
+    ) -> Self {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
@@ -226,9 +233,8 @@ impl Metrics {
             "1 when the route's upstream answered the last server/discover probe",
             ready.clone(),
         );
-        for cache in caches {
-            registry.register_collector(Box::new(CacheCollector(cache)));
-        }
+        registry.register_collector(Box::new(CacheCollector(caches)));
+        registry.register_collector(Box::new(UpstreamCollector(pools)));
         registry.register_collector(Box::new(ReportCollector(report)));
         Self {
             registry,
@@ -388,7 +394,7 @@ impl Metrics {
 
 /// The response cache's counters (`ResponseCache::stats`), read at each scrape.
 #[derive(Debug)]
-struct CacheCollector(Arc<ResponseCache>);
+struct CacheCollector(Vec<Arc<ResponseCache>>);
 
 fn counter(
     encoder: &mut DescriptorEncoder,
@@ -415,79 +421,163 @@ fn gauge(
     metric.encode(family.encode_family(labels)?)
 }
 
+/// One family of the cache collector: its name, help, unit, and how to read it.
+struct CacheFamily {
+    name: &'static str,
+    help: &'static str,
+    gauge: Option<Option<Unit>>,
+    read: fn(&super::cache::CacheStats) -> u64,
+}
+
+const CACHE_FAMILIES: [CacheFamily; 9] = [
+    CacheFamily {
+        name: "dualera_cache_hits",
+        help: "Requests answered from a fresh cache entry",
+        gauge: None,
+        read: |s| s.hits,
+    },
+    CacheFamily {
+        name: "dualera_cache_misses",
+        help: "Cacheable requests that went upstream",
+        gauge: None,
+        read: |s| s.misses,
+    },
+    CacheFamily {
+        name: "dualera_cache_coalesced",
+        help: "Requests answered from a concurrent identical request's upstream result",
+        gauge: None,
+        read: |s| s.coalesced,
+    },
+    CacheFamily {
+        name: "dualera_cache_stored",
+        help: "Results stored in the cache",
+        gauge: None,
+        read: |s| s.stored,
+    },
+    CacheFamily {
+        name: "dualera_cache_evictions",
+        help: "Cache entries evicted to stay within the bounds",
+        gauge: None,
+        read: |s| s.evictions,
+    },
+    CacheFamily {
+        name: "dualera_cache_invalidations",
+        help: "Cache entries dropped by a notification or a failed tool call",
+        gauge: None,
+        read: |s| s.invalidations,
+    },
+    CacheFamily {
+        name: "dualera_cache_stale_served",
+        help: "Stale cache entries served because the re-fetch failed",
+        gauge: None,
+        read: |s| s.stale_served,
+    },
+    CacheFamily {
+        name: "dualera_cache_entries",
+        help: "Cache entries held",
+        gauge: Some(None),
+        read: |s| s.entries,
+    },
+    CacheFamily {
+        name: "dualera_cache_weight",
+        help: "Cache weight held (each entry weighs its bytes, at least max_bytes / max_entries)",
+        gauge: Some(Some(Unit::Bytes)),
+        read: |s| s.weight,
+    },
+];
+
 impl Collector for CacheCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s = self.0.stats();
-        let labels = RouteLabels {
-            route: self.0.route().clone(),
-        };
-        let e = &mut encoder;
-        counter(
-            e,
-            "dualera_cache_hits",
-            "Requests answered from a fresh cache entry",
-            &labels,
-            s.hits,
-        )?;
-        counter(
-            e,
-            "dualera_cache_misses",
-            "Cacheable requests that went upstream",
-            &labels,
-            s.misses,
-        )?;
-        counter(
-            e,
-            "dualera_cache_coalesced",
-            "Requests answered from a concurrent identical request's upstream result",
-            &labels,
-            s.coalesced,
-        )?;
-        counter(
-            e,
-            "dualera_cache_stored",
-            "Results stored in the cache",
-            &labels,
-            s.stored,
-        )?;
-        counter(
-            e,
-            "dualera_cache_evictions",
-            "Cache entries evicted to stay within the bounds",
-            &labels,
-            s.evictions,
-        )?;
-        counter(
-            e,
-            "dualera_cache_invalidations",
-            "Cache entries dropped by a notification or a failed tool call",
-            &labels,
-            s.invalidations,
-        )?;
-        counter(
-            e,
-            "dualera_cache_stale_served",
-            "Stale cache entries served because the re-fetch failed",
-            &labels,
-            s.stale_served,
-        )?;
-        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        gauge(
-            e,
-            "dualera_cache_entries",
-            "Cache entries held",
+        // One descriptor per family, one sample per route: a family named twice is
+        // not valid exposition.
+        let stats: Vec<(RouteLabels, super::cache::CacheStats)> = self
+            .0
+            .iter()
+            .map(|c| {
+                (
+                    RouteLabels {
+                        route: c.route().clone(),
+                    },
+                    c.stats(),
+                )
+            })
+            .collect();
+        for f in &CACHE_FAMILIES {
+            match &f.gauge {
+                None => {
+                    let mut family = encoder.encode_descriptor(
+                        f.name,
+                        f.help,
+                        None,
+                        ConstCounter::<u64>::TYPE,
+                    )?;
+                    for (labels, s) in &stats {
+                        ConstCounter::new((f.read)(s)).encode(family.encode_family(labels)?)?;
+                    }
+                }
+                Some(unit) => {
+                    let mut family = encoder.encode_descriptor(
+                        f.name,
+                        f.help,
+                        unit.as_ref(),
+                        ConstGauge::<i64>::TYPE,
+                    )?;
+                    for (labels, s) in &stats {
+                        let v = i64::try_from((f.read)(s)).unwrap_or(i64::MAX);
+                        ConstGauge::new(v).encode(family.encode_family(labels)?)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Each route's upstream instances (their health, and requests sent on to another
+/// instance), read at each scrape.
+#[derive(Debug)]
+struct UpstreamCollector(Vec<(Arc<str>, Arc<UpstreamPool>)>);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InstanceLabels {
+    route: Arc<str>,
+    instance: String,
+}
+
+impl Collector for UpstreamCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        {
+            let mut family = encoder.encode_descriptor(
+                "dualera_upstream_instance_up",
+                "1 while the instance takes requests; 0 while it is skipped after a \
+                 connection that could not be made (until its backoff ends)",
+                None,
+                ConstGauge::<i64>::TYPE,
+            )?;
+            for (route, pool) in &self.0 {
+                for st in pool.status() {
+                    let labels = InstanceLabels {
+                        route: route.clone(),
+                        instance: st.label,
+                    };
+                    let up = i64::from(st.state == State::Healthy);
+                    ConstGauge::new(up).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "dualera_upstream_failovers",
+            "Requests sent on to another instance because one could not be reached",
             None,
-            &labels,
-            n(s.entries),
+            ConstCounter::<u64>::TYPE,
         )?;
-        gauge(
-            e,
-            "dualera_cache_weight",
-            "Cache weight held (each entry weighs its bytes, at least max_bytes / max_entries)",
-            Some(&Unit::Bytes),
-            &labels,
-            n(s.weight),
-        )
+        for (route, pool) in &self.0 {
+            let labels = RouteLabels {
+                route: route.clone(),
+            };
+            ConstCounter::new(pool.failovers()).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 

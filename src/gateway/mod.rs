@@ -165,7 +165,7 @@ impl Gateway {
         let report = Arc::new(report);
         let telemetry = Arc::new(telemetry::Telemetry::new(
             route.clone(),
-            metrics::Metrics::new(vec![cache.clone()], report.clone()),
+            metrics::Metrics::new(vec![cache.clone()], Vec::new(), report.clone()),
             report,
             readiness::Readiness::new(vec![route]),
         ));

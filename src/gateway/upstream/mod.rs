@@ -3,9 +3,11 @@
 
 pub mod balance;
 mod http;
+mod pool;
 mod stdio;
 
 pub use self::http::{encode_header_value, HttpUpstream};
+pub use self::pool::{InstanceStatus, PoolError, SendError, UpstreamPool};
 pub use self::stdio::StdioUpstream;
 
 use super::trace::TraceContext;
@@ -38,6 +40,13 @@ pub enum UpstreamError {
         /// What failed.
         detail: String,
     },
+    /// No connection could be made (refused, timed out): nothing was sent, so another
+    /// instance may take the request as it is.
+    #[error("upstream unreachable: {detail}")]
+    Connect {
+        /// What failed.
+        detail: String,
+    },
     /// The upstream answered with something that is not MCP.
     #[error("upstream answered HTTP {status} without a JSON-RPC body")]
     Status {
@@ -56,10 +65,15 @@ pub enum UpstreamError {
 }
 
 impl UpstreamError {
+    /// Whether nothing reached the upstream: no connection could be made.
+    pub fn is_connect(&self) -> bool {
+        matches!(self, Self::Connect { .. })
+    }
+
     /// A short machine name (metric label `kind`).
     pub fn kind(&self) -> &'static str {
         match self {
-            Self::Unreachable { .. } => "unreachable",
+            Self::Unreachable { .. } | Self::Connect { .. } => "unreachable",
             Self::Status { .. } => "http_status",
             Self::Denied(_) => "denied",
             Self::Protocol { .. } => "protocol",
