@@ -1,0 +1,334 @@
+//! The gateway in front of several instances of one upstream (`--upstream` given twice),
+//! over real sockets: requests spread round-robin; an MRTR round's retry goes to the
+//! other instance; an instance that refuses connections is skipped (the host sees
+//! nothing), tried again after its backoff and back in the rotation once it answers; a
+//! pass-through request whose instance refused is sent, body and all, to the next;
+//! `subscriptions/listen` streams (the session's and the cache's) are re-opened on the
+//! surviving instance when theirs goes away.
+//!
+//! The instances are scripted modern servers (`gateway_support::Upstream`) so that
+//! each request's instance is known; the same over real `dualera serve` instances on
+//! PostgreSQL, with the official SDK hosts, is the interop suite's `*/instances` columns.
+
+mod gateway_support;
+
+use gateway_support::*;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A scripted instance named `name`: discover with `capabilities`; `tools/call` of
+/// `confirm` asks for a form (state `s-<name>-<n>`) and completes on the retry, naming
+/// the instance that completed; `tools/list` lists one tool; listens are held open.
+async fn instance(name: &'static str, capabilities: Value) -> Upstream {
+    let n = Arc::new(AtomicUsize::new(0));
+    Upstream::scripted(move |s: &Seen| match s.method.as_str() {
+        "server/discover" => Script::Json(discover_result(&s.id, capabilities.clone())),
+        "tools/list" => Script::Json(complete(
+            &s.id,
+            json!({"tools": [{"name": "confirm", "inputSchema": {"type": "object"}}]}),
+        )),
+        "subscriptions/listen" => Script::Stream(vec![json!({
+            "jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+            "params": {"_meta": {SUBSCRIPTION_ID: s.id}, "notifications": s.params()["notifications"]}
+        })]),
+        "tools/call" if s.params().get("requestState").is_none() => {
+            let k = n.fetch_add(1, Ordering::SeqCst);
+            Script::Json(input_required(
+                &s.id,
+                Some(json!({"ok": {"method": "elicitation/create", "params": {
+                    "mode": "form", "message": "Sure?",
+                    "requestedSchema": {"type": "object", "properties": {"sure": {"type": "boolean"}}}
+                }}})),
+                Some(&format!("s-{name}-{k}")),
+            ))
+        }
+        "tools/call" => Script::Json(complete(
+            &s.id,
+            json!({"content": [{"type": "text", "text": format!("done by {name}")}]}),
+        )),
+        _ => Script::Json(complete(&s.id, json!({}))),
+    })
+    .await
+}
+
+/// `dualera gateway --upstream a --upstream b` with the workspace's config (and an
+/// admin listener, for the metrics).
+fn gateway(ws: &Workspace, upstreams: &[&str]) -> (Proc, String) {
+    let config = ws.config.display().to_string();
+    let mut args = vec![
+        "gateway",
+        "--config",
+        &config,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+    ];
+    for u in upstreams {
+        args.extend(["--upstream", u]);
+    }
+    let gw = Proc::spawn(&args, "gateway listening on");
+    let admin = gw
+        .log()
+        .iter()
+        .find_map(|l| l.split("admin listening on ").nth(1).map(str::to_owned))
+        .expect("the admin URL");
+    (gw, admin.trim().to_owned())
+}
+
+/// One metric sample's value from the admin listener (0 when absent).
+async fn metric(admin: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let client = http_client();
+    let r = raw(&client, "GET", &format!("{admin}/metrics"), &[], None).await;
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    text.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn instance_of(text: &str) -> &str {
+    text.rsplit(' ').next().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_spread_round_robin_over_the_instances() {
+    let ws = Workspace::new(&[]);
+    let a = instance("a", json!({"tools": {}})).await;
+    let b = instance("b", json!({"tools": {}})).await;
+    let (gw, _admin) = gateway(&ws, &[&a.url, &b.url]);
+    // Modern pass-through (the cache is off in these workspaces).
+    let client = http_client();
+    for i in 0..10 {
+        let body = modern_request(json!(i), "tools/list", json!({}), json!({}));
+        let r = modern_post(&client, &gw.url, &body).await;
+        assert_eq!(r.status, 200, "{:?}", r.json());
+    }
+    assert_eq!(a.seen_method("tools/list").len(), 5);
+    assert_eq!(b.seen_method("tools/list").len(), 5);
+    // A legacy session: its upstream calls take turns too.
+    let mut host = Legacy::new(&gw.url);
+    host.open("2025-11-25", json!({})).await;
+    for _ in 0..10 {
+        host.call("tools/list", json!({})).await;
+    }
+    let (na, nb) = (
+        a.seen_method("tools/list").len(),
+        b.seen_method("tools/list").len(),
+    );
+    assert_eq!(na + nb, 20);
+    assert!((9..=11).contains(&na), "a got {na} of 20, b {nb}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_and_its_retry_land_on_different_instances() {
+    let ws = Workspace::new(&[]);
+    let a = instance("a", json!({"tools": {}})).await;
+    let b = instance("b", json!({"tools": {}})).await;
+    let (gw, _admin) = gateway(&ws, &[&a.url, &b.url]);
+    let mut host = Legacy::new(&gw.url);
+    host.open("2025-11-25", json!({"elicitation": {}})).await;
+    let mut finished_by = Vec::new();
+    for _ in 0..6 {
+        // Unrelated traffic in between moves the shared cursor: it must not matter.
+        host.call("tools/list", json!({})).await;
+        let ex = host
+            .exchange_with(
+                "tools/call",
+                json!({"name": "confirm", "arguments": {}}),
+                |live| json!({"jsonrpc": "2.0", "id": live["id"], "result": {"action": "accept", "content": {"sure": true}}}),
+            )
+            .await;
+        let text = ex.response["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{}", ex.response))
+            .to_owned();
+        finished_by.push(instance_of(&text).to_owned());
+    }
+    // Every retry carried the state the *other* instance issued.
+    for (up, me) in [(&a, "a"), (&b, "b")] {
+        for retry in up.seen_method("tools/call") {
+            let Some(state) = retry.params()["requestState"].as_str() else {
+                continue;
+            };
+            assert!(
+                !state.starts_with(&format!("s-{me}-")),
+                "instance {me} got the retry of its own round ({state})"
+            );
+        }
+    }
+    assert!(
+        finished_by.iter().any(|i| i == "a") && finished_by.iter().any(|i| i == "b"),
+        "{finished_by:?}"
+    );
+    let rounds = a.seen_method("tools/call").len() + b.seen_method("tools/call").len();
+    assert_eq!(rounds, 12, "six first attempts and six retries");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_refuses_connections_is_skipped_and_tried_again_later() {
+    let ws = Workspace::new(&[]);
+    let a = instance("a", json!({"tools": {}})).await;
+    let mut b = instance("b", json!({"tools": {}})).await;
+    let (gw, admin) = gateway(&ws, &[&a.url, &b.url]);
+    let b_label = b.url.clone();
+    let mut host = Legacy::new(&gw.url);
+    host.open("2025-11-25", json!({"elicitation": {}})).await;
+    host.call("tools/list", json!({})).await;
+
+    b.stop();
+    let before = a.seen_method("tools/list").len();
+    for _ in 0..10 {
+        let r = host.call("tools/list", json!({})).await;
+        assert!(r.get("result").is_some(), "the host saw the failure: {r}");
+    }
+    assert_eq!(a.seen_method("tools/list").len(), before + 10);
+    // Refused once, then skipped: at most one request per backoff went to b.
+    let failovers = metric(&admin, "dualera_upstream_failovers_total", &[]).await;
+    assert!((1.0..=3.0).contains(&failovers), "{failovers} failovers");
+    assert_eq!(
+        metric(
+            &admin,
+            "dualera_upstream_instance_up",
+            &[("instance", &b_label)]
+        )
+        .await,
+        0.0
+    );
+    assert_eq!(
+        metric(
+            &admin,
+            "dualera_upstream_instance_up",
+            &[("instance", &a.url)]
+        )
+        .await,
+        1.0
+    );
+
+    // Back on the same address: after its backoff one request tries it, and it is in
+    // the rotation again.
+    b.restart().await;
+    eventually(Duration::from_secs(20), "b to take requests again", || {
+        (!b.seen_method("tools/list").is_empty()).then_some(())
+    })
+    .await;
+    let b_before = b.seen_method("tools/list").len();
+    for _ in 0..10 {
+        host.call("tools/list", json!({})).await;
+    }
+    assert!(
+        b.seen_method("tools/list").len() >= b_before + 4,
+        "b is not in the rotation again"
+    );
+    assert_eq!(
+        metric(
+            &admin,
+            "dualera_upstream_instance_up",
+            &[("instance", &b_label)]
+        )
+        .await,
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_through_request_goes_to_the_next_instance_with_its_body() {
+    let ws = Workspace::new(&[]);
+    let mut a = instance("a", json!({"tools": {}})).await;
+    let b = instance("b", json!({"tools": {}})).await;
+    let (gw, _admin) = gateway(&ws, &[&a.url, &b.url]);
+    // The first request's turn is a's, which is gone before anything reached it.
+    a.stop();
+    let client = http_client();
+    let args = json!({"name": "confirm", "arguments": {"note": "x".repeat(200_000)}});
+    let body = modern_request(json!("big"), "tools/call", args.clone(), json!({}));
+    let r = modern_post(&client, &gw.url, &body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["result"]["resultType"], "input_required");
+    let seen = b.wait_method("tools/call", 1).await;
+    assert_eq!(seen[0].params()["arguments"], args["arguments"], "body intact");
+    // And the rest go to b without a word while a is down.
+    for i in 0..4 {
+        let body = modern_request(json!(i), "tools/list", json!({}), json!({}));
+        assert_eq!(modern_post(&client, &gw.url, &body).await.status, 200);
+    }
+    assert_eq!(b.seen_method("tools/list").len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listens_are_reopened_on_the_other_instance_when_theirs_goes_away() {
+    // With the cache on, the cache keeps a listen of its own beside the session's.
+    let ws = Workspace::with_cache(&[], &[]);
+    let caps = json!({"tools": {"listChanged": true}});
+    let mut a = instance("a", caps.clone()).await;
+    let mut b = instance("b", caps).await;
+    let (gw, _admin) = gateway(&ws, &[&a.url, &b.url]);
+    let mut host = Legacy::new(&gw.url);
+    host.open("2025-11-25", json!({})).await;
+    host.call("tools/list", json!({})).await;
+    let mut get = host.get(None).await.sse();
+    let open_on = |up: &Upstream, who: &str| {
+        up.seen_method("subscriptions/listen")
+            .into_iter()
+            .filter(|s| {
+                let cache = s.meta()[CLIENT_INFO]["name"] == "dualera-cache";
+                (who == "cache") == cache
+            })
+            .rfind(|s| !up.was_closed(&s.id) && !up.was_finished(&s.id))
+    };
+    // The session's listen and the cache's, each on one instance.
+    let where_session = eventually(WAIT, "the session's listen", || {
+        open_on(&a, "session")
+            .map(|_| "a")
+            .or_else(|| open_on(&b, "session").map(|_| "b"))
+    })
+    .await;
+    eventually(WAIT, "the cache's listen", || {
+        open_on(&a, "cache").or_else(|| open_on(&b, "cache"))
+    })
+    .await;
+    // The instance holding the session's listen goes away.
+    let (gone, survivor) = if where_session == "a" {
+        (&mut a, &b)
+    } else {
+        (&mut b, &a)
+    };
+    gone.stop();
+    let session_listen = eventually(WAIT, "the session's listen on the survivor", || {
+        open_on(survivor, "session")
+    })
+    .await;
+    eventually(WAIT, "the cache's listen on the survivor", || {
+        open_on(survivor, "cache")
+    })
+    .await;
+    // The re-opened listen carries notifications to the host's GET stream.
+    eventually(WAIT, "the survivor's listen stream to be held", || {
+        (!survivor.was_closed(&session_listen.id)).then_some(())
+    })
+    .await;
+    survivor.push(
+        &session_listen.id,
+        json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed",
+               "params": {"_meta": {SUBSCRIPTION_ID: session_listen.id}}}),
+    );
+    let n = tokio::time::timeout(WAIT, async {
+        loop {
+            let m = get.next_message().await.expect("the GET stream ended");
+            if m["method"] == "notifications/tools/list_changed" {
+                return m;
+            }
+        }
+    })
+    .await
+    .expect("the notification on the GET stream");
+    assert!(n.get("id").is_none());
+    drop(gw);
+}
