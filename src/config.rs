@@ -87,6 +87,55 @@ pub struct GatewaySection {
     pub max_in_flight: Option<usize>,
     /// Largest body accepted, in bytes (default 4 MiB).
     pub max_body_bytes: Option<usize>,
+    /// Seconds a connection may take to send a request head (default 10).
+    pub header_read_timeout_secs: Option<u64>,
+    /// Seconds an idle keep-alive connection stays open (default 60).
+    pub idle_timeout_secs: Option<u64>,
+    /// Most connections open at once (default 8192).
+    pub max_connections: Option<usize>,
+    /// Serve TLS on the listener (the `--tls-cert`/`--tls-key` flags win).
+    pub tls: Option<TlsSection>,
+    /// An extra CA bundle (PEM) trusted for HTTPS upstreams, besides the system and
+    /// webpki roots (the `--upstream-ca` flag wins).
+    pub upstream_ca: Option<PathBuf>,
+    /// HTTP/2 to an HTTPS upstream that offers it by ALPN (default `auto`).
+    pub upstream_http2: Option<UpstreamHttp2>,
+    /// Which headers tell the upstream who called (default `x-forwarded`).
+    pub forwarded: Option<ForwardedHeaders>,
+}
+
+/// A listener's certificate and key, PEM files.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    /// The certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// The private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// `[gateway] upstream_http2`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UpstreamHttp2 {
+    /// HTTP/2 when the upstream offers `h2` by ALPN, else HTTP/1.1.
+    #[default]
+    Auto,
+    /// Always HTTP/1.1.
+    Never,
+}
+
+/// `[gateway] forwarded`: how an upstream learns the caller's address, scheme and host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ForwardedHeaders {
+    /// `X-Forwarded-For`, `X-Forwarded-Proto`, `X-Forwarded-Host`.
+    #[default]
+    XForwarded,
+    /// RFC 7239 `Forwarded: for=…;proto=…;host=…`.
+    Forwarded,
+    /// Neither.
+    None,
 }
 
 /// Listener settings.
@@ -102,6 +151,18 @@ pub struct ServerSection {
     /// Name reported in `serverInfo`.
     #[serde(default = "default_name")]
     pub name: String,
+    /// Seconds a connection may take to send a request head (default 10).
+    #[serde(default)]
+    pub header_read_timeout_secs: Option<u64>,
+    /// Seconds an idle keep-alive connection stays open (default 60).
+    #[serde(default)]
+    pub idle_timeout_secs: Option<u64>,
+    /// Most connections open at once (default 8192).
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    /// Serve TLS on the listener (the `--tls-cert`/`--tls-key` flags win).
+    #[serde(default)]
+    pub tls: Option<TlsSection>,
 }
 
 impl Default for ServerSection {
@@ -110,6 +171,10 @@ impl Default for ServerSection {
             listen: default_listen(),
             allowed_origins: Vec::new(),
             name: default_name(),
+            header_read_timeout_secs: None,
+            idle_timeout_secs: None,
+            max_connections: None,
+            tls: None,
         }
     }
 }
@@ -292,9 +357,24 @@ impl Config {
             path: path.to_owned(),
             source: Box::new(source),
         })?;
-        if config.store.path != ":memory:" && Path::new(&config.store.path).is_relative() {
-            if let Some(dir) = path.parent() {
+        if let Some(dir) = path.parent() {
+            if config.store.path != ":memory:" && Path::new(&config.store.path).is_relative() {
                 config.store.path = dir.join(&config.store.path).to_string_lossy().into_owned();
+            }
+            let absolute = |f: &mut PathBuf| {
+                if f.is_relative() {
+                    *f = dir.join(&*f);
+                }
+            };
+            for tls in [config.server.tls.as_mut(), config.gateway.tls.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                absolute(&mut tls.cert);
+                absolute(&mut tls.key);
+            }
+            if let Some(ca) = config.gateway.upstream_ca.as_mut() {
+                absolute(ca);
             }
         }
         Ok(config)

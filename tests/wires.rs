@@ -680,10 +680,10 @@ async fn http_sse_stream_ends_promptly_on_gateway_shutdown() {
         "listening on ",
     );
     let gw = Gateway::new(
-        Upstream::Http(Box::new(HttpUpstream::new(
-            upstream.parse().expect("upstream URI"),
-            1 << 22,
-        ))),
+        Upstream::Http(Box::new(
+            HttpUpstream::new(upstream.parse().expect("upstream URI"), 1 << 22)
+                .expect("upstream client"),
+        )),
         GatewayConfig::default(),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

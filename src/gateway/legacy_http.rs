@@ -10,6 +10,7 @@
 //! hand-off each way on the hot path) and is detached into a task of its own when the
 //! handler stops waiting; every other exchange is a task from the start.
 
+use super::forwarded::Forwarded;
 use super::{sse, text, Gateway, GatewayConfig};
 use crate::body::{empty, full, ChannelBody, GatewayBody};
 use bytes::Bytes;
@@ -206,6 +207,8 @@ pub(super) struct SessionHandle {
     id: String,
     credential: [u8; 32],
     authorization: Option<HeaderValue>,
+    /// Forwarded headers of the request that opened the session.
+    forwarded: Forwarded,
     shared: Mutex<Shared>,
     last_used: AtomicU64,
     /// Wakes the timer task early (a deadline moved earlier, or the session closed).
@@ -281,7 +284,11 @@ fn with_session_header(mut r: Response<GatewayBody>, id: &str) -> Response<Gatew
 }
 
 /// Handles one legacy request (POST, GET or DELETE on `/mcp`).
-pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<GatewayBody> {
+pub(super) async fn handle(
+    gw: &Gateway,
+    req: Request<Incoming>,
+    forwarded: Forwarded,
+) -> Response<GatewayBody> {
     let session_header = req
         .headers()
         .get("mcp-session-id")
@@ -320,7 +327,7 @@ pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Gat
         },
     };
     match *req.method() {
-        Method::POST => post(gw, req, existing, auth).await,
+        Method::POST => post(gw, req, existing, auth, forwarded).await,
         Method::GET => match existing {
             Some(h) => get(gw, &h, req.headers()),
             None => rpc_error(
@@ -360,6 +367,7 @@ async fn post(
     req: Request<Incoming>,
     existing: Option<Arc<SessionHandle>>,
     auth: Option<HeaderValue>,
+    forwarded: Forwarded,
 ) -> Response<GatewayBody> {
     let limit = gw.config.max_body_bytes;
     let body = match Limited::new(req.into_body(), limit).collect().await {
@@ -399,7 +407,7 @@ async fn post(
                     "Bad Request: Mcp-Session-Id header is required (or send initialize to start a session)".into(),
                 );
             }
-            return initialize(gw, parsed, auth).await;
+            return initialize(gw, parsed, auth, forwarded).await;
         }
     };
     handle.touch();
@@ -469,6 +477,7 @@ async fn initialize(
     gw: &Gateway,
     parsed: Parsed,
     auth: Option<HeaderValue>,
+    forwarded: Forwarded,
 ) -> Response<GatewayBody> {
     let Parsed::Single(Message::Request(init)) = parsed else {
         return internal();
@@ -495,6 +504,7 @@ async fn initialize(
         id: id.clone(),
         credential: credential_hash(auth.as_ref()),
         authorization: auth,
+        forwarded,
         shared: Mutex::new(Shared {
             machine,
             streams: HashMap::new(),
@@ -1000,24 +1010,36 @@ async fn upstream_task(
     let id = r.id.clone();
     let result = gw
         .upstream
-        .exchange(&request, handle.authorization.as_ref(), &params, |msg| {
-            if let Ok(mut s) = handle.shared.lock() {
-                if let Err(e) = s
-                    .machine
-                    .handle_upstream_message(Some(id.clone()), msg, now())
-                {
-                    debug!(session = %handle.id, error = %e, "upstream message refused");
+        .exchange(
+            &request,
+            handle.authorization.as_ref(),
+            &handle.forwarded,
+            &params,
+            |msg| {
+                if let Ok(mut s) = handle.shared.lock() {
+                    if let Err(e) = s
+                        .machine
+                        .handle_upstream_message(Some(id.clone()), msg, now())
+                    {
+                        debug!(session = %handle.id, error = %e, "upstream message refused");
+                    }
+                    route(&gw, &handle, &mut s);
+                    rearm(&handle, &s);
                 }
-                route(&gw, &handle, &mut s);
-                rearm(&handle, &s);
-            }
-        })
+            },
+        )
         .await;
     if let Ok(mut s) = handle.shared.lock() {
         s.upstream_tasks.remove(&id);
         if let Err(e) = result {
             warn!(session = %handle.id, rpc.id = %id, ?role, error = %e, "upstream exchange failed");
-            let _ = s.machine.handle_upstream_lost(&id, now());
+            let _ = match e.refusal() {
+                Some((reason, message)) => {
+                    s.machine
+                        .handle_upstream_refused(&id, reason, message, now())
+                }
+                None => s.machine.handle_upstream_lost(&id, now()),
+            };
             route(&gw, &handle, &mut s);
         }
         rearm(&handle, &s);

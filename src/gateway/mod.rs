@@ -9,6 +9,7 @@
 //!                                                              └─ upstream::exchange
 //! ```
 
+pub mod forwarded;
 pub mod http_sse;
 mod legacy_http;
 pub mod passthrough;
@@ -18,20 +19,22 @@ pub mod upstream;
 pub mod websocket;
 
 use crate::body::{self, GatewayBody};
+use crate::config::ForwardedHeaders;
 use crate::guard;
+use crate::listener::{ConnInfo, ListenerConfig};
 use dualera_adapters::version::is_modern_or_later;
 use dualera_adapters::ProtocolVersion;
-use http::{header, Request, Response, StatusCode};
+use forwarded::Forwarded;
+use http::{header, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tracing::{debug, info, Instrument};
-pub use upstream::{HttpUpstream, StdioUpstream, Upstream, UpstreamError};
+use tracing::info;
+pub use upstream::{
+    HttpUpstream, StdioUpstream, Upstream, UpstreamClient, UpstreamError, UpstreamOptions,
+};
 
 /// Gateway settings; every bound has a default.
 #[derive(Debug, Clone)]
@@ -56,6 +59,10 @@ pub struct GatewayConfig {
     pub replay_buffer: usize,
     /// Requests in flight per legacy session.
     pub max_in_flight: usize,
+    /// Which forwarded headers upstream requests carry.
+    pub forwarded: ForwardedHeaders,
+    /// A WebSocket whose peer sent nothing (not even a pong) this long is closed.
+    pub idle_timeout: Duration,
 }
 
 impl Default for GatewayConfig {
@@ -71,6 +78,8 @@ impl Default for GatewayConfig {
             max_rounds: 8,
             replay_buffer: 64,
             max_in_flight: 64,
+            forwarded: ForwardedHeaders::default(),
+            idle_timeout: crate::listener::DEFAULT_IDLE_TIMEOUT,
         }
     }
 }
@@ -96,6 +105,10 @@ impl GatewayConfig {
             max_rounds: s.max_rounds.unwrap_or(d.max_rounds),
             replay_buffer: s.replay_buffer.unwrap_or(d.replay_buffer),
             max_in_flight: s.max_in_flight.unwrap_or(d.max_in_flight),
+            forwarded: s.forwarded.unwrap_or_default(),
+            idle_timeout: s
+                .idle_timeout_secs
+                .map_or(d.idle_timeout, Duration::from_secs),
         }
     }
 }
@@ -122,69 +135,45 @@ impl Gateway {
         }
     }
 
-    /// Serves on a bound listener until `shutdown` resolves.
+    /// Serves on a bound listener until `shutdown` resolves (default listener bounds,
+    /// no TLS).
     pub async fn serve(
         self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
-        let loopback = listener.local_addr()?.ip().is_loopback();
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let config = ListenerConfig {
+            grace: Duration::from_secs(5),
+            ..ListenerConfig::default()
+        };
+        self.serve_with(listener, config, shutdown).await
+    }
+
+    /// Serves on a bound listener with these bounds (and TLS) until `shutdown`
+    /// resolves; then ends every legacy session, so their streams close and the
+    /// connections can finish.
+    pub async fn serve_with(
+        self,
+        listener: TcpListener,
+        config: ListenerConfig,
+        shutdown: impl Future<Output = ()>,
+    ) -> std::io::Result<()> {
         let reaper = tokio::spawn(legacy_http::reap(self.clone()));
-        let mut connections = tokio::task::JoinSet::new();
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                accepted = listener.accept() => {
-                    while connections.try_join_next().is_some() {}
-                    let (stream, peer) = match accepted {
-                        Ok(a) => a,
-                        Err(e) => {
-                            debug!(error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                            continue;
-                        }
-                    };
-                    let _ = stream.set_nodelay(true);
-                    let gw = self.clone();
-                    let svc = service_fn(move |req| {
-                        let gw = gw.clone();
-                        async move { Ok::<_, Infallible>(gw.route(loopback, req).await) }
-                    });
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .with_upgrades();
-                    let mut stop = stop_rx.clone();
-                    connections.spawn(
-                        async move {
-                            tokio::pin!(conn);
-                            tokio::select! {
-                                res = conn.as_mut() => {
-                                    if let Err(e) = res {
-                                        debug!(error = %e, "connection ended with an error");
-                                    }
-                                    return;
-                                }
-                                _ = stop.changed() => conn.as_mut().graceful_shutdown(),
-                            }
-                            let _ = conn.await;
-                        }
-                        .instrument(tracing::debug_span!("connection", transport = "http", %peer)),
-                    );
-                }
-                () = &mut shutdown => break,
-            }
-        }
-        info!("gateway shutting down");
-        reaper.abort();
-        self.legacy.close_all();
-        self.sse.close_all();
-        let _ = stop_tx.send(true);
-        let _ = tokio::time::timeout(Duration::from_secs(5), async {
-            while connections.join_next().await.is_some() {}
+        let gw = self.clone();
+        let service = move |req: Request<Incoming>, conn: &ConnInfo| {
+            let gw = gw.clone();
+            let conn = conn.clone();
+            async move { gw.route(&conn, req).await }
+        };
+        let sessions = self.clone();
+        crate::listener::serve(listener, config, service, async move {
+            shutdown.await;
+            info!("gateway shutting down");
+            reaper.abort();
+            sessions.legacy.close_all();
+            sessions.sse.close_all();
         })
-        .await;
-        Ok(())
+        .await
     }
 
     /// Serves one legacy session over a byte stream (the stdio host bridge): one
@@ -212,6 +201,7 @@ impl Gateway {
             out_tx,
             "stdio",
             None,
+            Arc::default(),
         ));
         let limit = self.config.max_body_bytes;
         let mut buf = Vec::new();
@@ -235,7 +225,8 @@ impl Gateway {
         Ok(())
     }
 
-    async fn route(&self, loopback: bool, req: Request<Incoming>) -> Response<GatewayBody> {
+    async fn route(&self, conn: &ConnInfo, req: Request<Incoming>) -> Response<GatewayBody> {
+        let loopback = conn.local.ip().is_loopback();
         let h = req.headers();
         if let Some(origin) = h.get(header::ORIGIN) {
             if !origin
@@ -245,17 +236,21 @@ impl Gateway {
                 return text(StatusCode::FORBIDDEN, "Origin not allowed\n");
             }
         }
-        if loopback
-            && !h
-                .get(header::HOST)
-                .is_none_or(|v| v.to_str().is_ok_and(guard::host_allowed_on_loopback))
+        if loopback && !forwarded::requested_host(&req).is_none_or(guard::host_allowed_on_loopback)
         {
             return text(StatusCode::FORBIDDEN, "Host not allowed\n");
         }
+        if req.method() == Method::POST && !guard::is_json(req.headers()) {
+            return text(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "POST bodies must be Content-Type: application/json\n",
+            );
+        }
+        let fwd = Forwarded::new(self.config.forwarded, conn, &req);
         match req.uri().path() {
             crate::server::http::ENDPOINT => {}
-            websocket::PATH => return websocket::upgrade(self, req).await,
-            http_sse::SSE_PATH => return http_sse::open(self, &req),
+            websocket::PATH => return websocket::upgrade(self, req, fwd).await,
+            http_sse::SSE_PATH => return http_sse::open(self, &req, fwd),
             http_sse::MESSAGES_PATH => return http_sse::post(self, req).await,
             _ => {
                 return text(
@@ -275,9 +270,9 @@ impl Gateway {
             .is_some_and(|v| is_modern_or_later(v) || !ProtocolVersion::LEGACY.contains(&v))
             && !h.contains_key("mcp-session-id");
         if modern {
-            passthrough::forward(self, req).await
+            passthrough::forward(self, req, &fwd).await
         } else {
-            legacy_http::handle(self, req).await
+            legacy_http::handle(self, req, fwd).await
         }
     }
 }

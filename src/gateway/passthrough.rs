@@ -2,12 +2,13 @@
 //! or buffered. Headers are kept except hop-by-hop ones, the upstream status is kept,
 //! SSE flows frame by frame, and a client that goes away drops the upstream request.
 
-use super::upstream::{HttpUpstream, StdioUpstream, Upstream};
+use super::forwarded::Forwarded;
+use super::upstream::{HttpUpstream, StdioUpstream, Upstream, UpstreamError};
 use super::{sse, Gateway};
 use crate::body::{full, BoxError, ChannelBody, GatewayBody};
 use bytes::Bytes;
 use dualera_adapters::jsonrpc::{self, Message};
-use dualera_adapters::ErrorCode;
+use dualera_adapters::{ErrorCode, ErrorObject, Response as RpcResponse};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -68,9 +69,13 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Proxies one modern request to the upstream.
-pub async fn forward(gateway: &Gateway, req: Request<Incoming>) -> Response<GatewayBody> {
+pub async fn forward(
+    gateway: &Gateway,
+    req: Request<Incoming>,
+    forwarded: &Forwarded,
+) -> Response<GatewayBody> {
     match &*gateway.upstream {
-        Upstream::Http(h) => forward_http(gateway, h, req).await,
+        Upstream::Http(h) => forward_http(gateway, h, req, forwarded).await,
         Upstream::Stdio(s) => forward_stdio(gateway, s, req).await,
     }
 }
@@ -165,9 +170,25 @@ fn status_for(m: &Message) -> StatusCode {
 }
 
 fn unavailable() -> Response<GatewayBody> {
-    let mut r = Response::new(full(Bytes::from_static(
+    bad_gateway(Bytes::from_static(
         br#"{"jsonrpc":"2.0","error":{"code":-32603,"message":"Upstream unavailable"}}"#,
-    )));
+    ))
+}
+
+/// 502 naming why the upstream could not be reached (`data.reason`), when it is known.
+fn upstream_failed(e: &UpstreamError) -> Response<GatewayBody> {
+    let Some((reason, message)) = e.refusal() else {
+        return unavailable();
+    };
+    let error = ErrorObject::new(ErrorCode::INTERNAL_ERROR, message)
+        .with_data(serde_json::json!({ "reason": reason }));
+    bad_gateway(Bytes::from(
+        Message::Response(RpcResponse::error(None, error)).to_vec(),
+    ))
+}
+
+fn bad_gateway(body: Bytes) -> Response<GatewayBody> {
+    let mut r = Response::new(full(body));
     *r.status_mut() = StatusCode::BAD_GATEWAY;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -180,6 +201,7 @@ async fn forward_http(
     gateway: &Gateway,
     upstream: &HttpUpstream,
     req: Request<Incoming>,
+    forwarded: &Forwarded,
 ) -> Response<GatewayBody> {
     let limit = gateway.config.max_body_bytes;
     let declared = req
@@ -195,7 +217,11 @@ async fn forward_http(
     if let Some(host) = upstream.host_header() {
         parts.headers.insert(header::HOST, host.clone());
     }
+    forwarded.apply(&mut parts.headers);
     parts.uri = upstream.uri().clone();
+    // The client picks HTTP/1.1 or HTTP/2 per upstream connection, whatever the host
+    // spoke to us.
+    parts.version = http::Version::HTTP_11;
     let body: GatewayBody = Limited::new(body, limit)
         .map_err(|e| -> BoxError { e })
         .boxed();
@@ -204,11 +230,13 @@ async fn forward_http(
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
+            parts.version = http::Version::HTTP_11;
             Response::from_parts(parts, body.map_err(|e| -> BoxError { Box::new(e) }).boxed())
         }
         Err(e) => {
+            let e = UpstreamError::from_client(&e);
             tracing::warn!(error = %e, "upstream request failed");
-            unavailable()
+            upstream_failed(&e)
         }
     }
 }

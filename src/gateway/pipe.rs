@@ -3,10 +3,12 @@
 //! machine, feeds it what the peer and the upstream say, and carries out its events.
 //! Every stream the machine names maps onto the one outgoing channel.
 
+use super::forwarded::Forwarded;
 use super::Gateway;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
 use dualera_adapters::{Event, Message, RequestId, Session, SessionState, Timestamp};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
@@ -15,7 +17,7 @@ use tracing::{debug, info, warn, Instrument};
 /// What an upstream exchange task reports back to the session task.
 enum FromUpstream {
     Message(RequestId, Message),
-    Lost(RequestId),
+    Lost(RequestId, Option<(&'static str, String)>),
     Done(RequestId),
 }
 
@@ -28,6 +30,7 @@ pub(super) async fn run_session(
     outgoing: mpsc::Sender<Vec<u8>>,
     transport: &'static str,
     authorization: Option<http::HeaderValue>,
+    forwarded: Arc<Forwarded>,
 ) {
     let start = Instant::now();
     let now =
@@ -49,6 +52,7 @@ pub(super) async fn run_session(
             &up_tx,
             &mut tasks,
             authorization.as_ref(),
+            &forwarded,
         )
         .await;
         if machine.state() == SessionState::Closed {
@@ -92,9 +96,14 @@ pub(super) async fn run_session(
                         debug!(transport, error = %e, "upstream message refused");
                     }
                 }
-                Some(FromUpstream::Lost(id)) => {
+                Some(FromUpstream::Lost(id, refusal)) => {
                     tasks.remove(&id);
-                    let _ = machine.handle_upstream_lost(&id, now());
+                    let _ = match refusal {
+                        Some((reason, message)) => {
+                            machine.handle_upstream_refused(&id, reason, message, now())
+                        }
+                        None => machine.handle_upstream_lost(&id, now()),
+                    };
                 }
                 Some(FromUpstream::Done(id)) => {
                     tasks.remove(&id);
@@ -118,6 +127,7 @@ pub(super) async fn run_session(
         &up_tx,
         &mut tasks,
         authorization.as_ref(),
+        &forwarded,
     )
     .await;
     for (_, t) in tasks.drain() {
@@ -133,6 +143,7 @@ async fn route(
     up_tx: &mpsc::Sender<FromUpstream>,
     tasks: &mut HashMap<RequestId, AbortHandle>,
     authorization: Option<&http::HeaderValue>,
+    forwarded: &Arc<Forwarded>,
 ) {
     while let Some(event) = machine.poll_event() {
         match event {
@@ -153,13 +164,14 @@ async fn route(
                 let tx = up_tx.clone();
                 let task_id = id.clone();
                 let auth = authorization.cloned();
+                let fwd = forwarded.clone();
                 let task = tokio::spawn(
                     async move {
                         let msg = Message::Request(request);
                         let relay = tx.clone();
                         let rid = task_id.clone();
                         let result = up
-                            .exchange(&msg, auth.as_ref(), &params, |m| {
+                            .exchange(&msg, auth.as_ref(), &fwd, &params, |m| {
                                 // Bounded: a flood from the upstream waits here.
                                 let _ = relay.try_send(FromUpstream::Message(rid.clone(), m));
                             })
@@ -168,7 +180,7 @@ async fn route(
                             Ok(()) => FromUpstream::Done(task_id),
                             Err(e) => {
                                 warn!(error = %e, "upstream exchange failed");
-                                FromUpstream::Lost(task_id)
+                                FromUpstream::Lost(task_id, e.refusal())
                             }
                         };
                         let _ = tx.send(last).await;

@@ -4,7 +4,9 @@
 mod http;
 mod stdio;
 
-pub use self::http::{encode_header_value, HttpUpstream};
+pub use self::http::{
+    encode_header_value, Connector, HttpUpstream, UpstreamClient, UpstreamOptions,
+};
 pub use self::stdio::StdioUpstream;
 
 use ::http::header::HeaderValue;
@@ -26,12 +28,34 @@ pub enum UpstreamError {
         /// The HTTP status.
         status: u16,
     },
+    /// The TLS connection to the upstream failed; `failure` names why.
+    #[error("upstream TLS failed: {failure}: {detail}")]
+    Tls {
+        /// The cause (unknown issuer, name mismatch, expired, …).
+        failure: crate::tls::TlsFailure,
+        /// What rustls said.
+        detail: String,
+    },
     /// The upstream's body could not be decoded.
     #[error("upstream sent an undecodable body: {detail}")]
     Protocol {
         /// What was wrong.
         detail: String,
     },
+}
+
+impl UpstreamError {
+    /// What the session machine tells the legacy host about this failure: a TLS
+    /// failure gets its own reason (`data.reason`) and text; the rest is "upstream lost".
+    pub fn refusal(&self) -> Option<(&'static str, String)> {
+        match self {
+            Self::Tls { failure, detail } => Some((
+                failure.kind(),
+                format!("The TLS connection to the upstream server failed: {failure} ({detail})"),
+            )),
+            _ => None,
+        }
+    }
 }
 
 /// The upstream server.
@@ -56,6 +80,7 @@ impl Upstream {
         &self,
         request: &Message,
         authorization: Option<&HeaderValue>,
+        forwarded: &super::forwarded::Forwarded,
         params: &[(String, String)],
         mut on_message: impl FnMut(Message),
     ) -> Result<(), UpstreamError> {
@@ -67,7 +92,10 @@ impl Upstream {
             on_message(m);
         };
         match self {
-            Self::Http(h) => h.exchange(request, authorization, params, on_message).await,
+            Self::Http(h) => {
+                h.exchange(request, authorization, forwarded, params, on_message)
+                    .await
+            }
             Self::Stdio(s) => s.exchange(request, on_message).await,
         }
     }
