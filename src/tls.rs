@@ -208,12 +208,11 @@ impl TlsFailure {
                 .downcast_ref::<std::io::Error>()
                 .and_then(|io| io.get_ref())
                 .map(|i| i as &(dyn std::error::Error + 'static));
-            for candidate in [Some(e), inner].into_iter().flatten() {
-                if let Some(r) = candidate.downcast_ref::<rustls::Error>() {
-                    return Some((Self::of(r), r.to_string()));
-                }
+            if let Some(r) = e.downcast_ref::<rustls::Error>() {
+                return Some((Self::of(r), r.to_string()));
             }
-            next = inner.and_then(|i| i.source()).or_else(|| e.source());
+            // hyper-rustls wraps tokio-rustls's `io::Error` in another one.
+            next = inner.or_else(|| e.source());
         }
         None
     }
