@@ -221,9 +221,21 @@ impl Proc {
     /// Spawns `dualera ARGS` and waits for the line containing `marker`, whose last
     /// word is the endpoint URL.
     pub fn spawn(args: &[&str], marker: &str) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dualera"));
+        cmd.args(args);
+        Self::spawn_command(cmd, args, marker)
+    }
+
+    /// Runs `script` with `sh -c` (it should `exec` dualera, e.g. after `ulimit`).
+    pub fn spawn_shell(script: &str, marker: &str) -> Self {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]);
+        Self::spawn_command(cmd, &[script], marker)
+    }
+
+    fn spawn_command(mut cmd: Command, args: &[&str], marker: &str) -> Self {
         let level = std::env::var("DUALERA_TEST_LOG").unwrap_or_else(|_| "warn".into());
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dualera"))
-            .args(args)
+        let mut child = cmd
             .env("DUALERA_LOG", level)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
