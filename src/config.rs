@@ -419,6 +419,22 @@ mod tests {
     }
 
     #[test]
+    fn listener_and_upstream_keys() {
+        let c = Config::parse(
+            "[server]\nmax_connections = 5\n[server.tls]\ncert = \"a.pem\"\nkey = \"b.pem\"\n\
+             [gateway]\nupstream_http2 = \"never\"\nforwarded = \"forwarded\"\nupstream_ca = \"ca.pem\"\n\
+             idle_timeout_secs = 3\n[gateway.tls]\ncert = \"c.pem\"\nkey = \"d.pem\"\n",
+        )
+        .expect("parses");
+        assert_eq!(c.server.max_connections, Some(5));
+        assert_eq!(c.gateway.upstream_http2, Some(UpstreamHttp2::Never));
+        assert_eq!(c.gateway.forwarded, Some(ForwardedHeaders::Forwarded));
+        assert!(c.gateway.tls.is_some() && c.server.tls.is_some());
+        assert!(Config::parse("[gateway]\nupstream_http2 = \"maybe\"\n").is_err());
+        assert!(Config::parse("[gateway.tls]\ncert = \"c.pem\"\n").is_err());
+    }
+
+    #[test]
     fn unknown_fields_are_refused() {
         assert!(Config::parse("[server]\nlisten = \"127.0.0.1:1\"\nbogus = 1\n").is_err());
         assert!(Config::parse("nonsense = true\n").is_err());
