@@ -821,12 +821,9 @@ impl Conn {
 
 const VARIANTS: [&str; 3] = ["direct", "gateway", "bare_proxy"];
 
-async fn passthrough(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
-    let gateway = env.gateway(server, "passthrough")?;
-    let bare = env.bare_proxy(server)?;
-    let _perf = PerfGuard::start(env, gateway.pid(), "passthrough");
-    let addrs = [server.addr, gateway.addr, bare.addr];
-    let kinds: Vec<(&str, Arc<Spec>)> = vec![
+/// The two pass-through requests: `tools/list` and `tools/call notes_list`.
+fn passthrough_kinds(env: &Env) -> Vec<(&'static str, Arc<Spec>)> {
+    vec![
         (
             "tools/list",
             Arc::new(Spec {
@@ -846,7 +843,15 @@ async fn passthrough(env: &Env, opts: &Opts, server: &Proc, report: &mut Report)
                 ),
             }),
         ),
-    ];
+    ]
+}
+
+async fn passthrough(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
+    let gateway = env.gateway(server, "passthrough")?;
+    let bare = env.bare_proxy(server)?;
+    let _perf = PerfGuard::start(env, gateway.pid(), "passthrough");
+    let addrs = [server.addr, gateway.addr, bare.addr];
+    let kinds = passthrough_kinds(env);
     // Correctness first: every variant gives the same answer.
     for (kind, spec) in &kinds {
         let mut answers = Vec::new();
@@ -1026,27 +1031,7 @@ async fn h2_vs_h1(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
     let h1 = env.gateway_with(server, "h1", &env.gateway_h1_config)?;
     let conc = 64;
     eprintln!("bench: h2 vs h1 upstream at c={conc} (load {})", load_avg());
-    let kinds: Vec<(&str, Arc<Spec>)> = vec![
-        (
-            "tools/list",
-            Arc::new(Spec {
-                headers: modern_headers("tools/list", None),
-                body: modern_body(1, "tools/list", json!({}), json!({})),
-            }),
-        ),
-        (
-            "tools/call notes_list",
-            Arc::new(Spec {
-                headers: modern_headers("tools/call", Some("notes_list")),
-                body: modern_body(
-                    1,
-                    "tools/call",
-                    json!({"name": "notes_list", "arguments": {"workspaceUri": env.notes_uri}}),
-                    json!({}),
-                ),
-            }),
-        ),
-    ];
+    let kinds = passthrough_kinds(env);
     let variants = [("h2", &h2), ("http/1.1", &h1)];
     let mut md = String::new();
     let _ = writeln!(

@@ -46,6 +46,34 @@ fn args(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
+/// `dualera gateway` in front of `upstream` on `listen`, serving TLS with `cert`/`key`.
+fn tls_gateway(
+    upstream: &str,
+    ws: &Workspace,
+    listen: &str,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Proc {
+    let config = ws.config.display().to_string();
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    Proc::spawn(
+        &[
+            "gateway",
+            "--upstream",
+            upstream,
+            "--listen",
+            listen,
+            "--config",
+            &config,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ],
+        "gateway listening on",
+    )
+}
+
 /// HTTP/2 to the upstream: after the first request has opened the connection, 24
 /// concurrent pass-through requests share it; then two legacy requests held open on
 /// it, and the host cancels one: exactly that stream is reset, the other completes.
@@ -175,14 +203,32 @@ async fn refused(server: Arc<rustls::ServerConfig>, reason: &str, words: &str) {
     }
 }
 
+/// A leaf for `names` from the test CA, or from another one.
+async fn refused_leaf(
+    other_ca: bool,
+    names: &[&str],
+    validity: Validity,
+    reason: &str,
+    words: &str,
+) {
+    let other;
+    let ca = if other_ca {
+        other = ThrowawayCa::new("some other CA").expect("CA");
+        &other
+    } else {
+        &pki().authority
+    };
+    let (cert, key) = ca.issue(names, validity).expect("leaf");
+    refused(server_config(&cert, &key), reason, words).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refuses_certificate_from_unknown_ca() {
-    let other = ThrowawayCa::new("some other CA").expect("CA");
-    let (cert, key) = other
-        .issue(&["127.0.0.1", "localhost"], Validity::Current)
-        .expect("leaf");
-    refused(
-        server_config(&cert, &key),
+    let names = ["127.0.0.1", "localhost"];
+    refused_leaf(
+        true,
+        &names,
+        Validity::Current,
         "tlsUnknownIssuer",
         "unknown issuer",
     )
@@ -191,28 +237,26 @@ async fn refuses_certificate_from_unknown_ca() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refuses_certificate_for_another_name() {
-    let (cert, key) = pki()
-        .authority
-        .issue(&["upstream.example"], Validity::Current)
-        .expect("leaf");
-    refused(
-        server_config(&cert, &key),
+    let words = "not valid for the upstream's host name";
+    refused_leaf(
+        false,
+        &["upstream.example"],
+        Validity::Current,
         "tlsNameMismatch",
-        "not valid for the upstream's host name",
+        words,
     )
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refuses_expired_certificate() {
-    let (cert, key) = pki()
-        .authority
-        .issue(&["127.0.0.1"], Validity::Expired)
-        .expect("leaf");
-    refused(
-        server_config(&cert, &key),
+    let words = "certificate expired";
+    refused_leaf(
+        false,
+        &["127.0.0.1"],
+        Validity::Expired,
         "tlsCertificateExpired",
-        "certificate expired",
+        words,
     )
     .await;
 }
@@ -249,28 +293,7 @@ async fn sighup_reloads_listener_certificate_without_dropping_connections() {
     let key = ws.dir.join("gw-key.pem");
     std::fs::write(&cert, &cert_a).expect("write");
     std::fs::write(&key, &key_a).expect("write");
-    let extra = vec![
-        "--tls-cert".to_owned(),
-        cert.display().to_string(),
-        "--tls-key".to_owned(),
-        key.display().to_string(),
-    ];
-    let gw = Proc::spawn(
-        &[
-            &[
-                "gateway",
-                "--upstream",
-                &up.url,
-                "--listen",
-                "127.0.0.1:0",
-                "--config",
-                &ws.config.display().to_string(),
-            ][..],
-            &args(&extra)[..],
-        ]
-        .concat(),
-        "gateway listening on",
-    );
+    let gw = tls_gateway(&up.url, &ws, "127.0.0.1:0", &cert, &key);
     assert!(gw.url.starts_with("https://"), "{}", gw.url);
     let first = presented(&gw.authority()).await;
 
@@ -385,29 +408,7 @@ async fn forwarded_headers_on_every_upstream_request() {
     // RFC 7239, behind a TLS listener.
     let ws = Workspace::new(&[("forwarded", "\"forwarded\"")]);
     let up = Upstream::scripted(handler).await;
-    let tls_args = vec![
-        "--tls-cert".to_owned(),
-        pki().cert.display().to_string(),
-        "--tls-key".to_owned(),
-        pki().key.display().to_string(),
-    ];
-    let config = ws.config.display().to_string();
-    let gw = Proc::spawn(
-        &[
-            &[
-                "gateway",
-                "--upstream",
-                &up.url,
-                "--listen",
-                "127.0.0.1:0",
-                "--config",
-                &config,
-            ][..],
-            &args(&tls_args)[..],
-        ]
-        .concat(),
-        "gateway listening on",
-    );
+    let gw = tls_gateway(&up.url, &ws, "127.0.0.1:0", &pki().cert, &pki().key);
     let r = modern_post(
         &tls_client(),
         &gw.url,
@@ -448,27 +449,12 @@ async fn clear_text_listener_off_loopback_is_warned_about() {
         plain.log()
     );
     drop(plain);
-    let tls_args = vec![
-        "--tls-cert".to_owned(),
-        pki().cert.display().to_string(),
-        "--tls-key".to_owned(),
-        pki().key.display().to_string(),
-    ];
-    let secured = Proc::spawn(
-        &[
-            &[
-                "gateway",
-                "--upstream",
-                "http://127.0.0.1:9/mcp",
-                "--listen",
-                "0.0.0.0:0",
-                "--config",
-                &config,
-            ][..],
-            &args(&tls_args)[..],
-        ]
-        .concat(),
-        "gateway listening on",
+    let secured = tls_gateway(
+        "http://127.0.0.1:9/mcp",
+        &ws,
+        "0.0.0.0:0",
+        &pki().cert,
+        &pki().key,
     );
     assert!(!secured.log().iter().any(|l| l.contains("without TLS")));
 }
