@@ -14,7 +14,8 @@
 //!   either way for `idle_timeout` is closed gracefully. A streaming response (SSE)
 //!   writes keepalives, so it is never idle while it carries them.
 //! - **`EMFILE`/`ENFILE`**: accept errors that mean "out of descriptors or memory" are
-//!   logged once per burst and backed off (10 ms doubling to 1 s); the loop keeps going.
+//!   logged once per burst (failures less than a minute apart) and backed off (10 ms
+//!   doubling to 1 s); the loop keeps going.
 //! - **TLS** is a transport detail: with [`ListenerConfig::tls`] every connection is a
 //!   rustls session first (ALPN `h2`/`http/1.1`); the service sees the same requests.
 //! - Either HTTP version, per connection (hyper-util's auto builder), with upgrades.
@@ -48,6 +49,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn, Instrument};
+
+/// Accept failures closer together than this are one burst (one log line).
+const BURST_QUIET: Duration = Duration::from_secs(60);
 
 /// Default [`ListenerConfig::header_read_timeout`].
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -341,6 +345,8 @@ where
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();
     let mut failures: u64 = 0;
+    let mut last_failure: Option<Instant> = None;
+    let mut recovered = true;
     let mut backoff = Duration::from_millis(10);
     let mut at_cap = false;
     let mut permit: Option<OwnedSemaphorePermit> = None;
@@ -385,9 +391,13 @@ where
             Err(e) => {
                 permit = Some(held);
                 if resource_exhausted(&e) {
-                    if failures == 0 {
+                    // One warning (and one recovery line) per burst: failures less than
+                    // a minute apart, even if a freed descriptor let an accept through.
+                    if last_failure.is_none_or(|t: Instant| t.elapsed() >= BURST_QUIET) {
                         warn!(error = %e, "accept failed: out of file descriptors or memory; backing off");
+                        recovered = false;
                     }
+                    last_failure = Some(Instant::now());
                     failures += 1;
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
@@ -401,9 +411,12 @@ where
             }
         };
         if failures > 0 {
-            info!(failed_accepts = failures, "accepting connections again");
-            failures = 0;
             backoff = Duration::from_millis(10);
+            if !recovered {
+                info!(failed_accepts = failures, "accepting connections again");
+                recovered = true;
+            }
+            failures = 0;
         }
         let _ = stream.set_nodelay(true);
         let state = Arc::new(ConnState::new(held));
