@@ -256,7 +256,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             tls_key,
         } => {
             let config = load(config.as_ref())?;
-            let gw_config = GatewayConfig::from_section(&config.gateway);
+            let gw_config = GatewayConfig::from_config(&config);
             let options = UpstreamOptions {
                 extra_ca: upstream_ca.or_else(|| config.gateway.upstream_ca.clone()),
                 http2: config.gateway.upstream_http2.unwrap_or_default(),
@@ -328,7 +328,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 tokio::spawn(server::http::serve(upstream_listener, server, async move {
                     let _ = rx.changed().await;
                 }));
-            let gw_config = GatewayConfig::from_section(&config.gateway);
+            let gw_config = GatewayConfig::from_config(&config);
             let uri: http::Uri =
                 format!("http://{upstream_addr}{}", server::http::ENDPOINT).parse()?;
             let listener = tokio::net::TcpListener::bind(listen).await?;

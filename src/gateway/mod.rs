@@ -9,6 +9,7 @@
 //!                                                              └─ upstream::exchange
 //! ```
 
+pub mod cache;
 pub mod forwarded;
 pub mod http_sse;
 mod legacy_http;
@@ -63,6 +64,8 @@ pub struct GatewayConfig {
     pub forwarded: ForwardedHeaders,
     /// A WebSocket whose peer sent nothing (not even a pong) this long is closed.
     pub idle_timeout: Duration,
+    /// The response cache (`[cache]`).
+    pub cache: cache::CacheConfig,
 }
 
 impl Default for GatewayConfig {
@@ -80,6 +83,7 @@ impl Default for GatewayConfig {
             max_in_flight: 64,
             forwarded: ForwardedHeaders::default(),
             idle_timeout: crate::listener::DEFAULT_IDLE_TIMEOUT,
+            cache: cache::CacheConfig::default(),
         }
     }
 }
@@ -109,6 +113,15 @@ impl GatewayConfig {
             idle_timeout: s
                 .idle_timeout_secs
                 .map_or(d.idle_timeout, Duration::from_secs),
+            cache: d.cache,
+        }
+    }
+
+    /// Defaults overridden by a config file's `[gateway]` and `[cache]` sections.
+    pub fn from_config(c: &crate::config::Config) -> Self {
+        Self {
+            cache: cache::CacheConfig::from_section(&c.cache),
+            ..Self::from_section(&c.gateway)
         }
     }
 }
@@ -122,17 +135,30 @@ pub struct Gateway {
     upstream: Arc<Upstream>,
     legacy: Arc<legacy_http::Sessions>,
     sse: Arc<http_sse::SseSessions>,
+    cache: Arc<cache::ResponseCache>,
 }
 
 impl Gateway {
     /// A gateway in front of `upstream`.
     pub fn new(upstream: Upstream, config: GatewayConfig) -> Self {
+        let upstream = Arc::new(upstream);
+        let cache = Arc::new(cache::ResponseCache::new(
+            config.cache.clone(),
+            crate::server::http::ENDPOINT,
+        ));
+        cache.attach(upstream.clone());
         Self {
             legacy: Arc::new(legacy_http::Sessions::new(&config)),
             sse: Arc::default(),
             config: Arc::new(config),
-            upstream: Arc::new(upstream),
+            upstream,
+            cache,
         }
+    }
+
+    /// The response cache (its counters: [`cache::ResponseCache::stats`]).
+    pub fn cache(&self) -> &Arc<cache::ResponseCache> {
+        &self.cache
     }
 
     /// Serves on a bound listener until `shutdown` resolves (default listener bounds,
@@ -170,6 +196,17 @@ impl Gateway {
             shutdown.await;
             info!("gateway shutting down");
             reaper.abort();
+            sessions.cache.stop_listening();
+            let stats = sessions.cache.stats();
+            info!(
+                hits = stats.hits,
+                misses = stats.misses,
+                coalesced = stats.coalesced,
+                evictions = stats.evictions,
+                invalidations = stats.invalidations,
+                stale_served = stats.stale_served,
+                "cache counters"
+            );
             sessions.legacy.close_all();
             sessions.sse.close_all();
         })
@@ -221,6 +258,7 @@ impl Gateway {
         }
         drop(in_tx);
         let _ = session.await;
+        self.cache.stop_listening();
         let _ = writer_task.await;
         Ok(())
     }
