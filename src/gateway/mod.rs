@@ -9,6 +9,7 @@
 //!                                                              └─ upstream::exchange
 //! ```
 
+mod auth;
 pub mod cache;
 pub mod forwarded;
 pub mod http_sse;
@@ -34,7 +35,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tracing::info;
 pub use upstream::{
-    HttpUpstream, StdioUpstream, Upstream, UpstreamClient, UpstreamError, UpstreamOptions,
+    Denial, HttpUpstream, StdioUpstream, Upstream, UpstreamClient, UpstreamError, UpstreamOptions,
 };
 
 /// Gateway settings; every bound has a default.
@@ -64,6 +65,8 @@ pub struct GatewayConfig {
     pub forwarded: ForwardedHeaders,
     /// A WebSocket whose peer sent nothing (not even a pong) this long is closed.
     pub idle_timeout: Duration,
+    /// What binds a legacy session to its caller.
+    pub session_binding: crate::config::SessionBinding,
     /// The response cache (`[cache]`).
     pub cache: cache::CacheConfig,
 }
@@ -83,6 +86,7 @@ impl Default for GatewayConfig {
             max_in_flight: 64,
             forwarded: ForwardedHeaders::default(),
             idle_timeout: crate::listener::DEFAULT_IDLE_TIMEOUT,
+            session_binding: crate::config::SessionBinding::default(),
             cache: cache::CacheConfig::default(),
         }
     }
@@ -113,6 +117,7 @@ impl GatewayConfig {
             idle_timeout: s
                 .idle_timeout_secs
                 .map_or(d.idle_timeout, Duration::from_secs),
+            session_binding: s.session_binding.unwrap_or(d.session_binding),
             cache: d.cache,
         }
     }
@@ -290,6 +295,7 @@ impl Gateway {
             websocket::PATH => return websocket::upgrade(self, req, fwd).await,
             http_sse::SSE_PATH => return http_sse::open(self, &req, fwd),
             http_sse::MESSAGES_PATH => return http_sse::post(self, req).await,
+            p if auth::is_metadata_path(p) => return auth::relay_metadata(self, req).await,
             _ => {
                 return text(
                     StatusCode::NOT_FOUND,

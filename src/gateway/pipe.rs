@@ -177,9 +177,12 @@ async fn route(
                             &gw,
                             &role,
                             &msg,
-                            auth.as_ref(),
-                            &fwd,
+                            super::cache::legacy::OnBehalf {
+                                authorization: auth.as_ref(),
+                                forwarded: &fwd,
+                            },
                             &params,
+                            || {},
                             |m| {
                                 // Bounded: a flood from the upstream waits here.
                                 let _ = relay.try_send(FromUpstream::Message(rid.clone(), m));

@@ -12,7 +12,7 @@
 //! upstream with several instances holds one [`HttpUpstream`] per instance URL, all
 //! cloned from one client.
 
-use super::UpstreamError;
+use super::{Denial, UpstreamError};
 use crate::body::{full, GatewayBody};
 use crate::config::UpstreamHttp2;
 use crate::gateway::forwarded::Forwarded;
@@ -24,7 +24,7 @@ use bytes::Bytes;
 use dualera_adapters::jsonrpc::{self, Message};
 use dualera_adapters::ProtocolVersion;
 use http::header::{self, HeaderValue};
-use http::{Request, Uri};
+use http::{Request, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -148,6 +148,7 @@ impl HttpUpstream {
         authorization: Option<&HeaderValue>,
         forwarded: &Forwarded,
         params: &[(String, String)],
+        on_head: impl FnOnce(),
         mut on_message: impl FnMut(Message),
     ) -> Result<(), UpstreamError> {
         let Message::Request(r) = request else {
@@ -196,6 +197,10 @@ impl HttpUpstream {
             .await
             .map_err(|e| UpstreamError::from_client(&e))?;
         let status = resp.status();
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            return Err(self.denial(resp).await);
+        }
+        on_head();
         let is_sse = resp
             .headers()
             .get(header::CONTENT_TYPE)
@@ -268,6 +273,29 @@ impl UpstreamError {
             source = s.source();
         }
         Self::Unreachable { detail }
+    }
+}
+
+impl HttpUpstream {
+    /// A 401/403 as a typed outcome: status, every challenge, and the (bounded) body.
+    async fn denial(&self, resp: http::Response<hyper::body::Incoming>) -> UpstreamError {
+        let (parts, body) = resp.into_parts();
+        let body = http_body_util::Limited::new(body, self.max_message)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        UpstreamError::Denied(Box::new(Denial {
+            status: parts.status,
+            challenges: parts
+                .headers
+                .get_all(header::WWW_AUTHENTICATE)
+                .iter()
+                .cloned()
+                .collect(),
+            content_type: parts.headers.get(header::CONTENT_TYPE).cloned(),
+            body,
+        }))
     }
 }
 
