@@ -86,6 +86,15 @@ pub fn host_allowed_on_loopback(host: &str) -> bool {
     parse_authority(host).is_some_and(|h| is_loopback_host(&h))
 }
 
+/// The host a client addressed: `Host`, or the HTTP/2 `:authority` (which carries it
+/// there); what the loopback `Host` check and `X-Forwarded-Host` use.
+pub fn requested_host<B>(req: &http::Request<B>) -> Option<&str> {
+    req.headers()
+        .get(http::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| req.uri().authority().map(http::uri::Authority::as_str))
+}
+
 /// Whether a request's `Content-Type` is `application/json` (parameters such as
 /// `charset` allowed). Anything else on a POST gets 415: `text/plain`, form and
 /// multipart bodies are what a web page can send cross-origin without a preflight.

@@ -6,7 +6,7 @@
 
 use crate::config::ForwardedHeaders;
 use crate::listener::ConnInfo;
-use http::header::{HeaderMap, HeaderName, HeaderValue, FORWARDED, HOST};
+use http::header::{HeaderMap, HeaderName, HeaderValue, FORWARDED};
 use http::Request;
 use std::net::IpAddr;
 
@@ -20,13 +20,7 @@ pub struct Forwarded {
     headers: Vec<(HeaderName, HeaderValue)>,
 }
 
-/// The host the client addressed: `Host`, or the HTTP/2 `:authority`.
-pub fn requested_host<B>(req: &Request<B>) -> Option<&str> {
-    req.headers()
-        .get(HOST)
-        .and_then(|v| v.to_str().ok())
-        .or_else(|| req.uri().authority().map(http::uri::Authority::as_str))
-}
+pub use crate::guard::requested_host;
 
 fn node(ip: IpAddr) -> String {
     match ip {

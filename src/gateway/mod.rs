@@ -283,7 +283,14 @@ impl Gateway {
         {
             return text(StatusCode::FORBIDDEN, "Host not allowed\n");
         }
-        if req.method() == Method::POST && !guard::is_json(req.headers()) {
+        // JSON-RPC endpoints take JSON only: a CORS "simple request" (text/plain, form,
+        // multipart) never reaches a session or the upstream. The metadata paths are
+        // relayed as they are.
+        let rpc_path = matches!(
+            req.uri().path(),
+            crate::server::http::ENDPOINT | http_sse::MESSAGES_PATH
+        );
+        if rpc_path && req.method() == Method::POST && !guard::is_json(req.headers()) {
             return text(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "POST bodies must be Content-Type: application/json\n",

@@ -194,9 +194,8 @@ async fn handle(server: Server, loopback: bool, req: Request<Incoming>) -> Respo
         }
     }
     if loopback {
-        let host_ok = headers
-            .get(header::HOST)
-            .is_none_or(|h| h.to_str().is_ok_and(guard::host_allowed_on_loopback));
+        // `Host`, or `:authority` over HTTP/2.
+        let host_ok = guard::requested_host(&req).is_none_or(guard::host_allowed_on_loopback);
         if !host_ok {
             return error_response(ServerError::InvalidRequest {
                 detail: "Host not allowed".into(),
