@@ -66,33 +66,12 @@ pub(in crate::gateway) async fn exchange(
         forwarded,
     } = on_behalf;
     let cache = &gw.cache;
-    let Message::Request(r) = request else {
-        return gw
-            .upstream
-            .exchange_observed(
-                request,
-                authorization,
-                forwarded,
-                params,
-                on_head,
-                on_message,
-            )
-            .await;
+    let r = match request {
+        Message::Request(r) if cache.enabled() && !matches!(role, UpstreamRole::Listen) => Some(r),
+        _ => None,
     };
-    if !cache.enabled() || matches!(role, UpstreamRole::Listen) {
-        return gw
-            .upstream
-            .exchange_observed(
-                request,
-                authorization,
-                forwarded,
-                params,
-                on_head,
-                on_message,
-            )
-            .await;
-    }
-    let key = Cacheable::from_method(&r.method).and_then(|m| {
+    let key = r.and_then(|r| {
+        let m = Cacheable::from_method(&r.method)?;
         RequestKey::from_params(
             cache.route(),
             m,
@@ -100,8 +79,8 @@ pub(in crate::gateway) async fn exchange(
             r.params.as_ref(),
         )
     });
-    let Some(key) = key else {
-        if r.method == "tools/call" {
+    let (Some(r), Some(key)) = (r, key) else {
+        if r.is_some_and(|r| r.method == "tools/call") {
             return tool_call(
                 gw,
                 request,
