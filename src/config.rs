@@ -64,6 +64,40 @@ pub struct Config {
     /// The gateway's response cache.
     #[serde(default)]
     pub cache: CacheSection,
+    /// The gateway's admin listener (health, readiness, metrics, migration report).
+    #[serde(default)]
+    pub admin: AdminSection,
+    /// The gateway's migration report.
+    #[serde(default)]
+    pub report: ReportSection,
+}
+
+/// The admin listener (`dualera gateway`, `dualera up`): off unless `listen` (or
+/// `--admin`) is set.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSection {
+    /// Address of the admin listener (the `--admin` flag wins); loopback is the norm.
+    pub listen: Option<SocketAddr>,
+    /// Bearer token required on `/metrics` and `/report*` (prefer `token_env`).
+    pub token: Option<String>,
+    /// Name of an environment variable holding that token.
+    pub token_env: Option<String>,
+    /// How often each route's upstream is probed with `server/discover`, in ms
+    /// (default 5000).
+    pub probe_interval_ms: Option<u64>,
+}
+
+/// The migration report; every field has a default.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportSection {
+    /// A SQLite file that keeps the report across restarts (relative paths are
+    /// resolved against the config file's folder). Unset: memory only.
+    pub path: Option<PathBuf>,
+    /// Most host identities kept (default 1000); sessions of further ones are counted
+    /// in one overflow row.
+    pub max_hosts: Option<usize>,
 }
 
 /// `[auth]`: JWT access tokens from an authorization server, checked by the modern
@@ -486,6 +520,11 @@ impl Config {
                 absolute(ca);
             }
         }
+        if let (Some(report), Some(dir)) = (&config.report.path, path.parent()) {
+            if report.is_relative() {
+                config.report.path = Some(dir.join(report));
+            }
+        }
         if let (Some(ca), Some(dir)) = (&config.store.ca_file, path.parent()) {
             if ca.is_relative() {
                 config.store.ca_file = Some(dir.join(ca));
@@ -535,6 +574,8 @@ mod tests {
         let config = Config::parse(text).expect("examples/dualera.toml parses");
         assert!(!config.grants.is_empty());
         assert!(!config.state.keys.is_empty());
+        assert_eq!(config.admin.probe_interval_ms, Some(5000));
+        assert_eq!(config.report.max_hosts, Some(1000));
     }
 
     #[test]

@@ -73,6 +73,8 @@ pub fn ensure(dir: &Path) -> io::Result<DemoLayout> {
         let text = format!(
             "# Written by `dualera` for the demo; edit freely.\n\
              [store]\npath = \"dualera.db\"\n\n\
+             # The migration report, kept across restarts.\n\
+             [report]\npath = \"dualera-report.db\"\n\n\
              [[grants]]\nprincipal = \"local\"\nworkspaces = [{notes:?}]\nrepositories = [{repo:?}]\n",
             notes = notes_uri,
             repo = repo_dir.to_string_lossy(),

@@ -106,6 +106,56 @@ pub fn is_json(headers: &HeaderMap) -> bool {
         .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
 }
 
+/// Why a request is refused with 403 before anything else reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its `Origin` is not allowed ([`origin_allowed`]).
+    Origin,
+    /// On a loopback listener, its `Host` (or `:authority`) is not a loopback name.
+    Host,
+}
+
+impl Refusal {
+    /// The reason, for a JSON-RPC error's message.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Origin => "Origin not allowed",
+            Self::Host => "Host not allowed",
+        }
+    }
+
+    /// The reason as a `text/plain` body.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Origin => "Origin not allowed\n",
+            Self::Host => "Host not allowed\n",
+        }
+    }
+}
+
+/// The DNS-rebinding guard every listener runs first: a request whose `Origin` is
+/// present and not allowed, or, on a loopback listener, whose requested host
+/// ([`requested_host`]) is not a loopback name, is refused. Both are parsed first
+/// (digits-only port, no userinfo; see the module docs). 2026-07-28
+/// `basic/transports/streamable-http.mdx` ("Security & Endpoint"): servers MUST validate
+/// `Origin` on every connection and answer an invalid one with 403.
+pub fn refusal<B>(
+    req: &http::Request<B>,
+    loopback: bool,
+    allowed_origins: &[String],
+) -> Option<Refusal> {
+    if let Some(origin) = req.headers().get(http::header::ORIGIN) {
+        if !origin
+            .to_str()
+            .is_ok_and(|o| origin_allowed(o, allowed_origins))
+        {
+            return Some(Refusal::Origin);
+        }
+    }
+    let host_ok = || requested_host(req).is_none_or(host_allowed_on_loopback);
+    (loopback && !host_ok()).then_some(Refusal::Host)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,6 +194,66 @@ mod tests {
         assert!(!host_allowed_on_loopback("localhost:"));
         assert!(!host_allowed_on_loopback("[::1]evil"));
         assert!(!host_allowed_on_loopback(""));
+    }
+
+    #[test]
+    fn refusals() {
+        let req = |origin: Option<&str>, host: Option<&str>| {
+            let mut b = http::Request::builder().uri("/mcp");
+            if let Some(o) = origin {
+                b = b.header("origin", o);
+            }
+            if let Some(h) = host {
+                b = b.header("host", h);
+            }
+            b.body(()).unwrap()
+        };
+        let extra = ["https://app.example".to_owned()];
+        assert_eq!(refusal(&req(None, None), true, &[]), None);
+        assert_eq!(
+            refusal(
+                &req(Some("http://localhost:3000"), Some("127.0.0.1:8788")),
+                true,
+                &[]
+            ),
+            None
+        );
+        assert_eq!(
+            refusal(
+                &req(Some("https://app.example"), Some("localhost")),
+                true,
+                &extra
+            ),
+            None
+        );
+        assert_eq!(
+            refusal(
+                &req(Some("http://localhost:x.evil.example"), None),
+                true,
+                &[]
+            ),
+            Some(Refusal::Origin)
+        );
+        assert_eq!(
+            refusal(&req(None, Some("127.0.0.1:8901@evil.example")), true, &[]),
+            Some(Refusal::Host)
+        );
+        assert_eq!(
+            refusal(&req(None, Some("localhost:80x")), true, &[]),
+            Some(Refusal::Host)
+        );
+        // Not a loopback listener: any Host, but still the Origin check.
+        assert_eq!(refusal(&req(None, Some("evil.example")), false, &[]), None);
+        assert_eq!(
+            refusal(&req(Some("null"), Some("evil.example")), false, &[]),
+            Some(Refusal::Origin)
+        );
+        // HTTP/2: `:authority` stands in for `Host`.
+        let h2 = http::Request::builder()
+            .uri("https://evil.example/mcp")
+            .body(())
+            .unwrap();
+        assert_eq!(refusal(&h2, true, &[]), Some(Refusal::Host));
     }
 
     #[test]

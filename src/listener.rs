@@ -19,6 +19,10 @@
 //! - **TLS** is a transport detail: with [`ListenerConfig::tls`] every connection is a
 //!   rustls session first (ALPN `h2`/`http/1.1`); the service sees the same requests.
 //! - Either HTTP version, per connection (hyper-util's auto builder), with upgrades.
+//! - **A hook per connection** ([`ConnHook`]): the state a service keeps for one
+//!   connection is made when it is accepted and dropped when it (or the WebSocket it
+//!   was upgraded to) ends — where the gateway counts open connections and remembers
+//!   the client identified on a connection.
 //!
 //! ```text
 //!  permit ─► accept ─► [TLS handshake] ─► hyper conn (h1 | h2) ─► service(req, conn)
@@ -36,6 +40,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::any::Any;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
@@ -150,6 +155,23 @@ impl ConnInfo {
     }
 }
 
+/// What a listener does for each connection besides serving its requests: the state
+/// [`ConnHook::opened`] returns is handed to every request of the connection and
+/// dropped when the connection ends — for an upgraded connection, when the upgrade
+/// (the WebSocket) ends. A gauge of open connections is a `Drop` of that state.
+pub trait ConnHook: Send + Sync + 'static {
+    /// The per-connection state.
+    type State: Send + Sync + 'static;
+    /// A connection was accepted (before any TLS handshake).
+    fn opened(&self, info: &ConnInfo) -> Self::State;
+}
+
+/// No per-connection state.
+impl ConnHook for () {
+    type State = ();
+    fn opened(&self, _: &ConnInfo) {}
+}
+
 /// Logs at start-up what a listener on `addr` exposes: a non-loopback listener
 /// without TLS carries requests, tokens and answers in clear text.
 pub fn warn_if_clear_text(addr: SocketAddr, config: &ListenerConfig, what: &'static str) {
@@ -181,6 +203,8 @@ struct ConnState {
     /// HTTP/2: many requests share the connection; bytes between them are frames,
     /// not the start of a head.
     multiplexed: AtomicBool,
+    /// The [`ConnHook`]'s state, kept as long as the socket (upgrades included).
+    _hooked: Arc<dyn Any + Send + Sync>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -191,13 +215,14 @@ enum Verdict {
 }
 
 impl ConnState {
-    fn new(permit: OwnedSemaphorePermit) -> Self {
+    fn new(permit: OwnedSemaphorePermit, hooked: Arc<dyn Any + Send + Sync>) -> Self {
         let now = clock().max(1);
         Self {
             in_service: AtomicUsize::new(0),
             head_since: AtomicU64::new(now),
             last_activity: AtomicU64::new(now),
             multiplexed: AtomicBool::new(false),
+            _hooked: hooked,
             _permit: permit,
         }
     }
@@ -339,6 +364,23 @@ where
     S: Fn(Request<Incoming>, &ConnInfo) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<GatewayBody>> + Send + 'static,
 {
+    let service = move |req, info: &ConnInfo, _: &Arc<()>| service(req, info);
+    serve_hooked(listener, config, (), service, shutdown).await
+}
+
+/// [`serve`] with a [`ConnHook`]: each request also gets its connection's state.
+pub async fn serve_hooked<H, S, F>(
+    listener: TcpListener,
+    config: ListenerConfig,
+    hook: H,
+    service: S,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()>
+where
+    H: ConnHook,
+    S: Fn(Request<Incoming>, &ConnInfo, &Arc<H::State>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<GatewayBody>> + Send + 'static,
+{
     let local = listener.local_addr()?;
     let config = Arc::new(config);
     let slots = Arc::new(Semaphore::new(config.max_connections));
@@ -419,12 +461,13 @@ where
             failures = 0;
         }
         let _ = stream.set_nodelay(true);
-        let state = Arc::new(ConnState::new(held));
         let info = ConnInfo {
             peer,
             local,
             tls: config.tls.is_some(),
         };
+        let hooked = Arc::new(hook.opened(&info));
+        let state = Arc::new(ConnState::new(held, hooked.clone()));
         let io = Watched {
             inner: stream,
             state: state.clone(),
@@ -434,7 +477,7 @@ where
             connection(
                 io,
                 state,
-                info,
+                (info, hooked),
                 config.clone(),
                 service.clone(),
                 stop_rx.clone(),
@@ -451,15 +494,19 @@ where
     Ok(())
 }
 
-async fn connection<S, F>(
+/// A connection's [`ConnInfo`] and its [`ConnHook`] state.
+type Conn<T> = (ConnInfo, Arc<T>);
+
+async fn connection<T, S, F>(
     io: Watched,
     state: Arc<ConnState>,
-    info: ConnInfo,
+    info: Conn<T>,
     config: Arc<ListenerConfig>,
     service: S,
     stop: tokio::sync::watch::Receiver<bool>,
 ) where
-    S: Fn(Request<Incoming>, &ConnInfo) -> F + Clone + Send + Sync + 'static,
+    T: Send + Sync + 'static,
+    S: Fn(Request<Incoming>, &ConnInfo, &Arc<T>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<GatewayBody>> + Send + 'static,
 {
     match &config.tls {
@@ -476,16 +523,17 @@ async fn connection<S, F>(
     }
 }
 
-async fn drive<IO, S, F>(
+async fn drive<IO, T, S, F>(
     io: IO,
     state: Arc<ConnState>,
-    info: ConnInfo,
+    (info, hooked): Conn<T>,
     config: &ListenerConfig,
     service: S,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    S: Fn(Request<Incoming>, &ConnInfo) -> F + Clone + Send + Sync + 'static,
+    T: Send + Sync + 'static,
+    S: Fn(Request<Incoming>, &ConnInfo, &Arc<T>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<GatewayBody>> + Send + 'static,
 {
     let svc_state = state.clone();
@@ -497,7 +545,7 @@ async fn drive<IO, S, F>(
             st.multiplexed.store(true, Ordering::Relaxed);
         }
         let guard = InService(st.clone());
-        let fut = service(req, &info);
+        let fut = service(req, &info, &hooked);
         async move {
             let response = fut.await;
             drop(guard);

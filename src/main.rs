@@ -2,6 +2,8 @@
 
 use clap::{Parser, Subcommand};
 use dualera::config::{Config, TlsSection};
+use dualera::gateway::admin::{self, AdminSettings};
+use dualera::gateway::report::{self, Report, ReportConfig};
 use dualera::gateway::{
     Gateway, GatewayConfig, HttpUpstream, StdioUpstream, Upstream, UpstreamClient, UpstreamOptions,
 };
@@ -73,6 +75,10 @@ enum Command {
         /// Address to listen on. Overrides the config file.
         #[arg(long)]
         listen: Option<SocketAddr>,
+        /// Serve /healthz, /readyz, /metrics and the migration report on this address
+        /// (e.g. 127.0.0.1:8789). Overrides [admin] listen; off unless one is set.
+        #[arg(long)]
+        admin: Option<SocketAddr>,
         /// Configuration file (TOML; its [gateway] section is used).
         #[arg(long)]
         config: Option<PathBuf>,
@@ -106,6 +112,21 @@ enum Command {
         /// The private key of --tls-cert (PEM).
         #[arg(long, requires = "tls_cert")]
         tls_key: Option<PathBuf>,
+        /// Address of the admin listener (health, metrics, migration report).
+        #[arg(long, default_value = "127.0.0.1:8789")]
+        admin: SocketAddr,
+    },
+    /// Print the migration report of a running gateway (its admin listener).
+    Report {
+        /// The gateway's admin listener.
+        #[arg(long, default_value = "http://127.0.0.1:8789")]
+        admin: String,
+        /// Print the JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Environment variable holding the admin bearer token, if one is configured.
+        #[arg(long, default_value = "DUALERA_ADMIN_TOKEN")]
+        token_env: String,
     },
 }
 
@@ -250,6 +271,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             upstream_cmd,
             stdio,
             listen,
+            admin,
             config,
             upstream_ca,
             tls_cert,
@@ -261,6 +283,12 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 extra_ca: upstream_ca.or_else(|| config.gateway.upstream_ca.clone()),
                 http2: config.gateway.upstream_http2.unwrap_or_default(),
             };
+            let admin_settings = AdminSettings::from_section(&config.admin)?;
+            let admin_addr = admin.or(config.admin.listen);
+            if let Some(addr) = admin_addr {
+                admin::check_exposure(addr, &admin_settings)?;
+            }
+            let report = Report::open(&ReportConfig::from_section(&config.report))?;
             let upstream = match (upstream, upstream_cmd) {
                 (Some(url), _) => Upstream::Http(Box::new(http_upstream(
                     &url,
@@ -274,27 +302,37 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 }
                 (None, None) => return Err("give --upstream URL or --upstream-cmd CMD".into()),
             };
-            let gateway = Gateway::new(upstream, gw_config);
+            let gateway = Gateway::with_report(upstream, gw_config, report);
+            let (admin_stop, admin_task) = match admin_addr {
+                Some(addr) => {
+                    let (url, stop, task) =
+                        start_admin(addr, gateway.clone(), admin_settings).await?;
+                    eprintln!("dualera: admin listening on {url}");
+                    (Some(stop), Some(task))
+                }
+                None => (None, None),
+            };
             if stdio {
                 let stdin = tokio::io::BufReader::new(tokio::io::stdin());
                 gateway.serve_stdio(stdin, tokio::io::stdout()).await?;
-                return Ok(());
+            } else {
+                let addr = listen
+                    .or(config.gateway.listen)
+                    .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8788)));
+                let mut listen_config = gateway_listener(&config);
+                listen_config.tls = listener_tls(tls_cert, tls_key, config.gateway.tls.as_ref())?;
+                let listener = tokio::net::TcpListener::bind(addr).await?;
+                let bound = listener.local_addr()?;
+                let stop = shutdown_signal();
+                dualera::tls::reload_on_sighup(listen_config.tls.iter().cloned().collect());
+                warn_if_clear_text(bound, &listen_config, "gateway");
+                eprintln!(
+                    "dualera: gateway listening on {}://{bound}/mcp",
+                    scheme(&listen_config)
+                );
+                gateway.serve_with(listener, listen_config, stop).await?;
             }
-            let addr = listen
-                .or(config.gateway.listen)
-                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8788)));
-            let mut listen_config = gateway_listener(&config);
-            listen_config.tls = listener_tls(tls_cert, tls_key, config.gateway.tls.as_ref())?;
-            let listener = tokio::net::TcpListener::bind(addr).await?;
-            let bound = listener.local_addr()?;
-            let stop = shutdown_signal();
-            dualera::tls::reload_on_sighup(listen_config.tls.iter().cloned().collect());
-            warn_if_clear_text(bound, &listen_config, "gateway");
-            eprintln!(
-                "dualera: gateway listening on {}://{bound}/mcp",
-                scheme(&listen_config)
-            );
-            gateway.serve_with(listener, listen_config, stop).await?;
+            stop_admin(admin_stop, admin_task).await;
             Ok(())
         }
         Command::Up {
@@ -303,6 +341,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             tls,
             tls_cert,
             tls_key,
+            admin,
         } => {
             let layout = dualera::demo::ensure(&dir)?;
             let config = load(Some(&layout.config))?;
@@ -319,6 +358,9 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 listen_config.tls = listener_tls(tls_cert, tls_key, config.gateway.tls.as_ref())?;
             }
             let server = build_server(&config)?;
+            let admin_settings = AdminSettings::from_section(&config.admin)?;
+            admin::check_exposure(admin, &admin_settings)?;
+            let report = Report::open(&ReportConfig::from_section(&config.report))?;
             let upstream_listener =
                 server::http::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
             let upstream_addr = upstream_listener.local_addr()?;
@@ -333,13 +375,25 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 format!("http://{upstream_addr}{}", server::http::ENDPOINT).parse()?;
             let listener = tokio::net::TcpListener::bind(listen).await?;
             let bound = listener.local_addr()?;
+            let gateway = Gateway::with_report(
+                Upstream::Http(Box::new(HttpUpstream::new(
+                    uri.clone(),
+                    gw_config.max_body_bytes,
+                )?)),
+                gw_config,
+                report,
+            );
+            let (admin_url, admin_stop, admin_task) =
+                start_admin(admin, gateway.clone(), admin_settings).await?;
             let stop = shutdown_signal();
-            // Written with errors ignored: whoever started us may have stopped reading.
             dualera::tls::reload_on_sighup(listen_config.tls.iter().cloned().collect());
             warn_if_clear_text(bound, &listen_config, "gateway");
+            // Written with errors ignored: whoever started us may have stopped reading.
             let banner = format!(
                 "dualera is up.\n  gateway (legacy and modern hosts): {}://{bound}/mcp\n  \
                  modern server (direct):           {uri}\n  \
+                 admin (health, metrics, report):  {admin_url}\n  \
+                 migration report:                  {admin_url}/report.html\n  \
                  notes workspace:                   {}\n  \
                  repository:                        {}\n  \
                  config:                            {}\n{ca_line}Press Ctrl-C to stop.\n",
@@ -354,15 +408,56 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 let _ = out.write_all(banner.as_bytes());
                 let _ = out.flush();
             }
-            let gateway = Gateway::new(
-                Upstream::Http(Box::new(HttpUpstream::new(uri, gw_config.max_body_bytes)?)),
-                gw_config,
-            );
             gateway.serve_with(listener, listen_config, stop).await?;
+            stop_admin(Some(admin_stop), Some(admin_task)).await;
             let _ = stop_tx.send(true);
             let _ = server_task.await;
             Ok(())
         }
+        Command::Report {
+            admin,
+            json,
+            token_env,
+        } => {
+            let token = std::env::var(&token_env).ok().filter(|t| !t.is_empty());
+            let body = dualera::gateway::report::fetch(&admin, token.as_deref()).await?;
+            if json {
+                println!("{}", String::from_utf8_lossy(&body));
+                return Ok(());
+            }
+            let snapshot: report::ReportSnapshot = serde_json::from_slice(&body)
+                .map_err(|e| format!("{admin}/report did not answer a migration report: {e}"))?;
+            print!("{}", report::text::render(&snapshot));
+            Ok(())
+        }
+    }
+}
+
+type AdminTask = tokio::task::JoinHandle<std::io::Result<()>>;
+
+/// Binds and starts the admin listener; returns its URL, its stop switch and task.
+async fn start_admin(
+    addr: SocketAddr,
+    gateway: Gateway,
+    settings: AdminSettings,
+) -> Result<(String, tokio::sync::oneshot::Sender<()>, AdminTask), BoxError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr} for the admin endpoints: {e}"))?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(admin::serve(listener, gateway, settings, async move {
+        let _ = rx.await;
+    }));
+    Ok((url, tx, task))
+}
+
+async fn stop_admin(stop: Option<tokio::sync::oneshot::Sender<()>>, task: Option<AdminTask>) {
+    if let Some(stop) = stop {
+        let _ = stop.send(());
+    }
+    if let Some(task) = task {
+        let _ = task.await;
     }
 }
 

@@ -9,21 +9,27 @@
 //!                                                              └─ upstream::exchange
 //! ```
 
+pub mod admin;
 mod auth;
 pub mod cache;
 pub mod forwarded;
 pub mod http_sse;
 mod legacy_http;
+pub mod metrics;
 pub mod passthrough;
 mod pipe;
+pub mod readiness;
+pub mod report;
 pub mod sse;
+pub mod telemetry;
+pub mod trace;
 pub mod upstream;
 pub mod websocket;
 
 use crate::body::{self, GatewayBody};
 use crate::config::ForwardedHeaders;
 use crate::guard;
-use crate::listener::{ConnInfo, ListenerConfig};
+use crate::listener::{ConnHook, ConnInfo, ListenerConfig};
 use dualera_adapters::version::is_modern_or_later;
 use dualera_adapters::ProtocolVersion;
 use forwarded::Forwarded;
@@ -35,7 +41,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tracing::info;
 pub use upstream::{
-    Denial, HttpUpstream, StdioUpstream, Upstream, UpstreamClient, UpstreamError, UpstreamOptions,
+    Denial, HttpUpstream, OnBehalf, StdioUpstream, Upstream, UpstreamClient, UpstreamError,
+    UpstreamOptions,
 };
 
 /// Gateway settings; every bound has a default.
@@ -141,23 +148,74 @@ pub struct Gateway {
     legacy: Arc<legacy_http::Sessions>,
     sse: Arc<http_sse::SseSessions>,
     cache: Arc<cache::ResponseCache>,
+    telemetry: Arc<telemetry::Telemetry>,
+}
+
+/// What the gateway keeps for one accepted connection, from the listener's hook
+/// until the connection (or its WebSocket) ends.
+#[derive(Debug)]
+pub(crate) struct Connection {
+    /// Counted in `dualera_connections_open{listener="gateway"}` while it lives.
+    _open: telemetry::OpenConnection,
+    /// The modern client identified on this connection, for the report.
+    telemetry: telemetry::ConnectionTelemetry,
+}
+
+/// The gateway listener's [`ConnHook`].
+struct Connections(telemetry::ConnectionsOpen);
+
+impl ConnHook for Connections {
+    type State = Connection;
+    fn opened(&self, info: &ConnInfo) -> Connection {
+        Connection {
+            _open: self.0.opened(info),
+            telemetry: telemetry::ConnectionTelemetry::default(),
+        }
+    }
 }
 
 impl Gateway {
-    /// A gateway in front of `upstream`.
+    /// A gateway in front of `upstream`, its migration report in memory.
     pub fn new(upstream: Upstream, config: GatewayConfig) -> Self {
+        let report = report::Report::in_memory(report::ReportConfig::default().max_hosts);
+        Self::with_report(upstream, config, report)
+    }
+
+    /// A gateway in front of `upstream` that keeps its migration report in `report`
+    /// ([`report::Report::open`]).
+    pub fn with_report(upstream: Upstream, config: GatewayConfig, report: report::Report) -> Self {
         let upstream = Arc::new(upstream);
-        let cache = Arc::new(cache::ResponseCache::new(
-            config.cache.clone(),
-            crate::server::http::ENDPOINT,
-        ));
+        // The one route; its path labels every metric and report row.
+        let route: Arc<str> = Arc::from(crate::server::http::ENDPOINT);
+        let cache = Arc::new(cache::ResponseCache::new(config.cache.clone(), &route));
         cache.attach(upstream.clone());
+        let report = Arc::new(report);
+        let telemetry = Arc::new(telemetry::Telemetry::new(
+            route.clone(),
+            metrics::Metrics::new(vec![cache.clone()], report.clone()),
+            report,
+            readiness::Readiness::new(vec![route]),
+        ));
         Self {
             legacy: Arc::new(legacy_http::Sessions::new(&config)),
             sse: Arc::default(),
             config: Arc::new(config),
             upstream,
             cache,
+            telemetry,
+        }
+    }
+
+    /// The gateway's metrics, migration report and readiness.
+    pub fn telemetry(&self) -> &Arc<telemetry::Telemetry> {
+        &self.telemetry
+    }
+
+    /// Writes the migration report to its file, if it has one (also done every few
+    /// seconds while serving, and when serving stops).
+    pub fn flush_report(&self) {
+        if let Err(e) = self.telemetry.report().flush() {
+            tracing::warn!(error = %e, "migration report not saved");
         }
     }
 
@@ -190,17 +248,21 @@ impl Gateway {
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
         let reaper = tokio::spawn(legacy_http::reap(self.clone()));
+        let flusher = tokio::spawn(report::flush_loop(self.telemetry.report().clone()));
+        let hook = Connections(telemetry::ConnectionsOpen::new(&self.telemetry, "gateway"));
         let gw = self.clone();
-        let service = move |req: Request<Incoming>, conn: &ConnInfo| {
+        let service = move |req: Request<Incoming>, conn: &ConnInfo, state: &Arc<Connection>| {
             let gw = gw.clone();
             let conn = conn.clone();
-            async move { gw.route(&conn, req).await }
+            let state = state.clone();
+            async move { gw.route(&conn, &state, req).await }
         };
         let sessions = self.clone();
-        crate::listener::serve(listener, config, service, async move {
+        crate::listener::serve_hooked(listener, config, hook, service, async move {
             shutdown.await;
             info!("gateway shutting down");
             reaper.abort();
+            flusher.abort();
             sessions.cache.stop_listening();
             let stats = sessions.cache.stats();
             info!(
@@ -215,7 +277,10 @@ impl Gateway {
             sessions.legacy.close_all();
             sessions.sse.close_all();
         })
-        .await
+        .await?;
+        let gw = self.clone();
+        let _ = tokio::task::spawn_blocking(move || gw.flush_report()).await;
+        Ok(())
     }
 
     /// Serves one legacy session over a byte stream (the stdio host bridge): one
@@ -245,6 +310,9 @@ impl Gateway {
             None,
             Arc::default(),
         ));
+        let flusher = tokio::spawn(report::flush_loop(self.telemetry.report().clone()));
+        let flusher = flusher.abort_handle();
+        let _flusher = scopeguard(move || flusher.abort());
         let limit = self.config.max_body_bytes;
         let mut buf = Vec::new();
         while let Some(line) =
@@ -265,23 +333,20 @@ impl Gateway {
         let _ = session.await;
         self.cache.stop_listening();
         let _ = writer_task.await;
+        let gw = self.clone();
+        let _ = tokio::task::spawn_blocking(move || gw.flush_report()).await;
         Ok(())
     }
 
-    async fn route(&self, conn: &ConnInfo, req: Request<Incoming>) -> Response<GatewayBody> {
+    async fn route(
+        &self,
+        conn: &ConnInfo,
+        connection: &Connection,
+        req: Request<Incoming>,
+    ) -> Response<GatewayBody> {
         let loopback = conn.local.ip().is_loopback();
-        let h = req.headers();
-        if let Some(origin) = h.get(header::ORIGIN) {
-            if !origin
-                .to_str()
-                .is_ok_and(|o| guard::origin_allowed(o, &self.config.allowed_origins))
-            {
-                return text(StatusCode::FORBIDDEN, "Origin not allowed\n");
-            }
-        }
-        if loopback && !forwarded::requested_host(&req).is_none_or(guard::host_allowed_on_loopback)
-        {
-            return text(StatusCode::FORBIDDEN, "Host not allowed\n");
+        if let Some(refused) = guard::refusal(&req, loopback, &self.config.allowed_origins) {
+            return text(StatusCode::FORBIDDEN, refused.text());
         }
         // JSON-RPC endpoints take JSON only: a CORS "simple request" (text/plain, form,
         // multipart) never reaches a session or the upstream. The metadata paths are
@@ -321,11 +386,24 @@ impl Gateway {
             .is_some_and(|v| is_modern_or_later(v) || !ProtocolVersion::LEGACY.contains(&v))
             && !h.contains_key("mcp-session-id");
         if modern {
-            passthrough::forward(self, req, &fwd).await
+            passthrough::forward(self, &connection.telemetry, req, &fwd).await
         } else {
             legacy_http::handle(self, req, fwd).await
         }
     }
+}
+
+/// Runs `f` when dropped (also when the future holding it is cancelled).
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
 }
 
 /// A plain-text response.

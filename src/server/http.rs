@@ -181,28 +181,13 @@ async fn handle(server: Server, loopback: bool, req: Request<Incoming>) -> Respo
             "not found; the MCP endpoint is /mcp\n",
         );
     }
+    if let Some(refused) = guard::refusal(&req, loopback, server.allowed_origins()) {
+        return error_response(ServerError::InvalidRequest {
+            detail: refused.reason().into(),
+        })
+        .map_status(StatusCode::FORBIDDEN);
+    }
     let headers = req.headers();
-    if let Some(origin) = headers.get(header::ORIGIN) {
-        let ok = origin
-            .to_str()
-            .is_ok_and(|o| guard::origin_allowed(o, server.allowed_origins()));
-        if !ok {
-            return error_response(ServerError::InvalidRequest {
-                detail: "Origin not allowed".into(),
-            })
-            .map_status(StatusCode::FORBIDDEN);
-        }
-    }
-    if loopback {
-        // `Host`, or `:authority` over HTTP/2.
-        let host_ok = guard::requested_host(&req).is_none_or(guard::host_allowed_on_loopback);
-        if !host_ok {
-            return error_response(ServerError::InvalidRequest {
-                detail: "Host not allowed".into(),
-            })
-            .map_status(StatusCode::FORBIDDEN);
-        }
-    }
     if req.method() != Method::POST {
         let mut r = plain(
             StatusCode::METHOD_NOT_ALLOWED,

@@ -338,6 +338,22 @@ impl Proc {
         self.child.id()
     }
 
+    /// Stops the process with SIGTERM (a clean shutdown); whether it exited within
+    /// `WAIT` (it is killed otherwise).
+    pub fn terminate(&mut self) -> bool {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
     /// What the process wrote on stderr so far.
     pub fn log(&self) -> Vec<String> {
         self.log.lock().unwrap().clone()

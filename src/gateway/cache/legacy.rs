@@ -12,8 +12,7 @@
 
 use super::key::{Cacheable, Caller, RequestKey};
 use super::{Begin, ResponseCache};
-use crate::gateway::forwarded::Forwarded;
-use crate::gateway::upstream::UpstreamError;
+use crate::gateway::upstream::{OnBehalf, UpstreamError};
 use crate::gateway::Gateway;
 use bytes::Bytes;
 use dualera_adapters::{ErrorCode, Message, ProtocolVersion, Response, UpstreamRole};
@@ -39,16 +38,6 @@ pub(in crate::gateway) fn discover_for_initialize(
     cache.peek(&key, &Caller::anonymous()).map(|e| e.value())
 }
 
-/// What a legacy session's upstream request carries on behalf of its host: the
-/// credentials of the host request that caused it and the forwarded headers.
-#[derive(Debug, Clone, Copy)]
-pub(in crate::gateway) struct OnBehalf<'a> {
-    /// The host's `Authorization`.
-    pub(in crate::gateway) authorization: Option<&'a HeaderValue>,
-    /// `X-Forwarded-*` / `Forwarded`.
-    pub(in crate::gateway) forwarded: &'a Forwarded,
-}
-
 /// One upstream exchange of a legacy session, through the cache where it may be.
 /// Same contract as [`Upstream::exchange_observed`](crate::gateway::Upstream::exchange_observed)
 /// (a cache hit counts as accepted).
@@ -61,10 +50,6 @@ pub(in crate::gateway) async fn exchange(
     on_head: impl FnOnce(),
     mut on_message: impl FnMut(Message),
 ) -> Result<(), UpstreamError> {
-    let OnBehalf {
-        authorization,
-        forwarded,
-    } = on_behalf;
     let cache = &gw.cache;
     let r = match request {
         Message::Request(r) if cache.enabled() && !matches!(role, UpstreamRole::Listen) => Some(r),
@@ -81,30 +66,14 @@ pub(in crate::gateway) async fn exchange(
     });
     let (Some(r), Some(key)) = (r, key) else {
         if r.is_some_and(|r| r.method == "tools/call") {
-            return tool_call(
-                gw,
-                request,
-                authorization,
-                forwarded,
-                params,
-                on_head,
-                on_message,
-            )
-            .await;
+            return tool_call(gw, request, on_behalf, params, on_head, on_message).await;
         }
         return gw
             .upstream
-            .exchange_observed(
-                request,
-                authorization,
-                forwarded,
-                params,
-                on_head,
-                on_message,
-            )
+            .exchange_observed(request, on_behalf, params, on_head, on_message)
             .await;
     };
-    let caller = Caller::from_authorization(authorization);
+    let caller = Caller::from_authorization(on_behalf.authorization);
     let fetch = match role {
         UpstreamRole::Discover if caller.is_authenticated() => cache.revalidate(key, caller),
         UpstreamRole::ToolsRefresh { .. } => cache.revalidate(key, caller),
@@ -124,20 +93,13 @@ pub(in crate::gateway) async fn exchange(
     let mut last = None;
     let outcome = gw
         .upstream
-        .exchange_observed(
-            request,
-            authorization,
-            forwarded,
-            params,
-            on_head,
-            |m| match m {
-                Message::Response(resp) => last = Some(resp),
-                other => {
-                    notified = true;
-                    on_message(other);
-                }
-            },
-        )
+        .exchange_observed(request, on_behalf, params, on_head, |m| match m {
+            Message::Response(resp) => last = Some(resp),
+            other => {
+                notified = true;
+                on_message(other);
+            }
+        })
         .await;
     // A refusal of the caller's credentials (401/403) is the upstream's verdict, never
     // a failure to paper over with a stale entry.
@@ -180,8 +142,7 @@ fn frame(result: &Value) -> Bytes {
 async fn tool_call(
     gw: &Gateway,
     request: &Message,
-    authorization: Option<&HeaderValue>,
-    forwarded: &Forwarded,
+    on_behalf: OnBehalf<'_>,
     params: &[(String, String)],
     on_head: impl FnOnce(),
     mut on_message: impl FnMut(Message),
@@ -198,7 +159,7 @@ async fn tool_call(
     let mut failed_code = None;
     let outcome = gw
         .upstream
-        .exchange_observed(request, authorization, forwarded, params, on_head, |m| {
+        .exchange_observed(request, on_behalf, params, on_head, |m| {
             if let Message::Response(Response {
                 outcome: Err(e), ..
             }) = &m

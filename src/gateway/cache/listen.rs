@@ -13,8 +13,7 @@
 //! closed only once the new one is acknowledged, so lists are never unwatched.
 
 use super::{Cacheable, Invalidate, ResponseCache};
-use crate::gateway::forwarded::Forwarded;
-use crate::gateway::upstream::Upstream;
+use crate::gateway::upstream::{OnBehalf, Upstream};
 use dualera_adapters::{Message, ProtocolVersion, Request, RequestId};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -203,8 +202,7 @@ async fn discover(upstream: &Upstream) -> Option<Value> {
     let outcome = upstream
         .exchange(
             &request("server/discover", None),
-            None,
-            &Forwarded::default(),
+            OnBehalf::default(),
             &[],
             |m| {
                 if let Message::Response(r) = m {
@@ -292,7 +290,7 @@ async fn listen_one(
     let mut ack = Some(ack);
     let msg = request("subscriptions/listen", Some(("notifications", filter)));
     let outcome = upstream
-        .exchange(&msg, None, &Forwarded::default(), &[], |m| {
+        .exchange(&msg, OnBehalf::default(), &[], |m| {
             let Message::Notification(n) = m else {
                 return;
             };

@@ -12,10 +12,10 @@
 //! upstream with several instances holds one [`HttpUpstream`] per instance URL, all
 //! cloned from one client.
 
+use super::OnBehalf;
 use super::{Denial, UpstreamError};
 use crate::body::{full, GatewayBody};
 use crate::config::UpstreamHttp2;
-use crate::gateway::forwarded::Forwarded;
 use crate::gateway::sse;
 use crate::tls::{TlsError, TlsFailure};
 use base64::engine::general_purpose::STANDARD;
@@ -145,8 +145,7 @@ impl HttpUpstream {
     pub async fn exchange(
         &self,
         request: &Message,
-        authorization: Option<&HeaderValue>,
-        forwarded: &Forwarded,
+        on_behalf: OnBehalf<'_>,
         params: &[(String, String)],
         on_head: impl FnOnce(),
         mut on_message: impl FnMut(Message),
@@ -175,16 +174,13 @@ impl HttpUpstream {
         {
             builder = builder.header("mcp-name", encode_header_value(name));
         }
-        if let Some(auth) = authorization {
-            builder = builder.header(header::AUTHORIZATION, auth.clone());
-        }
         // `x-mcp-header` parameters, encoded like `Mcp-Name` (2026-07-28 transports,
         // "Value Encoding"); names were checked as field-name tokens when learned.
         for (name, value) in params {
             builder = builder.header(name.as_str(), encode_header_value(value));
         }
         if let Some(h) = builder.headers_mut() {
-            forwarded.apply(h);
+            on_behalf.apply(h);
         }
         let req = builder
             .body(full(Bytes::from(request.to_vec())))
