@@ -1,5 +1,5 @@
 //! The one HTTP listener every program here serves on (the modern server, the
-//! gateway, and any other listener with a service of its own): it owns the accept
+//! gateway, the gateway's admin endpoints): it owns the accept
 //! loop and each connection's life, so that hostile or sloppy peers are bounded the
 //! same way everywhere.
 //!

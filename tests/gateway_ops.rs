@@ -950,7 +950,10 @@ async fn connections_gauge_follows_the_listener() {
     gateway_connections(&admin, 0.0).await;
 
     let ws_url = gw.url.replace("http://", "ws://").replace("/mcp", "/ws");
-    let authority = gw.url.trim_start_matches("http://").trim_end_matches("/mcp");
+    let authority = gw
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp");
     let tcp = tokio::net::TcpStream::connect(authority)
         .await
         .expect("connect");
