@@ -367,7 +367,7 @@ async fn metrics_and_report_count_a_legacy_session() {
     assert_eq!(req("initialize", "ok"), 2.0);
     assert_eq!(req("logging/setLevel", "ok"), 1.0);
     assert_eq!(req("ping", "ok"), 1.0);
-    assert_eq!(req("tools/list", "ok"), 2.0);
+    assert_eq!(req("tools/list", "ok"), 2.0, "{m}");
     assert_eq!(req("tools/call", "failed"), 1.0, "the capability gap");
     assert_eq!(
         metric(
@@ -882,6 +882,9 @@ async fn traceparent_reaches_every_upstream_exchange() {
             s.headers
         );
         assert_eq!(s.headers.get("tracestate").unwrap(), "vendor=abc");
+        // The same exchange carries the forwarded headers of the session's host.
+        assert_eq!(s.headers.get("x-forwarded-for").unwrap(), "127.0.0.1");
+        assert_eq!(s.headers.get("x-forwarded-proto").unwrap(), "http");
     }
 
     // Only in `_meta`: also sent as the header.
@@ -916,4 +919,80 @@ async fn traceparent_reaches_every_upstream_exchange() {
     assert_eq!(r.status, StatusCode::OK);
     let seen = hop.seen_method("tools/list").pop().unwrap();
     assert_eq!(seen.headers.get("traceparent").unwrap(), TP1);
+}
+
+/// Polls `/metrics` until the gateway listener's open-connections gauge is `want`.
+async fn gateway_connections(admin: &str, want: f64) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let m = scrape(admin).await;
+        let open = metric(&m, "dualera_connections_open", &[("listener", "gateway")]);
+        if open == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gateway connections open: {open}, expected {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The open-connections gauge is the shared listener's connection hook: a
+/// connection counts from its acceptance until it closes, a WebSocket until the
+/// WebSocket closes (not when its HTTP upgrade ends), and none is left counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_gauge_follows_the_listener() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Message as Ws;
+    let (_ws, _server, _hop, gw, admin) = rig("").await;
+    gateway_connections(&admin, 0.0).await;
+
+    let ws_url = gw.url.replace("http://", "ws://").replace("/mcp", "/ws");
+    let authority = gw
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp");
+    let tcp = tokio::net::TcpStream::connect(authority)
+        .await
+        .expect("connect");
+    let req = ws_url.as_str().into_client_request().expect("ws request");
+    let (mut socket, _) = tokio_tungstenite::client_async(req, tcp)
+        .await
+        .expect("ws handshake");
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "gauge", "version": "1"}}});
+    socket
+        .send(Ws::text(init.to_string()))
+        .await
+        .expect("send initialize");
+    let answered = tokio::time::timeout(WAIT, async {
+        while let Some(Ok(frame)) = socket.next().await {
+            if let Ws::Text(t) = frame {
+                let v: Value = serde_json::from_str(t.as_str()).expect("JSON");
+                if v["id"] == 0 {
+                    return v;
+                }
+            }
+        }
+        panic!("the WebSocket closed before initialize was answered");
+    })
+    .await
+    .expect("initialize answered");
+    assert!(answered["result"].is_object(), "{answered}");
+    // The upgrade is long over: the WebSocket still counts.
+    gateway_connections(&admin, 1.0).await;
+
+    let mut keep_alive = Connection::open(&gw.url).await;
+    let body = modern_request(json!(1), "tools/list", json!({}), json!({}));
+    assert_eq!(keep_alive.post(&body).await, StatusCode::OK);
+    gateway_connections(&admin, 2.0).await;
+
+    socket.close(None).await.expect("close the WebSocket");
+    drop(socket);
+    gateway_connections(&admin, 1.0).await;
+    drop(keep_alive);
+    gateway_connections(&admin, 0.0).await;
 }

@@ -116,7 +116,12 @@ fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| (*s).to_owned()).collect()
 }
 
-const NOTES_TOOLS: [&str; 4] = ["notes_create", "notes_delete", "notes_list", "summarize_repo"];
+const NOTES_TOOLS: [&str; 4] = [
+    "notes_create",
+    "notes_delete",
+    "notes_list",
+    "summarize_repo",
+];
 
 /// A legacy session over WebSocket at `url`: initialize, then `tools/list`.
 async fn websocket_tools(url: &str) -> Value {
@@ -134,7 +139,9 @@ async fn websocket_tools(url: &str) -> Value {
         .await
         .expect("WebSocket handshake");
     let mut ask = async |msg: Value| -> Option<Value> {
-        ws.send(Ws::Text(msg.to_string().into())).await.expect("send");
+        ws.send(Ws::Text(msg.to_string().into()))
+            .await
+            .expect("send");
         msg.get("id")?;
         loop {
             let frame = tokio::time::timeout(WAIT, ws.next())
@@ -150,9 +157,11 @@ async fn websocket_tools(url: &str) -> Value {
             }
         }
     };
-    let init = ask(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    let init = ask(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {},
-        "clientInfo": {"name": "routes-ws", "version": "1"}}}))
+        "clientInfo": {"name": "routes-ws", "version": "1"}}}),
+    )
     .await
     .expect("initialize answered");
     assert!(init.get("result").is_some(), "{init}");
@@ -191,9 +200,11 @@ async fn http_sse_tools(sse_url: &str) -> (String, Value) {
             assert_eq!(r.status, 202, "{:?}", r.body);
         }
     };
-    send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    send(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2024-11-05", "capabilities": {},
-        "clientInfo": {"name": "routes-sse", "version": "1"}}}))
+        "clientInfo": {"name": "routes-sse", "version": "1"}}}),
+    )
     .await;
     let init = events.next_message().await.expect("initialize answered");
     assert!(init.get("result").is_some(), "{init}");

@@ -253,7 +253,11 @@ async fn a_pass_through_request_goes_to_the_next_instance_with_its_body() {
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["result"]["resultType"], "input_required");
     let seen = b.wait_method("tools/call", 1).await;
-    assert_eq!(seen[0].params()["arguments"], args["arguments"], "body intact");
+    assert_eq!(
+        seen[0].params()["arguments"],
+        args["arguments"],
+        "body intact"
+    );
     // And the rest go to b without a word while a is down.
     for i in 0..4 {
         let body = modern_request(json!(i), "tools/list", json!({}), json!({}));

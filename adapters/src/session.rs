@@ -943,6 +943,37 @@ impl Session {
         Ok(())
     }
 
+    /// Feeds the failure of upstream request `id` to reach the upstream for a reason
+    /// the driver could name (a refused TLS certificate): like
+    /// [`Self::handle_upstream_lost`], but the legacy peer is told why, with `reason`
+    /// as `data.reason` of a `-32603` error and `message` as its text, on every method
+    /// (the cause is the upstream's identity, not the tool's outcome).
+    pub fn handle_upstream_refused(
+        &mut self,
+        id: &RequestId,
+        reason: &'static str,
+        message: String,
+        now: Timestamp,
+    ) -> Result<(), SessionError> {
+        self.check_open()?;
+        let entry = self.take_upstream(id)?;
+        let failure = Failure::UpstreamRefused { reason, message };
+        match entry.role {
+            UpstreamRole::Discover => self.fail_initialize(
+                ErrorObject::new(ErrorCode::INTERNAL_ERROR, failure.to_string())
+                    .with_data(json!({ "reason": reason })),
+            ),
+            UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
+                if let Some(mut call) = self.calls.remove(&legacy) {
+                    call.phase = Phase::Idle;
+                    self.fail_call(legacy, call, failure, "upstream refused");
+                }
+            }
+            UpstreamRole::Listen => self.listen_lost(id, now),
+        }
+        Ok(())
+    }
+
     /// The upstream refused the credentials of request `id` (HTTP 401/403, relayed to
     /// the host by the driver). Unlike [`handle_upstream_lost`](Self::handle_upstream_lost)
     /// nothing is said to the peer where the driver can answer the HTTP request that

@@ -451,7 +451,8 @@ impl From<&Failure> for FailureReason {
             | Failure::MalformedInputRequired { .. }
             | Failure::InputRequiredNotAllowed { .. }
             | Failure::UnknownResultType { .. }
-            | Failure::UpstreamLost => FailureReason::Upstream,
+            | Failure::UpstreamLost
+            | Failure::UpstreamRefused { .. } => FailureReason::Upstream,
         }
     }
 }

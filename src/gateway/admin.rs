@@ -14,29 +14,27 @@
 //! orchestrator probes. A non-loopback admin listener without a token is refused at
 //! start-up. `Host` and `Origin` are checked as on the MCP listener (DNS rebinding).
 //!
-//! The serve loop is deliberately small (a connection cap, a header read timeout,
-//! graceful shutdown) and isolated here.
+//! It is served by the shared listener ([`crate::listener`]) with bounds of its own:
+//! 64 connections (scrapers and probes need few), the listener's header read and idle
+//! timeouts, no TLS (loopback or a private network; a token where it is not loopback).
 
+use super::telemetry::ConnectionsOpen;
 use super::Gateway;
 use crate::body::{full, GatewayBody};
 use crate::guard;
+use crate::listener::{ConnInfo, ListenerConfig};
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use sha2::{Digest, Sha256};
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tracing::{debug, info, Instrument};
+use tracing::info;
 
 /// Most admin connections served at once (scrapers and probes need few).
 const MAX_CONNECTIONS: usize = 64;
-/// How long a client may take to send its request head.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The admin listener's settings.
 #[derive(Clone, Default)]
@@ -106,6 +104,16 @@ pub fn check_exposure(addr: std::net::SocketAddr, settings: &AdminSettings) -> R
     Ok(())
 }
 
+/// The admin listener's bounds: the listener defaults (header read and idle
+/// timeouts) with [`MAX_CONNECTIONS`], no TLS.
+pub fn listener_config() -> ListenerConfig {
+    ListenerConfig {
+        max_connections: MAX_CONNECTIONS,
+        grace: Duration::from_secs(5),
+        ..ListenerConfig::default()
+    }
+}
+
 /// Serves the admin endpoints on a bound listener until `shutdown` resolves; probes
 /// the upstreams for `/readyz` meanwhile.
 pub async fn serve(
@@ -114,80 +122,27 @@ pub async fn serve(
     settings: AdminSettings,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let loopback = listener.local_addr()?.ip().is_loopback();
     let prober = tokio::spawn(super::readiness::probe_loop(
         gateway.clone(),
         settings.probe_interval,
     ));
+    let hook = ConnectionsOpen::new(&gateway.telemetry, "admin");
     let settings = Arc::new(settings);
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let open = gateway.telemetry.metrics().connections("admin");
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut connections = tokio::task::JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            () = &mut shutdown => break,
-        };
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            () = &mut shutdown => break,
-        };
-        while connections.try_join_next().is_some() {}
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                debug!(error = %e, "admin accept failed");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            }
-        };
-        let gw = gateway.clone();
-        let settings = settings.clone();
-        let svc = service_fn(move |req| {
-            let gw = gw.clone();
-            let settings = settings.clone();
-            async move { Ok::<_, Infallible>(handle(&gw, &settings, loopback, req)) }
-        });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_TIMEOUT)
-            .serve_connection(TokioIo::new(stream), svc);
-        let mut stop = stop_rx.clone();
-        let open = open.clone();
-        connections.spawn(
-            async move {
-                let _permit = permit;
-                open.inc();
-                tokio::pin!(conn);
-                tokio::select! {
-                    res = conn.as_mut() => {
-                        if let Err(e) = res {
-                            debug!(error = %e, "admin connection ended with an error");
-                        }
-                    }
-                    _ = stop.changed() => {
-                        conn.as_mut().graceful_shutdown();
-                        let _ = conn.await;
-                    }
-                }
-                open.dec();
-            }
-            .instrument(tracing::debug_span!("connection", listener = "admin", %peer)),
-        );
-    }
-    info!("admin listener shutting down");
+    let service = move |req: Request<Incoming>, conn: &ConnInfo, _: &Arc<_>| {
+        let loopback = conn.local.ip().is_loopback();
+        let response = handle(&gateway, &settings, loopback, &req);
+        async move { response }
+    };
+    let stop_probing = prober.abort_handle();
+    let served =
+        crate::listener::serve_hooked(listener, listener_config(), hook, service, async move {
+            shutdown.await;
+            info!("admin listener shutting down");
+            stop_probing.abort();
+        })
+        .await;
     prober.abort();
-    let _ = stop_tx.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        while connections.join_next().await.is_some() {}
-    })
-    .await;
-    Ok(())
+    served
 }
 
 fn respond(
@@ -215,10 +170,10 @@ fn handle(
     gw: &Gateway,
     settings: &AdminSettings,
     loopback: bool,
-    req: Request<Incoming>,
+    req: &Request<Incoming>,
 ) -> Response<GatewayBody> {
-    if let Some(why) = guard::refusal(req.headers(), loopback, &gw.config.allowed_origins) {
-        return plain(StatusCode::FORBIDDEN, why);
+    if let Some(refused) = guard::refusal(req, loopback, &gw.config.allowed_origins) {
+        return plain(StatusCode::FORBIDDEN, refused.text());
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");
@@ -230,7 +185,7 @@ fn handle(
     let guarded = matches!(path, "/metrics" | "/report" | "/report.html");
     if guarded {
         if let Some(token) = &settings.token {
-            if !authorized(&req, token) {
+            if !authorized(req, token) {
                 let mut r = plain(StatusCode::UNAUTHORIZED, "a bearer token is required\n");
                 r.headers_mut().insert(
                     header::WWW_AUTHENTICATE,

@@ -11,9 +11,10 @@
 //! handler stops waiting; every other exchange is a task from the start.
 
 use super::auth::{fingerprint, BindingKey};
+use super::forwarded::Forwarded;
 use super::telemetry::{SessionTelemetry, WIRE_HTTP};
 use super::trace::TraceContext;
-use super::upstream::{Denial, UpstreamError};
+use super::upstream::{Denial, OnBehalf, UpstreamError};
 use super::{cache, sse, text, Gateway, GatewayConfig};
 use crate::body::{empty, full, ChannelBody, GatewayBody};
 use bytes::Bytes;
@@ -269,6 +270,8 @@ pub(super) struct SessionHandle {
     binding: BindingKey,
     /// Opened without credentials: its discover result may be shared.
     anonymous: bool,
+    /// Forwarded headers of the request that opened the session.
+    forwarded: Forwarded,
     shared: Mutex<Shared>,
     last_used: AtomicU64,
     /// Wakes the timer task early (a deadline moved earlier, or the session closed).
@@ -329,7 +332,11 @@ fn with_session_header(mut r: Response<GatewayBody>, id: &str) -> Response<Gatew
 }
 
 /// Handles one legacy request (POST, GET or DELETE on `/mcp`).
-pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<GatewayBody> {
+pub(super) async fn handle(
+    gw: &Gateway,
+    req: Request<Incoming>,
+    forwarded: Forwarded,
+) -> Response<GatewayBody> {
     let session_header = req
         .headers()
         .get("mcp-session-id")
@@ -381,7 +388,7 @@ pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Gat
         },
     };
     match *req.method() {
-        Method::POST => post(gw, req, existing, auth).await,
+        Method::POST => post(gw, req, existing, auth, forwarded).await,
         Method::GET => match existing {
             Some(h) => get(gw, &h, req.headers(), auth).await,
             None => rpc_error(
@@ -421,6 +428,7 @@ async fn post(
     req: Request<Incoming>,
     existing: Option<Arc<SessionHandle>>,
     auth: Option<HeaderValue>,
+    forwarded: Forwarded,
 ) -> Response<GatewayBody> {
     let limit = gw.config.max_body_bytes;
     let trace = TraceContext::from_headers(req.headers()).map(Arc::new);
@@ -461,7 +469,7 @@ async fn post(
                     "Bad Request: Mcp-Session-Id header is required (or send initialize to start a session)".into(),
                 );
             }
-            return initialize(gw, parsed, auth, trace).await;
+            return initialize(gw, parsed, auth, forwarded, trace).await;
         }
     };
     handle.touch();
@@ -562,6 +570,7 @@ async fn initialize(
     gw: &Gateway,
     parsed: Parsed,
     auth: Option<HeaderValue>,
+    forwarded: Forwarded,
     trace: Option<Arc<TraceContext>>,
 ) -> Response<GatewayBody> {
     let Parsed::Single(Message::Request(init)) = parsed else {
@@ -589,6 +598,7 @@ async fn initialize(
         id: id.clone(),
         binding: BindingKey::of(gw.config.session_binding, auth.as_ref()),
         anonymous: auth.is_none(),
+        forwarded,
         shared: Mutex::new(Shared {
             machine,
             streams: HashMap::new(),
@@ -1287,11 +1297,12 @@ async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, attempt: Attempt
         &gw,
         &role,
         &request,
-        auth.as_ref(),
-        cache::legacy::AttemptHeaders {
-            params: &params,
+        OnBehalf {
+            authorization: auth.as_ref(),
+            forwarded: Some(&handle.forwarded),
             trace: trace.as_deref(),
         },
+        &params,
         accepted,
         |msg| {
             if let Ok(mut s) = handle.shared.lock() {
@@ -1332,7 +1343,13 @@ async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, attempt: Attempt
             Err(e) => {
                 gw.telemetry.upstream_error(&e);
                 warn!(session = %handle.id, rpc.id = %id, error = %e, "upstream exchange failed");
-                let _ = s.machine.handle_upstream_lost(&id, now());
+                let _ = match e.refusal() {
+                    Some((reason, message)) => {
+                        s.machine
+                            .handle_upstream_refused(&id, reason, message, now())
+                    }
+                    None => s.machine.handle_upstream_lost(&id, now()),
+                };
                 route(&gw, &handle, &mut s);
             }
         }

@@ -2,15 +2,16 @@
 //! or buffered. Headers are kept except hop-by-hop ones, the upstream status is kept,
 //! SSE flows frame by frame, and a client that goes away drops the upstream request.
 
+use super::forwarded::Forwarded;
 use super::telemetry::ConnectionTelemetry;
 use super::trace::TraceContext;
-use super::upstream::{HttpUpstream, StdioUpstream, Upstream};
+use super::upstream::{HttpUpstream, StdioUpstream, Upstream, UpstreamError};
 use super::{cache, sse, Gateway};
 use crate::body::{full, BoxError, ChannelBody, GatewayBody};
 use bytes::Bytes;
 use dualera_adapters::jsonrpc::{self, Message};
 use dualera_adapters::usage::Method;
-use dualera_adapters::ErrorCode;
+use dualera_adapters::{ErrorCode, ErrorObject, Response as RpcResponse};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -78,6 +79,7 @@ pub(super) async fn forward(
     gateway: &Gateway,
     connection: &ConnectionTelemetry,
     req: Request<Incoming>,
+    forwarded: &Forwarded,
 ) -> Response<GatewayBody> {
     let started = Instant::now();
     let h = req.headers();
@@ -99,7 +101,7 @@ pub(super) async fn forward(
     }
     let resp = match &*gateway.upstream {
         Upstream::Http(up) => {
-            forward_http(gateway, connection, up, req)
+            forward_http(gateway, connection, up, req, forwarded)
                 .instrument(span)
                 .await
         }
@@ -219,9 +221,25 @@ fn status_for(m: &Message) -> StatusCode {
 }
 
 pub(super) fn unavailable() -> Response<GatewayBody> {
-    let mut r = Response::new(full(Bytes::from_static(
+    bad_gateway(Bytes::from_static(
         br#"{"jsonrpc":"2.0","error":{"code":-32603,"message":"Upstream unavailable"}}"#,
-    )));
+    ))
+}
+
+/// 502 naming why the upstream could not be reached (`data.reason`), when it is known.
+pub(super) fn upstream_failed(e: &UpstreamError) -> Response<GatewayBody> {
+    let Some((reason, message)) = e.refusal() else {
+        return unavailable();
+    };
+    let error = ErrorObject::new(ErrorCode::INTERNAL_ERROR, message)
+        .with_data(serde_json::json!({ "reason": reason }));
+    bad_gateway(Bytes::from(
+        Message::Response(RpcResponse::error(None, error)).to_vec(),
+    ))
+}
+
+fn bad_gateway(body: Bytes) -> Response<GatewayBody> {
+    let mut r = Response::new(full(body));
     *r.status_mut() = StatusCode::BAD_GATEWAY;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -235,6 +253,7 @@ async fn forward_http(
     connection: &ConnectionTelemetry,
     upstream: &HttpUpstream,
     req: Request<Incoming>,
+    forwarded: &Forwarded,
 ) -> Response<GatewayBody> {
     let limit = gateway.config.max_body_bytes;
     let declared = req
@@ -245,6 +264,9 @@ async fn forward_http(
     if declared.is_some_and(|n| n > limit) {
         return status_only(StatusCode::PAYLOAD_TOO_LARGE);
     }
+    let (mut parts, body) = req.into_parts();
+    forwarded.apply(&mut parts.headers);
+    let req = Request::from_parts(parts, body);
     // Cacheable methods (known from `Mcp-Method` alone) go through the cache; every
     // other request stays unparsed.
     if let Some(method) = gateway.cache.cacheable(req.headers()) {
@@ -266,47 +288,50 @@ async fn forward_http(
         gateway
             .telemetry
             .identify(connection, revision_of(&parts.headers), &bytes);
-        return match send(upstream, parts, full(bytes)).await {
+        return match send(gateway, upstream, parts, full(bytes)).await {
             Ok(resp) => downstream(resp),
-            Err(e) => {
-                gateway.telemetry.upstream_unreachable();
-                tracing::warn!(error = %e, "upstream request failed");
-                unavailable()
-            }
+            Err(e) => upstream_failed(&e),
         };
     }
     let body: GatewayBody = Limited::new(body, limit)
         .map_err(|e| -> BoxError { e })
         .boxed();
-    match send(upstream, parts, body).await {
+    match send(gateway, upstream, parts, body).await {
         Ok(resp) => match tool_call {
             Some(call) => call.observe(&gateway.cache, downstream(resp)),
             None => downstream(resp),
         },
-        Err(e) => {
-            gateway.telemetry.upstream_unreachable();
-            tracing::warn!(error = %e, "upstream request failed");
-            unavailable()
-        }
+        Err(e) => upstream_failed(&e),
     }
 }
 
 /// Sends a pass-through request upstream: hop-by-hop headers stripped, the upstream's
-/// `Host` and URI.
+/// `Host` and URI. A request that gets no response is counted as an upstream error
+/// (of its kind: `tls` names a refused certificate, else `unreachable`) and logged.
 pub(super) async fn send(
+    gateway: &Gateway,
     upstream: &HttpUpstream,
     mut parts: http::request::Parts,
     body: GatewayBody,
-) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+) -> Result<Response<Incoming>, UpstreamError> {
     strip_hop_by_hop(&mut parts.headers);
     if let Some(host) = upstream.host_header() {
         parts.headers.insert(header::HOST, host.clone());
     }
     parts.uri = upstream.uri().clone();
+    // The client picks HTTP/1.1 or HTTP/2 per upstream connection, whatever the host
+    // spoke to us.
+    parts.version = http::Version::HTTP_11;
     upstream
         .client()
         .request(Request::from_parts(parts, body))
         .await
+        .map_err(|e| {
+            let e = UpstreamError::from_client(&e);
+            gateway.telemetry.upstream_error(&e);
+            tracing::warn!(error = %e, "upstream request failed");
+            e
+        })
 }
 
 /// The upstream's response as the caller gets it: hop-by-hop headers stripped, the
@@ -314,6 +339,7 @@ pub(super) async fn send(
 pub(super) fn downstream(resp: Response<Incoming>) -> Response<GatewayBody> {
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
+    parts.version = http::Version::HTTP_11;
     Response::from_parts(parts, body.map_err(|e| -> BoxError { Box::new(e) }).boxed())
 }
 

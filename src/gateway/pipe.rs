@@ -3,12 +3,15 @@
 //! machine, feeds it what the peer and the upstream say, and carries out its events.
 //! Every stream the machine names maps onto the one outgoing channel.
 
+use super::forwarded::Forwarded;
 use super::telemetry::SessionTelemetry;
 use super::trace::TraceContext;
+use super::upstream::OnBehalf;
 use super::Gateway;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
 use dualera_adapters::{Event, Message, RequestId, Session, SessionState, Timestamp};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
@@ -17,7 +20,7 @@ use tracing::{debug, info, warn, Instrument};
 /// What an upstream exchange task reports back to the session task.
 enum FromUpstream {
     Message(RequestId, Message),
-    Lost(RequestId),
+    Lost(RequestId, Option<(&'static str, String)>),
     Done(RequestId),
 }
 
@@ -30,6 +33,7 @@ pub(super) async fn run_session(
     outgoing: mpsc::Sender<Vec<u8>>,
     transport: &'static str,
     authorization: Option<http::HeaderValue>,
+    forwarded: Arc<Forwarded>,
 ) {
     let start = Instant::now();
     let now =
@@ -45,18 +49,16 @@ pub(super) async fn run_session(
     let _ = machine.handle_standalone_opened();
     let (up_tx, mut up_rx) = mpsc::channel::<FromUpstream>(256);
     let mut tasks: HashMap<RequestId, AbortHandle> = HashMap::new();
+    let links = Links {
+        gw: &gw,
+        outgoing: &outgoing,
+        up_tx: &up_tx,
+        authorization: authorization.as_ref(),
+        forwarded: &forwarded,
+    };
     info!(transport, "legacy session opened");
     loop {
-        route(
-            &gw,
-            &mut machine,
-            &mut telemetry,
-            &outgoing,
-            &up_tx,
-            &mut tasks,
-            authorization.as_ref(),
-        )
-        .await;
+        route(&links, &mut machine, &mut telemetry, &mut tasks).await;
         if machine.state() == SessionState::Closed {
             break;
         }
@@ -108,9 +110,14 @@ pub(super) async fn run_session(
                         debug!(transport, error = %e, "upstream message refused");
                     }
                 }
-                Some(FromUpstream::Lost(id)) => {
+                Some(FromUpstream::Lost(id, refusal)) => {
                     tasks.remove(&id);
-                    let _ = machine.handle_upstream_lost(&id, now());
+                    let _ = match refusal {
+                        Some((reason, message)) => {
+                            machine.handle_upstream_refused(&id, reason, message, now())
+                        }
+                        None => machine.handle_upstream_lost(&id, now()),
+                    };
                 }
                 Some(FromUpstream::Done(id)) => {
                     tasks.remove(&id);
@@ -127,16 +134,7 @@ pub(super) async fn run_session(
         }
     }
     machine.close();
-    route(
-        &gw,
-        &mut machine,
-        &mut telemetry,
-        &outgoing,
-        &up_tx,
-        &mut tasks,
-        authorization.as_ref(),
-    )
-    .await;
+    route(&links, &mut machine, &mut telemetry, &mut tasks).await;
     for (_, t) in tasks.drain() {
         t.abort();
     }
@@ -144,15 +142,30 @@ pub(super) async fn run_session(
     info!(transport, "legacy session closed");
 }
 
+/// What routing a session's events reaches, fixed for the session's life.
+struct Links<'a> {
+    gw: &'a Gateway,
+    outgoing: &'a mpsc::Sender<Vec<u8>>,
+    up_tx: &'a mpsc::Sender<FromUpstream>,
+    /// The credentials and forwarded headers of the request that opened the session:
+    /// these wires have no per-message headers.
+    authorization: Option<&'a http::HeaderValue>,
+    forwarded: &'a Arc<Forwarded>,
+}
+
 async fn route(
-    gw: &Gateway,
+    links: &Links<'_>,
     machine: &mut Session,
     telemetry: &mut SessionTelemetry,
-    outgoing: &mpsc::Sender<Vec<u8>>,
-    up_tx: &mpsc::Sender<FromUpstream>,
     tasks: &mut HashMap<RequestId, AbortHandle>,
-    authorization: Option<&http::HeaderValue>,
 ) {
+    let Links {
+        gw,
+        outgoing,
+        up_tx,
+        authorization,
+        forwarded,
+    } = *links;
     while let Some(event) = machine.poll_event() {
         match event {
             Event::ToPeer { message, .. } => {
@@ -172,6 +185,7 @@ async fn route(
                 let tx = up_tx.clone();
                 let task_id = id.clone();
                 let auth = authorization.cloned();
+                let fwd = forwarded.clone();
                 // These wires carry no HTTP headers per message: the request's own
                 // `_meta.traceparent` is the trace context.
                 let trace = TraceContext::from_meta(request.params.as_ref());
@@ -190,11 +204,12 @@ async fn route(
                             &gw,
                             &role,
                             &msg,
-                            auth.as_ref(),
-                            super::cache::legacy::AttemptHeaders {
-                                params: &params,
+                            OnBehalf {
+                                authorization: auth.as_ref(),
+                                forwarded: Some(&fwd),
                                 trace: trace.as_ref(),
                             },
+                            &params,
                             || {},
                             |m| {
                                 // Bounded: a flood from the upstream waits here.
@@ -207,7 +222,7 @@ async fn route(
                             Err(e) => {
                                 gw.telemetry.upstream_error(&e);
                                 warn!(error = %e, "upstream exchange failed");
-                                FromUpstream::Lost(task_id)
+                                FromUpstream::Lost(task_id, e.refusal())
                             }
                         };
                         let _ = tx.send(last).await;

@@ -8,7 +8,7 @@
 //! (within three probe intervals, so a stuck prober shows). Client traffic does not
 //! count: a cached discover is no evidence that the upstream is up.
 
-use super::upstream::UpstreamError;
+use super::upstream::{OnBehalf, UpstreamError};
 use super::Gateway;
 use dualera_adapters::session::{
     META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_PROTOCOL_VERSION,
@@ -171,11 +171,13 @@ async fn probe(gw: &Gateway, n: u64, timeout: Duration) -> Result<(), String> {
         }})),
     });
     let mut answer = None;
-    let exchange = gw.upstream.exchange(&request, None, &[], |m| {
-        if let Message::Response(r) = m {
-            answer = Some(r.outcome);
-        }
-    });
+    let exchange = gw
+        .upstream
+        .exchange(&request, OnBehalf::default(), &[], |m| {
+            if let Message::Response(r) = m {
+                answer = Some(r.outcome);
+            }
+        });
     match tokio::time::timeout(timeout, exchange).await {
         Err(_) => Err(format!(
             "server/discover was not answered within {:.1} s",

@@ -22,9 +22,11 @@ use super::metrics::{Era, Metrics};
 use super::readiness::Readiness;
 use super::report::{HostKey, HostRecord, Report};
 use super::upstream::UpstreamError;
+use crate::listener::{ConnHook, ConnInfo};
 use dualera_adapters::usage::{Feature, Method, Observation, RequestOutcome};
 use dualera_adapters::{RequestId, Session};
 use http::StatusCode;
+use prometheus_client::metrics::gauge::Gauge;
 use serde::Deserialize;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -94,11 +96,6 @@ impl Telemetry {
     /// An upstream exchange failed without an MCP answer.
     pub(super) fn upstream_error(&self, error: &UpstreamError) {
         self.metrics.upstream_error(&self.route, error.kind());
-    }
-
-    /// A pass-through request found no upstream connection.
-    pub(in crate::gateway) fn upstream_unreachable(&self) {
-        self.metrics.upstream_error(&self.route, "unreachable");
     }
 
     /// One modern pass-through request ended with `status` (its outcome: `ok` for
@@ -211,6 +208,42 @@ where
         Maybe::Text(s) => Some(s),
         Maybe::Other(_) => None,
     })
+}
+
+/// One open connection, counted in `dualera_connections_open` until dropped.
+#[derive(Debug)]
+pub struct OpenConnection(Gauge);
+
+impl OpenConnection {
+    fn new(gauge: &Gauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// The listener hook that counts a listener's open connections (an upgraded one
+/// until its WebSocket closes).
+#[derive(Debug, Clone)]
+pub struct ConnectionsOpen(Gauge);
+
+impl ConnectionsOpen {
+    /// Counts into the gauge of `listener` (`gateway` or `admin`).
+    pub fn new(telemetry: &Telemetry, listener: &'static str) -> Self {
+        Self(telemetry.metrics.connections(listener))
+    }
+}
+
+impl ConnHook for ConnectionsOpen {
+    type State = OpenConnection;
+    fn opened(&self, _: &ConnInfo) -> OpenConnection {
+        OpenConnection::new(&self.0)
+    }
 }
 
 /// The modern client last identified on one connection.

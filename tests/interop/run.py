@@ -10,13 +10,16 @@ one column per SDK x wire:
   python-legacy/stdio      mcp==1.30.0, stdio_client spawning `dualera gateway --stdio --upstream <modern server>`
   typescript-legacy/sse    sdk 1.32.2, SSEClientTransport on /sse
   typescript-legacy/stdio  sdk 1.32.2, StdioClientTransport spawning `dualera gateway --stdio ...`
+  python-legacy/tls        mcp==1.30.0, streamablehttp_client on https:// (`dualera up --tls`), httpx
+                           verifying against the throw-away CA the gateway printed
+  typescript-legacy/tls    sdk 1.32.2, StreamableHTTPClientTransport on https://, NODE_EXTRA_CA_CERTS=<that CA>
   python-legacy/instances, typescript-legacy/instances
                            the same clients against one gateway in front of two `dualera serve`
                            instances on one PostgreSQL (tests/interop/instances.py)
-The sse and stdio columns run scenarios 2-4 (the elicitation and sampling rounds;
+The sse, stdio, tls and instances columns run scenarios 2-4 (the elicitation and sampling rounds;
 `--all-scenarios` runs all eight there too); the drivers and the expectations are the same
 code for every wire. For the stdio columns the tap records the stdio gateway's upstream hop.
-The instances columns run scenarios 2-4 too, and check from the instances' logs that every
+The instances columns also check, from the instances' logs, that every
 round's retry went to the other instance; in scenario 3 one instance is killed (SIGKILL)
 at the driver's first checkpoint, and the rest of the scenario runs on the survivor.
 
@@ -217,6 +220,7 @@ class ClientKind:
     era: str  # "legacy" or "modern"
     wire: str
     scenarios: tuple[str, ...] | None = None  # None: every scenario
+    tls: bool = False  # the gateway on https:// (`dualera up --tls`), the client trusting its CA
     # "up": one `dualera up`; "instances": a gateway in front of two instances on PostgreSQL.
     backend: str = "up"
 
@@ -230,7 +234,8 @@ class ClientKind:
             return "pass-through"
         if self.backend == "instances":
             return "2 instances, postgres"
-        return {HTTP: "streamable http", SSE: "http+sse 2024-11-05", STDIO: "stdio"}[self.wire]
+        label = {HTTP: "streamable http", SSE: "http+sse 2024-11-05", STDIO: "stdio"}[self.wire]
+        return f"{label} + TLS" if self.tls else label
 
     def runs(self, scenario: str) -> bool:
         return self.scenarios is None or scenario in self.scenarios
@@ -244,8 +249,10 @@ CLIENTS = [
     ClientKind("python-legacy/stdio", PY_LEGACY, "legacy", STDIO, ROUND_SCENARIOS),
     ClientKind("typescript-legacy/sse", TS_LEGACY, "legacy", SSE, ROUND_SCENARIOS),
     ClientKind("typescript-legacy/stdio", TS_LEGACY, "legacy", STDIO, ROUND_SCENARIOS),
-    ClientKind("python-legacy/instances", PY_LEGACY, "legacy", HTTP, ROUND_SCENARIOS, "instances"),
-    ClientKind("typescript-legacy/instances", TS_LEGACY, "legacy", HTTP, ROUND_SCENARIOS, "instances"),
+    ClientKind("python-legacy/tls", PY_LEGACY, "legacy", HTTP, ROUND_SCENARIOS, tls=True),
+    ClientKind("typescript-legacy/tls", TS_LEGACY, "legacy", HTTP, ROUND_SCENARIOS, tls=True),
+    ClientKind("python-legacy/instances", PY_LEGACY, "legacy", HTTP, ROUND_SCENARIOS, backend="instances"),
+    ClientKind("typescript-legacy/instances", TS_LEGACY, "legacy", HTTP, ROUND_SCENARIOS, backend="instances"),
 ]
 
 
@@ -294,13 +301,14 @@ def stop_process(proc: subprocess.Popen) -> None:
 
 
 class Dualera:
-    def __init__(self, binary: Path, workdir: Path):
+    def __init__(self, binary: Path, workdir: Path, tls: bool = False):
         self.dir = workdir / "demo"
         self.log_path = workdir / "dualera.log"
         self.log = open(self.log_path, "w")
         env = dict(os.environ, DUALERA_LOG="debug,dualera::wire=trace", NO_COLOR="1")
         self.proc = subprocess.Popen(
-            [str(binary), "up", "--dir", str(self.dir), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"],
+            [str(binary), "up", "--dir", str(self.dir), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
+             *(["--tls"] if tls else [])],
             stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL, text=True, env=env,
         )
         q: queue.Queue = queue.Queue()
@@ -317,6 +325,10 @@ class Dualera:
             if value:
                 info[key.strip()] = value.strip()
         self.url = info["gateway (legacy and modern hosts)"]
+        self.ca = info.get("CA certificate (give it to hosts)")
+        if tls and not (self.url.startswith("https://") and self.ca):
+            self.stop()
+            raise RuntimeError(f"`dualera up --tls` did not announce https and a CA: {info}")
         self.upstream = info["modern server (direct)"]
         self.admin = info["admin (health, metrics, report)"]
         self.workspace = info["notes workspace"]
@@ -695,10 +707,16 @@ SCENARIOS = [
 
 def run_driver(client: ClientKind, cfg: dict, up: Dualera, snaps: dict, stderr_path: Path,
                on_checkpoint: Callable[[str], None] | None = None) -> dict:
+    env = dict(os.environ)
+    if client.tls:
+        # The TypeScript SDK's fetch trusts what Node trusts; the Python driver passes
+        # cfg["ca"] to httpx itself.
+        env["NODE_EXTRA_CA_CERTS"] = up.ca
     with open(stderr_path, "w") as err:
         proc = subprocess.Popen(
             [*client.peer.command, str(client.peer.script), json.dumps(cfg)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, cwd=client.peer.script.parent,
+            env=env,
         )
         q: queue.Queue = queue.Queue()
         reader_thread(proc.stdout, q)
@@ -752,7 +770,7 @@ def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct:
         elif client.backend == "instances":
             up = Instances(binary, workdir)
         else:
-            up = Dualera(binary, workdir)
+            up = Dualera(binary, workdir, tls=client.tls)
         direct = direct or shared is not None
         wire = {"wire": client.wire}
         if client.wire == STDIO:
@@ -768,6 +786,10 @@ def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct:
                 "env": {"DUALERA_LOG": "debug,dualera::wire=trace", "NO_COLOR": "1"},
                 "stderr": str(stdio_log),
             }
+        elif client.tls:
+            # No tap on this hop (it is TLS end to end); the gateway log has the wire trace.
+            wire["url"] = up.url
+            wire["ca"] = up.ca
         else:
             target = up.url if client.wire == HTTP else urlunsplit(urlsplit(up.url)._replace(path="/sse"))
             wire["url"] = target

@@ -12,8 +12,7 @@
 
 use super::key::{Cacheable, Caller, RequestKey};
 use super::{Begin, ResponseCache};
-use crate::gateway::trace::TraceContext;
-use crate::gateway::upstream::UpstreamError;
+use crate::gateway::upstream::{OnBehalf, UpstreamError};
 use crate::gateway::Gateway;
 use bytes::Bytes;
 use dualera_adapters::{ErrorCode, Message, ProtocolVersion, Response, UpstreamRole};
@@ -39,17 +38,6 @@ pub(in crate::gateway) fn discover_for_initialize(
     cache.peek(&key, &Caller::anonymous()).map(|e| e.value())
 }
 
-/// What an upstream attempt of a legacy session carries in its headers besides the
-/// credentials: its `Mcp-Param-*` headers (name, plain value) and the trace context of
-/// the host request that caused it.
-#[derive(Debug, Clone, Copy, Default)]
-pub(in crate::gateway) struct AttemptHeaders<'a> {
-    /// From [`Session::upstream_headers`](dualera_adapters::Session::upstream_headers).
-    pub(in crate::gateway) params: &'a [(String, String)],
-    /// `traceparent` / `tracestate`.
-    pub(in crate::gateway) trace: Option<&'a TraceContext>,
-}
-
 /// One upstream exchange of a legacy session, through the cache where it may be.
 /// Same contract as [`Upstream::exchange_observed`](crate::gateway::Upstream::exchange_observed)
 /// (a cache hit counts as accepted).
@@ -57,26 +45,18 @@ pub(in crate::gateway) async fn exchange(
     gw: &Gateway,
     role: &UpstreamRole,
     request: &Message,
-    authorization: Option<&HeaderValue>,
-    headers: AttemptHeaders<'_>,
+    on_behalf: OnBehalf<'_>,
+    params: &[(String, String)],
     on_head: impl FnOnce(),
     mut on_message: impl FnMut(Message),
 ) -> Result<(), UpstreamError> {
-    let AttemptHeaders { params, trace } = headers;
     let cache = &gw.cache;
-    let Message::Request(r) = request else {
-        return gw
-            .upstream
-            .exchange_observed(request, authorization, params, trace, on_head, on_message)
-            .await;
+    let r = match request {
+        Message::Request(r) if cache.enabled() && !matches!(role, UpstreamRole::Listen) => Some(r),
+        _ => None,
     };
-    if !cache.enabled() || matches!(role, UpstreamRole::Listen) {
-        return gw
-            .upstream
-            .exchange_observed(request, authorization, params, trace, on_head, on_message)
-            .await;
-    }
-    let key = Cacheable::from_method(&r.method).and_then(|m| {
+    let key = r.and_then(|r| {
+        let m = Cacheable::from_method(&r.method)?;
         RequestKey::from_params(
             cache.route(),
             m,
@@ -84,16 +64,16 @@ pub(in crate::gateway) async fn exchange(
             r.params.as_ref(),
         )
     });
-    let Some(key) = key else {
-        if r.method == "tools/call" {
-            return tool_call(gw, request, authorization, headers, on_head, on_message).await;
+    let (Some(r), Some(key)) = (r, key) else {
+        if r.is_some_and(|r| r.method == "tools/call") {
+            return tool_call(gw, request, on_behalf, params, on_head, on_message).await;
         }
         return gw
             .upstream
-            .exchange_observed(request, authorization, params, trace, on_head, on_message)
+            .exchange_observed(request, on_behalf, params, on_head, on_message)
             .await;
     };
-    let caller = Caller::from_authorization(authorization);
+    let caller = Caller::from_authorization(on_behalf.authorization);
     let fetch = match role {
         UpstreamRole::Discover if caller.is_authenticated() => cache.revalidate(key, caller),
         UpstreamRole::ToolsRefresh { .. } => cache.revalidate(key, caller),
@@ -113,20 +93,13 @@ pub(in crate::gateway) async fn exchange(
     let mut last = None;
     let outcome = gw
         .upstream
-        .exchange_observed(
-            request,
-            authorization,
-            params,
-            trace,
-            on_head,
-            |m| match m {
-                Message::Response(resp) => last = Some(resp),
-                other => {
-                    notified = true;
-                    on_message(other);
-                }
-            },
-        )
+        .exchange_observed(request, on_behalf, params, on_head, |m| match m {
+            Message::Response(resp) => last = Some(resp),
+            other => {
+                notified = true;
+                on_message(other);
+            }
+        })
         .await;
     // A refusal of the caller's credentials (401/403) is the upstream's verdict, never
     // a failure to paper over with a stale entry.
@@ -169,12 +142,11 @@ fn frame(result: &Value) -> Bytes {
 async fn tool_call(
     gw: &Gateway,
     request: &Message,
-    authorization: Option<&HeaderValue>,
-    headers: AttemptHeaders<'_>,
+    on_behalf: OnBehalf<'_>,
+    params: &[(String, String)],
     on_head: impl FnOnce(),
     mut on_message: impl FnMut(Message),
 ) -> Result<(), UpstreamError> {
-    let AttemptHeaders { params, trace } = headers;
     let tool = match request {
         Message::Request(r) => r
             .params
@@ -187,7 +159,7 @@ async fn tool_call(
     let mut failed_code = None;
     let outcome = gw
         .upstream
-        .exchange_observed(request, authorization, params, trace, on_head, |m| {
+        .exchange_observed(request, on_behalf, params, on_head, |m| {
             if let Message::Response(Response {
                 outcome: Err(e), ..
             }) = &m

@@ -11,10 +11,10 @@
 use super::key::{self, Cacheable, Caller};
 use super::{Begin, Fetch, ResponseCache};
 use crate::body::{full, BoxError, GatewayBody};
-use crate::gateway::passthrough::{downstream, read_body, send, unavailable};
+use crate::gateway::passthrough::{downstream, read_body, send, unavailable, upstream_failed};
 use crate::gateway::sse;
 use crate::gateway::telemetry::ConnectionTelemetry;
-use crate::gateway::upstream::{encode_header_value, HttpUpstream};
+use crate::gateway::upstream::{encode_header_value, HttpUpstream, UpstreamError};
 use crate::gateway::Gateway;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
@@ -58,21 +58,14 @@ pub(in crate::gateway) async fn forward(
         .filter(|p| servable(&parts.headers, p));
     let Some(parsed) = parsed else {
         // Not provably the request an entry answers: the upstream has its say.
-        let sent = send(upstream, parts, full(bytes)).await;
-        if sent.is_err() {
-            gw.telemetry().upstream_unreachable();
-        }
-        return relay(sent);
+        return relay(send(gw, upstream, parts, full(bytes)).await);
     };
     let caller = Caller::from_authorization(parts.headers.get(header::AUTHORIZATION));
     let id = bytes.slice(parsed.id.clone());
     match cache.begin(parsed.key, caller, true).await {
         Begin::Hit(entry) => answer(entry.with_id(&id)),
         Begin::Fetch(fetch) => {
-            let sent = send(upstream, parts, full(bytes)).await;
-            if sent.is_err() {
-                gw.telemetry().upstream_unreachable();
-            }
+            let sent = send(gw, upstream, parts, full(bytes)).await;
             fetched(cache, sent, fetch, &id, limit)
         }
     }
@@ -98,15 +91,10 @@ fn servable(headers: &HeaderMap, parsed: &key::ParsedRequest) -> bool {
     accept && name_ok
 }
 
-fn relay(
-    sent: Result<Response<Incoming>, hyper_util::client::legacy::Error>,
-) -> Response<GatewayBody> {
+fn relay(sent: Result<Response<Incoming>, UpstreamError>) -> Response<GatewayBody> {
     match sent {
         Ok(resp) => downstream(resp),
-        Err(e) => {
-            tracing::warn!(error = %e, "upstream request failed");
-            unavailable()
-        }
+        Err(e) => upstream_failed(&e),
     }
 }
 
@@ -124,7 +112,7 @@ fn answer(body: Bytes) -> Response<GatewayBody> {
 /// served, else relay it, keeping the response for the cache as it streams by.
 fn fetched(
     cache: &Arc<ResponseCache>,
-    sent: Result<Response<Incoming>, hyper_util::client::legacy::Error>,
+    sent: Result<Response<Incoming>, UpstreamError>,
     fetch: Fetch,
     id: &[u8],
     limit: usize,

@@ -24,10 +24,8 @@
 //! its requests to the route's pool.
 
 use super::balance::{Backoff, Pick, RoundMemory, Selector, State};
-use super::{HttpUpstream, StdioUpstream, Upstream, UpstreamError};
-use crate::gateway::trace::TraceContext;
+use super::{HttpUpstream, OnBehalf, StdioUpstream, Upstream, UpstreamError};
 use dualera_adapters::Message;
-use http::header::HeaderValue;
 use serde_json::Value;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -226,22 +224,21 @@ impl UpstreamPool {
     pub async fn exchange(
         &self,
         request: &Message,
-        authorization: Option<&HeaderValue>,
+        on_behalf: OnBehalf<'_>,
         params: &[(String, String)],
         on_message: impl FnMut(Message),
     ) -> Result<(), UpstreamError> {
-        self.exchange_observed(request, authorization, params, None, || {}, on_message)
+        self.exchange_observed(request, on_behalf, params, || {}, on_message)
             .await
     }
 
-    /// [`UpstreamPool::exchange`] with [`Upstream::exchange_observed`]'s `trace` and
-    /// `on_head` (called once, by the instance that accepted the request).
+    /// [`UpstreamPool::exchange`] with [`Upstream::exchange_observed`]'s `on_head`
+    /// (called once, by the instance that accepted the request).
     pub async fn exchange_observed(
         &self,
         request: &Message,
-        authorization: Option<&HeaderValue>,
+        on_behalf: OnBehalf<'_>,
         params: &[(String, String)],
-        trace: Option<&TraceContext>,
         on_head: impl FnOnce(),
         mut on_message: impl FnMut(Message),
     ) -> Result<(), UpstreamError> {
@@ -270,9 +267,8 @@ impl UpstreamPool {
             let many = self.instances.len() > 1;
             let exchange = inst.upstream.exchange_observed(
                 request,
-                authorization,
+                on_behalf,
                 params,
-                trace,
                 || {
                     if let Some(h) = on_head.take() {
                         h();
@@ -370,11 +366,13 @@ impl UpstreamPool {
         let mut out = Vec::with_capacity(self.instances.len());
         for (i, inst) in self.instances.iter().enumerate() {
             let mut answer = None;
-            let exchange = inst.upstream.exchange(request, None, &[], |m| {
-                if let Message::Response(r) = m {
-                    answer = Some(r);
-                }
-            });
+            let exchange = inst
+                .upstream
+                .exchange(request, OnBehalf::default(), &[], |m| {
+                    if let Message::Response(r) = m {
+                        answer = Some(r);
+                    }
+                });
             let outcome = match tokio::time::timeout(timeout, exchange).await {
                 Err(_) => Err(UpstreamError::Connect {
                     detail: format!(
