@@ -33,6 +33,10 @@
 //! - `store`: the modern MRTR flow against one instance on SQLite (the run's server) and
 //!   one on PostgreSQL (a throw-away cluster the benchmark starts, PostgreSQL's durable
 //!   defaults), flows alternating one by one.
+//! - `instances`: the legacy MRTR flow (one live elicitation, accepted) through a gateway
+//!   in front of two `dualera serve` instances on one PostgreSQL (each round's retry on
+//!   the other instance) vs a gateway in front of one of them, at concurrency 1 (flows
+//!   alternating one by one) and 8 (alternating time slices); flows/s and ratios.
 //! - `h2` (with `--tls`): pass-through at concurrency 64 through a gateway speaking
 //!   HTTP/2 to the upstream (ALPN) vs one with `upstream_http2 = "never"`, both with
 //!   the cache off, interleaved.
@@ -82,17 +86,26 @@ const LEGACY: &str = "2025-11-25";
 const PV: &str = "io.modelcontextprotocol/protocolVersion";
 const CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
 const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
-const ALL_SCENARIOS: [&str; 7] = [
+const ALL_SCENARIOS: [&str; 8] = [
     "passthrough",
     "cache",
     "mrtr",
     "memory",
     "pending",
     "store",
+    "instances",
     "h2",
 ];
 /// What runs without `--scenarios` (`h2` needs `--tls`).
-const DEFAULT_SCENARIOS: [&str; 6] = ["passthrough", "cache", "mrtr", "memory", "pending", "store"];
+const DEFAULT_SCENARIOS: [&str; 7] = [
+    "passthrough",
+    "cache",
+    "mrtr",
+    "memory",
+    "pending",
+    "store",
+    "instances",
+];
 
 /// Addresses served over TLS, and the client configuration that trusts them: every
 /// [`Conn::open`] to one of them (the direct variant) speaks HTTPS.
@@ -127,7 +140,7 @@ struct Opts {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench [--scenarios passthrough,cache,mrtr,memory,pending,store] [--rounds N] [--secs S]\n\
+        "usage: bench [--scenarios passthrough,cache,mrtr,memory,pending,store,instances] [--rounds N] [--secs S]\n\
          \x20            [--concurrency 1,16,64] [--sessions 1000,10000,100000]\n\
          \x20            [--pending N] [--pending-sessions N] [--profile perf|callgrind|massif] [--no-build]\n\
          \x20            [--dualera PATH (another build of the binary, e.g. to compare before/after)]\n\
@@ -442,6 +455,11 @@ impl Env {
     }
 
     fn gateway_with(&self, upstream: &Proc, tag: &str, config: &Path, log: &str) -> Res<Proc> {
+        self.gateway_over(&[upstream], tag, config, log)
+    }
+
+    /// A gateway whose `/mcp` route has these instances (`--upstream` once each).
+    fn gateway_over(&self, upstreams: &[&Proc], tag: &str, config: &Path, log: &str) -> Res<Proc> {
         let under_valgrind = matches!(self.profile, Some(Profile::Callgrind | Profile::Massif));
         let mut c = if under_valgrind {
             let tool = if self.profile == Some(Profile::Massif) {
@@ -462,13 +480,15 @@ impl Env {
         } else {
             Command::new(&self.bin)
         };
-        c.args(["gateway", "--listen", "127.0.0.1:0", "--upstream"])
-            .arg(upstream.url())
-            .arg("--config")
-            .arg(config)
-            .env("DUALERA_LOG", log);
-        if let (Some(t), "https") = (&self.tls, upstream.scheme.as_str()) {
-            c.arg("--upstream-ca").arg(&t.ca);
+        c.args(["gateway", "--listen", "127.0.0.1:0"]);
+        for upstream in upstreams {
+            c.arg("--upstream").arg(upstream.url());
+        }
+        c.arg("--config").arg(config).env("DUALERA_LOG", log);
+        if let Some(t) = &self.tls {
+            if upstreams.iter().any(|u| u.scheme == "https") {
+                c.arg("--upstream-ca").arg(&t.ca);
+            }
         }
         Proc::spawn(
             "gateway",
@@ -1733,6 +1753,167 @@ async fn store(env: &Env, opts: &Opts, sqlite: &Proc, report: &mut Report) -> Re
     Ok(())
 }
 
+// ---------------------------------------------------------------------------------
+// Scenario 6: several instances behind the gateway.
+// ---------------------------------------------------------------------------------
+
+/// The gateway variants of the instances scenario, in report order.
+const INSTANCE_VARIANTS: [&str; 2] = ["gateway over one instance", "gateway over two instances"];
+
+/// The legacy MRTR flow through a gateway over two `dualera serve` instances on one
+/// PostgreSQL vs a gateway over one of them. At concurrency 1 flows alternate one by one;
+/// above, the variants alternate in time slices (order rotating every round).
+async fn instances(env: &Env, opts: &Opts, report: &mut Report) -> Res<()> {
+    eprintln!(
+        "bench: instances: starting a PostgreSQL cluster (load {})",
+        load_avg()
+    );
+    let cluster = pg_cluster::PgCluster::start_with(pg_cluster::Durability::Durable)?;
+    let url = cluster.create_database("instances")?;
+    // The same configuration, so the same [[state.keys]]: a state either signed verifies
+    // on the other.
+    let a = env.server_on(&url, "instance-a")?;
+    let b = env.server_on(&url, "instance-b")?;
+    let gateways = [
+        env.gateway_over(&[&a], "instances-1", &env.nocache_config, "warn")?,
+        env.gateway_over(&[&a, &b], "instances-2", &env.nocache_config, "warn")?,
+    ];
+    let ws = env.scratch_uri.clone();
+    let secs = (opts.secs * 2.0).max(0.5);
+    let counter = Arc::new(AtomicUsize::new(0));
+    let title = |counter: &AtomicUsize| format!("inst-{}", counter.fetch_add(1, Ordering::Relaxed));
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "### 6. Instances: the legacy MRTR flow (notes_create, notes_delete with one elicitation, accepted) through a gateway over two `dualera serve` instances on one PostgreSQL vs over one of them ({} rounds × {} s per variant)\n",
+        opts.rounds,
+        secs
+    );
+    let _ = writeln!(
+        md,
+        "| concurrency | over one: flows/s | over two: flows/s | two/one (median of per-round ratios) | CPU s instance A / B (two-instance variant) |"
+    );
+    let _ = writeln!(md, "|---:|---:|---:|---:|---|");
+    let mut json_levels = Vec::new();
+    for conc in [1usize, 8] {
+        let mut clients: [Vec<LegacyClient>; 2] = Default::default();
+        for (v, g) in gateways.iter().enumerate() {
+            for _ in 0..conc {
+                let mut c = LegacyClient::open(g.addr).await?;
+                legacy_flow(&mut c, &ws, &title(&counter)).await?;
+                clients[v].push(c);
+            }
+        }
+        let mut rates: [Vec<f64>; 2] = Default::default();
+        let mut ratios = Vec::new();
+        let mut spread = (0.0f64, 0.0f64);
+        for round in 0..opts.rounds {
+            let mut this = [0.0f64; 2];
+            if conc == 1 {
+                let mut busy = [0.0f64; 2];
+                let mut n = [0usize; 2];
+                let end = Instant::now() + Duration::from_secs_f64(secs * 2.0);
+                let mut turn = 0usize;
+                let mut cpu_two = (0.0, 0.0);
+                while Instant::now() < end && turn < 100_000 {
+                    for k in 0..2 {
+                        let v = (turn + k) % 2;
+                        // CPU of each instance around the two-instance flows only.
+                        let before = if v == 1 {
+                            (cpu_of(a.pid()), cpu_of(b.pid()))
+                        } else {
+                            (0.0, 0.0)
+                        };
+                        let t0 = Instant::now();
+                        legacy_flow(&mut clients[v][0], &ws, &title(&counter)).await?;
+                        busy[v] += t0.elapsed().as_secs_f64();
+                        n[v] += 1;
+                        if v == 1 {
+                            cpu_two.0 += cpu_of(a.pid()) - before.0;
+                            cpu_two.1 += cpu_of(b.pid()) - before.1;
+                        }
+                    }
+                    turn += 1;
+                }
+                spread.0 += cpu_two.0;
+                spread.1 += cpu_two.1;
+                for v in 0..2 {
+                    this[v] = n[v] as f64 / busy[v].max(1e-9);
+                }
+            } else {
+                for k in 0..2 {
+                    let v = (round + k) % 2;
+                    let before = (cpu_of(a.pid()), cpu_of(b.pid()));
+                    let end = Instant::now() + Duration::from_secs_f64(secs);
+                    let t0 = Instant::now();
+                    let mut tasks = Vec::new();
+                    for mut c in std::mem::take(&mut clients[v]) {
+                        let ws = ws.clone();
+                        let counter = counter.clone();
+                        tasks.push(tokio::spawn(async move {
+                            let mut n = 0usize;
+                            while Instant::now() < end && n < 100_000 {
+                                let t = format!("inst-{}", counter.fetch_add(1, Ordering::Relaxed));
+                                legacy_flow(&mut c, &ws, &t).await?;
+                                n += 1;
+                            }
+                            Ok::<_, BoxError>((c, n))
+                        }));
+                    }
+                    let mut n = 0usize;
+                    for t in tasks {
+                        let (c, done) = t.await??;
+                        clients[v].push(c);
+                        n += done;
+                    }
+                    this[v] = n as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+                    if v == 1 {
+                        spread.0 += cpu_of(a.pid()) - before.0;
+                        spread.1 += cpu_of(b.pid()) - before.1;
+                    }
+                }
+            }
+            for v in 0..2 {
+                rates[v].push(this[v]);
+            }
+            ratios.push(this[1] / this[0]);
+            eprintln!(
+                "  concurrency {conc}, round {}: over one {:>6.1} flows/s  over two {:>6.1}",
+                round + 1,
+                this[0],
+                this[1]
+            );
+        }
+        let rate = [0, 1].map(|v| median(&rates[v]));
+        let ratio = median(&ratios);
+        let _ = writeln!(
+            md,
+            "| {conc} | {} | {} | **{}** | {} / {} |",
+            fmt_f(rate[0], 1),
+            fmt_f(rate[1], 1),
+            fmt_f(ratio, 3),
+            fmt_f(spread.0, 2),
+            fmt_f(spread.1, 2)
+        );
+        json_levels.push(
+            json!({"concurrency": conc, "one_flows_per_s": rate[0], "two_flows_per_s": rate[1],
+            "ratio": ratio, "per_round_one": rates[0], "per_round_two": rates[1],
+            "two_instance_cpu_s": [spread.0, spread.1]}),
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nVariants: {}. Both gateways have the cache off; the instances share one configuration (one `[[state.keys]]`), and the CPU columns show the two-instance gateway's work landing on both.",
+        INSTANCE_VARIANTS.join(", ")
+    );
+    report.add("instances", md, json!({ "levels": json_levels }));
+    drop(gateways);
+    drop(a);
+    drop(b);
+    drop(cluster);
+    Ok(())
+}
+
 /// The MRTR flow's variants, in report order.
 const FLOW_VARIANTS: [&str; 3] = [
     "legacy session through the gateway (live elicitation)",
@@ -2592,6 +2773,7 @@ fn main() -> Res<()> {
                     "bench: the h2 scenario needs --tls (h2 is negotiated by ALPN); skipped"
                 ),
                 "store" => store(&env, &opts, &server, &mut report).await?,
+                "instances" => instances(&env, &opts, &mut report).await?,
                 _ => {}
             }
         }

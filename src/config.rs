@@ -275,6 +275,11 @@ pub struct RouteSection {
     /// Or a command to spawn and speak to over stdio (split on whitespace).
     #[serde(default)]
     pub upstream_cmd: Option<String>,
+    /// An extra CA bundle (PEM) trusted for this route's HTTPS instances (default:
+    /// `[gateway] upstream_ca`; relative to the config file).
+    pub upstream_ca: Option<PathBuf>,
+    /// HTTP/2 to this route's HTTPS instances (default: `[gateway] upstream_http2`).
+    pub upstream_http2: Option<UpstreamHttp2>,
     /// Largest request body on this route, in bytes.
     pub max_body_bytes: Option<usize>,
     /// Most live legacy sessions on this route.
@@ -584,6 +589,11 @@ impl Config {
             if let Some(ca) = config.gateway.upstream_ca.as_mut() {
                 absolute(ca);
             }
+            for route in &mut config.gateway.routes {
+                if let Some(ca) = route.upstream_ca.as_mut() {
+                    absolute(ca);
+                }
+            }
         }
         if let (Some(report), Some(dir)) = (&config.report.path, path.parent()) {
             if report.is_relative() {
@@ -643,13 +653,48 @@ mod tests {
         assert_eq!(config.report.max_hosts, Some(1000));
     }
 
+    /// The commented `[[gateway.upstreams]]` and `[[gateway.routes]]` examples, once
+    /// uncommented, are a valid configuration.
+    #[test]
+    fn example_instances_and_routes_parse() {
+        let text = include_str!("../examples/dualera.toml");
+        let mut out = String::new();
+        let mut inside = false;
+        for line in text.lines() {
+            let rest = line.strip_prefix("# ").unwrap_or("");
+            if rest.starts_with("[[gateway.upstreams]]") || rest.starts_with("[[gateway.routes]]") {
+                inside = true;
+            } else if !(inside
+                && rest.split_once(" = ").is_some_and(|(k, _)| {
+                    k.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                }))
+            {
+                inside = false;
+                continue;
+            }
+            out.push_str(rest);
+            out.push('\n');
+        }
+        let c = Config::parse(&out).unwrap_or_else(|e| panic!("{e}:\n{out}"));
+        assert_eq!(c.gateway.upstreams.len(), 2, "{out}");
+        assert_eq!(c.gateway.routes.len(), 2, "{out}");
+        assert_eq!(
+            c.gateway.routes[0].upstream_http2,
+            Some(UpstreamHttp2::Never)
+        );
+        assert!(c.gateway.routes[0].upstream_ca.is_some());
+        assert_eq!(c.gateway.routes[0].max_rounds, Some(8));
+        assert!(c.gateway.routes[1].upstream_cmd.is_some());
+    }
+
     #[test]
     fn upstreams_and_routes() {
         let c = Config::parse(
             "[[gateway.upstreams]]\nurl = \"http://127.0.0.1:1/mcp\"\n\
              [[gateway.upstreams]]\nurl = \"http://127.0.0.1:2/mcp\"\n\
              [[gateway.routes]]\npath = \"/a/mcp\"\nupstream = \"http://127.0.0.1:3/mcp\"\n\
-             max_sessions = 5\n\
+             max_sessions = 5\nupstream_ca = \"a-ca.pem\"\nupstream_http2 = \"never\"\n\
              [[gateway.routes]]\npath = \"/b/mcp\"\n\
              upstream = [\"http://127.0.0.1:4/mcp\", \"http://127.0.0.1:5/mcp\"]\n\
              [[gateway.routes]]\npath = \"/c/mcp\"\nupstream_cmd = \"dualera serve --stdio\"\n",
@@ -664,6 +709,11 @@ mod tests {
             Some(vec!["http://127.0.0.1:3/mcp".to_owned()])
         );
         assert_eq!(g.routes[0].max_sessions, Some(5));
+        assert_eq!(g.routes[0].upstream_http2, Some(UpstreamHttp2::Never));
+        assert_eq!(
+            g.routes[0].upstream_ca.as_deref(),
+            Some(Path::new("a-ca.pem"))
+        );
         assert_eq!(
             g.routes[1].upstream.as_ref().map(|u| u.urls().len()),
             Some(2)

@@ -4,9 +4,8 @@ use clap::{Parser, Subcommand};
 use dualera::config::{Config, TlsSection};
 use dualera::gateway::admin::{self, AdminSettings};
 use dualera::gateway::report::{self, Report, ReportConfig};
-use dualera::gateway::{
-    Gateway, GatewayConfig, HttpUpstream, StdioUpstream, Upstream, UpstreamClient, UpstreamOptions,
-};
+use dualera::gateway::routes::{self, UpstreamFlags};
+use dualera::gateway::{Gateway, GatewayConfig, HttpUpstream, Upstream};
 use dualera::listener::{warn_if_clear_text, ListenerConfig};
 use dualera::server::{self, KeySource, Server};
 use dualera::tls::ServerTls;
@@ -57,13 +56,11 @@ enum Command {
     },
     /// Run the gateway in front of a modern server.
     Gateway {
-        /// The modern server's MCP endpoint, e.g. http://127.0.0.1:8787/mcp.
-        #[arg(
-            long,
-            required_unless_present = "upstream_cmd",
-            conflicts_with = "upstream_cmd"
-        )]
-        upstream: Option<String>,
+        /// The modern server's MCP endpoint, e.g. http://127.0.0.1:8787/mcp: the route
+        /// /mcp. Give it once per instance of the server (requests go round-robin to the
+        /// instances that are up). More routes: [[gateway.routes]] in --config.
+        #[arg(long, conflicts_with = "upstream_cmd")]
+        upstream: Vec<String>,
         /// Spawn the modern server and speak to it over stdio instead, e.g.
         /// "dualera serve --stdio --demo" (split on whitespace).
         #[arg(long)]
@@ -164,6 +161,13 @@ fn load(path: Option<&PathBuf>) -> Result<Config, BoxError> {
     })
 }
 
+/// The demo workspace in `dir` ([`dualera::demo::ensure`]), made on a blocking thread:
+/// seeding a PostgreSQL store (`DUALERA_STORE_URL`) uses the synchronous client, which
+/// must not run on a runtime worker.
+async fn demo_layout(dir: PathBuf) -> Result<dualera::demo::DemoLayout, BoxError> {
+    Ok(tokio::task::spawn_blocking(move || dualera::demo::ensure(&dir)).await??)
+}
+
 fn build_server(config: &Config) -> Result<Server, BoxError> {
     let (server, keys) = Server::from_config(config)?;
     if keys == KeySource::Generated {
@@ -199,22 +203,6 @@ fn scheme(config: &ListenerConfig) -> &'static str {
     }
 }
 
-fn http_upstream(
-    url: &str,
-    options: &UpstreamOptions,
-    max_body: usize,
-) -> Result<HttpUpstream, BoxError> {
-    let uri: http::Uri = url.parse()?;
-    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
-        return Err("--upstream must be an http:// or https:// URL".into());
-    }
-    Ok(HttpUpstream::with_client(
-        uri,
-        UpstreamClient::new(options)?,
-        max_body,
-    ))
-}
-
 async fn run(cli: Cli) -> Result<(), BoxError> {
     match cli.command {
         Command::Serve {
@@ -228,7 +216,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
         } => {
             let mut config_path = config;
             if let Some(dir) = demo {
-                let layout = dualera::demo::ensure(&dir)?;
+                let layout = demo_layout(dir).await?;
                 eprintln!(
                     "dualera: demo workspace {} and repository {}",
                     layout.notes_uri,
@@ -279,30 +267,19 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
         } => {
             let config = load(config.as_ref())?;
             let gw_config = GatewayConfig::from_config(&config);
-            let options = UpstreamOptions {
-                extra_ca: upstream_ca.or_else(|| config.gateway.upstream_ca.clone()),
-                http2: config.gateway.upstream_http2.unwrap_or_default(),
-            };
             let admin_settings = AdminSettings::from_section(&config.admin)?;
             let admin_addr = admin.or(config.admin.listen);
             if let Some(addr) = admin_addr {
                 admin::check_exposure(addr, &admin_settings)?;
             }
             let report = Report::open(&ReportConfig::from_section(&config.report))?;
-            let upstream = match (upstream, upstream_cmd) {
-                (Some(url), _) => Upstream::Http(Box::new(http_upstream(
-                    &url,
-                    &options,
-                    gw_config.max_body_bytes,
-                )?)),
-                (None, Some(cmd)) => {
-                    let mut words = cmd.split_whitespace().map(str::to_owned);
-                    let program = words.next().ok_or("--upstream-cmd is empty")?;
-                    Upstream::Stdio(StdioUpstream::spawn(program, words.collect()))
-                }
-                (None, None) => return Err("give --upstream URL or --upstream-cmd CMD".into()),
+            let flags = UpstreamFlags {
+                urls: upstream,
+                cmd: upstream_cmd,
+                ca: upstream_ca,
             };
-            let gateway = Gateway::with_report(upstream, gw_config, report);
+            let specs = routes::from_config(&config, &flags, &gw_config)?;
+            let gateway = Gateway::with_routes(specs, report)?;
             let (admin_stop, admin_task) = match admin_addr {
                 Some(addr) => {
                     let (url, stop, task) =
@@ -326,10 +303,16 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 let stop = shutdown_signal();
                 dualera::tls::reload_on_sighup(listen_config.tls.iter().cloned().collect());
                 warn_if_clear_text(bound, &listen_config, "gateway");
+                // One line each (stderr is unbuffered: a piecewise line could be split).
                 eprintln!(
-                    "dualera: gateway listening on {}://{bound}/mcp",
-                    scheme(&listen_config)
+                    "dualera: gateway listening on {}://{bound}{}",
+                    scheme(&listen_config),
+                    gateway.path()
                 );
+                let paths: Vec<&str> = gateway.routes().map(|r| r.path()).collect();
+                if paths.len() > 1 {
+                    eprintln!("dualera: routes: {}", paths.join(", "));
+                }
                 gateway.serve_with(listener, listen_config, stop).await?;
             }
             stop_admin(admin_stop, admin_task).await;
@@ -343,7 +326,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             tls_key,
             admin,
         } => {
-            let layout = dualera::demo::ensure(&dir)?;
+            let layout = demo_layout(dir).await?;
             let config = load(Some(&layout.config))?;
             let mut listen_config = gateway_listener(&config);
             let mut ca_line = String::new();

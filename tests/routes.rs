@@ -10,6 +10,7 @@
 mod gateway_support;
 
 use dualera::config::Config;
+use dualera::gateway::sse;
 use dualera::server::catalog::Catalog;
 use dualera::server::error::ServerError;
 use dualera::server::tools::{CallContext, Outcome, Tool, ToolRegistry};
@@ -17,6 +18,7 @@ use dualera::server::Server;
 use futures_util::{SinkExt, StreamExt};
 use gateway_support::*;
 use http::Method;
+use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -172,6 +174,41 @@ async fn websocket_tools(url: &str) -> Value {
         .clone()
 }
 
+/// The events of an SSE body, decoded as they arrive.
+struct Events {
+    body: hyper::body::Incoming,
+    decoder: sse::Decoder,
+    ready: std::collections::VecDeque<sse::Event>,
+}
+
+impl Events {
+    async fn next(&mut self) -> sse::Event {
+        loop {
+            if let Some(e) = self.ready.pop_front() {
+                return e;
+            }
+            let frame = tokio::time::timeout(WAIT, self.body.frame())
+                .await
+                .expect("an event in time")
+                .expect("the stream stayed open")
+                .expect("a frame");
+            if let Some(d) = frame.data_ref() {
+                self.ready.extend(self.decoder.feed(d).expect("valid SSE"));
+            }
+        }
+    }
+
+    /// The next JSON-RPC message on the stream.
+    async fn message(&mut self) -> Value {
+        loop {
+            let e = self.next().await;
+            if !e.data.trim().is_empty() && e.event != "endpoint" {
+                return serde_json::from_str(&e.data).expect("JSON data");
+            }
+        }
+    }
+}
+
 /// A 2024-11-05 HTTP+SSE session at `sse_url`: the endpoint it names, and the
 /// `tools/list` result read from the stream.
 async fn http_sse_tools(sse_url: &str) -> (String, Value) {
@@ -182,8 +219,17 @@ async fn http_sse_tools(sse_url: &str) -> (String, Value) {
         .expect("request");
     let resp = client.request(req).await.expect("GET …/sse");
     assert_eq!(resp.status(), 200);
-    let mut events = SseReader::from_response(resp);
-    let endpoint = events.next_event("endpoint").await;
+    let mut events = Events {
+        body: resp.into_body(),
+        decoder: sse::Decoder::new(1 << 20),
+        ready: Default::default(),
+    };
+    let endpoint = loop {
+        let e = events.next().await;
+        if e.event == "endpoint" {
+            break e.data;
+        }
+    };
     let post = format!("{}{endpoint}", origin(sse_url));
     let send = |msg: Value| {
         let client = client.clone();
@@ -206,12 +252,55 @@ async fn http_sse_tools(sse_url: &str) -> (String, Value) {
         "clientInfo": {"name": "routes-sse", "version": "1"}}}),
     )
     .await;
-    let init = events.next_message().await.expect("initialize answered");
+    let init = events.message().await;
     assert!(init.get("result").is_some(), "{init}");
     send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
     send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})).await;
-    let list = events.next_message().await.expect("tools/list answered");
+    let list = events.message().await;
     (endpoint, list["result"].clone())
+}
+
+/// An HTTP server answering every GET with `{"server": <name>, "path": <path asked>}`
+/// (a stand-in upstream for the metadata relay), and `server/discover` on POST.
+struct MetadataUpstream {
+    url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl MetadataUpstream {
+    async fn start(name: &'static str) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let svc = hyper::service::service_fn(
+                    move |req: http::Request<hyper::body::Incoming>| async move {
+                        let body = json!({"server": name, "path": req.uri().path()});
+                        let mut r = http::Response::new(http_body_util::Full::new(
+                            bytes::Bytes::from(body.to_string()),
+                        ));
+                        r.headers_mut()
+                            .insert("content-type", "application/json".parse().unwrap());
+                        Ok::<_, std::convert::Infallible>(r)
+                    },
+                );
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Self { url, task }
+    }
+}
+
+impl Drop for MetadataUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -374,7 +463,7 @@ async fn metrics_carry_the_route_and_readyz_names_the_failing_one() {
     assert_eq!(
         metrics
             .lines()
-            .filter(|l| *l == "# TYPE dualera_cache_hits counter")
+            .filter(|l| *l == "# TYPE dualera_cache_hits_total counter")
             .count(),
         1,
         "{metrics}"

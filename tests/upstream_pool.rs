@@ -25,9 +25,11 @@ async fn instance(name: &'static str, capabilities: Value) -> Upstream {
     let n = Arc::new(AtomicUsize::new(0));
     Upstream::scripted(move |s: &Seen| match s.method.as_str() {
         "server/discover" => Script::Json(discover_result(&s.id, capabilities.clone())),
+        // Cacheable (with the cache on, the first stored entry starts its listen).
         "tools/list" => Script::Json(complete(
             &s.id,
-            json!({"tools": [{"name": "confirm", "inputSchema": {"type": "object"}}]}),
+            json!({"tools": [{"name": "confirm", "inputSchema": {"type": "object"}}],
+                   "ttlMs": 60_000, "cacheScope": "public"}),
         )),
         "subscriptions/listen" => Script::Stream(vec![json!({
             "jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
@@ -81,7 +83,14 @@ fn gateway(ws: &Workspace, upstreams: &[&str]) -> (Proc, String) {
 /// One metric sample's value from the admin listener (0 when absent).
 async fn metric(admin: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     let client = http_client();
-    let r = raw(&client, "GET", &format!("{admin}/metrics"), &[], None).await;
+    let r = raw(
+        &client,
+        http::Method::GET,
+        &format!("{admin}/metrics"),
+        &[],
+        "",
+    )
+    .await;
     let text = String::from_utf8_lossy(&r.body).into_owned();
     text.lines()
         .filter(|l| l.starts_with(name) && !l.starts_with('#'))
@@ -215,10 +224,16 @@ async fn an_instance_that_refuses_connections_is_skipped_and_tried_again_later()
     // Back on the same address: after its backoff one request tries it, and it is in
     // the rotation again.
     b.restart().await;
-    eventually(Duration::from_secs(20), "b to take requests again", || {
-        (!b.seen_method("tools/list").is_empty()).then_some(())
-    })
-    .await;
+    let b_before = b.seen_method("tools/list").len();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while b.seen_method("tools/list").len() == b_before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b was never tried again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        host.call("tools/list", json!({})).await;
+    }
     let b_before = b.seen_method("tools/list").len();
     for _ in 0..10 {
         host.call("tools/list", json!({})).await;
@@ -241,7 +256,7 @@ async fn an_instance_that_refuses_connections_is_skipped_and_tried_again_later()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_through_request_goes_to_the_next_instance_with_its_body() {
     let ws = Workspace::new(&[]);
-    let mut a = instance("a", json!({"tools": {}})).await;
+    let a = instance("a", json!({"tools": {}})).await;
     let b = instance("b", json!({"tools": {}})).await;
     let (gw, _admin) = gateway(&ws, &[&a.url, &b.url]);
     // The first request's turn is a's, which is gone before anything reached it.
@@ -334,5 +349,100 @@ async fn listens_are_reopened_on_the_other_instance_when_theirs_goes_away() {
     .await
     .expect("the notification on the GET stream");
     assert!(n.get("id").is_none());
+    drop(gw);
+}
+
+/// `dualera serve` with `config`, plain HTTP on a free port.
+fn serve(config: &std::path::Path) -> Proc {
+    let config = config.display().to_string();
+    Proc::spawn(
+        &["serve", "--config", &config, "--listen", "127.0.0.1:0"],
+        "modern server listening on",
+    )
+}
+
+/// The notes in the workspace, as an instance lists them.
+async fn note_titles(instance: &str, ws: &Workspace) -> Vec<String> {
+    let client = http_client();
+    let body = modern_request(
+        json!(1),
+        "tools/call",
+        json!({"name": "notes_list", "arguments": {"workspaceUri": ws.notes_uri}}),
+        json!({}),
+    );
+    let r = modern_post(&client, instance, &body).await;
+    r.json()["result"]["structuredContent"]["notes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{:?}", r.json()))
+        .iter()
+        .filter_map(|n| n["title"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_with_other_state_keys_refuse_each_others_rounds_with_32602() {
+    // Two real instances on one store (a SQLite file both open), their [[state.keys]]
+    // different: each round's retry goes to the other instance, which cannot verify the
+    // state. The host gets -32602 and no note is deleted.
+    let ws = Workspace::new(&[]);
+    let text = std::fs::read_to_string(&ws.config).expect("config");
+    let other = ws.dir.join("other-keys.toml");
+    let replaced = text.replace(
+        "gateway-acceptance-secret-0123456789abcdef",
+        "another-key-set-entirely-0123456789abcdef",
+    );
+    assert_ne!(
+        replaced, text,
+        "the workspace config names its state secret"
+    );
+    std::fs::write(&other, replaced).expect("config");
+    let a = serve(&ws.config);
+    let b = serve(&other);
+    let (gw, _admin) = gateway(&ws, &[&a.url, &b.url]);
+    let mut host = Legacy::new(&gw.url);
+    host.open("2025-11-25", json!({"elicitation": {}})).await;
+    for round in 0..2 {
+        let title = format!("keep {round}");
+        let created = host
+            .call(
+                "tools/call",
+                json!({"name": "notes_create", "arguments": {"workspaceUri": ws.notes_uri, "title": title, "body": "b"}}),
+            )
+            .await;
+        assert!(created.get("result").is_some(), "{created}");
+        let mut asked = 0;
+        let ex = host
+            .exchange_with(
+                "tools/call",
+                json!({"name": "notes_delete", "arguments": {"workspaceUri": ws.notes_uri, "title": title}}),
+                |live| {
+                    asked += 1;
+                    let id = live
+                        .pointer("/params/requestedSchema/properties/note_id/enum/0")
+                        .cloned()
+                        .unwrap_or_else(|| panic!("no candidate in {live}"));
+                    json!({"jsonrpc": "2.0", "id": live["id"], "result": {"action": "accept",
+                           "content": {"note_id": id, "confirm": true}}})
+                },
+            )
+            .await;
+        assert_eq!(asked, 1, "one elicitation round: {}", ex.response);
+        assert_eq!(
+            ex.response.pointer("/error/code"),
+            Some(&json!(-32602)),
+            "the retry on the instance with other keys: {}",
+            ex.response
+        );
+    }
+    // Nothing was deleted: both notes are there, whichever instance is asked.
+    for instance in [&a.url, &b.url] {
+        let titles = note_titles(instance, &ws).await;
+        for round in 0..2 {
+            assert!(
+                titles.contains(&format!("keep {round}")),
+                "{instance}: {titles:?}"
+            );
+        }
+    }
     drop(gw);
 }

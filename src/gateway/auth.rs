@@ -20,7 +20,7 @@
 //! [`fingerprint`], a short digest.
 
 use super::passthrough::strip_hop_by_hop;
-use super::upstream::{Denial, OnBehalf, Upstream, UpstreamError};
+use super::upstream::{Denial, OnBehalf, UpstreamError};
 use super::{text, Gateway};
 use crate::body::{empty, full, BoxError, GatewayBody};
 use crate::config::SessionBinding;
@@ -193,13 +193,6 @@ pub(super) async fn upstream_denial(
 /// How long [`upstream_denial`] waits for the upstream.
 const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Whether `path` is one of the metadata paths the gateway relays: the well-known root
-/// and the well-known path of its MCP endpoint.
-pub(super) fn is_metadata_path(path: &str) -> bool {
-    path.strip_prefix(METADATA_PATH)
-        .is_some_and(|rest| rest.is_empty() || rest == crate::server::http::ENDPOINT)
-}
-
 /// Relays `GET`/`HEAD`/`OPTIONS` on a metadata path to the upstream verbatim (status,
 /// headers but hop-by-hop ones, body). The endpoint suffix maps to the upstream's own
 /// endpoint path, so the document is the one the upstream publishes for itself.
@@ -212,37 +205,49 @@ pub(super) async fn relay_metadata(gw: &Gateway, req: Request<Incoming>) -> Resp
         );
         return r;
     }
-    let Upstream::Http(upstream) = &*gw.upstream else {
+    if gw.upstream.stdio().is_some() {
         return text(
             StatusCode::NOT_FOUND,
             "this upstream is a local process: it has no protected resource metadata\n",
         );
-    };
-    let suffix = match req.uri().path().strip_prefix(METADATA_PATH) {
-        Some("") | None => "",
-        Some(_) => upstream.uri().path().trim_end_matches('/'),
-    };
-    let path = match req.uri().query() {
-        Some(q) => format!("{METADATA_PATH}{suffix}?{q}"),
-        None => format!("{METADATA_PATH}{suffix}"),
-    };
-    let mut target = upstream.uri().clone().into_parts();
-    target.path_and_query = path.parse().ok();
-    let Ok(uri) = Uri::from_parts(target) else {
-        return text(
-            StatusCode::BAD_GATEWAY,
-            "cannot form the upstream metadata URL\n",
-        );
-    };
+    }
+    // The root document maps to the upstream's root; a route's path maps to the
+    // upstream's own endpoint path (RFC 9728 §3.1), whatever the route is called here.
+    let root = matches!(
+        req.uri().path().strip_prefix(METADATA_PATH),
+        Some("") | None
+    );
+    let query = req.uri().query().map(str::to_owned);
     let (mut parts, _body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::CONTENT_LENGTH);
-    if let Some(host) = upstream.host_header() {
-        parts.headers.insert(header::HOST, host.clone());
-    }
-    parts.uri = uri;
-    let upstream_req = Request::from_parts(parts, empty());
-    match upstream.client().request(upstream_req).await {
+    let sent = gw
+        .upstream
+        .send(|upstream| {
+            let suffix = if root {
+                ""
+            } else {
+                upstream.uri().path().trim_end_matches('/')
+            };
+            let path = match &query {
+                Some(q) => format!("{METADATA_PATH}{suffix}?{q}"),
+                None => format!("{METADATA_PATH}{suffix}"),
+            };
+            let mut target = upstream.uri().clone().into_parts();
+            target.path_and_query = path.parse().ok();
+            let uri = Uri::from_parts(target).ok()?;
+            let mut parts = parts.clone();
+            if let Some(host) = upstream.host_header() {
+                parts.headers.insert(header::HOST, host.clone());
+            }
+            parts.uri = uri;
+            let sent = upstream
+                .client()
+                .request(Request::from_parts(parts, empty()));
+            Some(async move { sent.await.map_err(|e| UpstreamError::from_client(&e)) })
+        })
+        .await;
+    match sent {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
@@ -307,15 +312,7 @@ mod tests {
     }
 
     #[test]
-    fn metadata_paths_and_fingerprints() {
-        assert!(is_metadata_path("/.well-known/oauth-protected-resource"));
-        assert!(is_metadata_path(
-            "/.well-known/oauth-protected-resource/mcp"
-        ));
-        assert!(!is_metadata_path(
-            "/.well-known/oauth-protected-resource/other"
-        ));
-        assert!(!is_metadata_path("/.well-known/oauth-authorization-server"));
+    fn fingerprints_hide_the_token() {
         let secret = HeaderValue::from_static("Bearer s3cr3t-token");
         let fp = fingerprint(Some(&secret));
         assert_eq!(fp.len(), 8);

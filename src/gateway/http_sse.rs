@@ -1,6 +1,8 @@
-//! The deprecated HTTP+SSE transport (2024-11-05): `GET /sse` opens the session's one
-//! stream and names, in an `endpoint` event, the URL to POST messages to; each POST
-//! gets 202 and every answer travels on the stream. The session ends with the stream.
+//! The deprecated HTTP+SSE transport (2024-11-05): `GET <route>/sse` (`/sse` for the
+//! `/mcp` route) opens the session's one stream and names, in an `endpoint` event, the
+//! URL to POST messages to (`<route>/messages`, beside the stream); each POST gets 202
+//! and every answer travels on the stream. The session ends with the stream. Sessions
+//! belong to their route: another route's messages path does not find them.
 
 use super::forwarded::Forwarded;
 use super::{pipe, sse, Gateway};
@@ -16,10 +18,11 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tracing::{info, Instrument};
 
-/// The stream endpoint.
-pub const SSE_PATH: &str = "/sse";
-/// The message endpoint (with `?sessionId=`).
-pub const MESSAGES_PATH: &str = "/messages";
+/// The `/mcp` route's stream endpoint (every route also has `<route>/sse`).
+pub const SSE_PATH: &str = super::routes::SSE_SUFFIX;
+/// The `/mcp` route's message endpoint, with `?sessionId=` (every route also has
+/// `<route>/messages`: the one next to the stream a session was opened on).
+pub const MESSAGES_PATH: &str = super::routes::MESSAGES_SUFFIX;
 
 /// Live HTTP+SSE sessions.
 #[derive(Debug, Default)]
@@ -73,7 +76,8 @@ pub(super) fn open(
     gw.sse
         .map
         .insert(id.clone(), (in_tx, credential(auth.as_ref())));
-    let endpoint = format!("event: endpoint\ndata: {MESSAGES_PATH}?sessionId={id}\n\n");
+    let messages = super::routes::messages_path(req.uri().path());
+    let endpoint = format!("event: endpoint\ndata: {messages}?sessionId={id}\n\n");
     let _ = stream_tx.try_send(Bytes::from(endpoint));
     let span = tracing::info_span!("session", transport = "http+sse", session = %id);
     let sessions: Arc<SseSessions> = gw.sse.clone();

@@ -1,13 +1,18 @@
-//! The gateway: one endpoint for both eras. A modern request (2026-07-28 header, no
-//! session) is proxied untouched; legacy traffic (an `initialize`, or a known session)
-//! is driven through the sans-IO session machine of `dualera-adapters`.
+//! The gateway: one endpoint for both eras, per route. A modern request (2026-07-28
+//! header, no session) is proxied untouched; legacy traffic (an `initialize`, or a
+//! known session) is driven through the sans-IO session machine of `dualera-adapters`.
 //!
 //! ```text
-//!   POST /mcp ─► origin/host guard ─► era? ─ modern ─► passthrough::forward ─► upstream
-//!                                          └ legacy ─► legacy_http ─► Session (adapters)
-//!                                                              ▲           │ commands
-//!                                                              └─ upstream::exchange
+//!   POST /a/mcp ─► guard ─► route by path ─► era? ─ modern ─► passthrough ─► route's pool ─► instance
+//!                                                └ legacy ─► legacy_http ─► Session (adapters)
+//!                                                                     ▲           │ commands
+//!                                                                     └─ route's pool
 //! ```
+//!
+//! A [`Route`] holds everything that serves one path (its upstream pool, sessions,
+//! cache, telemetry); a [`Gateway`] handle points at one route and dereferences to it,
+//! so the drivers (`legacy_http`, `pipe`, `passthrough`, …) read the route they serve
+//! as `gw.upstream`, `gw.legacy`, `gw.cache` and never know that other routes exist.
 
 pub mod admin;
 mod auth;
@@ -36,14 +41,15 @@ use dualera_adapters::ProtocolVersion;
 use forwarded::Forwarded;
 use http::{header, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
+pub use routes::RouteError;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tracing::info;
 pub use upstream::{
-    Denial, HttpUpstream, OnBehalf, StdioUpstream, Upstream, UpstreamClient, UpstreamError,
-    UpstreamOptions,
+    Denial, HttpUpstream, OnBehalf, PoolError, StdioUpstream, Upstream, UpstreamClient,
+    UpstreamError, UpstreamOptions, UpstreamPool,
 };
 
 /// Gateway settings; every bound has a default.
@@ -130,6 +136,25 @@ impl GatewayConfig {
         }
     }
 
+    /// These settings with a route's own limits (`[[gateway.routes]]`).
+    pub fn for_route(&self, r: &crate::config::RouteSection) -> Self {
+        let mut c = self.clone();
+        c.max_body_bytes = r.max_body_bytes.unwrap_or(c.max_body_bytes);
+        c.max_sessions = r.max_sessions.unwrap_or(c.max_sessions);
+        c.max_in_flight = r.max_in_flight.unwrap_or(c.max_in_flight);
+        c.max_rounds = r.max_rounds.unwrap_or(c.max_rounds);
+        if let Some(s) = r.live_request_timeout_secs {
+            c.live_request_timeout = Duration::from_secs(s);
+        }
+        if let Some(ms) = r.retry_pause_ms {
+            c.retry_pause = Duration::from_millis(ms);
+        }
+        if let Some(s) = r.session_idle_ttl_secs {
+            c.session_idle_ttl = Duration::from_secs(s);
+        }
+        c
+    }
+
     /// Defaults overridden by a config file's `[gateway]` and `[cache]` sections.
     pub fn from_config(c: &crate::config::Config) -> Self {
         Self {
@@ -139,17 +164,70 @@ impl GatewayConfig {
     }
 }
 
-/// A cheaply clonable gateway handle.
+/// One route: an MCP endpoint path and everything that serves it.
+#[derive(Debug)]
+pub struct Route {
+    /// The endpoint path (`/mcp`, `/notes/mcp`): the `route` label of its metrics.
+    path: Arc<str>,
+    /// The gateway settings with this route's limits.
+    config: GatewayConfig,
+    /// Its upstream's instances.
+    upstream: Arc<UpstreamPool>,
+    /// Its legacy Streamable HTTP sessions.
+    legacy: legacy_http::Sessions,
+    /// Its HTTP+SSE (2024-11-05) sessions.
+    sse: Arc<http_sse::SseSessions>,
+    /// Its response cache (keys carry the route).
+    cache: Arc<cache::ResponseCache>,
+    /// Metrics, report and readiness, filled for this route.
+    telemetry: Arc<telemetry::Telemetry>,
+}
+
+impl Route {
+    /// The endpoint path.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The upstream's instances.
+    pub fn upstream(&self) -> &Arc<UpstreamPool> {
+        &self.upstream
+    }
+}
+
+/// What one route is built from.
+#[derive(Debug)]
+pub struct RouteSpec {
+    /// The endpoint path (checked: [`routes::check_path`]).
+    pub path: String,
+    /// The upstream's instances.
+    pub upstream: UpstreamPool,
+    /// The gateway settings with the route's own limits.
+    pub config: GatewayConfig,
+}
+
+/// Every route, and the table that finds one by request path.
+#[derive(Debug)]
+struct RouteTable {
+    list: Vec<Arc<Route>>,
+    paths: routes::Paths,
+}
+
+/// A cheaply clonable gateway handle: the routes, and the one route this handle
+/// serves (a request's, once routed; `/mcp`, or the first route, at the top). It
+/// dereferences to that [`Route`].
 #[derive(Clone, Debug)]
 pub struct Gateway {
-    config: Arc<GatewayConfig>,
-    /// Shared: a handle is cloned per request, and the HTTP upstream's fields (URI,
-    /// authority, pooled client) would otherwise be copied each time.
-    upstream: Arc<Upstream>,
-    legacy: Arc<legacy_http::Sessions>,
-    sse: Arc<http_sse::SseSessions>,
-    cache: Arc<cache::ResponseCache>,
-    telemetry: Arc<telemetry::Telemetry>,
+    route: Arc<Route>,
+    table: Arc<RouteTable>,
+}
+
+impl std::ops::Deref for Gateway {
+    type Target = Route;
+
+    fn deref(&self) -> &Route {
+        &self.route
+    }
 }
 
 /// What the gateway keeps for one accepted connection, from the listener's hook
@@ -176,38 +254,118 @@ impl ConnHook for Connections {
 }
 
 impl Gateway {
-    /// A gateway in front of `upstream`, its migration report in memory.
+    /// A gateway in front of `upstream` (the route `/mcp`), its migration report in
+    /// memory.
     pub fn new(upstream: Upstream, config: GatewayConfig) -> Self {
         let report = report::Report::in_memory(report::ReportConfig::default().max_hosts);
         Self::with_report(upstream, config, report)
     }
 
-    /// A gateway in front of `upstream` that keeps its migration report in `report`
-    /// ([`report::Report::open`]).
+    /// A gateway in front of `upstream` (the route `/mcp`) that keeps its migration
+    /// report in `report` ([`report::Report::open`]).
     pub fn with_report(upstream: Upstream, config: GatewayConfig, report: report::Report) -> Self {
-        let upstream = Arc::new(upstream);
-        // The one route; its path labels every metric and report row.
-        let route: Arc<str> = Arc::from(crate::server::http::ENDPOINT);
-        let cache = Arc::new(cache::ResponseCache::new(config.cache.clone(), &route));
-        cache.attach(upstream.clone());
+        let spec = RouteSpec {
+            path: routes::DEFAULT_ROUTE.to_owned(),
+            upstream: UpstreamPool::single(upstream),
+            config,
+        };
+        Self::assemble(vec![spec], routes::Paths::default_route(), report)
+    }
+
+    /// A gateway serving these routes (in this order; the first `/mcp`, if any, is
+    /// the one `--stdio` serves, else the first), its report in `report`.
+    pub fn with_routes(specs: Vec<RouteSpec>, report: report::Report) -> Result<Self, RouteError> {
+        let paths = routes::Paths::build(specs.iter().map(|s| s.path.as_str()))?;
+        Ok(Self::assemble(specs, paths, report))
+    }
+
+    fn assemble(specs: Vec<RouteSpec>, paths: routes::Paths, report: report::Report) -> Self {
         let report = Arc::new(report);
-        let telemetry = Arc::new(telemetry::Telemetry::new(
-            route.clone(),
-            metrics::Metrics::new(vec![cache.clone()], Vec::new(), report.clone()),
-            report,
-            readiness::Readiness::new(vec![route]),
+        /// A route's parts that the shared metrics and readiness are built from.
+        struct Parts {
+            path: Arc<str>,
+            upstream: Arc<UpstreamPool>,
+            cache: Arc<cache::ResponseCache>,
+            config: GatewayConfig,
+        }
+        let built: Vec<Parts> = specs
+            .into_iter()
+            .map(|spec| {
+                let path: Arc<str> = Arc::from(spec.path);
+                let upstream = Arc::new(spec.upstream);
+                let cache = Arc::new(cache::ResponseCache::new(spec.config.cache.clone(), &path));
+                cache.attach(upstream.clone());
+                Parts {
+                    path,
+                    upstream,
+                    cache,
+                    config: spec.config,
+                }
+            })
+            .collect();
+        let metrics = Arc::new(metrics::Metrics::new(
+            built.iter().map(|b| b.cache.clone()).collect(),
+            built
+                .iter()
+                .map(|b| (b.path.clone(), b.upstream.clone()))
+                .collect(),
+            report.clone(),
         ));
+        let readiness = Arc::new(readiness::Readiness::new(
+            built.iter().map(|b| b.path.clone()).collect(),
+        ));
+        let list: Vec<Arc<Route>> = built
+            .into_iter()
+            .map(|b| {
+                Arc::new(Route {
+                    telemetry: Arc::new(telemetry::Telemetry::new(
+                        b.path.clone(),
+                        metrics.clone(),
+                        report.clone(),
+                        readiness.clone(),
+                    )),
+                    legacy: legacy_http::Sessions::new(&b.config),
+                    sse: Arc::default(),
+                    path: b.path,
+                    config: b.config,
+                    upstream: b.upstream,
+                    cache: b.cache,
+                })
+            })
+            .collect();
+        let first = list
+            .iter()
+            .position(|r| &*r.path == routes::DEFAULT_ROUTE)
+            .unwrap_or(0);
         Self {
-            legacy: Arc::new(legacy_http::Sessions::new(&config)),
-            sse: Arc::default(),
-            config: Arc::new(config),
-            upstream,
-            cache,
-            telemetry,
+            route: list[first].clone(),
+            table: Arc::new(RouteTable { list, paths }),
         }
     }
 
-    /// The gateway's metrics, migration report and readiness.
+    /// The handle of the route at `path`, if there is one.
+    pub fn route(&self, path: &str) -> Option<Gateway> {
+        let (i, routes::Endpoint::Mcp) = self.table.paths.find(path)? else {
+            return None;
+        };
+        Some(self.on(i))
+    }
+
+    /// Every route, in configuration order.
+    pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.table.list.iter()
+    }
+
+    /// The handle of route `i` (an index of the table).
+    fn on(&self, i: usize) -> Gateway {
+        Gateway {
+            route: self.table.list[i].clone(),
+            table: self.table.clone(),
+        }
+    }
+
+    /// The gateway's metrics, migration report and readiness (filled for this
+    /// handle's route).
     pub fn telemetry(&self) -> &Arc<telemetry::Telemetry> {
         &self.telemetry
     }
@@ -220,7 +378,8 @@ impl Gateway {
         }
     }
 
-    /// The response cache (its counters: [`cache::ResponseCache::stats`]).
+    /// This handle's route's response cache (its counters:
+    /// [`cache::ResponseCache::stats`]).
     pub fn cache(&self) -> &Arc<cache::ResponseCache> {
         &self.cache
     }
@@ -248,7 +407,9 @@ impl Gateway {
         config: ListenerConfig,
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
-        let reaper = tokio::spawn(legacy_http::reap(self.clone()));
+        let reapers: Vec<_> = (0..self.table.list.len())
+            .map(|i| tokio::spawn(legacy_http::reap(self.on(i))))
+            .collect();
         let flusher = tokio::spawn(report::flush_loop(self.telemetry.report().clone()));
         let hook = Connections(telemetry::ConnectionsOpen::new(&self.telemetry, "gateway"));
         let gw = self.clone();
@@ -256,27 +417,32 @@ impl Gateway {
             let gw = gw.clone();
             let conn = conn.clone();
             let state = state.clone();
-            async move { gw.route(&conn, &state, req).await }
+            async move { gw.dispatch(&conn, &state, req).await }
         };
         let sessions = self.clone();
         crate::listener::serve_hooked(listener, config, hook, service, async move {
             shutdown.await;
             info!("gateway shutting down");
-            reaper.abort();
+            for r in &reapers {
+                r.abort();
+            }
             flusher.abort();
-            sessions.cache.stop_listening();
-            let stats = sessions.cache.stats();
-            info!(
-                hits = stats.hits,
-                misses = stats.misses,
-                coalesced = stats.coalesced,
-                evictions = stats.evictions,
-                invalidations = stats.invalidations,
-                stale_served = stats.stale_served,
-                "cache counters"
-            );
-            sessions.legacy.close_all();
-            sessions.sse.close_all();
+            for route in sessions.routes() {
+                route.cache.stop_listening();
+                let stats = route.cache.stats();
+                info!(
+                    route = %route.path,
+                    hits = stats.hits,
+                    misses = stats.misses,
+                    coalesced = stats.coalesced,
+                    evictions = stats.evictions,
+                    invalidations = stats.invalidations,
+                    stale_served = stats.stale_served,
+                    "cache counters"
+                );
+                route.legacy.close_all();
+                route.sse.close_all();
+            }
         })
         .await?;
         let gw = self.clone();
@@ -339,7 +505,7 @@ impl Gateway {
         Ok(())
     }
 
-    async fn route(
+    async fn dispatch(
         &self,
         conn: &ConnInfo,
         connection: &Connection,
@@ -349,32 +515,33 @@ impl Gateway {
         if let Some(refused) = guard::refusal(&req, loopback, &self.config.allowed_origins) {
             return text(StatusCode::FORBIDDEN, refused.text());
         }
+        let Some((i, endpoint)) = self.table.paths.find(req.uri().path()) else {
+            return not_found(&self.table.paths);
+        };
+        let other;
+        let gw = if Arc::ptr_eq(&self.table.list[i], &self.route) {
+            self
+        } else {
+            other = self.on(i);
+            &other
+        };
         // JSON-RPC endpoints take JSON only: a CORS "simple request" (text/plain, form,
         // multipart) never reaches a session or the upstream. The metadata paths are
         // relayed as they are.
-        let rpc_path = matches!(
-            req.uri().path(),
-            crate::server::http::ENDPOINT | http_sse::MESSAGES_PATH
-        );
+        let rpc_path = matches!(endpoint, routes::Endpoint::Mcp | routes::Endpoint::Messages);
         if rpc_path && req.method() == Method::POST && !guard::is_json(req.headers()) {
             return text(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "POST bodies must be Content-Type: application/json\n",
             );
         }
-        let fwd = Forwarded::new(self.config.forwarded, conn, &req);
-        match req.uri().path() {
-            crate::server::http::ENDPOINT => {}
-            websocket::PATH => return websocket::upgrade(self, req, fwd).await,
-            http_sse::SSE_PATH => return http_sse::open(self, &req, fwd),
-            http_sse::MESSAGES_PATH => return http_sse::post(self, req).await,
-            p if auth::is_metadata_path(p) => return auth::relay_metadata(self, req).await,
-            _ => {
-                return text(
-                    StatusCode::NOT_FOUND,
-                    "not found; the MCP endpoint is /mcp\n",
-                )
-            }
+        let fwd = Forwarded::new(gw.config.forwarded, conn, &req);
+        match endpoint {
+            routes::Endpoint::Mcp => {}
+            routes::Endpoint::WebSocket => return websocket::upgrade(gw, req, fwd).await,
+            routes::Endpoint::Sse => return http_sse::open(gw, &req, fwd),
+            routes::Endpoint::Messages => return http_sse::post(gw, req).await,
+            routes::Endpoint::Metadata => return auth::relay_metadata(gw, req).await,
         }
         let h = req.headers();
         // Without a session, any MCP-Protocol-Version header that is not a legacy
@@ -387,11 +554,23 @@ impl Gateway {
             .is_some_and(|v| is_modern_or_later(v) || !ProtocolVersion::LEGACY.contains(&v))
             && !h.contains_key("mcp-session-id");
         if modern {
-            passthrough::forward(self, &connection.telemetry, req, &fwd).await
+            passthrough::forward(gw, &connection.telemetry, req, &fwd).await
         } else {
-            legacy_http::handle(self, req, fwd).await
+            legacy_http::handle(gw, req, fwd).await
         }
     }
+}
+
+/// The 404 for a path no route answers, naming the routes.
+fn not_found(paths: &routes::Paths) -> Response<GatewayBody> {
+    let msg = if paths.listing().contains(',') {
+        format!("not found; the MCP endpoints are {}\n", paths.listing())
+    } else {
+        format!("not found; the MCP endpoint is {}\n", paths.listing())
+    };
+    let mut r = text(StatusCode::NOT_FOUND, "");
+    *r.body_mut() = body::full(msg);
+    r
 }
 
 /// Runs `f` when dropped (also when the future holding it is cancelled).

@@ -5,7 +5,7 @@
 use super::forwarded::Forwarded;
 use super::telemetry::ConnectionTelemetry;
 use super::trace::TraceContext;
-use super::upstream::{HttpUpstream, StdioUpstream, Upstream, UpstreamError};
+use super::upstream::{HttpUpstream, StdioUpstream, UpstreamError};
 use super::{cache, sse, Gateway};
 use crate::body::{full, BoxError, ChannelBody, GatewayBody};
 use bytes::Bytes;
@@ -99,13 +99,13 @@ pub(super) async fn forward(
             span.record("trace_id", t.trace_id());
         }
     }
-    let resp = match &*gateway.upstream {
-        Upstream::Http(up) => {
-            forward_http(gateway, connection, up, req, forwarded)
+    let resp = match gateway.upstream.stdio() {
+        None => {
+            forward_http(gateway, connection, req, forwarded)
                 .instrument(span)
                 .await
         }
-        Upstream::Stdio(up) => {
+        Some(up) => {
             forward_stdio(gateway, connection, up, req)
                 .instrument(span)
                 .await
@@ -251,7 +251,6 @@ fn bad_gateway(body: Bytes) -> Response<GatewayBody> {
 async fn forward_http(
     gateway: &Gateway,
     connection: &ConnectionTelemetry,
-    upstream: &HttpUpstream,
     req: Request<Incoming>,
     forwarded: &Forwarded,
 ) -> Response<GatewayBody> {
@@ -270,7 +269,7 @@ async fn forward_http(
     // Cacheable methods (known from `Mcp-Method` alone) go through the cache; every
     // other request stays unparsed.
     if let Some(method) = gateway.cache.cacheable(req.headers()) {
-        return cache::passthrough::forward(gateway, connection, upstream, req, method).await;
+        return cache::passthrough::forward(gateway, connection, req, method).await;
     }
     let tool_call = cache::passthrough::ToolCall::watch(&gateway.cache, req.headers());
     let (parts, body) = req.into_parts();
@@ -288,7 +287,7 @@ async fn forward_http(
         gateway
             .telemetry
             .identify(connection, revision_of(&parts.headers), &bytes);
-        return match send(gateway, upstream, parts, full(bytes)).await {
+        return match send(gateway, parts, full(bytes)).await {
             Ok(resp) => downstream(resp),
             Err(e) => upstream_failed(&e),
         };
@@ -296,7 +295,7 @@ async fn forward_http(
     let body: GatewayBody = Limited::new(body, limit)
         .map_err(|e| -> BoxError { e })
         .boxed();
-    match send(gateway, upstream, parts, body).await {
+    match send(gateway, parts, body).await {
         Ok(resp) => match tool_call {
             Some(call) => call.observe(&gateway.cache, downstream(resp)),
             None => downstream(resp),
@@ -305,33 +304,123 @@ async fn forward_http(
     }
 }
 
-/// Sends a pass-through request upstream: hop-by-hop headers stripped, the upstream's
-/// `Host` and URI. A request that gets no response is counted as an upstream error
-/// (of its kind: `tls` names a refused certificate, else `unreachable`) and logged.
+/// Sends a pass-through request to the route's upstream: hop-by-hop headers stripped,
+/// the instance's `Host` and URI. When an instance could not be reached, nothing was
+/// sent, and the request (its body, unread, taken back) goes to the next instance. A
+/// request that gets no response is counted as an upstream error (of its kind: `tls`
+/// names a refused certificate, else `unreachable`) and logged.
 pub(super) async fn send(
     gateway: &Gateway,
-    upstream: &HttpUpstream,
     mut parts: http::request::Parts,
     body: GatewayBody,
 ) -> Result<Response<Incoming>, UpstreamError> {
     strip_hop_by_hop(&mut parts.headers);
+    // The client picks HTTP/1.1 or HTTP/2 per upstream connection, whatever the host
+    // spoke to us.
+    parts.version = http::Version::HTTP_11;
+    let pool = &gateway.upstream;
+    let sent = if pool.len() == 1 {
+        let mut once = Some((parts, body));
+        pool.send(|up| once.take().map(|(parts, body)| attempt(up, parts, body)))
+            .await
+    } else {
+        let (body, slot) = Reclaim::wrap(body);
+        let mut body = Some(body);
+        pool.send(|up| {
+            let body = body.take().or_else(|| slot.take())?;
+            Some(attempt(up, parts.clone(), body))
+        })
+        .await
+    };
+    sent.map_err(|e| {
+        gateway.telemetry.upstream_error(&e);
+        tracing::warn!(error = %e, "upstream request failed");
+        e
+    })
+}
+
+/// One instance's attempt at a pass-through request.
+fn attempt(
+    upstream: &HttpUpstream,
+    mut parts: http::request::Parts,
+    body: GatewayBody,
+) -> impl std::future::Future<Output = Result<Response<Incoming>, UpstreamError>> {
     if let Some(host) = upstream.host_header() {
         parts.headers.insert(header::HOST, host.clone());
     }
     parts.uri = upstream.uri().clone();
-    // The client picks HTTP/1.1 or HTTP/2 per upstream connection, whatever the host
-    // spoke to us.
-    parts.version = http::Version::HTTP_11;
-    upstream
-        .client()
-        .request(Request::from_parts(parts, body))
-        .await
-        .map_err(|e| {
-            let e = UpstreamError::from_client(&e);
-            gateway.telemetry.upstream_error(&e);
-            tracing::warn!(error = %e, "upstream request failed");
-            e
-        })
+    let sent = upstream.client().request(Request::from_parts(parts, body));
+    async move { sent.await.map_err(|e| UpstreamError::from_client(&e)) }
+}
+
+/// A request body that comes back if the request is dropped before the body was read
+/// (the client could not connect, so nothing was sent): the next instance gets it.
+struct Reclaim {
+    body: Option<GatewayBody>,
+    read: bool,
+    slot: std::sync::Arc<std::sync::Mutex<Option<GatewayBody>>>,
+}
+
+/// Where a [`Reclaim`] leaves its body.
+#[derive(Clone)]
+struct Slot(std::sync::Arc<std::sync::Mutex<Option<GatewayBody>>>);
+
+impl Slot {
+    fn take(&self) -> Option<GatewayBody> {
+        self.0.lock().ok()?.take()
+    }
+}
+
+impl Reclaim {
+    /// `body`, wrapped, and the slot it comes back to.
+    fn wrap(body: GatewayBody) -> (GatewayBody, Slot) {
+        let slot = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let r = Self {
+            body: Some(body),
+            read: false,
+            slot: slot.clone(),
+        };
+        (r.boxed(), Slot(slot))
+    }
+}
+
+impl hyper::body::Body for Reclaim {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
+        self.read = true;
+        match self.body.as_mut() {
+            Some(b) => std::pin::Pin::new(b).poll_frame(cx),
+            None => std::task::Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body
+            .as_ref()
+            .is_none_or(hyper::body::Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.as_ref().map_or_else(
+            || hyper::body::SizeHint::with_exact(0),
+            hyper::body::Body::size_hint,
+        )
+    }
+}
+
+impl Drop for Reclaim {
+    fn drop(&mut self) {
+        if !self.read {
+            if let (Some(body), Ok(mut slot)) = (self.body.take(), self.slot.lock()) {
+                *slot = Some(body);
+            }
+        }
+    }
 }
 
 /// The upstream's response as the caller gets it: hop-by-hop headers stripped, the

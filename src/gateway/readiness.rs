@@ -7,8 +7,13 @@
 //! is up and wants credentials the prober does not have) and that answer is recent
 //! (within three probe intervals, so a stuck prober shows). Client traffic does not
 //! count: a cached discover is no evidence that the upstream is up.
+//!
+//! A route with several instances is probed instance by instance: it is ready while
+//! one answers, and `/readyz` lists the others under it. The answers also feed the
+//! pool's health, so an instance that came back is in the rotation again without
+//! waiting for a request to try it.
 
-use super::upstream::{OnBehalf, UpstreamError};
+use super::upstream::{UpstreamError, UpstreamPool};
 use super::Gateway;
 use dualera_adapters::session::{
     META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_PROTOCOL_VERSION,
@@ -39,6 +44,9 @@ struct RouteState {
     probed_at: AtomicU64,
     /// Why the last probe failed, if it did.
     failure: Mutex<Option<String>>,
+    /// With several instances: one line per instance that did not answer the last
+    /// probe (the route is ready while one did).
+    instances: Mutex<Vec<String>>,
 }
 
 /// Every route's readiness.
@@ -69,17 +77,21 @@ impl Readiness {
                     ok_at: AtomicU64::new(0),
                     probed_at: AtomicU64::new(0),
                     failure: Mutex::new(None),
+                    instances: Mutex::new(Vec::new()),
                 })
                 .collect(),
             interval: AtomicU64::new(5000),
         }
     }
 
-    fn record(&self, index: usize, outcome: Result<(), String>) {
+    fn record(&self, index: usize, outcome: Result<(), String>, instances: Vec<String>) {
         let Some(r) = self.routes.get(index) else {
             return;
         };
         let now = now_ms().max(1);
+        if let Ok(mut i) = r.instances.lock() {
+            *i = instances;
+        }
         if let Ok(mut f) = r.failure.lock() {
             *f = outcome.as_ref().err().cloned();
         }
@@ -131,6 +143,11 @@ impl Readiness {
                 }
             };
             let _ = writeln!(text, "{line}");
+            if let Ok(down) = r.instances.lock() {
+                for d in down.iter() {
+                    let _ = writeln!(text, "  {d}");
+                }
+            }
         }
         Verdict { ready, text }
     }
@@ -146,21 +163,28 @@ pub(super) async fn probe_loop(gw: Gateway, interval: Duration) {
     );
     let mut n: u64 = 0;
     loop {
-        for (i, route) in t.readiness().routes.iter().enumerate() {
+        for (i, route) in gw.routes().enumerate() {
             n += 1;
-            let outcome = probe(&gw, n, interval.max(Duration::from_secs(1))).await;
+            let (outcome, instances) =
+                probe(&route.upstream, n, interval.max(Duration::from_secs(1))).await;
             if let Err(why) = &outcome {
-                tracing::debug!(route = %route.route, reason = %why, "readiness probe failed");
+                tracing::debug!(route = %route.path, reason = %why, "readiness probe failed");
             }
-            t.metrics().ready(&route.route, outcome.is_ok());
-            t.readiness().record(i, outcome);
+            t.metrics().ready(&route.path, outcome.is_ok());
+            t.readiness().record(i, outcome, instances);
         }
         tokio::time::sleep(interval).await;
     }
 }
 
-/// One anonymous `server/discover`, straight to the upstream.
-async fn probe(gw: &Gateway, n: u64, timeout: Duration) -> Result<(), String> {
+/// One anonymous `server/discover` to each instance of a route's upstream, straight
+/// (the answers also tell the pool which instances are up). The route is ready when
+/// one instance answered; the others are listed.
+async fn probe(
+    pool: &UpstreamPool,
+    n: u64,
+    timeout: Duration,
+) -> (Result<(), String>, Vec<String>) {
     let request = Message::Request(Request {
         id: RequestId::String(format!("dualera-ready-{n}")),
         method: "server/discover".into(),
@@ -170,22 +194,35 @@ async fn probe(gw: &Gateway, n: u64, timeout: Duration) -> Result<(), String> {
             META_CLIENT_INFO: { "name": "dualera-readiness", "version": env!("CARGO_PKG_VERSION") },
         }})),
     });
-    let mut answer = None;
-    let exchange = gw
-        .upstream
-        .exchange(&request, OnBehalf::default(), &[], |m| {
-            if let Message::Response(r) = m {
-                answer = Some(r.outcome);
-            }
-        });
-    match tokio::time::timeout(timeout, exchange).await {
-        Err(_) => Err(format!(
-            "server/discover was not answered within {:.1} s",
-            timeout.as_secs_f64()
-        )),
-        Ok(Err(UpstreamError::Denied(_))) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Ok(Ok(())) => match answer {
+    let results = pool.probe_each(&request, timeout).await;
+    let several = results.len() > 1;
+    let mut ok = false;
+    let mut reasons = Vec::new();
+    for (label, outcome) in results {
+        match verdict(outcome) {
+            Ok(()) => ok = true,
+            Err(why) if several => reasons.push(format!("instance {label}: {why}")),
+            Err(why) => reasons.push(why),
+        }
+    }
+    if ok {
+        (Ok(()), reasons)
+    } else if several {
+        (Err("no instance answered".into()), reasons)
+    } else {
+        (Err(reasons.join("; ")), Vec::new())
+    }
+}
+
+/// Whether one instance's answer to the probe shows a ready modern upstream (an HTTP
+/// 401/403 does: it is up and wants credentials the prober does not have).
+fn verdict(
+    outcome: Result<Option<dualera_adapters::Response>, UpstreamError>,
+) -> Result<(), String> {
+    match outcome {
+        Err(UpstreamError::Denied(_)) => Ok(()),
+        Err(e) => Err(e.to_string()),
+        Ok(answer) => match answer.map(|r| r.outcome) {
             Some(Ok(result)) => {
                 let modern = result
                     .get("supportedVersions")

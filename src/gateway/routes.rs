@@ -16,13 +16,22 @@
 //! The `/mcp` route also keeps the paths it had before routes existed: `/sse`,
 //! `/messages`, `/ws`, and the root `/.well-known/oauth-protected-resource`.
 //! Any other path is a 404 naming the routes.
+//!
+//! [`from_config`] builds the routes a configuration describes: `--upstream` (given
+//! once per instance), `--upstream-cmd` or `[[gateway.upstreams]]` is the route `/mcp`;
+//! each `[[gateway.routes]]` entry is one more, with its own instances, TLS options and
+//! limits.
 
+use super::upstream::{HttpUpstream, StdioUpstream, Upstream, UpstreamClient, UpstreamOptions};
+use super::{GatewayConfig, RouteSpec, UpstreamPool};
+use crate::config::{Config, RouteSection};
 use std::collections::HashMap;
+use std::path::PathBuf;
 
 /// The route the `--upstream` flag (and `[[gateway.upstreams]]`) configures.
 pub const DEFAULT_ROUTE: &str = "/mcp";
 /// The Protected Resource Metadata well-known path (RFC 9728 §3).
-pub(crate) const METADATA_PREFIX: &str = "/.well-known/oauth-protected-resource";
+pub(crate) const METADATA_PREFIX: &str = super::auth::METADATA_PATH;
 /// Suffixes of a route's legacy single-channel endpoints.
 pub(crate) const SSE_SUFFIX: &str = "/sse";
 pub(crate) const MESSAGES_SUFFIX: &str = "/messages";
@@ -72,6 +81,165 @@ pub enum RouteError {
         "no route: give --upstream, --upstream-cmd, [[gateway.upstreams]] or [[gateway.routes]]"
     )]
     Empty,
+    /// A route's upstream cannot be built.
+    #[error("route {route}: {reason}")]
+    Upstream {
+        /// The route.
+        route: String,
+        /// What is wrong with its upstream.
+        reason: String,
+    },
+}
+
+/// What the command line says about the `/mcp` route's upstream.
+#[derive(Debug, Clone, Default)]
+pub struct UpstreamFlags {
+    /// `--upstream URL`, once per instance.
+    pub urls: Vec<String>,
+    /// `--upstream-cmd CMD`.
+    pub cmd: Option<String>,
+    /// `--upstream-ca PEM`: the CA bundle of every route that names none itself.
+    pub ca: Option<PathBuf>,
+}
+
+/// The routes `config` and `flags` describe, in order (`/mcp` first when it is one),
+/// each with its upstream pool built (one HTTP client per route, shared by its
+/// instances) and its settings: `base` with the route's own limits.
+pub fn from_config(
+    config: &Config,
+    flags: &UpstreamFlags,
+    base: &GatewayConfig,
+) -> Result<Vec<RouteSpec>, RouteError> {
+    let g = &config.gateway;
+    let configured_mcp = g.routes.iter().position(|r| r.path == DEFAULT_ROUTE);
+    let bad = |route: &str, reason: String| RouteError::Upstream {
+        route: route.to_owned(),
+        reason,
+    };
+    if !g.upstreams.is_empty() && configured_mcp.is_some() {
+        return Err(bad(
+            DEFAULT_ROUTE,
+            "given by both [[gateway.upstreams]] and a [[gateway.routes]] entry".into(),
+        ));
+    }
+    let default_ca = flags.ca.clone().or_else(|| g.upstream_ca.clone());
+    let mut specs = Vec::new();
+    // The /mcp route from the flags or [[gateway.upstreams]]; a [[gateway.routes]]
+    // entry for /mcp still gives its limits and TLS options (the flags replace only its
+    // instances).
+    let entry = configured_mcp.map(|i| &g.routes[i]);
+    let source = if !flags.urls.is_empty() {
+        Some(Source::Urls(flags.urls.clone()))
+    } else if let Some(cmd) = &flags.cmd {
+        Some(Source::Command(cmd.clone()))
+    } else if !g.upstreams.is_empty() {
+        Some(Source::Urls(
+            g.upstreams.iter().map(|u| u.url.clone()).collect(),
+        ))
+    } else {
+        None
+    };
+    if let Some(source) = source {
+        let options = options_for(entry, default_ca.clone(), g.upstream_http2);
+        let config = entry.map_or_else(|| base.clone(), |e| base.for_route(e));
+        specs.push(spec(DEFAULT_ROUTE, source, &options, config)?);
+    }
+    for r in &g.routes {
+        if r.path == DEFAULT_ROUTE && !specs.is_empty() {
+            continue;
+        }
+        let source = match (&r.upstream, &r.upstream_cmd) {
+            (Some(u), None) => Source::Urls(u.urls()),
+            (None, Some(cmd)) => Source::Command(cmd.clone()),
+            _ => {
+                return Err(bad(
+                    &r.path,
+                    "give exactly one of upstream and upstream_cmd".into(),
+                ))
+            }
+        };
+        let options = options_for(Some(r), default_ca.clone(), g.upstream_http2);
+        specs.push(spec(&r.path, source, &options, base.for_route(r))?);
+    }
+    if specs.is_empty() {
+        return Err(RouteError::Empty);
+    }
+    Ok(specs)
+}
+
+/// Where a route's instances come from.
+enum Source {
+    Urls(Vec<String>),
+    Command(String),
+}
+
+fn options_for(
+    entry: Option<&RouteSection>,
+    default_ca: Option<PathBuf>,
+    default_http2: Option<crate::config::UpstreamHttp2>,
+) -> UpstreamOptions {
+    UpstreamOptions {
+        extra_ca: entry.and_then(|e| e.upstream_ca.clone()).or(default_ca),
+        http2: entry
+            .and_then(|e| e.upstream_http2)
+            .or(default_http2)
+            .unwrap_or_default(),
+    }
+}
+
+fn spec(
+    path: &str,
+    source: Source,
+    options: &UpstreamOptions,
+    config: GatewayConfig,
+) -> Result<RouteSpec, RouteError> {
+    check_path(path)?;
+    let bad = |reason: String| RouteError::Upstream {
+        route: path.to_owned(),
+        reason,
+    };
+    let instances = match source {
+        Source::Command(cmd) => {
+            let mut words = cmd.split_whitespace().map(str::to_owned);
+            let program = words
+                .next()
+                .ok_or_else(|| bad("upstream_cmd is empty".into()))?;
+            vec![Upstream::Stdio(StdioUpstream::spawn(
+                program,
+                words.collect(),
+            ))]
+        }
+        Source::Urls(urls) => {
+            let client = UpstreamClient::new(options).map_err(|e| bad(e.to_string()))?;
+            let mut seen = std::collections::HashSet::new();
+            let mut out = Vec::with_capacity(urls.len());
+            for url in urls {
+                let uri: http::Uri = url
+                    .parse()
+                    .map_err(|e| bad(format!("upstream {url:?}: {e}")))?;
+                if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+                    return Err(bad(format!(
+                        "upstream {url:?} must be an http:// or https:// URL"
+                    )));
+                }
+                if !seen.insert(uri.to_string()) {
+                    return Err(bad(format!("upstream {url:?} is listed twice")));
+                }
+                out.push(Upstream::Http(Box::new(HttpUpstream::with_client(
+                    uri,
+                    client.clone(),
+                    config.max_body_bytes,
+                ))));
+            }
+            out
+        }
+    };
+    let upstream = UpstreamPool::new(instances).map_err(|e| bad(e.to_string()))?;
+    Ok(RouteSpec {
+        path: path.to_owned(),
+        upstream,
+        config,
+    })
 }
 
 /// Checks a route path: absolute, no trailing slash, segments of unreserved URI
@@ -168,6 +336,31 @@ impl Paths {
         })
     }
 
+    /// The table of the one route `/mcp` (cannot fail).
+    pub fn default_route() -> Self {
+        let mut by_path = HashMap::new();
+        for (path, endpoint) in [
+            (DEFAULT_ROUTE, Endpoint::Mcp),
+            ("/mcp/sse", Endpoint::Sse),
+            ("/mcp/messages", Endpoint::Messages),
+            ("/mcp/ws", Endpoint::WebSocket),
+            (
+                "/.well-known/oauth-protected-resource/mcp",
+                Endpoint::Metadata,
+            ),
+            (SSE_SUFFIX, Endpoint::Sse),
+            (MESSAGES_SUFFIX, Endpoint::Messages),
+            (WEBSOCKET_SUFFIX, Endpoint::WebSocket),
+            (METADATA_PREFIX, Endpoint::Metadata),
+        ] {
+            by_path.insert(Box::from(path), (0, endpoint));
+        }
+        Self {
+            by_path,
+            listing: DEFAULT_ROUTE.to_owned(),
+        }
+    }
+
     /// The route and endpoint a request path names.
     pub fn find(&self, path: &str) -> Option<(usize, Endpoint)> {
         self.by_path.get(path).copied()
@@ -254,6 +447,14 @@ mod tests {
             assert_eq!(p.find(path), want, "{path}");
         }
         assert_eq!(p.listing(), "/mcp, /notes/mcp");
+    }
+
+    #[test]
+    fn the_default_table_is_the_built_one() {
+        let built = Paths::build([DEFAULT_ROUTE]).unwrap();
+        let fixed = Paths::default_route();
+        assert_eq!(built.by_path, fixed.by_path);
+        assert_eq!(built.listing, fixed.listing);
     }
 
     #[test]

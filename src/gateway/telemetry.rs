@@ -3,9 +3,9 @@
 //! `Last-Event-ID` resumption, pass-through requests, upstream failures) become
 //! metric samples ([`Metrics`]) and migration-report counts ([`Report`]).
 //!
-//! This is the one place the `route` label and report field are filled: today from the
-//! gateway's single route (`/mcp`); with several routes each route's handle passes its
-//! own. A session holds a [`SessionTelemetry`] (its host's report record and labels,
+//! This is the one place the `route` label and report field are filled: each route
+//! holds a [`Telemetry`] naming its path, over the gateway's one set of metrics, report
+//! and readiness, and everything a route's drivers record goes through it. A session holds a [`SessionTelemetry`] (its host's report record and labels,
 //! resolved once); a connection holds a [`ConnectionTelemetry`] (the modern client last
 //! identified on it).
 //!
@@ -37,21 +37,22 @@ use std::time::Instant;
 /// once than a session allows are not timed).
 const MAX_TIMED: usize = 4096;
 
-/// The gateway's metrics, report and readiness, and the route they are filled for.
+/// The gateway's metrics, report and readiness (shared by every route), and the route
+/// they are filled for: each route holds its own [`Telemetry`].
 #[derive(Debug)]
 pub struct Telemetry {
     route: Arc<str>,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
     report: Arc<Report>,
-    readiness: Readiness,
+    readiness: Arc<Readiness>,
 }
 
 impl Telemetry {
     pub(super) fn new(
         route: Arc<str>,
-        metrics: Metrics,
+        metrics: Arc<Metrics>,
         report: Arc<Report>,
-        readiness: Readiness,
+        readiness: Arc<Readiness>,
     ) -> Self {
         Self {
             route,
@@ -76,7 +77,7 @@ impl Telemetry {
         &self.readiness
     }
 
-    /// The route this gateway serves.
+    /// The route this recorder fills in.
     pub fn route(&self) -> &Arc<str> {
         &self.route
     }

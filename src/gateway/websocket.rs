@@ -1,4 +1,4 @@
-//! WebSocket (`GET /ws`): one legacy session per connection, JSON-RPC in text frames,
+//! WebSocket (`GET <route>/ws`, and `/ws` for `/mcp`): one legacy session per connection, JSON-RPC in text frames,
 //! subprotocol `mcp` when offered, ping keepalives, frame and message size limits.
 //!
 //! Close codes name the cause (RFC 6455 §7.4.1): 1009 message too big, 1007 text that
@@ -29,8 +29,8 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::WebSocketStream;
 use tracing::{debug, Instrument};
 
-/// The WebSocket endpoint path.
-pub const PATH: &str = "/ws";
+/// The `/mcp` route's WebSocket endpoint path (every route also has `<route>/ws`).
+pub const PATH: &str = super::routes::WEBSOCKET_SUFFIX;
 /// The subprotocol negotiated when the client offers it.
 pub const SUBPROTOCOL: &str = "mcp";
 /// tungstenite's default write buffer size.

@@ -717,6 +717,7 @@ struct UpState {
     validated: AtomicUsize,
     connections: AtomicUsize,
     raw: Mutex<Vec<u8>>,
+    conn_tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
 }
 
 /// An accepted socket that keeps a copy of the first bytes it reads.
@@ -768,6 +769,17 @@ pub struct Upstream {
     pub url: String,
     state: Arc<UpState>,
     task: tokio::task::JoinHandle<()>,
+    /// What [`Upstream::restart`] needs to serve again on the same address.
+    serving: Serving,
+}
+
+/// How an upstream peer serves: address, script or target, TLS.
+#[derive(Clone)]
+struct Serving {
+    addr: std::net::SocketAddr,
+    handler: Option<Handler>,
+    target: Option<Uri>,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -817,11 +829,37 @@ impl Upstream {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let state = Arc::new(UpState::default());
-        let client = http_client();
-        let st = state.clone();
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
-        let task = tokio::spawn(async move {
+        let serving = Serving {
+            addr,
+            handler,
+            target,
+            acceptor: tls.map(tokio_rustls::TlsAcceptor::from),
+        };
+        let task = Self::accept(listener, state.clone(), serving.clone());
+        Self {
+            url: format!("{scheme}://{addr}/mcp"),
+            state,
+            task,
+            serving,
+        }
+    }
+
+    /// The accept loop: every connection served by [`serve_one`] in a task of its own
+    /// (kept, so that [`Upstream::stop`] can close it).
+    fn accept(
+        listener: tokio::net::TcpListener,
+        st: Arc<UpState>,
+        serving: Serving,
+    ) -> tokio::task::JoinHandle<()> {
+        let Serving {
+            handler,
+            target,
+            acceptor,
+            ..
+        } = serving;
+        let client = http_client();
+        tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
@@ -831,6 +869,7 @@ impl Upstream {
                     inner: stream,
                     st: st.clone(),
                 };
+                let conns = st.conn_tasks.clone();
                 let st = st.clone();
                 let handler = handler.clone();
                 let target = target.clone();
@@ -843,7 +882,7 @@ impl Upstream {
                     async move { serve_one(st, handler, target, client, req).await }
                 });
                 let acceptor = acceptor.clone();
-                tokio::spawn(async move {
+                let conn = tokio::spawn(async move {
                     let builder =
                         hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                     match acceptor {
@@ -858,13 +897,36 @@ impl Upstream {
                         }
                     }
                 });
+                let mut conns = conns.lock().unwrap();
+                conns.retain(|c| !c.is_finished());
+                conns.push(conn.abort_handle());
             }
-        });
-        Self {
-            url: format!("{scheme}://{addr}/mcp"),
-            state,
-            task,
+        })
+    }
+
+    /// Goes away as a crashed instance does: the listener is closed (new connections
+    /// are refused) and every open connection is dropped.
+    pub fn stop(&self) {
+        self.task.abort();
+        for c in self.state.conn_tasks.lock().unwrap().drain(..) {
+            c.abort();
         }
+    }
+
+    /// Serves again on the same address, after [`Upstream::stop`].
+    pub async fn restart(&mut self) {
+        let mut listener = None;
+        for _ in 0..100 {
+            match tokio::net::TcpListener::bind(self.serving.addr).await {
+                Ok(l) => {
+                    listener = Some(l);
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        let listener = listener.expect("bind the stopped upstream's address again");
+        self.task = Self::accept(listener, self.state.clone(), self.serving.clone());
     }
 
     /// TCP connections accepted so far.

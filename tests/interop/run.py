@@ -21,7 +21,7 @@ The sse, stdio, tls and instances columns run scenarios 2-4 (the elicitation and
 code for every wire. For the stdio columns the tap records the stdio gateway's upstream hop.
 The instances columns also check, from the instances' logs, that every
 round's retry went to the other instance; in scenario 3 one instance is killed (SIGKILL)
-at the driver's first checkpoint, and the rest of the scenario runs on the survivor.
+at the driver's after_decline checkpoint, and the rest of the scenario runs on the survivor.
 
 Every (client, scenario) case runs against its own freshly started `dualera up --dir <tmp>`
 (gateway + modern server on free loopback ports, the demo workspace seeded with three notes

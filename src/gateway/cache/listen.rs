@@ -7,13 +7,15 @@
 //!
 //! The listen starts with the first stored entry (nothing to invalidate before), asks
 //! anonymously (the gateway keeps no caller's token for later use), and reconnects with
-//! jittered exponential backoff. Every time one is acknowledged, the route's entries
+//! jittered exponential backoff (back to 1 s once a listen was up: a lost listen is
+//! re-opened on whichever of the route's instances is up). Every time one is
+//! acknowledged, the route's entries
 //! are dropped: notifications sent while no listen was open were missed. When the set
 //! of cached resource URIs grows, a new listen naming them is opened and the old one is
 //! closed only once the new one is acknowledged, so lists are never unwatched.
 
 use super::{Cacheable, Invalidate, ResponseCache};
-use crate::gateway::upstream::{OnBehalf, Upstream};
+use crate::gateway::upstream::{OnBehalf, UpstreamPool};
 use dualera_adapters::{Message, ProtocolVersion, Request, RequestId};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -37,7 +39,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// The cache's side of its listener.
 #[derive(Debug, Default)]
 pub(super) struct Handle {
-    upstream: OnceLock<Arc<Upstream>>,
+    upstream: OnceLock<Arc<UpstreamPool>>,
     started: AtomicBool,
     task: Mutex<Option<tokio::task::AbortHandle>>,
     uris: Mutex<BTreeSet<Box<str>>>,
@@ -61,8 +63,8 @@ impl Handle {
 }
 
 impl ResponseCache {
-    /// Tells the cache which upstream its listener subscribes to.
-    pub(crate) fn attach(&self, upstream: Arc<Upstream>) {
+    /// Tells the cache which upstream (the route's pool) its listener subscribes to.
+    pub(crate) fn attach(&self, upstream: Arc<UpstreamPool>) {
         let _ = self.listen.upstream.set(upstream);
     }
 
@@ -178,10 +180,18 @@ fn request(method: &str, extra: Option<(&str, Value)>) -> Message {
     })
 }
 
-async fn run(cache: Arc<ResponseCache>, upstream: Arc<Upstream>) {
+async fn run(cache: Arc<ResponseCache>, upstream: Arc<UpstreamPool>) {
     let mut backoff = Duration::from_secs(1);
     loop {
-        let pause = match watch_once(&cache, &upstream).await {
+        let before = cache.listens_established();
+        let outcome = watch_once(&cache, &upstream).await;
+        if cache.listens_established() > before {
+            // A listen that was up and then lost (its instance went away, say) is
+            // re-opened promptly, on whichever instance is up: the backoff is for an
+            // upstream that keeps failing, not for one that worked.
+            backoff = Duration::from_secs(1);
+        }
+        let pause = match outcome {
             Outcome::NothingToWatch => RECHECK,
             Outcome::Lost => {
                 let p = backoff;
@@ -197,7 +207,7 @@ async fn run(cache: Arc<ResponseCache>, upstream: Arc<Upstream>) {
     }
 }
 
-async fn discover(upstream: &Upstream) -> Option<Value> {
+async fn discover(upstream: &UpstreamPool) -> Option<Value> {
     let mut result = None;
     let outcome = upstream
         .exchange(
@@ -217,7 +227,7 @@ async fn discover(upstream: &Upstream) -> Option<Value> {
     result
 }
 
-async fn watch_once(cache: &Arc<ResponseCache>, upstream: &Arc<Upstream>) -> Outcome {
+async fn watch_once(cache: &Arc<ResponseCache>, upstream: &Arc<UpstreamPool>) -> Outcome {
     let Some(result) = discover(upstream).await else {
         return Outcome::Lost;
     };
@@ -283,7 +293,7 @@ async fn watch_once(cache: &Arc<ResponseCache>, upstream: &Arc<Upstream>) -> Out
 
 async fn listen_one(
     cache: Arc<ResponseCache>,
-    upstream: Arc<Upstream>,
+    upstream: Arc<UpstreamPool>,
     filter: Value,
     ack: oneshot::Sender<()>,
 ) {

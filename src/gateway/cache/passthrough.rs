@@ -14,7 +14,7 @@ use crate::body::{full, BoxError, GatewayBody};
 use crate::gateway::passthrough::{downstream, read_body, send, unavailable, upstream_failed};
 use crate::gateway::sse;
 use crate::gateway::telemetry::ConnectionTelemetry;
-use crate::gateway::upstream::{encode_header_value, HttpUpstream, UpstreamError};
+use crate::gateway::upstream::{encode_header_value, UpstreamError};
 use crate::gateway::Gateway;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
@@ -32,7 +32,6 @@ const ERROR_BODY_LIMIT: usize = 64 * 1024;
 pub(in crate::gateway) async fn forward(
     gw: &Gateway,
     connection: &ConnectionTelemetry,
-    upstream: &HttpUpstream,
     req: Request<Incoming>,
     method: Cacheable,
 ) -> Response<GatewayBody> {
@@ -58,14 +57,14 @@ pub(in crate::gateway) async fn forward(
         .filter(|p| servable(&parts.headers, p));
     let Some(parsed) = parsed else {
         // Not provably the request an entry answers: the upstream has its say.
-        return relay(send(gw, upstream, parts, full(bytes)).await);
+        return relay(send(gw, parts, full(bytes)).await);
     };
     let caller = Caller::from_authorization(parts.headers.get(header::AUTHORIZATION));
     let id = bytes.slice(parsed.id.clone());
     match cache.begin(parsed.key, caller, true).await {
         Begin::Hit(entry) => answer(entry.with_id(&id)),
         Begin::Fetch(fetch) => {
-            let sent = send(gw, upstream, parts, full(bytes)).await;
+            let sent = send(gw, parts, full(bytes)).await;
             fetched(cache, sent, fetch, &id, limit)
         }
     }

@@ -142,15 +142,23 @@ impl Selector {
     /// known; the plan then starts one past it instead of at the shared cursor.
     pub fn plan(&self, now: u64, after: Option<usize>) -> Plan<'_> {
         let n = self.instances.len();
+        if n == 1 {
+            return Plan {
+                selector: self,
+                now,
+                start: 0,
+                scanned: 0,
+                tried: 0,
+                desperate_done: false,
+            };
+        }
+        // Every request takes a turn, a retry too (so a steady mix of requests and
+        // retries still spreads over every instance); a retry starts past the instance
+        // that answered its round instead of where its turn would.
+        let turn = self.next.fetch_add(1, Ordering::Relaxed) % n;
         let start = match after {
             Some(i) if i < n => (i + 1) % n,
-            _ => {
-                if n == 1 {
-                    0
-                } else {
-                    self.next.fetch_add(1, Ordering::Relaxed) % n
-                }
-            }
+            _ => turn,
         };
         Plan {
             selector: self,

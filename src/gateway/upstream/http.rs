@@ -255,8 +255,9 @@ impl HttpUpstream {
 }
 
 impl UpstreamError {
-    /// Classifies a client error: a TLS failure names its cause, anything else is
-    /// "unreachable" with the whole error chain.
+    /// Classifies a client error: a TLS failure names its cause, a connection that
+    /// could not be made is [`UpstreamError::Connect`], anything else is "unreachable";
+    /// each with the whole error chain.
     pub fn from_client(e: &hyper_util::client::legacy::Error) -> Self {
         if let Some((failure, detail)) = TlsFailure::find(e) {
             return Self::Tls { failure, detail };
@@ -268,7 +269,12 @@ impl UpstreamError {
             detail.push_str(&s.to_string());
             source = s.source();
         }
-        Self::Unreachable { detail }
+        if e.is_connect() {
+            // No connection: nothing was sent (another instance may take it).
+            Self::Connect { detail }
+        } else {
+            Self::Unreachable { detail }
+        }
     }
 }
 

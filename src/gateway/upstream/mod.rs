@@ -9,7 +9,7 @@ mod stdio;
 pub use self::http::{
     encode_header_value, Connector, HttpUpstream, UpstreamClient, UpstreamOptions,
 };
-pub use self::pool::{InstanceStatus, PoolError, SendError, UpstreamPool};
+pub use self::pool::{InstanceStatus, PoolError, UpstreamPool};
 pub use self::stdio::StdioUpstream;
 
 use super::forwarded::Forwarded;

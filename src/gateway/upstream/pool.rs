@@ -53,18 +53,6 @@ pub enum PoolError {
     StdioAmongOthers,
 }
 
-/// Why a request the caller built reached no instance.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SendError {
-    /// The HTTP client failed (the last instance tried, if none could be reached).
-    #[error(transparent)]
-    Client(hyper_util::client::legacy::Error),
-    /// Nothing was sent: a stdio pool, or the request could not be built again.
-    #[error("no upstream instance could take the request")]
-    NoInstance,
-}
-
 /// One instance and what the pool knows about it.
 #[derive(Debug)]
 struct Instance {
@@ -320,10 +308,10 @@ impl UpstreamPool {
     /// request's future, or `None` when it cannot send the request again (a streamed
     /// body already taken). A connection that could not be made moves on to the next
     /// instance; anything else is the answer.
-    pub async fn send<T, F, Fut>(&self, mut attempt: F) -> Result<T, SendError>
+    pub async fn send<T, F, Fut>(&self, mut attempt: F) -> Result<T, UpstreamError>
     where
         F: FnMut(&HttpUpstream) -> Option<Fut>,
-        Fut: Future<Output = Result<T, hyper_util::client::legacy::Error>>,
+        Fut: Future<Output = Result<T, UpstreamError>>,
     {
         let mut plan = self.selector.plan(self.now(), None);
         let mut last = None;
@@ -343,14 +331,16 @@ impl UpstreamPool {
                     self.mark_down(i, &e);
                     last = Some(e);
                 }
-                Err(e) => return Err(SendError::Client(e)),
+                Err(e) => return Err(e),
                 Ok(r) => {
                     self.answered(i);
                     return Ok(r);
                 }
             }
         }
-        Err(last.map_or(SendError::NoInstance, SendError::Client))
+        Err(last.unwrap_or_else(|| UpstreamError::Connect {
+            detail: "no instance of this upstream could take the request".into(),
+        }))
     }
 
     /// Sends `request` to every instance (the readiness probe): each outcome, in
