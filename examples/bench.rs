@@ -1656,15 +1656,22 @@ async fn modern_flow(c: &mut Conn, ws: &str, title: &str) -> Res<(f64, f64)> {
 // Scenario 5: the store engines.
 // ---------------------------------------------------------------------------------
 
-/// The modern MRTR flow (create, delete round 1, accepted retry: two store writes and
-/// a nonce claim) on SQLite vs PostgreSQL, one instance each, flows alternating.
-async fn store(env: &Env, opts: &Opts, sqlite: &Proc, report: &mut Report) -> Res<()> {
+/// A throw-away PostgreSQL cluster (PostgreSQL's durable defaults) for `scenario`, and
+/// the URL of a new database `db` on it.
+fn pg_database(scenario: &str, db: &str) -> Res<(pg_cluster::PgCluster, String)> {
     eprintln!(
-        "bench: store: starting a PostgreSQL cluster (load {})",
+        "bench: {scenario}: starting a PostgreSQL cluster (load {})",
         load_avg()
     );
     let cluster = pg_cluster::PgCluster::start_with(pg_cluster::Durability::Durable)?;
-    let url = cluster.create_database("bench")?;
+    let url = cluster.create_database(db)?;
+    Ok((cluster, url))
+}
+
+/// The modern MRTR flow (create, delete round 1, accepted retry: two store writes and
+/// a nonce claim) on SQLite vs PostgreSQL, one instance each, flows alternating.
+async fn store(env: &Env, opts: &Opts, sqlite: &Proc, report: &mut Report) -> Res<()> {
+    let (cluster, url) = pg_database("store", "bench")?;
     let postgres = env.server_on(&url, "postgres")?;
     let mut conns = [
         Conn::open(sqlite.addr).await?,
@@ -1764,12 +1771,7 @@ const INSTANCE_VARIANTS: [&str; 2] = ["gateway over one instance", "gateway over
 /// PostgreSQL vs a gateway over one of them. At concurrency 1 flows alternate one by one;
 /// above, the variants alternate in time slices (order rotating every round).
 async fn instances(env: &Env, opts: &Opts, report: &mut Report) -> Res<()> {
-    eprintln!(
-        "bench: instances: starting a PostgreSQL cluster (load {})",
-        load_avg()
-    );
-    let cluster = pg_cluster::PgCluster::start_with(pg_cluster::Durability::Durable)?;
-    let url = cluster.create_database("instances")?;
+    let (cluster, url) = pg_database("instances", "instances")?;
     // The same configuration, so the same [[state.keys]]: a state either signed verifies
     // on the other.
     let a = env.server_on(&url, "instance-a")?;

@@ -32,15 +32,8 @@ fn append(ws: &Workspace, toml: &str) {
 /// admin URL it printed.
 fn gateway(upstream: &str, ws: &Workspace) -> (Proc, String) {
     let proc = Proc::gateway(upstream, ws);
-    let admin = admin_url(&proc);
+    let admin = proc.admin_url();
     (proc, admin)
-}
-
-fn admin_url(proc: &Proc) -> String {
-    proc.log()
-        .iter()
-        .find_map(|l| l.split("admin listening on ").nth(1).map(str::to_owned))
-        .unwrap_or_else(|| panic!("no admin URL in {:?}", proc.log()))
 }
 
 async fn get(url: &str, headers: &[(&str, &str)]) -> RawReply {

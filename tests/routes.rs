@@ -3,7 +3,8 @@
 //! framework offering one tool (`alpha_echo`), run in this process; `/b/mcp` is the real
 //! `dualera serve` (the notes tools). Legacy hosts (Streamable HTTP, WebSocket,
 //! HTTP+SSE) and modern hosts see only their route's tools; sessions do not cross
-//! routes; unknown paths get a 404 naming the routes; each route relays its own
+//! routes; with the cache on, a route's cached lists answer only that route; unknown
+//! paths get a 404 naming the routes; each route relays its own
 //! Protected Resource Metadata path; metrics carry the real route; `/readyz` names the
 //! route whose upstream is gone.
 
@@ -91,12 +92,8 @@ fn gateway(ws: &Workspace, a: &str, b: &str) -> (Proc, String) {
         ],
         "gateway listening on",
     );
-    let admin = gw
-        .log()
-        .iter()
-        .find_map(|l| l.split("admin listening on ").nth(1).map(str::to_owned))
-        .expect("the admin URL");
-    (gw, admin.trim().to_owned())
+    let admin = gw.admin_url();
+    (gw, admin)
 }
 
 /// `http://127.0.0.1:port` of a URL.
@@ -515,5 +512,42 @@ async fn each_route_relays_its_own_protected_resource_metadata() {
     )
     .await;
     assert_eq!(r.status, 404);
+    drop(gw);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_route_has_its_own_cache() {
+    // The cache on (its defaults): a route's cached lists never answer another route.
+    let ws = Workspace::with_cache(&[], &[]);
+    let (alpha, _alpha_stop) = alpha_server().await;
+    let notes = Proc::serve(&ws);
+    let (gw, admin) = gateway(&ws, &alpha, &notes.url);
+    let base = origin(&gw.url);
+    let client = http_client();
+    for _ in 0..3 {
+        for (route, tools) in [
+            ("/a/mcp", set(&["alpha_echo"])),
+            ("/b/mcp", set(&NOTES_TOOLS)),
+        ] {
+            let list = modern_request(json!(1), "tools/list", json!({}), json!({}));
+            let r = modern_post(&client, &format!("{base}{route}"), &list).await;
+            assert_eq!(names(&r.json()["result"]), tools, "{route}");
+            let mut host = Legacy::new(&format!("{base}{route}"));
+            host.open("2025-11-25", json!({})).await;
+            let legacy = host.call("tools/list", json!({})).await;
+            assert_eq!(names(&legacy["result"]), tools, "{route} (legacy)");
+        }
+    }
+    let r = raw(&client, Method::GET, &format!("{admin}/metrics"), &[], "").await;
+    let metrics = String::from_utf8_lossy(&r.body).into_owned();
+    let hits = |route: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(&format!("dualera_cache_hits_total{{route=\"{route}\"}}")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    // Both routes were served from their caches (the first list of each was a miss).
+    assert!(hits("/a/mcp") >= 1.0 && hits("/b/mcp") >= 1.0, "{metrics}");
     drop(gw);
 }

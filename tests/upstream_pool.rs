@@ -72,12 +72,8 @@ fn gateway(ws: &Workspace, upstreams: &[&str]) -> (Proc, String) {
         args.extend(["--upstream", u]);
     }
     let gw = Proc::spawn(&args, "gateway listening on");
-    let admin = gw
-        .log()
-        .iter()
-        .find_map(|l| l.split("admin listening on ").nth(1).map(str::to_owned))
-        .expect("the admin URL");
-    (gw, admin.trim().to_owned())
+    let admin = gw.admin_url();
+    (gw, admin)
 }
 
 /// One metric sample's value from the admin listener (0 when absent).
@@ -101,6 +97,16 @@ async fn metric(admin: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// `dualera_upstream_instance_up` of one instance.
+async fn instance_up(admin: &str, instance: &str) -> f64 {
+    metric(
+        admin,
+        "dualera_upstream_instance_up",
+        &[("instance", instance)],
+    )
+    .await
 }
 
 fn instance_of(text: &str) -> &str {
@@ -202,24 +208,8 @@ async fn an_instance_that_refuses_connections_is_skipped_and_tried_again_later()
     // Refused once, then skipped: at most one request per backoff went to b.
     let failovers = metric(&admin, "dualera_upstream_failovers_total", &[]).await;
     assert!((1.0..=3.0).contains(&failovers), "{failovers} failovers");
-    assert_eq!(
-        metric(
-            &admin,
-            "dualera_upstream_instance_up",
-            &[("instance", &b_label)]
-        )
-        .await,
-        0.0
-    );
-    assert_eq!(
-        metric(
-            &admin,
-            "dualera_upstream_instance_up",
-            &[("instance", &a.url)]
-        )
-        .await,
-        1.0
-    );
+    assert_eq!(instance_up(&admin, &b_label).await, 0.0);
+    assert_eq!(instance_up(&admin, &a.url).await, 1.0);
 
     // Back on the same address: after its backoff one request tries it, and it is in
     // the rotation again.
@@ -242,15 +232,7 @@ async fn an_instance_that_refuses_connections_is_skipped_and_tried_again_later()
         b.seen_method("tools/list").len() >= b_before + 4,
         "b is not in the rotation again"
     );
-    assert_eq!(
-        metric(
-            &admin,
-            "dualera_upstream_instance_up",
-            &[("instance", &b_label)]
-        )
-        .await,
-        1.0
-    );
+    assert_eq!(instance_up(&admin, &b_label).await, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

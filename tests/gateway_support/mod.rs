@@ -359,6 +359,15 @@ impl Proc {
         self.log.lock().unwrap().clone()
     }
 
+    /// The admin listener's URL, as the gateway printed it (`--admin`).
+    pub fn admin_url(&self) -> String {
+        self.log()
+            .iter()
+            .find_map(|l| l.split("admin listening on ").nth(1))
+            .map(|u| u.trim().to_owned())
+            .unwrap_or_else(|| panic!("no admin URL in {:?}", self.log()))
+    }
+
     /// `host:port` of the endpoint.
     pub fn authority(&self) -> String {
         self.url
