@@ -45,8 +45,8 @@
 //! the targets table says which were met.
 
 use bytes::Bytes;
-use dualera::gateway::sse;
 use dualera::server::store::{NoteStore, SqliteStore};
+use dualera::sse;
 
 #[path = "../tests/common/pg_cluster.rs"]
 mod pg_cluster;

@@ -2,8 +2,9 @@
 //! stream and names, in an `endpoint` event, the URL to POST messages to; each POST
 //! gets 202 and every answer travels on the stream. The session ends with the stream.
 
-use super::{pipe, sse, Gateway};
+use super::{pipe, Gateway};
 use crate::body::{empty, ChannelBody, GatewayBody};
+use crate::sse;
 use bytes::Bytes;
 use dashmap::DashMap;
 use http::header::{self, HeaderValue};
@@ -127,8 +128,7 @@ pub(super) async fn post(gw: &Gateway, req: Request<Incoming>) -> Response<Gatew
     let auth = req.headers().get(header::AUTHORIZATION).cloned();
     let Some(tx) = gw.sse.map.get(&id).and_then(|e| {
         let (tx, cred) = e.value();
-        crate::server::request_state::constant_time_eq(cred, &credential(auth.as_ref()))
-            .then(|| tx.clone())
+        crate::digest::constant_time_eq(cred, &credential(auth.as_ref())).then(|| tx.clone())
     }) else {
         return status(StatusCode::NOT_FOUND, "unknown session\n");
     };

@@ -14,12 +14,13 @@ pub mod http_sse;
 mod legacy_http;
 pub mod passthrough;
 mod pipe;
-pub mod sse;
 pub mod upstream;
 pub mod websocket;
 
 use crate::body::{self, GatewayBody};
 use crate::guard;
+/// The SSE codec lives at the crate root ([`crate::sse`]); this path is kept for callers.
+pub use crate::sse;
 use dualera_adapters::version::is_modern_or_later;
 use dualera_adapters::ProtocolVersion;
 use http::{header, Request, Response, StatusCode};
@@ -253,7 +254,7 @@ impl Gateway {
         let limit = self.config.max_body_bytes;
         let mut buf = Vec::new();
         while let Some(line) =
-            crate::server::stdio::read_bounded_line(&mut reader, &mut buf, limit).await?
+            crate::framing::read_bounded_line(&mut reader, &mut buf, limit).await?
         {
             if line.is_err() {
                 tracing::warn!(limit, "over-long line from the host dropped");
@@ -291,7 +292,7 @@ impl Gateway {
             return text(StatusCode::FORBIDDEN, "Host not allowed\n");
         }
         match req.uri().path() {
-            crate::server::http::ENDPOINT => {}
+            crate::endpoint::ENDPOINT => {}
             websocket::PATH => return websocket::upgrade(self, req).await,
             http_sse::SSE_PATH => return http_sse::open(self, &req),
             http_sse::MESSAGES_PATH => return http_sse::post(self, req).await,

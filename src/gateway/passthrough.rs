@@ -3,8 +3,9 @@
 //! SSE flows frame by frame, and a client that goes away drops the upstream request.
 
 use super::upstream::{HttpUpstream, StdioUpstream, Upstream};
-use super::{cache, sse, Gateway};
+use super::{cache, Gateway};
 use crate::body::{full, BoxError, ChannelBody, GatewayBody};
+use crate::sse;
 use bytes::Bytes;
 use dualera_adapters::jsonrpc::{self, Message};
 use dualera_adapters::ErrorCode;

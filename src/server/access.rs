@@ -1,9 +1,9 @@
 //! Who is calling (bearer token → principal) and what they may touch (grants).
 //! `clientInfo` never plays any part here.
 
-use super::request_state::constant_time_eq;
 use super::scope::{Scope, ScopeError};
 use crate::config::{resolve_secret, Config, ConfigError};
+use crate::digest::constant_time_eq;
 
 /// Principals and their grants.
 #[derive(Debug)]

@@ -287,14 +287,7 @@ fn sign(secret: &[u8], body: &[u8]) -> Vec<u8> {
     mac.finalize().into_bytes().to_vec()
 }
 
-/// Compares two byte strings in time independent of where they differ.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let (da, db) = (Sha256::digest(a), Sha256::digest(b));
-    da.iter()
-        .zip(db.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
-}
+pub use crate::digest::constant_time_eq;
 
 /// A digest of JSON arguments that does not depend on object key order.
 pub fn digest_arguments(arguments: &Value) -> String {

@@ -4,7 +4,7 @@
 
 use super::UpstreamError;
 use crate::body::{full, GatewayBody};
-use crate::gateway::sse;
+use crate::sse;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use bytes::Bytes;
