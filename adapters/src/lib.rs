@@ -25,8 +25,10 @@
 
 pub mod capabilities;
 pub mod downgrade;
+pub mod echo;
 pub mod error;
 pub mod event;
+pub mod json;
 pub mod jsonrpc;
 pub mod mrtr;
 pub mod param_headers;

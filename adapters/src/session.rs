@@ -57,9 +57,18 @@ pub const LOG_LEVELS: [&str; 8] = [
 pub struct Config {
     /// Legacy revisions offered to peers, newest first (default: all four).
     pub legacy_versions: Vec<String>,
-    /// Most legacy requests forwarded upstream at once (default 64); more are answered
-    /// with a failure.
+    /// Most legacy requests forwarded upstream at once (default 64); one more is
+    /// refused with [`SessionError::TooManyInFlight`], never queued.
     pub max_in_flight: usize,
+    /// Most live requests outstanding at the peer, over all rounds of the session
+    /// (default 128); a round that would exceed it fails its request
+    /// ([`Failure::TooManyLive`]).
+    pub max_live: usize,
+    /// Largest upstream request, in bytes, the upstream accepts (default 1 MiB, the
+    /// modern server's own default). A peer request that would exceed it is refused
+    /// ([`SessionError::TooLargeForUpstream`]); a retry whose answers would exceed it
+    /// fails its request ([`Failure::AnswersTooLarge`]).
+    pub max_upstream_message: usize,
     /// Most `inputRequests` in one round (default 16).
     pub max_input_requests: usize,
     /// Most `input_required` rounds per legacy request (default 8).
@@ -99,6 +108,8 @@ impl Default for Config {
                 .map(|v| (*v).to_owned())
                 .collect(),
             max_in_flight: 64,
+            max_live: 128,
+            max_upstream_message: 1024 * 1024,
             max_input_requests: 16,
             max_rounds: 8,
             retry_pause: Duration::from_millis(250),
@@ -711,7 +722,18 @@ impl Session {
                 ErrorCode::METHOD_NOT_FOUND,
                 "method not found in legacy protocol revisions",
             ),
-            _ => self.forward(request, stream, now),
+            _ => {
+                if let Err(refused) = self.forward(request, stream.clone(), now) {
+                    // In a batch the refusal is one of the grouped responses.
+                    if batch.is_some() {
+                        if let Some(response) = refused.to_response() {
+                            self.respond(stream, response);
+                        }
+                        return Ok(());
+                    }
+                    return Err(refused);
+                }
+            }
         }
         Ok(())
     }
@@ -1181,18 +1203,19 @@ impl Session {
 
     // ----- forwarding and rounds -----------------------------------------------------
 
-    fn forward(&mut self, request: Request, stream: PeerStream, _now: Timestamp) {
+    /// Forwards a request upstream; refuses it (changing nothing) when the session is
+    /// at its in-flight bound or the upstream could not take it.
+    fn forward(
+        &mut self,
+        request: Request,
+        stream: PeerStream,
+        _now: Timestamp,
+    ) -> Result<(), SessionError> {
         if self.calls.len() >= self.config.max_in_flight {
-            let failure = Failure::TooManyInFlight {
-                max: self.config.max_in_flight,
-            };
-            let response = failure_response(&request.method, request.id.clone(), &failure);
-            self.events.push_back(Event::RequestFailed {
-                legacy: request.id,
-                failure,
+            return Err(SessionError::TooManyInFlight {
+                id: request.id,
+                limit: self.config.max_in_flight,
             });
-            self.respond(stream, response);
-            return;
         }
         let mut params = match request.params {
             Some(Value::Object(p)) => p,
@@ -1201,6 +1224,15 @@ impl Session {
         // The machine owns the MRTR fields: a legacy peer cannot supply them.
         params.remove("inputResponses");
         params.remove("requestState");
+        let first = self.attempt_params(&params, None, None);
+        let size = upstream_request_size(&request.method, &first);
+        if size > self.config.max_upstream_message {
+            return Err(SessionError::TooLargeForUpstream {
+                id: request.id,
+                size,
+                limit: self.config.max_upstream_message,
+            });
+        }
         self.next_seq += 1;
         let call = Call {
             seq: self.next_seq,
@@ -1213,9 +1245,26 @@ impl Session {
             tools_refreshed: false,
         };
         self.calls.insert(request.id.clone(), call);
-        self.send_attempt(&request.id, None, None);
+        self.send_prepared(&request.id, first);
+        Ok(())
     }
 
+    /// The params of an upstream attempt: the peer's params, the round's answers and
+    /// state, and the session's `_meta`.
+    fn attempt_params(
+        &self,
+        params: &Map<String, Value>,
+        responses: Option<Map<String, Value>>,
+        request_state: Option<&str>,
+    ) -> Map<String, Value> {
+        let mut params = mrtr::retry_params(params, responses, request_state);
+        let meta = self.upstream_meta(params.get("_meta"), true);
+        params.insert("_meta".into(), meta);
+        params
+    }
+
+    /// Sends the next attempt of `legacy`; a retry the upstream could not take (its
+    /// answers made it too large) fails the request instead.
     fn send_attempt(
         &mut self,
         legacy: &RequestId,
@@ -1225,9 +1274,26 @@ impl Session {
         let Some(call) = self.calls.get(legacy) else {
             return;
         };
-        let mut params = mrtr::retry_params(&call.params, responses, request_state.as_deref());
-        let meta = self.upstream_meta(params.get("_meta"), true);
-        params.insert("_meta".into(), meta);
+        let params = self.attempt_params(&call.params, responses, request_state.as_deref());
+        let size = upstream_request_size(&call.method, &params);
+        if size > self.config.max_upstream_message {
+            let failure = Failure::AnswersTooLarge {
+                size,
+                limit: self.config.max_upstream_message,
+            };
+            if let Some(mut call) = self.calls.remove(legacy) {
+                call.phase = Phase::Idle;
+                self.fail_call(legacy.clone(), call, failure, "");
+            }
+            return;
+        }
+        self.send_prepared(legacy, params);
+    }
+
+    fn send_prepared(&mut self, legacy: &RequestId, params: Map<String, Value>) {
+        let Some(call) = self.calls.get(legacy) else {
+            return;
+        };
         let method = call.method.clone();
         let round = call.rounds;
         let id = self.mint_upstream();
@@ -1385,6 +1451,10 @@ impl Session {
                 max: self.config.max_input_requests,
             };
             return self.fail_call(legacy, call, failure, "");
+        }
+        if self.live.len() + parsed.requests.len() > self.config.max_live {
+            let limit = self.config.max_live;
+            return self.fail_call(legacy, call, Failure::TooManyLive { limit }, "");
         }
         let mut missing = Vec::new();
         for (key, request) in &parsed.requests {
@@ -1791,6 +1861,26 @@ impl Session {
         };
         rest.parse::<u64>().is_ok_and(|n| n >= 1 && n <= counter)
     }
+}
+
+/// Bytes of the upstream request `method` + `params` makes, envelope and a minted id
+/// included (measured by serializing into a counter, nothing is kept).
+fn upstream_request_size(method: &str, params: &Map<String, Value>) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, params);
+    let _ = serde_json::to_writer(&mut count, method);
+    // `{"id":"<prefix>-u<n>","jsonrpc":"2.0","method":,"params":}`
+    count.0 + 96
 }
 
 fn validate_discover(result: &Value) -> Result<(), SessionError> {

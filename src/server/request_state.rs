@@ -184,7 +184,11 @@ impl StateCodec {
         let SignedParts { body, raw, tag } = split_signed(token).ok_or(StateError::Malformed)?;
         // The key id must be read before the tag can be checked; nothing else is
         // trusted until it is.
-        let payload: Payload = serde_json::from_slice(&raw).map_err(|_| StateError::Malformed)?;
+        // Duplicate member names are refused here too (I-JSON), like in every message.
+        let payload: Payload = dualera_adapters::json::parse(&raw)
+            .ok()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .ok_or(StateError::Malformed)?;
         let (_, secret) = self
             .keys
             .iter()
