@@ -220,7 +220,12 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 tokio::spawn(server::http::serve(upstream_listener, server, async move {
                     let _ = rx.changed().await;
                 }));
-            let gw_config = GatewayConfig::from_config(&config);
+            let mut gw_config = GatewayConfig::from_config(&config);
+            // The embedded server's own limit is known here: what it would refuse, the
+            // gateway refuses first, naming the limit.
+            if config.gateway.upstream_max_body_bytes.is_none() {
+                gw_config.upstream_max_body_bytes = config.limits.max_body_bytes;
+            }
             let uri: http::Uri =
                 format!("http://{upstream_addr}{}", server::http::ENDPOINT).parse()?;
             let listener = tokio::net::TcpListener::bind(listen).await?;

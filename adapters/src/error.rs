@@ -131,9 +131,8 @@ impl SessionError {
             )),
             Self::TooLargeForUpstream { id, size, limit } => Some(Response::error(
                 Some(id.clone()),
-                ErrorObject::new(ErrorCode::INVALID_REQUEST, self.to_string()).with_data(
-                    json!({ "reason": "upstreamLimit", "size": size, "limit": limit }),
-                ),
+                ErrorObject::new(ErrorCode::INVALID_REQUEST, self.to_string())
+                    .with_data(json!({ "reason": "upstreamLimit", "size": size, "limit": limit })),
             )),
             Self::BatchNotAllowed { .. } | Self::BatchTooLarge { .. } => Some(Response::error(
                 None,

@@ -192,17 +192,22 @@ mod tests {
                 depth: 0
             }
         );
-        let (v, dup) = parse_lenient(
-            br#"{"id":3,"params":{"content":{"confirm":false,"confirm":true}}}"#,
-        )
-        .unwrap();
+        let (v, dup) =
+            parse_lenient(br#"{"id":3,"params":{"content":{"confirm":false,"confirm":true}}}"#)
+                .unwrap();
         assert_eq!(v["id"], json!(3));
-        assert!(matches!(dup, Some(JsonError::DuplicateMember { depth: 2, .. })));
+        assert!(matches!(
+            dup,
+            Some(JsonError::DuplicateMember { depth: 2, .. })
+        ));
         assert!(matches!(
             parse(b"[{\"a\":1,\"a\":1}]"),
             Err(JsonError::DuplicateMember { .. })
         ));
-        assert!(matches!(parse(b"{\"a\":1} x"), Err(JsonError::Syntax { .. })));
+        assert!(matches!(
+            parse(b"{\"a\":1} x"),
+            Err(JsonError::Syntax { .. })
+        ));
         assert!(matches!(parse(b"{"), Err(JsonError::Syntax { .. })));
     }
 }

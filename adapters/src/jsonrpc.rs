@@ -269,9 +269,7 @@ fn parse_json(bytes: &[u8]) -> Result<Value, EnvelopeError> {
         Ok((value, None)) => Ok(value),
         Ok((value, Some(dup))) => {
             let id = match &dup {
-                crate::json::JsonError::DuplicateMember { name, depth: 0 } if name == "id" => {
-                    None
-                }
+                crate::json::JsonError::DuplicateMember { name, depth: 0 } if name == "id" => None,
                 _ => value.get("id").and_then(RequestId::from_value),
             };
             Err(invalid(id, dup.to_string()))
@@ -500,13 +498,17 @@ mod tests {
 
     #[test]
     fn duplicate_member_names_are_refused() {
-        let e = parse(br#"{"jsonrpc":"2.0","id":4,"result":{"action":"decline","action":"accept"}}"#)
-            .unwrap_err();
+        let e =
+            parse(br#"{"jsonrpc":"2.0","id":4,"result":{"action":"decline","action":"accept"}}"#)
+                .unwrap_err();
         let EnvelopeError::Invalid { id, detail } = &e else {
             panic!("{e:?}");
         };
         assert_eq!(id, &Some(RequestId::Number(4)));
-        assert!(detail.contains("duplicate member name \"action\""), "{detail}");
+        assert!(
+            detail.contains("duplicate member name \"action\""),
+            "{detail}"
+        );
         assert_eq!(
             e.to_response().outcome.unwrap_err().code,
             ErrorCode::INVALID_REQUEST

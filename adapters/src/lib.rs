@@ -32,6 +32,7 @@ pub mod json;
 pub mod jsonrpc;
 pub mod mrtr;
 pub mod param_headers;
+pub mod replay;
 pub mod revision;
 pub mod session;
 pub mod time;

@@ -412,7 +412,10 @@ fn in_flight_bound() {
     let refused = s
         .handle_peer_message(request(2, "tools/call", json!({"name": "t"})), T0)
         .unwrap_err();
-    assert!(matches!(refused, SessionError::TooManyInFlight { limit: 1, .. }));
+    assert!(matches!(
+        refused,
+        SessionError::TooManyInFlight { limit: 1, .. }
+    ));
     let error = refused.to_response().unwrap().outcome.unwrap_err();
     assert!(error.message.contains("limit 1"), "{}", error.message);
     assert_eq!(error.data.unwrap()["reason"], "tooManyInFlight");
@@ -444,7 +447,11 @@ fn requests_the_upstream_could_not_take_are_refused() {
     let big = "x".repeat(4096);
     let refused = s
         .handle_peer_message(
-            request(1, "tools/call", json!({"name": "t", "arguments": {"text": big}})),
+            request(
+                1,
+                "tools/call",
+                json!({"name": "t", "arguments": {"text": big}}),
+            ),
             T0,
         )
         .unwrap_err();

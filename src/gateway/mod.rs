@@ -60,6 +60,16 @@ pub struct GatewayConfig {
     pub max_in_flight: usize,
     /// The response cache (`[cache]`).
     pub cache: cache::CacheConfig,
+    /// Live requests outstanding at the host per legacy session.
+    pub max_live_requests: usize,
+    /// Largest request the upstream accepts (what would exceed it is refused here).
+    pub upstream_max_body_bytes: usize,
+    /// Bytes queued toward a host SSE connection that does not read before it is closed.
+    pub max_buffered_bytes: usize,
+    /// Bytes of events kept per stream for `Last-Event-ID` resumption.
+    pub replay_buffer_bytes: usize,
+    /// Legacy sessions one caller may hold.
+    pub max_sessions_per_caller: usize,
 }
 
 impl Default for GatewayConfig {
@@ -76,6 +86,11 @@ impl Default for GatewayConfig {
             replay_buffer: 64,
             max_in_flight: 64,
             cache: cache::CacheConfig::default(),
+            max_live_requests: 128,
+            upstream_max_body_bytes: 1024 * 1024,
+            max_buffered_bytes: 4 * 1024 * 1024,
+            replay_buffer_bytes: 1024 * 1024,
+            max_sessions_per_caller: 1000,
         }
     }
 }
@@ -101,6 +116,15 @@ impl GatewayConfig {
             max_rounds: s.max_rounds.unwrap_or(d.max_rounds),
             replay_buffer: s.replay_buffer.unwrap_or(d.replay_buffer),
             max_in_flight: s.max_in_flight.unwrap_or(d.max_in_flight),
+            max_live_requests: s.max_live_requests.unwrap_or(d.max_live_requests),
+            upstream_max_body_bytes: s
+                .upstream_max_body_bytes
+                .unwrap_or(d.upstream_max_body_bytes),
+            max_buffered_bytes: s.max_buffered_bytes.unwrap_or(d.max_buffered_bytes),
+            replay_buffer_bytes: s.replay_buffer_bytes.unwrap_or(d.replay_buffer_bytes),
+            max_sessions_per_caller: s
+                .max_sessions_per_caller
+                .unwrap_or(d.max_sessions_per_caller),
             cache: d.cache,
         }
     }
