@@ -33,6 +33,8 @@ pub fn empty() -> GatewayBody {
 /// (no buffering), ending when every sender is gone.
 #[derive(Debug)]
 pub struct ChannelBody {
+    /// Frames sent before anything from `rx` (a replayed backlog), not metered.
+    backlog: std::collections::VecDeque<Bytes>,
     rx: mpsc::Receiver<Bytes>,
     meter: Option<Arc<Meter>>,
 }
@@ -109,12 +111,26 @@ impl ChannelBody {
     /// A body and the sender that feeds it; `capacity` bounds what may be queued.
     pub fn channel(capacity: usize) -> (mpsc::Sender<Bytes>, GatewayBody) {
         let (tx, rx) = mpsc::channel(capacity);
-        (tx, Self { rx, meter: None }.boxed())
+        (
+            tx,
+            Self {
+                backlog: Default::default(),
+                rx,
+                meter: None,
+            }
+            .boxed(),
+        )
     }
 
     /// A body whose sender refuses frames beyond `capacity` frames or `max_bytes`
-    /// bytes queued (see [`MeteredSender`]).
-    pub fn metered(capacity: usize, max_bytes: usize) -> (MeteredSender, GatewayBody) {
+    /// bytes queued (see [`MeteredSender`]). `backlog` is sent first, as the reader
+    /// takes it: frames already held elsewhere (a replay ring) cost no extra memory
+    /// and do not count against the bound.
+    pub fn metered(
+        backlog: Vec<Bytes>,
+        capacity: usize,
+        max_bytes: usize,
+    ) -> (MeteredSender, GatewayBody) {
         let (tx, rx) = mpsc::channel(capacity);
         let meter = Arc::new(Meter::default());
         let sender = MeteredSender {
@@ -125,6 +141,7 @@ impl ChannelBody {
         (
             sender,
             Self {
+                backlog: backlog.into(),
                 rx,
                 meter: Some(meter),
             }
@@ -145,6 +162,9 @@ impl Body for ChannelBody {
             if meter.cut.load(Ordering::Acquire) {
                 return Poll::Ready(Some(Err("the stream's reader fell too far behind".into())));
             }
+        }
+        if let Some(frame) = self.backlog.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(frame))));
         }
         let polled = self.rx.poll_recv(cx);
         if let (Poll::Ready(Some(b)), Some(meter)) = (&polled, &self.meter) {

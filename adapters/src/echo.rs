@@ -40,6 +40,17 @@ pub fn prefix(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
+/// `text` cut at `max` bytes (on a character boundary) and marked when longer: for a
+/// whole message that may contain several echoes.
+pub fn prefix_marked(text: &str, max: usize) -> String {
+    let shown = prefix(text, max);
+    if shown.len() == text.len() {
+        text.to_owned()
+    } else {
+        format!("{shown}…(truncated, {} bytes)", text.len())
+    }
+}
+
 /// `text` bounded as an owned string (for error `data` fields that repeat peer input).
 pub fn bounded(text: &str) -> String {
     echo(text).to_string()

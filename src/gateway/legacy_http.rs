@@ -867,12 +867,12 @@ fn respond_on(
         );
         return r;
     }
-    let (tx, body) = ChannelBody::metered(STREAM_QUEUE, handle.max_buffered);
-    // Priming event: lets the client resume this stream from its start.
-    let _ = tx.try_send(sse::prime(&format!("{}.0", st.number)));
-    for ev in st.ring.iter() {
-        let _ = tx.try_send(ev.clone());
-    }
+    // Priming event (lets the client resume this stream from its start), then what
+    // the stream carried so far.
+    let backlog = std::iter::once(sse::prime(&format!("{}.0", st.number)))
+        .chain(st.ring.iter().cloned())
+        .collect();
+    let (tx, body) = ChannelBody::metered(backlog, STREAM_QUEUE, handle.max_buffered);
     if !st.finished {
         st.tx = Some(tx);
     }
@@ -894,8 +894,7 @@ fn get(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once('.'))
         .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
-    let (tx, body) = ChannelBody::metered(STREAM_QUEUE, handle.max_buffered);
-    if let Some((number, after)) = last {
+    let body = if let Some((number, after)) = last {
         let Some(stream) = s.by_number.get(&number).cloned() else {
             return rpc_error(
                 StatusCode::NOT_FOUND,
@@ -910,13 +909,13 @@ fn get(
         if st.ring.has_gap_after(after) {
             warn!(session = %handle.tag, stream = number, "resumption gap: older events were dropped");
         }
-        for ev in st.ring.after(after) {
-            let _ = tx.try_send(ev.clone());
-        }
+        let backlog = st.ring.after(after).cloned().collect();
+        let (tx, body) = ChannelBody::metered(backlog, STREAM_QUEUE, handle.max_buffered);
         if !st.finished {
             st.tx = Some(tx);
         }
         debug!(session = %handle.tag, stream = number, after, "stream resumed");
+        body
     } else {
         let stream = PeerStream::Standalone;
         if s.streams
@@ -936,13 +935,16 @@ fn get(
                 st.pending = None;
             }
         }
-        if let Some(st) = s.streams.get_mut(&stream) {
-            let _ = tx.try_send(sse::prime(&format!("{}.{}", st.number, st.seq)));
-            st.tx = Some(tx);
-        }
+        let Some(st) = s.streams.get_mut(&stream) else {
+            return internal();
+        };
+        let prime = vec![sse::prime(&format!("{}.{}", st.number, st.seq))];
+        let (tx, body) = ChannelBody::metered(prime, STREAM_QUEUE, handle.max_buffered);
+        st.tx = Some(tx);
         let _ = s.machine.handle_standalone_opened();
         route(gw, handle, &mut s);
-    }
+        body
+    };
     crate::body::sse_response(body)
 }
 
@@ -1047,7 +1049,7 @@ fn deliver(
             Err(SendError::Stalled) => {
                 // The host does not read: close the connection rather than buffer
                 // without bound; the session and the ring stay for Last-Event-ID.
-                info!(session = %handle.tag, stream = st.number, queued = tx.queued(), limit = handle.max_buffered, "host not reading its SSE stream: closed; events kept for resumption");
+                warn!(session = %handle.tag, stream = st.number, queued = tx.queued(), limit = handle.max_buffered, "host not reading its SSE stream: closed; events kept for resumption");
                 tx.cut();
                 st.tx = None;
             }

@@ -1301,6 +1301,17 @@ impl Legacy {
         }
     }
 
+    /// POSTs raw bytes with the session's headers (for bodies a `Value` cannot hold,
+    /// such as duplicate member names); the answer is not validated.
+    pub async fn post_raw(&self, body: impl Into<Bytes>) -> RawReply {
+        let headers = self.headers();
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        raw(&self.client, Method::POST, &self.url, &headers, body).await
+    }
+
     /// POSTs one JSON-RPC message (or batch).
     pub async fn post(&self, msg: &Value) -> Reply {
         self.send(Method::POST, Some(msg), &[]).await
