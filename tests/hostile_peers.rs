@@ -134,7 +134,7 @@ async fn late_replies_get_no_error_over_stdio() {
     let mut stdin = child.stdin.take().unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut seen = Vec::new();
-    let mut send = |v: Value| {
+    let send = |v: Value| {
         let mut line = serde_json::to_vec(&v).unwrap();
         line.push(b'\n');
         line
