@@ -225,6 +225,9 @@ struct Listen {
 struct Batch {
     open: usize,
     responses: Vec<Message>,
+    /// The ids of the batch's requests: until the group is sent, the peer has no
+    /// answer for any of them, so none may be reused.
+    ids: Vec<RequestId>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,6 +267,34 @@ impl Retired {
     fn get(&self, id: &RequestId) -> Option<RetiredKind> {
         self.kinds.get(id).copied()
     }
+
+    fn len(&self) -> usize {
+        self.kinds.len().max(self.order.len())
+    }
+}
+
+/// What a session holds, by map (see [`Session::footprint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Footprint {
+    /// Legacy requests in flight.
+    pub calls: usize,
+    /// Live requests outstanding at the peer.
+    pub live: usize,
+    /// Upstream requests in flight.
+    pub upstream: usize,
+    /// Remembered finished live-request ids.
+    pub retired_live: usize,
+    /// Remembered finished upstream ids.
+    pub retired_upstream: usize,
+    /// Batches waiting for their responses.
+    pub batches: usize,
+    /// Subscribed resource URIs.
+    pub subscriptions: usize,
+    /// Tools whose `x-mcp-header` parameters are remembered.
+    pub tool_headers: usize,
+    /// Events not yet polled.
+    pub events: usize,
 }
 
 /// One legacy session, sans IO.
@@ -415,6 +446,22 @@ impl Session {
     /// The resource URIs the peer subscribed to.
     pub fn subscriptions(&self) -> impl Iterator<Item = &str> {
         self.subscriptions.iter().map(String::as_str)
+    }
+
+    /// How much the session holds right now: every map it keeps, for bound checks
+    /// (the property tests) and metrics.
+    pub fn footprint(&self) -> Footprint {
+        Footprint {
+            calls: self.calls.len(),
+            live: self.live.len(),
+            upstream: self.upstream.len(),
+            retired_live: self.retired_live.len(),
+            retired_upstream: self.retired_upstream.len(),
+            batches: self.batches.len(),
+            subscriptions: self.subscriptions.len(),
+            tool_headers: self.tool_headers.len(),
+            events: self.events.len(),
+        }
     }
 
     // ----- outputs -------------------------------------------------------------------
@@ -626,6 +673,7 @@ impl Session {
                 Batch {
                     open: 1,
                     responses: Vec::new(),
+                    ids: Vec::new(),
                 },
             );
             Some(id)
@@ -638,8 +686,12 @@ impl Session {
                     if let Some(b) = batch.and_then(|b| self.batches.get_mut(&b)) {
                         b.open += 1;
                     }
+                    let id = request.id.clone();
                     if let Err(e) = self.peer_request(request, batch, now) {
                         refused.push(e);
+                    }
+                    if let Some(b) = batch.and_then(|b| self.batches.get_mut(&b)) {
+                        b.ids.push(id);
                     }
                 }
                 Ok(Message::Notification(n)) => self.peer_notification(n, now),
@@ -675,8 +727,11 @@ impl Session {
             None => PeerStream::Request(request.id.clone()),
         };
         let id = request.id.clone();
-        let duplicate =
-            self.calls.contains_key(&id) || self.init.as_ref().is_some_and(|i| i.id == id);
+        // In flight, waiting for initialize, or answered inside a batch whose group
+        // has not been sent yet: the peer has no answer for it, so the id is taken.
+        let duplicate = self.calls.contains_key(&id)
+            || self.init.as_ref().is_some_and(|i| i.id == id)
+            || self.batches.values().any(|b| b.ids.contains(&id));
         if duplicate {
             let error = SessionError::DuplicateRequestId { id };
             if batch.is_some() {
@@ -1589,10 +1644,16 @@ impl Session {
     }
 
     /// Ends `call` because the peer cancelled it: no response, its stream just ends.
-    fn cancel_call(&mut self, _legacy: RequestId, call: Call) {
+    fn cancel_call(&mut self, legacy: RequestId, call: Call) {
         self.abandon(&call, "the request was cancelled");
         match call.stream {
-            PeerStream::Batch(b) => self.settle_batch(b, None),
+            PeerStream::Batch(b) => {
+                // Its group will not answer it: the peer may use the id again.
+                if let Some(batch) = self.batches.get_mut(&b) {
+                    batch.ids.retain(|id| *id != legacy);
+                }
+                self.settle_batch(b, None)
+            }
             stream => self.events.push_back(Event::CloseStream { stream }),
         }
     }
