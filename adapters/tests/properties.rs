@@ -30,7 +30,10 @@ use dualera_adapters::{
     Timestamp, UpstreamRole,
 };
 use proptest::prelude::*;
-use proptest::test_runner::{RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
+
+#[path = "../../tests/seeded/mod.rs"]
+mod seeded;
+use seeded::run_seeded;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -269,7 +272,7 @@ struct Harness {
     steps: usize,
 }
 
-type Check = Result<(), String>;
+use seeded::Check;
 
 fn fail<T>(msg: impl Into<String>) -> Result<T, String> {
     Err(msg.into())
@@ -422,15 +425,15 @@ impl Harness {
                         }
                     }
                 }
-                Event::CloseStream { stream } => {
-                    if let PeerStream::Request(id) = &stream {
-                        if !self.cancelled.contains(id) {
-                            return fail(format!(
-                                "stream of {id} closed without the peer cancelling it"
-                            ));
-                        }
-                        self.answered(id, "cancel")?;
+                Event::CloseStream {
+                    stream: PeerStream::Request(id),
+                } => {
+                    if !self.cancelled.contains(&id) {
+                        return fail(format!(
+                            "stream of {id} closed without the peer cancelling it"
+                        ));
                     }
+                    self.answered(&id, "cancel")?;
                 }
                 Event::ToUpstream { role, request } => {
                     if self.upstream.iter().any(|(id, _)| *id == request.id) {
@@ -891,66 +894,7 @@ fn run(case: &Case) -> Check {
     h.settle().map_err(|e| format!("settling: {e}"))
 }
 
-fn seed() -> [u8; 32] {
-    let hex = std::env::var("DUALERA_PROPTEST_SEED").ok();
-    let mut seed = *b"dualera session machine props!!!";
-    match hex.as_deref() {
-        None | Some("") => {}
-        Some("random") => {
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0);
-            let h = std::collections::hash_map::RandomState::new();
-            use std::hash::{BuildHasher, Hasher};
-            for (i, chunk) in seed.chunks_mut(8).enumerate() {
-                let mut hasher = h.build_hasher();
-                hasher.write_u128(t);
-                hasher.write_usize(i);
-                chunk.copy_from_slice(&hasher.finish().to_le_bytes());
-            }
-        }
-        Some(h) => {
-            assert_eq!(h.len(), 64, "DUALERA_PROPTEST_SEED is 64 hex digits");
-            for (i, b) in seed.iter_mut().enumerate() {
-                *b = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).expect("hex seed");
-            }
-        }
-    }
-    seed
-}
-
-/// Runs `test` over `cases` generated cases from the run's seed; a failure panics
-/// with the seed (to replay) and the minimal failing case.
-pub fn run_seeded<S: Strategy>(name: &str, strategy: S, test: impl Fn(&S::Value) -> Check)
-where
-    S::Value: std::fmt::Debug,
-{
-    let cases = std::env::var("DUALERA_PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
-    let seed = seed();
-    let hex: String = seed.iter().map(|b| format!("{b:02x}")).collect();
-    eprintln!("{name}: {cases} cases, seed {hex}");
-    let config = ProptestConfig {
-        cases,
-        failure_persistence: None,
-        max_shrink_iters: 20_000,
-        ..ProptestConfig::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
-    match runner.run(&strategy, |v| test(&v).map_err(TestCaseError::fail)) {
-        Ok(()) => {}
-        Err(TestError::Fail(reason, minimal)) => panic!(
-            "{name} failed: {reason}\nminimal case: {minimal:#?}\nreplay: DUALERA_PROPTEST_SEED={hex} cargo test -p dualera-adapters --test properties"
-        ),
-        Err(e) => panic!("{name}: {e} (seed {hex})"),
-    }
-}
-
 #[test]
 fn session_machine_invariants() {
-    run_seeded("session machine", case(), run);
+    run_seeded("session machine", 10_000, case(), run);
 }
