@@ -1137,7 +1137,7 @@ async fn summarize(
 }
 
 /// One session slot: opens a host, runs flows until `until`, reopens when the session
-/// is lost, closes at the end. `chaos` off: one create+delete flow (the warm-up).
+/// is lost, closes at the end. `chaos` off: well-behaved flows only (the warm-up).
 async fn session_loop(
     env: Arc<Env>,
     ledger: Arc<Ledger>,
@@ -1165,7 +1165,7 @@ async fn session_loop(
         };
         loop {
             n += 1;
-            let r = if rng.below(10) < 7 || !chaos {
+            let r = if rng.below(10) < 7 {
                 create_delete(&mut host, &env, &ledger, &spec, &mut rng, n, chaos).await
             } else {
                 summarize(&mut host, &env, &ledger, &spec, &mut rng, chaos).await
@@ -1193,7 +1193,7 @@ async fn session_loop(
                     continue 'sessions;
                 }
             }
-            if !chaos || Instant::now() >= until {
+            if Instant::now() >= until {
                 host.close().await;
                 break 'sessions;
             }
@@ -1480,16 +1480,22 @@ async fn run(o: Opts) -> Res<bool> {
         dir.display()
     );
 
-    // Warm-up: one clean flow per session, then every session closed.
+    // Warm-up: the same sessions and flows without chaos, for a tenth of the run (at
+    // least 10 s), then every session closed: the baseline is a gateway that carried
+    // this load once (runtime threads, allocator arenas, pooled connections), so what
+    // stays above it after the soak is what the soak itself left behind.
+    let cold_a = usage_of(gateway_a.pid());
+    let cold_b = usage_of(gateway_b.pid());
     let warm = Arc::new(Ledger::default());
     let mut tasks = Vec::new();
+    let warm_until = Instant::now() + Duration::from_secs((o.secs / 10).max(10));
     for spec in specs(o.sessions) {
         tasks.push(tokio::spawn(session_loop(
             env.clone(),
             warm.clone(),
             spec,
             o.seed,
-            Instant::now() + Duration::from_secs(60),
+            warm_until,
             false,
         )));
     }
@@ -1499,6 +1505,13 @@ async fn run(o: Opts) -> Res<bool> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let base_a = usage_of(gateway_a.pid());
     let base_b = usage_of(gateway_b.pid());
+    println!(
+        "soak: cold gateway A {:.1} MiB / {} fds, gateway B {:.1} MiB / {} fds",
+        mib(cold_a.rss),
+        cold_a.fds,
+        mib(cold_b.rss),
+        cold_b.fds
+    );
     println!("soak: warm-up done ({} flows); baseline gateway A {:.1} MiB / {} fds, gateway B {:.1} MiB / {} fds",
         warm.flows.lock().unwrap().values().sum::<u64>(), mib(base_a.rss), base_a.fds, mib(base_b.rss), base_b.fds);
 
@@ -1649,9 +1662,29 @@ async fn run(o: Opts) -> Res<bool> {
         let _ = writeln!(out, "  {n} × {why}");
     }
     let _ = writeln!(out, "notes: {} created and put up for deletion, {} deleted, {} kept although confirmed (the call failed before the delete)", notes.len(), deleted, kept_with_consent);
-    let _ = writeln!(out, "gateway A (HTTP upstream): baseline {:.1} MiB / {} fds, peak {:.1} MiB / {} fds, after {:.1} MiB / {} fds",
-        mib(base_a.rss), base_a.fds, mib(peak.0), peak.1, mib(end_a.rss), end_a.fds);
-    let _ = writeln!(out, "gateway B (stdio upstream): baseline {:.1} MiB / {} fds, peak {:.1} MiB / {} fds, after {:.1} MiB / {} fds (settled in {:.0} s)",
+    let _ = writeln!(
+        out,
+        "gateway A (HTTP upstream): cold {:.1} MiB / {} fds",
+        mib(cold_a.rss),
+        cold_a.fds
+    );
+    let _ = writeln!(
+        out,
+        "  warmed baseline {:.1} MiB / {} fds, peak {:.1} MiB / {} fds, after {:.1} MiB / {} fds",
+        mib(base_a.rss),
+        base_a.fds,
+        mib(peak.0),
+        peak.1,
+        mib(end_a.rss),
+        end_a.fds
+    );
+    let _ = writeln!(
+        out,
+        "gateway B (stdio upstream): cold {:.1} MiB / {} fds",
+        mib(cold_b.rss),
+        cold_b.fds
+    );
+    let _ = writeln!(out, "  warmed baseline {:.1} MiB / {} fds, peak {:.1} MiB / {} fds, after {:.1} MiB / {} fds (settled in {:.0} s)",
         mib(base_b.rss), base_b.fds, mib(peak.2), peak.3, mib(end_b.rss), end_b.fds, settled_in.as_secs_f64());
     let checks = [
         (
