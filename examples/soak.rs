@@ -71,6 +71,8 @@ struct Opts {
     sessions: usize,
     seed: u64,
     no_build: bool,
+    /// Half-open connections per burst and gateway (0: none).
+    half_open: usize,
 }
 
 fn opts() -> Opts {
@@ -82,6 +84,7 @@ fn opts() -> Opts {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1),
         no_build: false,
+        half_open: 100,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -91,6 +94,7 @@ fn opts() -> Opts {
             "--sessions" => o.sessions = val().parse().unwrap_or_else(|_| usage()),
             "--seed" => o.seed = val().parse().unwrap_or_else(|_| usage()),
             "--no-build" => o.no_build = true,
+            "--half-open" => o.half_open = val().parse().unwrap_or_else(|_| usage()),
             _ => usage(),
         }
     }
@@ -99,7 +103,7 @@ fn opts() -> Opts {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: soak [--secs 120] [--sessions 50] [--seed N] [--no-build]");
+    eprintln!("usage: soak [--secs 120] [--sessions 50] [--seed N] [--half-open 100] [--no-build]");
     std::process::exit(2)
 }
 
@@ -1250,6 +1254,7 @@ async fn chaos_loop(
     seed: u64,
     until: Instant,
     stop: Arc<AtomicBool>,
+    half_open: usize,
 ) {
     let mut rng = Rng::new(seed, 7777);
     let mut next_restart = Instant::now() + Duration::from_secs(6 + rng.below(6));
@@ -1276,7 +1281,7 @@ async fn chaos_loop(
         }
         if now >= next_half_open {
             for addr in &targets {
-                for _ in 0..100 {
+                for _ in 0..half_open {
                     if let Ok(mut s) = tokio::net::TcpStream::connect(addr).await {
                         let _ = s
                             .write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
@@ -1533,6 +1538,7 @@ async fn run(o: Opts) -> Res<bool> {
         o.seed,
         until,
         stop.clone(),
+        o.half_open,
     ));
     let mut tasks = Vec::new();
     for spec in specs(o.sessions) {

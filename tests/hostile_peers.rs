@@ -232,25 +232,13 @@ async fn duplicate_member_names_never_delete_a_note() {
     }
     // The modern server refuses them too.
     let client = http_client();
-    let call = modern_request(
-        json!(1),
-        "tools/call",
-        json!({"name": "notes_delete", "arguments": {"workspaceUri": rig.ws.notes_uri, "title": "Dup"}}),
-        json!({"elicitation": {"form": {}}}),
-    );
-    let first = modern_post(&client, &rig.server.url, &call).await.json();
-    let state = first["result"]["requestState"].as_str().unwrap().to_owned();
-    let key = first["result"]["inputRequests"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .next()
-        .unwrap()
-        .clone();
-    let mut retry = call.clone();
-    retry["params"]["requestState"] = json!(state);
-    retry["params"]["inputResponses"] = json!({ key.clone(): {"action": "accept",
-        "content": {"note_id": note, "confirm": true}}});
+    let retry = modern_delete_retry(
+        &client,
+        &rig,
+        "Dup",
+        json!({"note_id": note, "confirm": true}),
+    )
+    .await;
     let text = serde_json::to_string(&retry).unwrap();
     let dup = text.replacen("\"confirm\":true", "\"confirm\":false,\"confirm\":true", 1);
     assert_ne!(dup, text);
@@ -269,6 +257,26 @@ async fn duplicate_member_names_never_delete_a_note() {
     );
 }
 
+/// A modern client's `notes_delete` of `title` straight to the modern server, and the
+/// retry answering its form with `accept` and `content` (not sent).
+async fn modern_delete_retry(client: &HttpClient, rig: &Rig, title: &str, content: Value) -> Value {
+    let call = modern_request(
+        json!(1),
+        "tools/call",
+        json!({"name": "notes_delete", "arguments": {"workspaceUri": rig.ws.notes_uri, "title": title}}),
+        json!({"elicitation": {"form": {}}}),
+    );
+    let first = modern_post(client, &rig.server.url, &call).await.json();
+    let inputs = first["result"]["inputRequests"]
+        .as_object()
+        .expect("input_required");
+    let key = inputs.keys().next().expect("one input request").clone();
+    let mut retry = call;
+    retry["params"]["requestState"] = first["result"]["requestState"].clone();
+    retry["params"]["inputResponses"] = json!({ key: {"action": "accept", "content": content}});
+    retry
+}
+
 /// Beyond `max_in_flight`, a request is refused at the protocol level: HTTP 429 with
 /// `Retry-After` and a JSON-RPC error naming the limit, never a tool result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,10 +284,7 @@ async fn overload_is_429_with_retry_after() {
     let rig = two_input_upstream(&[("max_in_flight", "1")]).await;
     let mut host = rig.legacy();
     host.open("2025-11-25", json!({"roots": {}})).await;
-    let (_, held) = host
-        .request("tools/call", json!({"name": "held", "arguments": {}}))
-        .await;
-    let _held = held.sse();
+    let _held = hold(&mut host).await;
     let (id, r) = host
         .request("tools/call", json!({"name": "t", "arguments": {}}))
         .await;
@@ -325,24 +330,8 @@ async fn peer_input_is_echoed_bounded() {
 
     rig.seed("Echo", "x").await;
     let client = http_client();
-    let call = modern_request(
-        json!(1),
-        "tools/call",
-        json!({"name": "notes_delete", "arguments": {"workspaceUri": rig.ws.notes_uri, "title": "Echo"}}),
-        json!({"elicitation": {"form": {}}}),
-    );
-    let first = modern_post(&client, &rig.server.url, &call).await.json();
-    let key = first["result"]["inputRequests"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .next()
-        .unwrap()
-        .clone();
-    let mut retry = call.clone();
-    retry["params"]["requestState"] = first["result"]["requestState"].clone();
-    retry["params"]["inputResponses"] = json!({ key: {"action": "accept",
-        "content": {"note_id": "n".repeat(900 * 1024), "confirm": true}}});
+    let content = json!({"note_id": "n".repeat(900 * 1024), "confirm": true});
+    let retry = modern_delete_retry(&client, &rig, "Echo", content).await;
     let r = modern_post(&client, &rig.server.url, &retry).await;
     assert!(r.body.len() < 2048, "error body of {} bytes", r.body.len());
     assert_eq!(r.json()["error"]["code"], -32602);
@@ -480,6 +469,20 @@ async fn a_host_that_does_not_read_is_cut_off_and_resumes() {
     assert_eq!(got + rest, 1500, "nothing lost: {got} + {rest}");
 }
 
+/// Starts a `tools/call` the upstream holds open: the session has a request in flight.
+async fn hold(host: &mut Legacy) -> SseReader {
+    let (_, reply) = host
+        .request("tools/call", json!({"name": "held", "arguments": {}}))
+        .await;
+    reply.sse()
+}
+
+/// The session of `host` no longer exists.
+async fn assert_gone(host: &Legacy) {
+    let ping = json!({"jsonrpc": "2.0", "id": 99, "method": "ping"});
+    assert_eq!(host.post(&ping).await.status, StatusCode::NOT_FOUND);
+}
+
 /// A full session table evicts the longest-idle session with nothing in flight; it
 /// refuses (503 + Retry-After) only when every session is busy. One caller may hold
 /// at most `max_sessions_per_caller`: its own idlest goes first, then 429.
@@ -495,30 +498,18 @@ async fn full_tables_evict_the_idlest_and_callers_are_bounded() {
     // b is the idlest: c takes its place.
     let mut c = rig.legacy();
     c.open("2025-11-25", json!({})).await;
-    assert_eq!(
-        b.post(&json!({"jsonrpc": "2.0", "id": 99, "method": "ping"}))
-            .await
-            .status,
-        StatusCode::NOT_FOUND
-    );
+    assert_gone(&b).await;
     assert_eq!(a.call("ping", json!({})).await["result"], json!({}));
     // Both busy: the next one is refused.
-    let (_, ha) = a
-        .request("tools/call", json!({"name": "held", "arguments": {}}))
-        .await;
-    let _ha = ha.sse();
-    let (_, hc) = c
-        .request("tools/call", json!({"name": "held", "arguments": {}}))
-        .await;
-    let _hc = hc.sse();
+    let _ha = hold(&mut a).await;
+    let _hc = hold(&mut c).await;
     let mut d = rig.legacy();
     let (reply, response) = d.initialize("2025-11-25", json!({})).await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{response}");
     assert!(reply.headers.get("retry-after").is_some());
     assert!(reply.headers.get("mcp-session-id").is_none());
 
-    // Per caller: another credential, with its own bound of 2 (the table is per
-    // caller here: a fresh gateway with room for many).
+    // Per caller: a fresh gateway with room for many sessions, one per credential.
     let rig =
         two_input_upstream(&[("max_sessions", "100"), ("max_sessions_per_caller", "1")]).await;
     let mut x1 = rig.legacy();
@@ -531,17 +522,9 @@ async fn full_tables_evict_the_idlest_and_callers_are_bounded() {
     x2.auth = Some("Bearer caller-x".into());
     x2.open("2025-11-25", json!({})).await;
     // x1 (same caller, idle) made room; y is untouched.
-    assert_eq!(
-        x1.post(&json!({"jsonrpc": "2.0", "id": 99, "method": "ping"}))
-            .await
-            .status,
-        StatusCode::NOT_FOUND
-    );
+    assert_gone(&x1).await;
     assert_eq!(y.call("ping", json!({})).await["result"], json!({}));
-    let (_, hx) = x2
-        .request("tools/call", json!({"name": "held", "arguments": {}}))
-        .await;
-    let _hx = hx.sse();
+    let _hx = hold(&mut x2).await;
     let mut x3 = rig.legacy();
     x3.auth = Some("Bearer caller-x".into());
     let (reply, response) = x3.initialize("2025-11-25", json!({})).await;
