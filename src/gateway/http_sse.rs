@@ -71,7 +71,9 @@ pub(super) fn open(gw: &Gateway, req: &Request<Incoming>) -> Response<GatewayBod
         .insert(id.clone(), (in_tx, credential(auth.as_ref())));
     let endpoint = format!("event: endpoint\ndata: {MESSAGES_PATH}?sessionId={id}\n\n");
     let _ = stream_tx.try_send(Bytes::from(endpoint));
-    let span = tracing::info_span!("session", transport = "http+sse", session = %id);
+    // The id is a bearer secret (it is the whole credential of the message URL).
+    let tag = crate::digest::log_tag(&id);
+    let span = tracing::info_span!("session", transport = "http+sse", session = %tag);
     let sessions: Arc<SseSessions> = gw.sse.clone();
     let keepalive = gw.config.keepalive;
     let session = tokio::spawn(

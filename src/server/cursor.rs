@@ -96,7 +96,11 @@ pub fn open(
     let SignedParts { body, raw, tag } = split_signed(token).ok_or(CursorError::Malformed)?;
     // The key id must be read before the tag can be checked; nothing else is trusted
     // until it is.
-    let payload: Payload = serde_json::from_slice(&raw).map_err(|_| CursorError::Malformed)?;
+    // Duplicate member names are refused here too (I-JSON), like in every message.
+    let payload: Payload = dualera_adapters::json::parse(&raw)
+        .ok()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .ok_or(CursorError::Malformed)?;
     codec.verify_detached(PURPOSE, &payload.kid, body.as_bytes(), &tag)?;
     if payload.v != 1 || payload.after < 0 {
         return Err(CursorError::Malformed);
