@@ -11,6 +11,18 @@ use tracing_subscriber::EnvFilter;
 
 type BoxError = Box<dyn std::error::Error>;
 
+/// `eprintln!` in one write: stderr is unbuffered, so `eprintln!` writes each piece of
+/// the line separately, and a stdio upstream child sharing our stderr could land in the
+/// middle of a line someone parses ("gateway listening on …").
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut line = format!($($arg)*);
+        line.push('\n');
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }};
+}
+
 #[derive(Parser)]
 #[command(
     name = "dualera",
@@ -92,14 +104,14 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("dualera: cannot start the runtime: {e}");
+            say!("dualera: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("dualera: {e}");
+            say!("dualera: {e}");
             ExitCode::FAILURE
         }
     }
@@ -115,7 +127,7 @@ fn load(path: Option<&PathBuf>) -> Result<Config, BoxError> {
 fn build_server(config: &Config) -> Result<Server, BoxError> {
     let (server, keys) = Server::from_config(config)?;
     if keys == KeySource::Generated {
-        eprintln!(
+        say!(
             "dualera: no [[state.keys]] configured; generated a random requestState key \
              for this process (states will not survive a restart or verify elsewhere)"
         );
@@ -135,7 +147,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             let mut config_path = config;
             if let Some(dir) = demo {
                 let layout = dualera::demo::ensure(&dir)?;
-                eprintln!(
+                say!(
                     "dualera: demo workspace {} and repository {}",
                     layout.notes_uri,
                     layout.repo_dir.display()
@@ -160,7 +172,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             let listener = server::http::bind(addr).await?;
             let bound = listener.local_addr()?;
             let stop = shutdown_signal();
-            eprintln!(
+            say!(
                 "dualera: modern server listening on http://{bound}{}",
                 server::http::ENDPOINT
             );
@@ -203,7 +215,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             let listener = tokio::net::TcpListener::bind(addr).await?;
             let bound = listener.local_addr()?;
             let stop = shutdown_signal();
-            eprintln!("dualera: gateway listening on http://{bound}/mcp");
+            say!("dualera: gateway listening on http://{bound}/mcp");
             gateway.serve(listener, stop).await?;
             Ok(())
         }
