@@ -4,7 +4,9 @@
 # MCP SDKs as hosts (installs its pinned peers into .cache/ and tests/interop/ts/ on first
 # run; needs python3 and node; ends with the line "N passed, M failed"), then the official
 # conformance suite against the fixture upstream and the gateway (tests/conformance/run.sh:
-# installs the pinned suite and a Node 22 into .cache/conformance; same closing line).
+# installs the pinned suite and a Node 22 into .cache/conformance; same closing line),
+# then authorization end to end (tests/auth/run.py: oidc-provider, the modern server as
+# OAuth resource server behind the gateway, both SDKs as hosts; same closing line).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The real peers of the service-backed tests (Redis, HAProxy, PostgreSQL, Chromium),
@@ -13,3 +15,4 @@ bash tests/services/debian.sh
 cargo test --workspace --locked "$@"
 python3 tests/interop/run.py
 bash tests/conformance/run.sh
+python3 tests/auth/run.py

@@ -46,6 +46,6 @@ pub use error::{Failure, SessionError};
 pub use event::{BatchId, Event, PeerStream, UpstreamRole};
 pub use jsonrpc::{ErrorCode, ErrorObject, Message, Notification, Request, RequestId, Response};
 pub use revision::Revision;
-pub use session::{BatchOutcome, Config, Footprint, Session, SessionState};
+pub use session::{BatchOutcome, Config, Denied, Footprint, Session, SessionState};
 pub use time::Timestamp;
 pub use version::{Era, ProtocolVersion};

@@ -197,7 +197,20 @@ impl Runner {
                 }
             },
             "upstream" => {
-                if let Some(lost) = step.get("lost") {
+                if let Some(denied) = step.get("denied") {
+                    let id = RequestId::from_value(&self.substitute(denied)).expect("denied id");
+                    match self.session.handle_upstream_denied(&id, now) {
+                        Ok(outcome) => {
+                            let kind = format!("{outcome:?}");
+                            let kind = kind.split([' ', '{']).next().unwrap_or_default();
+                            if let Some(want) = step.get("outcome").and_then(Value::as_str) {
+                                assert_eq!(kind, want, "{ctx}: denied outcome");
+                            }
+                            Ok(())
+                        }
+                        Err(e) => Err(format!("{e:?}")),
+                    }
+                } else if let Some(lost) = step.get("lost") {
                     let id = RequestId::from_value(&self.substitute(lost)).expect("lost id");
                     self.session
                         .handle_upstream_lost(&id, now)

@@ -10,6 +10,8 @@
 //! hand-off each way on the hot path) and is detached into a task of its own when the
 //! handler stops waiting; every other exchange is a task from the start.
 
+use super::auth::{fingerprint, BindingKey};
+use super::upstream::{Denial, UpstreamError};
 use super::{cache, text, Gateway, GatewayConfig};
 use crate::body::{empty, full, ChannelBody, GatewayBody, MeteredSender, SendError};
 use crate::sse;
@@ -18,8 +20,9 @@ use dashmap::DashMap;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
 use dualera_adapters::replay::ReplayRing;
 use dualera_adapters::{
-    Config as MachineConfig, ErrorCode, ErrorObject, Event, Message, PeerStream, ProtocolVersion,
-    RequestId, Response as RpcResponse, Session, SessionState, Timestamp, UpstreamRole,
+    Config as MachineConfig, Denied, ErrorCode, ErrorObject, Event, Message, PeerStream,
+    ProtocolVersion, RequestId, Response as RpcResponse, Session, SessionState, Timestamp,
+    UpstreamRole,
 };
 use futures_util::future::{abortable, AbortHandle};
 use http::header::{self, HeaderValue};
@@ -27,7 +30,6 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -46,6 +48,10 @@ const FINISHED_KEPT: usize = 16;
 const FIRST_MESSAGE_WAIT: Duration = Duration::from_secs(1);
 /// How long an `initialize` may wait for the upstream's discover.
 const INIT_WAIT: Duration = Duration::from_secs(30);
+/// How long a POST waits for the upstream to accept (or refuse, 401/403) the exchange
+/// it caused before committing to a response: the refusal must reach the host as
+/// HTTP, so no SSE stream is opened before the upstream's response head.
+const HEAD_WAIT: Duration = Duration::from_secs(30);
 
 fn epoch() -> Instant {
     static START: OnceLock<Instant> = OnceLock::new();
@@ -56,11 +62,9 @@ fn now() -> Timestamp {
     Timestamp::from_millis(u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX))
 }
 
-/// What binds a session to its caller: another caller presenting the session id gets
-/// 404, and the per-caller session bound counts by it. Today the digest of the
-/// `Authorization` header; everything that asks "the same caller?" goes through this
-/// type and [`binding_of`], so binding to a principal instead changes only those.
-pub(super) type Binding = [u8; 32];
+/// What binds a session to its caller (its principal, or its token's digest: see
+/// [`BindingKey`]); the per-caller session bound counts by it.
+pub(super) type Binding = BindingKey;
 
 /// Live legacy sessions.
 #[derive(Debug)]
@@ -110,14 +114,14 @@ impl Sessions {
     }
 
     fn insert(&self, handle: Arc<SessionHandle>) {
-        *self.per_caller.entry(handle.credential).or_insert(0) += 1;
+        *self.per_caller.entry(handle.binding).or_insert(0) += 1;
         self.map.insert(handle.id.clone(), handle);
     }
 
     /// Removes a session from the table (the caller closes it).
     fn remove(&self, id: &str) -> Option<Arc<SessionHandle>> {
         let (_, handle) = self.map.remove(id)?;
-        if let dashmap::Entry::Occupied(mut e) = self.per_caller.entry(handle.credential) {
+        if let dashmap::Entry::Occupied(mut e) = self.per_caller.entry(handle.binding) {
             *e.get_mut() -= 1;
             if *e.get() == 0 {
                 e.remove();
@@ -147,7 +151,7 @@ impl Sessions {
         let victim = self
             .map
             .iter()
-            .filter(|e| caller.is_none_or(|c| &e.value().credential == c))
+            .filter(|e| caller.is_none_or(|c| e.value().binding.matches(c)))
             .filter(|e| {
                 // A session whose lock is taken is being used right now: not idle.
                 e.value()
@@ -210,6 +214,16 @@ struct Shared {
     /// Where `route` leaves the first upstream exchange it starts for the POST handler
     /// that is feeding the machine, instead of spawning it.
     inline: InlineSlot,
+    /// The `Authorization` of the host request feeding the machine right now: the
+    /// upstream calls it causes carry it.
+    feeding: Option<HeaderValue>,
+    /// The `Authorization` of the latest host request of each legacy request still in
+    /// flight, for the upstream calls no host request causes (a state-only retry after
+    /// its pause, a `tools/list` refresh); dropped when the request ends.
+    call_auth: HashMap<RequestId, HeaderValue>,
+    /// The `Authorization` of the open standalone GET, for `subscriptions/listen`;
+    /// dropped when that GET closes.
+    standalone_auth: Option<HeaderValue>,
 }
 
 /// One upstream exchange, abortable through its entry in `upstream_tasks`.
@@ -219,17 +233,75 @@ type Exchange = Pin<Box<dyn Future<Output = ()> + Send>>;
 enum InlineSlot {
     /// Nobody is waiting inline: exchanges are spawned.
     Closed,
-    /// A POST handler will drive the next exchange itself.
-    Open,
+    /// A POST handler will drive the next exchange itself, and learns through the
+    /// watch whether the upstream accepted or refused it.
+    Open(Arc<HeadWatch>),
     /// The exchange that handler will drive.
     Taken(Exchange),
+}
+
+/// Whether the upstream accepted an exchange a host request is waiting on, or refused
+/// its credentials. Locked after the session lock, never before.
+#[derive(Debug, Default)]
+struct HeadWatch(Mutex<Head>);
+
+#[derive(Debug, Default)]
+enum Head {
+    #[default]
+    Waiting,
+    Accepted,
+    Denied(Box<Denial>),
+    /// The host request stopped waiting: a refusal now goes to the session machine.
+    Abandoned,
+}
+
+impl HeadWatch {
+    fn accepted(&self) {
+        if let Ok(mut h) = self.0.lock() {
+            if matches!(*h, Head::Waiting) {
+                *h = Head::Accepted;
+            }
+        }
+    }
+
+    /// Hands a refusal to the waiting host request; false if it stopped waiting.
+    fn offer(&self, denial: &Denial) -> bool {
+        match self.0.lock() {
+            Ok(mut h) if matches!(*h, Head::Waiting) => {
+                *h = Head::Denied(Box::new(denial.clone()));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn settled(&self) -> bool {
+        self.0.lock().is_ok_and(|h| !matches!(*h, Head::Waiting))
+    }
+
+    fn denied(&self) -> bool {
+        self.0.lock().is_ok_and(|h| matches!(*h, Head::Denied(_)))
+    }
+
+    /// Stops waiting; the refusal, if one came.
+    fn finish(&self) -> Option<Box<Denial>> {
+        let mut h = self.0.lock().ok()?;
+        match std::mem::replace(&mut *h, Head::Abandoned) {
+            Head::Denied(d) => Some(d),
+            Head::Accepted => {
+                *h = Head::Accepted;
+                None
+            }
+            Head::Waiting | Head::Abandoned => None,
+        }
+    }
 }
 
 impl std::fmt::Debug for InlineSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::Closed => "Closed",
-            Self::Open => "Open",
+            Self::Open(_) => "Open",
             Self::Taken(_) => "Taken",
         })
     }
@@ -245,7 +317,7 @@ impl Detachable {
     fn take(s: &mut Shared) -> Self {
         match std::mem::replace(&mut s.inline, InlineSlot::Closed) {
             InlineSlot::Taken(exchange) => Self(Some(exchange)),
-            InlineSlot::Open | InlineSlot::Closed => Self(None),
+            InlineSlot::Open(_) | InlineSlot::Closed => Self(None),
         }
     }
 }
@@ -264,8 +336,10 @@ pub(super) struct SessionHandle {
     id: String,
     /// What logs show instead of the id (a bearer secret): [`crate::digest::log_tag`].
     tag: String,
-    credential: Binding,
-    authorization: Option<HeaderValue>,
+    /// The principal (or token digest) the session is bound to.
+    binding: BindingKey,
+    /// Opened without credentials: its discover result may be shared.
+    anonymous: bool,
     shared: Mutex<Shared>,
     last_used: AtomicU64,
     /// Wakes the timer task early (a deadline moved earlier, or the session closed).
@@ -296,23 +370,6 @@ impl SessionHandle {
         }
         self.wake.notify_one();
     }
-}
-
-/// The binding of a request's caller (see [`Binding`]).
-fn binding_of(auth: Option<&HeaderValue>) -> Binding {
-    let mut h = Sha256::new();
-    h.update(b"dualera-session-credential\0");
-    if let Some(a) = auth {
-        h.update(a.as_bytes());
-    }
-    h.finalize().into()
-}
-
-fn same_credential(a: &Binding, b: &Binding) -> bool {
-    a.iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
 }
 
 fn mint_session_id() -> Option<String> {
@@ -368,25 +425,38 @@ pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Gat
             );
         }
     }
-    let auth = req.headers().get(header::AUTHORIZATION).cloned();
+    let auth = super::auth::credentials(req.headers());
     let existing = match &session_header {
         None => None,
         Some(id) => match gw.legacy.map.get(id).map(|e| e.value().clone()) {
-            Some(h) if same_credential(&h.credential, &binding_of(auth.as_ref())) => Some(h),
-            _ => {
+            // Another principal, or no credentials on a session opened with some: 404,
+            // never 401 (DESIGN.md, "Remote upstreams"), so the id gives nothing away.
+            Some(h)
+                if h.binding
+                    .matches(&BindingKey::of(gw.config.session_binding, auth.as_ref())) =>
+            {
+                Some(h)
+            }
+            found => {
+                let opened_with_credentials = found.as_ref().is_none_or(|h| !h.anonymous);
+                if auth.is_none() && opened_with_credentials {
+                    if let Some(denial) = super::auth::upstream_denial(gw, None).await {
+                        return denial.response();
+                    }
+                }
                 return rpc_error(
                     StatusCode::NOT_FOUND,
                     None,
                     ErrorCode::INVALID_REQUEST,
                     "Session not found: it ended, expired, or belongs to another caller; send initialize again".into(),
-                )
+                );
             }
         },
     };
     match *req.method() {
         Method::POST => post(gw, req, existing, auth).await,
         Method::GET => match existing {
-            Some(h) => get(gw, &h, req.headers()),
+            Some(h) => get(gw, &h, req.headers(), auth).await,
             None => rpc_error(
                 StatusCode::BAD_REQUEST,
                 None,
@@ -468,17 +538,30 @@ async fn post(
     };
     handle.touch();
     match parsed {
-        Parsed::Single(Message::Request(r)) => request(gw, &handle, r).await,
+        Parsed::Single(Message::Request(r)) => request(gw, &handle, r, auth).await,
         Parsed::Single(other) => {
-            let result = {
+            let watch = Arc::new(HeadWatch::default());
+            let (result, mut inline) = {
                 let Ok(mut s) = handle.shared.lock() else {
                     return internal();
                 };
+                s.feeding = auth;
+                s.inline = InlineSlot::Open(watch.clone());
                 let r = s.machine.handle_peer_message(other, now());
                 route(gw, &handle, &mut s);
                 rearm(&handle, &s);
-                r
+                (r, Detachable::take(&mut s))
             };
+            // An answer that completes a round starts the upstream retry on behalf of
+            // this POST: a 401/403 for it answers this POST, and the round waits for
+            // the answer again.
+            if inline.0.is_some() {
+                wait_head(&watch, &mut inline).await;
+            }
+            drop(inline);
+            if let Some(denial) = watch.finish() {
+                return denial.response();
+            }
             match result {
                 Ok(()) => accepted(),
                 // A reply to a live request the gateway gave up on: accepted, dropped.
@@ -492,8 +575,26 @@ async fn post(
                 }
             }
         }
-        Parsed::Batch(items) => batch(gw, &handle, items),
+        Parsed::Batch(items) => batch(gw, &handle, items, auth),
     }
+}
+
+/// Drives `inline` until the upstream accepted or refused it (or [`HEAD_WAIT`]).
+async fn wait_head(watch: &HeadWatch, inline: &mut Detachable) {
+    let sleep = tokio::time::sleep(HEAD_WAIT);
+    tokio::pin!(sleep);
+    std::future::poll_fn(|cx| {
+        if let Some(exchange) = inline.0.as_mut() {
+            if exchange.as_mut().poll(cx).is_ready() {
+                inline.0 = None;
+            }
+        }
+        if inline.0.is_none() || watch.settled() {
+            return Poll::Ready(());
+        }
+        sleep.as_mut().poll(cx)
+    })
+    .await;
 }
 
 /// The HTTP answer to input the session machine refused (the one mapping from
@@ -555,7 +656,7 @@ async fn initialize(
     let Parsed::Single(Message::Request(init)) = parsed else {
         return internal();
     };
-    let binding = binding_of(auth.as_ref());
+    let binding = BindingKey::of(gw.config.session_binding, auth.as_ref());
     if let Err(refused) = gw.legacy.admit(&binding) {
         let (status, limit, what) = match refused {
             Refused::Full => (
@@ -595,8 +696,8 @@ async fn initialize(
     let handle = Arc::new(SessionHandle {
         id: id.clone(),
         tag: tag.clone(),
-        credential: binding,
-        authorization: auth,
+        binding,
+        anonymous: auth.is_none(),
         shared: Mutex::new(Shared {
             machine,
             streams: HashMap::new(),
@@ -605,6 +706,9 @@ async fn initialize(
             next_stream: 0,
             upstream_tasks: HashMap::new(),
             inline: InlineSlot::Closed,
+            feeding: None,
+            call_auth: HashMap::new(),
+            standalone_auth: None,
         }),
         last_used: AtomicU64::new(now().as_millis()),
         timer_at: AtomicU64::new(0),
@@ -615,10 +719,12 @@ async fn initialize(
     });
     let stream = PeerStream::Request(init.id.clone());
     let init_id = init.id.clone();
+    let watch = Arc::new(HeadWatch::default());
     let mut inline = {
         let Ok(mut s) = handle.shared.lock() else {
             return internal();
         };
+        s.feeding = auth;
         open_pending(&handle, &mut s, stream.clone());
         if let Err(e) = s.machine.handle_peer_message(Message::Request(init), now()) {
             return rpc_error(
@@ -628,12 +734,22 @@ async fn initialize(
                 format!("Invalid request: {e}"),
             );
         }
-        s.inline = InlineSlot::Open;
+        s.inline = InlineSlot::Open(watch.clone());
         route(gw, &handle, &mut s);
         Detachable::take(&mut s)
     };
-    let outcome = wait_pending(&handle, &stream, INIT_WAIT, &mut inline).await;
+    let outcome = wait_pending(&handle, &stream, INIT_WAIT, &mut inline, &watch).await;
     drop(inline);
+    if let Some(denial) = watch.finish() {
+        // The upstream refused the caller's credentials: its status and challenge go
+        // back as they are, and no session is minted.
+        handle.close();
+        info!(
+            status = denial.status.as_u16(),
+            "initialize refused by the upstream"
+        );
+        return denial.response();
+    }
     let Some(messages) = outcome else {
         handle.close();
         return rpc_error(
@@ -697,8 +813,12 @@ async fn wait_pending(
     stream: &PeerStream,
     limit: Duration,
     inline: &mut Detachable,
+    watch: &HeadWatch,
 ) -> Option<Vec<Vec<u8>>> {
-    wait_stream(handle, stream, limit, inline, |st| st.finished).await;
+    wait_stream(handle, stream, limit, inline, |st| {
+        st.finished || watch.denied()
+    })
+    .await;
     let mut s = handle.shared.lock().ok()?;
     let st = s.streams.get_mut(stream)?;
     if !st.finished {
@@ -759,21 +879,36 @@ async fn request(
     gw: &Gateway,
     handle: &Arc<SessionHandle>,
     r: dualera_adapters::Request,
+    auth: Option<HeaderValue>,
 ) -> Response<GatewayBody> {
     let stream = PeerStream::Request(r.id.clone());
-    let mut inline = match feed_request(gw, handle, r, &stream) {
+    let watch = Arc::new(HeadWatch::default());
+    let mut inline = match feed_request(gw, handle, r, &stream, auth, &watch) {
         Ok(inline) => inline,
         Err(refused) => return *refused,
     };
     // A request answered without any live round gets a plain JSON response.
-    wait_stream(handle, &stream, FIRST_MESSAGE_WAIT, &mut inline, |st| {
-        st.finished || st.pending.as_ref().is_none_or(|p| !p.is_empty())
-    })
-    .await;
+    let ready = |st: &StreamState| {
+        st.finished || st.pending.as_ref().is_none_or(|p| !p.is_empty()) || watch.denied()
+    };
+    wait_stream(handle, &stream, FIRST_MESSAGE_WAIT, &mut inline, ready).await;
+    // Nothing is committed before the upstream accepted the exchange: its 401/403
+    // must reach the host as HTTP on this POST.
+    if inline.0.is_some() && !watch.settled() {
+        let more = HEAD_WAIT.saturating_sub(FIRST_MESSAGE_WAIT);
+        wait_stream(handle, &stream, more, &mut inline, |st| {
+            ready(st) || watch.settled()
+        })
+        .await;
+    }
     drop(inline);
     let Ok(mut s) = handle.shared.lock() else {
         return internal();
     };
+    if let Some(denial) = watch.finish() {
+        forget_stream(&mut s, &stream);
+        return denial.response();
+    }
     respond_on(handle, &mut s, &stream)
 }
 
@@ -784,6 +919,8 @@ fn feed_request(
     handle: &Arc<SessionHandle>,
     r: dualera_adapters::Request,
     stream: &PeerStream,
+    auth: Option<HeaderValue>,
+    watch: &Arc<HeadWatch>,
 ) -> Result<Detachable, Box<Response<GatewayBody>>> {
     let id = r.id.clone();
     let Ok(mut s) = handle.shared.lock() else {
@@ -798,12 +935,14 @@ fn feed_request(
         )));
     }
     open_pending(handle, &mut s, stream.clone());
+    s.feeding = auth;
     if let Err(e) = s.machine.handle_peer_message(Message::Request(r), now()) {
+        s.feeding = None;
         forget_stream(&mut s, stream);
         info!(session = %handle.tag, error = %e, "request refused");
         return Err(Box::new(refusal(Some(id), &e)));
     }
-    s.inline = InlineSlot::Open;
+    s.inline = InlineSlot::Open(watch.clone());
     route(gw, handle, &mut s);
     rearm(handle, &s);
     Ok(Detachable::take(&mut s))
@@ -813,16 +952,21 @@ fn batch(
     gw: &Gateway,
     handle: &Arc<SessionHandle>,
     items: Vec<Result<Message, jsonrpc::EnvelopeError>>,
+    auth: Option<HeaderValue>,
 ) -> Response<GatewayBody> {
     let Ok(mut s) = handle.shared.lock() else {
         return internal();
     };
+    // A batch's upstream calls carry its token; a 401/403 for one of them reaches the
+    // peer as that element's error in the batch's response (one HTTP answer for many).
+    s.feeding = auth;
     // The stream id of the batch is known only after feeding; buffer by peeking the
     // next batch id is not possible, so feed and then adopt whatever the batch emitted.
     let outcome = s.machine.handle_peer_batch(items, now());
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {
+            s.feeding = None;
             return rpc_error(
                 StatusCode::BAD_REQUEST,
                 None,
@@ -880,15 +1024,57 @@ fn respond_on(
     crate::body::sse_response(body)
 }
 
-fn get(
+async fn get(
     gw: &Gateway,
     handle: &Arc<SessionHandle>,
     headers: &http::HeaderMap,
+    auth: Option<HeaderValue>,
 ) -> Response<GatewayBody> {
     handle.touch();
-    let Ok(mut s) = handle.shared.lock() else {
-        return internal();
+    let watch = Arc::new(HeadWatch::default());
+    let probe_auth = auth.clone();
+    let (response, mut inline) = {
+        let Ok(mut s) = handle.shared.lock() else {
+            return internal();
+        };
+        let r = open_get(gw, handle, &mut s, headers, auth, &watch);
+        (r, Detachable::take(&mut s))
     };
+    // Opening the stream may start `subscriptions/listen` with this GET's token: its
+    // 401/403 answers the GET, and the stream is closed again. Without one, the
+    // upstream is asked about the token all the same (a bound session only).
+    let mut denied = None;
+    if inline.0.is_some() {
+        wait_head(&watch, &mut inline).await;
+    } else if probe_auth.is_some() && !handle.anonymous {
+        denied = super::auth::upstream_denial(gw, probe_auth.as_ref())
+            .await
+            .map(Box::new);
+    }
+    drop(inline);
+    if let Some(denial) = watch.finish().or(denied) {
+        if let Ok(mut s) = handle.shared.lock() {
+            if let Some(st) = s.streams.get_mut(&PeerStream::Standalone) {
+                st.tx = None;
+            }
+            s.standalone_auth = None;
+            let _ = s.machine.handle_standalone_closed();
+            route(gw, handle, &mut s);
+        }
+        return denial.response();
+    }
+    response
+}
+
+/// Attaches a GET to a stream: a resumed one (`Last-Event-ID`) or the standalone one.
+fn open_get(
+    gw: &Gateway,
+    handle: &Arc<SessionHandle>,
+    s: &mut Shared,
+    headers: &http::HeaderMap,
+    auth: Option<HeaderValue>,
+    watch: &Arc<HeadWatch>,
+) -> Response<GatewayBody> {
     let last = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
@@ -930,7 +1116,7 @@ fn get(
             );
         }
         if !s.streams.contains_key(&stream) {
-            open_pending(handle, &mut s, stream.clone());
+            open_pending(handle, s, stream.clone());
             if let Some(st) = s.streams.get_mut(&stream) {
                 st.pending = None;
             }
@@ -941,8 +1127,11 @@ fn get(
         let prime = vec![sse::prime(&format!("{}.{}", st.number, st.seq))];
         let (tx, body) = ChannelBody::metered(prime, STREAM_QUEUE, handle.max_buffered);
         st.tx = Some(tx);
+        // Kept only while this GET is open: `subscriptions/listen` runs on its behalf.
+        s.standalone_auth = auth;
+        s.inline = InlineSlot::Open(watch.clone());
         let _ = s.machine.handle_standalone_opened();
-        route(gw, handle, &mut s);
+        route(gw, handle, s);
         body
     };
     crate::body::sse_response(body)
@@ -951,6 +1140,7 @@ fn get(
 /// Carries out everything the machine asked for. Called with the session lock held;
 /// never awaits.
 fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
+    let feeding = s.feeding.take();
     while let Some(event) = s.machine.poll_event() {
         match event {
             Event::ToPeer { stream, message } => {
@@ -974,6 +1164,11 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
             Event::ToUpstream { role, request } => {
                 let id = request.id.clone();
                 let params = s.machine.upstream_headers(&request);
+                let auth = upstream_credentials(s, &role, feeding.as_ref());
+                let watch = match &s.inline {
+                    InlineSlot::Open(w) => Some(w.clone()),
+                    _ => None,
+                };
                 let (exchange, abort) = abortable(
                     upstream_task(
                         gw.clone(),
@@ -981,6 +1176,8 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
                         role.clone(),
                         Message::Request(request),
                         params,
+                        auth,
+                        watch.clone(),
                     )
                     .instrument(
                         tracing::debug_span!("upstream", session = %handle.tag, rpc.id = %id, ?role),
@@ -990,7 +1187,7 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
                 let exchange: Exchange = Box::pin(async move {
                     let _ = exchange.await;
                 });
-                if matches!(s.inline, InlineSlot::Open) {
+                if watch.is_some() {
                     s.inline = InlineSlot::Taken(exchange);
                 } else {
                     tokio::spawn(exchange);
@@ -1012,6 +1209,32 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
         }
     }
     trim_finished(s);
+    if !s.call_auth.is_empty() {
+        let machine = &s.machine;
+        s.call_auth.retain(|id, _| machine.has_call(id));
+    }
+}
+
+/// The `Authorization` an upstream call carries: the host request's that caused it
+/// (DESIGN.md, "Remote upstreams": every upstream call carries the `Authorization` of
+/// the host request that caused it; a retry after a live round, the POST that
+/// delivered the last answer); for calls no host request caused, the latest one of
+/// the same legacy request, or the open GET's for the subscription stream.
+fn upstream_credentials(
+    s: &mut Shared,
+    role: &UpstreamRole,
+    feeding: Option<&HeaderValue>,
+) -> Option<HeaderValue> {
+    match role {
+        UpstreamRole::Listen => s.standalone_auth.clone(),
+        UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
+            if let Some(a) = feeding {
+                s.call_auth.insert(legacy.clone(), a.clone());
+            }
+            s.call_auth.get(legacy).cloned()
+        }
+        _ => feeding.cloned(),
+    }
 }
 
 /// Queues one message on a stream, and wakes the POST waiting on it when the stream
@@ -1103,17 +1326,25 @@ async fn upstream_task(
     role: UpstreamRole,
     request: Message,
     params: Vec<(String, String)>,
+    auth: Option<HeaderValue>,
+    watch: Option<Arc<HeadWatch>>,
 ) {
     let Message::Request(r) = &request else {
         return;
     };
     let id = r.id.clone();
+    let accepted = || {
+        if let Some(w) = &watch {
+            w.accepted();
+        }
+    };
     let result = cache::legacy::exchange(
         &gw,
         &role,
         &request,
-        handle.authorization.as_ref(),
+        auth.as_ref(),
         &params,
+        accepted,
         |msg| {
             if let Ok(mut s) = handle.shared.lock() {
                 if let Err(e) = s
@@ -1130,10 +1361,29 @@ async fn upstream_task(
     .await;
     if let Ok(mut s) = handle.shared.lock() {
         s.upstream_tasks.remove(&id);
-        if let Err(e) = result {
-            warn!(session = %handle.tag, rpc.id = %id, ?role, error = %e, "upstream exchange failed");
-            let _ = s.machine.handle_upstream_lost(&id, now());
-            route(&gw, &handle, &mut s);
+        match result {
+            Ok(()) => {}
+            Err(UpstreamError::Denied(denial)) => {
+                let credential = fingerprint(auth.as_ref());
+                // The host request that caused this call is still waiting: it gets the
+                // upstream's status and challenge, and the machine says nothing.
+                if watch.as_ref().is_some_and(|w| w.offer(&denial)) {
+                    let outcome = s.machine.handle_upstream_denied(&id, now());
+                    info!(session = %handle.tag, rpc.id = %id, status = denial.status.as_u16(), %credential, ?outcome, "upstream refused the credentials; relayed to the host request");
+                    if let Ok(Denied::Round { legacy, live }) = &outcome {
+                        debug!(session = %handle.tag, rpc.id = %legacy, live = %live, "round parked until the answer is sent again");
+                    }
+                } else {
+                    info!(session = %handle.tag, rpc.id = %id, status = denial.status.as_u16(), %credential, "upstream refused the credentials; no host request waits for it");
+                    let _ = s.machine.handle_upstream_lost(&id, now());
+                }
+                route(&gw, &handle, &mut s);
+            }
+            Err(e) => {
+                warn!(session = %handle.tag, rpc.id = %id, error = %e, "upstream exchange failed");
+                let _ = s.machine.handle_upstream_lost(&id, now());
+                route(&gw, &handle, &mut s);
+            }
         }
         rearm(&handle, &s);
     }
@@ -1209,6 +1459,7 @@ async fn timer_loop(gw: Gateway, handle: Arc<SessionHandle>) {
                 }
             }
             if lost_standalone {
+                s.standalone_auth = None;
                 let _ = s.machine.handle_standalone_closed();
                 route(&gw, &handle, &mut s);
             }
