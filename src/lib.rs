@@ -23,5 +23,7 @@ pub mod endpoint;
 pub mod framing;
 pub mod gateway;
 pub mod guard;
+pub mod listener;
 pub mod server;
 pub mod sse;
+pub mod tls;

@@ -16,7 +16,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 /// completes once answered; `held` tools are held open instead (a stream that only
 /// ends when the gateway closes it).
 async fn two_input_upstream(gateway: &[(&str, &str)]) -> Scripted {
-    Scripted::new(gateway, json!({"tools": {}}), |s| {
+    // Every rig has an admin listener: the metrics count what these peers did.
+    let admin = "[admin]\nlisten = \"127.0.0.1:0\"\n";
+    Scripted::with_config(gateway, admin, json!({"tools": {}}), |s| {
         let name = s.params()["name"].as_str().unwrap_or_default().to_owned();
         if name == "held" {
             return Script::Stream(vec![]);
@@ -34,6 +36,14 @@ async fn two_input_upstream(gateway: &[(&str, &str)]) -> Scripted {
         ))
     })
     .await
+}
+
+/// The gateway's metrics (the admin listener has no token in these rigs).
+async fn scrape(rig: &Scripted) -> String {
+    let url = format!("{}/metrics", admin_url(&rig.gateway));
+    let r = raw(&http_client(), http::Method::GET, &url, &[], "").await;
+    assert_eq!(r.status, StatusCode::OK);
+    String::from_utf8(r.body.to_vec()).expect("UTF-8 metrics")
 }
 
 fn roots_reply(id: &Value) -> Value {
@@ -95,6 +105,11 @@ async fn late_replies_are_accepted_over_streamable_http() {
         !rig.gateway.log().iter().any(|l| l.contains("late")),
         "a dropped late reply is logged at debug level only"
     );
+    // Counted: the sibling's two replies came late, the failed one's second is a duplicate.
+    let m = scrape(&rig).await;
+    let dropped = |kind| metric(&m, "dualera_dropped_replies_total", &[("kind", kind)]);
+    assert_eq!(dropped("late"), 2.0, "{m}");
+    assert_eq!(dropped("duplicate"), 1.0, "{m}");
 }
 
 /// Reads lines from the stdio gateway until one satisfies `want`; returns it.
@@ -303,6 +318,16 @@ async fn overload_is_429_with_retry_after() {
     assert_eq!(e["error"]["data"]["reason"], "tooManyInFlight");
     // Requests answered by the gateway itself still work.
     assert_eq!(host.call("ping", json!({})).await["result"], json!({}));
+    // Counted as an overload failure of a tools/call.
+    let m = scrape(&rig).await;
+    let overload = [("reason", "overload")];
+    assert_eq!(
+        metric(&m, "dualera_request_failures_total", &overload),
+        1.0,
+        "{m}"
+    );
+    let failed = [("mcp_method_name", "tools/call"), ("outcome", "failed")];
+    assert_eq!(metric(&m, "dualera_requests_total", &failed), 1.0, "{m}");
 }
 
 /// What the gateway repeats of peer input is bounded: a reply with a 3 MB id gets a

@@ -266,6 +266,14 @@ pub enum Failure {
     },
     /// The upstream request failed without a response (connection lost, HTTP error).
     UpstreamLost,
+    /// The upstream could not be reached for a reason the driver named (e.g. its TLS
+    /// certificate was refused).
+    UpstreamRefused {
+        /// Machine-readable cause, `data.reason` (e.g. `tlsUnknownIssuer`).
+        reason: &'static str,
+        /// What happened, for people.
+        message: String,
+    },
     /// A round would put more live requests outstanding at the peer than the
     /// session allows ([`Config::max_live`](crate::Config::max_live)).
     TooManyLive {
@@ -340,6 +348,7 @@ impl fmt::Display for Failure {
                 f,
                 "The answers to the server's input requests make a request of {size} bytes; the upstream server accepts at most {limit}"
             ),
+            Self::UpstreamRefused { message, .. } => f.write_str(message),
         }
     }
 }
@@ -360,6 +369,7 @@ impl Failure {
             Self::UpstreamLost => "upstreamLost",
             Self::TooManyLive { .. } => "tooManyLive",
             Self::AnswersTooLarge { .. } => "upstreamLimit",
+            Self::UpstreamRefused { reason, .. } => reason,
         }
     }
 }
@@ -367,12 +377,14 @@ impl Failure {
 /// The one place a [`Failure`] becomes the legacy peer's response.
 ///
 /// - `tools/call`: a normal result `{content:[{type:"text",text}], isError:true}` so the
-///   model sees what went wrong;
+///   model sees what went wrong — except when the upstream could not be reached for a
+///   named reason ([`Failure::UpstreamRefused`], e.g. a refused TLS certificate), which
+///   is the gateway's configuration, not the tool's outcome: a JSON-RPC error;
 /// - any other method: a JSON-RPC error. A peer's own error to a live request is passed
 ///   on as it was; every other failure is `-32603` with the same text as `message` and
 ///   `data: {"reason": <kind>}` (plus `requiredCapabilities` for capability gaps).
 pub fn failure_response(method: &str, id: RequestId, failure: &Failure) -> Response {
-    if method == "tools/call" {
+    if method == "tools/call" && !matches!(failure, Failure::UpstreamRefused { .. }) {
         return Response::result(
             id,
             json!({

@@ -25,9 +25,10 @@ use dualera_adapters::jsonrpc::{
     EnvelopeError, Message, Notification, Request, RequestId, Response,
 };
 use dualera_adapters::replay::ReplayRing;
+use dualera_adapters::usage::Observation;
 use dualera_adapters::{
-    Config, ErrorCode, ErrorObject, Event, PeerStream, Session, SessionError, SessionState,
-    Timestamp, UpstreamRole,
+    Config, ErrorCode, ErrorObject, Event, Footprint, PeerStream, Session, SessionError,
+    SessionState, Timestamp, UpstreamRole,
 };
 use proptest::prelude::*;
 
@@ -313,7 +314,8 @@ impl Harness {
         Timestamp::from_millis(self.now)
     }
 
-    /// Runs one input: `Err` inputs must emit nothing and change nothing.
+    /// Runs one input: `Err` inputs must change nothing and emit nothing but the
+    /// observation of the refusal (an overload, a dropped reply).
     fn feed<T>(
         &mut self,
         what: &str,
@@ -324,13 +326,19 @@ impl Harness {
         let r = f(&mut self.s, now);
         if let Err(e) = &r {
             let after = self.s.footprint();
-            if before != after {
+            let held = |mut f: Footprint| {
+                f.events = 0;
+                f
+            };
+            if held(before) != held(after) {
                 return fail(format!(
                     "{what}: refused with {e:?} but changed {before:?} -> {after:?}"
                 ));
             }
-            if after.events != 0 {
-                return fail(format!("{what}: refused with {e:?} but emitted events"));
+            while let Some(event) = self.s.poll_event() {
+                if !refusal_observation(e, &event) {
+                    return fail(format!("{what}: refused with {e:?} but emitted {event:?}"));
+                }
             }
             if self.closed && *e != SessionError::Closed {
                 return fail(format!(
@@ -897,4 +905,20 @@ fn run(case: &Case) -> Check {
 #[test]
 fn session_machine_invariants() {
     run_seeded("session machine", 10_000, case(), run);
+}
+
+/// Whether `event` is what a refusal `e` may emit: the refused request's end (an
+/// overload or a request the upstream could not take), or a dropped reply.
+fn refusal_observation(e: &SessionError, event: &Event) -> bool {
+    match (e, event) {
+        (
+            SessionError::TooManyInFlight { id, .. } | SessionError::TooLargeForUpstream { id, .. },
+            Event::Observed(Observation::RequestEnded { id: ended, .. }),
+        ) => id == ended,
+        (
+            SessionError::LateReply { .. } | SessionError::DuplicateReply { .. },
+            Event::Observed(Observation::ReplyDropped { duplicate }),
+        ) => *duplicate == matches!(e, SessionError::DuplicateReply { .. }),
+        _ => false,
+    }
 }

@@ -5,6 +5,7 @@
 //! The payload names its key id, so keys rotate: the newest signs, every listed key
 //! verifies. The tag is checked (in constant time) before any field is trusted.
 
+use crate::digest::constant_time_eq;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use hmac::{Hmac, Mac};
@@ -290,8 +291,6 @@ fn sign(secret: &[u8], body: &[u8]) -> Vec<u8> {
     mac.update(body);
     mac.finalize().into_bytes().to_vec()
 }
-
-pub use crate::digest::constant_time_eq;
 
 /// A digest of JSON arguments that does not depend on object key order.
 pub fn digest_arguments(arguments: &Value) -> String {
