@@ -24,11 +24,12 @@
 //! mid-round and resumes with `Last-Event-ID`, or not), and `summarize_repo` with two
 //! sampling rounds. Meanwhile the chaos loop restarts the HTTP upstream, kills the stdio
 //! upstream's child, and opens bursts of half-open connections (request headers never
-//! finished).
+//! finished), each held until the gateway's header read timeout closes it.
 //!
 //! At the end it prints and checks: every note deleted had an accepted confirmation and
 //! every note with none is still there (read from the store itself); every request a
-//! host kept waiting for was answered; the gateways' RSS and open fds came back within
+//! host kept waiting for was answered; every half-open connection was closed by the
+//! gateway (waited for, bounded, before measuring); the gateways' RSS and open fds came back within
 //! 10 % of their baseline after the sessions closed (the baseline is taken after a
 //! warm-up round on every session); no process panicked. Exit status 1 when a check fails.
 
@@ -46,7 +47,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -61,6 +62,13 @@ const LEGACY: &str = "2025-11-25";
 const ANSWER_WAIT: Duration = Duration::from_secs(60);
 /// How long the gateways get to give back memory and fds after the sessions close.
 const SETTLE_WAIT: Duration = Duration::from_secs(100);
+/// The gateways' header read timeout (written to their config).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a half-open connection may stay open before it counts as not closed by
+/// the gateway: the listener's head deadline runs from the accept, so a connection
+/// that never finishes its head is cut one header timeout after it was accepted; the
+/// rest is margin for a loaded machine.
+const HALF_OPEN_WAIT: Duration = Duration::from_secs(30);
 
 // ---------------------------------------------------------------------------------
 // Options, randomness
@@ -261,9 +269,69 @@ struct Ledger {
     chaos: Mutex<HashMap<&'static str, u64>>,
     late_replies: AtomicU64,
     resumed: AtomicU64,
+    half_open: HalfOpen,
     /// Sessions that broke under a host that did nothing wrong (the wire closed, an
     /// HTTP error on a POST): none are expected.
     broken: Mutex<Vec<String>>,
+}
+
+/// The half-open connections of the chaos loop: each is held until the gateway
+/// closes it (its header read timeout), never let go by the soak itself.
+#[derive(Default)]
+struct HalfOpen {
+    /// Opened and not yet closed by the gateway.
+    open: AtomicUsize,
+    /// Closed by the gateway.
+    closed: AtomicU64,
+    /// Still open after [`HALF_OPEN_WAIT`] (then dropped by the soak).
+    not_closed: AtomicU64,
+    /// The longest a gateway took to close one, in milliseconds.
+    slowest_ms: AtomicU64,
+}
+
+impl HalfOpen {
+    /// Sends the start of a request head on `s` and waits for the gateway to close it.
+    async fn hold(&self, mut s: tokio::net::TcpStream) {
+        let opened = Instant::now();
+        let _ = s
+            .write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+            .await;
+        let closed = tokio::time::timeout(HALF_OPEN_WAIT, async {
+            let mut buf = [0u8; 1024];
+            // Whatever the gateway says before closing (a 408, nothing) is read and
+            // ignored; end of stream or a reset is the close.
+            loop {
+                match tokio::io::AsyncReadExt::read(&mut s, &mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        match closed {
+            Ok(()) => {
+                self.closed.fetch_add(1, Ordering::Relaxed);
+                let ms = u64::try_from(opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+                self.slowest_ms.fetch_max(ms, Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.not_closed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Waits (bounded) until no half-open connection is left open.
+    async fn drained(&self) -> bool {
+        let deadline = Instant::now() + HALF_OPEN_WAIT + Duration::from_secs(5);
+        while self.open.load(Ordering::Relaxed) > 0 {
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        true
+    }
 }
 
 impl Ledger {
@@ -1260,7 +1328,6 @@ async fn chaos_loop(
     let mut next_restart = Instant::now() + Duration::from_secs(6 + rng.below(6));
     let mut next_kill = Instant::now() + Duration::from_secs(4 + rng.below(6));
     let mut next_half_open = Instant::now() + Duration::from_secs(2);
-    let mut held: Vec<(Instant, tokio::net::TcpStream)> = Vec::new();
     while Instant::now() < until && !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         if now >= next_restart {
@@ -1282,18 +1349,16 @@ async fn chaos_loop(
         if now >= next_half_open {
             for addr in &targets {
                 for _ in 0..half_open {
-                    if let Ok(mut s) = tokio::net::TcpStream::connect(addr).await {
-                        let _ = s
-                            .write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
-                            .await;
-                        held.push((now + Duration::from_secs(4 + rng.below(4)), s));
+                    if let Ok(s) = tokio::net::TcpStream::connect(addr).await {
+                        ledger.half_open.open.fetch_add(1, Ordering::Relaxed);
                         ledger.chaos("half-open connections opened");
+                        let ledger = ledger.clone();
+                        tokio::spawn(async move { ledger.half_open.hold(s).await });
                     }
                 }
             }
             next_half_open = Instant::now() + Duration::from_secs(6 + rng.below(4));
         }
-        held.retain(|(until, _)| *until > Instant::now());
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -1406,7 +1471,11 @@ async fn run(o: Opts) -> Res<bool> {
     let gw_config = dir.join("soak-gateway.toml");
     std::fs::write(
         &gw_config,
-        "[gateway]\nlive_request_timeout_secs = 60\nkeepalive_secs = 5\n",
+        format!(
+            "[gateway]\nlive_request_timeout_secs = 60\nkeepalive_secs = 5\n\
+             header_read_timeout_secs = {}\n",
+            HEADER_TIMEOUT.as_secs()
+        ),
     )?;
     let port = free_port()?;
     let server_args: Vec<String> = [
@@ -1581,6 +1650,12 @@ async fn run(o: Opts) -> Res<bool> {
         let _ = tokio::task::spawn_blocking(move || u.restart_http()).await;
     }
 
+    // The half-open connections are closed by the gateways' header timeout, not by
+    // the soak: wait for the last of them before measuring.
+    let half_open_start = Instant::now();
+    let half_open_gone = ledger.half_open.drained().await;
+    let half_open_wait = half_open_start.elapsed();
+
     // Give back: every session is closed now.
     let settle_start = Instant::now();
     let (mut end_a, mut end_b);
@@ -1653,6 +1728,17 @@ async fn run(o: Opts) -> Res<bool> {
     for (k, v) in ledger.chaos.lock().unwrap().iter() {
         let _ = writeln!(out, "  {k}: {v}");
     }
+    let ho = &ledger.half_open;
+    let _ = writeln!(
+        out,
+        "half-open connections: {} closed by the gateways' header timeout ({} s), the slowest after {:.1} s; {} not closed within {} s; the last gone {:.1} s after the sessions ended",
+        ho.closed.load(Ordering::Relaxed),
+        HEADER_TIMEOUT.as_secs(),
+        ho.slowest_ms.load(Ordering::Relaxed) as f64 / 1000.0,
+        ho.not_closed.load(Ordering::Relaxed),
+        HALF_OPEN_WAIT.as_secs(),
+        half_open_wait.as_secs_f64()
+    );
     let _ = writeln!(out, "hosts: {} requests sent, {} answered, {} cancelled by the host after a late reply ({} late replies), {} abandoned by the host (dropped, not resumed), {} streams resumed with Last-Event-ID",
         ledger.sent.load(Ordering::Relaxed), ledger.answered.load(Ordering::Relaxed), ledger.cancelled_by_host.load(Ordering::Relaxed),
         ledger.late_replies.load(Ordering::Relaxed), ledger.abandoned_by_host.load(Ordering::Relaxed), ledger.resumed.load(Ordering::Relaxed));
@@ -1717,6 +1803,15 @@ async fn run(o: Opts) -> Res<bool> {
             "no session broken under a well-behaved host",
             broken.is_empty(),
             format!("{broken:?}"),
+        ),
+        (
+            "every half-open connection closed by the header timeout",
+            half_open_gone && ho.not_closed.load(Ordering::Relaxed) == 0,
+            format!(
+                "{} still open, {} not closed in time",
+                ho.open.load(Ordering::Relaxed),
+                ho.not_closed.load(Ordering::Relaxed)
+            ),
         ),
         (
             "gateway RSS and fds back within 10 % of baseline",
