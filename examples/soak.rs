@@ -29,11 +29,19 @@
 //! At the end it prints and checks: every note deleted had an accepted confirmation and
 //! every note with none is still there (read from the store itself); every request a
 //! host kept waiting for was answered; every half-open connection was closed by the
-//! gateway (waited for, bounded, before measuring); the gateways' RSS and open fds came
-//! back within 10 % of their baseline after the sessions and the half-open connections
+//! gateway (waited for, bounded, before measuring); the gateways' open fds came back
+//! within 10 % of their baseline after the sessions and the half-open connections
 //! closed (the baseline is taken after a warm-up round on every session with two
-//! half-open bursts, so it already holds what the allocator keeps of one such load);
-//! no process panicked. Exit status 1 when a check fails.
+//! half-open bursts); their RSS stopped growing (the largest RSS of the soak's last
+//! third within 10 % of its middle third's); no process panicked. Exit status 1 when
+//! a check fails.
+//!
+//! RSS is not required to return to the baseline: glibc's allocator keeps the pages
+//! of freed connection and session buffers in its arenas (fragmented, so not trimmed
+//! back), and the soak cannot tell those from live memory from the outside. Attached
+//! with gdb after a run, `malloc_trim(0)` brings both gateways below their warmed
+//! baseline (README, soak section): retention, not a leak. A leak grows with the
+//! traffic; the plateau check fails on that. RSS against the baseline is printed.
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
@@ -1445,7 +1453,23 @@ fn usage_of(pid: u32) -> Usage {
 }
 
 fn within(now: &Usage, base: &Usage) -> bool {
-    now.rss as f64 <= base.rss as f64 * 1.10 && now.fds as f64 <= base.fds as f64 * 1.10
+    now.rss as f64 <= base.rss as f64 * 1.10 && fds_within(now, base)
+}
+
+fn fds_within(now: &Usage, base: &Usage) -> bool {
+    now.fds as f64 <= base.fds as f64 * 1.10
+}
+
+/// The largest RSS in the middle and in the last third of a series of windows (None
+/// when there are fewer than three windows to compare).
+fn plateau(series: &[u64]) -> Option<(u64, u64)> {
+    let n = series.len();
+    if n < 3 {
+        return None;
+    }
+    let mid = series[n / 3..2 * n / 3].iter().copied().max()?;
+    let late = series[2 * n / 3..].iter().copied().max()?;
+    Some((mid, late))
 }
 
 fn specs(n: usize) -> Vec<Spec> {
@@ -1691,6 +1715,8 @@ async fn run(o: Opts) -> Res<bool> {
     stop.store(true, Ordering::Relaxed);
     let _ = chaos.await;
     let (peak, windows) = sampler.await.unwrap_or_default();
+    let plateau_a = plateau(&windows.iter().map(|w| w.0).collect::<Vec<_>>());
+    let plateau_b = plateau(&windows.iter().map(|w| w.1).collect::<Vec<_>>());
     // The HTTP upstream may be down from the last restart: bring it up for the checks.
     if ups.server.lock().unwrap().is_none() {
         let u = ups.clone();
@@ -1880,9 +1906,18 @@ async fn run(o: Opts) -> Res<bool> {
             ),
         ),
         (
-            "gateway RSS and fds back within 10 % of baseline",
-            within(&end_a, &base_a) && within(&end_b, &base_b),
-            String::new(),
+            "gateway fds back within 10 % of baseline",
+            fds_within(&end_a, &base_a) && fds_within(&end_b, &base_b),
+            format!(
+                "A {} → {}, B {} → {}",
+                base_a.fds, end_a.fds, base_b.fds, end_b.fds
+            ),
+        ),
+        (
+            "gateway RSS stops growing (last third of the soak within 10 % of the middle third)",
+            plateau_a.is_some_and(|(mid, late)| late as f64 <= mid as f64 * 1.10)
+                && plateau_b.is_some_and(|(mid, late)| late as f64 <= mid as f64 * 1.10),
+            format!("{plateau_a:?} {plateau_b:?} (needs --secs 60 or more)"),
         ),
         (
             "no panic in any log",
