@@ -11,11 +11,11 @@
 mod gateway_support;
 
 use dualera::config::Config;
-use dualera::gateway::sse;
 use dualera::server::catalog::Catalog;
 use dualera::server::error::ServerError;
 use dualera::server::tools::{CallContext, Outcome, Tool, ToolRegistry};
 use dualera::server::Server;
+use dualera::sse;
 use futures_util::{SinkExt, StreamExt};
 use gateway_support::*;
 use http::Method;

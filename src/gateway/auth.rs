@@ -45,7 +45,7 @@ pub(super) const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 const MAX_PAYLOAD: usize = 8 * 1024;
 
 /// What a legacy session is bound to, as a digest compared in constant time.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) struct BindingKey([u8; 32]);
 
 impl std::fmt::Debug for BindingKey {

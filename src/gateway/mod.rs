@@ -26,7 +26,6 @@ mod pipe;
 pub mod readiness;
 pub mod report;
 pub mod routes;
-pub mod sse;
 pub mod telemetry;
 pub mod trace;
 pub mod upstream;
@@ -83,6 +82,16 @@ pub struct GatewayConfig {
     pub session_binding: crate::config::SessionBinding,
     /// The response cache (`[cache]`).
     pub cache: cache::CacheConfig,
+    /// Live requests outstanding at the host per legacy session.
+    pub max_live_requests: usize,
+    /// Largest request the upstream accepts (what would exceed it is refused here).
+    pub upstream_max_body_bytes: usize,
+    /// Bytes queued toward a host SSE connection that does not read before it is closed.
+    pub max_buffered_bytes: usize,
+    /// Bytes of events kept per stream for `Last-Event-ID` resumption.
+    pub replay_buffer_bytes: usize,
+    /// Legacy sessions one caller may hold.
+    pub max_sessions_per_caller: usize,
 }
 
 impl Default for GatewayConfig {
@@ -102,6 +111,11 @@ impl Default for GatewayConfig {
             idle_timeout: crate::listener::DEFAULT_IDLE_TIMEOUT,
             session_binding: crate::config::SessionBinding::default(),
             cache: cache::CacheConfig::default(),
+            max_live_requests: 128,
+            upstream_max_body_bytes: 1024 * 1024,
+            max_buffered_bytes: 4 * 1024 * 1024,
+            replay_buffer_bytes: 1024 * 1024,
+            max_sessions_per_caller: 1000,
         }
     }
 }
@@ -127,6 +141,15 @@ impl GatewayConfig {
             max_rounds: s.max_rounds.unwrap_or(d.max_rounds),
             replay_buffer: s.replay_buffer.unwrap_or(d.replay_buffer),
             max_in_flight: s.max_in_flight.unwrap_or(d.max_in_flight),
+            max_live_requests: s.max_live_requests.unwrap_or(d.max_live_requests),
+            upstream_max_body_bytes: s
+                .upstream_max_body_bytes
+                .unwrap_or(d.upstream_max_body_bytes),
+            max_buffered_bytes: s.max_buffered_bytes.unwrap_or(d.max_buffered_bytes),
+            replay_buffer_bytes: s.replay_buffer_bytes.unwrap_or(d.replay_buffer_bytes),
+            max_sessions_per_caller: s
+                .max_sessions_per_caller
+                .unwrap_or(d.max_sessions_per_caller),
             forwarded: s.forwarded.unwrap_or_default(),
             idle_timeout: s
                 .idle_timeout_secs
@@ -483,7 +506,7 @@ impl Gateway {
         let limit = self.config.max_body_bytes;
         let mut buf = Vec::new();
         while let Some(line) =
-            crate::server::stdio::read_bounded_line(&mut reader, &mut buf, limit).await?
+            crate::framing::read_bounded_line(&mut reader, &mut buf, limit).await?
         {
             if line.is_err() {
                 tracing::warn!(limit, "over-long line from the host dropped");

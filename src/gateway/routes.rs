@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 /// The route the `--upstream` flag (and `[[gateway.upstreams]]`) configures.
-pub const DEFAULT_ROUTE: &str = "/mcp";
+pub const DEFAULT_ROUTE: &str = crate::endpoint::ENDPOINT;
 /// The Protected Resource Metadata well-known path (RFC 9728 §3).
 pub(crate) const METADATA_PREFIX: &str = super::auth::METADATA_PATH;
 /// Suffixes of a route's legacy single-channel endpoints.
