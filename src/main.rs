@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 
+mod vectors_cmd;
+
 type BoxError = Box<dyn std::error::Error>;
 
 #[derive(Parser)]
@@ -76,6 +78,12 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:8788")]
         listen: SocketAddr,
     },
+    /// The adapter test kit: the transcript vectors as a black-box suite for any
+    /// era bridge (dualera's own gateway included).
+    Vectors {
+        #[command(subcommand)]
+        command: vectors_cmd::VectorsCommand,
+    },
 }
 
 fn main() -> ExitCode {
@@ -96,6 +104,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Command::Vectors { command } = cli.command {
+        return vectors_cmd::main(command, &runtime);
+    }
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -252,6 +263,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             let _ = server_task.await;
             Ok(())
         }
+        Command::Vectors { .. } => Err("handled before the runtime runs".into()),
     }
 }
 
