@@ -686,12 +686,10 @@ fn feed_request(
         return Err(Box::new(internal()));
     };
     if s.streams.get(stream).is_some_and(|st| !st.finished) {
-        return Err(Box::new(rpc_error(
-            StatusCode::BAD_REQUEST,
-            Some(id),
-            ErrorCode::INVALID_REQUEST,
-            "Invalid request: this request id is already in use".into(),
-        )));
+        // Refused before the machine sees it (its stream must survive), in the
+        // machine's own words, as every other wire says it.
+        let e = dualera_adapters::SessionError::DuplicateRequestId { id: id.clone() };
+        return Err(Box::new(refusal(Some(id), &e)));
     }
     open_pending(&mut s, stream.clone());
     if let Err(e) = s.machine.handle_peer_message(Message::Request(r), now()) {
@@ -717,14 +715,7 @@ fn batch(
     let outcome = s.machine.handle_peer_batch(items, now());
     let outcome = match outcome {
         Ok(o) => o,
-        Err(e) => {
-            return rpc_error(
-                StatusCode::BAD_REQUEST,
-                None,
-                ErrorCode::INVALID_REQUEST,
-                format!("Invalid request: {e}"),
-            );
-        }
+        Err(e) => return refusal(None, &e),
     };
     for refused in &outcome.refused {
         warn!(session = %handle.id, error = %refused, "batch element refused");
@@ -836,12 +827,55 @@ fn get(
         }
         if let Some(st) = s.streams.get_mut(&stream) {
             let _ = tx.try_send(sse::prime(&format!("{}.{}", st.number, st.seq)));
+            watch_standalone(gw.clone(), handle.clone(), tx.clone());
             st.tx = Some(tx);
         }
         let _ = s.machine.handle_standalone_opened();
         route(gw, handle, &mut s);
     }
     crate::body::sse_response(body)
+}
+
+/// Tells the machine as soon as the host hangs up its GET stream (hyper drops the
+/// body), so the upstream listen it fed is cancelled at once rather than at the next
+/// keepalive. Holding a sender keeps the body open, so the watch lets go once the
+/// stream is no longer this one or the session ended.
+fn watch_standalone(gw: Gateway, handle: Arc<SessionHandle>, watch: mpsc::Sender<Bytes>) {
+    let span = tracing::debug_span!("standalone", session = %handle.id);
+    tokio::spawn(
+        async move {
+            let is_current = |s: &Shared| {
+                s.streams
+                    .get(&PeerStream::Standalone)
+                    .and_then(|st| st.tx.as_ref())
+                    .is_some_and(|t| t.same_channel(&watch))
+            };
+            loop {
+                tokio::select! {
+                    () = watch.closed() => break,
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+                let Ok(s) = handle.shared.lock() else { return };
+                if !is_current(&s) || s.machine.state() == SessionState::Closed {
+                    return;
+                }
+            }
+            let Ok(mut s) = handle.shared.lock() else {
+                return;
+            };
+            if !is_current(&s) {
+                return;
+            }
+            if let Some(st) = s.streams.get_mut(&PeerStream::Standalone) {
+                st.tx = None;
+            }
+            debug!("standalone stream closed by the peer");
+            let _ = s.machine.handle_standalone_closed();
+            route(&gw, &handle, &mut s);
+            rearm(&handle, &s);
+        }
+        .instrument(span),
+    );
 }
 
 /// Carries out everything the machine asked for. Called with the session lock held;

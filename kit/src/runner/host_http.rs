@@ -350,14 +350,14 @@ async fn read_response(
         return;
     };
     // The body of an error status is an output only when it is the JSON-RPC answer
-    // to what was posted: the request's own id, or `null` for a refused batch. Other
+    // to what was posted: the request's own id, or none (`null`) for a refused batch. Other
     // error bodies (a `null`-id error for a request refused at the HTTP level) belong
     // to the HTTP answer and are matched only by the step's `http.body`.
     if status >= 400 {
         let id = value.get("id");
         let is_answer = match &carries {
             Carries::Request { id: want, .. } => id == Some(want),
-            Carries::Batch { .. } => id == Some(&Value::Null) || value.is_array(),
+            Carries::Batch { .. } => id.is_none_or(Value::is_null) || value.is_array(),
             Carries::Nothing | Carries::Standalone => false,
         };
         if !is_answer {

@@ -18,6 +18,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
+/// Longest wait, after a vector, for results a shared bridge may cache to go stale.
+const MAX_CACHE_WAIT: Duration = Duration::from_secs(10);
+
 /// How the play reaches the bridge.
 #[derive(Debug, Clone)]
 pub(crate) enum Wire {
@@ -94,6 +97,8 @@ pub(crate) struct Play<'a> {
     hoisted: HashMap<usize, Vec<bool>>,
     /// Upstream requests the runner handled on its own (see `auto_answer`).
     auto_keys: HashSet<u64>,
+    /// Until when a result sent by the upstream may still be fresh in a cache.
+    fresh_until: Option<Instant>,
 }
 
 impl<'a> Play<'a> {
@@ -129,6 +134,7 @@ impl<'a> Play<'a> {
             unplayable: HashSet::new(),
             hoisted: HashMap::new(),
             auto_keys: HashSet::new(),
+            fresh_until: None,
         }
     }
 
@@ -385,6 +391,7 @@ impl<'a> Play<'a> {
                     None => self.carrier(step, message, &msg)?,
                 };
                 let delivered = target.map(|k| self.upstream.send(k, &msg, http.as_ref()));
+                self.note_cacheable(&msg);
                 if delivered != Some(Delivery::Delivered) {
                     self.notes.push(format!(
                         "step {}: upstream message not delivered (the bridge had closed or never opened the request that would carry it)",
@@ -548,6 +555,12 @@ impl<'a> Play<'a> {
                         format!("the bridge exited ({status}) while the session was open"),
                     )
                 })
+            }
+            Observed::PeerClose { session, .. }
+                if self.sessions.get(session).is_some_and(|s| s.closed) =>
+            {
+                // Ending a session ends its streams.
+                Ok(true)
             }
             Observed::PeerOutput {
                 session, output, ..
@@ -999,8 +1012,22 @@ impl<'a> Play<'a> {
             _ => return false,
         };
         self.auto_keys.insert(key);
+        self.note_cacheable(&answer);
         self.upstream.send(key, &answer, None);
         true
+    }
+
+    /// Remembers until when a result the upstream sent may be served from a cache
+    /// (`ttlMs`, 2026-07-28 `server/utilities/caching`).
+    fn note_cacheable(&mut self, msg: &Value) {
+        let ttl = msg
+            .pointer("/result/ttlMs")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        if ttl > 0 {
+            let until = Instant::now() + Duration::from_millis(ttl);
+            self.fresh_until = Some(self.fresh_until.map_or(until, |u| u.max(until)));
+        }
     }
 
     fn owner_session(&self, step: &Step) -> String {
@@ -1146,8 +1173,16 @@ impl<'a> Play<'a> {
             }
         }
         if http {
-            // Let the DELETEs land before the next vector reuses the bridge.
-            let until = Instant::now() + Duration::from_millis(200);
+            // Let the DELETEs land before the next vector reuses the bridge, and let
+            // whatever a shared bridge may have cached from this vector go stale, so
+            // vectors stay independent.
+            let mut until = Instant::now() + Duration::from_millis(200);
+            if let Some(fresh) = self.fresh_until {
+                if fresh > until + MAX_CACHE_WAIT {
+                    self.notes.push("a result of this vector may still be cached by the bridge (its ttlMs is longer than the runner waits)".into());
+                }
+                until = until.max(fresh.min(until + MAX_CACHE_WAIT));
+            }
             while tokio::time::timeout_at(until.into(), self.rx.recv())
                 .await
                 .is_ok_and(|e| e.is_some())
