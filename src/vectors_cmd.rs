@@ -48,6 +48,9 @@ pub(crate) struct RunArgs {
     /// Also write the table as Markdown here.
     #[arg(long)]
     markdown: Option<PathBuf>,
+    /// Also write every outcome as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
     /// Read vectors from this folder instead of the built-in set.
     #[arg(long)]
     vectors: Option<PathBuf>,
@@ -175,6 +178,9 @@ async fn run(args: RunArgs) -> Result<ExitCode, String> {
     }
     if let Some(p) = &args.markdown {
         write(p, report.markdown())?;
+    }
+    if let Some(p) = &args.json {
+        write(p, format!("{:#}\n", report.json()))?;
     }
     {
         use std::io::Write as _;

@@ -216,6 +216,47 @@ impl Report {
         out
     }
 
+    /// The run as JSON: `{"bridge", "transport", "mode", "outcomes": [{"name",
+    /// "revision", "row", "result": "pass"|"fail"|"n/a", "difference"?, "reason"?,
+    /// "notes", "millis"}]}`.
+    pub fn json(&self) -> Value {
+        let outcomes: Vec<Value> = self
+            .outcomes
+            .iter()
+            .map(|o| {
+                let mut v = serde_json::json!({
+                    "name": o.name,
+                    "revision": o.revision,
+                    "row": o.row,
+                    "notes": o.notes,
+                    "millis": o.millis,
+                });
+                match &o.verdict {
+                    Verdict::Pass => v["result"] = "pass".into(),
+                    Verdict::Fail(d) => {
+                        v["result"] = "fail".into();
+                        v["difference"] = serde_json::json!({
+                            "step": d.step,
+                            "summary": d.summary,
+                            "diff": d.diff(),
+                        });
+                    }
+                    Verdict::NotApplicable(why) => {
+                        v["result"] = "n/a".into();
+                        v["reason"] = why.clone().into();
+                    }
+                }
+                v
+            })
+            .collect();
+        serde_json::json!({
+            "bridge": self.bridge,
+            "transport": self.transport,
+            "mode": self.mode,
+            "outcomes": outcomes,
+        })
+    }
+
     /// JUnit XML: one test case per vector, not-applicable ones as skipped.
     pub fn junit(&self) -> String {
         let (_, f, n) = self.counts();

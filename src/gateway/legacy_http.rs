@@ -69,6 +69,10 @@ impl Sessions {
         machine.max_rounds = config.max_rounds;
         machine.retry_pause = config.retry_pause;
         machine.live_timeout = config.live_request_timeout;
+        machine.live_timeout_max = config.live_request_timeout_max;
+        if let Some(v) = &config.legacy_versions {
+            machine.legacy_versions = v.clone();
+        }
         Self {
             map: DashMap::new(),
             discover: Mutex::new(None),
