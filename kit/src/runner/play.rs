@@ -866,7 +866,12 @@ impl<'a> Play<'a> {
                 headers,
             } => {
                 let output = json!({"to": "upstream", "message": message});
-                if let Err(rule) = upstream_rules(&message, &headers) {
+                // The header rules bind 2026-07-28 requests; anything else (a legacy
+                // `initialize` sent upstream) is simply not what the vector expects.
+                let modern = message
+                    .pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion")
+                    .is_some();
+                if let (true, Err(rule)) = (modern, upstream_rules(&message, &headers)) {
                     return Err(Difference {
                         step: Some(step.index),
                         summary: format!(
