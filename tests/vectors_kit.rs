@@ -57,6 +57,42 @@ fn gateway_toml(settings: &Map<String, Value>) -> String {
     out
 }
 
+/// Runs the kit over `vectors_dir` (all vectors when `None`); returns the JSON report.
+fn run_kit_report(bridge: &[String], extra: &[&str], out: &Path) -> (Value, String, i32) {
+    let json = out.with_extension("json");
+    let mut child = Running(
+        Command::new(BIN)
+            .args(["vectors", "run", "--json"])
+            .arg(&json)
+            .args(extra)
+            .args(bridge)
+            .env("DUALERA_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn dualera vectors run"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(s) = child.0.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the runner did not finish");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut table = String::new();
+    if let Some(mut o) = child.0.stdout.take() {
+        use std::io::Read;
+        let _ = o.read_to_string(&mut table);
+    }
+    let code = status.code().unwrap_or(-1);
+    let report = std::fs::read_to_string(&json)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    (report, table, code)
+}
+
 /// Runs the kit; returns each vector's result (`pass`, `fail`, `n/a`) and the table.
 fn run_kit(
     bridge: &[String],
@@ -230,4 +266,149 @@ fn every_vector_passes_against_dualera_over_http_and_stdio() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn stdio_bridge() -> Vec<String> {
+    vec![
+        "--bridge-cmd".to_owned(),
+        format!("'{BIN}' gateway --stdio --upstream {{upstream}}"),
+    ]
+}
+
+/// Copies vector `name`, changed by `edit`, into a fresh folder.
+fn tampered(dir: &Path, name: &str, edit: impl Fn(&mut Value)) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("adapters/vectors/{name}.json"));
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(src).unwrap()).unwrap();
+    edit(&mut v);
+    let folder = dir.join(name);
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(folder.join(format!("{name}.json")), v.to_string()).unwrap();
+    folder
+}
+
+fn first_difference(report: &Value) -> String {
+    let o = &report["outcomes"][0];
+    assert_eq!(
+        o["result"], "fail",
+        "the tampered vector must fail: {report:#}"
+    );
+    o["difference"]["summary"].as_str().unwrap_or("").to_owned()
+}
+
+/// The runner is a test that can fail: each kind of difference is caught and named,
+/// and a broken or silent bridge is scored, not waited on forever.
+#[test]
+fn the_kit_catches_differences() {
+    let tmp = std::env::temp_dir().join(format!("dualera-vectors-neg-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let quick = ["--strict", "--step-timeout", "2"];
+    let run_stdio = |dir: &Path, out: &str| {
+        let mut extra: Vec<&str> = quick.to_vec();
+        let d = dir.to_string_lossy().into_owned();
+        extra.extend(["--vectors", d.as_str()]);
+        run_kit_report(&stdio_bridge(), &extra, &tmp.join(out))
+    };
+
+    // A different message: named at the field, shown as a diff.
+    let dir = tampered(&tmp, "forward", |v| {
+        v["steps"][4]["expect"][0]["message"]["params"]["arguments"]["q"] = "y".into();
+    });
+    let (report, table, code) = run_stdio(&dir, "message");
+    assert_eq!(code, 1, "{table}");
+    let d = first_difference(&report);
+    assert!(d.contains(".message.params.arguments.q"), "{d}");
+    assert!(
+        report["outcomes"][0]["difference"]["diff"]
+            .as_str()
+            .unwrap()
+            .contains("+"),
+        "{report:#}"
+    );
+
+    // An output that comes too early: the bridge retries a state-only round after
+    // 250 ms, the vector claims 1000 ms later.
+    let dir = tampered(&tmp, "mrtr_state_only", |v| {
+        for s in v["steps"].as_array_mut().unwrap() {
+            if s["from"] == "timer" {
+                s["at"] = (s["at"].as_u64().unwrap() + 1000).into();
+            }
+        }
+    });
+    let (report, _, _) = run_stdio(&dir, "early");
+    let d = first_difference(&report);
+    assert!(d.contains("before the step's time"), "{d}");
+
+    // A missing output.
+    let dir = tampered(&tmp, "initialized_and_ping", |v| {
+        v["steps"][2]["expect"] = serde_json::json!([{"to": "peer", "stream": "standalone", "message": {"jsonrpc": "2.0", "method": "notifications/never"}}]);
+    });
+    let (report, _, _) = run_stdio(&dir, "missing");
+    assert!(first_difference(&report).contains("not seen"), "{report:#}");
+
+    // A bridge that dies, and one that never answers: scored, and the run ends.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("adapters/vectors");
+    let d = dir.to_string_lossy().into_owned();
+    for (cmd, what) in [
+        ("sh -c 'exit 3' {upstream}", "exits"),
+        ("sleep 600 {upstream}", "silent"),
+    ] {
+        let bridge = ["--bridge-cmd".to_owned(), cmd.to_owned()];
+        let (report, table, code) = run_kit_report(
+            &bridge,
+            &[
+                "--step-timeout",
+                "1",
+                "--vectors",
+                &d,
+                "--filter",
+                "initialize_2025-11-25",
+            ],
+            &tmp.join(what),
+        );
+        assert_eq!(code, 1, "{what}: {table}");
+        assert_eq!(
+            report["outcomes"][0]["result"], "fail",
+            "{what}: {report:#}"
+        );
+    }
+
+    // Over HTTP: a wrong status, and a request the vector says must not be sent.
+    let port = free_port();
+    let config = tmp.join("default.toml");
+    std::fs::write(&config, "[gateway]\n").unwrap();
+    let (_gateway, url) = start_gateway(&config, port);
+    let bridge = [
+        "--bridge-url".to_owned(),
+        url,
+        "--upstream-listen".to_owned(),
+        format!("127.0.0.1:{port}"),
+    ];
+    let dir = tampered(&tmp, "http_session", |v| {
+        v["steps"][2]["http"]["status"] = 201.into()
+    });
+    let d = dir.to_string_lossy().into_owned();
+    let (report, _, _) = run_kit_report(
+        &bridge,
+        &["--strict", "--step-timeout", "2", "--vectors", &d],
+        &tmp.join("status"),
+    );
+    assert!(
+        first_difference(&report).contains("HTTP status 202, expected 201"),
+        "{report:#}"
+    );
+    // Without a TTL the result is not cached, so the second session asks again.
+    let dir = tampered(&tmp, "discover_cache_shared", |v| {
+        v["steps"][1]["message"]["result"]["ttlMs"] = 0.into();
+    });
+    let d = dir.to_string_lossy().into_owned();
+    let (report, _, _) = run_kit_report(
+        &bridge,
+        &["--strict", "--step-timeout", "2", "--vectors", &d],
+        &tmp.join("absent"),
+    );
+    assert!(
+        first_difference(&report).contains("must not be sent"),
+        "{report:#}"
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -14,7 +14,8 @@ fn root() -> PathBuf {
 
 fn schema() -> jsonschema::Validator {
     let path = root().join("adapters/vectors/schema/vector-1.schema.json");
-    let schema: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("the schema")).expect("JSON");
+    let schema: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("the schema")).expect("JSON");
     jsonschema::validator_for(&schema).expect("a valid JSON Schema")
 }
 
@@ -26,7 +27,11 @@ fn vector_files() -> Vec<PathBuf> {
         .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "json"))
         .collect();
     files.sort();
-    assert!(files.len() >= 30, "the full vector set, found {}", files.len());
+    assert!(
+        files.len() >= 30,
+        "the full vector set, found {}",
+        files.len()
+    );
     files
 }
 
@@ -66,29 +71,52 @@ fn schema_and_reader_refuse_the_same_mistakes() {
     with("unknown top-level key", &|v| v["steps_"] = json!([]));
     with("no steps", &|v| v["steps"] = json!([]));
     with("unknown step key", &|v| v["steps"][0]["expct"] = json!([]));
-    with("timer without at", &|v| v["steps"][0] = json!({"from": "timer"}));
-    with("unknown from", &|v| v["steps"][0] = json!({"from": "host", "message": {}}));
-    with("unknown driver action", &|v| v["steps"][0] = json!({"from": "driver", "action": "dance"}));
+    with("timer without at", &|v| {
+        v["steps"][0] = json!({"from": "timer"})
+    });
+    with("unknown from", &|v| {
+        v["steps"][0] = json!({"from": "host", "message": {}})
+    });
+    with("unknown driver action", &|v| {
+        v["steps"][0] = json!({"from": "driver", "action": "dance"})
+    });
     with("upstream message and lost", &|v| {
         v["steps"][0] = json!({"from": "upstream", "message": {}, "lost": "$up1"})
     });
-    with("peer output without stream", &|v| {
-        v["steps"][0] = json!({"from": "peer", "message": {}, "expect": [{"to": "peer", "message": {}}]})
+    with(
+        "peer output without stream",
+        &|v| {
+            v["steps"][0] =
+                json!({"from": "peer", "message": {}, "expect": [{"to": "peer", "message": {}}]})
+        },
+    );
+    with(
+        "bad stream",
+        &|v| v["steps"][0] = json!({"from": "peer", "message": {}, "expect": [{"to": "peer", "stream": "s", "message": {}}]}),
+    );
+    with(
+        "bad status",
+        &|v| v["steps"][0] = json!({"from": "peer", "message": {}, "http": {"status": "2x"}}),
+    );
+    with("http on a timer", &|v| {
+        v["steps"][0]["http"] = json!({"status": 202})
     });
-    with("bad stream", &|v| {
-        v["steps"][0] = json!({"from": "peer", "message": {}, "expect": [{"to": "peer", "stream": "s", "message": {}}]})
+    with("unknown transport", &|v| {
+        v["transports"] = json!(["websocket"])
     });
-    with("bad status", &|v| v["steps"][0] = json!({"from": "peer", "message": {}, "http": {"status": "2x"}}));
-    with("http on a timer", &|v| v["steps"][0]["http"] = json!({"status": 202}));
-    with("unknown transport", &|v| v["transports"] = json!(["websocket"]));
-    with("unknown setting", &|v| v["config"] = json!({"max_round": 2}));
+    with("unknown setting", &|v| {
+        v["config"] = json!({"max_round": 2})
+    });
     with("bad spec reference", &|v| v["spec"] = json!(["lifecycle"]));
     with("batch name not a placeholder", &|v| {
         v["steps"][0] = json!({"from": "peer", "message": [], "batch": "b1"})
     });
     for (what, v) in cases {
         assert!(!validator.is_valid(&v), "the schema accepts: {what}");
-        assert!(format::parse("t", &v.to_string()).is_err(), "the reader accepts: {what}");
+        assert!(
+            format::parse("t", &v.to_string()).is_err(),
+            "the reader accepts: {what}"
+        );
     }
     assert!(validator.is_valid(&base));
     assert!(format::parse("t", &base.to_string()).is_ok());
@@ -108,7 +136,11 @@ fn slug(heading: &str) -> String {
 #[test]
 fn spec_references_name_real_pages_and_headings() {
     let spec = root().join("../shared/spec");
-    assert!(spec.is_dir(), "the spec text is expected at {}", spec.display());
+    assert!(
+        spec.is_dir(),
+        "the spec text is expected at {}",
+        spec.display()
+    );
     let mut bad = Vec::new();
     let mut checked = 0;
     for f in vector_files() {
