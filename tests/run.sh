@@ -5,6 +5,8 @@
 # run; needs python3 and node; ends with the line "N passed, M failed"), then the official
 # conformance suite against the fixture upstream and the gateway (tests/conformance/run.sh:
 # installs the pinned suite and a Node 22 into .cache/conformance; same closing line).
+# Between them, the adapter test kit's third-party scoreboard (tests/kit/run.sh:
+# `dualera vectors run` against the pinned mcp-remote; its failures are the score).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The real peers of the service-backed tests (Redis, HAProxy, PostgreSQL, Chromium),
@@ -12,4 +14,5 @@ cd "$(dirname "$0")/.."
 bash tests/services/debian.sh
 cargo test --workspace --locked "$@"
 python3 tests/interop/run.py
+bash tests/kit/run.sh
 bash tests/conformance/run.sh

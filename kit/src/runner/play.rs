@@ -953,7 +953,10 @@ impl<'a> Play<'a> {
             if self.bindings.matches(&pattern.value, &output, self.mode) {
                 return Err(Difference {
                     step: Some(step.index),
-                    summary: "the bridge sent what the vector says must not be sent".into(),
+                    summary: format!(
+                        "the bridge sent what the vector says must not be sent ({})",
+                        describe(&output)
+                    ),
                     expected: None,
                     actual: Some(output),
                     context: None,
@@ -969,9 +972,17 @@ impl<'a> Play<'a> {
             Placed::Unmatched(e, w) => (e, w),
             Placed::Matched => (None, None),
         };
+        // A single pipe has no streams: show the expected one, not a spurious `null`.
+        let mut output = output;
+        if let (true, Some(stream)) = (
+            self.transport.single_pipe(),
+            expected.as_ref().and_then(|e| e.get("stream")),
+        ) {
+            output["stream"] = stream.clone();
+        }
         let summary = match why {
             Some(w) => format!("output differs from what the vector expects {w}"),
-            None => "unexpected output".into(),
+            None => format!("unexpected output ({})", describe(&output)),
         };
         Err(Difference {
             step: Some(step.index),
@@ -1005,7 +1016,14 @@ impl<'a> Play<'a> {
             return false;
         }
         let answer = match method {
-            "server/discover" => match &self.discover {
+            // The latest result the vector supplied, or the first it will supply (a
+            // bridge may fetch it before the host says anything).
+            "server/discover" => match self.discover.clone().or_else(|| {
+                self.vector.steps.iter().find_map(|s| match &s.input {
+                    Input::Discover { result } => Some(result.clone()),
+                    _ => None,
+                })
+            }) {
                 Some(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
                 None => return false,
             },
@@ -1088,7 +1106,10 @@ impl<'a> Play<'a> {
         if let Some(j) = (0..step.expect.len()).find(|&j| !matched[j] && observable[j]) {
             return Difference {
                 step: Some(step.index),
-                summary: format!("expected output not seen within {secs:.1} s"),
+                summary: format!(
+                    "expected output not seen within {secs:.1} s ({})",
+                    describe(&step.expect[j].value)
+                ),
                 expected: Some(self.bindings.render(&step.expect[j].value)),
                 actual: None,
                 context: self.stderr_context(&step.session),
@@ -1196,6 +1217,36 @@ impl<'a> Play<'a> {
         self.upstream.detach();
         self.sessions.clear();
     }
+}
+
+/// One output in a few words, for a difference's headline.
+fn describe(output: &Value) -> String {
+    let to = output["to"].as_str().unwrap_or("?");
+    if let Some(id) = output.get("cancel") {
+        return format!("cancel of upstream request {}", matching::short(id));
+    }
+    if output.get("close").is_some() {
+        return format!(
+            "{} closed without a response",
+            matching::short(&output["stream"])
+        );
+    }
+    if let Some(b) = output.get("batch").and_then(Value::as_array) {
+        return format!("a batch of {} to the {to}", b.len());
+    }
+    let m = &output["message"];
+    let what = match (m.get("method").and_then(Value::as_str), m.get("id")) {
+        (Some(method), Some(_)) => format!("request {method}"),
+        (Some(method), None) => format!("notification {method}"),
+        (None, id) => {
+            let id = id.map_or("-".into(), matching::short);
+            match m.pointer("/error/code") {
+                Some(code) => format!("error {code} for id {id}"),
+                None => format!("result for id {id}"),
+            }
+        }
+    };
+    format!("{what} to the {to}")
 }
 
 fn same_kind(kind: &ExpectedKind, output: &Value) -> bool {
