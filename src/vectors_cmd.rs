@@ -17,7 +17,7 @@ use std::time::Duration;
 pub(crate) enum VectorsCommand {
     /// Run the transcript vectors against a bridge: the runner plays the legacy host
     /// and a scripted 2026-07-28 upstream around it.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// List the vectors (name, revision, row, where they apply, the spec text they check).
     List {
         /// Read vectors from this folder instead of the built-in set.
@@ -123,7 +123,7 @@ pub(crate) fn main(command: VectorsCommand, runtime: &tokio::runtime::Runtime) -
                 ExitCode::from(2)
             }
         },
-        VectorsCommand::Run(args) => match runtime.block_on(run(args)) {
+        VectorsCommand::Run(args) => match runtime.block_on(run(*args)) {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("dualera vectors: {e}");

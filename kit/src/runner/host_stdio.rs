@@ -137,14 +137,12 @@ async fn read_lines(out: tokio::process::ChildStdout, session: String, sink: Sin
     let mut line = Vec::new();
     loop {
         line.clear();
-        let n = match (&mut reader)
+        // A read error ends the bridge's output like EOF does.
+        let n = (&mut reader)
             .take(MAX_MESSAGE as u64 + 1)
             .read_until(b'\n', &mut line)
             .await
-        {
-            Ok(n) => n,
-            Err(_) => 0,
-        };
+            .unwrap_or_default();
         if n == 0 {
             emit(
                 &sink,

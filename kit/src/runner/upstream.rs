@@ -184,7 +184,7 @@ impl Upstream {
             .filter(|(_, e)| !matches!(e.slot, Slot::Finished))
             .map(|(k, e)| (*k, e.id.clone(), e.message.clone()))
             .collect();
-        v.sort_by(|a, b| b.0.cmp(&a.0));
+        v.sort_by_key(|e| std::cmp::Reverse(e.0));
         v
     }
 
