@@ -57,7 +57,8 @@ fn gateway_toml(settings: &Map<String, Value>) -> String {
     out
 }
 
-/// Runs the kit over `vectors_dir` (all vectors when `None`); returns the JSON report.
+/// Runs `dualera vectors run` with `extra` options against `bridge`; returns the JSON
+/// report (`null` if none was written), the printed table, and the exit code.
 fn run_kit_report(bridge: &[String], extra: &[&str], out: &Path) -> (Value, String, i32) {
     let json = out.with_extension("json");
     let mut child = Running(
@@ -72,44 +73,14 @@ fn run_kit_report(bridge: &[String], extra: &[&str], out: &Path) -> (Value, Stri
             .spawn()
             .expect("spawn dualera vectors run"),
     );
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let status = loop {
-        if let Some(s) = child.0.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "the runner did not finish");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let mut table = String::new();
-    if let Some(mut o) = child.0.stdout.take() {
+    // Read the table while the runner works: a full pipe would stall it.
+    let mut stdout = child.0.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
         use std::io::Read;
-        let _ = o.read_to_string(&mut table);
-    }
-    let code = status.code().unwrap_or(-1);
-    let report = std::fs::read_to_string(&json)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
-    (report, table, code)
-}
-
-/// Runs the kit; returns each vector's result (`pass`, `fail`, `n/a`) and the table.
-fn run_kit(
-    bridge: &[String],
-    settings: &Map<String, Value>,
-    out: &Path,
-) -> (BTreeMap<String, String>, String) {
-    let json = out.with_extension("json");
-    let mut cmd = Command::new(BIN);
-    cmd.args(["vectors", "run", "--strict", "--json"])
-        .arg(&json)
-        .arg("--bridge-settings")
-        .arg(Value::Object(settings.clone()).to_string())
-        .args(bridge)
-        .env("DUALERA_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut child = Running(cmd.spawn().expect("spawn dualera vectors run"));
+        let mut table = String::new();
+        let _ = stdout.read_to_string(&mut table);
+        table
+    });
     let deadline = Instant::now() + Duration::from_secs(600);
     let status = loop {
         if let Some(s) = child.0.try_wait().expect("wait") {
@@ -117,22 +88,32 @@ fn run_kit(
         }
         assert!(
             Instant::now() < deadline,
-            "dualera vectors run did not finish in 10 minutes"
+            "the runner did not finish in 10 minutes"
         );
         std::thread::sleep(Duration::from_millis(100));
     };
-    let mut table = String::new();
-    if let Some(mut o) = child.0.stdout.take() {
-        use std::io::Read;
-        let _ = o.read_to_string(&mut table);
-    }
+    let table = reader.join().unwrap_or_default();
+    let report = std::fs::read_to_string(&json)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    (report, table, status.code().unwrap_or(-1))
+}
+
+/// Runs every vector strictly against a bridge with `settings`; returns each
+/// vector's result (`pass`, `fail`, `n/a`) and the table.
+fn run_kit(
+    bridge: &[String],
+    settings: &Map<String, Value>,
+    out: &Path,
+) -> (BTreeMap<String, String>, String) {
+    let settings = Value::Object(settings.clone()).to_string();
+    let (report, table, code) =
+        run_kit_report(bridge, &["--strict", "--bridge-settings", &settings], out);
     assert!(
-        status.code().is_some_and(|c| c == 0 || c == 1),
-        "the runner itself failed ({status}):\n{table}"
+        code == 0 || code == 1,
+        "the runner itself failed (exit {code}):\n{table}"
     );
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON report"))
-            .expect("JSON report parses");
     let results = report["outcomes"]
         .as_array()
         .expect("outcomes")
@@ -383,32 +364,21 @@ fn the_kit_catches_differences() {
         "--upstream-listen".to_owned(),
         format!("127.0.0.1:{port}"),
     ];
+    let run_http = |dir: &Path, out: &str| {
+        let d = dir.to_string_lossy().into_owned();
+        let extra = ["--strict", "--step-timeout", "2", "--vectors", d.as_str()];
+        run_kit_report(&bridge, &extra, &tmp.join(out)).0
+    };
     let dir = tampered(&tmp, "http_session", |v| {
         v["steps"][2]["http"]["status"] = 201.into()
     });
-    let d = dir.to_string_lossy().into_owned();
-    let (report, _, _) = run_kit_report(
-        &bridge,
-        &["--strict", "--step-timeout", "2", "--vectors", &d],
-        &tmp.join("status"),
-    );
-    assert!(
-        first_difference(&report).contains("HTTP status 202, expected 201"),
-        "{report:#}"
-    );
+    let d = first_difference(&run_http(&dir, "status"));
+    assert!(d.contains("HTTP status 202, expected 201"), "{d}");
     // Without a TTL the result is not cached, so the second session asks again.
     let dir = tampered(&tmp, "discover_cache_shared", |v| {
         v["steps"][1]["message"]["result"]["ttlMs"] = 0.into();
     });
-    let d = dir.to_string_lossy().into_owned();
-    let (report, _, _) = run_kit_report(
-        &bridge,
-        &["--strict", "--step-timeout", "2", "--vectors", &d],
-        &tmp.join("absent"),
-    );
-    assert!(
-        first_difference(&report).contains("must not be sent"),
-        "{report:#}"
-    );
+    let d = first_difference(&run_http(&dir, "absent"));
+    assert!(d.contains("must not be sent"), "{d}");
     let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -5,7 +5,7 @@
 //! its own: its head, its JSON body or SSE events, and whether an SSE stream ended
 //! before the response it was carrying.
 
-use super::observe::{emit, Observed, Sink, MAX_MESSAGE};
+use super::observe::{emit, header_pairs, Observed, Sink, MAX_MESSAGE};
 use super::sse;
 use bytes::Bytes;
 use http::{header, Method, Request, Uri};
@@ -110,6 +110,18 @@ impl HttpHost {
             .ok()
     }
 
+    fn spawn(&self, req: Request<Full<Bytes>>, exchange: u64, carries: Carries) -> JoinHandle<()> {
+        tokio::spawn(read_response(
+            self.client.clone(),
+            req,
+            self.name.clone(),
+            exchange,
+            carries,
+            self.state.clone(),
+            self.sink.clone(),
+        ))
+    }
+
     /// POSTs a message or batch; its response is reported as exchange `exchange`.
     pub(crate) fn post(&mut self, exchange: u64, body: &Value, carries: Carries) {
         let bytes = serde_json::to_vec(body).unwrap_or_default();
@@ -120,15 +132,7 @@ impl HttpHost {
         ) else {
             return;
         };
-        let task = tokio::spawn(read_response(
-            self.client.clone(),
-            req,
-            self.name.clone(),
-            exchange,
-            carries,
-            self.state.clone(),
-            self.sink.clone(),
-        ));
+        let task = self.spawn(req, exchange, carries);
         self.tasks.push(task);
     }
 
@@ -137,15 +141,7 @@ impl HttpHost {
         let Some(req) = self.request(Method::GET, None, "text/event-stream") else {
             return;
         };
-        let task = tokio::spawn(read_response(
-            self.client.clone(),
-            req,
-            self.name.clone(),
-            exchange,
-            Carries::Standalone,
-            self.state.clone(),
-            self.sink.clone(),
-        ));
+        let task = self.spawn(req, exchange, Carries::Standalone);
         if let Some(old) = self.standalone.replace(task) {
             old.abort();
         }
@@ -164,15 +160,7 @@ impl HttpHost {
         else {
             return;
         };
-        let task = tokio::spawn(read_response(
-            self.client.clone(),
-            req,
-            self.name.clone(),
-            exchange,
-            Carries::Nothing,
-            self.state.clone(),
-            self.sink.clone(),
-        ));
+        let task = self.spawn(req, exchange, Carries::Nothing);
         self.tasks.push(task);
     }
 }
@@ -208,16 +196,7 @@ async fn read_response(
         }
     };
     let status = resp.status().as_u16();
-    let headers: Vec<(String, String)> = resp
-        .headers()
-        .iter()
-        .map(|(n, v)| {
-            (
-                n.as_str().to_owned(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        })
-        .collect();
+    let headers = header_pairs(resp.headers());
     if let Carries::Request {
         initialize: true, ..
     } = carries

@@ -62,3 +62,16 @@ pub(crate) fn emit(sink: &Sink, event: Observed) {
 
 /// Largest message or HTTP body the runner reads from a bridge.
 pub(crate) const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+
+/// HTTP headers as (lower-case name, value) pairs, values read as lossy UTF-8.
+pub(crate) fn header_pairs(headers: &http::HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(n, v)| {
+            (
+                n.as_str().to_owned(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}

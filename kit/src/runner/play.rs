@@ -314,38 +314,15 @@ impl<'a> Play<'a> {
             Input::Peer { message } => {
                 let msg = self.subst(step, message)?;
                 let exchange = self.exchange();
-                let is_request = msg.get("method").is_some() && msg.get("id").is_some();
-                let session = self.host(step).await?;
-                match &mut session.host {
-                    Host::Http(h) => {
-                        let carries = if is_request {
-                            Carries::Request {
-                                id: msg["id"].clone(),
-                                initialize: msg["method"] == "initialize",
-                            }
-                        } else {
-                            Carries::Nothing
-                        };
-                        h.post(exchange, &msg, carries);
-                        if is_request {
-                            self.defer(step, exchange, step.http.clone(), false);
-                        } else {
-                            self.defer(step, exchange, Some(Self::reply_post_expect(step)), true);
-                        }
+                let carries = if is_request(&msg) {
+                    Carries::Request {
+                        id: msg["id"].clone(),
+                        initialize: msg["method"] == "initialize",
                     }
-                    Host::Stdio(h) => {
-                        if !h.send(&msg).await {
-                            let tail = h.stderr_tail();
-                            return Err(Difference {
-                                context: Some(format!("bridge stderr (tail):\n{tail}")),
-                                ..Difference::plain(
-                                    Some(step.index),
-                                    "the bridge's stdin is closed (it exited?)",
-                                )
-                            });
-                        }
-                    }
-                }
+                } else {
+                    Carries::Nothing
+                };
+                self.send_peer(step, exchange, &msg, carries).await?;
             }
             Input::PeerBatch { messages, bind } => {
                 let items = messages
@@ -357,36 +334,13 @@ impl<'a> Play<'a> {
                 if let Some(b) = bind {
                     self.bindings.bind(b, stream.clone());
                 }
-                let has_requests = items
-                    .iter()
-                    .any(|m| m.get("method").is_some() && m.get("id").is_some());
-                let body = Value::Array(items);
-                let session = self.host(step).await?;
-                match &mut session.host {
-                    Host::Http(h) => {
-                        h.post(
-                            exchange,
-                            &body,
-                            Carries::Batch {
-                                stream,
-                                has_requests,
-                            },
-                        );
-                        if has_requests {
-                            self.defer(step, exchange, step.http.clone(), false);
-                        } else {
-                            self.defer(step, exchange, Some(Self::reply_post_expect(step)), true);
-                        }
-                    }
-                    Host::Stdio(h) => {
-                        if !h.send(&body).await {
-                            return Err(Difference::plain(
-                                Some(step.index),
-                                "the bridge's stdin is closed",
-                            ));
-                        }
-                    }
-                }
+                let has_requests = items.iter().any(is_request);
+                let carries = Carries::Batch {
+                    stream,
+                    has_requests,
+                };
+                self.send_peer(step, exchange, &Value::Array(items), carries)
+                    .await?;
             }
             Input::Upstream { on, message, http } => {
                 let msg = self.subst(step, message)?;
@@ -448,6 +402,47 @@ impl<'a> Play<'a> {
                 }
             }
             Input::Ping => {}
+        }
+        Ok(())
+    }
+
+    /// Sends what a `peer` step posts: over HTTP, a POST whose response head is then
+    /// checked (a POST carrying no request must be answered within the step); over
+    /// stdio, a line.
+    async fn send_peer(
+        &mut self,
+        step: &Step,
+        exchange: u64,
+        body: &Value,
+        carries: Carries,
+    ) -> Result<(), Difference> {
+        let carries_request = match &carries {
+            Carries::Request { .. } => true,
+            Carries::Batch { has_requests, .. } => *has_requests,
+            Carries::Nothing | Carries::Standalone => false,
+        };
+        let session = self.host(step).await?;
+        match &mut session.host {
+            Host::Http(h) => {
+                h.post(exchange, body, carries);
+                if carries_request {
+                    self.defer(step, exchange, step.http.clone(), false);
+                } else {
+                    self.defer(step, exchange, Some(Self::reply_post_expect(step)), true);
+                }
+            }
+            Host::Stdio(h) => {
+                if !h.send(body).await {
+                    let tail = h.stderr_tail();
+                    return Err(Difference {
+                        context: Some(format!("bridge stderr (tail):\n{tail}")),
+                        ..Difference::plain(
+                            Some(step.index),
+                            "the bridge's stdin is closed (it exited?)",
+                        )
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -620,23 +615,8 @@ impl<'a> Play<'a> {
                 return Err(differ(format!("HTTP status {status}, expected {s}")));
             }
         }
-        for (name, pattern) in &expect.headers {
-            let got = headers
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.clone());
-            match (pattern, got) {
-                (Value::Null, None) => {}
-                (Value::Null, Some(v)) => {
-                    return Err(differ(format!("HTTP header {name}: {v:?}, expected none")))
-                }
-                (_, None) => return Err(differ(format!("HTTP header {name} is missing"))),
-                (p, Some(v)) => {
-                    if let Err(m) = self.bindings.try_match(p, &Value::String(v), self.mode) {
-                        return Err(differ(format!("HTTP header {name}: {m}")));
-                    }
-                }
-            }
+        if let Err(m) = self.check_headers(&expect.headers, headers) {
+            return Err(differ(format!("HTTP header {m}")));
         }
         if let Some(want) = &expect.body {
             let got = body.cloned().unwrap_or(Value::Null);
@@ -708,7 +688,7 @@ impl<'a> Play<'a> {
                             self.up_keys.insert(name.to_owned(), key);
                         }
                         if let Some(h) = &e.http {
-                            self.check_request_headers(h, headers)
+                            self.check_headers(&h.headers, headers)
                                 .map_err(|m| Difference {
                                     step: None,
                                     summary: format!("upstream request header {m}"),
@@ -807,12 +787,13 @@ impl<'a> Play<'a> {
         }
     }
 
-    fn check_request_headers(
+    /// Checks header patterns (`null`: must be absent), binding placeholders.
+    fn check_headers(
         &mut self,
-        h: &HttpExpect,
+        patterns: &[(String, Value)],
         headers: &[(String, String)],
     ) -> Result<(), String> {
-        for (name, pattern) in &h.headers {
+        for (name, pattern) in patterns {
             let got = headers
                 .iter()
                 .find(|(n, _)| n == name)
@@ -1221,6 +1202,11 @@ impl<'a> Play<'a> {
         self.upstream.detach();
         self.sessions.clear();
     }
+}
+
+/// Whether a message is a JSON-RPC request.
+fn is_request(m: &Value) -> bool {
+    m.get("method").is_some() && m.get("id").is_some()
 }
 
 /// One output in a few words, for a difference's headline.

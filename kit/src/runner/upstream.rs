@@ -6,7 +6,7 @@
 //! connection, or its SSE stream before the response, is reported as a cancellation
 //! (2026-07-28 `basic/transports/streamable-http#cancellation`).
 
-use super::observe::{emit, Observed, Sink, MAX_MESSAGE};
+use super::observe::{emit, header_pairs, Observed, Sink, MAX_MESSAGE};
 use super::sse;
 use crate::format::UpstreamAnswer;
 use bytes::Bytes;
@@ -355,16 +355,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
         return r;
     }
-    let headers: Vec<(String, String)> = req
-        .headers()
-        .iter()
-        .map(|(n, v)| {
-            (
-                n.as_str().to_owned(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        })
-        .collect();
+    let headers = header_pairs(req.headers());
     let body = match Limited::new(req.into_body(), MAX_MESSAGE).collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => return plain(StatusCode::PAYLOAD_TOO_LARGE, "body too large\n"),
