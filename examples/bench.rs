@@ -17,12 +17,22 @@
 //! - `passthrough`: `tools/list` and `tools/call notes_list`, concurrency 1/16/64, against
 //!   the modern server directly, through the gateway, and through `bare_proxy`. Variants
 //!   are interleaved (rotating order) for `--rounds` rounds of `--secs` each; medians.
+//! - `cache`: the response cache. `tools/list`, `server/discover` and a mixed workload
+//!   (90 % `tools/call notes_list`, 10 % `tools/list`) at concurrency 1/16/64 against
+//!   the modern server directly, through `bare_proxy`, and through the gateway with its
+//!   cache on (`gateway+cache`; one gateway process per request kind, so its cache
+//!   counters, logged when it stops, give each kind's hit ratio and upstream request
+//!   count). Interleaved like `passthrough`. The `passthrough` gateway runs with the
+//!   cache off: it measures the proxy path itself.
 //! - `mrtr`: notes_create + notes_delete with one elicitation round (accept): one legacy
 //!   session through the gateway vs a modern client doing the MRTR retry directly, with
 //!   the modern client through `bare_proxy` as the one-hop reference; flows alternate
 //!   one by one.
 //! - `memory`: gateway RSS with 0, 1k, 10k, 100k idle initialized legacy sessions.
 //! - `pending`: 10k legacy requests parked on an unanswered elicitation, then drained.
+//! - `store`: the modern MRTR flow against one instance on SQLite (the run's server) and
+//!   one on PostgreSQL (a throw-away cluster the benchmark starts, PostgreSQL's durable
+//!   defaults), flows alternating one by one.
 //!
 //! `--profile perf` records the gateway with `perf record -g` during the selected
 //! scenarios (report and, with inferno installed, a flamegraph under bench/results/);
@@ -37,6 +47,9 @@
 use bytes::Bytes;
 use dualera::gateway::sse;
 use dualera::server::store::{NoteStore, SqliteStore};
+
+#[path = "../tests/common/pg_cluster.rs"]
+mod pg_cluster;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -62,7 +75,7 @@ const LEGACY: &str = "2025-11-25";
 const PV: &str = "io.modelcontextprotocol/protocolVersion";
 const CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
 const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
-const ALL_SCENARIOS: [&str; 4] = ["passthrough", "mrtr", "memory", "pending"];
+const ALL_SCENARIOS: [&str; 6] = ["passthrough", "cache", "mrtr", "memory", "pending", "store"];
 
 // ---------------------------------------------------------------------------------
 // Options.
@@ -91,7 +104,7 @@ struct Opts {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench [--scenarios passthrough,mrtr,memory,pending] [--rounds N] [--secs S]\n\
+        "usage: bench [--scenarios passthrough,cache,mrtr,memory,pending,store] [--rounds N] [--secs S]\n\
          \x20            [--concurrency 1,16,64] [--sessions 1000,10000,100000]\n\
          \x20            [--pending N] [--pending-sessions N] [--profile perf|callgrind|massif] [--no-build]\n\
          \x20            [--dualera PATH (another build of the binary, e.g. to compare before/after)]"
@@ -300,6 +313,8 @@ struct Env {
     stamp: u64,
     server_config: PathBuf,
     gateway_config: PathBuf,
+    /// The same `[gateway]` section with `[cache] enabled = false`.
+    nocache_config: PathBuf,
     db: PathBuf,
     notes_uri: String,
     scratch_uri: String,
@@ -320,7 +335,26 @@ impl Env {
         )
     }
 
+    /// Another server on the same configuration, its store the PostgreSQL at `url`.
+    fn server_on(&self, url: &str, tag: &str) -> Res<Proc> {
+        let mut c = Command::new(&self.bin);
+        c.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&self.server_config)
+            .env("DUALERA_STORE_URL", url)
+            .env("DUALERA_LOG", "warn");
+        Proc::spawn(
+            "server",
+            c,
+            &self.results.join(format!("logs/server-{tag}.log")),
+            Duration::from_secs(30),
+        )
+    }
+
     fn gateway(&self, upstream: &Proc, tag: &str) -> Res<Proc> {
+        self.gateway_with(upstream, tag, &self.gateway_config, "warn")
+    }
+
+    fn gateway_with(&self, upstream: &Proc, tag: &str, config: &Path, log: &str) -> Res<Proc> {
         let under_valgrind = matches!(self.profile, Some(Profile::Callgrind | Profile::Massif));
         let mut c = if under_valgrind {
             let tool = if self.profile == Some(Profile::Massif) {
@@ -344,8 +378,8 @@ impl Env {
         c.args(["gateway", "--listen", "127.0.0.1:0", "--upstream"])
             .arg(upstream.url())
             .arg("--config")
-            .arg(&self.gateway_config)
-            .env("DUALERA_LOG", "warn");
+            .arg(config)
+            .env("DUALERA_LOG", log);
         Proc::spawn(
             "gateway",
             c,
@@ -639,6 +673,17 @@ struct Spec {
 /// `conc` connections posting `spec` back to back; after `warm`, counts what completes
 /// within `secs`. Bounded by time and by `max` requests.
 async fn load(addr: SocketAddr, spec: Arc<Spec>, conc: usize, warm: f64, secs: f64) -> Res<Sample> {
+    load_mix(addr, Arc::new(vec![spec]), conc, warm, secs).await
+}
+
+/// [`load`] where each connection cycles through `specs` in order (a workload mix).
+async fn load_mix(
+    addr: SocketAddr,
+    specs: Arc<Vec<Arc<Spec>>>,
+    conc: usize,
+    warm: f64,
+    secs: f64,
+) -> Res<Sample> {
     const MAX_PER_WORKER: usize = 400_000;
     let mut conns = Vec::with_capacity(conc);
     for _ in 0..conc {
@@ -647,8 +692,8 @@ async fn load(addr: SocketAddr, spec: Arc<Spec>, conc: usize, warm: f64, secs: f
     let start = Instant::now() + Duration::from_secs_f64(warm);
     let end = start + Duration::from_secs_f64(secs);
     let mut tasks = tokio::task::JoinSet::new();
-    for mut c in conns {
-        let spec = spec.clone();
+    for (w, mut c) in conns.into_iter().enumerate() {
+        let specs = specs.clone();
         tasks.spawn(async move {
             let mut lat: Vec<u64> = Vec::with_capacity(16_384);
             let mut errors = 0usize;
@@ -658,6 +703,8 @@ async fn load(addr: SocketAddr, spec: Arc<Spec>, conc: usize, warm: f64, secs: f
                 if t0 >= end || sent >= MAX_PER_WORKER {
                     break;
                 }
+                // Offset per connection, so a mix is mixed at every instant.
+                let spec = &specs[(sent + w) % specs.len()];
                 sent += 1;
                 let ok = match c.post(&spec.headers, spec.body.clone()).await {
                     Ok(resp) => {
@@ -714,7 +761,7 @@ impl Conn {
 const VARIANTS: [&str; 3] = ["direct", "gateway", "bare_proxy"];
 
 async fn passthrough(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
-    let gateway = env.gateway(server, "passthrough")?;
+    let gateway = env.gateway_with(server, "passthrough", &env.nocache_config, "warn")?;
     let bare = env.bare_proxy(server)?;
     let _perf = PerfGuard::start(env, gateway.pid(), "passthrough");
     let addrs = [server.addr, gateway.addr, bare.addr];
@@ -905,6 +952,230 @@ async fn passthrough(env: &Env, opts: &Opts, server: &Proc, report: &mut Report)
         "passthrough",
         md,
         json!({"rows": json_rows, "ratios": json_ratios, "cpu_per_request": json_cpu, "gateway_rss_bytes": rss}),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Scenario 1b: the response cache.
+// ---------------------------------------------------------------------------------
+
+const CACHE_VARIANTS: [&str; 3] = ["direct", "bare_proxy", "gateway+cache"];
+
+/// The cache counters a gateway logs when it stops (`cache counters` at info level).
+fn cache_counters(log: &Path) -> BTreeMap<String, u64> {
+    let raw = std::fs::read_to_string(log).unwrap_or_default();
+    // Without ANSI colour sequences (`ESC [ … m`).
+    let mut text = String::with_capacity(raw.len());
+    let mut in_escape = false;
+    for ch in raw.chars() {
+        match (in_escape, ch) {
+            (false, '\u{1b}') => in_escape = true,
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+            (false, c) => text.push(c),
+        }
+    }
+    let Some(line) = text.lines().rev().find(|l| l.contains("cache counters")) else {
+        return BTreeMap::new();
+    };
+    line.split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .filter_map(|(k, v)| Some((k.to_owned(), v.trim_matches(',').parse().ok()?)))
+        .collect()
+}
+
+async fn cache(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
+    let bare = env.bare_proxy(server)?;
+    let spec = |method: &str, name: Option<&str>, params: Value| {
+        Arc::new(Spec {
+            headers: modern_headers(method, name),
+            body: modern_body(1, method, params, json!({})),
+        })
+    };
+    let list = spec("tools/list", None, json!({}));
+    let call = spec(
+        "tools/call",
+        Some("notes_list"),
+        json!({"name": "notes_list", "arguments": {"workspaceUri": env.notes_uri}}),
+    );
+    let mut mixed = vec![call.clone(); 9];
+    mixed.push(list.clone());
+    let kinds: Vec<(&str, Arc<Vec<Arc<Spec>>>)> = vec![
+        ("tools/list", Arc::new(vec![list])),
+        (
+            "server/discover",
+            Arc::new(vec![spec("server/discover", None, json!({}))]),
+        ),
+        ("mixed", Arc::new(mixed)),
+    ];
+    // One cached gateway per kind: its counters then belong to that kind alone.
+    let mut gateways = Vec::new();
+    for (kind, _) in &kinds {
+        let tag = format!("cache-{}", kind.replace('/', "-"));
+        let g = env.gateway_with(
+            server,
+            &tag,
+            &env.gateway_config,
+            "warn,dualera::gateway=info",
+        )?;
+        gateways.push((tag, g));
+    }
+    // Correctness first: the cached answers equal the direct ones.
+    for (ki, (kind, specs)) in kinds.iter().enumerate() {
+        for s in specs.iter().take(2) {
+            let mut answers = Vec::new();
+            for a in [
+                server.addr,
+                bare.addr,
+                gateways[ki].1.addr,
+                gateways[ki].1.addr,
+            ] {
+                let mut c = Conn::open(a).await?;
+                let (st, msgs) = c.exchange(&s.headers, s.body.clone()).await?;
+                answers.push(result_of(st, &msgs)?);
+            }
+            if answers.iter().any(|a| a != &answers[0]) {
+                return Err(format!("{kind}: the variants answered differently").into());
+            }
+        }
+    }
+    eprintln!("bench: cache (load {})", load_avg());
+    let mut samples: BTreeMap<(usize, usize, usize), Vec<Sample>> = BTreeMap::new();
+    // Per (concurrency, kind): cache/direct, cache/bare, p50 vs direct, one per round.
+    type CacheRatios = Vec<(f64, f64, f64)>;
+    let mut ratios: BTreeMap<(usize, usize), CacheRatios> = BTreeMap::new();
+    let mut served = vec![0usize; kinds.len()];
+    for (ci, &conc) in opts.concurrency.iter().enumerate() {
+        for (ki, (kind, specs)) in kinds.iter().enumerate() {
+            let addrs = [server.addr, bare.addr, gateways[ki].1.addr];
+            for round in 0..opts.rounds {
+                let mut this = [None; 3];
+                for k in 0..3 {
+                    let v = (round + k) % 3;
+                    let s = load_mix(addrs[v], specs.clone(), conc, 0.2, opts.secs).await?;
+                    if v == 2 {
+                        served[ki] += s.n + (s.rps * 0.2) as usize;
+                    }
+                    this[v] = Some(s);
+                    samples.entry((ci, ki, v)).or_default().push(s);
+                }
+                let [Some(d), Some(b), Some(g)] = this else {
+                    continue;
+                };
+                ratios.entry((ci, ki)).or_default().push((
+                    g.rps / d.rps,
+                    g.rps / b.rps,
+                    g.p50_us - d.p50_us,
+                ));
+                eprintln!(
+                    "  c={conc:<3} {kind:<16} round {}: direct {:>7.0}/s  bare {:>7.0}/s  gateway+cache {:>7.0}/s",
+                    round + 1,
+                    d.rps,
+                    b.rps,
+                    g.rps
+                );
+            }
+        }
+    }
+    // Stop the cached gateways; each logs its counters on the way out.
+    let mut counters = Vec::new();
+    for (tag, g) in gateways {
+        drop(g);
+        counters.push(cache_counters(
+            &env.results.join(format!("logs/gateway-{tag}.log")),
+        ));
+    }
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "### 1b. Response cache ({} rounds × {} s per variant, interleaved; medians)\n",
+        opts.rounds, opts.secs
+    );
+    let _ = writeln!(
+        md,
+        "| request | conc | variant | req/s | p50 µs | p99 µs | errors |"
+    );
+    let _ = writeln!(md, "|---|---:|---|---:|---:|---:|---:|");
+    let mut json_rows = Vec::new();
+    for (ci, &conc) in opts.concurrency.iter().enumerate() {
+        for (ki, (kind, _)) in kinds.iter().enumerate() {
+            for (v, name) in CACHE_VARIANTS.iter().enumerate() {
+                let s = &samples[&(ci, ki, v)];
+                let rps = median(&s.iter().map(|x| x.rps).collect::<Vec<_>>());
+                let p50 = median(&s.iter().map(|x| x.p50_us).collect::<Vec<_>>());
+                let p99 = median(&s.iter().map(|x| x.p99_us).collect::<Vec<_>>());
+                let errors: usize = s.iter().map(|x| x.errors).sum();
+                let _ = writeln!(
+                    md,
+                    "| {kind} | {conc} | {name} | {} | {} | {} | {errors} |",
+                    fmt_f(rps, 0),
+                    fmt_f(p50, 1),
+                    fmt_f(p99, 1)
+                );
+                json_rows.push(json!({"request": kind, "concurrency": conc, "variant": name,
+                    "rps_median": rps, "p50_us_median": p50, "p99_us_median": p99, "errors": errors}));
+            }
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\n| request | conc | gateway+cache/direct req/s | gateway+cache/bare req/s | p50 vs direct µs |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|");
+    let mut json_ratios = Vec::new();
+    for (ci, &conc) in opts.concurrency.iter().enumerate() {
+        for (ki, (kind, _)) in kinds.iter().enumerate() {
+            let r = &ratios[&(ci, ki)];
+            let gd = median(&r.iter().map(|x| x.0).collect::<Vec<_>>());
+            let gb = median(&r.iter().map(|x| x.1).collect::<Vec<_>>());
+            let added = median(&r.iter().map(|x| x.2).collect::<Vec<_>>());
+            let _ = writeln!(
+                md,
+                "| {kind} | {conc} | {} | {} | {} |",
+                fmt_f(gd, 3),
+                fmt_f(gb, 3),
+                fmt_f(added, 1)
+            );
+            json_ratios.push(json!({"request": kind, "concurrency": conc,
+                "cache_over_direct": gd, "cache_over_bare_proxy": gb, "p50_vs_direct_us": added}));
+            report
+                .cache_ratios
+                .push((conc, kind.to_string(), gd, gb, added));
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\nWhat reached the upstream from each cached gateway (its cache counters; hit ratio = (hits + coalesced) / cacheable requests; for the mix, 90 % of requests are `tools/call`, which always go upstream):\n"
+    );
+    let _ = writeln!(
+        md,
+        "| request | requests served | cacheable | hits | coalesced | misses (upstream) | upstream requests | hit ratio |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut json_counts = Vec::new();
+    for (ki, (kind, _)) in kinds.iter().enumerate() {
+        let c = &counters[ki];
+        let get = |k: &str| c.get(k).copied().unwrap_or(0);
+        let (hits, coalesced, misses) = (get("hits"), get("coalesced"), get("misses"));
+        let cacheable = hits + coalesced + misses;
+        let passed = (served[ki] as u64).saturating_sub(cacheable);
+        let ratio = (hits + coalesced) as f64 / cacheable.max(1) as f64;
+        let _ = writeln!(
+            md,
+            "| {kind} | ≈{} | {cacheable} | {hits} | {coalesced} | {misses} | ≈{} | {} |",
+            served[ki],
+            misses + passed,
+            fmt_f(ratio, 5)
+        );
+        json_counts.push(json!({"request": kind, "served_approx": served[ki], "cacheable": cacheable,
+            "hits": hits, "coalesced": coalesced, "misses": misses, "invalidations": get("invalidations"),
+            "upstream_requests_approx": misses + passed, "hit_ratio": ratio}));
+    }
+    report.add(
+        "cache",
+        md,
+        json!({"rows": json_rows, "ratios": json_ratios, "upstream": json_counts}),
     );
     Ok(())
 }
@@ -1165,6 +1436,107 @@ async fn modern_flow(c: &mut Conn, ws: &str, title: &str) -> Res<(f64, f64)> {
         (t1 - t0).as_secs_f64() * 1e6,
         t1.elapsed().as_secs_f64() * 1e6,
     ))
+}
+
+// ---------------------------------------------------------------------------------
+// Scenario 5: the store engines.
+// ---------------------------------------------------------------------------------
+
+/// The modern MRTR flow (create, delete round 1, accepted retry: two store writes and
+/// a nonce claim) on SQLite vs PostgreSQL, one instance each, flows alternating.
+async fn store(env: &Env, opts: &Opts, sqlite: &Proc, report: &mut Report) -> Res<()> {
+    eprintln!(
+        "bench: store: starting a PostgreSQL cluster (load {})",
+        load_avg()
+    );
+    let cluster = pg_cluster::PgCluster::start_with(pg_cluster::Durability::Durable)?;
+    let url = cluster.create_database("bench")?;
+    let postgres = env.server_on(&url, "postgres")?;
+    let mut conns = [
+        Conn::open(sqlite.addr).await?,
+        Conn::open(postgres.addr).await?,
+    ];
+    let ws = env.scratch_uri.clone();
+    let secs = (opts.secs * 2.0).max(0.5);
+    let mut counter = 0u64;
+    for c in &mut conns {
+        counter += 1;
+        modern_flow(c, &ws, &format!("store-{counter}")).await?;
+    }
+    let mut rates: [Vec<f64>; 2] = Default::default();
+    let mut lats: [Vec<f64>; 2] = Default::default();
+    let mut ratios = Vec::new();
+    for round in 0..opts.rounds {
+        let mut busy = [0.0f64; 2];
+        let mut ns: [Vec<f64>; 2] = Default::default();
+        let end = Instant::now() + Duration::from_secs_f64(secs * 2.0);
+        let mut turn = 0usize;
+        while Instant::now() < end && turn < 100_000 {
+            for k in 0..2 {
+                let v = (turn + k) % 2;
+                counter += 1;
+                let t0 = Instant::now();
+                modern_flow(&mut conns[v], &ws, &format!("store-{counter}")).await?;
+                let took = t0.elapsed().as_secs_f64();
+                busy[v] += took;
+                ns[v].push(took * 1e6);
+            }
+            turn += 1;
+        }
+        let this = [0, 1].map(|v| ns[v].len() as f64 / busy[v].max(1e-9));
+        for v in 0..2 {
+            rates[v].push(this[v]);
+            lats[v].push(median(&ns[v]));
+        }
+        ratios.push(this[1] / this[0]);
+        eprintln!(
+            "  round {}: SQLite {:>6.1} flows/s  PostgreSQL {:>6.1}",
+            round + 1,
+            this[0],
+            this[1]
+        );
+    }
+    let rate = [0, 1].map(|v| median(&rates[v]));
+    let ratio = median(&ratios);
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "### 5. Store engines: the modern MRTR flow (notes_create, notes_delete, accepted retry) on one instance each, flows alternating one by one ({} rounds × {} s)\n",
+        opts.rounds,
+        secs * 2.0
+    );
+    let _ = writeln!(md, "| store | flows/s | median flow µs |");
+    let _ = writeln!(md, "|---|---:|---:|");
+    for (v, name) in [
+        "SQLite (WAL, synchronous commits)",
+        "PostgreSQL (local cluster, durable defaults)",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} |",
+            fmt_f(rate[v], 1),
+            fmt_f(median(&lats[v]), 0)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nPostgreSQL/SQLite (median of per-round ratios): **{}**",
+        fmt_f(ratio, 3)
+    );
+    report.add(
+        "store",
+        md,
+        json!({"sqlite_flows_per_s": rate[0], "postgres_flows_per_s": rate[1], "ratio": ratio,
+               "per_round_sqlite": rates[0], "per_round_postgres": rates[1],
+               "median_flow_us_sqlite": median(&lats[0]), "median_flow_us_postgres": median(&lats[1])}),
+    );
+    drop(conns);
+    drop(postgres);
+    drop(cluster);
+    Ok(())
 }
 
 /// The MRTR flow's variants, in report order.
@@ -1717,6 +2089,9 @@ struct PassthroughRatio {
 struct Report {
     sections: Vec<(String, String, Value)>,
     passthrough_ratios: Vec<PassthroughRatio>,
+    /// Per (concurrency, kind): gateway+cache over direct req/s, over bare proxy, p50
+    /// gateway+cache minus direct (µs).
+    cache_ratios: Vec<(usize, String, f64, f64, f64)>,
     /// Legacy flow over modern direct, and the modern flow through the bare proxy
     /// over modern direct (what one proxy hop per request costs this flow).
     mrtr_ratio: Option<(f64, f64)>,
@@ -1789,6 +2164,29 @@ impl Report {
                 Some(geo >= 0.95),
                 None,
             );
+        }
+        for (conc, kind, gd, _, added) in &self.cache_ratios {
+            match (conc, kind.as_str()) {
+                (1, k) if k != "mixed" => row(
+                    &format!("gateway+cache p50 below direct at c=1 ({kind})"),
+                    format!("{} µs", fmt_f(*added, 1)),
+                    Some(*added < 0.0),
+                    None,
+                ),
+                (16 | 64, k) if k != "mixed" => row(
+                    &format!("gateway+cache ≥ 2× direct at c={conc} ({kind})"),
+                    fmt_f(*gd, 3),
+                    Some(*gd >= 2.0),
+                    None,
+                ),
+                (_, "mixed") => row(
+                    &format!("gateway+cache ≥ 1.0× direct, mixed 90/10 (c={conc})"),
+                    fmt_f(*gd, 3),
+                    Some(*gd >= 1.0),
+                    None,
+                ),
+                _ => {}
+            }
         }
         if let Some((r, bare)) = self.mrtr_ratio {
             row(
@@ -1917,6 +2315,12 @@ fn setup(opts: &Opts) -> Res<Env> {
              live_request_timeout_secs = 3600\nmax_in_flight = 64\n"
         ),
     )?;
+    let gateway_section = std::fs::read_to_string(&gateway_config)?;
+    let nocache_config = dir.join("bench-gateway-nocache.toml");
+    std::fs::write(
+        &nocache_config,
+        format!("{gateway_section}\n[cache]\nenabled = false\n"),
+    )?;
     Ok(Env {
         bin,
         bare,
@@ -1925,6 +2329,7 @@ fn setup(opts: &Opts) -> Res<Env> {
         stamp,
         server_config,
         gateway_config,
+        nocache_config,
         db,
         notes_uri: layout.notes_uri,
         scratch_uri,
@@ -1972,9 +2377,11 @@ fn main() -> Res<()> {
         for s in &opts.scenarios {
             match s.as_str() {
                 "passthrough" => passthrough(&env, &opts, &server, &mut report).await?,
+                "cache" => cache(&env, &opts, &server, &mut report).await?,
                 "mrtr" => mrtr(&env, &opts, &server, &mut report).await?,
                 "memory" => memory(&env, &opts, &server, &mut report).await?,
                 "pending" => pending(&env, &opts, &server, &mut report).await?,
+                "store" => store(&env, &opts, &server, &mut report).await?,
                 _ => {}
             }
         }

@@ -58,6 +58,27 @@ pub struct Config {
     /// Gateway bounds and timers.
     #[serde(default)]
     pub gateway: GatewaySection,
+    /// The gateway's response cache.
+    #[serde(default)]
+    pub cache: CacheSection,
+}
+
+/// The gateway's response cache (2026-07-28 `server/utilities/caching.mdx`); every
+/// field has a default.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheSection {
+    /// Whether cacheable results are kept and served (default true).
+    pub enabled: Option<bool>,
+    /// Most entries (default 10000).
+    pub max_entries: Option<usize>,
+    /// Most bytes held (default 64 MiB).
+    pub max_bytes: Option<u64>,
+    /// Cap on a result's `ttlMs`, in ms (default 3600000).
+    pub max_ttl_ms: Option<u64>,
+    /// Serve an entry up to this long past its TTL when the re-fetch fails, in ms
+    /// (default 0: never).
+    pub stale_if_error_ms: Option<u64>,
 }
 
 /// Gateway settings (`dualera gateway`, `dualera up`); every field has a default.
@@ -149,19 +170,33 @@ fn default_name() -> String {
     "dualera-notes".to_owned()
 }
 
-/// Where notes and nonces are stored.
+/// Where notes and nonces are stored: SQLite (`path`, the embedded default) or
+/// PostgreSQL (`url`, or the `DUALERA_STORE_URL` environment variable, which wins).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreSection {
-    /// SQLite file path, or `:memory:`.
+    /// SQLite file path, or `:memory:`. Unused when a URL is given.
     #[serde(default = "default_store_path")]
     pub path: String,
+    /// `postgres://USER[:PASSWORD]@HOST:PORT/DB`: several instances share one database.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Most pooled PostgreSQL connections per instance (default 16).
+    #[serde(default)]
+    pub max_connections: Option<u32>,
+    /// PEM file of the CA(s) that sign the PostgreSQL server's certificate (default:
+    /// the system's roots). A relative path is resolved against the config file.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for StoreSection {
     fn default() -> Self {
         Self {
             path: default_store_path(),
+            url: None,
+            max_connections: None,
+            ca_file: None,
         }
     }
 }
@@ -234,9 +269,12 @@ pub struct Limits {
     /// Longest `requestState` accepted, in bytes.
     #[serde(default = "default_max_state")]
     pub max_state_bytes: usize,
-    /// Most notes returned by one `notes_list`.
+    /// Most notes returned by one `notes_list` page (and the largest `limit`).
     #[serde(default = "default_max_list")]
     pub max_list: usize,
+    /// Most notes offered in one `notes_delete` confirmation form.
+    #[serde(default = "default_max_delete_candidates")]
+    pub max_delete_candidates: usize,
 }
 
 impl Default for Limits {
@@ -250,6 +288,7 @@ impl Default for Limits {
             max_files: default_max_files(),
             max_state_bytes: default_max_state(),
             max_list: default_max_list(),
+            max_delete_candidates: default_max_delete_candidates(),
         }
     }
 }
@@ -277,6 +316,9 @@ fn default_max_state() -> usize {
 }
 fn default_max_list() -> usize {
     500
+}
+fn default_max_delete_candidates() -> usize {
+    25
 }
 
 /// A caller identified by a bearer token.
@@ -322,6 +364,11 @@ impl Config {
         if config.store.path != ":memory:" && Path::new(&config.store.path).is_relative() {
             if let Some(dir) = path.parent() {
                 config.store.path = dir.join(&config.store.path).to_string_lossy().into_owned();
+            }
+        }
+        if let (Some(ca), Some(dir)) = (&config.store.ca_file, path.parent()) {
+            if ca.is_relative() {
+                config.store.ca_file = Some(dir.join(ca));
             }
         }
         Ok(config)

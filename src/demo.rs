@@ -1,8 +1,9 @@
 //! The embedded default: a sample notes workspace, a sample repository and a config
 //! granting the local principal both, created on first use and left alone after.
 
+use crate::config::StoreSection;
 use crate::server::scope::Scope;
-use crate::server::store::{NoteStore, SqliteStore};
+use crate::server::store;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -76,8 +77,12 @@ pub fn ensure(dir: &Path) -> io::Result<DemoLayout> {
         );
         fs::write(&config, text)?;
     }
-    let store = SqliteStore::open(&dir.join("dualera.db").to_string_lossy())
-        .map_err(|e| io::Error::other(e.to_string()))?;
+    // The store the server will open: the demo's SQLite file, or DUALERA_STORE_URL.
+    let section = StoreSection {
+        path: dir.join("dualera.db").to_string_lossy().into_owned(),
+        ..StoreSection::default()
+    };
+    let store = store::open(&section).map_err(|e| io::Error::other(e.to_string()))?;
     if store
         .count(&notes_uri)
         .map_err(|e| io::Error::other(e.to_string()))?

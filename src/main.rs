@@ -186,7 +186,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             config,
         } => {
             let config = load(config.as_ref())?;
-            let gw_config = GatewayConfig::from_section(&config.gateway);
+            let gw_config = GatewayConfig::from_config(&config);
             let upstream = match (upstream, upstream_cmd) {
                 (Some(url), _) => {
                     let uri: http::Uri = url.parse()?;
@@ -231,7 +231,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 tokio::spawn(server::http::serve(upstream_listener, server, async move {
                     let _ = rx.changed().await;
                 }));
-            let gw_config = GatewayConfig::from_section(&config.gateway);
+            let gw_config = GatewayConfig::from_config(&config);
             let uri: http::Uri =
                 format!("http://{upstream_addr}{}", server::http::ENDPOINT).parse()?;
             let listener = tokio::net::TcpListener::bind(listen).await?;

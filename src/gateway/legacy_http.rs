@@ -10,7 +10,7 @@
 //! hand-off each way on the hot path) and is detached into a task of its own when the
 //! handler stops waiting; every other exchange is a task from the start.
 
-use super::{sse, text, Gateway, GatewayConfig};
+use super::{cache, sse, text, Gateway, GatewayConfig};
 use crate::body::{empty, full, ChannelBody, GatewayBody};
 use bytes::Bytes;
 use dashmap::DashMap;
@@ -54,11 +54,10 @@ fn now() -> Timestamp {
     Timestamp::from_millis(u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Live legacy sessions, and the shared `server/discover` cache.
+/// Live legacy sessions.
 #[derive(Debug)]
 pub(super) struct Sessions {
     map: DashMap<String, Arc<SessionHandle>>,
-    discover: Mutex<Option<(Arc<Value>, Instant)>>,
     machine: MachineConfig,
 }
 
@@ -75,7 +74,6 @@ impl Sessions {
         }
         Self {
             map: DashMap::new(),
-            discover: Mutex::new(None),
             machine,
         }
     }
@@ -97,27 +95,6 @@ impl Sessions {
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         c
-    }
-
-    /// The cached discover result, shared (not copied) by the sessions that use it.
-    pub(super) fn cached_discover(&self) -> Option<Arc<Value>> {
-        let guard = self.discover.lock().ok()?;
-        let (v, until) = guard.as_ref()?;
-        (Instant::now() < *until).then(|| v.clone())
-    }
-
-    pub(super) fn store_discover(&self, result: &Value) {
-        let ttl = result.get("ttlMs").and_then(Value::as_u64).unwrap_or(0);
-        let private = result.get("cacheScope").and_then(Value::as_str) == Some("private");
-        if ttl == 0 || private {
-            return;
-        }
-        if let Ok(mut g) = self.discover.lock() {
-            *g = Some((
-                Arc::new(result.clone()),
-                Instant::now() + Duration::from_millis(ttl.min(24 * 3_600_000)),
-            ));
-        }
     }
 
     /// How many sessions are live.
@@ -492,7 +469,7 @@ async fn initialize(
     let mut machine_config = gw.legacy.machine.clone();
     machine_config.id_prefix = format!("dualera-{}", &id[..8]);
     let mut machine = Session::new(machine_config);
-    if let Some(d) = gw.legacy.cached_discover() {
+    if let Some(d) = cache::legacy::discover_for_initialize(&gw.cache, auth.as_ref()) {
         let _ = machine.handle_discover_shared(d);
     }
     let handle = Arc::new(SessionHandle {
@@ -936,7 +913,6 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
                     h.abort();
                 }
             }
-            Event::DiscoverFetched { result } => gw.legacy.store_discover(&result),
             Event::RequestFailed { legacy, failure } => {
                 info!(session = %handle.id, rpc.id = %legacy, failure = %failure, "legacy request failed");
             }
@@ -1036,9 +1012,13 @@ async fn upstream_task(
         return;
     };
     let id = r.id.clone();
-    let result = gw
-        .upstream
-        .exchange(&request, handle.authorization.as_ref(), &params, |msg| {
+    let result = cache::legacy::exchange(
+        &gw,
+        &role,
+        &request,
+        handle.authorization.as_ref(),
+        &params,
+        |msg| {
             if let Ok(mut s) = handle.shared.lock() {
                 if let Err(e) = s
                     .machine
@@ -1049,8 +1029,9 @@ async fn upstream_task(
                 route(&gw, &handle, &mut s);
                 rearm(&handle, &s);
             }
-        })
-        .await;
+        },
+    )
+    .await;
     if let Ok(mut s) = handle.shared.lock() {
         s.upstream_tasks.remove(&id);
         if let Err(e) = result {

@@ -9,6 +9,7 @@
 //!                                                              └─ upstream::exchange
 //! ```
 
+pub mod cache;
 pub mod http_sse;
 mod legacy_http;
 pub mod passthrough;
@@ -60,6 +61,8 @@ pub struct GatewayConfig {
     pub replay_buffer: usize,
     /// Requests in flight per legacy session.
     pub max_in_flight: usize,
+    /// The response cache (`[cache]`).
+    pub cache: cache::CacheConfig,
 }
 
 impl Default for GatewayConfig {
@@ -77,6 +80,7 @@ impl Default for GatewayConfig {
             max_rounds: 8,
             replay_buffer: 64,
             max_in_flight: 64,
+            cache: cache::CacheConfig::default(),
         }
     }
 }
@@ -106,6 +110,15 @@ impl GatewayConfig {
             max_rounds: s.max_rounds.unwrap_or(d.max_rounds),
             replay_buffer: s.replay_buffer.unwrap_or(d.replay_buffer),
             max_in_flight: s.max_in_flight.unwrap_or(d.max_in_flight),
+            cache: d.cache,
+        }
+    }
+
+    /// Defaults overridden by a config file's `[gateway]` and `[cache]` sections.
+    pub fn from_config(c: &crate::config::Config) -> Self {
+        Self {
+            cache: cache::CacheConfig::from_section(&c.cache),
+            ..Self::from_section(&c.gateway)
         }
     }
 }
@@ -119,17 +132,30 @@ pub struct Gateway {
     upstream: Arc<Upstream>,
     legacy: Arc<legacy_http::Sessions>,
     sse: Arc<http_sse::SseSessions>,
+    cache: Arc<cache::ResponseCache>,
 }
 
 impl Gateway {
     /// A gateway in front of `upstream`.
     pub fn new(upstream: Upstream, config: GatewayConfig) -> Self {
+        let upstream = Arc::new(upstream);
+        let cache = Arc::new(cache::ResponseCache::new(
+            config.cache.clone(),
+            crate::server::http::ENDPOINT,
+        ));
+        cache.attach(upstream.clone());
         Self {
             legacy: Arc::new(legacy_http::Sessions::new(&config)),
             sse: Arc::default(),
             config: Arc::new(config),
-            upstream: Arc::new(upstream),
+            upstream,
+            cache,
         }
+    }
+
+    /// The response cache (its counters: [`cache::ResponseCache::stats`]).
+    pub fn cache(&self) -> &Arc<cache::ResponseCache> {
+        &self.cache
     }
 
     /// Serves on a bound listener until `shutdown` resolves.
@@ -187,6 +213,17 @@ impl Gateway {
         }
         info!("gateway shutting down");
         reaper.abort();
+        self.cache.stop_listening();
+        let stats = self.cache.stats();
+        info!(
+            hits = stats.hits,
+            misses = stats.misses,
+            coalesced = stats.coalesced,
+            evictions = stats.evictions,
+            invalidations = stats.invalidations,
+            stale_served = stats.stale_served,
+            "cache counters"
+        );
         self.legacy.close_all();
         self.sse.close_all();
         let _ = stop_tx.send(true);
@@ -241,6 +278,7 @@ impl Gateway {
         }
         drop(in_tx);
         let _ = session.await;
+        self.cache.stop_listening();
         let _ = writer_task.await;
         Ok(())
     }

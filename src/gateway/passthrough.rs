@@ -3,7 +3,7 @@
 //! SSE flows frame by frame, and a client that goes away drops the upstream request.
 
 use super::upstream::{HttpUpstream, StdioUpstream, Upstream};
-use super::{sse, Gateway};
+use super::{cache, sse, Gateway};
 use crate::body::{full, BoxError, ChannelBody, GatewayBody};
 use bytes::Bytes;
 use dualera_adapters::jsonrpc::{self, Message};
@@ -164,7 +164,7 @@ fn status_for(m: &Message) -> StatusCode {
     }
 }
 
-fn unavailable() -> Response<GatewayBody> {
+pub(super) fn unavailable() -> Response<GatewayBody> {
     let mut r = Response::new(full(Bytes::from_static(
         br#"{"jsonrpc":"2.0","error":{"code":-32603,"message":"Upstream unavailable"}}"#,
     )));
@@ -190,22 +190,21 @@ async fn forward_http(
     if declared.is_some_and(|n| n > limit) {
         return status_only(StatusCode::PAYLOAD_TOO_LARGE);
     }
-    let (mut parts, body) = req.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
-    if let Some(host) = upstream.host_header() {
-        parts.headers.insert(header::HOST, host.clone());
+    // Cacheable methods (known from `Mcp-Method` alone) go through the cache; every
+    // other request stays unparsed.
+    if let Some(method) = gateway.cache.cacheable(req.headers()) {
+        return cache::passthrough::forward(gateway, upstream, req, method).await;
     }
-    parts.uri = upstream.uri().clone();
+    let tool_call = cache::passthrough::ToolCall::watch(&gateway.cache, req.headers());
+    let (parts, body) = req.into_parts();
     let body: GatewayBody = Limited::new(body, limit)
         .map_err(|e| -> BoxError { e })
         .boxed();
-    let upstream_req = Request::from_parts(parts, body);
-    match upstream.client().request(upstream_req).await {
-        Ok(resp) => {
-            let (mut parts, body) = resp.into_parts();
-            strip_hop_by_hop(&mut parts.headers);
-            Response::from_parts(parts, body.map_err(|e| -> BoxError { Box::new(e) }).boxed())
-        }
+    match send(upstream, parts, body).await {
+        Ok(resp) => match tool_call {
+            Some(call) => call.observe(&gateway.cache, downstream(resp)),
+            None => downstream(resp),
+        },
         Err(e) => {
             tracing::warn!(error = %e, "upstream request failed");
             unavailable()
@@ -213,7 +212,33 @@ async fn forward_http(
     }
 }
 
-fn status_only(status: StatusCode) -> Response<GatewayBody> {
+/// Sends a pass-through request upstream: hop-by-hop headers stripped, the upstream's
+/// `Host` and URI.
+pub(super) async fn send(
+    upstream: &HttpUpstream,
+    mut parts: http::request::Parts,
+    body: GatewayBody,
+) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(host) = upstream.host_header() {
+        parts.headers.insert(header::HOST, host.clone());
+    }
+    parts.uri = upstream.uri().clone();
+    upstream
+        .client()
+        .request(Request::from_parts(parts, body))
+        .await
+}
+
+/// The upstream's response as the caller gets it: hop-by-hop headers stripped, the
+/// body streamed.
+pub(super) fn downstream(resp: Response<Incoming>) -> Response<GatewayBody> {
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Response::from_parts(parts, body.map_err(|e| -> BoxError { Box::new(e) }).boxed())
+}
+
+pub(super) fn status_only(status: StatusCode) -> Response<GatewayBody> {
     let mut r = Response::new(super::body::empty());
     *r.status_mut() = status;
     r

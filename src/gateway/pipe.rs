@@ -33,7 +33,9 @@ pub(super) async fn run_session(
     let now =
         || Timestamp::from_millis(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
     let mut machine = Session::new(gw.legacy.machine_config(transport));
-    if let Some(d) = gw.legacy.cached_discover() {
+    if let Some(d) =
+        super::cache::legacy::discover_for_initialize(&gw.cache, authorization.as_ref())
+    {
         let _ = machine.handle_discover_shared(d);
     }
     // One channel: the "standalone stream" is always open.
@@ -149,21 +151,28 @@ async fn route(
             Event::ToUpstream { role, request } => {
                 let id = request.id.clone();
                 let params = machine.upstream_headers(&request);
-                let up = gw.upstream.clone();
+                let gw = gw.clone();
                 let tx = up_tx.clone();
                 let task_id = id.clone();
                 let auth = authorization.cloned();
+                let span = tracing::debug_span!("upstream", rpc.id = %id, ?role);
                 let task = tokio::spawn(
                     async move {
                         let msg = Message::Request(request);
                         let relay = tx.clone();
                         let rid = task_id.clone();
-                        let result = up
-                            .exchange(&msg, auth.as_ref(), &params, |m| {
+                        let result = super::cache::legacy::exchange(
+                            &gw,
+                            &role,
+                            &msg,
+                            auth.as_ref(),
+                            &params,
+                            |m| {
                                 // Bounded: a flood from the upstream waits here.
                                 let _ = relay.try_send(FromUpstream::Message(rid.clone(), m));
-                            })
-                            .await;
+                            },
+                        )
+                        .await;
                         let last = match result {
                             Ok(()) => FromUpstream::Done(task_id),
                             Err(e) => {
@@ -173,7 +182,7 @@ async fn route(
                         };
                         let _ = tx.send(last).await;
                     }
-                    .instrument(tracing::debug_span!("upstream", rpc.id = %id, ?role)),
+                    .instrument(span),
                 );
                 tasks.insert(id, task.abort_handle());
             }
@@ -183,7 +192,6 @@ async fn route(
                     t.abort();
                 }
             }
-            Event::DiscoverFetched { result } => gw.legacy.store_discover(&result),
             Event::RequestFailed { legacy, failure } => {
                 info!(rpc.id = %legacy, failure = %failure, "legacy request failed");
             }

@@ -110,12 +110,13 @@ impl Catalog {
     }
 
     /// The notes + repository-summary server.
-    pub fn notes(name: impl Into<String>) -> Self {
-        let mut c = Self::with_tools(name, ToolRegistry::notes_server());
+    pub fn notes(name: impl Into<String>, limits: &crate::config::Limits) -> Self {
+        let mut c = Self::with_tools(name, ToolRegistry::notes_server(limits));
         c.instructions = Some(
             "Notes live in workspaces named by file: URIs that the server's configuration \
-             grants you; pass workspaceUri explicitly. notes_delete asks the user to pick and \
-             confirm through a form; summarize_repo asks your model twice (pick files, then \
+             grants you; pass workspaceUri explicitly. notes_list returns pages (follow \
+             nextCursor; total counts every match). notes_delete asks the user to pick and \
+             confirm through a form (pass noteId to target one note); summarize_repo asks your model twice (pick files, then \
              summarize)."
                 .to_owned(),
         );

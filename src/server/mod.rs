@@ -8,11 +8,13 @@
 //!                  ├─► Server::handle_bytes ─┤
 //!  stdio line   ───┘   (envelope, _meta,    └─ tools/call ─► Tool::call ─► complete
 //!                       headers, version)                        │          or input_required
-//!                                                                └─► store (SQLite)
+//!                                                                └─► store (SQLite or
+//!                                                                    PostgreSQL)
 //! ```
 
 pub mod access;
 pub mod catalog;
+pub mod cursor;
 pub mod error;
 pub mod http;
 pub mod meta;
@@ -32,13 +34,13 @@ use crate::config::{resolve_secret, Config, ConfigError, Limits};
 use catalog::Catalog;
 use request_state::StateCodec;
 use std::sync::Arc;
-use store::SqliteStore;
+use store::Store;
 
 /// What handlers can reach: the store, the state codec, access rules and limits.
 #[derive(Debug)]
 pub struct Services {
     /// Notes and nonces.
-    pub store: SqliteStore,
+    pub store: Box<dyn Store>,
     /// Signs and verifies `requestState`.
     pub codec: StateCodec,
     /// Principals and grants.
@@ -74,7 +76,10 @@ pub enum KeySource {
 impl Server {
     /// Builds the notes server from a configuration: opens the store, resolves secrets.
     pub fn from_config(config: &Config) -> Result<(Self, KeySource), ConfigError> {
-        Self::with_catalog(config, Catalog::notes(config.server.name.clone()))
+        Self::with_catalog(
+            config,
+            Catalog::notes(config.server.name.clone(), &config.limits),
+        )
     }
 
     /// Builds a server offering `catalog` (the notes server, or another app on the
@@ -108,9 +113,19 @@ impl Server {
                     KeySource::Configured,
                 )
             };
-        let store = SqliteStore::open(&config.store.path).map_err(|e| ConfigError::Invalid {
-            reason: format!("cannot open store {:?}: {e}", config.store.path),
+        if limits.max_list == 0 || limits.max_delete_candidates == 0 {
+            return Err(ConfigError::Invalid {
+                reason: "[limits] max_list and max_delete_candidates must be at least 1".into(),
+            });
+        }
+        let location =
+            store::Location::from_section(&config.store).map_err(|e| ConfigError::Invalid {
+                reason: format!("cannot open the store: {e}"),
+            })?;
+        let store = store::open_at(&location, &config.store).map_err(|e| ConfigError::Invalid {
+            reason: format!("cannot open store {}: {e}", location.redacted()),
         })?;
+        tracing::debug!(engine = store.engine(), "store opened");
         let access = Access::from_config(config)?;
         Ok((
             Self {

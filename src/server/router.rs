@@ -684,8 +684,12 @@ fn decode_header_value(raw: &str) -> Option<String> {
 }
 
 fn reply_error(id: Option<dualera_adapters::RequestId>, e: ServerError) -> Handled {
-    if matches!(e, ServerError::Store(_) | ServerError::Internal { .. }) {
-        tracing::error!(error = %e, "internal error");
+    match &e {
+        // The store's own error (never the URL or a password) goes to the log; the
+        // client only learns that it was internal.
+        ServerError::Store(store) => tracing::error!(error = %store, "store error"),
+        ServerError::Internal { .. } => tracing::error!(error = %e, "internal error"),
+        _ => {}
     }
     let (status, error) = e.respond();
     Handled::Reply {

@@ -6,6 +6,7 @@
 //! Each test file uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub(crate) mod pg_cluster;
 pub(crate) mod schema;
 
 use serde_json::{json, Map, Value};
@@ -70,6 +71,10 @@ pub(crate) struct Options {
     pub(crate) principals: Vec<(String, String)>,
     /// `[limits] max_body_bytes`.
     pub(crate) max_body_bytes: Option<usize>,
+    /// `[store] url` (PostgreSQL); `None`: the fixture's SQLite file.
+    pub(crate) store_url: Option<String>,
+    /// `[limits] max_delete_candidates`.
+    pub(crate) max_delete_candidates: Option<usize>,
 }
 
 impl Default for Options {
@@ -78,6 +83,8 @@ impl Default for Options {
             ttl_ms: 300_000,
             principals: Vec::new(),
             max_body_bytes: None,
+            store_url: None,
+            max_delete_candidates: None,
         }
     }
 }
@@ -160,16 +167,31 @@ impl Fixture {
     }
 
     fn config_text(&self) -> String {
+        self.config_text_signing_with("test-1", STATE_SECRET)
+    }
+
+    /// The fixture's configuration with another `[[state.keys]]` entry.
+    pub(crate) fn config_text_signing_with(&self, key_id: &str, secret: &str) -> String {
         let mut t = String::new();
         t.push_str(&format!(
-            "[store]\npath = {:?}\n\n[state]\nttl_ms = {}\n\n[[state.keys]]\nid = \"test-1\"\nsecret = {:?}\n\n",
-            self.store_path.display().to_string(),
-            self.options.ttl_ms,
-            STATE_SECRET
+            "[store]\npath = {:?}\n",
+            self.store_path.display().to_string()
         ));
-        if let Some(max) = self.options.max_body_bytes {
-            t.push_str(&format!("[limits]\nmax_body_bytes = {max}\n\n"));
+        if let Some(url) = &self.options.store_url {
+            t.push_str(&format!("url = {url:?}\n"));
         }
+        t.push_str(&format!(
+            "\n[state]\nttl_ms = {}\n\n[[state.keys]]\nid = {key_id:?}\nsecret = {secret:?}\n\n",
+            self.options.ttl_ms,
+        ));
+        t.push_str("[limits]\n");
+        if let Some(max) = self.options.max_body_bytes {
+            t.push_str(&format!("max_body_bytes = {max}\n"));
+        }
+        if let Some(max) = self.options.max_delete_candidates {
+            t.push_str(&format!("max_delete_candidates = {max}\n"));
+        }
+        t.push('\n');
         let mut names = vec!["local".to_owned()];
         for (name, token) in &self.options.principals {
             t.push_str(&format!(
@@ -216,7 +238,22 @@ impl Fixture {
     /// Spawns a server whose requests come from `principal` (stdio: `--principal`;
     /// HTTP: that principal's bearer token when auth is on).
     pub(crate) fn spawn_as(self: &Arc<Self>, kind: Kind, principal: &str) -> Server {
-        Server::spawn(self.clone(), kind, principal)
+        Server::spawn(self.clone(), kind, principal, &self.config_path)
+    }
+
+    /// `n` servers on the fixture's one store and one key set (with `store_url`: `n`
+    /// instances on one PostgreSQL database), each its own `dualera serve` process.
+    pub(crate) fn spawn_n(self: &Arc<Self>, kind: Kind, n: usize) -> Vec<Server> {
+        (0..n).map(|_| self.spawn(kind)).collect()
+    }
+
+    /// A server started with another configuration file (principal `local`).
+    pub(crate) fn spawn_with_config(
+        self: &Arc<Self>,
+        kind: Kind,
+        config: &std::path::Path,
+    ) -> Server {
+        Server::spawn(self.clone(), kind, "local", config)
     }
 }
 
@@ -358,11 +395,12 @@ pub(crate) struct Server {
 }
 
 impl Server {
-    fn spawn(fixture: Arc<Fixture>, kind: Kind, principal: &str) -> Self {
+    fn spawn(fixture: Arc<Fixture>, kind: Kind, principal: &str, config: &std::path::Path) -> Self {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_dualera"));
         cmd.arg("serve")
             .arg("--config")
-            .arg(&fixture.config_path)
+            .arg(config)
+            .env_remove("DUALERA_STORE_URL")
             .env("DUALERA_LOG", "warn")
             .stderr(Stdio::piped());
         match kind {

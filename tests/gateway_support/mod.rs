@@ -151,8 +151,14 @@ pub const REPO_FILES: &[(&str, &str)] = &[
 ];
 
 impl Workspace {
-    /// A workspace whose config has these `[gateway]` entries (`key`, TOML value).
+    /// A workspace whose config has these `[gateway]` entries (`key`, TOML value), with
+    /// the response cache off: these tests count what reaches the upstream.
     pub fn new(gateway: &[(&str, &str)]) -> Self {
+        Self::with_cache(gateway, &[("enabled", "false")])
+    }
+
+    /// A workspace with these `[gateway]` and `[cache]` entries.
+    pub fn with_cache(gateway: &[(&str, &str)], cache: &[(&str, &str)]) -> Self {
         let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dualera-gw");
         std::fs::create_dir_all(&base).expect("tmp base");
         let base = std::fs::canonicalize(&base).expect("canonical tmp base");
@@ -178,6 +184,10 @@ impl Workspace {
             repo.display().to_string(),
         );
         for (k, v) in gateway {
+            text.push_str(&format!("{k} = {v}\n"));
+        }
+        text.push_str("\n[cache]\n");
+        for (k, v) in cache {
             text.push_str(&format!("{k} = {v}\n"));
         }
         std::fs::write(&config, text).expect("write config");
@@ -506,6 +516,8 @@ pub enum Script {
     Fail,
     /// This answer, after a pause.
     Delayed(Duration, Box<Script>),
+    /// A JSON body with this HTTP status (how an HTTP server sends a JSON-RPC error).
+    Status(StatusCode, Value),
 }
 
 type Handler = Arc<dyn Fn(&Seen) -> Script + Send + Sync>;
@@ -801,6 +813,7 @@ async fn serve_one(
     match script {
         Script::Delayed(..) => unreachable!("unwrapped above"),
         Script::Json(v) => Ok(json_response(StatusCode::OK, &v)),
+        Script::Status(status, v) => Ok(json_response(status, &v)),
         Script::Fail => Err(UpError("scripted failure".into())),
         Script::Stream(initial) => {
             let (tx, rx) = mpsc::channel::<Bytes>(16);

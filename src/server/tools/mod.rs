@@ -108,11 +108,15 @@ impl ToolRegistry {
     }
 
     /// The notes + repository-summary server's tools.
-    pub fn notes_server() -> Self {
+    pub fn notes_server(limits: &crate::config::Limits) -> Self {
         let mut r = Self::new();
         r.add(Box::new(notes::NotesCreate));
-        r.add(Box::new(notes::NotesList));
-        r.add(Box::new(notes::NotesDelete));
+        r.add(Box::new(notes::NotesList {
+            max_list: limits.max_list,
+        }));
+        r.add(Box::new(notes::NotesDelete {
+            max_candidates: limits.max_delete_candidates,
+        }));
         r.add(Box::new(summarize::SummarizeRepo));
         r
     }

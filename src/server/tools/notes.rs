@@ -1,18 +1,20 @@
-//! `notes_create`, `notes_list` (with the roots migration adapter) and `notes_delete`
-//! (form elicitation through MRTR, single-use signed confirmation).
+//! `notes_create`, `notes_list` (keyset pages behind signed cursors, with the roots
+//! migration adapter) and `notes_delete` (form elicitation through MRTR, single-use
+//! signed confirmation, a bounded and named subset of the candidates).
 
 use super::{text_result, CallContext, Outcome, Tool};
+use crate::server::cursor;
 use crate::server::error::ServerError;
 use crate::server::scope::Scope;
-use crate::server::store::{DeleteOutcome, LiveCheck, NonceClaim, Note, NoteStore, ReplayStore};
+use crate::server::store::{DeleteOutcome, ListQuery, LiveCheck, NonceClaim, Note};
 use serde_json::{json, Map, Value};
 
 const MAX_TITLE: usize = 512;
 const MAX_BODY: usize = 256 * 1024;
 const MAX_URI: usize = 4096;
 const MAX_QUERY: usize = 512;
-/// At most this many candidates are offered in one confirmation form.
-const MAX_CANDIDATES: usize = 25;
+const MAX_CURSOR: usize = 1024;
+const MAX_NOTE_ID: usize = 32;
 /// At most this many roots are considered from one `roots/list` answer.
 const MAX_ROOTS: usize = 256;
 const CHOICE_KEY: &str = "delete_choice";
@@ -95,9 +97,12 @@ impl Tool for NotesCreate {
     }
 }
 
-/// `notes_list {workspaceUri?, query?}`.
+/// `notes_list {workspaceUri?, query?, cursor?, limit?}`.
 #[derive(Debug)]
-pub(super) struct NotesList;
+pub(super) struct NotesList {
+    /// `[limits] max_list`: the default and largest page.
+    pub(super) max_list: usize,
+}
 
 impl Tool for NotesList {
     fn name(&self) -> &'static str {
@@ -108,14 +113,21 @@ impl Tool for NotesList {
         json!({
             "name": "notes_list",
             "title": "List notes",
-            "description": "List notes in a workspace granted to you, optionally filtered by a \
-                text query. Without workspaceUri, clients that declare roots are asked for them \
-                (a migration adapter); roots only select among granted workspaces.",
+            "description": "List notes in a workspace granted to you, oldest first, optionally \
+                filtered by a text query (case-insensitive, title or body). Results come in \
+                pages: structuredContent.total is the number of matching notes, and when more \
+                remain structuredContent.nextCursor is set; call again with the same \
+                workspaceUri and query plus cursor = nextCursor for the next page (a cursor \
+                only continues the listing it came from). Without workspaceUri, clients that \
+                declare roots are asked for them (a migration adapter); roots only select \
+                among granted workspaces.",
             "inputSchema": {
                 "type": "object",
                 "properties": {
                     "workspaceUri": {"type": "string", "description": "file: URI of the workspace"},
-                    "query": {"type": "string", "maxLength": MAX_QUERY}
+                    "query": {"type": "string", "maxLength": MAX_QUERY, "description": "Only notes whose title or body contains this text (case-insensitive)"},
+                    "cursor": {"type": "string", "maxLength": MAX_CURSOR, "description": "nextCursor of the previous page, to continue the same listing (same workspaceUri and query)"},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": self.max_list, "description": format!("Most notes on this page (default {})", self.max_list)}
                 },
                 "additionalProperties": false
             },
@@ -124,9 +136,31 @@ impl Tool for NotesList {
     }
 
     fn call(&self, cx: &CallContext<'_>) -> Result<Outcome, ServerError> {
-        cx.only_args(&["workspaceUri", "query"])?;
+        cx.only_args(&["workspaceUri", "query", "cursor", "limit"])?;
         let query = cx.optional_string_arg("query", MAX_QUERY)?;
-        let limit = cx.services.limits.max_list;
+        let max = self.max_list;
+        let limit = match cx.arguments.get("limit") {
+            None | Some(Value::Null) => max,
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|n| (1..=max).contains(n))
+                .ok_or_else(|| {
+                    ServerError::params(format!(
+                        "argument limit must be an integer from 1 to {max}"
+                    ))
+                })?,
+        };
+        // An empty string is a valid (if never issued) cursor, so it is checked too.
+        let cursor = match cx.arguments.get("cursor") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(c)) if c.len() <= MAX_CURSOR => Some(c.as_str()),
+            Some(_) => {
+                return Err(ServerError::params(format!(
+                    "argument cursor must be a string of at most {MAX_CURSOR} bytes"
+                )))
+            }
+        };
         let workspaces: Vec<String> = match cx.optional_string_arg("workspaceUri", MAX_URI)? {
             Some(uri) => vec![authorized_workspace(cx, uri)?.to_uri()],
             None => match self.roots_scope(cx)? {
@@ -134,22 +168,59 @@ impl Tool for NotesList {
                 Err(round) => return Ok(round),
             },
         };
-        let notes = cx.services.store.list(&workspaces, query, limit)?;
-        let text = if notes.is_empty() {
-            "No notes.".to_owned()
-        } else {
-            notes
-                .iter()
-                .map(|n| format!("{}  {}  ({})", n.public_id(), n.title, n.workspace))
-                .collect::<Vec<_>>()
-                .join("\n")
+        let listing = cursor::listing_digest(&workspaces, query);
+        let after = cursor
+            .map(|c| cursor::open(&cx.services.codec, c, cx.principal, &listing))
+            .transpose()
+            .map_err(|e| ServerError::params(e.to_string()))?;
+        let page = cx.services.store.list(&ListQuery {
+            workspaces: &workspaces,
+            text: query,
+            after,
+            limit,
+        })?;
+        let next = match page.notes.last() {
+            Some(last) if page.more => Some(cursor::seal(
+                &cx.services.codec,
+                cx.principal,
+                &listing,
+                last.id,
+            )),
+            _ => None,
         };
+        let shown = page.notes.len();
+        let mut text = if page.total == 0 {
+            "No notes.".to_owned()
+        } else if shown as u64 == page.total {
+            format!("{shown} {}:", plural(page.total, "note"))
+        } else if next.is_some() {
+            format!(
+                "showing {shown} of {} notes; more remain: call notes_list again with the \
+                 same arguments and cursor = structuredContent.nextCursor.",
+                page.total
+            )
+        } else {
+            format!("showing {shown} of {} notes (the last page).", page.total)
+        };
+        for n in &page.notes {
+            text.push_str(&format!(
+                "\n{}  {}  ({})",
+                n.public_id(),
+                n.title,
+                n.workspace
+            ));
+        }
+        let mut structured = json!({
+            "workspaces": workspaces,
+            "notes": page.notes.iter().map(note_json).collect::<Vec<_>>(),
+            "total": page.total,
+        });
+        if let Some(c) = next {
+            structured["nextCursor"] = Value::String(c);
+        }
         Ok(Outcome::Complete(text_result(
             text,
-            Some(json!({
-                "workspaces": workspaces,
-                "notes": notes.iter().map(note_json).collect::<Vec<_>>(),
-            })),
+            Some(structured),
             false,
         )))
     }
@@ -225,9 +296,31 @@ impl NotesList {
     }
 }
 
-/// `notes_delete {workspaceUri, title}`.
+/// `notes_delete {workspaceUri, title, noteId?}`.
 #[derive(Debug)]
-pub(super) struct NotesDelete;
+pub(super) struct NotesDelete {
+    /// `[limits] max_delete_candidates`: most notes offered in one form.
+    pub(super) max_candidates: usize,
+}
+
+/// Which notes a confirmation form offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Offer {
+    /// Every note with the title.
+    All,
+    /// The most recently created ones (more carry the title than one form shows).
+    Newest,
+    /// The one note the caller named with `noteId`.
+    Named,
+}
+
+/// The live form of a round: what it shows, and how many notes carry the title.
+struct Form<'n> {
+    shown: &'n [Note],
+    ids: Vec<String>,
+    total: u64,
+    offer: Offer,
+}
 
 impl Tool for NotesDelete {
     fn name(&self) -> &'static str {
@@ -238,13 +331,18 @@ impl Tool for NotesDelete {
         json!({
             "name": "notes_delete",
             "title": "Delete a note",
-            "description": "Delete one note by title from a workspace granted to you. The user \
-                picks the note among those with that title and confirms, through a form.",
+            "description": format!("Delete one note by title from a workspace granted to you. \
+                The user picks the note and confirms, through a form. The form offers every \
+                note with that title, or, when more than {n} carry it, the {n} most recently \
+                created (its message gives the true count). To delete a particular note \
+                (e.g. an older one), pass its id as noteId (from notes_list): the form then \
+                offers that note alone, still to be confirmed.", n = self.max_candidates),
             "inputSchema": {
                 "type": "object",
                 "properties": {
                     "workspaceUri": {"type": "string", "description": "file: URI of the workspace"},
-                    "title": {"type": "string", "minLength": 1, "maxLength": MAX_TITLE}
+                    "title": {"type": "string", "minLength": 1, "maxLength": MAX_TITLE, "description": "Exact title of the note to delete"},
+                    "noteId": {"type": "string", "pattern": "^note-[1-9][0-9]*$", "maxLength": MAX_NOTE_ID, "description": "Id of one note with that title (note-<n>, as notes_list shows it), to target it directly"}
                 },
                 "required": ["workspaceUri", "title"],
                 "additionalProperties": false
@@ -258,25 +356,38 @@ impl Tool for NotesDelete {
     }
 
     fn call(&self, cx: &CallContext<'_>) -> Result<Outcome, ServerError> {
-        cx.only_args(&["workspaceUri", "title"])?;
+        cx.only_args(&["workspaceUri", "title", "noteId"])?;
         let ws = authorized_workspace(cx, cx.string_arg("workspaceUri", MAX_URI)?)?;
         let title = cx.string_arg("title", MAX_TITLE)?;
+        let named = cx.optional_string_arg("noteId", MAX_NOTE_ID)?;
         let workspace = ws.to_uri();
 
         let Some(opened) = cx.open_state(self.name())? else {
-            let candidates = cx
+            let matches = cx
                 .services
                 .store
-                .find_by_title(&workspace, title, MAX_CANDIDATES)?;
-            if candidates.is_empty() {
-                return Ok(Outcome::Complete(text_result(
-                    format!("No note titled {title:?} in {workspace}; nothing deleted."),
-                    None,
-                    true,
-                )));
-            }
-            let ids: Vec<String> = candidates.iter().map(Note::public_id).collect();
-            return self.ask(cx, &workspace, title, &candidates, ids, 1);
+                .by_title(&workspace, title, self.max_candidates)?;
+            let (candidates, offer) = match named {
+                Some(id) => (vec![named_note(cx, id, &workspace, title)?], Offer::Named),
+                None if matches.total == 0 => {
+                    return Ok(Outcome::Complete(text_result(
+                        format!("No note titled {title:?} in {workspace}; nothing deleted."),
+                        None,
+                        true,
+                    )));
+                }
+                None if matches.total > matches.newest.len() as u64 => {
+                    (oldest_first(matches.newest), Offer::Newest)
+                }
+                None => (oldest_first(matches.newest), Offer::All),
+            };
+            let form = Form {
+                ids: candidates.iter().map(Note::public_id).collect(),
+                shown: &candidates,
+                total: matches.total,
+                offer,
+            };
+            return self.ask(cx, &workspace, title, &form, 1);
         };
 
         if opened.phase != "confirm" {
@@ -295,28 +406,37 @@ impl Tool for NotesDelete {
         }
         let Some(answer) = cx.input_response(CHOICE_KEY) else {
             // The client did not answer: ask again (bounded by the round limit and the
-            // state's expiry) rather than fail.
-            let live = cx
-                .services
-                .store
-                .find_by_title(&workspace, title, MAX_CANDIDATES)?;
-            let live: Vec<Note> = live
-                .into_iter()
-                .filter(|n| signed_ids.contains(&n.public_id()))
-                .collect();
+            // state's expiry) rather than fail, offering the signed candidates that
+            // still carry the title.
             if opened.round >= cx.services.limits.max_rounds {
                 return Err(ServerError::params(
                     "too many rounds without an answer to delete_choice",
                 ));
             }
-            return self.ask(
-                cx,
-                &workspace,
-                title,
-                &live,
-                signed_ids.clone(),
-                opened.round + 1,
-            );
+            let mut live = Vec::new();
+            for id in signed_ids.iter().take(self.max_candidates) {
+                if let Some(n) = Note::parse_public_id(id)
+                    .map(|id| cx.services.store.get(id))
+                    .transpose()?
+                    .flatten()
+                    .filter(|n| n.workspace == workspace && n.title == title)
+                {
+                    live.push(n);
+                }
+            }
+            let total = cx.services.store.by_title(&workspace, title, 0)?.total;
+            let offer = match opened.data.get("offer").and_then(Value::as_str) {
+                Some("named") => Offer::Named,
+                Some("newest") => Offer::Newest,
+                _ => Offer::All,
+            };
+            let form = Form {
+                shown: &live,
+                ids: signed_ids.clone(),
+                total,
+                offer,
+            };
+            return self.ask(cx, &workspace, title, &form, opened.round + 1);
         };
         let action = answer
             .get("action")
@@ -416,27 +536,51 @@ impl NotesDelete {
         cx: &CallContext<'_>,
         workspace: &str,
         title: &str,
-        shown: &[Note],
-        ids: Vec<String>,
+        form: &Form<'_>,
         round: u32,
     ) -> Result<Outcome, ServerError> {
-        let lines: Vec<String> = shown
+        let lines: Vec<String> = form
+            .shown
             .iter()
             .map(|n| {
                 let preview: String = n.body.chars().take(80).collect();
                 format!("- {}: {}", n.public_id(), preview.replace('\n', " "))
             })
             .collect();
+        let total = form.total;
+        let count = format!(
+            "{total} {} titled {title:?} in {workspace}",
+            plural(total, "note")
+        );
+        let (offer, intro) = match form.offer {
+            Offer::All if total == 1 => ("all", format!("{count}.")),
+            Offer::All => ("all", format!("{count}; all {total} are offered below.")),
+            Offer::Newest => (
+                "newest",
+                format!(
+                    "{count}; offered below are the {} most recently created. \
+                     To delete an older one, call notes_delete again with its noteId \
+                     (notes_list shows the ids).",
+                    form.ids.len()
+                ),
+            ),
+            Offer::Named => (
+                "named",
+                format!(
+                    "{count}; offered below is only the note asked for by noteId ({}).",
+                    form.ids.join(", ")
+                ),
+            ),
+        };
         let message = format!(
-            "{} notes titled {title:?} in {workspace}. Choose the one to delete and confirm.\n{}",
-            ids.len(),
+            "{intro} Choose the one to delete and confirm.\n{}",
             lines.join("\n")
         );
         let state = cx.seal_state(
             self.name(),
             "confirm",
             round,
-            json!({ "candidates": ids, "workspace": workspace }),
+            json!({ "candidates": form.ids, "workspace": workspace, "offer": offer }),
         )?;
         let mut input_requests = Map::new();
         input_requests.insert(
@@ -449,7 +593,7 @@ impl NotesDelete {
                     "requestedSchema": {
                         "type": "object",
                         "properties": {
-                            "note_id": {"type": "string", "title": "Note", "enum": ids},
+                            "note_id": {"type": "string", "title": "Note", "enum": form.ids},
                             "confirm": {"type": "boolean", "title": "Delete it", "description": "Deletion cannot be undone"}
                         },
                         "required": ["note_id", "confirm"]
@@ -461,5 +605,43 @@ impl NotesDelete {
             input_requests,
             request_state: Some(state),
         })
+    }
+}
+
+/// The note a caller named with `noteId`: it must exist in the workspace and carry the
+/// title, or the call is invalid (`-32602`), whether the id is unknown, elsewhere or
+/// titled otherwise (one message, so nothing is learned about other workspaces).
+fn named_note(
+    cx: &CallContext<'_>,
+    id: &str,
+    workspace: &str,
+    title: &str,
+) -> Result<Note, ServerError> {
+    let not_it = || {
+        ServerError::params(format!(
+            "noteId {id:?} is not a note titled {title:?} in {workspace}"
+        ))
+    };
+    let n = Note::parse_public_id(id).ok_or_else(not_it)?;
+    cx.services
+        .store
+        .get(n)?
+        .filter(|note| note.workspace == workspace && note.title == title)
+        .ok_or_else(not_it)
+}
+
+/// The form lists its notes in creation order, as it always has (the subset chosen is
+/// still the newest).
+fn oldest_first(mut notes: Vec<Note>) -> Vec<Note> {
+    notes.sort_by_key(|n| n.id);
+    notes
+}
+
+/// `1 note`, `2 notes`.
+fn plural(n: u64, word: &str) -> String {
+    if n == 1 {
+        word.to_owned()
+    } else {
+        format!("{word}s")
     }
 }
