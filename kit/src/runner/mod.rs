@@ -121,7 +121,9 @@ fn not_applicable(vector: &Vector, transport: Transport, options: &Options) -> O
             format!("for {} only", list.join(", "))
         });
     }
-    for (k, want) in &vector.config {
+    // A vector assumes every default it does not override, so a bridge configured
+    // otherwise (fewer rounds, shorter timeouts) does not run it either.
+    for (k, want) in &vector.settings() {
         if k == "id_prefix" {
             continue;
         }
