@@ -58,9 +58,74 @@ pub struct Config {
     /// Gateway bounds and timers.
     #[serde(default)]
     pub gateway: GatewaySection,
+    /// The modern server as an OAuth 2.1 resource server (JWT access tokens).
+    #[serde(default)]
+    pub auth: Option<AuthSection>,
     /// The gateway's response cache.
     #[serde(default)]
     pub cache: CacheSection,
+}
+
+/// `[auth]`: JWT access tokens from an authorization server, checked by the modern
+/// server (`src/server/oauth.rs`). Static `[[principals]]` tokens keep working beside it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSection {
+    /// The authorization server's issuer identifier (the `iss` every token must carry).
+    pub issuer: String,
+    /// This resource's canonical URI (RFC 8707): the `aud` tokens must name. Behind the
+    /// gateway: the gateway's public URL, e.g. `https://gateway.example/mcp`.
+    pub audience: String,
+    /// A JWK Set file (relative paths: against the config file's folder).
+    #[serde(default)]
+    pub jwks_file: Option<PathBuf>,
+    /// A JWK Set URL, fetched over HTTPS (plain HTTP only to a loopback address), cached,
+    /// fetched again when a token names an unknown `kid`.
+    #[serde(default)]
+    pub jwks_uri: Option<String>,
+    /// The claim that names the principal in `[[grants]]` (default `sub`).
+    #[serde(default = "default_principal_claim")]
+    pub principal_claim: String,
+    /// Accepted signature algorithms (default RS256, ES256, EdDSA).
+    #[serde(default = "default_algorithms")]
+    pub algorithms: Vec<String>,
+    /// Clock skew allowed on `exp`/`nbf`, in seconds (default 30).
+    #[serde(default = "default_clock_skew")]
+    pub clock_skew_secs: u64,
+    /// Authorization servers listed in the Protected Resource Metadata (default: the issuer).
+    #[serde(default)]
+    pub authorization_servers: Vec<String>,
+    /// Least seconds between two `jwks_uri` fetches prompted by an unknown `kid`
+    /// (default 10): forged tokens cannot turn into a flood of fetches.
+    #[serde(default = "default_jwks_refresh")]
+    pub jwks_refresh_secs: u64,
+    /// Tool name -> scopes a `tools/call` of it needs (tools not listed need none).
+    #[serde(default)]
+    pub scopes: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+fn default_principal_claim() -> String {
+    "sub".to_owned()
+}
+fn default_algorithms() -> Vec<String> {
+    ["RS256", "ES256", "EdDSA"].map(str::to_owned).to_vec()
+}
+fn default_clock_skew() -> u64 {
+    30
+}
+fn default_jwks_refresh() -> u64 {
+    10
+}
+
+/// What binds a legacy session to its caller (`[gateway] session_binding`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionBinding {
+    /// The principal: `iss`+`sub` of a JWT bearer token, else the token's digest.
+    #[default]
+    Subject,
+    /// The exact token (its digest): a refreshed token needs a new session.
+    Token,
 }
 
 /// The gateway's response cache (2026-07-28 `server/utilities/caching.mdx`); every
@@ -113,6 +178,8 @@ pub struct GatewaySection {
     pub max_in_flight: Option<usize>,
     /// Largest body accepted, in bytes (default 4 MiB).
     pub max_body_bytes: Option<usize>,
+    /// What a legacy session is bound to: `"subject"` (default) or `"token"`.
+    pub session_binding: Option<SessionBinding>,
 }
 
 /// A non-empty list of known legacy revisions.
@@ -369,6 +436,11 @@ impl Config {
         if let (Some(ca), Some(dir)) = (&config.store.ca_file, path.parent()) {
             if ca.is_relative() {
                 config.store.ca_file = Some(dir.join(ca));
+            }
+        }
+        if let (Some(auth), Some(dir)) = (config.auth.as_mut(), path.parent()) {
+            if let Some(file) = auth.jwks_file.as_mut().filter(|f| f.is_relative()) {
+                *file = dir.join(&*file);
             }
         }
         Ok(config)

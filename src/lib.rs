@@ -11,6 +11,7 @@
 //!                                                                     (src/server/)
 //! ```
 
+pub mod bearer;
 pub mod body;
 pub mod config;
 pub mod demo;

@@ -302,3 +302,41 @@ fn bearer_tokens_pick_the_principal() {
     srv.set_token(None);
     assert_eq!(srv.send(&msg).status, Some(401));
 }
+
+/// RFC 9110 §11.1: the authentication scheme is a case-insensitive token; the token
+/// itself is compared exactly.
+#[test]
+fn bearer_scheme_is_case_insensitive() {
+    let fx = Fixture::with(Options {
+        principals: vec![("alice".into(), "alice-token-123".into())],
+        ..Options::default()
+    });
+    let srv = fx.spawn_as(Kind::Http, "alice");
+    srv.set_token(None);
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        let auth = format!("{scheme} alice-token-123");
+        let r = srv.send_with(
+            &discover(json!(1)),
+            HttpOpts::default().set("Authorization", &auth),
+        );
+        assert_eq!(r.status, Some(200), "{auth}");
+    }
+    for auth in ["Bearer ALICE-TOKEN-123", "Basic alice-token-123", "Bearer"] {
+        let r = srv.send_with(
+            &discover(json!(1)),
+            HttpOpts::default().set("Authorization", auth),
+        );
+        assert_eq!(r.status, Some(401), "{auth}");
+        let challenge = r.header("www-authenticate").unwrap_or_default().to_owned();
+        assert!(challenge.starts_with("Bearer"), "{challenge}");
+    }
+    // A token that was presented and refused says so (RFC 6750 §3.1).
+    let r = srv.send_with(
+        &discover(json!(1)),
+        HttpOpts::default().set("Authorization", "Bearer wrong"),
+    );
+    assert_eq!(
+        r.header("www-authenticate"),
+        Some("Bearer error=\"invalid_token\"")
+    );
+}

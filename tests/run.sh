@@ -4,9 +4,12 @@
 # MCP SDKs as hosts (installs its pinned peers into .cache/ and tests/interop/ts/ on first
 # run; needs python3 and node; ends with the line "N passed, M failed"), then the official
 # conformance suite against the fixture upstream and the gateway (tests/conformance/run.sh:
-# installs the pinned suite and a Node 22 into .cache/conformance; same closing line).
-# Between them, the adapter test kit's third-party scoreboard (tests/kit/run.sh:
-# `dualera vectors run` against the pinned mcp-remote; its failures are the score).
+# installs the pinned suite and a Node 22 into .cache/conformance; same closing line),
+# then authorization end to end (tests/auth/run.py: oidc-provider, the modern server as
+# OAuth resource server behind the gateway, both SDKs as hosts; same closing line).
+# Between the interop suite and conformance, the adapter test kit's third-party
+# scoreboard (tests/kit/run.sh: `dualera vectors run` against the pinned mcp-remote;
+# its failures are the score).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The real peers of the service-backed tests (Redis, HAProxy, PostgreSQL, Chromium),
@@ -16,3 +19,4 @@ cargo test --workspace --locked "$@"
 python3 tests/interop/run.py
 bash tests/kit/run.sh
 bash tests/conformance/run.sh
+python3 tests/auth/run.py

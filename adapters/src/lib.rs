@@ -43,6 +43,6 @@ pub use error::{Failure, SessionError};
 pub use event::{BatchId, Event, PeerStream, UpstreamRole};
 pub use jsonrpc::{ErrorCode, ErrorObject, Message, Notification, Request, RequestId, Response};
 pub use revision::Revision;
-pub use session::{BatchOutcome, Config, Session, SessionState};
+pub use session::{BatchOutcome, Config, Denied, Session, SessionState};
 pub use time::Timestamp;
 pub use version::{Era, ProtocolVersion};

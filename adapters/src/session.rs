@@ -178,6 +178,47 @@ struct Call {
     url_elicitations: Vec<UrlElicitation>,
     /// `tools/list` was fetched again after a `-32020`: a second one is not retried.
     tools_refreshed: bool,
+    /// The round whose answers the attempt in flight carries, kept until the upstream
+    /// accepts that attempt: if it refuses the credentials (HTTP 401/403) the round
+    /// waits again for its last answer ([`Session::handle_upstream_denied`]).
+    answered: Option<Answered>,
+}
+
+#[derive(Debug)]
+struct Answered {
+    round: Round,
+    live_id: RequestId,
+    live: Live,
+}
+
+/// What [`Session::handle_upstream_denied`] did with the refused upstream request; the
+/// driver answers the host's HTTP request that carried it with the upstream's
+/// 401/403 where one is waiting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Denied {
+    /// `initialize`'s `server/discover`: the session is back to awaiting `initialize`
+    /// and nothing was sent to the peer.
+    Initialize,
+    /// The first attempt of a legacy request (or its `tools/list` refresh): the
+    /// request is forgotten and nothing was sent on its stream; the peer may send it
+    /// again, with other credentials.
+    Request {
+        /// The legacy request.
+        legacy: RequestId,
+    },
+    /// A retry carrying a round's answers: the round waits again for the answer to
+    /// the live request `live` (until the live-request timeout), and the retry goes
+    /// again when the peer re-sends it.
+    Round {
+        /// The legacy request.
+        legacy: RequestId,
+        /// The live request whose answer is awaited again.
+        live: RequestId,
+    },
+    /// No peer request carried it (a state-only retry, a batch member, the
+    /// subscription stream): handled as a lost upstream request.
+    Lost,
 }
 
 #[derive(Debug)]
@@ -231,6 +272,12 @@ struct Retired {
 }
 
 impl Retired {
+    fn remove(&mut self, id: &RequestId) {
+        if self.kinds.remove(id).is_some() {
+            self.order.retain(|o| o != id);
+        }
+    }
+
     fn new(cap: usize) -> Self {
         Self {
             order: VecDeque::new(),
@@ -399,6 +446,12 @@ impl Session {
     /// Legacy requests currently forwarded upstream (or waiting for the peer's input).
     pub fn in_flight(&self) -> usize {
         self.calls.len()
+    }
+
+    /// Whether the legacy request `id` is still being served (forwarded upstream, or
+    /// waiting for the peer's input).
+    pub fn has_call(&self, id: &RequestId) -> bool {
+        self.calls.contains_key(id)
     }
 
     /// The resource URIs the peer subscribed to.
@@ -770,7 +823,7 @@ impl Session {
                 None => SessionError::UnknownReply { id },
             });
         };
-        self.retired_live.insert(id, RetiredKind::Answered);
+        self.retired_live.insert(id.clone(), RetiredKind::Answered);
         let Some(mut call) = self.calls.remove(&live.legacy) else {
             return Ok(());
         };
@@ -782,8 +835,14 @@ impl Session {
                 };
                 if round.answer(&live.key, result) {
                     let round = std::mem::take(round);
-                    self.calls.insert(live.legacy.clone(), call);
-                    self.send_attempt(&live.legacy, Some(round.responses), round.request_state);
+                    let legacy = live.legacy.clone();
+                    call.answered = Some(Answered {
+                        round: round.clone(),
+                        live_id: id,
+                        live,
+                    });
+                    self.calls.insert(legacy.clone(), call);
+                    self.send_attempt(&legacy, Some(round.responses), round.request_state);
                 } else {
                     self.calls.insert(live.legacy, call);
                 }
@@ -855,6 +914,70 @@ impl Session {
         Ok(())
     }
 
+    /// The upstream refused the credentials of request `id` (HTTP 401/403, relayed to
+    /// the host by the driver). Unlike [`handle_upstream_lost`](Self::handle_upstream_lost)
+    /// nothing is said to the peer where the driver can answer the HTTP request that
+    /// carried the refused credentials; see [`Denied`]. A driver that can no longer
+    /// answer that HTTP request (it already committed an SSE stream) calls
+    /// `handle_upstream_lost` instead.
+    pub fn handle_upstream_denied(
+        &mut self,
+        id: &RequestId,
+        now: Timestamp,
+    ) -> Result<Denied, SessionError> {
+        self.check_open()?;
+        let entry = self.take_upstream(id)?;
+        let legacy = match entry.role {
+            UpstreamRole::Discover => {
+                if self.init.take().is_some() {
+                    self.state = SessionState::AwaitingInitialize;
+                    self.revision = None;
+                }
+                return Ok(Denied::Initialize);
+            }
+            UpstreamRole::Listen => {
+                self.listen_lost(id, now);
+                return Ok(Denied::Lost);
+            }
+            UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => legacy,
+        };
+        let Some(mut call) = self.calls.remove(&legacy) else {
+            return Ok(Denied::Lost);
+        };
+        call.phase = Phase::Idle;
+        if let Some(answered) = call.answered.take() {
+            let Answered {
+                mut round,
+                live_id,
+                mut live,
+            } = answered;
+            round.responses.remove(&live.key);
+            round.pending.insert(live.key.clone(), live_id.clone());
+            live.deadline = now
+                .saturating_add(self.config.live_timeout)
+                .min(live.hard_deadline);
+            self.retired_live.remove(&live_id);
+            self.live.insert(live_id.clone(), live);
+            call.phase = Phase::Input(round);
+            self.calls.insert(legacy.clone(), call);
+            return Ok(Denied::Round {
+                legacy,
+                live: live_id,
+            });
+        }
+        let first_attempt = call.rounds == 0 && matches!(call.stream, PeerStream::Request(_));
+        if first_attempt {
+            return Ok(Denied::Request { legacy });
+        }
+        self.fail_call(
+            legacy,
+            call,
+            Failure::UpstreamLost,
+            "upstream refused the credentials",
+        );
+        Ok(Denied::Lost)
+    }
+
     fn take_upstream(&mut self, id: &RequestId) -> Result<UpstreamEntry, SessionError> {
         match self.upstream.remove(id) {
             Some(entry) => {
@@ -917,6 +1040,7 @@ impl Session {
             UpstreamRole::Call { legacy, .. } => {
                 if let Some(mut call) = self.calls.remove(&legacy) {
                     call.phase = Phase::Idle;
+                    call.answered = None;
                     self.call_answered(legacy, call, outcome, now);
                 }
             }
@@ -1211,6 +1335,7 @@ impl Session {
             phase: Phase::Idle,
             url_elicitations: Vec::new(),
             tools_refreshed: false,
+            answered: None,
         };
         self.calls.insert(request.id.clone(), call);
         self.send_attempt(&request.id, None, None);

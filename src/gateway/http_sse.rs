@@ -6,7 +6,7 @@ use super::{pipe, sse, Gateway};
 use crate::body::{empty, ChannelBody, GatewayBody};
 use bytes::Bytes;
 use dashmap::DashMap;
-use http::header::{self, HeaderValue};
+use http::header::HeaderValue;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -61,7 +61,7 @@ pub(super) fn open(gw: &Gateway, req: &Request<Incoming>) -> Response<GatewayBod
         return status(StatusCode::INTERNAL_SERVER_ERROR, "no randomness\n");
     }
     let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-    let auth = req.headers().get(header::AUTHORIZATION).cloned();
+    let auth = super::auth::credentials(req.headers());
     let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(64);
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(256);
     let (stream_tx, body) = ChannelBody::channel(256);
@@ -124,7 +124,7 @@ pub(super) async fn post(gw: &Gateway, req: Request<Incoming>) -> Response<Gatew
     let Some(id) = id else {
         return status(StatusCode::BAD_REQUEST, "missing sessionId\n");
     };
-    let auth = req.headers().get(header::AUTHORIZATION).cloned();
+    let auth = super::auth::credentials(req.headers());
     let Some(tx) = gw.sse.map.get(&id).and_then(|e| {
         let (tx, cred) = e.value();
         crate::server::request_state::constant_time_eq(cred, &credential(auth.as_ref()))

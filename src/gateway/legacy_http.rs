@@ -10,14 +10,17 @@
 //! hand-off each way on the hot path) and is detached into a task of its own when the
 //! handler stops waiting; every other exchange is a task from the start.
 
+use super::auth::{fingerprint, BindingKey};
+use super::upstream::{Denial, UpstreamError};
 use super::{cache, sse, text, Gateway, GatewayConfig};
 use crate::body::{empty, full, ChannelBody, GatewayBody};
 use bytes::Bytes;
 use dashmap::DashMap;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
 use dualera_adapters::{
-    Config as MachineConfig, ErrorCode, ErrorObject, Event, Message, PeerStream, ProtocolVersion,
-    RequestId, Response as RpcResponse, Session, SessionState, Timestamp, UpstreamRole,
+    Config as MachineConfig, Denied, ErrorCode, ErrorObject, Event, Message, PeerStream,
+    ProtocolVersion, RequestId, Response as RpcResponse, Session, SessionState, Timestamp,
+    UpstreamRole,
 };
 use futures_util::future::{abortable, AbortHandle};
 use http::header::{self, HeaderValue};
@@ -25,7 +28,6 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -44,6 +46,10 @@ const FINISHED_KEPT: usize = 16;
 const FIRST_MESSAGE_WAIT: Duration = Duration::from_secs(1);
 /// How long an `initialize` may wait for the upstream's discover.
 const INIT_WAIT: Duration = Duration::from_secs(30);
+/// How long a POST waits for the upstream to accept (or refuse, 401/403) the exchange
+/// it caused before committing to a response: the refusal must reach the host as
+/// HTTP, so no SSE stream is opened before the upstream's response head.
+const HEAD_WAIT: Duration = Duration::from_secs(30);
 
 fn epoch() -> Instant {
     static START: OnceLock<Instant> = OnceLock::new();
@@ -133,6 +139,16 @@ struct Shared {
     /// Where `route` leaves the first upstream exchange it starts for the POST handler
     /// that is feeding the machine, instead of spawning it.
     inline: InlineSlot,
+    /// The `Authorization` of the host request feeding the machine right now: the
+    /// upstream calls it causes carry it.
+    feeding: Option<HeaderValue>,
+    /// The `Authorization` of the latest host request of each legacy request still in
+    /// flight, for the upstream calls no host request causes (a state-only retry after
+    /// its pause, a `tools/list` refresh); dropped when the request ends.
+    call_auth: HashMap<RequestId, HeaderValue>,
+    /// The `Authorization` of the open standalone GET, for `subscriptions/listen`;
+    /// dropped when that GET closes.
+    standalone_auth: Option<HeaderValue>,
 }
 
 /// One upstream exchange, abortable through its entry in `upstream_tasks`.
@@ -142,17 +158,75 @@ type Exchange = Pin<Box<dyn Future<Output = ()> + Send>>;
 enum InlineSlot {
     /// Nobody is waiting inline: exchanges are spawned.
     Closed,
-    /// A POST handler will drive the next exchange itself.
-    Open,
+    /// A POST handler will drive the next exchange itself, and learns through the
+    /// watch whether the upstream accepted or refused it.
+    Open(Arc<HeadWatch>),
     /// The exchange that handler will drive.
     Taken(Exchange),
+}
+
+/// Whether the upstream accepted an exchange a host request is waiting on, or refused
+/// its credentials. Locked after the session lock, never before.
+#[derive(Debug, Default)]
+struct HeadWatch(Mutex<Head>);
+
+#[derive(Debug, Default)]
+enum Head {
+    #[default]
+    Waiting,
+    Accepted,
+    Denied(Box<Denial>),
+    /// The host request stopped waiting: a refusal now goes to the session machine.
+    Abandoned,
+}
+
+impl HeadWatch {
+    fn accepted(&self) {
+        if let Ok(mut h) = self.0.lock() {
+            if matches!(*h, Head::Waiting) {
+                *h = Head::Accepted;
+            }
+        }
+    }
+
+    /// Hands a refusal to the waiting host request; false if it stopped waiting.
+    fn offer(&self, denial: &Denial) -> bool {
+        match self.0.lock() {
+            Ok(mut h) if matches!(*h, Head::Waiting) => {
+                *h = Head::Denied(Box::new(denial.clone()));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn settled(&self) -> bool {
+        self.0.lock().is_ok_and(|h| !matches!(*h, Head::Waiting))
+    }
+
+    fn denied(&self) -> bool {
+        self.0.lock().is_ok_and(|h| matches!(*h, Head::Denied(_)))
+    }
+
+    /// Stops waiting; the refusal, if one came.
+    fn finish(&self) -> Option<Box<Denial>> {
+        let mut h = self.0.lock().ok()?;
+        match std::mem::replace(&mut *h, Head::Abandoned) {
+            Head::Denied(d) => Some(d),
+            Head::Accepted => {
+                *h = Head::Accepted;
+                None
+            }
+            Head::Waiting | Head::Abandoned => None,
+        }
+    }
 }
 
 impl std::fmt::Debug for InlineSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::Closed => "Closed",
-            Self::Open => "Open",
+            Self::Open(_) => "Open",
             Self::Taken(_) => "Taken",
         })
     }
@@ -168,7 +242,7 @@ impl Detachable {
     fn take(s: &mut Shared) -> Self {
         match std::mem::replace(&mut s.inline, InlineSlot::Closed) {
             InlineSlot::Taken(exchange) => Self(Some(exchange)),
-            InlineSlot::Open | InlineSlot::Closed => Self(None),
+            InlineSlot::Open(_) | InlineSlot::Closed => Self(None),
         }
     }
 }
@@ -185,8 +259,10 @@ impl Drop for Detachable {
 #[derive(Debug)]
 pub(super) struct SessionHandle {
     id: String,
-    credential: [u8; 32],
-    authorization: Option<HeaderValue>,
+    /// The principal (or token digest) the session is bound to.
+    binding: BindingKey,
+    /// Opened without credentials: its discover result may be shared.
+    anonymous: bool,
     shared: Mutex<Shared>,
     last_used: AtomicU64,
     /// Wakes the timer task early (a deadline moved earlier, or the session closed).
@@ -214,22 +290,6 @@ impl SessionHandle {
         }
         self.wake.notify_one();
     }
-}
-
-fn credential_hash(auth: Option<&HeaderValue>) -> [u8; 32] {
-    let mut h = Sha256::new();
-    h.update(b"dualera-session-credential\0");
-    if let Some(a) = auth {
-        h.update(a.as_bytes());
-    }
-    h.finalize().into()
-}
-
-fn same_credential(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
 }
 
 fn mint_session_id() -> Option<String> {
@@ -285,25 +345,38 @@ pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Gat
             );
         }
     }
-    let auth = req.headers().get(header::AUTHORIZATION).cloned();
+    let auth = super::auth::credentials(req.headers());
     let existing = match &session_header {
         None => None,
         Some(id) => match gw.legacy.map.get(id).map(|e| e.value().clone()) {
-            Some(h) if same_credential(&h.credential, &credential_hash(auth.as_ref())) => Some(h),
-            _ => {
+            // Another principal, or no credentials on a session opened with some: 404,
+            // never 401 (DESIGN.md, "Remote upstreams"), so the id gives nothing away.
+            Some(h)
+                if h.binding
+                    .matches(&BindingKey::of(gw.config.session_binding, auth.as_ref())) =>
+            {
+                Some(h)
+            }
+            found => {
+                let opened_with_credentials = found.as_ref().is_none_or(|h| !h.anonymous);
+                if auth.is_none() && opened_with_credentials {
+                    if let Some(denial) = super::auth::upstream_denial(gw, None).await {
+                        return denial.response();
+                    }
+                }
                 return rpc_error(
                     StatusCode::NOT_FOUND,
                     None,
                     ErrorCode::INVALID_REQUEST,
                     "Session not found: it ended, expired, or belongs to another caller; send initialize again".into(),
-                )
+                );
             }
         },
     };
     match *req.method() {
         Method::POST => post(gw, req, existing, auth).await,
         Method::GET => match existing {
-            Some(h) => get(gw, &h, req.headers()),
+            Some(h) => get(gw, &h, req.headers(), auth).await,
             None => rpc_error(
                 StatusCode::BAD_REQUEST,
                 None,
@@ -385,17 +458,30 @@ async fn post(
     };
     handle.touch();
     match parsed {
-        Parsed::Single(Message::Request(r)) => request(gw, &handle, r).await,
+        Parsed::Single(Message::Request(r)) => request(gw, &handle, r, auth).await,
         Parsed::Single(other) => {
-            let result = {
+            let watch = Arc::new(HeadWatch::default());
+            let (result, mut inline) = {
                 let Ok(mut s) = handle.shared.lock() else {
                     return internal();
                 };
+                s.feeding = auth;
+                s.inline = InlineSlot::Open(watch.clone());
                 let r = s.machine.handle_peer_message(other, now());
                 route(gw, &handle, &mut s);
                 rearm(&handle, &s);
-                r
+                (r, Detachable::take(&mut s))
             };
+            // An answer that completes a round starts the upstream retry on behalf of
+            // this POST: a 401/403 for it answers this POST, and the round waits for
+            // the answer again.
+            if inline.0.is_some() {
+                wait_head(&watch, &mut inline).await;
+            }
+            drop(inline);
+            if let Some(denial) = watch.finish() {
+                return denial.response();
+            }
             match result {
                 Ok(()) => accepted(),
                 Err(e) => {
@@ -409,8 +495,26 @@ async fn post(
                 }
             }
         }
-        Parsed::Batch(items) => batch(gw, &handle, items),
+        Parsed::Batch(items) => batch(gw, &handle, items, auth),
     }
+}
+
+/// Drives `inline` until the upstream accepted or refused it (or [`HEAD_WAIT`]).
+async fn wait_head(watch: &HeadWatch, inline: &mut Detachable) {
+    let sleep = tokio::time::sleep(HEAD_WAIT);
+    tokio::pin!(sleep);
+    std::future::poll_fn(|cx| {
+        if let Some(exchange) = inline.0.as_mut() {
+            if exchange.as_mut().poll(cx).is_ready() {
+                inline.0 = None;
+            }
+        }
+        if inline.0.is_none() || watch.settled() {
+            return Poll::Ready(());
+        }
+        sleep.as_mut().poll(cx)
+    })
+    .await;
 }
 
 /// The HTTP answer to input the session machine refused: its own JSON-RPC error when
@@ -474,8 +578,8 @@ async fn initialize(
     }
     let handle = Arc::new(SessionHandle {
         id: id.clone(),
-        credential: credential_hash(auth.as_ref()),
-        authorization: auth,
+        binding: BindingKey::of(gw.config.session_binding, auth.as_ref()),
+        anonymous: auth.is_none(),
         shared: Mutex::new(Shared {
             machine,
             streams: HashMap::new(),
@@ -484,6 +588,9 @@ async fn initialize(
             next_stream: 0,
             upstream_tasks: HashMap::new(),
             inline: InlineSlot::Closed,
+            feeding: None,
+            call_auth: HashMap::new(),
+            standalone_auth: None,
         }),
         last_used: AtomicU64::new(now().as_millis()),
         timer_at: AtomicU64::new(0),
@@ -492,10 +599,12 @@ async fn initialize(
     });
     let stream = PeerStream::Request(init.id.clone());
     let init_id = init.id.clone();
+    let watch = Arc::new(HeadWatch::default());
     let mut inline = {
         let Ok(mut s) = handle.shared.lock() else {
             return internal();
         };
+        s.feeding = auth;
         open_pending(&mut s, stream.clone());
         if let Err(e) = s.machine.handle_peer_message(Message::Request(init), now()) {
             return rpc_error(
@@ -505,12 +614,22 @@ async fn initialize(
                 format!("Invalid request: {e}"),
             );
         }
-        s.inline = InlineSlot::Open;
+        s.inline = InlineSlot::Open(watch.clone());
         route(gw, &handle, &mut s);
         Detachable::take(&mut s)
     };
-    let outcome = wait_pending(&handle, &stream, INIT_WAIT, &mut inline).await;
+    let outcome = wait_pending(&handle, &stream, INIT_WAIT, &mut inline, &watch).await;
     drop(inline);
+    if let Some(denial) = watch.finish() {
+        // The upstream refused the caller's credentials: its status and challenge go
+        // back as they are, and no session is minted.
+        handle.close();
+        info!(
+            status = denial.status.as_u16(),
+            "initialize refused by the upstream"
+        );
+        return denial.response();
+    }
     let Some(messages) = outcome else {
         handle.close();
         return rpc_error(
@@ -574,8 +693,12 @@ async fn wait_pending(
     stream: &PeerStream,
     limit: Duration,
     inline: &mut Detachable,
+    watch: &HeadWatch,
 ) -> Option<Vec<Vec<u8>>> {
-    wait_stream(handle, stream, limit, inline, |st| st.finished).await;
+    wait_stream(handle, stream, limit, inline, |st| {
+        st.finished || watch.denied()
+    })
+    .await;
     let mut s = handle.shared.lock().ok()?;
     let st = s.streams.get_mut(stream)?;
     if !st.finished {
@@ -636,21 +759,36 @@ async fn request(
     gw: &Gateway,
     handle: &Arc<SessionHandle>,
     r: dualera_adapters::Request,
+    auth: Option<HeaderValue>,
 ) -> Response<GatewayBody> {
     let stream = PeerStream::Request(r.id.clone());
-    let mut inline = match feed_request(gw, handle, r, &stream) {
+    let watch = Arc::new(HeadWatch::default());
+    let mut inline = match feed_request(gw, handle, r, &stream, auth, &watch) {
         Ok(inline) => inline,
         Err(refused) => return *refused,
     };
     // A request answered without any live round gets a plain JSON response.
-    wait_stream(handle, &stream, FIRST_MESSAGE_WAIT, &mut inline, |st| {
-        st.finished || st.pending.as_ref().is_none_or(|p| !p.is_empty())
-    })
-    .await;
+    let ready = |st: &StreamState| {
+        st.finished || st.pending.as_ref().is_none_or(|p| !p.is_empty()) || watch.denied()
+    };
+    wait_stream(handle, &stream, FIRST_MESSAGE_WAIT, &mut inline, ready).await;
+    // Nothing is committed before the upstream accepted the exchange: its 401/403
+    // must reach the host as HTTP on this POST.
+    if inline.0.is_some() && !watch.settled() {
+        let more = HEAD_WAIT.saturating_sub(FIRST_MESSAGE_WAIT);
+        wait_stream(handle, &stream, more, &mut inline, |st| {
+            ready(st) || watch.settled()
+        })
+        .await;
+    }
     drop(inline);
     let Ok(mut s) = handle.shared.lock() else {
         return internal();
     };
+    if let Some(denial) = watch.finish() {
+        forget_stream(&mut s, &stream);
+        return denial.response();
+    }
     respond_on(handle, &mut s, &stream)
 }
 
@@ -661,6 +799,8 @@ fn feed_request(
     handle: &Arc<SessionHandle>,
     r: dualera_adapters::Request,
     stream: &PeerStream,
+    auth: Option<HeaderValue>,
+    watch: &Arc<HeadWatch>,
 ) -> Result<Detachable, Box<Response<GatewayBody>>> {
     let id = r.id.clone();
     let Ok(mut s) = handle.shared.lock() else {
@@ -673,11 +813,13 @@ fn feed_request(
         return Err(Box::new(refusal(Some(id), &e)));
     }
     open_pending(&mut s, stream.clone());
+    s.feeding = auth;
     if let Err(e) = s.machine.handle_peer_message(Message::Request(r), now()) {
+        s.feeding = None;
         s.streams.remove(stream);
         return Err(Box::new(refusal(Some(id), &e)));
     }
-    s.inline = InlineSlot::Open;
+    s.inline = InlineSlot::Open(watch.clone());
     route(gw, handle, &mut s);
     rearm(handle, &s);
     Ok(Detachable::take(&mut s))
@@ -687,16 +829,23 @@ fn batch(
     gw: &Gateway,
     handle: &Arc<SessionHandle>,
     items: Vec<Result<Message, jsonrpc::EnvelopeError>>,
+    auth: Option<HeaderValue>,
 ) -> Response<GatewayBody> {
     let Ok(mut s) = handle.shared.lock() else {
         return internal();
     };
+    // A batch's upstream calls carry its token; a 401/403 for one of them reaches the
+    // peer as that element's error in the batch's response (one HTTP answer for many).
+    s.feeding = auth;
     // The stream id of the batch is known only after feeding; buffer by peeking the
     // next batch id is not possible, so feed and then adopt whatever the batch emitted.
     let outcome = s.machine.handle_peer_batch(items, now());
     let outcome = match outcome {
         Ok(o) => o,
-        Err(e) => return refusal(None, &e),
+        Err(e) => {
+            s.feeding = None;
+            return refusal(None, &e);
+        }
     };
     for refused in &outcome.refused {
         warn!(session = %handle.id, error = %refused, "batch element refused");
@@ -748,15 +897,57 @@ fn respond_on(
     crate::body::sse_response(body)
 }
 
-fn get(
+async fn get(
     gw: &Gateway,
     handle: &Arc<SessionHandle>,
     headers: &http::HeaderMap,
+    auth: Option<HeaderValue>,
 ) -> Response<GatewayBody> {
     handle.touch();
-    let Ok(mut s) = handle.shared.lock() else {
-        return internal();
+    let watch = Arc::new(HeadWatch::default());
+    let probe_auth = auth.clone();
+    let (response, mut inline) = {
+        let Ok(mut s) = handle.shared.lock() else {
+            return internal();
+        };
+        let r = open_get(gw, handle, &mut s, headers, auth, &watch);
+        (r, Detachable::take(&mut s))
     };
+    // Opening the stream may start `subscriptions/listen` with this GET's token: its
+    // 401/403 answers the GET, and the stream is closed again. Without one, the
+    // upstream is asked about the token all the same (a bound session only).
+    let mut denied = None;
+    if inline.0.is_some() {
+        wait_head(&watch, &mut inline).await;
+    } else if probe_auth.is_some() && !handle.anonymous {
+        denied = super::auth::upstream_denial(gw, probe_auth.as_ref())
+            .await
+            .map(Box::new);
+    }
+    drop(inline);
+    if let Some(denial) = watch.finish().or(denied) {
+        if let Ok(mut s) = handle.shared.lock() {
+            if let Some(st) = s.streams.get_mut(&PeerStream::Standalone) {
+                st.tx = None;
+            }
+            s.standalone_auth = None;
+            let _ = s.machine.handle_standalone_closed();
+            route(gw, handle, &mut s);
+        }
+        return denial.response();
+    }
+    response
+}
+
+/// Attaches a GET to a stream: a resumed one (`Last-Event-ID`) or the standalone one.
+fn open_get(
+    gw: &Gateway,
+    handle: &Arc<SessionHandle>,
+    s: &mut Shared,
+    headers: &http::HeaderMap,
+    auth: Option<HeaderValue>,
+    watch: &Arc<HeadWatch>,
+) -> Response<GatewayBody> {
     let last = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
@@ -801,7 +992,7 @@ fn get(
             );
         }
         if !s.streams.contains_key(&stream) {
-            open_pending(&mut s, stream.clone());
+            open_pending(s, stream.clone());
             if let Some(st) = s.streams.get_mut(&stream) {
                 st.pending = None;
             }
@@ -811,8 +1002,11 @@ fn get(
             watch_standalone(gw.clone(), handle.clone(), tx.clone());
             st.tx = Some(tx);
         }
+        // Kept only while this GET is open: `subscriptions/listen` runs on its behalf.
+        s.standalone_auth = auth;
+        s.inline = InlineSlot::Open(watch.clone());
         let _ = s.machine.handle_standalone_opened();
-        route(gw, handle, &mut s);
+        route(gw, handle, s);
     }
     crate::body::sse_response(body)
 }
@@ -862,6 +1056,7 @@ fn watch_standalone(gw: Gateway, handle: Arc<SessionHandle>, watch: mpsc::Sender
 /// Carries out everything the machine asked for. Called with the session lock held;
 /// never awaits.
 fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
+    let feeding = s.feeding.take();
     while let Some(event) = s.machine.poll_event() {
         match event {
             Event::ToPeer { stream, message } => {
@@ -885,6 +1080,11 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
             Event::ToUpstream { role, request } => {
                 let id = request.id.clone();
                 let params = s.machine.upstream_headers(&request);
+                let auth = upstream_credentials(s, &role, feeding.as_ref());
+                let watch = match &s.inline {
+                    InlineSlot::Open(w) => Some(w.clone()),
+                    _ => None,
+                };
                 let (exchange, abort) = abortable(
                     upstream_task(
                         gw.clone(),
@@ -892,6 +1092,8 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
                         role.clone(),
                         Message::Request(request),
                         params,
+                        auth,
+                        watch.clone(),
                     )
                     .instrument(
                         tracing::debug_span!("upstream", session = %handle.id, rpc.id = %id, ?role),
@@ -901,7 +1103,7 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
                 let exchange: Exchange = Box::pin(async move {
                     let _ = exchange.await;
                 });
-                if matches!(s.inline, InlineSlot::Open) {
+                if watch.is_some() {
                     s.inline = InlineSlot::Taken(exchange);
                 } else {
                     tokio::spawn(exchange);
@@ -923,6 +1125,32 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
         }
     }
     trim_finished(s);
+    if !s.call_auth.is_empty() {
+        let machine = &s.machine;
+        s.call_auth.retain(|id, _| machine.has_call(id));
+    }
+}
+
+/// The `Authorization` an upstream call carries: the host request's that caused it
+/// (DESIGN.md, "Remote upstreams": every upstream call carries the `Authorization` of
+/// the host request that caused it; a retry after a live round, the POST that
+/// delivered the last answer); for calls no host request caused, the latest one of
+/// the same legacy request, or the open GET's for the subscription stream.
+fn upstream_credentials(
+    s: &mut Shared,
+    role: &UpstreamRole,
+    feeding: Option<&HeaderValue>,
+) -> Option<HeaderValue> {
+    match role {
+        UpstreamRole::Listen => s.standalone_auth.clone(),
+        UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
+            if let Some(a) = feeding {
+                s.call_auth.insert(legacy.clone(), a.clone());
+            }
+            s.call_auth.get(legacy).cloned()
+        }
+        _ => feeding.cloned(),
+    }
 }
 
 /// Queues one message on a stream, and wakes the POST waiting on it when the stream
@@ -1007,17 +1235,25 @@ async fn upstream_task(
     role: UpstreamRole,
     request: Message,
     params: Vec<(String, String)>,
+    auth: Option<HeaderValue>,
+    watch: Option<Arc<HeadWatch>>,
 ) {
     let Message::Request(r) = &request else {
         return;
     };
     let id = r.id.clone();
+    let accepted = || {
+        if let Some(w) = &watch {
+            w.accepted();
+        }
+    };
     let result = cache::legacy::exchange(
         &gw,
         &role,
         &request,
-        handle.authorization.as_ref(),
+        auth.as_ref(),
         &params,
+        accepted,
         |msg| {
             if let Ok(mut s) = handle.shared.lock() {
                 if let Err(e) = s
@@ -1034,10 +1270,29 @@ async fn upstream_task(
     .await;
     if let Ok(mut s) = handle.shared.lock() {
         s.upstream_tasks.remove(&id);
-        if let Err(e) = result {
-            warn!(session = %handle.id, rpc.id = %id, ?role, error = %e, "upstream exchange failed");
-            let _ = s.machine.handle_upstream_lost(&id, now());
-            route(&gw, &handle, &mut s);
+        match result {
+            Ok(()) => {}
+            Err(UpstreamError::Denied(denial)) => {
+                let credential = fingerprint(auth.as_ref());
+                // The host request that caused this call is still waiting: it gets the
+                // upstream's status and challenge, and the machine says nothing.
+                if watch.as_ref().is_some_and(|w| w.offer(&denial)) {
+                    let outcome = s.machine.handle_upstream_denied(&id, now());
+                    info!(session = %handle.id, rpc.id = %id, status = denial.status.as_u16(), %credential, ?outcome, "upstream refused the credentials; relayed to the host request");
+                    if let Ok(Denied::Round { legacy, live }) = &outcome {
+                        debug!(session = %handle.id, rpc.id = %legacy, live = %live, "round parked until the answer is sent again");
+                    }
+                } else {
+                    info!(session = %handle.id, rpc.id = %id, status = denial.status.as_u16(), %credential, "upstream refused the credentials; no host request waits for it");
+                    let _ = s.machine.handle_upstream_lost(&id, now());
+                }
+                route(&gw, &handle, &mut s);
+            }
+            Err(e) => {
+                warn!(session = %handle.id, rpc.id = %id, error = %e, "upstream exchange failed");
+                let _ = s.machine.handle_upstream_lost(&id, now());
+                route(&gw, &handle, &mut s);
+            }
         }
         rearm(&handle, &s);
     }
@@ -1107,6 +1362,7 @@ async fn timer_loop(gw: Gateway, handle: Arc<SessionHandle>) {
                 }
             }
             if lost_standalone {
+                s.standalone_auth = None;
                 let _ = s.machine.handle_standalone_closed();
                 route(&gw, &handle, &mut s);
             }

@@ -9,6 +9,7 @@
 //!                                                              └─ upstream::exchange
 //! ```
 
+mod auth;
 pub mod cache;
 pub mod http_sse;
 mod legacy_http;
@@ -32,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tracing::{debug, info, Instrument};
-pub use upstream::{HttpUpstream, StdioUpstream, Upstream, UpstreamError};
+pub use upstream::{Denial, HttpUpstream, StdioUpstream, Upstream, UpstreamError};
 
 /// Gateway settings; every bound has a default.
 #[derive(Debug, Clone)]
@@ -61,6 +62,8 @@ pub struct GatewayConfig {
     pub replay_buffer: usize,
     /// Requests in flight per legacy session.
     pub max_in_flight: usize,
+    /// What binds a legacy session to its caller.
+    pub session_binding: crate::config::SessionBinding,
     /// The response cache (`[cache]`).
     pub cache: cache::CacheConfig,
 }
@@ -80,6 +83,7 @@ impl Default for GatewayConfig {
             max_rounds: 8,
             replay_buffer: 64,
             max_in_flight: 64,
+            session_binding: crate::config::SessionBinding::default(),
             cache: cache::CacheConfig::default(),
         }
     }
@@ -110,6 +114,7 @@ impl GatewayConfig {
             max_rounds: s.max_rounds.unwrap_or(d.max_rounds),
             replay_buffer: s.replay_buffer.unwrap_or(d.replay_buffer),
             max_in_flight: s.max_in_flight.unwrap_or(d.max_in_flight),
+            session_binding: s.session_binding.unwrap_or(d.session_binding),
             cache: d.cache,
         }
     }
@@ -305,6 +310,7 @@ impl Gateway {
             websocket::PATH => return websocket::upgrade(self, req).await,
             http_sse::SSE_PATH => return http_sse::open(self, &req),
             http_sse::MESSAGES_PATH => return http_sse::post(self, req).await,
+            p if auth::is_metadata_path(p) => return auth::relay_metadata(self, req).await,
             _ => {
                 return text(
                     StatusCode::NOT_FOUND,

@@ -167,6 +167,7 @@ async fn route(
                             &msg,
                             auth.as_ref(),
                             &params,
+                            || {},
                             |m| {
                                 // Bounded: a flood from the upstream waits here.
                                 let _ = relay.try_send(FromUpstream::Message(rid.clone(), m));

@@ -49,7 +49,7 @@ pub(super) async fn upgrade(gw: &Gateway, mut req: Request<Incoming>) -> Respons
         return text(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key\n");
     };
     let offered_mcp = header_has(&req, header::SEC_WEBSOCKET_PROTOCOL, SUBPROTOCOL);
-    let auth = req.headers().get(header::AUTHORIZATION).cloned();
+    let auth = super::auth::credentials(req.headers());
     let limit = gw.config.max_body_bytes;
     let gw2 = gw.clone();
     let on_upgrade = hyper::upgrade::on(&mut req);

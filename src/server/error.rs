@@ -64,6 +64,12 @@ pub enum ServerError {
         /// Why.
         reason: String,
     },
+    /// The caller authenticated but may not do this (insufficient scope).
+    #[error("Forbidden: {reason}")]
+    Forbidden {
+        /// Why.
+        reason: String,
+    },
     /// The store failed.
     #[error("Internal error")]
     Store(#[from] crate::server::store::StoreError),
@@ -148,6 +154,10 @@ impl ServerError {
             ),
             Self::Unauthorized { .. } => (
                 StatusCode::UNAUTHORIZED,
+                ErrorObject::new(ErrorCode::INVALID_REQUEST, message),
+            ),
+            Self::Forbidden { .. } => (
+                StatusCode::FORBIDDEN,
                 ErrorObject::new(ErrorCode::INVALID_REQUEST, message),
             ),
             Self::Store(_) | Self::Internal { .. } => (

@@ -1,8 +1,9 @@
 //! Streamable HTTP for the modern server (2026-07-28): POST-only `/mcp`, JSON or SSE
 //! responses, 202 for notifications, header/body cross-checks via the router.
 
-use super::access::LOCAL_PRINCIPAL;
+use super::access::{Denied, LOCAL_PRINCIPAL};
 use super::error::ServerError;
+use super::oauth::METADATA_PATH;
 use super::router::{Handled, Listen, MirroredHeaders};
 use super::{Server, Sink};
 use crate::body::{empty, full, ChannelBody, GatewayBody};
@@ -129,7 +130,76 @@ fn wants_sse_only(h: &HeaderMap) -> bool {
         && !accept.contains("*/*")
 }
 
+/// A 401/403 with its challenge.
+fn refused(denied: Denied) -> Response<GatewayBody> {
+    let e = if denied.status == StatusCode::FORBIDDEN {
+        ServerError::Forbidden {
+            reason: denied.reason,
+        }
+    } else {
+        ServerError::Unauthorized {
+            reason: denied.reason,
+        }
+    };
+    let mut r = error_response(e);
+    r.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, denied.challenge);
+    r
+}
+
+/// The Protected Resource Metadata document (RFC 9728 §3), at the well-known root and
+/// at the well-known path of the MCP endpoint (the 2025-11-25 authorization page,
+/// "Protected Resource Metadata Discovery Requirements", lets clients try both). It is
+/// public: no token, CORS open, like the discovery documents of authorization servers.
+fn metadata(server: &Server, req: &Request<Incoming>) -> Option<Response<GatewayBody>> {
+    let path = req.uri().path();
+    let rest = path.strip_prefix(METADATA_PATH)?;
+    let oauth = server.services().access.oauth()?;
+    let audience_path = oauth
+        .metadata_url()
+        .split_once(METADATA_PATH)
+        .map_or("", |(_, p)| p);
+    if !(rest.is_empty() || rest == ENDPOINT || rest == audience_path) {
+        return None;
+    }
+    let mut r = match *req.method() {
+        Method::GET | Method::HEAD => {
+            let mut r = json_response(StatusCode::OK, oauth.metadata().to_vec());
+            r.headers_mut().insert(
+                header::CACHE_CONTROL,
+                header::HeaderValue::from_static("max-age=300"),
+            );
+            r
+        }
+        Method::OPTIONS => {
+            let mut r = Response::new(empty());
+            *r.status_mut() = StatusCode::NO_CONTENT;
+            r.headers_mut().insert(
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                header::HeaderValue::from_static("GET, OPTIONS"),
+            );
+            r
+        }
+        _ => {
+            let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");
+            r.headers_mut().insert(
+                header::ALLOW,
+                header::HeaderValue::from_static("GET, OPTIONS"),
+            );
+            r
+        }
+    };
+    r.headers_mut().insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        header::HeaderValue::from_static("*"),
+    );
+    Some(r)
+}
+
 async fn handle(server: Server, loopback: bool, req: Request<Incoming>) -> Response<GatewayBody> {
+    if let Some(r) = metadata(&server, &req) {
+        return r;
+    }
     if req.uri().path() != ENDPOINT {
         return plain(
             StatusCode::NOT_FOUND,
@@ -170,23 +240,25 @@ async fn handle(server: Server, loopback: bool, req: Request<Incoming>) -> Respo
     }
     let access = &server.services().access;
     let principal = if access.auth_required() {
-        let token = headers
-            .get(header::AUTHORIZATION)
+        let caller = match access.caller(headers.get(header::AUTHORIZATION)).await {
+            Ok(c) => c,
+            Err(denied) => return refused(denied),
+        };
+        // The tool's scopes, checked before the body is read: over HTTP a `tools/call`
+        // names its tool in `Mcp-Name`, and the router refuses any body that disagrees.
+        let is_call = headers
+            .get("mcp-method")
+            .is_some_and(|m| m.as_bytes() == b"tools/call");
+        let tool = headers
+            .get("mcp-name")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        match token.and_then(|t| access.authenticate(t)) {
-            Some(p) => p.to_owned(),
-            None => {
-                let mut r = error_response(ServerError::Unauthorized {
-                    reason: "a valid bearer token is required".into(),
-                });
-                r.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    header::HeaderValue::from_static("Bearer"),
-                );
-                return r;
+            .and_then(super::router::decode_header_value);
+        if let (true, Some(tool)) = (is_call, tool) {
+            if let Err(denied) = access.check_tool(&caller, &tool) {
+                return refused(denied);
             }
         }
+        caller.principal
     } else {
         LOCAL_PRINCIPAL.to_owned()
     };

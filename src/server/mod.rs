@@ -18,6 +18,7 @@ pub mod cursor;
 pub mod error;
 pub mod http;
 pub mod meta;
+pub mod oauth;
 pub mod request_state;
 mod router;
 pub mod scope;

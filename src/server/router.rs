@@ -671,7 +671,7 @@ fn check_param_headers(
 }
 
 /// Decodes a mirrored header value (plain visible ASCII, or `=?base64?…?=`).
-fn decode_header_value(raw: &str) -> Option<String> {
+pub(super) fn decode_header_value(raw: &str) -> Option<String> {
     if let Some(inner) = raw
         .strip_prefix("=?base64?")
         .and_then(|r| r.strip_suffix("?="))

@@ -222,6 +222,25 @@ def reader_thread(stream, q: queue.Queue) -> threading.Thread:
     return t
 
 
+def next_line(q: queue.Queue, deadline: float) -> str | None:
+    """The next line a reader_thread queued, or None at EOF or past `deadline`."""
+    try:
+        return q.get(timeout=max(0.1, deadline - time.monotonic()))
+    except queue.Empty:
+        return None
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, up to 10 s to exit, then SIGKILL."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class Dualera:
     def __init__(self, binary: Path, workdir: Path):
         self.dir = workdir / "demo"
@@ -237,10 +256,7 @@ class Dualera:
         info: dict[str, str] = {}
         deadline = time.monotonic() + 30
         while "Press Ctrl-C" not in info.get("_last", ""):
-            try:
-                line = q.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                line = None
+            line = next_line(q, deadline)
             if line is None:
                 self.stop()
                 raise RuntimeError(f"`dualera up` did not come up; log:\n{self.log_tail()}")
@@ -289,13 +305,7 @@ class Dualera:
         return "\n".join(lines[-n:])
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
 
 

@@ -39,26 +39,28 @@ pub(in crate::gateway) fn discover_for_initialize(
 }
 
 /// One upstream exchange of a legacy session, through the cache where it may be.
-/// Same contract as [`Upstream::exchange`](crate::gateway::Upstream::exchange).
+/// Same contract as [`Upstream::exchange_observed`](crate::gateway::Upstream::exchange_observed)
+/// (a cache hit counts as accepted).
 pub(in crate::gateway) async fn exchange(
     gw: &Gateway,
     role: &UpstreamRole,
     request: &Message,
     authorization: Option<&HeaderValue>,
     params: &[(String, String)],
+    on_head: impl FnOnce(),
     mut on_message: impl FnMut(Message),
 ) -> Result<(), UpstreamError> {
     let cache = &gw.cache;
     let Message::Request(r) = request else {
         return gw
             .upstream
-            .exchange(request, authorization, params, on_message)
+            .exchange_observed(request, authorization, params, on_head, on_message)
             .await;
     };
     if !cache.enabled() || matches!(role, UpstreamRole::Listen) {
         return gw
             .upstream
-            .exchange(request, authorization, params, on_message)
+            .exchange_observed(request, authorization, params, on_head, on_message)
             .await;
     }
     let key = Cacheable::from_method(&r.method).and_then(|m| {
@@ -71,11 +73,11 @@ pub(in crate::gateway) async fn exchange(
     });
     let Some(key) = key else {
         if r.method == "tools/call" {
-            return tool_call(gw, request, authorization, params, on_message).await;
+            return tool_call(gw, request, authorization, params, on_head, on_message).await;
         }
         return gw
             .upstream
-            .exchange(request, authorization, params, on_message)
+            .exchange_observed(request, authorization, params, on_head, on_message)
             .await;
     };
     let caller = Caller::from_authorization(authorization);
@@ -84,6 +86,7 @@ pub(in crate::gateway) async fn exchange(
         UpstreamRole::ToolsRefresh { .. } => cache.revalidate(key, caller),
         _ => match cache.begin(key, caller, false).await {
             Begin::Hit(entry) => {
+                on_head();
                 on_message(Message::Response(Response::result(
                     r.id.clone(),
                     (*entry.value()).clone(),
@@ -97,7 +100,7 @@ pub(in crate::gateway) async fn exchange(
     let mut last = None;
     let outcome = gw
         .upstream
-        .exchange(request, authorization, params, |m| match m {
+        .exchange_observed(request, authorization, params, on_head, |m| match m {
             Message::Response(resp) => last = Some(resp),
             other => {
                 notified = true;
@@ -105,7 +108,11 @@ pub(in crate::gateway) async fn exchange(
             }
         })
         .await;
-    let failed = outcome.is_err()
+    // A refusal of the caller's credentials (401/403) is the upstream's verdict, never
+    // a failure to paper over with a stale entry.
+    let failed = outcome
+        .as_ref()
+        .is_err_and(|e| !matches!(e, UpstreamError::Denied(_)))
         || matches!(&last, Some(Response { outcome: Err(e), .. }) if e.code == ErrorCode::INTERNAL_ERROR);
     if failed && !notified {
         if let Some(stale) = &fetch.stale {
@@ -144,6 +151,7 @@ async fn tool_call(
     request: &Message,
     authorization: Option<&HeaderValue>,
     params: &[(String, String)],
+    on_head: impl FnOnce(),
     mut on_message: impl FnMut(Message),
 ) -> Result<(), UpstreamError> {
     let tool = match request {
@@ -158,7 +166,7 @@ async fn tool_call(
     let mut failed_code = None;
     let outcome = gw
         .upstream
-        .exchange(request, authorization, params, |m| {
+        .exchange_observed(request, authorization, params, on_head, |m| {
             if let Message::Response(Response {
                 outcome: Err(e), ..
             }) = &m

@@ -2,7 +2,7 @@
 //! Pass-through uses the raw client; the legacy path uses [`HttpUpstream::exchange`],
 //! which sends one JSON-RPC request and streams back what the upstream says about it.
 
-use super::UpstreamError;
+use super::{Denial, UpstreamError};
 use crate::body::{full, GatewayBody};
 use crate::gateway::sse;
 use base64::engine::general_purpose::STANDARD;
@@ -11,7 +11,7 @@ use bytes::Bytes;
 use dualera_adapters::jsonrpc::{self, Message};
 use dualera_adapters::ProtocolVersion;
 use http::header::{self, HeaderValue};
-use http::{Request, Uri};
+use http::{Request, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -82,6 +82,7 @@ impl HttpUpstream {
         request: &Message,
         authorization: Option<&HeaderValue>,
         params: &[(String, String)],
+        on_head: impl FnOnce(),
         mut on_message: impl FnMut(Message),
     ) -> Result<(), UpstreamError> {
         let Message::Request(r) = request else {
@@ -129,6 +130,10 @@ impl HttpUpstream {
                 detail: e.to_string(),
             })?;
         let status = resp.status();
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            return Err(self.denial(resp).await);
+        }
+        on_head();
         let is_sse = resp
             .headers()
             .get(header::CONTENT_TYPE)
@@ -183,6 +188,29 @@ impl HttpUpstream {
                 status: status.as_u16(),
             }),
         }
+    }
+}
+
+impl HttpUpstream {
+    /// A 401/403 as a typed outcome: status, every challenge, and the (bounded) body.
+    async fn denial(&self, resp: http::Response<hyper::body::Incoming>) -> UpstreamError {
+        let (parts, body) = resp.into_parts();
+        let body = http_body_util::Limited::new(body, self.max_message)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        UpstreamError::Denied(Box::new(Denial {
+            status: parts.status,
+            challenges: parts
+                .headers
+                .get_all(header::WWW_AUTHENTICATE)
+                .iter()
+                .cloned()
+                .collect(),
+            content_type: parts.headers.get(header::CONTENT_TYPE).cloned(),
+            body,
+        }))
     }
 }
 

@@ -8,7 +8,23 @@ pub use self::http::{encode_header_value, HttpUpstream};
 pub use self::stdio::StdioUpstream;
 
 use ::http::header::HeaderValue;
+use ::http::StatusCode;
+use bytes::Bytes;
 use dualera_adapters::Message;
+
+/// An upstream's 401 or 403: relayed to the host request that caused it, unchanged
+/// (the gateway is a transparent resource proxy; see `gateway::auth`).
+#[derive(Debug, Clone)]
+pub struct Denial {
+    /// 401 or 403.
+    pub status: StatusCode,
+    /// Every `WWW-Authenticate` value, byte for byte.
+    pub challenges: Vec<HeaderValue>,
+    /// `Content-Type` of the body, if any.
+    pub content_type: Option<HeaderValue>,
+    /// The body (bounded by the upstream message limit).
+    pub body: Bytes,
+}
 
 /// Why an exchange with the upstream failed.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +42,9 @@ pub enum UpstreamError {
         /// The HTTP status.
         status: u16,
     },
+    /// The upstream refused the request's credentials (HTTP 401/403).
+    #[error("upstream refused the credentials: HTTP {}", .0.status.as_u16())]
+    Denied(Box<Denial>),
     /// The upstream's body could not be decoded.
     #[error("upstream sent an undecodable body: {detail}")]
     Protocol {
@@ -57,6 +76,22 @@ impl Upstream {
         request: &Message,
         authorization: Option<&HeaderValue>,
         params: &[(String, String)],
+        on_message: impl FnMut(Message),
+    ) -> Result<(), UpstreamError> {
+        self.exchange_observed(request, authorization, params, || {}, on_message)
+            .await
+    }
+
+    /// [`Upstream::exchange`], calling `on_head` once the upstream accepted the request
+    /// (HTTP: a response head that is not a 401/403; stdio: once written), before any
+    /// message. A driver that must answer a host with the upstream's 401/403 waits for
+    /// this before it commits to a response.
+    pub async fn exchange_observed(
+        &self,
+        request: &Message,
+        authorization: Option<&HeaderValue>,
+        params: &[(String, String)],
+        on_head: impl FnOnce(),
         mut on_message: impl FnMut(Message),
     ) -> Result<(), UpstreamError> {
         // Message bodies (never headers, so never credentials) at trace level, opt-in:
@@ -67,8 +102,14 @@ impl Upstream {
             on_message(m);
         };
         match self {
-            Self::Http(h) => h.exchange(request, authorization, params, on_message).await,
-            Self::Stdio(s) => s.exchange(request, on_message).await,
+            Self::Http(h) => {
+                h.exchange(request, authorization, params, on_head, on_message)
+                    .await
+            }
+            Self::Stdio(s) => {
+                on_head();
+                s.exchange(request, on_message).await
+            }
         }
     }
 }

@@ -1,0 +1,96 @@
+// A real OAuth 2.1 authorization server for the authorization tests: oidc-provider
+// (pinned in package.json / package-lock.json), on a free loopback port.
+//
+//   node as.mjs <config.json>
+//
+// config.json: { "resources": [canonical URIs], "ttl": seconds, "tokens": path,
+//                "clients": [{ "id", "secret", "scope" }] }
+//
+// Client-credentials grant only, resource indicators (RFC 8707) required, JWT access
+// tokens (RFC 9068) signed RS256 with the given lifetime. Every access token issued is
+// appended to the `tokens` file (one per line) so the harness can grep the logs of the
+// programs under test for each of them. A line "rotate <RS256|ES256|EdDSA>" on stdin
+// switches to a new signing key of that algorithm (the old ones stay published), to
+// exercise JWKS refresh on an unknown `kid` and every algorithm the server accepts.
+// Prints "issuer <url>" on stdout when ready.
+
+import { readFileSync, appendFileSync } from 'node:fs';
+import { createServer } from 'node:http';
+import { generateKeyPairSync, randomUUID } from 'node:crypto';
+import { createInterface } from 'node:readline';
+import Provider, { errors } from 'oidc-provider';
+
+const config = JSON.parse(readFileSync(process.argv[2], 'utf8'));
+
+const KEY_TYPES = {
+  RS256: ['rsa', { modulusLength: 2048 }],
+  ES256: ['ec', { namedCurve: 'P-256' }],
+  EdDSA: ['ed25519', {}],
+};
+
+function signingKey(alg = 'RS256') {
+  const [type, options] = KEY_TYPES[alg];
+  const { privateKey } = generateKeyPairSync(type, options);
+  return { ...privateKey.export({ format: 'jwk' }), kid: randomUUID(), alg, use: 'sig' };
+}
+
+function provider(issuer, keys) {
+  const p = new Provider(issuer, {
+    clients: config.clients.map((c) => ({
+      client_id: c.id,
+      client_secret: c.secret,
+      grant_types: ['client_credentials'],
+      redirect_uris: [],
+      response_types: [],
+      token_endpoint_auth_method: 'client_secret_basic',
+      scope: c.scope,
+    })),
+    scopes: ['notes:read', 'notes:write'],
+    jwks: { keys },
+    features: {
+      devInteractions: { enabled: false },
+      clientCredentials: { enabled: true },
+      resourceIndicators: {
+        enabled: true,
+        defaultResource: () => undefined,
+        useGrantedResource: () => true,
+        getResourceServerInfo: (ctx, resource) => {
+          if (!config.resources.includes(resource)) {
+            throw new errors.InvalidTarget();
+          }
+          return {
+            scope: 'notes:read notes:write',
+            audience: resource,
+            accessTokenTTL: config.ttl,
+            accessTokenFormat: 'jwt',
+            jwt: { sign: { alg: keys[0].alg, kid: keys[0].kid } },
+          };
+        },
+      },
+    },
+  });
+  p.use(async (ctx, next) => {
+    await next();
+    if (ctx.path === '/token' && ctx.body && ctx.body.access_token) {
+      appendFileSync(config.tokens, `${ctx.body.access_token}\n`);
+    }
+  });
+  return p;
+}
+
+const server = createServer();
+server.listen(0, '127.0.0.1', () => {
+  const issuer = `http://127.0.0.1:${server.address().port}`;
+  let keys = [signingKey()];
+  let current = provider(issuer, keys);
+  server.on('request', (req, res) => current.callback()(req, res));
+  createInterface({ input: process.stdin }).on('line', (line) => {
+    const [command, alg] = line.trim().split(' ');
+    if (command === 'rotate' && KEY_TYPES[alg]) {
+      keys = [signingKey(alg), ...keys];
+      current = provider(issuer, keys);
+      process.stdout.write(`rotated ${alg}\n`);
+    }
+  });
+  process.stdout.write(`issuer ${issuer}\n`);
+});
