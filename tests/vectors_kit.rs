@@ -380,5 +380,29 @@ fn the_kit_catches_differences() {
     });
     let d = first_difference(&run_http(&dir, "absent"));
     assert!(d.contains("must not be sent"), "{d}");
+    // A relayed challenge is matched byte for byte: one scope off is a difference.
+    let dir = tampered(&tmp, "denied_initialize", |v| {
+        let h = &mut v["steps"][0]["http"]["headers"]["www-authenticate"];
+        *h = h
+            .as_str()
+            .unwrap()
+            .replace("notes:read", "notes:write")
+            .into();
+    });
+    let d = first_difference(&run_http(&dir, "challenge"));
+    assert!(d.contains("HTTP header www-authenticate"), "{d}");
+    // So is the token a retry carries upstream: the re-sent answer's, not the first.
+    let dir = tampered(&tmp, "mrtr_denied_retry", |v| {
+        let step = v["steps"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .rev()
+            .find(|s| s["from"] == "peer" && s.get("host_headers").is_some())
+            .unwrap();
+        step["expect"][0]["http"]["headers"]["authorization"] = "Bearer first-token".into();
+    });
+    let d = first_difference(&run_http(&dir, "token"));
+    assert!(d.contains("upstream request header authorization"), "{d}");
     let _ = std::fs::remove_dir_all(&tmp);
 }

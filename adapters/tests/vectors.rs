@@ -5,12 +5,19 @@
 //! In process there is no wire, so parts of a vector that only a wire shows are
 //! skipped, each one named in the test's output (`cargo test --test vectors --
 //! --nocapture`): steps restricted to other transports, HTTP status and header
-//! expectations, and the HTTP form (status, headers) of scripted upstream answers.
-//! Everything else is checked strictly: outputs all of them and in order, and
-//! implementation-defined (`"name?"`) fields exactly as written.
+//! expectations, headers the host sends, and the HTTP form (status, headers) of
+//! scripted upstream answers. Everything else is checked strictly: outputs all of them
+//! and in order, and implementation-defined (`"name?"`) fields exactly as written.
+//!
+//! An upstream answer of HTTP 401/403 is the upstream refusing the request's
+//! credentials: it goes to `Session::handle_upstream_denied`, and what the machine did
+//! must agree with the vector, which says it where the host sees it: the HTTP status
+//! on the host's step that caused the refused request (see `expected_denial`).
 
 use dualera_adapters::jsonrpc::Message;
-use dualera_adapters::{Config, Event, PeerStream, RequestId, Session, Timestamp, UpstreamRole};
+use dualera_adapters::{
+    Config, Denied, Event, PeerStream, RequestId, Session, Timestamp, UpstreamRole,
+};
 use dualera_kit::format::{self, Expected, Input, Step, Transport, Vector};
 use dualera_kit::matching::{self, Bindings, Mode};
 use serde_json::{json, Value};
@@ -23,6 +30,8 @@ struct Runner<'v> {
     sessions: HashMap<String, Session>,
     /// Which session sent each upstream request (by the request id's JSON text).
     owner: HashMap<String, String>,
+    /// The step whose input made the machine send each upstream request (same key).
+    cause: HashMap<String, usize>,
     bindings: Bindings,
     now: u64,
     /// Parts of the vector that cannot be checked in process.
@@ -223,6 +232,29 @@ impl Runner<'_> {
                     .handle_upstream_message(on, m, now)
                     .map_err(|e| format!("{e:?}"))
             }
+            Input::UpstreamLost {
+                id,
+                http: Some(answer),
+            } if answer.is_denial() => {
+                self.skip(step, "the upstream's WWW-Authenticate and body are a wire matter; the machine sees the refusal");
+                let id_value = self.substitute(step, id);
+                let owner = self.owner_of(step, &id_value);
+                let id = RequestId::from_value(&id_value).expect("denied id");
+                let want = self.expected_denial(&id_value, answer.status);
+                match self.session(&owner).handle_upstream_denied(&id, now) {
+                    Ok(outcome) => {
+                        let got = denial_json(&outcome);
+                        assert_eq!(
+                            got,
+                            want,
+                            "{}: what the machine did with the refusal (`{outcome:?}`) is not what the vector shows the host",
+                            self.ctx(step)
+                        );
+                        Ok(())
+                    }
+                    Err(e) => Err(format!("{e:?}")),
+                }
+            }
             Input::UpstreamLost { id, http } => {
                 if http.is_some() {
                     self.skip(step, "the upstream's HTTP status and headers are a wire matter; the machine sees the request lost");
@@ -284,6 +316,9 @@ impl Runner<'_> {
         if step.http.is_some() {
             self.skip(step, "expectation on the HTTP response (status, headers)");
         }
+        if !step.host_headers.is_empty() {
+            self.skip(step, "headers the host sends (a wire matter)");
+        }
         let (result, mut actual) = self.feed(step);
         match (step.error.as_deref(), result) {
             (None, Ok(())) => {}
@@ -304,8 +339,9 @@ impl Runner<'_> {
             let session = self.sessions.get_mut(&name).expect("listed");
             while let Some(event) = session.poll_event() {
                 if let Event::ToUpstream { request, .. } = &event {
-                    self.owner
-                        .insert(request.id.to_value().to_string(), name.clone());
+                    let key = request.id.to_value().to_string();
+                    self.owner.insert(key.clone(), name.clone());
+                    self.cause.insert(key, step.index);
                 }
                 if let Some((value, role)) = event_json(&event) {
                     actual.push(Actual {
@@ -396,12 +432,64 @@ impl Runner<'_> {
     }
 }
 
+impl Runner<'_> {
+    /// What the machine must do with a refusal of upstream request `id` (HTTP
+    /// `status`), as the vector shows it to the host: a driver relays the refusal to
+    /// the host's HTTP request that caused the refused call, and the step that made
+    /// that request says so with `http.status`. An `initialize` answered so leaves the
+    /// session awaiting `initialize`; a request, forgotten (the host may send it
+    /// again); an answer that completed a round, the round waiting for that answer
+    /// again. A refusal no host request receives is a lost request.
+    fn expected_denial(&self, id: &Value, status: u16) -> Value {
+        let Some(step) = self
+            .cause
+            .get(&id.to_string())
+            .map(|i| &self.vector.steps[*i])
+        else {
+            return json!("Lost");
+        };
+        let relayed = step
+            .http
+            .as_ref()
+            .and_then(|h| h.status)
+            .is_some_and(|s| s.accepts(status));
+        let Input::Peer { message } = &step.input else {
+            return json!("Lost");
+        };
+        if !relayed {
+            return json!("Lost");
+        }
+        let message = self
+            .bindings
+            .substitute(message)
+            .unwrap_or_else(|e| panic!("{}: {e}", self.ctx(step)));
+        match (message.get("method"), message.get("id")) {
+            (Some(m), Some(_)) if m == "initialize" => json!("Initialize"),
+            (Some(_), Some(legacy)) => json!({ "Request": { "legacy": legacy } }),
+            (None, Some(live)) => json!({ "Round": { "live": live } }),
+            _ => json!("Lost"),
+        }
+    }
+}
+
+/// A refusal's outcome in the form [`Runner::expected_denial`] derives from a vector.
+fn denial_json(outcome: &Denied) -> Value {
+    match outcome {
+        Denied::Initialize => json!("Initialize"),
+        Denied::Request { legacy } => json!({ "Request": { "legacy": legacy.to_value() } }),
+        Denied::Round { live, .. } => json!({ "Round": { "live": live.to_value() } }),
+        Denied::Lost => json!("Lost"),
+        other => json!(format!("{other:?}")),
+    }
+}
+
 /// Runs one vector; returns the parts it could not check in process.
 fn run_vector(vector: &Vector) -> Vec<String> {
     let mut runner = Runner {
         vector,
         sessions: HashMap::new(),
         owner: HashMap::new(),
+        cause: HashMap::new(),
         bindings: Bindings::default(),
         now: 0,
         skipped: Vec::new(),

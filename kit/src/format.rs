@@ -222,6 +222,9 @@ pub struct Step {
     pub next_timeout: Option<Option<u64>>,
     /// Expectation on the HTTP response to the HTTP request this step makes.
     pub http: Option<HttpExpect>,
+    /// Headers the host's HTTP requests in this session carry from this step on
+    /// (lower-cased names; `None` stops sending one), e.g. `Authorization`.
+    pub host_headers: Vec<(String, Option<String>)>,
     /// Where the step applies.
     pub transports: Transports,
 }
@@ -282,6 +285,7 @@ impl Input {
             Self::Peer { .. } => "peer message",
             Self::PeerBatch { .. } => "peer batch",
             Self::Upstream { .. } => "upstream message",
+            Self::UpstreamLost { http: Some(a), .. } if a.is_denial() => "upstream refusal",
             Self::UpstreamLost { .. } => "upstream lost",
             Self::Timer => "timer",
             Self::Discover { .. } => "driver discover",
@@ -304,6 +308,15 @@ pub struct UpstreamAnswer {
     pub body: Option<Value>,
     /// Send the message as an SSE event even if it is the first and only one.
     pub sse: bool,
+}
+
+impl UpstreamAnswer {
+    /// Whether the answer refuses the request's credentials (HTTP 401 or 403;
+    /// 2025-11-25 `basic/authorization`, "Error Handling"): whatever its body, it
+    /// carries no JSON-RPC response.
+    pub fn is_denial(&self) -> bool {
+        matches!(self.status, 401 | 403)
+    }
 }
 
 /// An HTTP status a response must have.
@@ -450,6 +463,7 @@ struct RawStep {
     #[serde(default, deserialize_with = "present")]
     next_timeout: Option<Option<u64>>,
     http: Option<Map<String, Value>>,
+    host_headers: Option<Map<String, Value>>,
     transports: Option<Vec<String>>,
     #[serde(rename = "note")]
     _note: Option<String>,
@@ -607,11 +621,16 @@ fn parse_step(index: usize, r: RawStep) -> Result<Step, String> {
             http_is_answer = true;
             let http = r.http.as_ref().map(parse_answer).transpose()?;
             match (r.message.clone(), r.lost.clone()) {
-                (Some(message @ Value::Object(_)), None) => Input::Upstream {
-                    on: r.on.clone(),
-                    message,
-                    http,
-                },
+                (Some(message @ Value::Object(_)), None) => {
+                    if http.as_ref().is_some_and(UpstreamAnswer::is_denial) {
+                        return Err("a 401/403 answer refuses the credentials and carries no JSON-RPC response: write it as `lost` with `http` (a body goes in `http.body`)".into());
+                    }
+                    Input::Upstream {
+                        on: r.on.clone(),
+                        message,
+                        http,
+                    }
+                }
                 (None, Some(id)) => {
                     if r.on.is_some() {
                         return Err("`lost` names the request; `on` does not belong".into());
@@ -671,6 +690,24 @@ fn parse_step(index: usize, r: RawStep) -> Result<Step, String> {
             None => None,
         }
     };
+    let host_headers = match &r.host_headers {
+        None => Vec::new(),
+        Some(h) => {
+            if !matches!(
+                input,
+                Input::Peer { .. }
+                    | Input::PeerBatch { .. }
+                    | Input::Close
+                    | Input::StandaloneOpened
+            ) {
+                return Err(format!(
+                    "`host_headers` does not belong in a {} step (only steps that make a host HTTP request)",
+                    input.kind()
+                ));
+            }
+            parse_host_headers(h)?
+        }
+    };
     let expect = r
         .expect
         .into_iter()
@@ -693,6 +730,7 @@ fn parse_step(index: usize, r: RawStep) -> Result<Step, String> {
         absent,
         next_timeout: r.next_timeout,
         http,
+        host_headers,
         transports: parse_transports(r.transports.as_deref())?,
     })
 }
@@ -701,6 +739,46 @@ fn parse_step(index: usize, r: RawStep) -> Result<Step, String> {
 pub fn is_placeholder_name(s: &str) -> bool {
     s.strip_prefix('$')
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+}
+
+/// Headers the runner manages itself: a vector may not set them for the host.
+const MANAGED_HEADERS: [&str; 6] = [
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "content-type",
+    "accept",
+    "content-length",
+    "host",
+];
+
+fn parse_host_headers(h: &Map<String, Value>) -> Result<Vec<(String, Option<String>)>, String> {
+    let mut out = Vec::with_capacity(h.len());
+    for (name, value) in h {
+        let lower = name.to_ascii_lowercase();
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+        {
+            return Err(format!("host_headers: {name:?} is not a header name"));
+        }
+        if MANAGED_HEADERS.contains(&lower.as_str()) {
+            return Err(format!("host_headers: {name} is the runner's to send"));
+        }
+        let value = match value {
+            Value::String(v) if v.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b)) => {
+                Some(v.clone())
+            }
+            Value::Null => None,
+            _ => {
+                return Err(format!(
+                    "host_headers.{name} must be a string of visible ASCII, or null"
+                ))
+            }
+        };
+        out.push((lower, value));
+    }
+    Ok(out)
 }
 
 fn parse_answer(h: &Map<String, Value>) -> Result<UpstreamAnswer, String> {
@@ -960,6 +1038,29 @@ mod tests {
             vec![("mcp-method".to_owned(), Value::from("tools/call"))]
         );
         assert!(e.value.get("role").is_none());
+    }
+
+    #[test]
+    fn host_headers_and_denials() {
+        let v = one(r#"{"from":"peer","message":{},"host_headers":{"Authorization":"Bearer a","X-Old":null}}"#).unwrap();
+        assert_eq!(
+            v.steps[0].host_headers,
+            vec![
+                ("authorization".to_owned(), Some("Bearer a".to_owned())),
+                ("x-old".to_owned(), None)
+            ]
+        );
+        assert!(one(r#"{"from":"timer","at":1,"host_headers":{"Authorization":"x"}}"#).is_err());
+        assert!(
+            one(r#"{"from":"peer","message":{},"host_headers":{"Mcp-Session-Id":"x"}}"#).is_err()
+        );
+        assert!(one(r#"{"from":"peer","message":{},"host_headers":{"A":1}}"#).is_err());
+        assert!(one(r#"{"from":"upstream","message":{"id":1},"http":{"status":401}}"#).is_err());
+        let v = one(r#"{"from":"upstream","lost":"$up1","http":{"status":403,"headers":{"WWW-Authenticate":"Bearer error=\"insufficient_scope\""}}}"#).unwrap();
+        match &v.steps[0].input {
+            Input::UpstreamLost { http: Some(a), .. } => assert!(a.is_denial()),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -111,6 +111,27 @@ fn schema_and_reader_refuse_the_same_mistakes() {
     with("batch name not a placeholder", &|v| {
         v["steps"][0] = json!({"from": "peer", "message": [], "batch": "b1"})
     });
+    with("host headers on a timer", &|v| {
+        v["steps"][0]["host_headers"] = json!({"Authorization": "Bearer a"})
+    });
+    with(
+        "a host header the runner sends",
+        &|v| {
+            v["steps"][0] =
+                json!({"from": "peer", "message": {}, "host_headers": {"MCP-Session-Id": "s"}})
+        },
+    );
+    with(
+        "a host header value not a string",
+        &|v| {
+            v["steps"][0] =
+                json!({"from": "peer", "message": {}, "host_headers": {"Authorization": 1}})
+        },
+    );
+    with(
+        "a 401 carrying a message",
+        &|v| v["steps"][0] = json!({"from": "upstream", "message": {"jsonrpc": "2.0", "id": 1, "result": {}}, "http": {"status": 401}}),
+    );
     for (what, v) in cases {
         assert!(!validator.is_valid(&v), "the schema accepts: {what}");
         assert!(
@@ -118,6 +139,12 @@ fn schema_and_reader_refuse_the_same_mistakes() {
             "the reader accepts: {what}"
         );
     }
+    let denial = json!({"description": "d", "row": "r", "steps": [
+        {"from": "peer", "message": {}, "host_headers": {"Authorization": "Bearer a", "X-Trace": null}},
+        {"from": "upstream", "lost": "$up1", "http": {"status": 401, "headers": {"WWW-Authenticate": "Bearer"}}}
+    ]});
+    assert!(validator.is_valid(&denial));
+    assert!(format::parse("t", &denial.to_string()).is_ok());
     assert!(validator.is_valid(&base));
     assert!(format::parse("t", &base.to_string()).is_ok());
 }

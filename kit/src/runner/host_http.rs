@@ -34,6 +34,8 @@ pub(crate) enum Carries {
 struct State {
     session_id: Option<String>,
     protocol_version: Option<String>,
+    /// Headers the vector has the host send (`host_headers`), e.g. `Authorization`.
+    extra: Vec<(String, String)>,
 }
 
 /// One legacy session over Streamable HTTP.
@@ -76,6 +78,19 @@ impl HttpHost {
         }
     }
 
+    /// Sets (or, for `None`, stops sending) headers on this session's later requests.
+    pub(crate) fn set_headers(&mut self, headers: &[(String, Option<String>)]) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        for (name, value) in headers {
+            state.extra.retain(|(n, _)| n != name);
+            if let Some(v) = value {
+                state.extra.push((name.clone(), v.clone()));
+            }
+        }
+    }
+
     /// Whether the bridge minted a session id for this session.
     pub(crate) fn session_id(&self) -> Option<String> {
         self.state.lock().ok()?.session_id.clone()
@@ -97,6 +112,9 @@ impl HttpHost {
         }
         if let Some(id) = &state.session_id {
             b = b.header("mcp-session-id", id.as_str());
+        }
+        for (name, value) in &state.extra {
+            b = b.header(name.as_str(), value.as_str());
         }
         // The header exists from 2025-06-18 on; earlier revisions never send it.
         if let Some(v) = state

@@ -62,9 +62,16 @@ struct Deferred {
     step: usize,
     exchange: u64,
     expect: HttpExpect,
-    /// The step is not over before the head arrived (notification and reply POSTs:
-    /// a host waits for the 202).
-    in_step: bool,
+    /// The step by whose end the head must have arrived, once that is known: its own
+    /// step for a POST of notifications or replies that makes the bridge call no
+    /// upstream (a host waits for the 202); else the step that ends the last of
+    /// `waits_on`; else only the vector's end.
+    due: Option<usize>,
+    /// The upstream requests (placeholders) the step makes the bridge send. A bridge
+    /// may hold its answer to the host's request until the upstream has answered
+    /// them, to relay a 401/403 on it (2025-11-25 `basic/authorization`, "Error
+    /// Handling"; DESIGN.md: "before any SSE is committed").
+    waits_on: Vec<String>,
     seen: bool,
 }
 
@@ -284,15 +291,64 @@ impl<'a> Play<'a> {
     }
 
     fn defer(&mut self, step: &Step, exchange: u64, expect: Option<HttpExpect>, in_step: bool) {
-        if let Some(expect) = expect {
-            self.deferred.push(Deferred {
-                step: step.index,
-                exchange,
-                expect,
-                in_step,
-                seen: false,
-            });
+        let Some(expect) = expect else { return };
+        let waits_on: Vec<String> = step
+            .expect
+            .iter()
+            .filter(|e| e.kind == ExpectedKind::UpstreamRequest)
+            .filter_map(|e| e.value.pointer("/message/id"))
+            .filter_map(matching::placeholder_name)
+            .map(str::to_owned)
+            .collect();
+        let due = (in_step && waits_on.is_empty()).then_some(step.index);
+        self.deferred.push(Deferred {
+            step: step.index,
+            exchange,
+            expect,
+            due,
+            waits_on,
+            seen: false,
+        });
+    }
+
+    /// Upstream request `key` has ended at `step`: the host requests whose answer
+    /// waited for it are due by the end of this step.
+    fn upstream_ended(&mut self, step: &Step, key: u64) {
+        for d in &mut self.deferred {
+            if d.seen || d.due.is_some() {
+                continue;
+            }
+            let ended = d.waits_on.iter().any(|n| self.up_keys.get(n) == Some(&key));
+            if ended {
+                d.due = Some(step.index);
+            }
         }
+    }
+
+    /// Sets the session's host headers as the step says (Streamable HTTP; elsewhere
+    /// there is nowhere to put them, which the notes say).
+    async fn apply_host_headers(&mut self, step: &Step) -> Result<(), Difference> {
+        if step.host_headers.is_empty() {
+            return Ok(());
+        }
+        let single = self.transport.single_pipe();
+        let session = self.host(step).await?;
+        match &mut session.host {
+            Host::Http(h) => h.set_headers(&step.host_headers),
+            Host::Stdio(_) => {}
+        }
+        if single {
+            self.skip_part(step, "headers the host sends (no HTTP on this wire)");
+        }
+        Ok(())
+    }
+
+    fn skip_part(&mut self, step: &Step, what: &str) {
+        self.notes.push(format!(
+            "step {} ({}): not on this wire: {what}",
+            step.index,
+            step.input.kind()
+        ));
     }
 
     /// The expectation on a POST that carries no request: the step's, else the
@@ -310,6 +366,7 @@ impl<'a> Play<'a> {
     }
 
     async fn apply(&mut self, step: &Step) -> Result<(), Difference> {
+        self.apply_host_headers(step).await?;
         match &step.input {
             Input::Peer { message } => {
                 let msg = self.subst(step, message)?;
@@ -349,6 +406,9 @@ impl<'a> Play<'a> {
                     None => self.carrier(step, message, &msg)?,
                 };
                 let delivered = target.map(|k| self.upstream.send(k, &msg, http.as_ref()));
+                if let (Some(k), true) = (target, msg.get("method").is_none()) {
+                    self.upstream_ended(step, k);
+                }
                 self.note_cacheable(&msg);
                 if delivered != Some(Delivery::Delivered) {
                     self.notes.push(format!(
@@ -360,6 +420,9 @@ impl<'a> Play<'a> {
             Input::UpstreamLost { id, http } => {
                 let target = self.resolve(step, id)?;
                 let delivered = target.map(|k| self.upstream.lose(k, http.as_ref()));
+                if let Some(k) = target {
+                    self.upstream_ended(step, k);
+                }
                 if delivered != Some(Delivery::Delivered) {
                     self.notes.push(format!(
                         "step {}: upstream request already closed by the bridge",
@@ -1065,7 +1128,7 @@ impl<'a> Play<'a> {
             let heads_done = self
                 .deferred
                 .iter()
-                .all(|d| d.seen || !d.in_step || d.step != step.index);
+                .all(|d| d.seen || d.due != Some(step.index));
             if outputs_done && heads_done {
                 break;
             }
@@ -1103,10 +1166,14 @@ impl<'a> Play<'a> {
         let head = self
             .deferred
             .iter()
-            .find(|d| !d.seen && d.in_step && d.step == step.index);
+            .find(|d| !d.seen && d.due == Some(step.index));
+        let whose = match head {
+            Some(d) if d.step != step.index => format!("step {}'s request", d.step),
+            _ => "the step's request".into(),
+        };
         Difference {
             step: Some(step.index),
-            summary: format!("no HTTP response to the step's request within {secs:.1} s"),
+            summary: format!("no HTTP response to {whose} within {secs:.1} s"),
             expected: head.map(|d| expect_json(&d.expect, &self.bindings)),
             actual: None,
             context: None,
