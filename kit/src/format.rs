@@ -279,6 +279,15 @@ pub enum Input {
 }
 
 impl Input {
+    /// Whether the host makes an HTTP request for this input on Streamable HTTP (a
+    /// POST, the standalone GET, the DELETE), which `http` and `host_headers` are about.
+    pub fn makes_host_request(&self) -> bool {
+        matches!(
+            self,
+            Self::Peer { .. } | Self::PeerBatch { .. } | Self::Close | Self::StandaloneOpened
+        )
+    }
+
     /// A short name for reports.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -676,13 +685,7 @@ fn parse_step(index: usize, r: RawStep) -> Result<Step, String> {
     } else {
         match &r.http {
             Some(h) => {
-                if !matches!(
-                    input,
-                    Input::Peer { .. }
-                        | Input::PeerBatch { .. }
-                        | Input::Close
-                        | Input::StandaloneOpened
-                ) {
+                if !input.makes_host_request() {
                     return Err(format!("`http` does not belong in a {} step", input.kind()));
                 }
                 Some(parse_http_expect(h, true)?)
@@ -693,13 +696,7 @@ fn parse_step(index: usize, r: RawStep) -> Result<Step, String> {
     let host_headers = match &r.host_headers {
         None => Vec::new(),
         Some(h) => {
-            if !matches!(
-                input,
-                Input::Peer { .. }
-                    | Input::PeerBatch { .. }
-                    | Input::Close
-                    | Input::StandaloneOpened
-            ) {
+            if !input.makes_host_request() {
                 return Err(format!(
                     "`host_headers` does not belong in a {} step (only steps that make a host HTTP request)",
                     input.kind()
