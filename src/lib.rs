@@ -17,4 +17,6 @@ pub mod config;
 pub mod demo;
 pub mod gateway;
 pub mod guard;
+pub mod listener;
 pub mod server;
+pub mod tls;

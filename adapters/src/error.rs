@@ -215,6 +215,14 @@ pub enum Failure {
     },
     /// The upstream request failed without a response (connection lost, HTTP error).
     UpstreamLost,
+    /// The upstream could not be reached for a reason the driver named (e.g. its TLS
+    /// certificate was refused).
+    UpstreamRefused {
+        /// Machine-readable cause, `data.reason` (e.g. `tlsUnknownIssuer`).
+        reason: &'static str,
+        /// What happened, for people.
+        message: String,
+    },
     /// Too many legacy requests are in flight in this session.
     TooManyInFlight {
         /// The bound.
@@ -266,6 +274,7 @@ impl fmt::Display for Failure {
                 write!(f, "The server answered with unknown resultType \"{result_type}\"")
             }
             Self::UpstreamLost => f.write_str("The upstream server did not answer"),
+            Self::UpstreamRefused { message, .. } => f.write_str(message),
             Self::TooManyInFlight { max } => {
                 write!(f, "Too many requests in flight in this session (limit {max})")
             }
@@ -287,6 +296,7 @@ impl Failure {
             Self::InputRequiredNotAllowed { .. } => "inputRequiredNotAllowed",
             Self::UnknownResultType { .. } => "unknownResultType",
             Self::UpstreamLost => "upstreamLost",
+            Self::UpstreamRefused { reason, .. } => reason,
             Self::TooManyInFlight { .. } => "tooManyInFlight",
         }
     }
@@ -295,12 +305,14 @@ impl Failure {
 /// The one place a [`Failure`] becomes the legacy peer's response.
 ///
 /// - `tools/call`: a normal result `{content:[{type:"text",text}], isError:true}` so the
-///   model sees what went wrong;
+///   model sees what went wrong — except when the upstream could not be reached for a
+///   named reason ([`Failure::UpstreamRefused`], e.g. a refused TLS certificate), which
+///   is the gateway's configuration, not the tool's outcome: a JSON-RPC error;
 /// - any other method: a JSON-RPC error. A peer's own error to a live request is passed
 ///   on as it was; every other failure is `-32603` with the same text as `message` and
 ///   `data: {"reason": <kind>}` (plus `requiredCapabilities` for capability gaps).
 pub fn failure_response(method: &str, id: RequestId, failure: &Failure) -> Response {
-    if method == "tools/call" {
+    if method == "tools/call" && !matches!(failure, Failure::UpstreamRefused { .. }) {
         return Response::result(
             id,
             json!({

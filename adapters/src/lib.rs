@@ -33,6 +33,7 @@ pub mod param_headers;
 pub mod revision;
 pub mod session;
 pub mod time;
+pub mod usage;
 pub mod v2024_11_05;
 pub mod v2025_03_26;
 pub mod v2025_06_18;
@@ -45,4 +46,5 @@ pub use jsonrpc::{ErrorCode, ErrorObject, Message, Notification, Request, Reques
 pub use revision::Revision;
 pub use session::{BatchOutcome, Config, Denied, Session, SessionState};
 pub use time::Timestamp;
+pub use usage::Observation;
 pub use version::{Era, ProtocolVersion};

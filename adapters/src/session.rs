@@ -14,6 +14,7 @@ use crate::mrtr::{self, ResultKind, Round};
 use crate::param_headers::{self, ParamHeader};
 use crate::revision::{ElicitationSupport, Revision};
 use crate::time::Timestamp;
+use crate::usage::{self, Feature, LiveKind, LiveOutcome, Observation, RequestOutcome};
 use crate::version::ProtocolVersion;
 use crate::{v2025_06_18, v2025_11_25};
 use serde_json::{json, Map, Value};
@@ -227,6 +228,7 @@ struct Live {
     legacy: RequestId,
     key: String,
     method: String,
+    kind: LiveKind,
     deadline: Timestamp,
     hard_deadline: Timestamp,
 }
@@ -459,6 +461,13 @@ impl Session {
         self.subscriptions.iter().map(String::as_str)
     }
 
+    /// The stream of the legacy request `legacy` while it is in flight (a driver uses it
+    /// to find what belongs to the peer request that caused an upstream attempt, such
+    /// as its trace context).
+    pub fn request_stream(&self, legacy: &RequestId) -> Option<&PeerStream> {
+        self.calls.get(legacy).map(|c| &c.stream)
+    }
+
     // ----- outputs -------------------------------------------------------------------
 
     /// The next thing the driver must do, in order; `None` when there is nothing left.
@@ -588,8 +597,13 @@ impl Session {
                 input_key: live.key.clone(),
             };
             let legacy = live.legacy.clone();
+            let kind = live.kind;
+            self.observe(Observation::LiveEnded {
+                kind,
+                outcome: LiveOutcome::Timeout,
+            });
             if let Some(call) = self.calls.remove(&legacy) {
-                self.fail_call(legacy, call, failure, "timed out");
+                self.fail_call_reported(legacy, call, failure, "timed out", Some(&id));
             }
         }
         let mut due: Vec<(u64, RequestId)> = self
@@ -654,6 +668,7 @@ impl Session {
                 max: self.config.max_batch_len,
             });
         }
+        self.observe(Observation::Used(Feature::Batch));
         let answers_due = items
             .iter()
             .any(|i| matches!(i, Ok(Message::Request(_)) | Err(_)));
@@ -723,34 +738,37 @@ impl Session {
             let error = SessionError::DuplicateRequestId { id };
             if batch.is_some() {
                 if let Some(response) = error.to_response() {
-                    self.respond(stream, response);
+                    self.answer(stream, response, usage::Method::from_name(&request.method));
                 }
                 return Ok(());
             }
             return Err(error);
         }
         let method = request.method.as_str();
+        let label = usage::Method::from_name(method);
         match (self.state, method) {
-            (_, "ping") => self.respond(stream, Response::result(id, json!({}))),
+            (_, "ping") => self.answer(stream, Response::result(id, json!({})), label),
             (SessionState::AwaitingInitialize, "initialize") => {
                 self.initialize(request, stream);
             }
-            (SessionState::Initializing, "initialize") => self.respond_error(
+            (SessionState::Initializing, "initialize") => self.refuse(
                 stream,
                 id,
+                label,
                 ErrorCode::INVALID_REQUEST,
                 "initialize is already in progress",
             ),
-            (SessionState::AwaitingInitialize | SessionState::Initializing, _) => self
-                .respond_error(
-                    stream,
-                    id,
-                    ErrorCode::INVALID_REQUEST,
-                    "the session is not initialized: send initialize first",
-                ),
-            (_, "initialize") => self.respond_error(
+            (SessionState::AwaitingInitialize | SessionState::Initializing, _) => self.refuse(
                 stream,
                 id,
+                label,
+                ErrorCode::INVALID_REQUEST,
+                "the session is not initialized: send initialize first",
+            ),
+            (_, "initialize") => self.refuse(
+                stream,
+                id,
+                label,
                 ErrorCode::INVALID_REQUEST,
                 "the session is already initialized",
             ),
@@ -758,9 +776,10 @@ impl Session {
             (_, "resources/subscribe" | "resources/unsubscribe") => {
                 self.subscribe(request, stream);
             }
-            (_, "subscriptions/listen" | "server/discover") => self.respond_error(
+            (_, "subscriptions/listen" | "server/discover") => self.refuse(
                 stream,
                 id,
+                label,
                 ErrorCode::METHOD_NOT_FOUND,
                 "method not found in legacy protocol revisions",
             ),
@@ -774,6 +793,7 @@ impl Session {
         match notification.method.as_str() {
             "notifications/initialized" => self.initialized_notified = true,
             "notifications/cancelled" => {
+                self.observe(Observation::Used(Feature::Cancellation));
                 let Some(id) = params
                     .and_then(|p| p.get("requestId"))
                     .and_then(RequestId::from_value)
@@ -785,6 +805,7 @@ impl Session {
                 }
             }
             "notifications/progress" => {
+                self.observe(Observation::Used(Feature::Progress));
                 let Some(id) = params
                     .and_then(|p| p.get("progressToken"))
                     .and_then(RequestId::from_value)
@@ -824,6 +845,14 @@ impl Session {
             });
         };
         self.retired_live.insert(id.clone(), RetiredKind::Answered);
+        let outcome = match &response.outcome {
+            Ok(result) => LiveOutcome::of_result(live.kind, result),
+            Err(_) => LiveOutcome::Error,
+        };
+        self.observe(Observation::LiveEnded {
+            kind: live.kind,
+            outcome,
+        });
         let Some(mut call) = self.calls.remove(&live.legacy) else {
             return Ok(());
         };
@@ -914,6 +943,37 @@ impl Session {
         Ok(())
     }
 
+    /// Feeds the failure of upstream request `id` to reach the upstream for a reason
+    /// the driver could name (a refused TLS certificate): like
+    /// [`Self::handle_upstream_lost`], but the legacy peer is told why, with `reason`
+    /// as `data.reason` of a `-32603` error and `message` as its text, on every method
+    /// (the cause is the upstream's identity, not the tool's outcome).
+    pub fn handle_upstream_refused(
+        &mut self,
+        id: &RequestId,
+        reason: &'static str,
+        message: String,
+        now: Timestamp,
+    ) -> Result<(), SessionError> {
+        self.check_open()?;
+        let entry = self.take_upstream(id)?;
+        let failure = Failure::UpstreamRefused { reason, message };
+        match entry.role {
+            UpstreamRole::Discover => self.fail_initialize(
+                ErrorObject::new(ErrorCode::INTERNAL_ERROR, failure.to_string())
+                    .with_data(json!({ "reason": reason })),
+            ),
+            UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
+                if let Some(mut call) = self.calls.remove(&legacy) {
+                    call.phase = Phase::Idle;
+                    self.fail_call(legacy, call, failure, "upstream refused");
+                }
+            }
+            UpstreamRole::Listen => self.listen_lost(id, now),
+        }
+        Ok(())
+    }
+
     /// The upstream refused the credentials of request `id` (HTTP 401/403, relayed to
     /// the host by the driver). Unlike [`handle_upstream_lost`](Self::handle_upstream_lost)
     /// nothing is said to the peer where the driver can answer the HTTP request that
@@ -929,9 +989,16 @@ impl Session {
         let entry = self.take_upstream(id)?;
         let legacy = match entry.role {
             UpstreamRole::Discover => {
-                if self.init.take().is_some() {
+                if let Some(init) = self.init.take() {
                     self.state = SessionState::AwaitingInitialize;
                     self.revision = None;
+                    // Answered by the driver with the upstream's 401/403.
+                    self.ended(
+                        &init.id,
+                        usage::Method::Initialize,
+                        RequestOutcome::Error,
+                        0,
+                    );
                 }
                 return Ok(Denied::Initialize);
             }
@@ -967,6 +1034,9 @@ impl Session {
         }
         let first_attempt = call.rounds == 0 && matches!(call.stream, PeerStream::Request(_));
         if first_attempt {
+            // Answered by the driver with the upstream's 401/403.
+            let method = usage::Method::from_name(&call.method);
+            self.ended(&legacy, method, RequestOutcome::Error, 0);
             return Ok(Denied::Request { legacy });
         }
         self.fail_call(
@@ -1152,9 +1222,10 @@ impl Session {
     fn initialize(&mut self, request: Request, stream: PeerStream) {
         let params = request.params.unwrap_or_else(|| json!({}));
         let Some(requested) = params.get("protocolVersion").and_then(Value::as_str) else {
-            self.respond_error(
+            self.refuse(
                 stream,
                 request.id,
+                usage::Method::Initialize,
                 ErrorCode::INVALID_PARAMS,
                 "initialize needs params.protocolVersion (a string)",
             );
@@ -1173,7 +1244,7 @@ impl Session {
             .or_else(|| offered.first().copied())
             .unwrap_or(Revision::all()[0]);
         self.revision = Some(revision);
-        self.client_info = params.get("clientInfo").filter(|v| v.is_object()).cloned();
+        self.client_info = params.get("clientInfo").and_then(implementation);
         self.legacy_capabilities = params
             .get("capabilities")
             .filter(|v| v.is_object())
@@ -1228,9 +1299,11 @@ impl Session {
             result.insert("instructions".into(), instructions.clone());
         }
         self.state = SessionState::Ready;
-        self.respond(
+        self.observe(Observation::SessionReady);
+        self.answer(
             init.stream,
             Response::result(init.id, Value::Object(result)),
+            usage::Method::Initialize,
         );
         self.update_listen();
     }
@@ -1241,12 +1314,18 @@ impl Session {
         };
         self.state = SessionState::AwaitingInitialize;
         self.revision = None;
-        self.respond(init.stream, Response::error(Some(init.id), error));
+        self.answer(
+            init.stream,
+            Response::error(Some(init.id), error),
+            usage::Method::Initialize,
+        );
     }
 
     // ----- locally answered requests -------------------------------------------------
 
     fn set_level(&mut self, request: Request, stream: PeerStream) {
+        self.observe(Observation::Used(Feature::LoggingSetLevel));
+        let label = usage::Method::LoggingSetLevel;
         let level = request
             .params
             .as_ref()
@@ -1255,11 +1334,12 @@ impl Session {
         match level {
             Some(level) if LOG_LEVELS.contains(&level) => {
                 self.log_level = Some(level.to_owned());
-                self.respond(stream, Response::result(request.id, json!({})));
+                self.answer(stream, Response::result(request.id, json!({})), label);
             }
-            _ => self.respond_error(
+            _ => self.refuse(
                 stream,
                 request.id,
+                label,
                 ErrorCode::INVALID_PARAMS,
                 "params.level must be one of debug, info, notice, warning, error, critical, alert, emergency",
             ),
@@ -1268,15 +1348,20 @@ impl Session {
 
     fn subscribe(&mut self, request: Request, stream: PeerStream) {
         let subscribe = request.method == "resources/subscribe";
+        let label = usage::Method::from_name(&request.method);
+        if subscribe {
+            self.observe(Observation::Used(Feature::ResourcesSubscribe));
+        }
         let Some(uri) = request
             .params
             .as_ref()
             .and_then(|p| p.get("uri"))
             .and_then(Value::as_str)
         else {
-            self.respond_error(
+            self.refuse(
                 stream,
                 request.id,
+                label,
                 ErrorCode::INVALID_PARAMS,
                 "params.uri must be a string",
             );
@@ -1286,9 +1371,10 @@ impl Session {
             && !self.subscriptions.contains(uri)
             && self.subscriptions.len() >= self.config.max_subscriptions
         {
-            self.respond_error(
+            self.refuse(
                 stream,
                 request.id,
+                label,
                 ErrorCode::INTERNAL_ERROR,
                 "too many resource subscriptions in this session",
             );
@@ -1299,7 +1385,7 @@ impl Session {
         } else {
             self.subscriptions.remove(uri);
         }
-        self.respond(stream, Response::result(request.id, json!({})));
+        self.answer(stream, Response::result(request.id, json!({})), label);
         self.update_listen();
     }
 
@@ -1311,6 +1397,12 @@ impl Session {
                 max: self.config.max_in_flight,
             };
             let response = failure_response(&request.method, request.id.clone(), &failure);
+            self.ended(
+                &request.id,
+                usage::Method::from_name(&request.method),
+                RequestOutcome::Failed((&failure).into()),
+                0,
+            );
             self.events.push_back(Event::RequestFailed {
                 legacy: request.id,
                 failure,
@@ -1322,6 +1414,12 @@ impl Session {
             Some(Value::Object(p)) => p,
             _ => Map::new(),
         };
+        if params
+            .get("_meta")
+            .is_some_and(|m| m.get("progressToken").is_some())
+        {
+            self.observe(Observation::Used(Feature::Progress));
+        }
         // The machine owns the MRTR fields: a legacy peer cannot supply them.
         params.remove("inputResponses");
         params.remove("requestState");
@@ -1386,7 +1484,17 @@ impl Session {
             {
                 self.refresh_tools(legacy, call)
             }
-            Err(error) => self.respond(call.stream, Response::error(Some(legacy), error)),
+            Err(error) => {
+                let method = usage::Method::from_name(&call.method);
+                // The upstream's own capability refusal is the host's capability gap.
+                let outcome = if error.code == ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY {
+                    RequestOutcome::Failed(usage::FailureReason::MissingCapability)
+                } else {
+                    RequestOutcome::Error
+                };
+                self.ended(&legacy, method, outcome, call.rounds);
+                self.respond(call.stream, Response::error(Some(legacy), error));
+            }
             Ok(result) => match mrtr::classify(&result) {
                 ResultKind::Complete => self.complete(legacy, call, result),
                 ResultKind::InputRequired => self.start_round(legacy, call, result, now),
@@ -1409,6 +1517,8 @@ impl Session {
             result
         };
         let result = downgrade::result(revision, &call.method, result);
+        let method = usage::Method::from_name(&call.method);
+        self.ended(&legacy, method, RequestOutcome::Ok, call.rounds);
         self.respond(call.stream, Response::result(legacy, result));
     }
 
@@ -1552,6 +1662,9 @@ impl Session {
         let mut outgoing = Vec::new();
         for (key, request) in parsed.requests {
             let mut params = request.params;
+            // Checked above: every request is an input request.
+            let kind = LiveKind::of(&request.method, &params).unwrap_or(LiveKind::Roots);
+            self.observe(Observation::Used(kind.feature()));
             if request.method == "elicitation/create" {
                 let url_mode = params.get("mode").and_then(Value::as_str) == Some("url");
                 match revision.elicitation {
@@ -1599,6 +1712,7 @@ impl Session {
                     legacy: legacy.clone(),
                     key: key.clone(),
                     method: request.method.clone(),
+                    kind,
                     deadline: now.saturating_add(self.config.live_timeout),
                     hard_deadline: now.saturating_add(self.config.live_timeout_max),
                 },
@@ -1631,12 +1745,32 @@ impl Session {
     /// Ends `call` with `failure`: its live requests are cancelled at the peer, an
     /// upstream attempt in flight is cancelled, and the peer gets the failure response.
     fn fail_call(&mut self, legacy: RequestId, call: Call, failure: Failure, reason: &str) {
+        self.fail_call_reported(legacy, call, failure, reason, None);
+    }
+
+    /// [`Self::fail_call`], where the live request `reported` already had its end
+    /// observed.
+    fn fail_call_reported(
+        &mut self,
+        legacy: RequestId,
+        call: Call,
+        failure: Failure,
+        reason: &str,
+        reported: Option<&RequestId>,
+    ) {
         let reason = if reason.is_empty() {
             "the request failed"
         } else {
             reason
         };
-        self.abandon(&call, reason);
+        self.abandon(&call, reason, reported);
+        let method = usage::Method::from_name(&call.method);
+        self.ended(
+            &legacy,
+            method,
+            RequestOutcome::Failed((&failure).into()),
+            call.rounds,
+        );
         let response = failure_response(&call.method, legacy.clone(), &failure);
         self.events
             .push_back(Event::RequestFailed { legacy, failure });
@@ -1644,15 +1778,17 @@ impl Session {
     }
 
     /// Ends `call` because the peer cancelled it: no response, its stream just ends.
-    fn cancel_call(&mut self, _legacy: RequestId, call: Call) {
-        self.abandon(&call, "the request was cancelled");
+    fn cancel_call(&mut self, legacy: RequestId, call: Call) {
+        self.abandon(&call, "the request was cancelled", None);
+        let method = usage::Method::from_name(&call.method);
+        self.ended(&legacy, method, RequestOutcome::Cancelled, call.rounds);
         match call.stream {
             PeerStream::Batch(b) => self.settle_batch(b, None),
             stream => self.events.push_back(Event::CloseStream { stream }),
         }
     }
 
-    fn abandon(&mut self, call: &Call, reason: &str) {
+    fn abandon(&mut self, call: &Call, reason: &str, reported: Option<&RequestId>) {
         match &call.phase {
             Phase::Upstream(id) => {
                 self.upstream.remove(id);
@@ -1665,7 +1801,14 @@ impl Session {
             }
             Phase::Input(round) => {
                 for id in round.pending.values() {
-                    if self.live.remove(id).is_some() {
+                    if let Some(live) = self.live.remove(id) {
+                        if reported != Some(id) {
+                            self.events
+                                .push_back(Event::Observed(Observation::LiveEnded {
+                                    kind: live.kind,
+                                    outcome: LiveOutcome::Cancel,
+                                }));
+                        }
                         self.retired_live.insert(id.clone(), RetiredKind::Abandoned);
                         self.emit_peer(
                             call.stream.clone(),
@@ -1839,6 +1982,54 @@ impl Session {
         self.events.push_back(Event::ToPeer { stream, message });
     }
 
+    fn observe(&mut self, observation: Observation) {
+        self.events.push_back(Event::Observed(observation));
+    }
+
+    fn ended(
+        &mut self,
+        id: &RequestId,
+        method: usage::Method,
+        outcome: RequestOutcome,
+        rounds: u32,
+    ) {
+        self.observe(Observation::RequestEnded {
+            id: id.clone(),
+            method,
+            outcome,
+            rounds,
+        });
+    }
+
+    /// Answers a request the session serves itself, observing how it ended.
+    fn answer(&mut self, stream: PeerStream, response: Response, method: usage::Method) {
+        if let Some(id) = &response.id {
+            let outcome = if response.outcome.is_ok() {
+                RequestOutcome::Ok
+            } else {
+                RequestOutcome::Error
+            };
+            self.ended(id, method, outcome, 0);
+        }
+        self.respond(stream, response);
+    }
+
+    /// Refuses a request the session serves itself with a JSON-RPC error.
+    fn refuse(
+        &mut self,
+        stream: PeerStream,
+        id: RequestId,
+        method: usage::Method,
+        code: ErrorCode,
+        message: &str,
+    ) {
+        self.answer(
+            stream,
+            Response::error(Some(id), ErrorObject::new(code, message)),
+            method,
+        );
+    }
+
     fn emit_elicitation_complete(&mut self, stream: PeerStream, elicitation_id: &str) {
         self.emit_peer(
             stream,
@@ -1854,13 +2045,6 @@ impl Session {
             PeerStream::Batch(b) => self.settle_batch(b, Some(Message::Response(response))),
             stream => self.emit_peer(stream, Message::Response(response)),
         }
-    }
-
-    fn respond_error(&mut self, stream: PeerStream, id: RequestId, code: ErrorCode, message: &str) {
-        self.respond(
-            stream,
-            Response::error(Some(id), ErrorObject::new(code, message)),
-        );
     }
 
     fn settle_batch(&mut self, batch: BatchId, message: Option<Message>) {
@@ -1916,6 +2100,27 @@ impl Session {
         };
         rest.parse::<u64>().is_ok_and(|n| n >= 1 && n <= counter)
     }
+}
+
+/// The peer's `clientInfo` in the shape both eras' `Implementation` has, or `None`
+/// when `name` or `version` is not a string: only that is remembered and sent upstream
+/// as `_meta` clientInfo. Optional string members are kept; `icons` (display only,
+/// possibly large `data:` URIs) and anything else are not.
+fn implementation(info: &Value) -> Option<Value> {
+    let obj = info.as_object()?;
+    let mut out = Map::new();
+    for key in ["name", "version"] {
+        out.insert(
+            key.into(),
+            Value::String(obj.get(key)?.as_str()?.to_owned()),
+        );
+    }
+    for key in ["title", "description", "websiteUrl"] {
+        if let Some(Value::String(v)) = obj.get(key) {
+            out.insert(key.into(), Value::String(v.clone()));
+        }
+    }
+    Some(Value::Object(out))
 }
 
 fn validate_discover(result: &Value) -> Result<(), SessionError> {

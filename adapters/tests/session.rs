@@ -35,8 +35,12 @@ fn reply(id: &RequestId, result: Value) -> Message {
     Message::Response(Response::result(id.clone(), result))
 }
 
+/// What the machine asks the driver to do (its observations left out: see
+/// `adapters/tests/usage.rs`).
 fn drain(s: &mut Session) -> Vec<Event> {
-    std::iter::from_fn(|| s.poll_event()).collect()
+    std::iter::from_fn(|| s.poll_event())
+        .filter(|e| !matches!(e, Event::Observed(_)))
+        .collect()
 }
 
 fn ready_with(config: Config, version: &str, caps: Value) -> Session {
@@ -604,4 +608,40 @@ fn refusals_and_close() {
     );
     assert_eq!(s.handle_standalone_opened(), Err(SessionError::Closed));
     assert_eq!(s.ping_peer(), None);
+}
+
+#[test]
+fn client_info_is_forwarded_only_in_the_implementation_shape() {
+    let cases = [
+        (
+            json!({"name": "h", "version": "1", "title": "H", "icons": [{"src": "data:x"}], "x": 1}),
+            Some(json!({"name": "h", "version": "1", "title": "H"})),
+        ),
+        (json!({"name": {"not": "a string"}, "version": "1"}), None),
+        (json!({"name": "h"}), None),
+        (json!("h"), None),
+    ];
+    for (sent, kept) in cases {
+        let mut s = Session::new(Config::default());
+        s.handle_discover(discover()).unwrap();
+        s.handle_peer_message(
+            request(
+                0,
+                "initialize",
+                json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": sent}),
+            ),
+            T0,
+        )
+        .unwrap();
+        drain(&mut s);
+        assert_eq!(s.client_info(), kept.as_ref());
+        s.handle_peer_message(request(1, "tools/list", json!({})), T0)
+            .unwrap();
+        let up = upstream(&drain(&mut s));
+        let meta = &up.params.unwrap()["_meta"];
+        assert_eq!(
+            meta.get("io.modelcontextprotocol/clientInfo"),
+            kept.as_ref()
+        );
+    }
 }

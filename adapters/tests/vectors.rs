@@ -108,7 +108,8 @@ fn event_json(event: &Event) -> Option<(Value, Option<&'static str>)> {
         }
         Event::DiscoverFetched { .. }
         | Event::RequestFailed { .. }
-        | Event::ToolRejected { .. } => return None,
+        | Event::ToolRejected { .. }
+        | Event::Observed(_) => return None,
         other => panic!("unknown event {other:?}"),
     })
 }

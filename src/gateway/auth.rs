@@ -20,7 +20,7 @@
 //! [`fingerprint`], a short digest.
 
 use super::passthrough::strip_hop_by_hop;
-use super::upstream::{Denial, Upstream, UpstreamError};
+use super::upstream::{Denial, OnBehalf, Upstream, UpstreamError};
 use super::{text, Gateway};
 use crate::body::{empty, full, BoxError, GatewayBody};
 use crate::config::SessionBinding;
@@ -179,7 +179,11 @@ pub(super) async fn upstream_denial(
             META_CLIENT_INFO: { "name": "dualera", "version": env!("CARGO_PKG_VERSION") },
         }})),
     });
-    let asked = gw.upstream.exchange(&probe, authorization, &[], |_| {});
+    let on_behalf = OnBehalf {
+        authorization,
+        ..OnBehalf::default()
+    };
+    let asked = gw.upstream.exchange(&probe, on_behalf, &[], |_| {});
     match tokio::time::timeout(PROBE_WAIT, asked).await {
         Ok(Err(UpstreamError::Denied(d))) => Some(*d),
         _ => None,

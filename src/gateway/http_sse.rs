@@ -2,6 +2,7 @@
 //! stream and names, in an `endpoint` event, the URL to POST messages to; each POST
 //! gets 202 and every answer travels on the stream. The session ends with the stream.
 
+use super::forwarded::Forwarded;
 use super::{pipe, sse, Gateway};
 use crate::body::{empty, ChannelBody, GatewayBody};
 use bytes::Bytes;
@@ -49,7 +50,11 @@ fn status(code: StatusCode, msg: &'static str) -> Response<GatewayBody> {
 }
 
 /// `GET /sse`: opens a session.
-pub(super) fn open(gw: &Gateway, req: &Request<Incoming>) -> Response<GatewayBody> {
+pub(super) fn open(
+    gw: &Gateway,
+    req: &Request<Incoming>,
+    forwarded: Forwarded,
+) -> Response<GatewayBody> {
     if req.method() != http::Method::GET {
         return status(StatusCode::METHOD_NOT_ALLOWED, "GET opens the stream\n");
     }
@@ -74,7 +79,15 @@ pub(super) fn open(gw: &Gateway, req: &Request<Incoming>) -> Response<GatewayBod
     let sessions: Arc<SseSessions> = gw.sse.clone();
     let keepalive = gw.config.keepalive;
     let session = tokio::spawn(
-        pipe::run_session(gw.clone(), in_rx, out_tx, "http+sse", auth).instrument(span.clone()),
+        pipe::run_session(
+            gw.clone(),
+            in_rx,
+            out_tx,
+            "http+sse",
+            auth,
+            Arc::new(forwarded),
+        )
+        .instrument(span.clone()),
     );
     tokio::spawn(
         async move {

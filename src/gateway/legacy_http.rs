@@ -11,12 +11,16 @@
 //! handler stops waiting; every other exchange is a task from the start.
 
 use super::auth::{fingerprint, BindingKey};
-use super::upstream::{Denial, UpstreamError};
+use super::forwarded::Forwarded;
+use super::telemetry::{SessionTelemetry, WIRE_HTTP};
+use super::trace::TraceContext;
+use super::upstream::{Denial, OnBehalf, UpstreamError};
 use super::{cache, sse, text, Gateway, GatewayConfig};
 use crate::body::{empty, full, ChannelBody, GatewayBody};
 use bytes::Bytes;
 use dashmap::DashMap;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
+use dualera_adapters::usage::Feature;
 use dualera_adapters::{
     Config as MachineConfig, Denied, ErrorCode, ErrorObject, Event, Message, PeerStream,
     ProtocolVersion, RequestId, Response as RpcResponse, Session, SessionState, Timestamp,
@@ -126,6 +130,9 @@ struct StreamState {
     finished: bool,
     /// The POST handler waiting for this stream's first (or last) message.
     waiter: Option<Waker>,
+    /// The trace context of the HTTP request that opened the stream: every upstream
+    /// attempt of its legacy request carries it.
+    trace: Option<Arc<TraceContext>>,
 }
 
 #[derive(Debug)]
@@ -139,6 +146,10 @@ struct Shared {
     /// Where `route` leaves the first upstream exchange it starts for the POST handler
     /// that is feeding the machine, instead of spawning it.
     inline: InlineSlot,
+    /// Metrics and report of this session.
+    telemetry: SessionTelemetry,
+    /// The trace context of the `initialize` POST (for the discover it may cause).
+    init_trace: Option<Arc<TraceContext>>,
     /// The `Authorization` of the host request feeding the machine right now: the
     /// upstream calls it causes carry it.
     feeding: Option<HeaderValue>,
@@ -263,6 +274,8 @@ pub(super) struct SessionHandle {
     binding: BindingKey,
     /// Opened without credentials: its discover result may be shared.
     anonymous: bool,
+    /// Forwarded headers of the request that opened the session.
+    forwarded: Forwarded,
     shared: Mutex<Shared>,
     last_used: AtomicU64,
     /// Wakes the timer task early (a deadline moved earlier, or the session closed).
@@ -281,6 +294,7 @@ impl SessionHandle {
     fn close(&self) {
         if let Ok(mut s) = self.shared.lock() {
             s.machine.close();
+            s.telemetry.close();
             for (_, h) in s.upstream_tasks.drain() {
                 h.abort();
             }
@@ -322,7 +336,11 @@ fn with_session_header(mut r: Response<GatewayBody>, id: &str) -> Response<Gatew
 }
 
 /// Handles one legacy request (POST, GET or DELETE on `/mcp`).
-pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<GatewayBody> {
+pub(super) async fn handle(
+    gw: &Gateway,
+    req: Request<Incoming>,
+    forwarded: Forwarded,
+) -> Response<GatewayBody> {
     let session_header = req
         .headers()
         .get("mcp-session-id")
@@ -374,7 +392,7 @@ pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Gat
         },
     };
     match *req.method() {
-        Method::POST => post(gw, req, existing, auth).await,
+        Method::POST => post(gw, req, existing, auth, forwarded).await,
         Method::GET => match existing {
             Some(h) => get(gw, &h, req.headers(), auth).await,
             None => rpc_error(
@@ -414,8 +432,10 @@ async fn post(
     req: Request<Incoming>,
     existing: Option<Arc<SessionHandle>>,
     auth: Option<HeaderValue>,
+    forwarded: Forwarded,
 ) -> Response<GatewayBody> {
     let limit = gw.config.max_body_bytes;
+    let trace = TraceContext::from_headers(req.headers()).map(Arc::new);
     let body = match Limited::new(req.into_body(), limit).collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => {
@@ -453,12 +473,12 @@ async fn post(
                     "Bad Request: Mcp-Session-Id header is required (or send initialize to start a session)".into(),
                 );
             }
-            return initialize(gw, parsed, auth).await;
+            return initialize(gw, parsed, auth, forwarded, trace).await;
         }
     };
     handle.touch();
     match parsed {
-        Parsed::Single(Message::Request(r)) => request(gw, &handle, r, auth).await,
+        Parsed::Single(Message::Request(r)) => request(gw, &handle, r, auth, trace).await,
         Parsed::Single(other) => {
             let watch = Arc::new(HeadWatch::default());
             let (result, mut inline) = {
@@ -495,7 +515,7 @@ async fn post(
                 }
             }
         }
-        Parsed::Batch(items) => batch(gw, &handle, items, auth),
+        Parsed::Batch(items) => batch(gw, &handle, items, auth, trace),
     }
 }
 
@@ -554,6 +574,8 @@ async fn initialize(
     gw: &Gateway,
     parsed: Parsed,
     auth: Option<HeaderValue>,
+    forwarded: Forwarded,
+    trace: Option<Arc<TraceContext>>,
 ) -> Response<GatewayBody> {
     let Parsed::Single(Message::Request(init)) = parsed else {
         return internal();
@@ -580,6 +602,7 @@ async fn initialize(
         id: id.clone(),
         binding: BindingKey::of(gw.config.session_binding, auth.as_ref()),
         anonymous: auth.is_none(),
+        forwarded,
         shared: Mutex::new(Shared {
             machine,
             streams: HashMap::new(),
@@ -588,6 +611,8 @@ async fn initialize(
             next_stream: 0,
             upstream_tasks: HashMap::new(),
             inline: InlineSlot::Closed,
+            telemetry: gw.telemetry.session(WIRE_HTTP),
+            init_trace: trace,
             feeding: None,
             call_auth: HashMap::new(),
             standalone_auth: None,
@@ -606,6 +631,7 @@ async fn initialize(
         };
         s.feeding = auth;
         open_pending(&mut s, stream.clone());
+        s.telemetry.request_started(&init.id);
         if let Err(e) = s.machine.handle_peer_message(Message::Request(init), now()) {
             return rpc_error(
                 StatusCode::BAD_REQUEST,
@@ -682,6 +708,7 @@ fn open_pending(s: &mut Shared, stream: PeerStream) {
             pending: Some(Vec::new()),
             finished: false,
             waiter: None,
+            trace: None,
         },
     );
 }
@@ -760,10 +787,11 @@ async fn request(
     handle: &Arc<SessionHandle>,
     r: dualera_adapters::Request,
     auth: Option<HeaderValue>,
+    trace: Option<Arc<TraceContext>>,
 ) -> Response<GatewayBody> {
     let stream = PeerStream::Request(r.id.clone());
     let watch = Arc::new(HeadWatch::default());
-    let mut inline = match feed_request(gw, handle, r, &stream, auth, &watch) {
+    let mut inline = match feed_request(gw, handle, r, &stream, auth, trace, &watch) {
         Ok(inline) => inline,
         Err(refused) => return *refused,
     };
@@ -800,6 +828,7 @@ fn feed_request(
     r: dualera_adapters::Request,
     stream: &PeerStream,
     auth: Option<HeaderValue>,
+    trace: Option<Arc<TraceContext>>,
     watch: &Arc<HeadWatch>,
 ) -> Result<Detachable, Box<Response<GatewayBody>>> {
     let id = r.id.clone();
@@ -813,6 +842,10 @@ fn feed_request(
         return Err(Box::new(refusal(Some(id), &e)));
     }
     open_pending(&mut s, stream.clone());
+    if let Some(st) = s.streams.get_mut(stream) {
+        st.trace = trace;
+    }
+    s.telemetry.request_started(&id);
     s.feeding = auth;
     if let Err(e) = s.machine.handle_peer_message(Message::Request(r), now()) {
         s.feeding = None;
@@ -830,10 +863,16 @@ fn batch(
     handle: &Arc<SessionHandle>,
     items: Vec<Result<Message, jsonrpc::EnvelopeError>>,
     auth: Option<HeaderValue>,
+    trace: Option<Arc<TraceContext>>,
 ) -> Response<GatewayBody> {
     let Ok(mut s) = handle.shared.lock() else {
         return internal();
     };
+    for item in &items {
+        if let Ok(Message::Request(r)) = item {
+            s.telemetry.request_started(&r.id);
+        }
+    }
     // A batch's upstream calls carry its token; a 401/403 for one of them reaches the
     // peer as that element's error in the batch's response (one HTTP answer for many).
     s.feeding = auth;
@@ -856,6 +895,9 @@ fn batch(
     };
     let stream = PeerStream::Batch(batch);
     open_pending(&mut s, stream.clone());
+    if let Some(st) = s.streams.get_mut(&stream) {
+        st.trace = trace;
+    }
     route(gw, handle, &mut s);
     rearm(handle, &s);
     respond_on(handle, &mut s, &stream)
@@ -977,6 +1019,7 @@ fn open_get(
         if !st.finished {
             st.tx = Some(tx);
         }
+        s.telemetry.feature(Feature::Resumption);
         debug!(session = %handle.id, stream = number, after, "stream resumed");
     } else {
         let stream = PeerStream::Standalone;
@@ -1002,6 +1045,7 @@ fn open_get(
             watch_standalone(gw.clone(), handle.clone(), tx.clone());
             st.tx = Some(tx);
         }
+        s.telemetry.feature(Feature::GetStream);
         // Kept only while this GET is open: `subscriptions/listen` runs on its behalf.
         s.standalone_auth = auth;
         s.inline = InlineSlot::Open(watch.clone());
@@ -1080,6 +1124,14 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
             Event::ToUpstream { role, request } => {
                 let id = request.id.clone();
                 let params = s.machine.upstream_headers(&request);
+                let trace = upstream_trace(s, &role, &request);
+                let span = tracing::debug_span!(
+                    "upstream",
+                    session = %handle.id,
+                    rpc.id = %id,
+                    ?role,
+                    trace_id = trace.as_ref().map_or("", |t| t.trace_id()),
+                );
                 let auth = upstream_credentials(s, &role, feeding.as_ref());
                 let watch = match &s.inline {
                     InlineSlot::Open(w) => Some(w.clone()),
@@ -1089,15 +1141,16 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
                     upstream_task(
                         gw.clone(),
                         handle.clone(),
-                        role.clone(),
-                        Message::Request(request),
-                        params,
-                        auth,
-                        watch.clone(),
+                        Attempt {
+                            role: role.clone(),
+                            request: Message::Request(request),
+                            params,
+                            trace,
+                            auth,
+                            watch: watch.clone(),
+                        },
                     )
-                    .instrument(
-                        tracing::debug_span!("upstream", session = %handle.id, rpc.id = %id, ?role),
-                    ),
+                    .instrument(span),
                 );
                 s.upstream_tasks.insert(id, abort);
                 let exchange: Exchange = Box::pin(async move {
@@ -1121,6 +1174,7 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
             Event::ToolRejected { tool, reason } => {
                 warn!(session = %handle.id, tool, reason, "upstream tool left out of tools/list");
             }
+            Event::Observed(o) => s.telemetry.observe(o, &s.machine),
             _ => {}
         }
     }
@@ -1151,6 +1205,26 @@ fn upstream_credentials(
         }
         _ => feeding.cloned(),
     }
+}
+
+/// The trace context an upstream attempt carries: that of the HTTP request which
+/// carried the legacy request it serves (retries included), else the request's own
+/// `_meta.traceparent`.
+fn upstream_trace(
+    s: &Shared,
+    role: &UpstreamRole,
+    request: &dualera_adapters::Request,
+) -> Option<Arc<TraceContext>> {
+    let from_http = match role {
+        UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => s
+            .machine
+            .request_stream(legacy)
+            .and_then(|stream| s.streams.get(stream))
+            .and_then(|st| st.trace.clone()),
+        UpstreamRole::Discover => s.init_trace.clone(),
+        _ => None,
+    };
+    from_http.or_else(|| TraceContext::from_meta(request.params.as_ref()).map(Arc::new))
 }
 
 /// Queues one message on a stream, and wakes the POST waiting on it when the stream
@@ -1229,15 +1303,27 @@ fn trim_finished(s: &mut Shared) {
     }
 }
 
-async fn upstream_task(
-    gw: Gateway,
-    handle: Arc<SessionHandle>,
+/// One upstream attempt the machine asked for, with what it carries.
+struct Attempt {
     role: UpstreamRole,
     request: Message,
+    /// `Mcp-Param-*` headers.
     params: Vec<(String, String)>,
+    trace: Option<Arc<TraceContext>>,
     auth: Option<HeaderValue>,
+    /// The host request waiting for this attempt's head (to relay a 401/403).
     watch: Option<Arc<HeadWatch>>,
-) {
+}
+
+async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, attempt: Attempt) {
+    let Attempt {
+        role,
+        request,
+        params,
+        trace,
+        auth,
+        watch,
+    } = attempt;
     let Message::Request(r) = &request else {
         return;
     };
@@ -1251,7 +1337,11 @@ async fn upstream_task(
         &gw,
         &role,
         &request,
-        auth.as_ref(),
+        OnBehalf {
+            authorization: auth.as_ref(),
+            forwarded: Some(&handle.forwarded),
+            trace: trace.as_deref(),
+        },
         &params,
         accepted,
         |msg| {
@@ -1273,6 +1363,8 @@ async fn upstream_task(
         match result {
             Ok(()) => {}
             Err(UpstreamError::Denied(denial)) => {
+                gw.telemetry
+                    .upstream_error(&UpstreamError::Denied(denial.clone()));
                 let credential = fingerprint(auth.as_ref());
                 // The host request that caused this call is still waiting: it gets the
                 // upstream's status and challenge, and the machine says nothing.
@@ -1289,8 +1381,15 @@ async fn upstream_task(
                 route(&gw, &handle, &mut s);
             }
             Err(e) => {
+                gw.telemetry.upstream_error(&e);
                 warn!(session = %handle.id, rpc.id = %id, error = %e, "upstream exchange failed");
-                let _ = s.machine.handle_upstream_lost(&id, now());
+                let _ = match e.refusal() {
+                    Some((reason, message)) => {
+                        s.machine
+                            .handle_upstream_refused(&id, reason, message, now())
+                    }
+                    None => s.machine.handle_upstream_lost(&id, now()),
+                };
                 route(&gw, &handle, &mut s);
             }
         }
