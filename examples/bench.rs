@@ -52,8 +52,8 @@
 //! the targets table says which were met.
 
 use bytes::Bytes;
-use dualera::gateway::sse;
 use dualera::server::store::{NoteStore, SqliteStore};
+use dualera::sse;
 
 #[path = "../tests/common/pg_cluster.rs"]
 mod pg_cluster;
@@ -2505,8 +2505,8 @@ fn setup(opts: &Opts) -> Res<Env> {
     std::fs::write(
         &gateway_config,
         format!(
-            "[gateway]\nmax_sessions = {max_sessions}\nsession_idle_ttl_secs = 7200\n\
-             live_request_timeout_secs = 3600\nmax_in_flight = 64\n"
+            "[gateway]\nmax_sessions = {max_sessions}\nmax_sessions_per_caller = {max_sessions}\n\
+             session_idle_ttl_secs = 7200\nlive_request_timeout_secs = 3600\nmax_in_flight = 64\n"
         ),
     )?;
     let gateway_section = std::fs::read_to_string(&gateway_config)?;

@@ -212,6 +212,21 @@ pub struct GatewaySection {
     pub max_in_flight: Option<usize>,
     /// Largest body accepted, in bytes (default 4 MiB).
     pub max_body_bytes: Option<usize>,
+    /// Live (elicitation/sampling/roots) requests outstanding per legacy session
+    /// (default 128).
+    pub max_live_requests: Option<usize>,
+    /// Largest request the upstream accepts, in bytes (default 1 MiB, the modern
+    /// server's `limits.max_body_bytes` default; `dualera up` uses its server's value).
+    /// What would exceed it is refused by the gateway, naming the limit.
+    pub upstream_max_body_bytes: Option<usize>,
+    /// Bytes queued toward one host SSE connection that is not reading before the
+    /// gateway closes it (default 4 MiB); the session and its replay ring survive.
+    pub max_buffered_bytes: Option<usize>,
+    /// Bytes of events kept per stream for Last-Event-ID resumption (default 1 MiB;
+    /// the newest event is always kept).
+    pub replay_buffer_bytes: Option<usize>,
+    /// Legacy sessions one caller (one credential) may hold (default 1000).
+    pub max_sessions_per_caller: Option<usize>,
     /// Seconds a connection may take to send a request head (default 10).
     pub header_read_timeout_secs: Option<u64>,
     /// Seconds an idle keep-alive connection stays open (default 60).

@@ -20,6 +20,18 @@ mod vectors_cmd;
 
 type BoxError = Box<dyn std::error::Error>;
 
+/// `eprintln!` in one write: stderr is unbuffered, so `eprintln!` writes each piece of
+/// the line separately, and a stdio upstream child sharing our stderr could land in the
+/// middle of a line someone parses ("gateway listening on …").
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut line = format!($($arg)*);
+        line.push('\n');
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }};
+}
+
 #[derive(Parser)]
 #[command(
     name = "dualera",
@@ -152,7 +164,7 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("dualera: cannot start the runtime: {e}");
+            say!("dualera: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -162,7 +174,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("dualera: {e}");
+            say!("dualera: {e}");
             ExitCode::FAILURE
         }
     }
@@ -178,7 +190,7 @@ fn load(path: Option<&PathBuf>) -> Result<Config, BoxError> {
 fn build_server(config: &Config) -> Result<Server, BoxError> {
     let (server, keys) = Server::from_config(config)?;
     if keys == KeySource::Generated {
-        eprintln!(
+        say!(
             "dualera: no [[state.keys]] configured; generated a random requestState key \
              for this process (states will not survive a restart or verify elsewhere)"
         );
@@ -240,7 +252,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             let mut config_path = config;
             if let Some(dir) = demo {
                 let layout = dualera::demo::ensure(&dir)?;
-                eprintln!(
+                say!(
                     "dualera: demo workspace {} and repository {}",
                     layout.notes_uri,
                     layout.repo_dir.display()
@@ -269,10 +281,10 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             let stop = shutdown_signal();
             dualera::tls::reload_on_sighup(listen_config.tls.iter().cloned().collect());
             warn_if_clear_text(bound, &listen_config, "modern server");
-            eprintln!(
+            say!(
                 "dualera: modern server listening on {}://{bound}{}",
                 scheme(&listen_config),
-                server::http::ENDPOINT
+                dualera::endpoint::ENDPOINT
             );
             server::http::serve_with(listener, listen_config, server, stop).await?;
             Ok(())
@@ -318,7 +330,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 Some(addr) => {
                     let (url, stop, task) =
                         start_admin(addr, gateway.clone(), admin_settings).await?;
-                    eprintln!("dualera: admin listening on {url}");
+                    say!("dualera: admin listening on {url}");
                     (Some(stop), Some(task))
                 }
                 None => (None, None),
@@ -337,7 +349,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 let stop = shutdown_signal();
                 dualera::tls::reload_on_sighup(listen_config.tls.iter().cloned().collect());
                 warn_if_clear_text(bound, &listen_config, "gateway");
-                eprintln!(
+                say!(
                     "dualera: gateway listening on {}://{bound}/mcp",
                     scheme(&listen_config)
                 );
@@ -381,9 +393,14 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 tokio::spawn(server::http::serve(upstream_listener, server, async move {
                     let _ = rx.changed().await;
                 }));
-            let gw_config = GatewayConfig::from_config(&config);
+            let mut gw_config = GatewayConfig::from_config(&config);
+            // The embedded server's own limit is known here: what it would refuse, the
+            // gateway refuses first, naming the limit.
+            if config.gateway.upstream_max_body_bytes.is_none() {
+                gw_config.upstream_max_body_bytes = config.limits.max_body_bytes;
+            }
             let uri: http::Uri =
-                format!("http://{upstream_addr}{}", server::http::ENDPOINT).parse()?;
+                format!("http://{upstream_addr}{}", dualera::endpoint::ENDPOINT).parse()?;
             let listener = tokio::net::TcpListener::bind(listen).await?;
             let bound = listener.local_addr()?;
             let gateway = Gateway::with_report(

@@ -36,40 +36,12 @@ fn gateway(upstream: &str, ws: &Workspace) -> (Proc, String) {
     (proc, admin)
 }
 
-fn admin_url(proc: &Proc) -> String {
-    proc.log()
-        .iter()
-        .find_map(|l| l.split("admin listening on ").nth(1).map(str::to_owned))
-        .unwrap_or_else(|| panic!("no admin URL in {:?}", proc.log()))
-}
-
 async fn get(url: &str, headers: &[(&str, &str)]) -> RawReply {
     raw(&http_client(), Method::GET, url, headers, "").await
 }
 
 fn bearer() -> String {
     format!("Bearer {TOKEN}")
-}
-
-/// The sum of the samples of `name` whose labels include `labels` (Prometheus text).
-fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let (n, rest) = match series.split_once('{') {
-                Some((n, rest)) => (n, rest.trim_end_matches('}')),
-                None => (series, ""),
-            };
-            (n == name).then_some((rest, value))
-        })
-        .filter(|(rest, _)| {
-            labels
-                .iter()
-                .all(|(k, v)| rest.split(',').any(|p| p == format!("{k}=\"{v}\"")))
-        })
-        .map(|(_, v)| v.parse::<f64>().expect("a sample value"))
-        .sum()
 }
 
 async fn scrape(admin: &str) -> String {

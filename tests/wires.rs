@@ -4,7 +4,7 @@
 //! and the next call succeeds.
 
 use bytes::Bytes;
-use dualera::gateway::sse;
+use dualera::sse;
 use dualera_adapters::jsonrpc::{self, Message, Notification, Request, RequestId, Response};
 use futures_util::{SinkExt, StreamExt};
 use http_body_util::{BodyExt, Full};

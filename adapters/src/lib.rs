@@ -25,11 +25,14 @@
 
 pub mod capabilities;
 pub mod downgrade;
+pub mod echo;
 pub mod error;
 pub mod event;
+pub mod json;
 pub mod jsonrpc;
 pub mod mrtr;
 pub mod param_headers;
+pub mod replay;
 pub mod revision;
 pub mod session;
 pub mod time;
@@ -44,7 +47,7 @@ pub use error::{Failure, SessionError};
 pub use event::{BatchId, Event, PeerStream, UpstreamRole};
 pub use jsonrpc::{ErrorCode, ErrorObject, Message, Notification, Request, RequestId, Response};
 pub use revision::Revision;
-pub use session::{BatchOutcome, Config, Denied, Session, SessionState};
+pub use session::{BatchOutcome, Config, Denied, Footprint, Session, SessionState};
 pub use time::Timestamp;
 pub use usage::Observation;
 pub use version::{Era, ProtocolVersion};

@@ -58,9 +58,18 @@ pub const LOG_LEVELS: [&str; 8] = [
 pub struct Config {
     /// Legacy revisions offered to peers, newest first (default: all four).
     pub legacy_versions: Vec<String>,
-    /// Most legacy requests forwarded upstream at once (default 64); more are answered
-    /// with a failure.
+    /// Most legacy requests forwarded upstream at once (default 64); one more is
+    /// refused with [`SessionError::TooManyInFlight`], never queued.
     pub max_in_flight: usize,
+    /// Most live requests outstanding at the peer, over all rounds of the session
+    /// (default 128); a round that would exceed it fails its request
+    /// ([`Failure::TooManyLive`]).
+    pub max_live: usize,
+    /// Largest upstream request, in bytes, the upstream accepts (default 1 MiB, the
+    /// modern server's own default). A peer request that would exceed it is refused
+    /// ([`SessionError::TooLargeForUpstream`]); a retry whose answers would exceed it
+    /// fails its request ([`Failure::AnswersTooLarge`]).
+    pub max_upstream_message: usize,
     /// Most `inputRequests` in one round (default 16).
     pub max_input_requests: usize,
     /// Most `input_required` rounds per legacy request (default 8).
@@ -100,6 +109,8 @@ impl Default for Config {
                 .map(|v| (*v).to_owned())
                 .collect(),
             max_in_flight: 64,
+            max_live: 128,
+            max_upstream_message: 1024 * 1024,
             max_input_requests: 16,
             max_rounds: 8,
             retry_pause: Duration::from_millis(250),
@@ -257,6 +268,9 @@ struct Listen {
 struct Batch {
     open: usize,
     responses: Vec<Message>,
+    /// The ids of the batch's requests: until the group is sent, the peer has no
+    /// answer for any of them, so none may be reused.
+    ids: Vec<RequestId>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -302,6 +316,34 @@ impl Retired {
     fn get(&self, id: &RequestId) -> Option<RetiredKind> {
         self.kinds.get(id).copied()
     }
+
+    fn len(&self) -> usize {
+        self.kinds.len().max(self.order.len())
+    }
+}
+
+/// What a session holds, by map (see [`Session::footprint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Footprint {
+    /// Legacy requests in flight.
+    pub calls: usize,
+    /// Live requests outstanding at the peer.
+    pub live: usize,
+    /// Upstream requests in flight.
+    pub upstream: usize,
+    /// Remembered finished live-request ids.
+    pub retired_live: usize,
+    /// Remembered finished upstream ids.
+    pub retired_upstream: usize,
+    /// Batches waiting for their responses.
+    pub batches: usize,
+    /// Subscribed resource URIs.
+    pub subscriptions: usize,
+    /// Tools whose `x-mcp-header` parameters are remembered.
+    pub tool_headers: usize,
+    /// Events not yet polled.
+    pub events: usize,
 }
 
 /// One legacy session, sans IO.
@@ -459,6 +501,22 @@ impl Session {
     /// The resource URIs the peer subscribed to.
     pub fn subscriptions(&self) -> impl Iterator<Item = &str> {
         self.subscriptions.iter().map(String::as_str)
+    }
+
+    /// How much the session holds right now: every map it keeps, for bound checks
+    /// (the property tests) and metrics.
+    pub fn footprint(&self) -> Footprint {
+        Footprint {
+            calls: self.calls.len(),
+            live: self.live.len(),
+            upstream: self.upstream.len(),
+            retired_live: self.retired_live.len(),
+            retired_upstream: self.retired_upstream.len(),
+            batches: self.batches.len(),
+            subscriptions: self.subscriptions.len(),
+            tool_headers: self.tool_headers.len(),
+            events: self.events.len(),
+        }
     }
 
     /// The stream of the legacy request `legacy` while it is in flight (a driver uses it
@@ -683,6 +741,7 @@ impl Session {
                 Batch {
                     open: 1,
                     responses: Vec::new(),
+                    ids: Vec::new(),
                 },
             );
             Some(id)
@@ -695,8 +754,12 @@ impl Session {
                     if let Some(b) = batch.and_then(|b| self.batches.get_mut(&b)) {
                         b.open += 1;
                     }
+                    let id = request.id.clone();
                     if let Err(e) = self.peer_request(request, batch, now) {
                         refused.push(e);
+                    }
+                    if let Some(b) = batch.and_then(|b| self.batches.get_mut(&b)) {
+                        b.ids.push(id);
                     }
                 }
                 Ok(Message::Notification(n)) => self.peer_notification(n, now),
@@ -732,8 +795,11 @@ impl Session {
             None => PeerStream::Request(request.id.clone()),
         };
         let id = request.id.clone();
-        let duplicate =
-            self.calls.contains_key(&id) || self.init.as_ref().is_some_and(|i| i.id == id);
+        // In flight, waiting for initialize, or answered inside a batch whose group
+        // has not been sent yet: the peer has no answer for it, so the id is taken.
+        let duplicate = self.calls.contains_key(&id)
+            || self.init.as_ref().is_some_and(|i| i.id == id)
+            || self.batches.values().any(|b| b.ids.contains(&id));
         if duplicate {
             let error = SessionError::DuplicateRequestId { id };
             if batch.is_some() {
@@ -783,7 +849,18 @@ impl Session {
                 ErrorCode::METHOD_NOT_FOUND,
                 "method not found in legacy protocol revisions",
             ),
-            _ => self.forward(request, stream, now),
+            _ => {
+                if let Err(refused) = self.forward(request, stream.clone(), now) {
+                    // In a batch the refusal is one of the grouped responses.
+                    if batch.is_some() {
+                        if let Some(response) = refused.to_response() {
+                            self.respond(stream, response);
+                        }
+                        return Ok(());
+                    }
+                    return Err(refused);
+                }
+            }
         }
         Ok(())
     }
@@ -837,12 +914,18 @@ impl Session {
             return Ok(());
         }
         let Some(live) = self.live.remove(&id) else {
-            return Err(match self.retired_live.get(&id) {
+            let error = match self.retired_live.get(&id) {
                 Some(RetiredKind::Answered) => SessionError::DuplicateReply { id },
                 Some(RetiredKind::Abandoned) => SessionError::LateReply { id },
                 None if self.was_minted(&id, 'l', self.next_live) => SessionError::LateReply { id },
                 None => SessionError::UnknownReply { id },
-            });
+            };
+            if error.is_dropped() {
+                self.observe(Observation::ReplyDropped {
+                    duplicate: matches!(error, SessionError::DuplicateReply { .. }),
+                });
+            }
+            return Err(error);
         };
         self.retired_live.insert(id.clone(), RetiredKind::Answered);
         let outcome = match &response.outcome {
@@ -1391,24 +1474,26 @@ impl Session {
 
     // ----- forwarding and rounds -----------------------------------------------------
 
-    fn forward(&mut self, request: Request, stream: PeerStream, _now: Timestamp) {
+    /// Forwards a request upstream; refuses it (changing nothing) when the session is
+    /// at its in-flight bound or the upstream could not take it.
+    fn forward(
+        &mut self,
+        request: Request,
+        stream: PeerStream,
+        _now: Timestamp,
+    ) -> Result<(), SessionError> {
         if self.calls.len() >= self.config.max_in_flight {
-            let failure = Failure::TooManyInFlight {
-                max: self.config.max_in_flight,
-            };
-            let response = failure_response(&request.method, request.id.clone(), &failure);
+            // Refused before anything is kept; only the observation records it.
             self.ended(
                 &request.id,
                 usage::Method::from_name(&request.method),
-                RequestOutcome::Failed((&failure).into()),
+                RequestOutcome::Failed(usage::FailureReason::Overload),
                 0,
             );
-            self.events.push_back(Event::RequestFailed {
-                legacy: request.id,
-                failure,
+            return Err(SessionError::TooManyInFlight {
+                id: request.id,
+                limit: self.config.max_in_flight,
             });
-            self.respond(stream, response);
-            return;
         }
         let mut params = match request.params {
             Some(Value::Object(p)) => p,
@@ -1423,6 +1508,21 @@ impl Session {
         // The machine owns the MRTR fields: a legacy peer cannot supply them.
         params.remove("inputResponses");
         params.remove("requestState");
+        let first = self.attempt_params(&params, None, None);
+        let size = upstream_request_size(&request.method, &first);
+        if size > self.config.max_upstream_message {
+            self.ended(
+                &request.id,
+                usage::Method::from_name(&request.method),
+                RequestOutcome::Error,
+                0,
+            );
+            return Err(SessionError::TooLargeForUpstream {
+                id: request.id,
+                size,
+                limit: self.config.max_upstream_message,
+            });
+        }
         self.next_seq += 1;
         let call = Call {
             seq: self.next_seq,
@@ -1436,9 +1536,26 @@ impl Session {
             answered: None,
         };
         self.calls.insert(request.id.clone(), call);
-        self.send_attempt(&request.id, None, None);
+        self.send_prepared(&request.id, first);
+        Ok(())
     }
 
+    /// The params of an upstream attempt: the peer's params, the round's answers and
+    /// state, and the session's `_meta`.
+    fn attempt_params(
+        &self,
+        params: &Map<String, Value>,
+        responses: Option<Map<String, Value>>,
+        request_state: Option<&str>,
+    ) -> Map<String, Value> {
+        let mut params = mrtr::retry_params(params, responses, request_state);
+        let meta = self.upstream_meta(params.get("_meta"), true);
+        params.insert("_meta".into(), meta);
+        params
+    }
+
+    /// Sends the next attempt of `legacy`; a retry the upstream could not take (its
+    /// answers made it too large) fails the request instead.
     fn send_attempt(
         &mut self,
         legacy: &RequestId,
@@ -1448,9 +1565,26 @@ impl Session {
         let Some(call) = self.calls.get(legacy) else {
             return;
         };
-        let mut params = mrtr::retry_params(&call.params, responses, request_state.as_deref());
-        let meta = self.upstream_meta(params.get("_meta"), true);
-        params.insert("_meta".into(), meta);
+        let params = self.attempt_params(&call.params, responses, request_state.as_deref());
+        let size = upstream_request_size(&call.method, &params);
+        if size > self.config.max_upstream_message {
+            let failure = Failure::AnswersTooLarge {
+                size,
+                limit: self.config.max_upstream_message,
+            };
+            if let Some(mut call) = self.calls.remove(legacy) {
+                call.phase = Phase::Idle;
+                self.fail_call(legacy.clone(), call, failure, "");
+            }
+            return;
+        }
+        self.send_prepared(legacy, params);
+    }
+
+    fn send_prepared(&mut self, legacy: &RequestId, params: Map<String, Value>) {
+        let Some(call) = self.calls.get(legacy) else {
+            return;
+        };
         let method = call.method.clone();
         let round = call.rounds;
         let id = self.mint_upstream();
@@ -1621,6 +1755,10 @@ impl Session {
             };
             return self.fail_call(legacy, call, failure, "");
         }
+        if self.live.len() + parsed.requests.len() > self.config.max_live {
+            let limit = self.config.max_live;
+            return self.fail_call(legacy, call, Failure::TooManyLive { limit }, "");
+        }
         let mut missing = Vec::new();
         for (key, request) in &parsed.requests {
             match capabilities::check_input_request(
@@ -1783,7 +1921,13 @@ impl Session {
         let method = usage::Method::from_name(&call.method);
         self.ended(&legacy, method, RequestOutcome::Cancelled, call.rounds);
         match call.stream {
-            PeerStream::Batch(b) => self.settle_batch(b, None),
+            PeerStream::Batch(b) => {
+                // Its group will not answer it: the peer may use the id again.
+                if let Some(batch) = self.batches.get_mut(&b) {
+                    batch.ids.retain(|id| *id != legacy);
+                }
+                self.settle_batch(b, None)
+            }
             stream => self.events.push_back(Event::CloseStream { stream }),
         }
     }
@@ -2100,6 +2244,26 @@ impl Session {
         };
         rest.parse::<u64>().is_ok_and(|n| n >= 1 && n <= counter)
     }
+}
+
+/// Bytes of the upstream request `method` + `params` makes, envelope and a minted id
+/// included (measured by serializing into a counter, nothing is kept).
+fn upstream_request_size(method: &str, params: &Map<String, Value>) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, params);
+    let _ = serde_json::to_writer(&mut count, method);
+    // `{"id":"<prefix>-u<n>","jsonrpc":"2.0","method":,"params":}`
+    count.0 + 96
 }
 
 /// The peer's `clientInfo` in the shape both eras' `Implementation` has, or `None`

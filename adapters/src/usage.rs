@@ -400,7 +400,8 @@ pub enum FailureReason {
     RoundLimit,
     /// The upstream failed or broke the protocol.
     Upstream,
-    /// A bound of the session was reached (requests in flight).
+    /// A bound of the session was reached (requests in flight, live requests
+    /// outstanding).
     Overload,
 }
 
@@ -445,8 +446,9 @@ impl From<&Failure> for FailureReason {
             Failure::LiveTimeout { .. } => FailureReason::Timeout,
             Failure::PeerError { .. } => FailureReason::HostError,
             Failure::RoundLimit { .. } => FailureReason::RoundLimit,
-            Failure::TooManyInFlight { .. } => FailureReason::Overload,
+            Failure::TooManyLive { .. } => FailureReason::Overload,
             Failure::UnsupportedInputRequest { .. }
+            | Failure::AnswersTooLarge { .. }
             | Failure::TooManyInputRequests { .. }
             | Failure::MalformedInputRequired { .. }
             | Failure::InputRequiredNotAllowed { .. }
@@ -513,6 +515,14 @@ pub enum Observation {
         kind: LiveKind,
         /// How it ended.
         outcome: LiveOutcome,
+    },
+    /// The peer replied to a live request the session had already given up on
+    /// (cancelled, abandoned, timed out) or already had the answer to; the reply was
+    /// accepted and dropped (2025-11-25 cancellation: responses arriving after a
+    /// cancellation are ignored).
+    ReplyDropped {
+        /// `true` for a second reply to an answered request, `false` for a late one.
+        duplicate: bool,
     },
 }
 

@@ -18,7 +18,7 @@ use dualera_adapters::jsonrpc::Message;
 use dualera_adapters::{
     Config, Denied, Event, PeerStream, RequestId, Session, Timestamp, UpstreamRole,
 };
-use dualera_kit::format::{self, Expected, Input, Step, Transport, Vector};
+use dualera_kit::format::{self, Dropped, Expected, Input, Step, Transport, Vector};
 use dualera_kit::matching::{self, Bindings, Mode};
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap};
@@ -321,6 +321,27 @@ impl Runner<'_> {
             self.skip(step, "headers the host sends (a wire matter)");
         }
         let (result, mut actual) = self.feed(step);
+        // A dropped reply is accepted: the machine says so with its dropped kinds
+        // (`SessionError::is_dropped`), which a driver answers 202 and otherwise ignores.
+        let result = match (step.dropped, result) {
+            (Some(kind), Err(e)) => {
+                let want = match kind {
+                    Dropped::Late => "LateReply",
+                    Dropped::Duplicate => "DuplicateReply",
+                };
+                assert!(
+                    e.starts_with(want),
+                    "{ctx}: expected the reply dropped as {}, got {e}",
+                    kind.name()
+                );
+                Ok(())
+            }
+            (Some(kind), Ok(())) => panic!(
+                "{ctx}: expected the reply dropped as {}, but the machine took it",
+                kind.name()
+            ),
+            (None, r) => r,
+        };
         match (step.error.as_deref(), result) {
             (None, Ok(())) => {}
             (None, Err(e)) => panic!("{ctx}: unexpected error {e}"),

@@ -214,6 +214,9 @@ pub struct Step {
     pub input: Input,
     /// The machine must refuse the input with this error kind (in process only).
     pub error: Option<String>,
+    /// The host's reply is accepted and dropped: it answers a live request the bridge
+    /// gave up on or already had the answer to.
+    pub dropped: Option<Dropped>,
     /// The outputs, all of them.
     pub expect: Vec<Expected>,
     /// Outputs that must not appear during this step.
@@ -227,6 +230,26 @@ pub struct Step {
     pub host_headers: Vec<(String, Option<String>)>,
     /// Where the step applies.
     pub transports: Transports,
+}
+
+/// Why a host's reply is accepted and then ignored (a step's `dropped`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    /// A reply to a live request the bridge gave up on (cancelled, abandoned with its
+    /// round, timed out).
+    Late,
+    /// A second reply to a live request the bridge already had the answer to.
+    Duplicate,
+}
+
+impl Dropped {
+    /// The name in the file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Late => "late",
+            Self::Duplicate => "duplicate",
+        }
+    }
 }
 
 /// What a step feeds in.
@@ -465,6 +488,7 @@ struct RawStep {
     action: Option<String>,
     result: Option<Value>,
     error: Option<String>,
+    dropped: Option<String>,
     #[serde(default)]
     expect: Vec<Map<String, Value>>,
     #[serde(default)]
@@ -717,12 +741,14 @@ fn parse_step(index: usize, r: RawStep) -> Result<Step, String> {
         .enumerate()
         .map(|(i, o)| parse_output(o, &session).map_err(|e| format!("absent[{i}]: {e}")))
         .collect::<Result<Vec<_>, _>>()?;
+    let dropped = parse_dropped(r.dropped.as_deref(), r.error.as_deref(), &input)?;
     Ok(Step {
         index,
         at: r.at,
         session,
         input,
         error: r.error,
+        dropped,
         expect,
         absent,
         next_timeout: r.next_timeout,
@@ -730,6 +756,44 @@ fn parse_step(index: usize, r: RawStep) -> Result<Step, String> {
         host_headers,
         transports: parse_transports(r.transports.as_deref())?,
     })
+}
+
+/// A step's `dropped`: only on a host reply, never with `error` (a dropped reply is
+/// accepted, not refused), and the only way to say it (`error` may not name the
+/// dropped kinds).
+fn parse_dropped(
+    dropped: Option<&str>,
+    error: Option<&str>,
+    input: &Input,
+) -> Result<Option<Dropped>, String> {
+    if let Some(e @ ("LateReply" | "DuplicateReply")) = error {
+        return Err(format!(
+            "`error: {e}` is not a refusal: a reply the bridge gave up on or already had is accepted and dropped; write `\"dropped\": \"{}\"`",
+            if e == "LateReply" { "late" } else { "duplicate" }
+        ));
+    }
+    let Some(d) = dropped else {
+        return Ok(None);
+    };
+    let kind = match d {
+        "late" => Dropped::Late,
+        "duplicate" => Dropped::Duplicate,
+        other => return Err(format!("unknown `dropped` {other:?} (late, duplicate)")),
+    };
+    if error.is_some() {
+        return Err("`dropped` and `error` exclude each other: a dropped reply is accepted".into());
+    }
+    match input {
+        Input::Peer { message }
+            if message.get("method").is_none()
+                && (message.get("result").is_some() || message.get("error").is_some()) =>
+        {
+            Ok(Some(kind))
+        }
+        _ => Err(
+            "`dropped` belongs on a peer step whose message is a reply (result or error)".into(),
+        ),
+    }
 }
 
 /// Whether `s` is a placeholder name (`$` then letters, digits, `_`).

@@ -132,6 +132,25 @@ fn schema_and_reader_refuse_the_same_mistakes() {
         "a 401 carrying a message",
         &|v| v["steps"][0] = json!({"from": "upstream", "message": {"jsonrpc": "2.0", "id": 1, "result": {}}, "http": {"status": 401}}),
     );
+    with(
+        "a late reply written as a refusal",
+        &|v| v["steps"][0] = json!({"from": "peer", "message": {"jsonrpc": "2.0", "id": "$l1", "result": {}}, "error": "LateReply"}),
+    );
+    with(
+        "dropped and error",
+        &|v| v["steps"][0] = json!({"from": "peer", "message": {"jsonrpc": "2.0", "id": "$l1", "result": {}}, "dropped": "late", "error": "UnknownReply"}),
+    );
+    with(
+        "a request dropped",
+        &|v| v["steps"][0] = json!({"from": "peer", "message": {"jsonrpc": "2.0", "id": 1, "method": "ping"}, "dropped": "late"}),
+    );
+    with("dropped on a timer", &|v| {
+        v["steps"][0]["dropped"] = json!("late")
+    });
+    with(
+        "unknown dropped kind",
+        &|v| v["steps"][0] = json!({"from": "peer", "message": {"jsonrpc": "2.0", "id": "$l1", "result": {}}, "dropped": "stale"}),
+    );
     for (what, v) in cases {
         assert!(!validator.is_valid(&v), "the schema accepts: {what}");
         assert!(
@@ -144,6 +163,12 @@ fn schema_and_reader_refuse_the_same_mistakes() {
         {"from": "upstream", "lost": "$up1", "http": {"status": 401, "headers": {"WWW-Authenticate": "Bearer"}}}
     ]});
     assert!(validator.is_valid(&denial));
+    let dropped = json!({"description": "d", "row": "r", "steps": [
+        {"from": "peer", "message": {"jsonrpc": "2.0", "id": "$l1", "error": {"code": -32800, "message": "cancelled"}}, "dropped": "late", "http": {"status": 202}},
+        {"from": "peer", "message": {"jsonrpc": "2.0", "id": "$l1", "result": {}}, "dropped": "duplicate"}
+    ]});
+    assert!(validator.is_valid(&dropped));
+    assert!(format::parse("t", &dropped.to_string()).is_ok());
     assert!(format::parse("t", &denial.to_string()).is_ok());
     assert!(validator.is_valid(&base));
     assert!(format::parse("t", &base.to_string()).is_ok());

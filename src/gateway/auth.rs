@@ -45,7 +45,7 @@ pub(super) const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 const MAX_PAYLOAD: usize = 8 * 1024;
 
 /// What a legacy session is bound to, as a digest compared in constant time.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) struct BindingKey([u8; 32]);
 
 impl std::fmt::Debug for BindingKey {
@@ -197,7 +197,7 @@ const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// and the well-known path of its MCP endpoint.
 pub(super) fn is_metadata_path(path: &str) -> bool {
     path.strip_prefix(METADATA_PATH)
-        .is_some_and(|rest| rest.is_empty() || rest == crate::server::http::ENDPOINT)
+        .is_some_and(|rest| rest.is_empty() || rest == crate::endpoint::ENDPOINT)
 }
 
 /// Relays `GET`/`HEAD`/`OPTIONS` on a metadata path to the upstream verbatim (status,

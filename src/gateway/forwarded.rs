@@ -20,7 +20,7 @@ pub struct Forwarded {
     headers: Vec<(HeaderName, HeaderValue)>,
 }
 
-pub use crate::guard::requested_host;
+use crate::guard::requested_host;
 
 fn node(ip: IpAddr) -> String {
     match ip {

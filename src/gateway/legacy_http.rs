@@ -15,11 +15,13 @@ use super::forwarded::Forwarded;
 use super::telemetry::{SessionTelemetry, WIRE_HTTP};
 use super::trace::TraceContext;
 use super::upstream::{Denial, OnBehalf, UpstreamError};
-use super::{cache, sse, text, Gateway, GatewayConfig};
-use crate::body::{empty, full, ChannelBody, GatewayBody};
+use super::{cache, text, Gateway, GatewayConfig};
+use crate::body::{empty, full, ChannelBody, GatewayBody, MeteredSender, SendError};
+use crate::sse;
 use bytes::Bytes;
 use dashmap::DashMap;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
+use dualera_adapters::replay::ReplayRing;
 use dualera_adapters::usage::Feature;
 use dualera_adapters::{
     Config as MachineConfig, Denied, ErrorCode, ErrorObject, Event, Message, PeerStream,
@@ -39,7 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 use tracing::{debug, info, warn, Instrument};
 
 /// Messages queued towards one live SSE connection before it counts as stalled.
@@ -64,11 +66,28 @@ fn now() -> Timestamp {
     Timestamp::from_millis(u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX))
 }
 
+/// What binds a session to its caller (its principal, or its token's digest: see
+/// [`BindingKey`]); the per-caller session bound counts by it.
+pub(super) type Binding = BindingKey;
+
 /// Live legacy sessions.
 #[derive(Debug)]
 pub(super) struct Sessions {
     map: DashMap<String, Arc<SessionHandle>>,
+    /// Sessions per binding (kept with `map`, so admission never scans for it).
+    per_caller: DashMap<Binding, usize>,
     machine: MachineConfig,
+    max_sessions: usize,
+    max_per_caller: usize,
+}
+
+/// Why a new session was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    /// The table is full and every session has a request in flight.
+    Full,
+    /// This caller holds its share and every one of them has a request in flight.
+    CallerFull,
 }
 
 impl Sessions {
@@ -82,9 +101,14 @@ impl Sessions {
         if let Some(v) = &config.legacy_versions {
             machine.legacy_versions = v.clone();
         }
+        machine.max_live = config.max_live_requests;
+        machine.max_upstream_message = config.upstream_max_body_bytes;
         Self {
             map: DashMap::new(),
+            per_caller: DashMap::new(),
             machine,
+            max_sessions: config.max_sessions,
+            max_per_caller: config.max_sessions_per_caller,
         }
     }
 
@@ -94,6 +118,61 @@ impl Sessions {
             entry.value().close();
         }
         self.map.clear();
+        self.per_caller.clear();
+    }
+
+    fn insert(&self, handle: Arc<SessionHandle>) {
+        *self.per_caller.entry(handle.binding).or_insert(0) += 1;
+        self.map.insert(handle.id.clone(), handle);
+    }
+
+    /// Removes a session from the table (the caller closes it).
+    fn remove(&self, id: &str) -> Option<Arc<SessionHandle>> {
+        let (_, handle) = self.map.remove(id)?;
+        if let dashmap::Entry::Occupied(mut e) = self.per_caller.entry(handle.binding) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+        Some(handle)
+    }
+
+    /// Makes room for one more session of `caller`: the one place that applies
+    /// `max_sessions` and `max_sessions_per_caller`. When a bound is reached, the
+    /// longest-idle session with no request in flight (of that caller, for its own
+    /// bound) is evicted; only when every candidate is busy is the new one refused.
+    fn admit(&self, caller: &Binding) -> Result<(), Refused> {
+        let held = self.per_caller.get(caller).map_or(0, |c| *c);
+        if held >= self.max_per_caller {
+            self.evict_idlest(Some(caller)).ok_or(Refused::CallerFull)?;
+        }
+        if self.map.len() >= self.max_sessions {
+            self.evict_idlest(None).ok_or(Refused::Full)?;
+        }
+        Ok(())
+    }
+
+    /// Evicts the longest-idle session without a request in flight (of `caller` only,
+    /// when given); returns its log tag.
+    fn evict_idlest(&self, caller: Option<&Binding>) -> Option<String> {
+        let victim = self
+            .map
+            .iter()
+            .filter(|e| caller.is_none_or(|c| e.value().binding.matches(c)))
+            .filter(|e| {
+                // A session whose lock is taken is being used right now: not idle.
+                e.value()
+                    .shared
+                    .try_lock()
+                    .is_ok_and(|s| s.machine.in_flight() == 0)
+            })
+            .min_by_key(|e| e.value().last_used.load(Ordering::Relaxed))
+            .map(|e| e.key().clone())?;
+        let handle = self.remove(&victim)?;
+        handle.close();
+        info!(session = %handle.tag, "idle session evicted to make room");
+        Some(handle.tag.clone())
     }
 
     /// The machine configuration for a new session on `transport`, with ids of its own.
@@ -121,9 +200,9 @@ struct StreamState {
     /// Last event sequence number used.
     seq: u64,
     /// Recent events, for `Last-Event-ID` resumption.
-    ring: VecDeque<(u64, Bytes)>,
+    ring: ReplayRing<Bytes>,
     /// The live connection, if one is attached.
-    tx: Option<mpsc::Sender<Bytes>>,
+    tx: Option<MeteredSender>,
     /// Before the POST handler decides between JSON and SSE: the messages so far.
     pending: Option<Vec<Vec<u8>>>,
     /// The stream's last message was sent.
@@ -270,6 +349,8 @@ impl Drop for Detachable {
 #[derive(Debug)]
 pub(super) struct SessionHandle {
     id: String,
+    /// What logs show instead of the id (a bearer secret): [`crate::digest::log_tag`].
+    tag: String,
     /// The principal (or token digest) the session is bound to.
     binding: BindingKey,
     /// Opened without credentials: its discover result may be shared.
@@ -284,6 +365,9 @@ pub(super) struct SessionHandle {
     /// under the session lock, so that routine traffic does not wake it for nothing.
     timer_at: AtomicU64,
     replay: usize,
+    replay_bytes: usize,
+    /// Bytes queued toward one host connection before it counts as not reading.
+    max_buffered: usize,
 }
 
 impl SessionHandle {
@@ -404,9 +488,9 @@ pub(super) async fn handle(
         },
         Method::DELETE => match existing {
             Some(h) => {
-                gw.legacy.map.remove(&h.id);
+                gw.legacy.remove(&h.id);
                 h.close();
-                info!(session = %h.id, "session deleted by the peer");
+                info!(session = %h.tag, "session deleted by the peer");
                 let mut r = Response::new(empty());
                 *r.status_mut() = StatusCode::OK;
                 r
@@ -504,14 +588,14 @@ async fn post(
             }
             match result {
                 Ok(()) => accepted(),
+                // A reply to a live request the gateway gave up on: accepted, dropped.
+                Err(e) if e.is_dropped() => {
+                    debug!(session = %handle.tag, error = %e, "late or duplicate reply dropped");
+                    accepted()
+                }
                 Err(e) => {
-                    warn!(session = %handle.id, error = %e, "peer message refused");
-                    rpc_error(
-                        StatusCode::BAD_REQUEST,
-                        None,
-                        ErrorCode::INVALID_REQUEST,
-                        format!("Invalid request: {e}"),
-                    )
+                    warn!(session = %handle.tag, error = %e, "peer message refused");
+                    refusal(None, &e)
                 }
             }
         }
@@ -537,23 +621,41 @@ async fn wait_head(watch: &HeadWatch, inline: &mut Detachable) {
     .await;
 }
 
-/// The HTTP answer to input the session machine refused: its own JSON-RPC error when
-/// it has one, else a generic `-32600`.
+/// The HTTP answer to input the session machine refused (the one mapping from
+/// [`SessionError`](dualera_adapters::SessionError) to an HTTP status): its own
+/// JSON-RPC error when it has one, else a generic `-32600`. Overload is `429` with
+/// `Retry-After` (before any SSE is committed: the request was never started), a
+/// request the upstream could not take `413`, anything else `400`.
 fn refusal(id: Option<RequestId>, e: &dualera_adapters::SessionError) -> Response<GatewayBody> {
+    use dualera_adapters::SessionError as E;
     let resp = e.to_response().unwrap_or_else(|| {
         RpcResponse::error(
             id,
             ErrorObject::new(ErrorCode::INVALID_REQUEST, format!("Invalid request: {e}")),
         )
     });
+    let status = match e {
+        E::TooManyInFlight { .. } => StatusCode::TOO_MANY_REQUESTS,
+        E::TooLargeForUpstream { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        _ => StatusCode::BAD_REQUEST,
+    };
     let mut r = Response::new(full(Message::Response(resp).to_vec()));
-    *r.status_mut() = StatusCode::BAD_REQUEST;
+    *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        r.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static(RETRY_AFTER_SECS),
+        );
+    }
     r
 }
+
+/// `Retry-After` on overload refusals, in seconds.
+const RETRY_AFTER_SECS: &str = "1";
 
 fn accepted() -> Response<GatewayBody> {
     let mut r = Response::new(empty());
@@ -580,27 +682,47 @@ async fn initialize(
     let Parsed::Single(Message::Request(init)) = parsed else {
         return internal();
     };
-    if gw.legacy.len() >= gw.config.max_sessions {
-        warn!(limit = gw.config.max_sessions, "session limit reached");
-        return rpc_error(
-            StatusCode::SERVICE_UNAVAILABLE,
+    let binding = BindingKey::of(gw.config.session_binding, auth.as_ref());
+    if let Err(refused) = gw.legacy.admit(&binding) {
+        let (status, limit, what) = match refused {
+            Refused::Full => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                gw.config.max_sessions,
+                "Too many sessions, all of them busy; try again later (limit",
+            ),
+            Refused::CallerFull => (
+                StatusCode::TOO_MANY_REQUESTS,
+                gw.config.max_sessions_per_caller,
+                "Too many sessions for this caller, all of them busy; end one or try again later (limit",
+            ),
+        };
+        warn!(limit, ?refused, "session limit reached");
+        let mut r = rpc_error(
+            status,
             Some(init.id),
             ErrorCode::INTERNAL_ERROR,
-            "Too many sessions; try again later".into(),
+            format!("{what} {limit})"),
         );
+        r.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static(RETRY_AFTER_SECS),
+        );
+        return r;
     }
     let Some(id) = mint_session_id() else {
         return internal();
     };
+    let tag = crate::digest::log_tag(&id);
     let mut machine_config = gw.legacy.machine.clone();
-    machine_config.id_prefix = format!("dualera-{}", &id[..8]);
+    machine_config.id_prefix = format!("dualera-{tag}");
     let mut machine = Session::new(machine_config);
     if let Some(d) = cache::legacy::discover_for_initialize(&gw.cache, auth.as_ref()) {
         let _ = machine.handle_discover_shared(d);
     }
     let handle = Arc::new(SessionHandle {
         id: id.clone(),
-        binding: BindingKey::of(gw.config.session_binding, auth.as_ref()),
+        tag: tag.clone(),
+        binding,
         anonymous: auth.is_none(),
         forwarded,
         shared: Mutex::new(Shared {
@@ -621,6 +743,8 @@ async fn initialize(
         timer_at: AtomicU64::new(0),
         wake: Notify::new(),
         replay: gw.config.replay_buffer,
+        replay_bytes: gw.config.replay_buffer_bytes,
+        max_buffered: gw.config.max_buffered_bytes,
     });
     let stream = PeerStream::Request(init.id.clone());
     let init_id = init.id.clone();
@@ -630,7 +754,7 @@ async fn initialize(
             return internal();
         };
         s.feeding = auth;
-        open_pending(&mut s, stream.clone());
+        open_pending(&handle, &mut s, stream.clone());
         s.telemetry.request_started(&init.id);
         if let Err(e) = s.machine.handle_peer_message(Message::Request(init), now()) {
             return rpc_error(
@@ -684,17 +808,17 @@ async fn initialize(
     // Idle time counts from now, not from when `initialize` arrived: a slow discover
     // must not make the new session look idle before the peer could use it.
     handle.touch();
-    gw.legacy.map.insert(id.clone(), handle.clone());
+    gw.legacy.insert(handle.clone());
     let timer = tokio::spawn(
         timer_loop(gw.clone(), handle.clone())
-            .instrument(tracing::info_span!("session", session = %id)),
+            .instrument(tracing::info_span!("session", session = %tag)),
     );
     drop(timer);
-    info!(session = %id, sessions = gw.legacy.len(), "legacy session opened");
+    info!(session = %tag, sessions = gw.legacy.len(), "legacy session opened");
     with_session_header(r, &id)
 }
 
-fn open_pending(s: &mut Shared, stream: PeerStream) {
+fn open_pending(handle: &SessionHandle, s: &mut Shared, stream: PeerStream) {
     s.next_stream += 1;
     let number = s.next_stream;
     s.by_number.insert(number, stream.clone());
@@ -703,7 +827,7 @@ fn open_pending(s: &mut Shared, stream: PeerStream) {
         StreamState {
             number,
             seq: 0,
-            ring: VecDeque::new(),
+            ring: ReplayRing::new(handle.replay, handle.replay_bytes),
             tx: None,
             pending: Some(Vec::new()),
             finished: false,
@@ -841,7 +965,7 @@ fn feed_request(
         let e = dualera_adapters::SessionError::DuplicateRequestId { id: id.clone() };
         return Err(Box::new(refusal(Some(id), &e)));
     }
-    open_pending(&mut s, stream.clone());
+    open_pending(handle, &mut s, stream.clone());
     if let Some(st) = s.streams.get_mut(stream) {
         st.trace = trace;
     }
@@ -849,7 +973,10 @@ fn feed_request(
     s.feeding = auth;
     if let Err(e) = s.machine.handle_peer_message(Message::Request(r), now()) {
         s.feeding = None;
-        s.streams.remove(stream);
+        forget_stream(&mut s, stream);
+        // Nothing changed but the observation of the refusal (an overload counts).
+        route(gw, handle, &mut s);
+        info!(session = %handle.tag, error = %e, "request refused");
         return Err(Box::new(refusal(Some(id), &e)));
     }
     s.inline = InlineSlot::Open(watch.clone());
@@ -887,14 +1014,14 @@ fn batch(
         }
     };
     for refused in &outcome.refused {
-        warn!(session = %handle.id, error = %refused, "batch element refused");
+        warn!(session = %handle.tag, error = %refused, "batch element refused");
     }
     let Some(batch) = outcome.batch else {
         route(gw, handle, &mut s);
         return accepted();
     };
     let stream = PeerStream::Batch(batch);
-    open_pending(&mut s, stream.clone());
+    open_pending(handle, &mut s, stream.clone());
     if let Some(st) = s.streams.get_mut(&stream) {
         st.trace = trace;
     }
@@ -925,17 +1052,16 @@ fn respond_on(
         );
         return r;
     }
-    let (tx, body) = ChannelBody::channel(STREAM_QUEUE);
-    // Priming event: lets the client resume this stream from its start.
-    let _ = tx.try_send(sse::prime(&format!("{}.0", st.number)));
-    for (seq, ev) in &st.ring {
-        let _ = seq;
-        let _ = tx.try_send(ev.clone());
-    }
+    // Priming event (lets the client resume this stream from its start), then what
+    // the stream carried so far.
+    let backlog = std::iter::once(sse::prime(&format!("{}.0", st.number)))
+        .chain(st.ring.iter().cloned())
+        .collect();
+    let (tx, body) = ChannelBody::metered(backlog, STREAM_QUEUE, handle.max_buffered);
     if !st.finished {
         st.tx = Some(tx);
     }
-    debug!(session = %handle.id, stream = st.number, "SSE stream opened");
+    debug!(session = %handle.tag, stream = st.number, "SSE stream opened");
     crate::body::sse_response(body)
 }
 
@@ -995,8 +1121,7 @@ fn open_get(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once('.'))
         .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
-    let (tx, body) = ChannelBody::channel(STREAM_QUEUE);
-    if let Some((number, after)) = last {
+    let body = if let Some((number, after)) = last {
         let Some(stream) = s.by_number.get(&number).cloned() else {
             return rpc_error(
                 StatusCode::NOT_FOUND,
@@ -1008,19 +1133,17 @@ fn open_get(
         let Some(st) = s.streams.get_mut(&stream) else {
             return internal();
         };
-        if st.ring.front().is_some_and(|(first, _)| *first > after + 1) {
-            warn!(session = %handle.id, stream = number, "resumption gap: older events were dropped");
+        if st.ring.has_gap_after(after) {
+            warn!(session = %handle.tag, stream = number, "resumption gap: older events were dropped");
         }
-        for (seq, ev) in &st.ring {
-            if *seq > after {
-                let _ = tx.try_send(ev.clone());
-            }
-        }
+        let backlog = st.ring.after(after).cloned().collect();
+        let (tx, body) = ChannelBody::metered(backlog, STREAM_QUEUE, handle.max_buffered);
         if !st.finished {
             st.tx = Some(tx);
         }
         s.telemetry.feature(Feature::Resumption);
-        debug!(session = %handle.id, stream = number, after, "stream resumed");
+        debug!(session = %handle.tag, stream = number, after, "stream resumed");
+        body
     } else {
         let stream = PeerStream::Standalone;
         if s.streams
@@ -1035,23 +1158,26 @@ fn open_get(
             );
         }
         if !s.streams.contains_key(&stream) {
-            open_pending(s, stream.clone());
+            open_pending(handle, s, stream.clone());
             if let Some(st) = s.streams.get_mut(&stream) {
                 st.pending = None;
             }
         }
-        if let Some(st) = s.streams.get_mut(&stream) {
-            let _ = tx.try_send(sse::prime(&format!("{}.{}", st.number, st.seq)));
-            watch_standalone(gw.clone(), handle.clone(), tx.clone());
-            st.tx = Some(tx);
-        }
+        let Some(st) = s.streams.get_mut(&stream) else {
+            return internal();
+        };
+        let prime = vec![sse::prime(&format!("{}.{}", st.number, st.seq))];
+        let (tx, body) = ChannelBody::metered(prime, STREAM_QUEUE, handle.max_buffered);
+        watch_standalone(gw.clone(), handle.clone(), tx.clone());
+        st.tx = Some(tx);
         s.telemetry.feature(Feature::GetStream);
         // Kept only while this GET is open: `subscriptions/listen` runs on its behalf.
         s.standalone_auth = auth;
         s.inline = InlineSlot::Open(watch.clone());
         let _ = s.machine.handle_standalone_opened();
         route(gw, handle, s);
-    }
+        body
+    };
     crate::body::sse_response(body)
 }
 
@@ -1059,7 +1185,7 @@ fn open_get(
 /// body), so the upstream listen it fed is cancelled at once rather than at the next
 /// keepalive. Holding a sender keeps the body open, so the watch lets go once the
 /// stream is no longer this one or the session ended.
-fn watch_standalone(gw: Gateway, handle: Arc<SessionHandle>, watch: mpsc::Sender<Bytes>) {
+fn watch_standalone(gw: Gateway, handle: Arc<SessionHandle>, watch: MeteredSender) {
     let span = tracing::debug_span!("standalone", session = %handle.id);
     tokio::spawn(
         async move {
@@ -1127,7 +1253,7 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
                 let trace = upstream_trace(s, &role, &request);
                 let span = tracing::debug_span!(
                     "upstream",
-                    session = %handle.id,
+                    session = %handle.tag,
                     rpc.id = %id,
                     ?role,
                     trace_id = trace.as_ref().map_or("", |t| t.trace_id()),
@@ -1164,15 +1290,15 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
             }
             Event::CancelUpstream { id, reason } => {
                 if let Some(h) = s.upstream_tasks.remove(&id) {
-                    debug!(session = %handle.id, rpc.id = %id, reason, "upstream request cancelled");
+                    debug!(session = %handle.tag, rpc.id = %id, reason, "upstream request cancelled");
                     h.abort();
                 }
             }
             Event::RequestFailed { legacy, failure } => {
-                info!(session = %handle.id, rpc.id = %legacy, failure = %failure, "legacy request failed");
+                info!(session = %handle.tag, rpc.id = %legacy, failure = %failure, "legacy request failed");
             }
             Event::ToolRejected { tool, reason } => {
-                warn!(session = %handle.id, tool, reason, "upstream tool left out of tools/list");
+                warn!(session = %handle.tag, tool, reason, "upstream tool left out of tools/list");
             }
             Event::Observed(o) => s.telemetry.observe(o, &s.machine),
             _ => {}
@@ -1240,7 +1366,7 @@ fn deliver(
         // A stream the peer never opened (e.g. standalone before any GET): keep the
         // events so a later GET can... no: the standalone stream only carries what is
         // sent while it is open, so open a detached one that buffers for resumption.
-        open_pending(s, stream.clone());
+        open_pending(handle, s, stream.clone());
         if let Some(st) = s.streams.get_mut(stream) {
             st.pending = None;
         }
@@ -1255,14 +1381,21 @@ fn deliver(
     }
     st.seq += 1;
     let event = sse::encode(Some(&format!("{}.{}", st.number, st.seq)), &bytes);
-    st.ring.push_back((st.seq, event.clone()));
-    while st.ring.len() > handle.replay.max(1) {
-        st.ring.pop_front();
-    }
+    st.ring.push(st.seq, event.clone());
     if let Some(tx) = &st.tx {
-        if tx.try_send(event).is_err() {
-            debug!(session = %handle.id, stream = st.number, "stream detached (closed or stalled); events kept for resumption");
-            st.tx = None;
+        match tx.try_send(event) {
+            Ok(()) => {}
+            Err(SendError::Stalled) => {
+                // The host does not read: close the connection rather than buffer
+                // without bound; the session and the ring stay for Last-Event-ID.
+                warn!(session = %handle.tag, stream = st.number, queued = tx.queued(), limit = handle.max_buffered, "host not reading its SSE stream: closed; events kept for resumption");
+                tx.cut();
+                st.tx = None;
+            }
+            Err(_) => {
+                debug!(session = %handle.tag, stream = st.number, "stream detached (closed); events kept for resumption");
+                st.tx = None;
+            }
         }
     }
     if last {
@@ -1350,7 +1483,7 @@ async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, attempt: Attempt
                     .machine
                     .handle_upstream_message(Some(id.clone()), msg, now())
                 {
-                    debug!(session = %handle.id, error = %e, "upstream message refused");
+                    debug!(session = %handle.tag, error = %e, "upstream message refused");
                 }
                 route(&gw, &handle, &mut s);
                 rearm(&handle, &s);
@@ -1370,19 +1503,19 @@ async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, attempt: Attempt
                 // upstream's status and challenge, and the machine says nothing.
                 if watch.as_ref().is_some_and(|w| w.offer(&denial)) {
                     let outcome = s.machine.handle_upstream_denied(&id, now());
-                    info!(session = %handle.id, rpc.id = %id, status = denial.status.as_u16(), %credential, ?outcome, "upstream refused the credentials; relayed to the host request");
+                    info!(session = %handle.tag, rpc.id = %id, status = denial.status.as_u16(), %credential, ?outcome, "upstream refused the credentials; relayed to the host request");
                     if let Ok(Denied::Round { legacy, live }) = &outcome {
-                        debug!(session = %handle.id, rpc.id = %legacy, live = %live, "round parked until the answer is sent again");
+                        debug!(session = %handle.tag, rpc.id = %legacy, live = %live, "round parked until the answer is sent again");
                     }
                 } else {
-                    info!(session = %handle.id, rpc.id = %id, status = denial.status.as_u16(), %credential, "upstream refused the credentials; no host request waits for it");
+                    info!(session = %handle.tag, rpc.id = %id, status = denial.status.as_u16(), %credential, "upstream refused the credentials; no host request waits for it");
                     let _ = s.machine.handle_upstream_lost(&id, now());
                 }
                 route(&gw, &handle, &mut s);
             }
             Err(e) => {
                 gw.telemetry.upstream_error(&e);
-                warn!(session = %handle.id, rpc.id = %id, error = %e, "upstream exchange failed");
+                warn!(session = %handle.tag, rpc.id = %id, error = %e, "upstream exchange failed");
                 let _ = match e.refusal() {
                     Some((reason, message)) => {
                         s.machine
@@ -1454,9 +1587,15 @@ async fn timer_loop(gw: Gateway, handle: Arc<SessionHandle>) {
             let mut lost_standalone = false;
             for (stream, st) in s.streams.iter_mut() {
                 if let Some(tx) = &st.tx {
-                    if tx.try_send(sse::keepalive()).is_err() && tx.is_closed() {
-                        st.tx = None;
-                        lost_standalone |= *stream == PeerStream::Standalone;
+                    match tx.try_send(sse::keepalive()) {
+                        Ok(()) => {}
+                        Err(e) => {
+                            if e == SendError::Stalled {
+                                tx.cut();
+                            }
+                            st.tx = None;
+                            lost_standalone |= *stream == PeerStream::Standalone;
+                        }
                     }
                 }
             }
@@ -1495,9 +1634,9 @@ pub(super) async fn reap(gw: Gateway) {
             .map(|e| e.key().clone())
             .collect();
         for id in idle {
-            if let Some((_, h)) = gw.legacy.map.remove(&id) {
+            if let Some(h) = gw.legacy.remove(&id) {
                 h.close();
-                info!(session = %id, "idle session evicted");
+                info!(session = %h.tag, "idle session evicted");
             }
         }
     }

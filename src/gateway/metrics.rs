@@ -144,6 +144,7 @@ pub struct Metrics {
     sessions_open: Family<SessionLabels, Gauge>,
     session_duration: Histograms<SessionLabels>,
     live: Family<LiveLabels, Counter>,
+    dropped_replies: Family<KindLabels, Counter>,
     rounds: Histograms<MethodLabels>,
     resumptions: Family<RouteLabels, Counter>,
     upstream_errors: Family<KindLabels, Counter>,
@@ -196,6 +197,13 @@ impl Metrics {
             "Live requests sent to legacy hosts for MRTR rounds, by kind and outcome",
             live.clone(),
         );
+        let dropped_replies = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "dualera_dropped_replies",
+            "Host replies to live requests accepted and dropped: late (the gateway had \
+             cancelled, abandoned or timed out the request) or duplicate",
+            dropped_replies.clone(),
+        );
         let rounds: Histograms<MethodLabels> = Family::new_with_constructor(rounds);
         registry.register(
             "dualera_request_rounds",
@@ -238,6 +246,7 @@ impl Metrics {
             sessions_open,
             session_duration,
             live,
+            dropped_replies,
             rounds,
             resumptions,
             upstream_errors,
@@ -327,6 +336,16 @@ impl Metrics {
                 route: route.clone(),
                 kind,
                 outcome,
+            })
+            .inc();
+    }
+
+    /// A host reply was accepted and dropped (`kind`: `late` or `duplicate`).
+    pub fn dropped_reply(&self, route: &Arc<str>, kind: &'static str) {
+        self.dropped_replies
+            .get_or_create(&KindLabels {
+                route: route.clone(),
+                kind,
             })
             .inc();
     }

@@ -20,7 +20,6 @@ pub mod passthrough;
 mod pipe;
 pub mod readiness;
 pub mod report;
-pub mod sse;
 pub mod telemetry;
 pub mod trace;
 pub mod upstream;
@@ -80,6 +79,16 @@ pub struct GatewayConfig {
     pub session_binding: crate::config::SessionBinding,
     /// The response cache (`[cache]`).
     pub cache: cache::CacheConfig,
+    /// Live requests outstanding at the host per legacy session.
+    pub max_live_requests: usize,
+    /// Largest request the upstream accepts (what would exceed it is refused here).
+    pub upstream_max_body_bytes: usize,
+    /// Bytes queued toward a host SSE connection that does not read before it is closed.
+    pub max_buffered_bytes: usize,
+    /// Bytes of events kept per stream for `Last-Event-ID` resumption.
+    pub replay_buffer_bytes: usize,
+    /// Legacy sessions one caller may hold.
+    pub max_sessions_per_caller: usize,
 }
 
 impl Default for GatewayConfig {
@@ -101,6 +110,11 @@ impl Default for GatewayConfig {
             idle_timeout: crate::listener::DEFAULT_IDLE_TIMEOUT,
             session_binding: crate::config::SessionBinding::default(),
             cache: cache::CacheConfig::default(),
+            max_live_requests: 128,
+            upstream_max_body_bytes: 1024 * 1024,
+            max_buffered_bytes: 4 * 1024 * 1024,
+            replay_buffer_bytes: 1024 * 1024,
+            max_sessions_per_caller: 1000,
         }
     }
 }
@@ -130,6 +144,15 @@ impl GatewayConfig {
             max_rounds: s.max_rounds.unwrap_or(d.max_rounds),
             replay_buffer: s.replay_buffer.unwrap_or(d.replay_buffer),
             max_in_flight: s.max_in_flight.unwrap_or(d.max_in_flight),
+            max_live_requests: s.max_live_requests.unwrap_or(d.max_live_requests),
+            upstream_max_body_bytes: s
+                .upstream_max_body_bytes
+                .unwrap_or(d.upstream_max_body_bytes),
+            max_buffered_bytes: s.max_buffered_bytes.unwrap_or(d.max_buffered_bytes),
+            replay_buffer_bytes: s.replay_buffer_bytes.unwrap_or(d.replay_buffer_bytes),
+            max_sessions_per_caller: s
+                .max_sessions_per_caller
+                .unwrap_or(d.max_sessions_per_caller),
             forwarded: s.forwarded.unwrap_or_default(),
             idle_timeout: s
                 .idle_timeout_secs
@@ -196,7 +219,7 @@ impl Gateway {
     pub fn with_report(upstream: Upstream, config: GatewayConfig, report: report::Report) -> Self {
         let upstream = Arc::new(upstream);
         // The one route; its path labels every metric and report row.
-        let route: Arc<str> = Arc::from(crate::server::http::ENDPOINT);
+        let route: Arc<str> = Arc::from(crate::endpoint::ENDPOINT);
         let cache = Arc::new(cache::ResponseCache::new(config.cache.clone(), &route));
         cache.attach(upstream.clone());
         let report = Arc::new(report);
@@ -326,7 +349,7 @@ impl Gateway {
         let limit = self.config.max_body_bytes;
         let mut buf = Vec::new();
         while let Some(line) =
-            crate::server::stdio::read_bounded_line(&mut reader, &mut buf, limit).await?
+            crate::framing::read_bounded_line(&mut reader, &mut buf, limit).await?
         {
             if line.is_err() {
                 tracing::warn!(limit, "over-long line from the host dropped");
@@ -363,7 +386,7 @@ impl Gateway {
         // relayed as they are.
         let rpc_path = matches!(
             req.uri().path(),
-            crate::server::http::ENDPOINT | http_sse::MESSAGES_PATH
+            crate::endpoint::ENDPOINT | http_sse::MESSAGES_PATH
         );
         if rpc_path && req.method() == Method::POST && !guard::is_json(req.headers()) {
             return text(
@@ -373,7 +396,7 @@ impl Gateway {
         }
         let fwd = Forwarded::new(self.config.forwarded, conn, &req);
         match req.uri().path() {
-            crate::server::http::ENDPOINT => {}
+            crate::endpoint::ENDPOINT => {}
             websocket::PATH => return websocket::upgrade(self, req, fwd).await,
             http_sse::SSE_PATH => return http_sse::open(self, &req, fwd),
             http_sse::MESSAGES_PATH => return http_sse::post(self, req).await,

@@ -74,7 +74,12 @@ pub(super) async fn run_session(
                             telemetry.request_started(&r.id);
                         }
                         if let Err(e) = machine.handle_peer_message(msg, now()) {
-                            warn!(transport, error = %e, "peer message refused");
+                            if e.is_dropped() {
+                                // Accepted and dropped: no error goes back on the pipe.
+                                debug!(transport, error = %e, "late or duplicate reply dropped");
+                            } else {
+                                warn!(transport, error = %e, "peer message refused");
+                            }
                             if let Some(resp) = e.to_response() {
                                 let _ = outgoing.send(Message::Response(resp).to_vec()).await;
                             }

@@ -346,6 +346,10 @@ impl SessionTelemetry {
                     h.live(kind, outcome);
                 }
             }
+            Observation::ReplyDropped { duplicate } => {
+                let kind = if duplicate { "duplicate" } else { "late" };
+                t.metrics.dropped_reply(&t.route, kind);
+            }
             _ => {}
         }
     }

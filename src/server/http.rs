@@ -22,8 +22,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tracing::info;
 
-/// The MCP endpoint path.
-pub const ENDPOINT: &str = "/mcp";
+use crate::endpoint::ENDPOINT;
 
 /// Notifications queued for one response stream.
 const NOTIFY_QUEUE: usize = 64;
@@ -380,7 +379,7 @@ fn listen_stream(server: Server, listen: Listen) -> Response<GatewayBody> {
                     }
                 },
                 _ = keepalive.tick() => {
-                    if tx.send(Bytes::from_static(b": keepalive\n\n")).await.is_err() {
+                    if tx.send(crate::sse::keepalive()).await.is_err() {
                         return;
                     }
                 }
@@ -392,11 +391,7 @@ fn listen_stream(server: Server, listen: Listen) -> Response<GatewayBody> {
 }
 
 fn sse_event(json: &[u8]) -> Bytes {
-    let mut framed = Vec::with_capacity(json.len() + 24);
-    framed.extend_from_slice(b"event: message\ndata: ");
-    framed.extend_from_slice(json);
-    framed.extend_from_slice(b"\n\n");
-    Bytes::from(framed)
+    crate::sse::encode(None, json)
 }
 
 fn sse_stream(status: StatusCode, body: GatewayBody) -> Response<GatewayBody> {

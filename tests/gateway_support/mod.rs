@@ -1584,6 +1584,17 @@ impl Legacy {
         }
     }
 
+    /// POSTs raw bytes with the session's headers (for bodies a `Value` cannot hold,
+    /// such as duplicate member names); the answer is not validated.
+    pub async fn post_raw(&self, body: impl Into<Bytes>) -> RawReply {
+        let headers = self.headers();
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        raw(&self.client, Method::POST, &self.url, &headers, body).await
+    }
+
     /// POSTs one JSON-RPC message (or batch).
     pub async fn post(&self, msg: &Value) -> Reply {
         self.send(Method::POST, Some(msg), &[]).await
@@ -1824,7 +1835,24 @@ impl Scripted {
         capabilities: Value,
         handler: impl Fn(&Seen) -> Script + Send + Sync + 'static,
     ) -> Self {
+        Self::with_config(gateway, "", capabilities, handler).await
+    }
+
+    /// As [`Scripted::new`], with `extra` TOML appended to the workspace's config
+    /// (e.g. an `[admin]` section).
+    pub async fn with_config(
+        gateway: &[(&str, &str)],
+        extra: &str,
+        capabilities: Value,
+        handler: impl Fn(&Seen) -> Script + Send + Sync + 'static,
+    ) -> Self {
         let ws = Workspace::new(gateway);
+        if !extra.is_empty() {
+            let mut config = std::fs::read_to_string(&ws.config).expect("read the config");
+            config.push('\n');
+            config.push_str(extra);
+            std::fs::write(&ws.config, config).expect("write the config");
+        }
         let up = Upstream::scripted(move |s: &Seen| {
             if s.method == "server/discover" {
                 Script::Json(discover_result(&s.id, capabilities.clone()))
@@ -1840,6 +1868,35 @@ impl Scripted {
     pub fn legacy(&self) -> Legacy {
         Legacy::new(&self.gateway.url)
     }
+}
+
+/// The admin listener's URL a gateway printed.
+pub fn admin_url(proc: &Proc) -> String {
+    proc.log()
+        .iter()
+        .find_map(|l| l.split("admin listening on ").nth(1).map(str::to_owned))
+        .unwrap_or_else(|| panic!("no admin URL in {:?}", proc.log()))
+}
+
+/// The sum of the samples of `name` whose labels include `labels` (Prometheus text).
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            (n == name).then_some((rest, value))
+        })
+        .filter(|(rest, _)| {
+            labels
+                .iter()
+                .all(|(k, v)| rest.split(',').any(|p| p == format!("{k}=\"{v}\"")))
+        })
+        .map(|(_, v)| v.parse::<f64>().expect("a sample value"))
+        .sum()
 }
 
 /// Whether a session id is visible ASCII (0x21–0x7E) carrying at least 128 bits.

@@ -200,7 +200,7 @@ BROWSER = Peer("playwright-core 1.65.1 + Debian chromium", ensure_browser, HERE 
 # Wires (the driver's cfg["wire"]): how the client reaches the gateway.
 HTTP, SSE, STDIO = "streamable-http", "sse", "stdio"
 # What the sse and stdio columns run: scenarios 2-4.
-ROUND_SCENARIOS = ("delete_accept", "delete_decline_cancel", "summarize")
+ROUND_SCENARIOS = ("delete_accept", "delete_decline_cancel", "summarize", "sibling_failure")
 
 
 @dataclass
@@ -241,14 +241,26 @@ CLIENTS = [
 ]
 
 
+def target_dir() -> Path:
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    return target if target.is_absolute() else ROOT / target
+
+
 def build_binary() -> Path:
     if os.environ.get("DUALERA_BIN"):
         return Path(os.environ["DUALERA_BIN"]).resolve()
     subprocess.run(["cargo", "build", "--locked", "--quiet", "--bin", "dualera"], cwd=ROOT, check=True)
-    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-    if not target.is_absolute():
-        target = ROOT / target
-    return target / "debug" / "dualera"
+    return target_dir() / "debug" / "dualera"
+
+
+def build_fixture() -> Path:
+    """The conformance fixture upstream (examples/conformance_upstream.rs), for rounds
+    the notes server cannot produce (several input requests in one round)."""
+    if os.environ.get("DUALERA_FIXTURE_BIN"):
+        return Path(os.environ["DUALERA_FIXTURE_BIN"]).resolve()
+    subprocess.run(["cargo", "build", "--locked", "--quiet", "--example", "conformance_upstream"],
+                   cwd=ROOT, check=True)
+    return target_dir() / "debug" / "examples" / "conformance_upstream"
 
 
 # ---------------------------------------------------------------------------------------
@@ -359,6 +371,72 @@ class Dualera:
         self.log.close()
 
 
+class FixtureGateway:
+    """`dualera gateway` in front of the conformance fixture upstream, for scenarios
+    whose rounds the notes server cannot produce. Same interface as `Dualera` (it has
+    no notes store: `notes()` is empty)."""
+
+    def __init__(self, binary: Path, fixture: Path, workdir: Path):
+        self.log_path = workdir / "dualera.log"
+        self.log = open(self.log_path, "w")
+        self.fixture_log = open(workdir / "fixture.log", "w")
+        self.workspace = ""
+        self.repo = ""
+        self.procs: list[subprocess.Popen] = []
+        fx = subprocess.Popen([str(fixture), "--listen", "127.0.0.1:0"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                              env=dict(os.environ, DUALERA_LOG="warn", NO_COLOR="1"))
+        self.procs.append(fx)
+        q: queue.Queue = queue.Queue()
+        reader_thread(fx.stderr, q)
+        deadline = time.monotonic() + 30
+        self.upstream = ""
+        while not self.upstream:
+            try:
+                line = q.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                self.stop()
+                raise RuntimeError("the conformance fixture did not come up")
+            self.fixture_log.write(line)
+            if "listening on" in line:
+                self.upstream = line.split()[-1]
+        threading.Thread(target=lambda: [self.fixture_log.write(ln) for ln in iter(q.get, None)],
+                         daemon=True).start()
+        env = dict(os.environ, DUALERA_LOG="debug,dualera::wire=trace", NO_COLOR="1")
+        gw = subprocess.Popen([str(binary), "gateway", "--upstream", self.upstream, "--listen", "127.0.0.1:0"],
+                              stdout=subprocess.DEVNULL, stderr=self.log, stdin=subprocess.DEVNULL, env=env)
+        self.procs.append(gw)
+        self.url = ""
+        while not self.url:
+            if time.monotonic() > deadline or gw.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"`dualera gateway` did not come up; log:\n{self.log_tail()}")
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                if "gateway listening on" in line:
+                    self.url = line.split()[-1]
+            time.sleep(0.05)
+
+    def notes(self) -> dict:
+        return {}
+
+    def log_tail(self, n: int = LOG_TAIL) -> str:
+        self.log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        self.log.close()
+
+
 # ---------------------------------------------------------------------------------------
 # Scenarios: configuration for the drivers, and the expectations
 
@@ -431,6 +509,8 @@ class Ctx:
     client: ClientKind
     up: Dualera
     cfg: dict
+    workdir: Path = Path(".")
+    tap: Wiretap | None = None
     obs: dict = field(default_factory=dict)
     snaps: dict = field(default_factory=dict)
     reference: dict = field(default_factory=dict)
@@ -642,12 +722,47 @@ def check_interleave(cx: Ctx) -> None:
     cx.detail = f"A deleted {deleted[0]} (of 3), B deleted {deleted[1]} (of 1)"
 
 
+REFUSAL = {"code": -32603, "message": "the host's model is unavailable [refusal-marker-51c2]"}
+
+
+def cfg_sibling_failure(up) -> dict:
+    return {"tool": "test_input_required_result_multiple_inputs", "tool_after": "test_simple_text",
+            "answer_delay": 0.5, "refusal": REFUSAL}
+
+
+def check_sibling_failure(cx: Ctx) -> None:
+    o = cx.obs
+    no_unexpected(o, elicitations=1, samplings=1, roots=1)
+    call = o["call"]
+    expect("result" in call, f"the tool call must end with the failure result, not a JSON-RPC error: {call}")
+    expect(call["result"].get("isError") is True, f"expected an isError result: {call}")
+    text = text_of(call)
+    expect("sampling/createMessage" in text and REFUSAL["message"] in text,
+           f"the failure result does not name the refused request: {text!r}")
+    ok_result(o["after"], "the next tool call in the same session")
+    err = (cx.workdir / "client.stderr").read_text(errors="replace")
+    for bad in ("Traceback", "Error in post_writer", "Exception"):
+        expect(bad not in err, f"the client's stderr has {bad!r}:\n{err[-3000:]}")
+    if cx.tap is not None and cx.client.wire != STDIO:
+        failed = [s for s in cx.tap.statuses if s[1] >= 400]
+        expect(not failed, f"HTTP errors between client and gateway: {failed}")
+    log = cx.workdir / ("gateway-stdio.log" if cx.client.wire == STDIO else "dualera.log")
+    late = log.read_text(errors="replace").count("late or duplicate reply dropped")
+    expect(late >= 1, "no reply arrived after the round was given up (the case did not test a late reply)")
+    http = "" if cx.client.wire == STDIO else f", {len(cx.tap.statuses) if cx.tap else '?'} HTTP exchanges, none >= 400"
+    cx.detail = f"isError result naming the refusal, {late} late repl{'y' if late == 1 else 'ies'} dropped{http}"
+
+
 @dataclass
 class Scenario:
     name: str
     title: str
     make_cfg: Callable[[Dualera], dict]
     check: Callable[[Ctx], None]
+    # "fixture": the gateway fronts the conformance fixture instead of `dualera up`.
+    upstream: str = "notes"
+    # Which columns run it (None: every column whose matrix includes it).
+    only: Callable[[ClientKind], bool] | None = None
 
 
 SCENARIOS = [
@@ -662,6 +777,9 @@ SCENARIOS = [
     Scenario("no_elicitation", "notes_delete from a client without elicitation", cfg_no_elicitation,
              check_no_elicitation),
     Scenario("interleave", "two sessions, interleaved elicitation rounds", cfg_interleave, check_interleave),
+    Scenario("sibling_failure", "one live request of a round fails, the host answers the others late",
+             cfg_sibling_failure, check_sibling_failure, upstream="fixture",
+             only=lambda c: c.peer is PY_LEGACY),
 ]
 
 
@@ -714,9 +832,11 @@ def run_driver(client: ClientKind, cfg: dict, up: Dualera, snaps: dict, stderr_p
 
 
 def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct: bool,
+             fixture: Callable[[], Path] | None = None,
              shared: Dualera | None = None) -> tuple[bool, str, str]:
     """(passed, one-line detail, failure report). With `shared`, the case runs against that
-    running `dualera up` (no tap: the client talks to the gateway itself)."""
+    running `dualera up` (no tap: the client talks to the gateway itself); scenarios whose
+    upstream is the conformance fixture get one from `fixture`."""
     if client.peer.error:
         return False, "peer missing", f"peer {client.name} ({client.label}) is not available:\n{client.peer.error}"
     workdir = Path(tempfile.mkdtemp(prefix=f"dualera-interop-{client.name.replace('/', '-')}-{sc.name}-"))
@@ -726,7 +846,13 @@ def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct:
     stdio_log = workdir / "gateway-stdio.log"
     cx = None
     try:
-        up = shared or Dualera(binary, workdir, tls=client.tls)
+        if shared is not None:
+            up = shared
+        elif sc.upstream == "fixture":
+            assert fixture is not None, f"scenario {sc.name} needs the conformance fixture"
+            up = FixtureGateway(binary, fixture(), workdir)
+        else:
+            up = Dualera(binary, workdir, tls=client.tls)
         direct = direct or shared is not None
         wire = {"wire": client.wire}
         if client.wire == STDIO:
@@ -753,7 +879,7 @@ def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct:
                 tap = Wiretap(target)
                 wire["url"] = tap.url
         cfg = {"scenario": sc.name, **wire, "workspace": up.workspace, "repo": up.repo, **sc.make_cfg(up)}
-        cx = Ctx(client=client, up=up, cfg=cfg)
+        cx = Ctx(client=client, up=up, cfg=cfg, workdir=workdir, tap=tap)
         if sc.name == "discover":
             cx.reference = up.upstream_call("tools/list")["result"]
         cx.snaps["start"] = up.notes()
@@ -1073,16 +1199,22 @@ def main() -> int:
                 print(f"  {peer.label}: NOT AVAILABLE: {peer.error}", flush=True)
     binary = build_binary()
     print(f"interop: dualera binary {binary}")
+    built: list[Path] = []
+
+    def fixture() -> Path:
+        if not built:
+            built.append(build_fixture())
+        return built[0]
 
     results: dict[tuple[str, str], tuple[bool, str]] = {}
     reports = []
     t_all = time.monotonic()
     for c in clients:
         for sc in scenarios:
-            if not (args.all_scenarios or c.runs(sc.name)):
+            if not (args.all_scenarios or c.runs(sc.name)) or (sc.only and not sc.only(c)):
                 continue
             t0 = time.monotonic()
-            passed, detail, report = run_case(binary, c, sc, args.keep, args.direct)
+            passed, detail, report = run_case(binary, c, sc, args.keep, args.direct, fixture)
             results[(c.name, sc.name)] = (passed, detail)
             print(f"  {'PASS' if passed else 'FAIL'}  {c.name:<23} {sc.name:<22} {time.monotonic() - t0:5.1f}s  {detail}",
                   flush=True)

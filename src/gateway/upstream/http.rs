@@ -16,7 +16,7 @@ use super::OnBehalf;
 use super::{Denial, UpstreamError};
 use crate::body::{full, GatewayBody};
 use crate::config::UpstreamHttp2;
-use crate::gateway::sse;
+use crate::sse;
 use crate::tls::{TlsError, TlsFailure};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;

@@ -90,7 +90,10 @@ class Peer:
             return types.ElicitResult(**(await elicit(dump(params))))
 
         async def sampling_callback(ctx, params: types.CreateMessageRequestParams):
-            text = await sample(dump(params))
+            try:
+                text = await sample(dump(params))
+            except scenarios.HostRefusal as e:  # the host answers with a JSON-RPC error
+                return types.ErrorData(code=e.code, message=e.message)
             return types.CreateMessageResult(
                 role="assistant",
                 content=types.TextContent(type="text", text=text),
