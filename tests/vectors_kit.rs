@@ -49,6 +49,7 @@ fn gateway_toml(settings: &Map<String, Value>) -> String {
             "live_timeout_ms" => format!("live_request_timeout_secs = {}", secs(v)),
             "live_timeout_max_ms" => format!("live_request_timeout_max_secs = {}", secs(v)),
             "legacy_versions" => format!("legacy_versions = {v}"),
+            "max_upstream_message_bytes" => format!("upstream_max_body_bytes = {v}"),
             other => panic!("vector setting {other} has no [gateway] key in dualera"),
         };
         out.push_str(&line);

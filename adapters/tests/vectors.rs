@@ -53,6 +53,7 @@ fn config_from(vector: &Vector) -> Config {
             "max_subscriptions" => config.max_subscriptions = n() as usize,
             "listen_retry_pause_ms" => config.listen_retry_pause = Duration::from_millis(n()),
             "max_listen_retries" => config.max_listen_retries = n() as u32,
+            "max_upstream_message_bytes" => config.max_upstream_message = n() as usize,
             "id_prefix" => config.id_prefix = value.as_str().unwrap().to_owned(),
             "legacy_versions" => {
                 config.legacy_versions = serde_json::from_value(value.clone()).unwrap();
@@ -474,7 +475,7 @@ impl Runner<'_> {
             .http
             .as_ref()
             .and_then(|h| h.status)
-            .is_some_and(|s| s.accepts(status));
+            .is_some_and(|s| s.accepts(status, true));
         let Input::Peer { message } = &step.input else {
             return json!("Lost");
         };

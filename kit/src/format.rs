@@ -29,6 +29,10 @@ pub const SETTINGS: &[(&str, SettingDefault)] = &[
     ("max_subscriptions", SettingDefault::Number(256)),
     ("listen_retry_pause_ms", SettingDefault::Number(1000)),
     ("max_listen_retries", SettingDefault::Number(5)),
+    (
+        "max_upstream_message_bytes",
+        SettingDefault::Number(1_048_576),
+    ),
     ("legacy_versions", SettingDefault::AllLegacyVersions),
     ("id_prefix", SettingDefault::Unspecified),
 ];
@@ -358,14 +362,20 @@ pub enum StatusPattern {
     Exact(u16),
     /// Any code of this class (`4` for `"4xx"`).
     Class(u16),
+    /// `"status?"`: a code the spec leaves to the implementation within its class
+    /// (`429` where the spec asks for an error status): exactly this in a strict
+    /// run, any code of its class in a lenient one.
+    Defined(u16),
 }
 
 impl StatusPattern {
-    /// Whether `status` fits.
-    pub fn accepts(self, status: u16) -> bool {
+    /// Whether `status` fits, in a strict run or a lenient one.
+    pub fn accepts(self, status: u16, strict: bool) -> bool {
         match self {
             Self::Exact(s) => s == status,
+            Self::Defined(s) if strict => s == status,
             Self::Class(c) => status / 100 == c,
+            Self::Defined(s) => status / 100 == s / 100,
         }
     }
 }
@@ -375,6 +385,7 @@ impl fmt::Display for StatusPattern {
         match self {
             Self::Exact(s) => write!(f, "{s}"),
             Self::Class(c) => write!(f, "{c}xx"),
+            Self::Defined(s) => write!(f, "{s} (or another {}xx)", s / 100),
         }
     }
 }
@@ -385,7 +396,8 @@ pub struct HttpExpect {
     /// The status (responses only).
     pub status: Option<StatusPattern>,
     /// Headers, lower-cased names: a string pattern (placeholders allowed), or `null`
-    /// for "absent".
+    /// for "absent". A name ending in `?` is implementation-defined: checked only in a
+    /// strict run.
     pub headers: Vec<(String, Value)>,
     /// The body as JSON (matched like a message), responses only.
     pub body: Option<Value>,
@@ -882,9 +894,18 @@ fn parse_http_expect(h: &Map<String, Value>, response: bool) -> Result<HttpExpec
         headers: Vec::new(),
         body: None,
     };
+    if h.contains_key("status") && h.contains_key("status?") {
+        return Err("http.status and http.status? exclude each other".into());
+    }
     for (k, v) in h {
         match (k.as_str(), response) {
             ("status", true) => e.status = Some(parse_status(v)?),
+            ("status?", true) => {
+                e.status = Some(match parse_status(v)? {
+                    StatusPattern::Exact(n) => StatusPattern::Defined(n),
+                    _ => return Err("http.status? is a code (429), not a class".into()),
+                })
+            }
             ("body", true) => e.body = Some(v.clone()),
             ("headers", _) => {
                 let o = v.as_object().ok_or("http.headers must be an object")?;

@@ -151,6 +151,17 @@ fn schema_and_reader_refuse_the_same_mistakes() {
         "unknown dropped kind",
         &|v| v["steps"][0] = json!({"from": "peer", "message": {"jsonrpc": "2.0", "id": "$l1", "result": {}}, "dropped": "stale"}),
     );
+    with(
+        "status and status?",
+        &|v| {
+            v["steps"][0] =
+                json!({"from": "peer", "message": {}, "http": {"status": 429, "status?": 429}})
+        },
+    );
+    with(
+        "status? as a class",
+        &|v| v["steps"][0] = json!({"from": "peer", "message": {}, "http": {"status?": "4xx"}}),
+    );
     for (what, v) in cases {
         assert!(!validator.is_valid(&v), "the schema accepts: {what}");
         assert!(

@@ -674,8 +674,13 @@ impl<'a> Play<'a> {
             context: None,
         };
         if let Some(s) = expect.status {
-            if !s.accepts(status) {
-                return Err(differ(format!("HTTP status {status}, expected {s}")));
+            let strict = self.mode == Mode::Strict;
+            if !s.accepts(status, strict) {
+                let want = match s {
+                    StatusPattern::Defined(n) if strict => n.to_string(),
+                    other => other.to_string(),
+                };
+                return Err(differ(format!("HTTP status {status}, expected {want}")));
             }
         }
         if let Err(m) = self.check_headers(&expect.headers, headers) {
@@ -857,6 +862,12 @@ impl<'a> Play<'a> {
         headers: &[(String, String)],
     ) -> Result<(), String> {
         for (name, pattern) in patterns {
+            let (name, defined) = name
+                .strip_suffix('?')
+                .map_or((name.as_str(), false), |n| (n, true));
+            if defined && self.mode == Mode::Lenient {
+                continue;
+            }
             let got = headers
                 .iter()
                 .find(|(n, _)| n == name)
@@ -1352,9 +1363,10 @@ fn head_json(
         .headers
         .iter()
         .map(|(n, _)| {
+            let bare = n.strip_suffix('?').unwrap_or(n);
             let v = headers
                 .iter()
-                .find(|(h, _)| h == n)
+                .find(|(h, _)| h == bare)
                 .map_or(Value::Null, |(_, v)| Value::String(v.clone()));
             (n.clone(), v)
         })
@@ -1373,7 +1385,7 @@ fn expect_json(expect: &HttpExpect, bindings: &Bindings) -> Value {
     let mut v = json!({});
     if let Some(s) = expect.status {
         v["status"] = match s {
-            StatusPattern::Exact(n) => json!(n),
+            StatusPattern::Exact(n) | StatusPattern::Defined(n) => json!(n),
             StatusPattern::Class(_) => json!(s.to_string()),
         };
     }
