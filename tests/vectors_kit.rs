@@ -232,20 +232,28 @@ fn every_vector_passes_against_dualera_over_http_and_stdio() {
         (Transport::StreamableHttp, &http),
         (Transport::Stdio, &stdio),
     ] {
+        let (mut applicable, mut passed) = (0, 0);
         for v in &vectors {
             if !v.transports.includes(wire) {
                 continue;
             }
+            applicable += 1;
             let group = groups
                 .iter()
                 .position(|(s, _)| *s == v.config)
                 .expect("every vector has its group");
             let (results, table) = &runs[group];
             let got = results.get(&v.name).map_or("missing", String::as_str);
-            if got != "pass" {
+            if got == "pass" {
+                passed += 1;
+            } else {
                 failures.push(format!("{} over {wire}: {got}\n{table}", v.name));
             }
         }
+        println!(
+            "kit over {wire}: {passed} of {applicable} applicable vectors pass ({} vectors)",
+            vectors.len()
+        );
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -238,3 +238,25 @@ fn spec_references_name_real_pages_and_headings() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
     assert!(checked >= 50, "only {checked} references were checked");
 }
+
+/// The README's counts of vectors (all of them, and those that apply over each wire)
+/// are the folder's.
+#[test]
+fn the_readme_counts_are_the_folders() {
+    let files = vector_files();
+    let (mut http, mut stdio) = (0, 0);
+    for f in &files {
+        let name = f.file_stem().unwrap().to_string_lossy();
+        let v = format::parse(&name, &std::fs::read_to_string(f).unwrap()).expect("parses");
+        http += usize::from(v.transports.includes(format::Transport::StreamableHttp));
+        stdio += usize::from(v.transports.includes(format::Transport::Stdio));
+    }
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    for said in [
+        format!("The {} transcript vectors", files.len()),
+        format!("dualera passes all {http} vectors that apply over Streamable HTTP and all {stdio} over stdio"),
+    ] {
+        assert!(flat.contains(&said), "README.md should say: {said}");
+    }
+}
