@@ -95,6 +95,16 @@ impl MeteredSender {
         self.tx.is_closed()
     }
 
+    /// Resolves once the reader is gone (the host hung up).
+    pub async fn closed(&self) {
+        self.tx.closed().await;
+    }
+
+    /// Whether both senders feed the same body.
+    pub fn same_channel(&self, other: &Self) -> bool {
+        self.tx.same_channel(&other.tx)
+    }
+
     /// Bytes waiting for the reader.
     pub fn queued(&self) -> usize {
         self.meter.queued.load(Ordering::Acquire)
