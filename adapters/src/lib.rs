@@ -32,6 +32,7 @@ pub mod mrtr;
 pub mod param_headers;
 pub mod revision;
 pub mod session;
+pub mod snapshot;
 pub mod time;
 pub mod v2024_11_05;
 pub mod v2025_03_26;
