@@ -65,6 +65,11 @@ enum Command {
         /// Configuration file (TOML; its [gateway] section is used).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Where legacy Streamable HTTP sessions live: "memory" (default) or
+        /// redis://HOST:PORT/DB, shared by every replica behind a load balancer.
+        /// Overrides [gateway] session_store.
+        #[arg(long)]
+        session_store: Option<String>,
     },
     /// The whole thing on the embedded default: sample workspace, modern server and
     /// gateway, no setup.
@@ -173,9 +178,11 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             stdio,
             listen,
             config,
+            session_store,
         } => {
             let config = load(config.as_ref())?;
-            let gw_config = GatewayConfig::from_config(&config);
+            let gw_config = GatewayConfig::from_config(&config)
+                .with_session_store(&config.gateway, session_store.as_deref())?;
             let upstream = match (upstream, upstream_cmd) {
                 (Some(url), _) => {
                     let uri: http::Uri = url.parse()?;

@@ -187,7 +187,7 @@ struct Call {
     answered: Option<Answered>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Answered {
     round: Round,
     live_id: RequestId,

@@ -11,6 +11,7 @@
 //! handler stops waiting; every other exchange is a task from the start.
 
 use super::auth::{fingerprint, BindingKey};
+use super::session_store::{Lookup, SessionStore, StoreError};
 use super::upstream::{Denial, UpstreamError};
 use super::{cache, sse, text, Gateway, GatewayConfig};
 use crate::body::{empty, full, ChannelBody, GatewayBody};
@@ -39,24 +40,24 @@ use tokio::sync::{mpsc, Notify};
 use tracing::{debug, info, warn, Instrument};
 
 /// Messages queued towards one live SSE connection before it counts as stalled.
-const STREAM_QUEUE: usize = 256;
+pub(super) const STREAM_QUEUE: usize = 256;
 /// Finished streams whose events are kept for resumption, per session.
-const FINISHED_KEPT: usize = 16;
+pub(super) const FINISHED_KEPT: usize = 16;
 /// How long a request's POST waits for a first message before it opens an SSE stream.
-const FIRST_MESSAGE_WAIT: Duration = Duration::from_secs(1);
+pub(super) const FIRST_MESSAGE_WAIT: Duration = Duration::from_secs(1);
 /// How long an `initialize` may wait for the upstream's discover.
-const INIT_WAIT: Duration = Duration::from_secs(30);
+pub(super) const INIT_WAIT: Duration = Duration::from_secs(30);
 /// How long a POST waits for the upstream to accept (or refuse, 401/403) the exchange
 /// it caused before committing to a response: the refusal must reach the host as
 /// HTTP, so no SSE stream is opened before the upstream's response head.
-const HEAD_WAIT: Duration = Duration::from_secs(30);
+pub(super) const HEAD_WAIT: Duration = Duration::from_secs(30);
 
 fn epoch() -> Instant {
     static START: OnceLock<Instant> = OnceLock::new();
     *START.get_or_init(Instant::now)
 }
 
-fn now() -> Timestamp {
+pub(super) fn now() -> Timestamp {
     Timestamp::from_millis(u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX))
 }
 
@@ -164,7 +165,7 @@ enum InlineSlot {
 /// Whether the upstream accepted an exchange a host request is waiting on, or refused
 /// its credentials. Locked after the session lock, never before.
 #[derive(Debug, Default)]
-struct HeadWatch(Mutex<Head>);
+pub(super) struct HeadWatch(Mutex<Head>);
 
 #[derive(Debug, Default)]
 enum Head {
@@ -177,7 +178,7 @@ enum Head {
 }
 
 impl HeadWatch {
-    fn accepted(&self) {
+    pub(super) fn accepted(&self) {
         if let Ok(mut h) = self.0.lock() {
             if matches!(*h, Head::Waiting) {
                 *h = Head::Accepted;
@@ -186,7 +187,7 @@ impl HeadWatch {
     }
 
     /// Hands a refusal to the waiting host request; false if it stopped waiting.
-    fn offer(&self, denial: &Denial) -> bool {
+    pub(super) fn offer(&self, denial: &Denial) -> bool {
         match self.0.lock() {
             Ok(mut h) if matches!(*h, Head::Waiting) => {
                 *h = Head::Denied(Box::new(denial.clone()));
@@ -196,16 +197,16 @@ impl HeadWatch {
         }
     }
 
-    fn settled(&self) -> bool {
+    pub(super) fn settled(&self) -> bool {
         self.0.lock().is_ok_and(|h| !matches!(*h, Head::Waiting))
     }
 
-    fn denied(&self) -> bool {
+    pub(super) fn denied(&self) -> bool {
         self.0.lock().is_ok_and(|h| matches!(*h, Head::Denied(_)))
     }
 
     /// Stops waiting; the refusal, if one came.
-    fn finish(&self) -> Option<Box<Denial>> {
+    pub(super) fn finish(&self) -> Option<Box<Denial>> {
         let mut h = self.0.lock().ok()?;
         match std::mem::replace(&mut *h, Head::Abandoned) {
             Head::Denied(d) => Some(d),
@@ -288,13 +289,13 @@ impl SessionHandle {
     }
 }
 
-fn mint_session_id() -> Option<String> {
+pub(super) fn mint_session_id() -> Option<String> {
     let mut bytes = [0u8; 24];
     getrandom::fill(&mut bytes).ok()?;
     Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn rpc_error(
+pub(super) fn rpc_error(
     status: StatusCode,
     id: Option<RequestId>,
     code: ErrorCode,
@@ -310,15 +311,29 @@ fn rpc_error(
     r
 }
 
-fn with_session_header(mut r: Response<GatewayBody>, id: &str) -> Response<GatewayBody> {
+pub(super) fn with_session_header(mut r: Response<GatewayBody>, id: &str) -> Response<GatewayBody> {
     if let Ok(v) = HeaderValue::from_str(id) {
         r.headers_mut().insert("mcp-session-id", v);
     }
     r
 }
 
-/// Handles one legacy request (POST, GET or DELETE on `/mcp`).
+/// Handles one legacy request (POST, GET or DELETE on `/mcp`), in whichever store
+/// holds the gateway's sessions.
 pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<GatewayBody> {
+    match gw.shared.as_ref() {
+        Some(shared) => front(gw, &shared.clone(), req).await,
+        None => front(gw, gw.legacy.as_ref(), req).await,
+    }
+}
+
+/// What every store shares: header checks, the session lookup and its binding, the
+/// body, the envelope, and the dispatch to the store's operation.
+async fn front<S: SessionStore>(
+    gw: &Gateway,
+    store: &S,
+    req: Request<Incoming>,
+) -> Response<GatewayBody> {
     let session_header = req
         .headers()
         .get("mcp-session-id")
@@ -344,35 +359,21 @@ pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Gat
     let auth = super::auth::credentials(req.headers());
     let existing = match &session_header {
         None => None,
-        Some(id) => match gw.legacy.map.get(id).map(|e| e.value().clone()) {
-            // Another principal, or no credentials on a session opened with some: 404,
-            // never 401 (DESIGN.md, "Remote upstreams"), so the id gives nothing away.
-            Some(h)
-                if h.binding
-                    .matches(&BindingKey::of(gw.config.session_binding, auth.as_ref())) =>
-            {
-                Some(h)
+        Some(id) => match store.find(gw, id, auth.as_ref()).await {
+            Ok(Lookup::Found(h)) => Some(h),
+            Ok(Lookup::NotFound { anonymous }) => {
+                return session_missing(gw, auth.as_ref(), anonymous).await
             }
-            found => {
-                let opened_with_credentials = found.as_ref().is_none_or(|h| !h.anonymous);
-                if auth.is_none() && opened_with_credentials {
-                    if let Some(denial) = super::auth::upstream_denial(gw, None).await {
-                        return denial.response();
-                    }
-                }
-                return rpc_error(
-                    StatusCode::NOT_FOUND,
-                    None,
-                    ErrorCode::INVALID_REQUEST,
-                    "Session not found: it ended, expired, or belongs to another caller; send initialize again".into(),
-                );
-            }
+            Err(e) => return store_unavailable(None, &e),
         },
     };
     match *req.method() {
-        Method::POST => post(gw, req, existing, auth).await,
+        Method::POST => post(gw, store, req, existing, auth).await,
         Method::GET => match existing {
-            Some(h) => get(gw, &h, req.headers(), auth).await,
+            Some(h) => {
+                let headers = req.headers().clone();
+                store.stream(gw, &h, &headers, auth).await
+            }
             None => rpc_error(
                 StatusCode::BAD_REQUEST,
                 None,
@@ -381,14 +382,7 @@ pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Gat
             ),
         },
         Method::DELETE => match existing {
-            Some(h) => {
-                gw.legacy.map.remove(&h.id);
-                h.close();
-                info!(session = %h.id, "session deleted by the peer");
-                let mut r = Response::new(empty());
-                *r.status_mut() = StatusCode::OK;
-                r
-            }
+            Some(h) => store.delete(gw, &h).await,
             None => rpc_error(
                 StatusCode::BAD_REQUEST,
                 None,
@@ -405,10 +399,61 @@ pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Gat
     }
 }
 
-async fn post(
+/// The answer to a session id that is unknown, ended, expired or another caller's:
+/// 404, never 401 (DESIGN.md, "Remote upstreams"), so the id gives nothing away —
+/// except that a request without credentials naming a session opened with some (or an
+/// unknown one) gets the upstream's own challenge when it demands credentials: a host
+/// whose token expired may drop it and must learn to authorize again.
+pub(super) async fn session_missing(
     gw: &Gateway,
+    auth: Option<&HeaderValue>,
+    anonymous: bool,
+) -> Response<GatewayBody> {
+    if auth.is_none() && !anonymous {
+        if let Some(denial) = super::auth::upstream_denial(gw, None).await {
+            return denial.response();
+        }
+    }
+    rpc_error(
+        StatusCode::NOT_FOUND,
+        None,
+        ErrorCode::INVALID_REQUEST,
+        "Session not found: it ended, expired, or belongs to another caller; send initialize again"
+            .into(),
+    )
+}
+
+/// The shared session store could not be used: `-32603` with
+/// `data.reason = "sessionStoreUnavailable"`, HTTP 503. The cause is logged, never
+/// sent (it may name the store's address).
+pub(super) fn store_unavailable(
+    id: Option<RequestId>,
+    error: &StoreError,
+) -> Response<GatewayBody> {
+    warn!(error = %error, "session store unavailable; request refused");
+    let body = Message::Response(RpcResponse::error(
+        id,
+        ErrorObject::new(
+            ErrorCode::INTERNAL_ERROR,
+            "The session store is unavailable; try again shortly",
+        )
+        .with_data(serde_json::json!({ "reason": "sessionStoreUnavailable" })),
+    ))
+    .to_vec();
+    let mut r = Response::new(full(body));
+    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+async fn post<S: SessionStore>(
+    gw: &Gateway,
+    store: &S,
     req: Request<Incoming>,
-    existing: Option<Arc<SessionHandle>>,
+    existing: Option<S::Session>,
     auth: Option<HeaderValue>,
 ) -> Response<GatewayBody> {
     let limit = gw.config.max_body_bytes;
@@ -436,62 +481,140 @@ async fn post(
             return r;
         }
     };
-    let handle = match existing {
-        Some(h) => h,
-        None => {
-            let is_initialize =
-                matches!(&parsed, Parsed::Single(Message::Request(r)) if r.method == "initialize");
-            if !is_initialize {
-                return rpc_error(
+    let Some(handle) = existing else {
+        return match parsed {
+            Parsed::Single(Message::Request(r)) if r.method == "initialize" => {
+                store.initialize(gw, r, auth).await
+            }
+            _ => rpc_error(
+                StatusCode::BAD_REQUEST,
+                None,
+                ErrorCode::INVALID_REQUEST,
+                "Bad Request: Mcp-Session-Id header is required (or send initialize to start a session)".into(),
+            ),
+        };
+    };
+    match parsed {
+        Parsed::Single(Message::Request(r)) => store.request(gw, &handle, r, auth).await,
+        Parsed::Single(other) => store.message(gw, &handle, other, auth).await,
+        Parsed::Batch(items) => store.batch(gw, &handle, items, auth).await,
+    }
+}
+
+impl SessionStore for Sessions {
+    type Session = Arc<SessionHandle>;
+
+    async fn find(
+        &self,
+        gw: &Gateway,
+        id: &str,
+        authorization: Option<&HeaderValue>,
+    ) -> Result<Lookup<Arc<SessionHandle>>, StoreError> {
+        Ok(match self.map.get(id).map(|e| e.value().clone()) {
+            Some(h)
+                if h.binding
+                    .matches(&BindingKey::of(gw.config.session_binding, authorization)) =>
+            {
+                Lookup::Found(h)
+            }
+            found => Lookup::NotFound {
+                anonymous: found.is_some_and(|h| h.anonymous),
+            },
+        })
+    }
+
+    async fn initialize(
+        &self,
+        gw: &Gateway,
+        init: dualera_adapters::Request,
+        authorization: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        initialize(gw, init, authorization).await
+    }
+
+    async fn request(
+        &self,
+        gw: &Gateway,
+        handle: &Arc<SessionHandle>,
+        r: dualera_adapters::Request,
+        authorization: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        handle.touch();
+        request(gw, handle, r, authorization).await
+    }
+
+    async fn message(
+        &self,
+        gw: &Gateway,
+        handle: &Arc<SessionHandle>,
+        other: Message,
+        auth: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        handle.touch();
+        let watch = Arc::new(HeadWatch::default());
+        let (result, mut inline) = {
+            let Ok(mut s) = handle.shared.lock() else {
+                return internal();
+            };
+            s.feeding = auth;
+            s.inline = InlineSlot::Open(watch.clone());
+            let r = s.machine.handle_peer_message(other, now());
+            route(gw, handle, &mut s);
+            rearm(handle, &s);
+            (r, Detachable::take(&mut s))
+        };
+        // An answer that completes a round starts the upstream retry on behalf of
+        // this POST: a 401/403 for it answers this POST, and the round waits for
+        // the answer again.
+        if inline.0.is_some() {
+            wait_head(&watch, &mut inline).await;
+        }
+        drop(inline);
+        if let Some(denial) = watch.finish() {
+            return denial.response();
+        }
+        match result {
+            Ok(()) => accepted(),
+            Err(e) => {
+                warn!(session = %handle.id, error = %e, "peer message refused");
+                rpc_error(
                     StatusCode::BAD_REQUEST,
                     None,
                     ErrorCode::INVALID_REQUEST,
-                    "Bad Request: Mcp-Session-Id header is required (or send initialize to start a session)".into(),
-                );
-            }
-            return initialize(gw, parsed, auth).await;
-        }
-    };
-    handle.touch();
-    match parsed {
-        Parsed::Single(Message::Request(r)) => request(gw, &handle, r, auth).await,
-        Parsed::Single(other) => {
-            let watch = Arc::new(HeadWatch::default());
-            let (result, mut inline) = {
-                let Ok(mut s) = handle.shared.lock() else {
-                    return internal();
-                };
-                s.feeding = auth;
-                s.inline = InlineSlot::Open(watch.clone());
-                let r = s.machine.handle_peer_message(other, now());
-                route(gw, &handle, &mut s);
-                rearm(&handle, &s);
-                (r, Detachable::take(&mut s))
-            };
-            // An answer that completes a round starts the upstream retry on behalf of
-            // this POST: a 401/403 for it answers this POST, and the round waits for
-            // the answer again.
-            if inline.0.is_some() {
-                wait_head(&watch, &mut inline).await;
-            }
-            drop(inline);
-            if let Some(denial) = watch.finish() {
-                return denial.response();
-            }
-            match result {
-                Ok(()) => accepted(),
-                Err(e) => {
-                    warn!(session = %handle.id, error = %e, "peer message refused");
-                    rpc_error(
-                        StatusCode::BAD_REQUEST,
-                        None,
-                        ErrorCode::INVALID_REQUEST,
-                        format!("Invalid request: {e}"),
-                    )
-                }
+                    format!("Invalid request: {e}"),
+                )
             }
         }
-        Parsed::Batch(items) => batch(gw, &handle, items, auth),
+    }
+
+    async fn batch(
+        &self,
+        gw: &Gateway,
+        handle: &Arc<SessionHandle>,
+        items: Vec<Result<Message, jsonrpc::EnvelopeError>>,
+        auth: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        handle.touch();
+        batch(gw, handle, items, auth)
+    }
+
+    async fn stream(
+        &self,
+        gw: &Gateway,
+        handle: &Arc<SessionHandle>,
+        headers: &http::HeaderMap,
+        auth: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        get(gw, handle, headers, auth).await
+    }
+
+    async fn delete(&self, _gw: &Gateway, h: &Arc<SessionHandle>) -> Response<GatewayBody> {
+        self.map.remove(&h.id);
+        h.close();
+        info!(session = %h.id, "session deleted by the peer");
+        let mut r = Response::new(empty());
+        *r.status_mut() = StatusCode::OK;
+        r
     }
 }
 
@@ -515,7 +638,10 @@ async fn wait_head(watch: &HeadWatch, inline: &mut Detachable) {
 
 /// The HTTP answer to input the session machine refused: its own JSON-RPC error when
 /// it has one, else a generic `-32600`.
-fn refusal(id: Option<RequestId>, e: &dualera_adapters::SessionError) -> Response<GatewayBody> {
+pub(super) fn refusal(
+    id: Option<RequestId>,
+    e: &dualera_adapters::SessionError,
+) -> Response<GatewayBody> {
     let resp = e.to_response().unwrap_or_else(|| {
         RpcResponse::error(
             id,
@@ -531,13 +657,13 @@ fn refusal(id: Option<RequestId>, e: &dualera_adapters::SessionError) -> Respons
     r
 }
 
-fn accepted() -> Response<GatewayBody> {
+pub(super) fn accepted() -> Response<GatewayBody> {
     let mut r = Response::new(empty());
     *r.status_mut() = StatusCode::ACCEPTED;
     r
 }
 
-fn internal() -> Response<GatewayBody> {
+pub(super) fn internal() -> Response<GatewayBody> {
     rpc_error(
         StatusCode::INTERNAL_SERVER_ERROR,
         None,
@@ -548,12 +674,9 @@ fn internal() -> Response<GatewayBody> {
 
 async fn initialize(
     gw: &Gateway,
-    parsed: Parsed,
+    init: dualera_adapters::Request,
     auth: Option<HeaderValue>,
 ) -> Response<GatewayBody> {
-    let Parsed::Single(Message::Request(init)) = parsed else {
-        return internal();
-    };
     if gw.legacy.len() >= gw.config.max_sessions {
         warn!(limit = gw.config.max_sessions, "session limit reached");
         return rpc_error(

@@ -15,6 +15,8 @@ pub mod http_sse;
 mod legacy_http;
 pub mod passthrough;
 mod pipe;
+mod replicas;
+pub mod session_store;
 pub mod sse;
 pub mod upstream;
 pub mod websocket;
@@ -62,6 +64,8 @@ pub struct GatewayConfig {
     pub session_binding: crate::config::SessionBinding,
     /// The response cache (`[cache]`).
     pub cache: cache::CacheConfig,
+    /// Where legacy Streamable HTTP sessions live (`session_store`).
+    pub session_store: session_store::SessionStoreConfig,
 }
 
 impl Default for GatewayConfig {
@@ -79,6 +83,7 @@ impl Default for GatewayConfig {
             max_in_flight: 64,
             session_binding: crate::config::SessionBinding::default(),
             cache: cache::CacheConfig::default(),
+            session_store: session_store::SessionStoreConfig::Memory,
         }
     }
 }
@@ -106,7 +111,32 @@ impl GatewayConfig {
             max_in_flight: s.max_in_flight.unwrap_or(d.max_in_flight),
             session_binding: s.session_binding.unwrap_or(d.session_binding),
             cache: d.cache,
+            session_store: d.session_store,
         }
+    }
+
+    /// Reads `[gateway] session_store` (or the `--session-store` flag, which wins)
+    /// with the replica settings.
+    pub fn with_session_store(
+        mut self,
+        s: &crate::config::GatewaySection,
+        flag: Option<&str>,
+    ) -> Result<Self, String> {
+        let Some(store) = flag.or(s.session_store.as_deref()) else {
+            return Ok(self);
+        };
+        let parsed = session_store::SessionStoreConfig::parse(
+            store,
+            s.replica_id.as_deref(),
+            s.session_key_prefix.as_deref(),
+            s.upstream_lease_ms.map(Duration::from_millis),
+            s.session_store_timeout_ms.map(Duration::from_millis),
+        )?;
+        if let session_store::SessionStoreConfig::Redis(r) = &parsed {
+            replicas::redis::check_url(&r.url)?;
+        }
+        self.session_store = parsed;
+        Ok(self)
     }
 
     /// Defaults overridden by a config file's `[gateway]` and `[cache]` sections.
@@ -126,6 +156,8 @@ pub struct Gateway {
     /// authority, pooled client) would otherwise be copied each time.
     upstream: Arc<Upstream>,
     legacy: Arc<legacy_http::Sessions>,
+    /// Legacy Streamable HTTP sessions shared through Redis, when configured.
+    shared: Option<Arc<replicas::SharedSessions>>,
     sse: Arc<http_sse::SseSessions>,
     cache: Arc<cache::ResponseCache>,
 }
@@ -139,13 +171,38 @@ impl Gateway {
             crate::server::http::ENDPOINT,
         ));
         cache.attach(upstream.clone());
+        let shared = match &config.session_store {
+            session_store::SessionStoreConfig::Memory => None,
+            session_store::SessionStoreConfig::Redis(r) => {
+                match replicas::SharedSessions::new(r, &config) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        // The URL was checked when the config was read.
+                        tracing::error!(error = %e, "session store cannot be opened");
+                        None
+                    }
+                }
+            }
+        };
         Self {
             legacy: Arc::new(legacy_http::Sessions::new(&config)),
+            shared,
             sse: Arc::default(),
             config: Arc::new(config),
             upstream,
             cache,
         }
+    }
+
+    /// Whether the shared session store is reachable (`None` when sessions are kept
+    /// in memory): what a readiness probe reports.
+    pub fn session_store_ready(&self) -> Option<bool> {
+        self.shared.as_ref().map(|s| s.ready())
+    }
+
+    /// This replica's name in the shared session store, if one is used.
+    pub fn replica_id(&self) -> Option<&str> {
+        self.shared.as_ref().map(|s| s.replica())
     }
 
     /// The response cache (its counters: [`cache::ResponseCache::stats`]).
@@ -162,6 +219,9 @@ impl Gateway {
         let loopback = listener.local_addr()?.ip().is_loopback();
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let reaper = tokio::spawn(legacy_http::reap(self.clone()));
+        if let Some(shared) = &self.shared {
+            shared.start(&self);
+        }
         let mut connections = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
         loop {
@@ -220,6 +280,9 @@ impl Gateway {
             "cache counters"
         );
         self.legacy.close_all();
+        if let Some(shared) = &self.shared {
+            shared.stop();
+        }
         self.sse.close_all();
         let _ = stop_tx.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(5), async {

@@ -14,6 +14,7 @@
 //! Each test file uses a different subset of these helpers.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod replicas;
 pub mod schema;
 
 use bytes::Bytes;
@@ -229,6 +230,10 @@ impl std::fmt::Debug for Proc {
 impl Proc {
     fn spawn(args: &[&str], marker: &str) -> Self {
         let level = std::env::var("DUALERA_TEST_LOG").unwrap_or_else(|_| "warn".into());
+        Self::spawn_logging(args, marker, &level)
+    }
+
+    fn spawn_logging(args: &[&str], marker: &str, level: &str) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dualera"))
             .args(args)
             .env("DUALERA_LOG", level)
@@ -297,6 +302,29 @@ impl Proc {
             ],
             "gateway listening on",
         )
+    }
+
+    /// [`Proc::gateway`] logging at `level` (`DUALERA_LOG`), for tests that read its log.
+    pub fn gateway_logging(upstream: &str, ws: &Workspace, level: &str) -> Self {
+        let config = ws.config.display().to_string();
+        Self::spawn_logging(
+            &[
+                "gateway",
+                "--upstream",
+                upstream,
+                "--config",
+                &config,
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            "gateway listening on",
+            level,
+        )
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// What the process wrote on stderr so far.
@@ -531,6 +559,8 @@ struct UpState {
     violations: Mutex<Vec<String>>,
     down: AtomicBool,
     validated: AtomicUsize,
+    /// A pause before the recording hop forwards a request (chosen per request).
+    delay: Mutex<Option<Arc<dyn Fn(&Seen) -> Option<Duration> + Send + Sync>>>,
 }
 
 /// An HTTP peer upstream of the gateway (see the module docs).
@@ -674,6 +704,11 @@ impl Upstream {
         self.push(id, Value::Null);
     }
 
+    /// Makes the recording hop pause before forwarding the requests `delay` picks.
+    pub fn set_delay(&self, delay: impl Fn(&Seen) -> Option<Duration> + Send + Sync + 'static) {
+        *self.state.delay.lock().unwrap() = Some(Arc::new(delay));
+    }
+
     /// While down, every connection is dropped without an answer.
     pub fn set_down(&self, down: bool) {
         self.state.down.store(down, Ordering::SeqCst);
@@ -772,6 +807,10 @@ async fn serve_one(
         answer: None,
     };
     if let Some(target) = target {
+        let delay = st.delay.lock().unwrap().clone();
+        if let Some(pause) = delay.and_then(|d| d(&seen)) {
+            tokio::time::sleep(pause).await;
+        }
         let mut b = Request::builder().method(Method::POST).uri(target.clone());
         for (k, v) in &parts.headers {
             if k != header::HOST {

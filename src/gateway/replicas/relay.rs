@@ -1,0 +1,200 @@
+//! Relaying one SSE stream of a shared session to the host connection this replica
+//! holds: read the stream's Redis Stream after the last event sent, send, then wait
+//! for a wake-up (pub/sub, or this replica's own step) and read again. The connection
+//! is the stream's *holder* (a key with a token, renewed while it relays): a
+//! `Last-Event-ID` resumption on any replica takes the stream over, and the previous
+//! relay stops at its next read, so a message goes out on one connection only.
+
+use super::{hold_ms, Ctx, SharedSessions, StepError, HOLD_TICK};
+use crate::body::{ChannelBody, GatewayBody};
+use crate::gateway::legacy_http::{store_unavailable, STREAM_QUEUE};
+use crate::gateway::{sse, Gateway};
+use bytes::Bytes;
+use http::Response;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn, Instrument};
+
+/// Entries read at once.
+const BATCH: usize = 64;
+
+impl SharedSessions {
+    /// Takes over stream `number`'s connection and relays it from after `after`.
+    pub(super) async fn open_relay(
+        self: &Arc<Self>,
+        sid: &str,
+        number: u64,
+        after: u64,
+        holder: Option<u64>,
+        standalone: bool,
+        prime: bool,
+    ) -> Response<GatewayBody> {
+        let token = super::connection_token();
+        if let Err(e) = self
+            .redis
+            .hold(&self.keys.holder(sid, holder), &token, hold_ms(), false)
+            .await
+        {
+            return store_unavailable(None, &e);
+        }
+        self.relay_body(None, sid, number, after, holder, standalone, token, prime)
+    }
+
+    /// The relay of a standalone stream whose hold `token` already has.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn relay_with(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        sid: &str,
+        number: u64,
+        after: u64,
+        holder: Option<u64>,
+        standalone: bool,
+        token: String,
+        prime: bool,
+    ) -> Response<GatewayBody> {
+        self.relay_body(
+            Some(gw.clone()),
+            sid,
+            number,
+            after,
+            holder,
+            standalone,
+            token,
+            prime,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn relay_body(
+        self: &Arc<Self>,
+        gw: Option<Gateway>,
+        sid: &str,
+        number: u64,
+        after: u64,
+        holder: Option<u64>,
+        standalone: bool,
+        token: String,
+        prime: bool,
+    ) -> Response<GatewayBody> {
+        let (tx, body) = ChannelBody::channel(STREAM_QUEUE);
+        if prime {
+            // Priming event: lets the host resume this stream from here.
+            let _ = tx.try_send(sse::prime(&format!("{number}.{after}")));
+        }
+        let me = self.clone();
+        let sid = sid.to_owned();
+        let span = tracing::debug_span!("relay", session = %sid, stream = number);
+        tokio::spawn(
+            async move {
+                let holder_key = me.keys.holder(&sid, holder);
+                me.relay(&sid, number, after, &holder_key, &token, &tx)
+                    .await;
+                let released = me
+                    .redis
+                    .release_holder(&holder_key, &token)
+                    .await
+                    .unwrap_or(false);
+                if standalone && released {
+                    if let Some(gw) = gw {
+                        let ctx = Ctx::default();
+                        let closed = me
+                            .step(&gw, &sid, &ctx, |record, _now| {
+                                record.machine.handle_standalone_closed()
+                            })
+                            .await;
+                        if let Err(StepError::Store(e)) = closed {
+                            warn!(error = %e, "standalone stream close not recorded");
+                        }
+                    }
+                }
+            }
+            .instrument(span),
+        );
+        crate::body::sse_response(body)
+    }
+
+    /// Sends what the stream holds after `after`, then what arrives, until it ends, the
+    /// host goes away, or another connection takes the stream over.
+    async fn relay(
+        self: &Arc<Self>,
+        sid: &str,
+        number: u64,
+        mut after: u64,
+        holder_key: &str,
+        token: &str,
+        tx: &mpsc::Sender<Bytes>,
+    ) {
+        let mut waiter = self.wakes.watch(sid, true).await;
+        let key = self.keys.stream(sid, number);
+        let session = self.keys.session(sid);
+        let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
+        let mut next_keepalive = tokio::time::Instant::now() + self.keepalive;
+        let mut tick = tokio::time::interval(HOLD_TICK);
+        tick.tick().await;
+        loop {
+            waiter.rx.borrow_and_update();
+            let (entries, current) = match self.redis.read(&key, after, BATCH, holder_key).await {
+                Ok(r) => r,
+                Err(e) => {
+                    // The host resumes with Last-Event-ID once the store is back.
+                    warn!(error = %e, "stream relay stopped: session store unavailable");
+                    return;
+                }
+            };
+            if current.as_deref() != Some(token) {
+                debug!("stream taken over or ended; relay stops");
+                return;
+            }
+            let full = entries.len() == BATCH;
+            for entry in entries {
+                after = entry.seq;
+                if let Some(m) = &entry.message {
+                    let event = sse::encode(Some(&format!("{number}.{}", entry.seq)), m);
+                    if tx.send(event).await.is_err() {
+                        return;
+                    }
+                }
+                if entry.end {
+                    debug!("stream finished");
+                    return;
+                }
+            }
+            if full {
+                continue;
+            }
+            loop {
+                tokio::select! {
+                    changed = waiter.rx.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        break;
+                    }
+                    _ = tick.tick() => {
+                        if tokio::time::Instant::now() >= next_keepalive {
+                            next_keepalive = tokio::time::Instant::now() + self.keepalive;
+                            if tx.try_send(sse::keepalive()).is_err() && tx.is_closed() {
+                                return;
+                            }
+                        }
+                        match self.redis.renew_holder(holder_key, &session, token, super::hold_ms(), ttl).await {
+                            Ok(true) => {}
+                            Ok(false) => {
+                                info!("stream taken over by another connection");
+                                return;
+                            }
+                            Err(e) => {
+                                warn!(error = %e, "stream relay stopped: session store unavailable");
+                                return;
+                            }
+                        }
+                        // A missed wake-up costs at most one tick.
+                        break;
+                    }
+                    () = tx.closed() => return,
+                }
+            }
+        }
+    }
+}
