@@ -50,6 +50,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from wiretap import Wiretap  # noqa: E402
+from replicas import Replicas  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -161,6 +162,8 @@ PY_MODERN = Peer("mcp 2.3.0",
 HTTP, SSE, STDIO = "streamable-http", "sse", "stdio"
 # What the sse and stdio columns run: scenarios 2-4.
 ROUND_SCENARIOS = ("delete_accept", "delete_decline_cancel", "summarize")
+# What the replicas columns run: 2-4 and the two interleaved sessions (8).
+REPLICA_SCENARIOS = (*ROUND_SCENARIOS, "interleave")
 
 
 @dataclass
@@ -171,6 +174,8 @@ class ClientKind:
     era: str  # "legacy" or "modern"
     wire: str
     scenarios: tuple[str, ...] | None = None  # None: every scenario
+    # "up": one `dualera up`; "replicas": three gateways sharing Redis behind HAProxy.
+    backend: str = "up"
 
     @property
     def label(self) -> str:
@@ -180,6 +185,8 @@ class ClientKind:
     def wire_label(self) -> str:
         if self.era == "modern":
             return "pass-through"
+        if self.backend == "replicas":
+            return "3 replicas + haproxy"
         return {HTTP: "streamable http", SSE: "http+sse 2024-11-05", STDIO: "stdio"}[self.wire]
 
     def runs(self, scenario: str) -> bool:
@@ -194,6 +201,8 @@ CLIENTS = [
     ClientKind("python-legacy/stdio", PY_LEGACY, "legacy", STDIO, ROUND_SCENARIOS),
     ClientKind("typescript-legacy/sse", TS_LEGACY, "legacy", SSE, ROUND_SCENARIOS),
     ClientKind("typescript-legacy/stdio", TS_LEGACY, "legacy", STDIO, ROUND_SCENARIOS),
+    ClientKind("python-legacy/replicas", PY_LEGACY, "legacy", HTTP, REPLICA_SCENARIOS, "replicas"),
+    ClientKind("typescript-legacy/replicas", TS_LEGACY, "legacy", HTTP, REPLICA_SCENARIOS, "replicas"),
 ]
 
 
@@ -592,6 +601,22 @@ def check_interleave(cx: Ctx) -> None:
     cx.detail = f"A deleted {deleted[0]} (of 3), B deleted {deleted[1]} (of 1)"
 
 
+def check_spread(up: Replicas) -> str:
+    """Every session's requests were served by more than one replica, and consecutive
+    requests mostly by different ones (round-robin, no stickiness), per the logs."""
+    spread = up.spread()
+    expect(spread, "the gateways logged no session at all")
+    changes = pairs = 0
+    for sid, replicas in spread.items():
+        expect(len(set(replicas)) >= 2,
+               f"session {sid[:8]}…: all {len(replicas)} requests were served by {replicas[0]}")
+        pairs += len(replicas) - 1
+        changes += sum(1 for a, b in zip(replicas, replicas[1:]) if a != b)
+    expect(changes * 2 >= pairs,
+           f"only {changes} of {pairs} consecutive requests changed replica: {spread}")
+    return f"{len(spread)} session(s), {changes}/{pairs} consecutive requests on another replica"
+
+
 @dataclass
 class Scenario:
     name: str
@@ -668,7 +693,7 @@ def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct:
     stdio_log = workdir / "gateway-stdio.log"
     cx = None
     try:
-        up = Dualera(binary, workdir)
+        up = Replicas(binary, workdir) if client.backend == "replicas" else Dualera(binary, workdir)
         wire = {"wire": client.wire}
         if client.wire == STDIO:
             # The client spawns the gateway; the tap records its upstream hop instead.
@@ -701,6 +726,8 @@ def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct:
         expect(seen and all(v == want for v in seen),
                f"sessions negotiated {seen}; a {client.era} client must negotiate {want} through the gateway")
         sc.check(cx)
+        if client.backend == "replicas":
+            cx.detail += "; " + check_spread(up)
         return True, cx.detail, ""
     except Exception as e:  # noqa: BLE001 - every failure becomes a report
         reason = str(e) if isinstance(e, Fail) else traceback.format_exc()
