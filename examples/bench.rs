@@ -1725,7 +1725,9 @@ struct Redis {
 
 impl Redis {
     fn start(env: &Env) -> Res<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
         let dir = env.dir.join("redis");
         std::fs::create_dir_all(&dir)?;
         let bin = ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
@@ -1733,7 +1735,16 @@ impl Redis {
             .find(|p| Path::new(p).exists())
             .ok_or("redis-server is not installed (bash tests/services/debian.sh redis-server)")?;
         let child = Command::new(bin)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--dir")
             .arg(&dir)
             .stdin(Stdio::null())
@@ -1775,9 +1786,9 @@ impl Redis {
             out.extend_from_slice(&buf[..n]);
             let text = String::from_utf8_lossy(&out);
             let done = match out.first() {
-                Some(b'$') => text[1..].split_once("\r\n").is_some_and(|(len, rest)| {
-                    rest.len() >= len.parse::<usize>().unwrap_or(0) + 2
-                }),
+                Some(b'$') => text[1..]
+                    .split_once("\r\n")
+                    .is_some_and(|(len, rest)| rest.len() >= len.parse::<usize>().unwrap_or(0) + 2),
                 _ => text.ends_with("\r\n"),
             };
             if done {
@@ -1921,7 +1932,10 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
         opts.rounds,
         secs * 2.0
     );
-    let _ = writeln!(md, "| variant | flows/s | median flow µs | gateway CPU µs per flow |");
+    let _ = writeln!(
+        md,
+        "| variant | flows/s | median flow µs | gateway CPU µs per flow |"
+    );
     let _ = writeln!(md, "|---|---:|---:|---:|");
     for (v, name) in REPLICA_VARIANTS.iter().enumerate() {
         let _ = writeln!(

@@ -223,15 +223,24 @@ async fn a_retry_is_taken_over_when_its_replica_dies() {
         .await
         .sse();
     let (live, _) = until_elicitation(&mut stream).await;
-    // The answer reaches replica 2, which runs the retry.
+    // The answer reaches replica 2, which runs the retry. Its POST waits for the
+    // retry's response head (a 401 would answer it), so it is sent from a task: the
+    // replica dies while it waits.
     host.url = c.url(2);
     let runner = c.replica_id(2).await;
-    assert_eq!(host.post(&accept(&live)).await.status, 202);
+    let answer = accept(&live);
+    let mut answering = Legacy::new(&host.url);
+    answering.version = host.version.clone();
+    answering.session = host.session.clone();
+    let posted = tokio::spawn(async move {
+        let _ = tokio::time::timeout(WAIT, answering.post(&answer)).await;
+    });
     eventually(WAIT, "the retry to reach the upstream", || {
         (retries.load(Ordering::SeqCst) >= 1).then_some(())
     })
     .await;
     c.kill9(2);
+    posted.abort();
     // Another replica takes the lease over and completes the round.
     let result = until_response(&mut stream, &call).await;
     assert!(
@@ -325,4 +334,106 @@ async fn eventually_initialize(host: &mut Legacy) -> Value {
         assert!(std::time::Instant::now() < deadline, "still {response}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_expire_bound_and_leave_a_tombstone() {
+    let c = Cluster::start(2, &[("session_idle_ttl_secs", "2"), ("max_sessions", "3")]).await;
+    // The session bound across replicas: another caller's token gets 404 on either.
+    let mut host = Legacy::new(&c.url(0));
+    host.initialize(REV, caps()).await;
+    let session = sid(&host);
+    let key = format!("dualera:s:{{{session}}}");
+    assert_eq!(c.redis.int(&["EXISTS", &key]), 1);
+    let ttl = c.redis.int(&["PTTL", &key]);
+    assert!(
+        (1..=2000).contains(&ttl),
+        "the record's TTL is the idle TTL: {ttl}"
+    );
+    let mut stranger = Legacy::new(&c.url(1));
+    stranger.session = host.session.clone();
+    stranger.version = host.version.clone();
+    stranger.auth = Some("Bearer someone-else".into());
+    let r = stranger
+        .post(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+        .await;
+    assert_eq!(r.status, 404, "another caller's session is not found");
+
+    // max_sessions counts every replica's sessions.
+    let mut second = Legacy::new(&c.url(1));
+    second.initialize(REV, caps()).await;
+    let mut third = Legacy::new(&c.url(0));
+    third.initialize(REV, caps()).await;
+    let mut fourth = Legacy::new(&c.url(1));
+    let (reply, _) = fourth.initialize(REV, caps()).await;
+    assert_eq!(
+        reply.status, 503,
+        "the fourth session exceeds max_sessions = 3"
+    );
+
+    // DELETE leaves a tombstone: the id is never served again.
+    host.url = c.url(1);
+    assert_eq!(host.send(http::Method::DELETE, None, &[]).await.status, 200);
+    assert_eq!(
+        c.redis.command(&["HGET", &key, "gone"]).trim_end(),
+        "$1\r\n1",
+        "a tombstone"
+    );
+    assert_eq!(c.redis.int(&["HEXISTS", &key, "d"]), 0, "no state left");
+
+    // Idle sessions expire as in memory: used ones are kept alive, idle ones go.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (_, r) = second.request("tools/list", json!({})).await;
+        assert_eq!(r.status, 200, "a session in use does not expire");
+    }
+    let r = third
+        .post(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list"}))
+        .await;
+    assert_eq!(r.status, 404, "an idle session expired");
+    let third_key = format!("dualera:s:{{{}}}", sid(&third));
+    assert_eq!(
+        c.redis.int(&["EXISTS", &third_key]),
+        0,
+        "and its record is gone"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_get_stream_per_session_across_replicas() {
+    let c = Cluster::start(2, &[]).await;
+    let mut host = Legacy::new(&c.url(0));
+    host.initialize(REV, caps()).await;
+    let get = host
+        .send(http::Method::GET, None, &[("accept", "text/event-stream")])
+        .await;
+    assert_eq!(get.status, 200);
+    let mut stream = get.sse();
+    host.url = c.url(1);
+    let second = host
+        .send(http::Method::GET, None, &[("accept", "text/event-stream")])
+        .await;
+    assert_eq!(
+        second.status, 409,
+        "a second GET stream, on another replica"
+    );
+    // The open stream's priming event names it; resuming it on the other replica
+    // takes it over, and the first connection ends.
+    let first = match stream.next_within(WAIT).await {
+        Next::Item(item) => item.id.expect("a priming event id"),
+        other => panic!("no priming event: {other:?}"),
+    };
+    let resumed = host
+        .send(
+            http::Method::GET,
+            None,
+            &[
+                ("last-event-id", first.as_str()),
+                ("accept", "text/event-stream"),
+            ],
+        )
+        .await;
+    assert_eq!(resumed.status, 200);
+    let rest = tokio::time::timeout(WAIT, stream.drain()).await;
+    assert!(rest.is_ok(), "the taken-over connection ended");
 }

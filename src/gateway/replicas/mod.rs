@@ -70,6 +70,13 @@ const HOLD: Duration = Duration::from_secs(8);
 const MAX_ATTEMPTS: u32 = 32;
 /// Discover results kept decoded, by digest.
 const DISCOVERS_KEPT: usize = 64;
+/// Sessions whose last stored version a replica remembers, to try its next step's
+/// compare-and-set without reading first.
+const VERSIONS_KEPT: usize = 4096;
+/// Finished ids a shared session remembers (the machine's `retired_ids`): every step
+/// reads and writes the whole record, and ids older than this are still told apart
+/// from unknown ones by their shape.
+const RETIRED_IDS: usize = 64;
 
 /// Milliseconds since the Unix epoch: the machine's clock in a shared session, so that
 /// its deadlines mean the same on every replica (their clocks must agree to well under
@@ -251,6 +258,11 @@ pub(in crate::gateway) struct SharedSessions {
     deciders: DashMap<(String, PeerStream), Arc<Decider>>,
     exchanges: DashMap<(String, RequestId), futures_util::future::AbortHandle>,
     locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// The last version and state this replica stored or read per session: a step
+    /// starts from it and the compare-and-set says whether it is still current (a
+    /// conflict returns the current state in the same round trip). Never used to
+    /// answer anything on its own.
+    versions: quick_cache::sync::Cache<String, (String, Arc<Vec<u8>>)>,
     discovers: Mutex<Vec<(String, Arc<Value>)>>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -281,6 +293,7 @@ impl SharedSessions {
         machine.max_rounds = config.max_rounds;
         machine.retry_pause = config.retry_pause;
         machine.live_timeout = config.live_request_timeout;
+        machine.retired_ids = RETIRED_IDS;
         Ok(Arc::new(Self {
             redis: Arc::new(redis),
             keys,
@@ -295,6 +308,7 @@ impl SharedSessions {
             deciders: DashMap::new(),
             exchanges: DashMap::new(),
             locks: DashMap::new(),
+            versions: quick_cache::sync::Cache::new(VERSIONS_KEPT),
             discovers: Mutex::new(Vec::new()),
             tasks: Mutex::new(Vec::new()),
         }))
@@ -458,9 +472,14 @@ impl SharedSessions {
         feed: &mut impl FnMut(&mut Record, Timestamp) -> Result<T, R>,
     ) -> Result<T, StepError<R>> {
         let key = self.keys.session(sid);
-        let (mut version, mut state) = match self.redis.load(&key).await? {
-            Loaded::Found { version, state } => (version, state),
-            Loaded::Missing | Loaded::Gone => return Err(StepError::NotFound { anonymous: false }),
+        let (mut version, mut state, mut remembered) = match self.versions.get(sid) {
+            Some((v, s)) => (v, s, true),
+            None => match self.redis.load(&key).await? {
+                Loaded::Found { version, state } => (version, Arc::new(state), false),
+                Loaded::Missing | Loaded::Gone => {
+                    return Err(StepError::NotFound { anonymous: false })
+                }
+            },
         };
         for _ in 0..MAX_ATTEMPTS {
             let mut record = self.decode(&state).await?;
@@ -474,7 +493,29 @@ impl SharedSessions {
             let now = wall_ms();
             let value = match feed(&mut record, Timestamp::from_millis(now)) {
                 Ok(v) => v,
-                Err(r) => return Err(StepError::Refused(r)),
+                Err(r) => {
+                    if remembered {
+                        // Refused by a remembered state: it stands only if that state
+                        // is still the current one.
+                        remembered = false;
+                        match self.redis.load(&key).await? {
+                            Loaded::Found {
+                                version: v,
+                                state: s,
+                            } if v != version => {
+                                version = v;
+                                state = Arc::new(s);
+                                continue;
+                            }
+                            Loaded::Found { .. } => {}
+                            Loaded::Missing | Loaded::Gone => {
+                                self.versions.remove(sid);
+                                return Err(StepError::NotFound { anonymous: false });
+                            }
+                        }
+                    }
+                    return Err(StepError::Refused(r));
+                }
             };
             let (ops, after) = self.plan(sid, &mut record, now, ctx);
             let blob = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt {
@@ -485,17 +526,42 @@ impl SharedSessions {
                 && ops.xadd.is_empty()
                 && !ctx.tomb
                 && ctx.done_upstream.is_none()
-                && blob == state;
+                && blob == *state;
             if nothing {
-                // Only the TTL to refresh: the session is in use.
                 after.revert();
+                if remembered {
+                    // Nothing to store, but the answer came from a remembered state:
+                    // it stands only if that state is still the current one.
+                    remembered = false;
+                    match self.redis.load(&key).await? {
+                        Loaded::Found {
+                            version: v,
+                            state: s,
+                        } => {
+                            if v != version {
+                                version = v;
+                                state = Arc::new(s);
+                                continue;
+                            }
+                        }
+                        Loaded::Missing | Loaded::Gone => {
+                            self.versions.remove(sid);
+                            return Err(StepError::NotFound { anonymous: false });
+                        }
+                    }
+                }
                 return Ok(value);
             }
             let ops_json = serde_json::to_vec(&ops).map_err(|e| StoreError::Corrupt {
                 reason: format!("step effects: {e}"),
             })?;
             match self.redis.step(&key, &version, &blob, &ops_json).await {
-                Ok(CasResult::Committed) => {
+                Ok(CasResult::Committed { version: v }) => {
+                    if ctx.tomb {
+                        self.versions.remove(sid);
+                    } else {
+                        self.versions.insert(sid.to_owned(), (v, Arc::new(blob)));
+                    }
                     self.perform(gw, sid, after);
                     return Ok(value);
                 }
@@ -505,10 +571,12 @@ impl SharedSessions {
                 }) => {
                     after.revert();
                     version = v;
-                    state = s;
+                    state = Arc::new(s);
+                    remembered = false;
                 }
                 Ok(CasResult::Missing | CasResult::Gone) => {
                     after.revert();
+                    self.versions.remove(sid);
                     return Err(StepError::NotFound { anonymous: false });
                 }
                 Err(e) => {
@@ -1019,19 +1087,19 @@ impl SharedSessions {
             Message::Response(_) => "reply",
             _ => "notification",
         };
-        let before = self.exchanges.len();
         let fed = self
             .step(gw, &s.id, &ctx, |record, now| {
                 record.machine.handle_peer_message(message.clone(), now)
             })
             .await;
+        drop(ctx);
         info!(session = %s.id, replica = %self.replica, method = kind, "legacy message served");
         match fed {
             Ok(()) => {
                 // An answer that completes a round starts the retry on behalf of this
-                // POST: a 401/403 for it answers this POST, and the round waits for
-                // the answer again.
-                if kind == "reply" && self.exchanges.len() > before {
+                // POST (the exchange holds the head): a 401/403 for it answers this
+                // POST, and the round waits for the answer again.
+                if Arc::strong_count(&head) > 1 {
                     head.settle(HEAD_WAIT).await;
                 }
                 match head.watch.finish() {
@@ -1166,7 +1234,6 @@ impl SharedSessions {
         }
         let head = Arc::new(Head::default());
         let ctx = Self::ctx(s, auth.as_ref(), Some(head.clone()));
-        let before = self.exchanges.len();
         let opened = self
             .step(gw, &s.id, &ctx, |record, _now| {
                 let meta = match record.stream(&PeerStream::Standalone) {
@@ -1195,8 +1262,9 @@ impl SharedSessions {
         // Opening the stream may start `subscriptions/listen` with this GET's token:
         // its 401/403 answers the GET, and the stream is closed again. Without one,
         // the upstream is asked about the token all the same (a bound session only).
+        drop(ctx);
         let mut denied = None;
-        if self.exchanges.len() > before {
+        if Arc::strong_count(&head) > 1 {
             head.settle(HEAD_WAIT).await;
         } else if auth.is_some() && !s.anonymous {
             denied = super::auth::upstream_denial(gw, auth.as_ref())

@@ -161,8 +161,8 @@ pub(super) enum Loaded {
 /// What a compare-and-set did.
 #[derive(Debug)]
 pub(super) enum Stored {
-    /// Stored.
-    Committed,
+    /// Stored as this version.
+    Committed { version: String },
     /// Someone else stored first: the current version and state.
     Conflict { version: String, state: Vec<u8> },
     /// The session expired meanwhile.
@@ -329,7 +329,9 @@ impl Redis {
             return Err(corrupt("the step script answered something else".into()));
         };
         Ok(match items.first().and_then(as_i64) {
-            Some(1) => Stored::Committed,
+            Some(1) => Stored::Committed {
+                version: items.get(1).and_then(as_string).unwrap_or_default(),
+            },
             Some(0) => Stored::Conflict {
                 version: items.get(1).and_then(as_string).unwrap_or_default(),
                 state: items.get(2).and_then(as_bytes).unwrap_or_default(),

@@ -90,6 +90,8 @@ impl SharedSessions {
                 let holder_key = me.keys.holder(&sid, holder);
                 me.relay(&sid, number, after, &holder_key, &token, &tx)
                     .await;
+                // The host sees the end of the stream now, not after the bookkeeping.
+                drop(tx);
                 let released = me
                     .redis
                     .release_holder(&holder_key, &token)
@@ -100,6 +102,7 @@ impl SharedSessions {
                         let ctx = Ctx::default();
                         let closed = me
                             .step(&gw, &sid, &ctx, |record, _now| {
+                                record.set_auth(None, None);
                                 record.machine.handle_standalone_closed()
                             })
                             .await;

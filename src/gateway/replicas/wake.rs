@@ -215,7 +215,8 @@ impl Wakes {
                                 }
                             }
                         }
-                        let _ = done.send(true);
+                        // Kept even when nobody waits right now: later waiters read it.
+                        done.send_replace(true);
                     }
                     Some(Change::Unsubscribe(channel)) => {
                         if let Err(e) = redis.unsubscribe(&channel).await {
