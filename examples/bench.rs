@@ -1840,6 +1840,7 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
     let memory = env.gateway(server, "replicas-memory")?;
     let first = env.gateway_with(server, "replica-1", &config, "warn")?;
     let second = env.gateway_with(server, "replica-2", &config, "warn")?;
+    let _perf = PerfGuard::start(env, first.pid(), "replicas");
     eprintln!("bench: replicas (load {})", load_avg());
     let mut local = LegacyClient::open(memory.addr).await?;
     let mut shared = LegacyClient::open_pair(first.addr, second.addr).await?;

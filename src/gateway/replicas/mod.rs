@@ -76,7 +76,7 @@ const VERSIONS_KEPT: usize = 4096;
 /// Finished ids a shared session remembers (the machine's `retired_ids`): every step
 /// reads and writes the whole record, and ids older than this are still told apart
 /// from unknown ones by their shape.
-const RETIRED_IDS: usize = 64;
+const RETIRED_IDS: usize = 16;
 
 /// Milliseconds since the Unix epoch: the machine's clock in a shared session, so that
 /// its deadlines mean the same on every replica (their clocks must agree to well under
@@ -176,6 +176,23 @@ impl Head {
     }
 }
 
+/// What a replica remembers of a session it stepped: the version and state it stored
+/// (or read), and the decoded record, taken by the next step (steps of one session
+/// on one replica are serialized) so that it is not decoded again.
+struct Remembered {
+    version: String,
+    state: Arc<Vec<u8>>,
+    record: Option<Record>,
+}
+
+fn remember(version: String, state: Vec<u8>, record: Option<Record>) -> Arc<Mutex<Remembered>> {
+    Arc::new(Mutex::new(Remembered {
+        version,
+        state: Arc::new(state),
+        record,
+    }))
+}
+
 /// Why a step did not store anything.
 #[derive(Debug)]
 enum StepError<R> {
@@ -207,7 +224,13 @@ struct Ctx {
     done_upstream: Option<RequestId>,
     /// The host request waiting on the first exchange the step starts.
     head: Option<Arc<Head>>,
+    /// Where that first exchange is left for the host request's handler to drive
+    /// itself (no hand-off to a task and back on the common path), when it asks.
+    inline: Option<Mutex<Option<Start>>>,
 }
+
+/// One upstream exchange, driven by whoever holds it.
+type Exchange = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// An upstream exchange to run once a step is stored.
 #[derive(Debug)]
@@ -262,7 +285,7 @@ pub(in crate::gateway) struct SharedSessions {
     /// starts from it and the compare-and-set says whether it is still current (a
     /// conflict returns the current state in the same round trip). Never used to
     /// answer anything on its own.
-    versions: quick_cache::sync::Cache<String, (String, Arc<Vec<u8>>)>,
+    versions: quick_cache::sync::Cache<String, Arc<Mutex<Remembered>>>,
     discovers: Mutex<Vec<(String, Arc<Value>)>>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -472,17 +495,24 @@ impl SharedSessions {
         feed: &mut impl FnMut(&mut Record, Timestamp) -> Result<T, R>,
     ) -> Result<T, StepError<R>> {
         let key = self.keys.session(sid);
-        let (mut version, mut state, mut remembered) = match self.versions.get(sid) {
-            Some((v, s)) => (v, s, true),
+        let cached = self.versions.get(sid).and_then(|slot| {
+            let mut r = slot.lock().ok()?;
+            Some((r.version.clone(), r.state.clone(), r.record.take()))
+        });
+        let (mut version, mut state, mut remembered, mut decoded) = match cached {
+            Some((v, s, record)) => (v, s, true, record),
             None => match self.redis.load(&key).await? {
-                Loaded::Found { version, state } => (version, Arc::new(state), false),
+                Loaded::Found { version, state } => (version, Arc::new(state), false, None),
                 Loaded::Missing | Loaded::Gone => {
                     return Err(StepError::NotFound { anonymous: false })
                 }
             },
         };
         for _ in 0..MAX_ATTEMPTS {
-            let mut record = self.decode(&state).await?;
+            let mut record = match decoded.take() {
+                Some(r) => r,
+                None => self.decode(&state).await?,
+            };
             if let Some(b) = &ctx.binding {
                 if !same(&record.binding, b) {
                     return Err(StepError::NotFound {
@@ -560,9 +590,10 @@ impl SharedSessions {
                     if ctx.tomb {
                         self.versions.remove(sid);
                     } else {
-                        self.versions.insert(sid.to_owned(), (v, Arc::new(blob)));
+                        self.versions
+                            .insert(sid.to_owned(), remember(v, blob, Some(record)));
                     }
-                    self.perform(gw, sid, after);
+                    self.perform(gw, sid, after, ctx);
                     return Ok(value);
                 }
                 Ok(CasResult::Conflict {
@@ -792,7 +823,7 @@ impl SharedSessions {
     }
 
     /// Carries out a stored step.
-    fn perform(self: &Arc<Self>, gw: &Gateway, sid: &str, after: After) {
+    fn perform(self: &Arc<Self>, gw: &Gateway, sid: &str, after: After, ctx: &Ctx) {
         for (d, bytes) in after.json {
             d.set(Decision::Json(bytes));
         }
@@ -818,12 +849,29 @@ impl SharedSessions {
                 _ => {}
             }
         }
-        for start in after.starts {
+        let mut starts = after.starts.into_iter();
+        if let Some(slot) = &ctx.inline {
+            if let (Ok(mut slot), Some(first)) = (slot.lock(), starts.next()) {
+                *slot = Some(first);
+            }
+        }
+        for start in starts {
             let me = self.clone();
             let gw = gw.clone();
             let sid = sid.to_owned();
             tokio::spawn(async move { me.run_exchange(gw, sid, start).await });
         }
+    }
+
+    /// The exchange a step left for its caller to drive ([`Ctx::inline`]).
+    fn inline_exchange(self: &Arc<Self>, gw: &Gateway, sid: &str, ctx: &Ctx) -> Option<Exchange> {
+        let start = ctx.inline.as_ref()?.lock().ok()?.take()?;
+        let me = self.clone();
+        let gw = gw.clone();
+        let sid = sid.to_owned();
+        Some(Box::pin(
+            async move { me.run_exchange(gw, sid, start).await },
+        ))
     }
 
     // ----- operations -------------------------------------------------------------
@@ -1005,6 +1053,7 @@ impl SharedSessions {
         Ctx {
             binding: Some(s.binding.clone()),
             auth: auth_text(auth),
+            inline: head.is_some().then(|| Mutex::new(None)),
             head,
             ..Ctx::default()
         }
@@ -1057,9 +1106,13 @@ impl SharedSessions {
             }
             Err(StepError::Refused(Some(e))) => return refusal(Some(id), &e),
         };
-        let decision = guard
-            .decide(FIRST_MESSAGE_WAIT, forwarded.then_some(&*head))
-            .await;
+        let exchange = self.inline_exchange(gw, &s.id, &ctx);
+        drop(ctx);
+        let decision = drive(
+            guard.decide(FIRST_MESSAGE_WAIT, forwarded.then_some(&*head)),
+            exchange,
+        )
+        .await;
         // Nothing is committed before the upstream accepted the exchange: its 401/403
         // reaches the host as HTTP on this POST.
         if let Some(denial) = head.watch.finish() {
@@ -1092,6 +1145,7 @@ impl SharedSessions {
                 record.machine.handle_peer_message(message.clone(), now)
             })
             .await;
+        let exchange = self.inline_exchange(gw, &s.id, &ctx);
         drop(ctx);
         info!(session = %s.id, replica = %self.replica, method = kind, "legacy message served");
         match fed {
@@ -1099,8 +1153,8 @@ impl SharedSessions {
                 // An answer that completes a round starts the retry on behalf of this
                 // POST (the exchange holds the head): a 401/403 for it answers this
                 // POST, and the round waits for the answer again.
-                if Arc::strong_count(&head) > 1 {
-                    head.settle(HEAD_WAIT).await;
+                if Arc::strong_count(&head) > 1 || exchange.is_some() {
+                    drive(head.settle(HEAD_WAIT), exchange).await;
                 }
                 match head.watch.finish() {
                     Some(denial) => denial.response(),
@@ -1262,10 +1316,11 @@ impl SharedSessions {
         // Opening the stream may start `subscriptions/listen` with this GET's token:
         // its 401/403 answers the GET, and the stream is closed again. Without one,
         // the upstream is asked about the token all the same (a bound session only).
+        let exchange = self.inline_exchange(gw, &s.id, &ctx);
         drop(ctx);
         let mut denied = None;
-        if Arc::strong_count(&head) > 1 {
-            head.settle(HEAD_WAIT).await;
+        if Arc::strong_count(&head) > 1 || exchange.is_some() {
+            drive(head.settle(HEAD_WAIT), exchange).await;
         } else if auth.is_some() && !s.anonymous {
             denied = super::auth::upstream_denial(gw, auth.as_ref())
                 .await
@@ -1317,6 +1372,28 @@ impl SharedSessions {
             Err(StepError::Refused(())) => legacy_http::internal(),
         }
     }
+}
+
+/// Awaits `wait` while driving `exchange`; if the exchange is not done by then, the
+/// rest of it runs as a task (a host request that stops waiting never cancels
+/// upstream work).
+async fn drive<T>(wait: impl std::future::Future<Output = T>, exchange: Option<Exchange>) -> T {
+    let Some(mut exchange) = exchange else {
+        return wait.await;
+    };
+    tokio::pin!(wait);
+    let mut done = false;
+    let out = loop {
+        tokio::select! {
+            biased;
+            out = &mut wait => break out,
+            () = &mut exchange, if !done => done = true,
+        }
+    };
+    if !done {
+        tokio::spawn(exchange);
+    }
+    out
 }
 
 fn json_body(body: Vec<u8>) -> Response<GatewayBody> {

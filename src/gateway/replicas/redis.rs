@@ -526,19 +526,30 @@ impl Redis {
         Ok(n == 1)
     }
 
-    /// Entries of a stream after `after` (at most `count`), and the stream's holder.
+    /// Entries of a stream after `after` (at most `count`), and the stream's holder;
+    /// with `hold`, that token becomes the holder (for so many ms) first, in the same
+    /// round trip.
     pub(super) async fn read(
         &self,
         stream: &str,
         after: u64,
         count: usize,
         holder: &str,
+        hold: Option<(&str, u64)>,
     ) -> Result<(Vec<Entry>, Option<String>), StoreError> {
         let mut c = self.commands.clone();
+        let mut p = redis::pipe();
+        if let Some((token, ms)) = hold {
+            p.cmd("SET")
+                .arg(holder)
+                .arg(token)
+                .arg("PX")
+                .arg(ms)
+                .ignore();
+        }
         let (raw, holder): (RValue, Option<String>) = self
             .bounded(
-                redis::pipe()
-                    .cmd("XRANGE")
+                p.cmd("XRANGE")
                     .arg(stream)
                     .arg(format!("(0-{after}"))
                     .arg("+")

@@ -7,7 +7,7 @@
 
 use super::{hold_ms, Ctx, SharedSessions, StepError, HOLD_TICK};
 use crate::body::{ChannelBody, GatewayBody};
-use crate::gateway::legacy_http::{store_unavailable, STREAM_QUEUE};
+use crate::gateway::legacy_http::STREAM_QUEUE;
 use crate::gateway::{sse, Gateway};
 use bytes::Bytes;
 use http::Response;
@@ -29,15 +29,11 @@ impl SharedSessions {
         standalone: bool,
         prime: bool,
     ) -> Response<GatewayBody> {
+        // The hold is taken in the same round trip as the first read.
         let token = super::connection_token();
-        if let Err(e) = self
-            .redis
-            .hold(&self.keys.holder(sid, holder), &token, hold_ms(), false)
-            .await
-        {
-            return store_unavailable(None, &e);
-        }
-        self.relay_body(None, sid, number, after, holder, standalone, token, prime)
+        self.relay_body(
+            None, sid, number, after, holder, standalone, token, prime, true,
+        )
     }
 
     /// The relay of a standalone stream whose hold `token` already has.
@@ -62,6 +58,7 @@ impl SharedSessions {
             standalone,
             token,
             prime,
+            false,
         )
     }
 
@@ -76,6 +73,7 @@ impl SharedSessions {
         standalone: bool,
         token: String,
         prime: bool,
+        take_over: bool,
     ) -> Response<GatewayBody> {
         let (tx, body) = ChannelBody::channel(STREAM_QUEUE);
         if prime {
@@ -88,10 +86,15 @@ impl SharedSessions {
         tokio::spawn(
             async move {
                 let holder_key = me.keys.holder(&sid, holder);
-                me.relay(&sid, number, after, &holder_key, &token, &tx)
+                let finished = me
+                    .relay(&sid, number, after, &holder_key, &token, &tx, take_over)
                     .await;
                 // The host sees the end of the stream now, not after the bookkeeping.
                 drop(tx);
+                if finished {
+                    // A finished stream's hold just expires.
+                    return;
+                }
                 let released = me
                     .redis
                     .release_holder(&holder_key, &token)
@@ -117,8 +120,10 @@ impl SharedSessions {
         crate::body::sse_response(body)
     }
 
-    /// Sends what the stream holds after `after`, then what arrives, until it ends, the
-    /// host goes away, or another connection takes the stream over.
+    /// Sends what the stream holds after `after`, then what arrives, until it ends
+    /// (true), the host goes away, or another connection takes the stream over. With
+    /// `take_over`, the first read first makes this connection the stream's holder.
+    #[allow(clippy::too_many_arguments)]
     async fn relay(
         self: &Arc<Self>,
         sid: &str,
@@ -127,7 +132,8 @@ impl SharedSessions {
         holder_key: &str,
         token: &str,
         tx: &mpsc::Sender<Bytes>,
-    ) {
+        mut take_over: bool,
+    ) -> bool {
         let mut waiter = self.wakes.watch(sid, true).await;
         let key = self.keys.stream(sid, number);
         let session = self.keys.session(sid);
@@ -137,17 +143,20 @@ impl SharedSessions {
         tick.tick().await;
         loop {
             waiter.rx.borrow_and_update();
-            let (entries, current) = match self.redis.read(&key, after, BATCH, holder_key).await {
-                Ok(r) => r,
-                Err(e) => {
-                    // The host resumes with Last-Event-ID once the store is back.
-                    warn!(error = %e, "stream relay stopped: session store unavailable");
-                    return;
-                }
-            };
+            let hold = take_over.then(|| (token, hold_ms()));
+            take_over = false;
+            let (entries, current) =
+                match self.redis.read(&key, after, BATCH, holder_key, hold).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // The host resumes with Last-Event-ID once the store is back.
+                        warn!(error = %e, "stream relay stopped: session store unavailable");
+                        return false;
+                    }
+                };
             if current.as_deref() != Some(token) {
                 debug!("stream taken over or ended; relay stops");
-                return;
+                return false;
             }
             let full = entries.len() == BATCH;
             for entry in entries {
@@ -155,12 +164,12 @@ impl SharedSessions {
                 if let Some(m) = &entry.message {
                     let event = sse::encode(Some(&format!("{number}.{}", entry.seq)), m);
                     if tx.send(event).await.is_err() {
-                        return;
+                        return false;
                     }
                 }
                 if entry.end {
                     debug!("stream finished");
-                    return;
+                    return true;
                 }
             }
             if full {
@@ -170,7 +179,7 @@ impl SharedSessions {
                 tokio::select! {
                     changed = waiter.rx.changed() => {
                         if changed.is_err() {
-                            return;
+                            return false;
                         }
                         break;
                     }
@@ -178,24 +187,24 @@ impl SharedSessions {
                         if tokio::time::Instant::now() >= next_keepalive {
                             next_keepalive = tokio::time::Instant::now() + self.keepalive;
                             if tx.try_send(sse::keepalive()).is_err() && tx.is_closed() {
-                                return;
+                                return false;
                             }
                         }
                         match self.redis.renew_holder(holder_key, &session, token, super::hold_ms(), ttl).await {
                             Ok(true) => {}
                             Ok(false) => {
                                 info!("stream taken over by another connection");
-                                return;
+                                return false;
                             }
                             Err(e) => {
                                 warn!(error = %e, "stream relay stopped: session store unavailable");
-                                return;
+                                return false;
                             }
                         }
                         // A missed wake-up costs at most one tick.
                         break;
                     }
-                    () = tx.closed() => return,
+                    () = tx.closed() => return false,
                 }
             }
         }
