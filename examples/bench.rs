@@ -113,6 +113,8 @@ struct Opts {
     pending_sessions: usize,
     /// Idle sessions opened on the replicas for Redis memory (default 10k).
     replica_sessions: usize,
+    /// Hosts at once per variant in the replicas scenario's capacity part (default 8).
+    replica_hosts: usize,
     profile: Option<Profile>,
     no_build: bool,
     dualera: Option<PathBuf>,
@@ -122,7 +124,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: bench [--scenarios passthrough,cache,mrtr,memory,pending,store,replicas] [--rounds N] [--secs S]\n\
          \x20            [--concurrency 1,16,64] [--sessions 1000,10000,100000]\n\
-         \x20            [--pending N] [--pending-sessions N] [--replica-sessions N]\n\
+         \x20            [--pending N] [--pending-sessions N] [--replica-sessions N] [--replica-hosts N]\n\
          \x20            [--profile perf|callgrind|massif] [--no-build]\n\
          \x20            [--dualera PATH (another build of the binary, e.g. to compare before/after)]"
     );
@@ -145,6 +147,7 @@ fn parse_opts() -> Opts {
         pending: 10_000,
         pending_sessions: 2_500,
         replica_sessions: 10_000,
+        replica_hosts: 8,
         profile: None,
         no_build: false,
         dualera: None,
@@ -169,6 +172,7 @@ fn parse_opts() -> Opts {
             "--pending" => o.pending = val().parse().unwrap_or_else(|_| usage()),
             "--pending-sessions" => o.pending_sessions = val().parse().unwrap_or_else(|_| usage()),
             "--replica-sessions" => o.replica_sessions = val().parse().unwrap_or_else(|_| usage()),
+            "--replica-hosts" => o.replica_hosts = val().parse().unwrap_or_else(|_| usage()),
             "--profile" => {
                 o.profile = match val().as_str() {
                     "perf" => Some(Profile::Perf),
@@ -1820,6 +1824,44 @@ impl Drop for Redis {
     }
 }
 
+/// Runs flows on every client at once for `secs`; returns the clients, the flows done
+/// and the time taken.
+async fn concurrent_flows(
+    clients: Vec<LegacyClient>,
+    ws: &str,
+    secs: f64,
+    swap: bool,
+    counter: &Arc<AtomicUsize>,
+) -> Res<(Vec<LegacyClient>, usize, f64)> {
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs_f64(secs);
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut c in clients {
+        let ws = ws.to_owned();
+        let counter = counter.clone();
+        tasks.spawn(async move {
+            let mut n = 0usize;
+            while Instant::now() < end && n < 100_000 {
+                let k = counter.fetch_add(1, Ordering::Relaxed);
+                legacy_flow(&mut c, &ws, &format!("replica-load-{k}")).await?;
+                if swap {
+                    c.swap();
+                }
+                n += 1;
+            }
+            Ok::<_, BoxError>((c, n))
+        });
+    }
+    let mut back = Vec::new();
+    let mut flows = 0;
+    while let Some(r) = tasks.join_next().await {
+        let (c, n) = r??;
+        back.push(c);
+        flows += n;
+    }
+    Ok((back, flows, t0.elapsed().as_secs_f64()))
+}
+
 const REPLICA_VARIANTS: [&str; 2] = [
     "1 gateway, sessions in memory",
     "2 gateway replicas, sessions in Redis (requests alternate)",
@@ -1907,9 +1949,70 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
             this[1]
         );
     }
+    // Capacity: several hosts at once per variant, variants alternating by round.
+    let hosts = opts.replica_hosts.max(1);
+    let counter = Arc::new(AtomicUsize::new(0));
+    let mut locals = Vec::new();
+    let mut shareds = Vec::new();
+    for i in 0..hosts {
+        locals.push(LegacyClient::open(memory.addr).await?);
+        shareds.push(if i % 2 == 0 {
+            LegacyClient::open_pair(first.addr, second.addr).await?
+        } else {
+            LegacyClient::open_pair(second.addr, first.addr).await?
+        });
+    }
+    let mut load_rates: [Vec<f64>; 2] = Default::default();
+    let mut load_ratios = Vec::new();
+    let mut load_cpu = [0.0f64; 3];
+    let mut load_flows = [0usize; 2];
+    for round in 0..opts.rounds {
+        let mut this = [0.0f64; 2];
+        for k in 0..2 {
+            let v = (round + k) % 2;
+            let cpu0 = [
+                cpu_of(memory.pid()),
+                cpu_of(first.pid()) + cpu_of(second.pid()),
+                cpu_of(redis.pid()),
+            ];
+            let (n, took) = if v == 0 {
+                let (back, n, took) =
+                    concurrent_flows(std::mem::take(&mut locals), &ws, secs, false, &counter)
+                        .await?;
+                locals = back;
+                load_cpu[0] += cpu_of(memory.pid()) - cpu0[0];
+                (n, took)
+            } else {
+                let (back, n, took) =
+                    concurrent_flows(std::mem::take(&mut shareds), &ws, secs, true, &counter)
+                        .await?;
+                shareds = back;
+                load_cpu[1] += cpu_of(first.pid()) + cpu_of(second.pid()) - cpu0[1];
+                load_cpu[2] += cpu_of(redis.pid()) - cpu0[2];
+                (n, took)
+            };
+            load_flows[v] += n;
+            this[v] = n as f64 / took.max(1e-9);
+            load_rates[v].push(this[v]);
+        }
+        load_ratios.push(this[1] / this[0]);
+        eprintln!(
+            "  round {} ({hosts} hosts each): in memory {:>6.1} flows/s  2 replicas + Redis {:>6.1}",
+            round + 1,
+            this[0],
+            this[1]
+        );
+    }
+    let load_rate = [0, 1].map(|v| median(&load_rates[v]));
+    let load_ratio = median(&load_ratios);
     let rate = [0, 1].map(|v| median(&rates[v]));
     let ratio = median(&ratios);
     let per_flow = |c: f64, n: usize| c * 1e6 / n.max(1) as f64;
+    let load_cpu_us = [
+        per_flow(load_cpu[0], load_flows[0]),
+        per_flow(load_cpu[1], load_flows[1]),
+        per_flow(load_cpu[2], load_flows[1]),
+    ];
     let cpu_us = [
         per_flow(cpu[0], flows[0]),
         per_flow(cpu[1], flows[1]),
@@ -1925,7 +2028,7 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
     let after = redis.used_memory()?;
     let per_session = (after as f64 - before as f64) / opened.len().max(1) as f64;
     let keys = redis.command(&["DBSIZE"])?;
-    report.replicas = Some((ratio, opened.len(), per_session));
+    report.replicas = Some((ratio, load_ratio, hosts, opened.len(), per_session));
     let mut md = String::new();
     let _ = writeln!(
         md,
@@ -1949,9 +2052,28 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
     }
     let _ = writeln!(
         md,
-        "\nreplicas/memory ratio (median of per-round ratios): **{}**; Redis CPU per replicated flow: {} µs (both replicas' CPU is the gateway figure above).\n",
+        "\nOne host, flows one after another (latency): replicas/memory ratio (median of per-round ratios) **{}**; Redis CPU per replicated flow: {} µs (both replicas' CPU is the gateway figure above).\n",
         fmt_f(ratio, 3),
         fmt_f(cpu_us[2], 0)
+    );
+    let _ = writeln!(
+        md,
+        "{hosts} hosts at once per variant (capacity; variants alternate by round, {} s each):\n\n| variant | flows/s | gateway CPU µs per flow |\n|---|---:|---:|",
+        secs
+    );
+    for (v, name) in REPLICA_VARIANTS.iter().enumerate() {
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} |",
+            fmt_f(load_rate[v], 1),
+            fmt_f(load_cpu_us[v], 0)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nreplicas/memory ratio with {hosts} hosts: **{}**; Redis CPU per replicated flow: {} µs.\n",
+        fmt_f(load_ratio, 3),
+        fmt_f(load_cpu_us[2], 0)
     );
     let _ = writeln!(
         md,
@@ -1969,6 +2091,9 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
                "per_round_memory": rates[0], "per_round_replicas": rates[1],
                "gateway_cpu_us_per_flow_memory": cpu_us[0], "gateway_cpu_us_per_flow_replicas": cpu_us[1],
                "redis_cpu_us_per_flow": cpu_us[2], "idle_sessions": opened.len(),
+               "hosts": hosts, "load_memory_flows_per_s": load_rate[0], "load_replicas_flows_per_s": load_rate[1],
+               "load_ratio": load_ratio, "load_gateway_cpu_us_per_flow_memory": load_cpu_us[0],
+               "load_gateway_cpu_us_per_flow_replicas": load_cpu_us[1], "load_redis_cpu_us_per_flow": load_cpu_us[2],
                "redis_used_memory_before": before, "redis_used_memory_after": after,
                "redis_bytes_per_idle_session": per_session}),
     );
@@ -2395,9 +2520,10 @@ struct Report {
     /// Legacy flow over modern direct, and the modern flow through the bare proxy
     /// over modern direct (what one proxy hop per request costs this flow).
     mrtr_ratio: Option<(f64, f64)>,
-    /// Two replicas on Redis over one in memory (flows/s), and Redis bytes per idle
-    /// session at that many sessions.
-    replicas: Option<(f64, usize, f64)>,
+    /// Two replicas on Redis over one in memory (flows/s) with one host and with
+    /// several at once (how many), and Redis bytes per idle session at that many
+    /// sessions.
+    replicas: Option<(f64, f64, usize, usize, f64)>,
     bytes_per_session: Option<(usize, f64)>,
     pending_ok: Option<bool>,
 }
@@ -2468,11 +2594,17 @@ impl Report {
                 None,
             );
         }
-        if let Some((ratio, n, per)) = self.replicas {
+        if let Some((ratio, load_ratio, hosts, n, per)) = self.replicas {
             row(
-                "legacy MRTR flow on 2 replicas + Redis ≥ 0.6× 1 replica in memory",
+                "legacy MRTR flow on 2 replicas + Redis ≥ 0.6× 1 replica in memory (one host, flows in sequence)",
                 fmt_f(ratio, 3),
                 Some(ratio >= 0.6),
+                None,
+            );
+            row(
+                &format!("legacy MRTR flow on 2 replicas + Redis ≥ 0.6× 1 replica in memory ({hosts} hosts at once)"),
+                fmt_f(load_ratio, 3),
+                Some(load_ratio >= 0.6),
                 None,
             );
             row(

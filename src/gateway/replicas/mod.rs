@@ -112,10 +112,26 @@ pub(super) struct SharedSession {
 /// Whether a POST answers with JSON or opens an SSE stream, decided by the first
 /// message for its stream: one final response within the first second is JSON (and
 /// never stored in Redis); anything else is SSE, relayed from the stream.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Decider {
     state: Mutex<Decision>,
     notify: Notify,
+    /// The token its relay will hold the stream with.
+    token: String,
+    /// The messages the deciding step appended, with their sequence numbers: the
+    /// relay sends them without reading them back (the step also took the hold).
+    handed: Mutex<Vec<(u64, Vec<u8>, bool)>>,
+}
+
+impl Default for Decider {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(Decision::Deciding),
+            notify: Notify::new(),
+            token: connection_token(),
+            handed: Mutex::new(Vec::new()),
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -250,7 +266,9 @@ struct After {
     cancels: Vec<RequestId>,
     logs: Vec<Event>,
     json: Vec<(Arc<Decider>, Vec<u8>)>,
-    streaming: Vec<Arc<Decider>>,
+    streaming: Vec<(Arc<Decider>, Vec<(u64, Vec<u8>, bool)>)>,
+    /// What the step script receives after its effects, by `ARGV` index.
+    payloads: Vec<Vec<u8>>,
     appended: bool,
 }
 
@@ -260,7 +278,7 @@ impl After {
         for (d, _) in &self.json {
             d.set(Decision::Deciding);
         }
-        for d in &self.streaming {
+        for (d, _) in &self.streaming {
             d.set(Decision::Deciding);
         }
     }
@@ -585,7 +603,11 @@ impl SharedSessions {
             let ops_json = serde_json::to_vec(&ops).map_err(|e| StoreError::Corrupt {
                 reason: format!("step effects: {e}"),
             })?;
-            match self.redis.step(&key, &version, &blob, &ops_json).await {
+            match self
+                .redis
+                .step(&key, &version, &blob, &ops_json, &after.payloads)
+                .await
+            {
                 Ok(CasResult::Committed { version: v }) => {
                     if ctx.tomb {
                         self.versions.remove(sid);
@@ -689,7 +711,10 @@ impl SharedSessions {
                             k: k.clone(),
                             o: self.replica.clone(),
                             d: (now + self.lease_ms()).to_string(),
-                            r: serde_json::to_string(&rec).unwrap_or_default(),
+                            r: payload(
+                                &mut after.payloads,
+                                serde_json::to_vec(&rec).unwrap_or_default(),
+                            ),
                         });
                         k
                     });
@@ -730,6 +755,7 @@ impl SharedSessions {
                 .deciders
                 .get(&(sid.to_owned(), peer.clone()))
                 .map(|d| d.value().clone());
+            let mut handing: Option<Arc<Decider>> = None;
             if let Some(d) = decider {
                 let single_final = !closed && messages.len() == 1 && messages[0].1;
                 let mut state = d
@@ -746,7 +772,7 @@ impl SharedSessions {
                     }
                     *state = Decision::Streaming;
                     drop(state);
-                    after.streaming.push(d);
+                    handing = Some(d);
                 }
             }
             if record.stream(&peer).is_none() {
@@ -759,15 +785,30 @@ impl SharedSessions {
             };
             let key = self.keys.stream(sid, meta.number);
             let was_finished = meta.finished;
+            let mut handed = Vec::new();
             for (bytes, last) in messages {
                 meta.seq += 1;
+                let index = payload(&mut after.payloads, bytes.clone());
                 ops.xadd.push(Append {
                     k: key.clone(),
                     s: meta.seq.to_string(),
-                    m: Some(String::from_utf8_lossy(&bytes).into_owned()),
+                    m: Some(index),
                     e: last,
                 });
                 meta.finished |= last;
+                if handing.is_some() {
+                    handed.push((meta.seq, bytes, last));
+                }
+            }
+            if let Some(d) = handing {
+                // The POST's own relay starts after these, holding the stream from
+                // this very transaction.
+                ops.hold.push((
+                    self.keys.holder(sid, Some(meta.number)),
+                    d.token.clone(),
+                    hold_ms().to_string(),
+                ));
+                after.streaming.push((d, handed));
             }
             if closed && !meta.finished {
                 meta.seq += 1;
@@ -827,7 +868,10 @@ impl SharedSessions {
         for (d, bytes) in after.json {
             d.set(Decision::Json(bytes));
         }
-        for d in after.streaming {
+        for (d, handed) in after.streaming {
+            if let Ok(mut h) = d.handed.lock() {
+                *h = handed;
+            }
             d.notify.notify_waiters();
         }
         if after.appended {
@@ -1120,10 +1164,7 @@ impl SharedSessions {
         }
         match decision {
             Decision::Json(body) => json_body(body),
-            _ => {
-                self.open_relay(&s.id, number, 0, Some(number), false, true)
-                    .await
-            }
+            _ => self.post_relay(&s.id, number, &guard.decider).await,
         }
     }
 
@@ -1231,10 +1272,7 @@ impl SharedSessions {
         };
         match guard.decide(FIRST_MESSAGE_WAIT, None).await {
             Decision::Json(body) => json_body(body),
-            _ => {
-                self.open_relay(&s.id, number, 0, Some(number), false, true)
-                    .await
-            }
+            _ => self.post_relay(&s.id, number, &guard.decider).await,
         }
     }
 
@@ -1372,6 +1410,13 @@ impl SharedSessions {
             Err(StepError::Refused(())) => legacy_http::internal(),
         }
     }
+}
+
+/// Adds a payload for the step script; its `ARGV` index (the first four are the
+/// version, the state and the effects: payloads start at 4).
+fn payload(payloads: &mut Vec<Vec<u8>>, bytes: Vec<u8>) -> String {
+    payloads.push(bytes);
+    (payloads.len() + 3).to_string()
 }
 
 /// Awaits `wait` while driving `exchange`; if the exchange is not done by then, the

@@ -21,7 +21,9 @@ use std::time::Duration;
 /// Compare-and-set of one session, with every effect of the step in the same
 /// transaction: stream entries, leases created and dropped, keys deleted, the timer,
 /// the session count, wake-ups. `KEYS[1]` the session hash; `ARGV[1]` the version read,
-/// `ARGV[2]` the new state, `ARGV[3]` the effects (JSON, see `stored::Ops`).
+/// `ARGV[2]` the new state, `ARGV[3]` the effects (JSON, see `stored::Ops`), then the
+/// payloads the effects name by their `ARGV` index (messages, lease records: passed
+/// as they are, not escaped into the JSON).
 /// Returns `{1, v}` stored, `{0, v, d}` conflict (the current state), `{-1}` missing,
 /// `{-2}` tombstone.
 const STEP: &str = r"
@@ -44,13 +46,13 @@ else
 end
 for _, x in ipairs(ops.xadd) do
   local args = {'XADD', x.k, 'MAXLEN', '=', ops.keep, '0-' .. x.s}
-  if x.m then table.insert(args, 'm'); table.insert(args, x.m) end
+  if x.m then table.insert(args, 'm'); table.insert(args, ARGV[tonumber(x.m)]) end
   if x.e then table.insert(args, 'e'); table.insert(args, '1') end
   redis.call(unpack(args))
   redis.call('PEXPIRE', x.k, ttl)
 end
 for _, l in ipairs(ops.lease_new) do
-  redis.call('HSET', l.k, 'owner', l.o, 'deadline', l.d, 'rec', l.r)
+  redis.call('HSET', l.k, 'owner', l.o, 'deadline', l.d, 'rec', ARGV[tonumber(l.r)])
   redis.call('PEXPIRE', l.k, ttl)
   redis.call('ZADD', ops.leases, l.d, l.k)
 end
@@ -65,6 +67,7 @@ else
   redis.call('ZREM', ops.timers, ops.sid)
 end
 if ops.disc then redis.call('PEXPIRE', ops.disc, ttl) end
+for _, h in ipairs(ops.hold) do redis.call('SET', h[1], h[2], 'PX', h[3]) end
 for _, p in ipairs(ops.pub) do redis.call('PUBLISH', p[1], p[2]) end
 return {1, nv}
 ";
@@ -313,18 +316,15 @@ impl Redis {
         version: &str,
         state: &[u8],
         ops: &[u8],
+        payloads: &[Vec<u8>],
     ) -> Result<Stored, StoreError> {
         let mut c = self.commands.clone();
-        let reply: RValue = self
-            .bounded(
-                self.step
-                    .key(session)
-                    .arg(version)
-                    .arg(state)
-                    .arg(ops)
-                    .invoke_async(&mut c),
-            )
-            .await?;
+        let mut invocation = self.step.key(session);
+        invocation.arg(version).arg(state).arg(ops);
+        for p in payloads {
+            invocation.arg(p.as_slice());
+        }
+        let reply: RValue = self.bounded(invocation.invoke_async(&mut c)).await?;
         let RValue::Array(items) = reply else {
             return Err(corrupt("the step script answered something else".into()));
         };

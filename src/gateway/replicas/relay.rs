@@ -5,7 +5,7 @@
 //! `Last-Event-ID` resumption on any replica takes the stream over, and the previous
 //! relay stops at its next read, so a message goes out on one connection only.
 
-use super::{hold_ms, Ctx, SharedSessions, StepError, HOLD_TICK};
+use super::{hold_ms, Ctx, Decider, SharedSessions, StepError, HOLD_TICK};
 use crate::body::{ChannelBody, GatewayBody};
 use crate::gateway::legacy_http::STREAM_QUEUE;
 use crate::gateway::{sse, Gateway};
@@ -17,6 +17,21 @@ use tracing::{debug, info, warn, Instrument};
 
 /// Entries read at once.
 const BATCH: usize = 64;
+
+/// How a relay begins.
+pub(super) enum Opening {
+    /// The priming event, then the stream; the hold is taken with the first read.
+    PrimeAndTakeOver,
+    /// The stream (a resumption); the hold is taken with the first read.
+    TakeOver,
+    /// The priming event, then the stream; the hold is already this relay's.
+    Prime,
+    /// The stream; the hold is already this relay's.
+    Held,
+    /// The priming event and these events a step handed over (it took the hold),
+    /// then the stream after them, unless they ended it.
+    Preface { preface: Vec<Bytes>, ended: bool },
+}
 
 impl SharedSessions {
     /// Takes over stream `number`'s connection and relays it from after `after`.
@@ -31,8 +46,48 @@ impl SharedSessions {
     ) -> Response<GatewayBody> {
         // The hold is taken in the same round trip as the first read.
         let token = super::connection_token();
+        let start = if prime {
+            Opening::PrimeAndTakeOver
+        } else {
+            Opening::TakeOver
+        };
+        self.relay_body(None, sid, number, after, holder, standalone, token, start)
+    }
+
+    /// The SSE stream of a POST: what its deciding step handed over (that step also
+    /// took the hold for it), then the stream from there on; or, when the POST
+    /// stopped waiting before any message, the stream from its start.
+    pub(super) async fn post_relay(
+        self: &Arc<Self>,
+        sid: &str,
+        number: u64,
+        decider: &Decider,
+    ) -> Response<GatewayBody> {
+        let handed = decider
+            .handed
+            .lock()
+            .map(|mut h| std::mem::take(&mut *h))
+            .unwrap_or_default();
+        if handed.is_empty() {
+            return self
+                .open_relay(sid, number, 0, Some(number), false, true)
+                .await;
+        }
+        let after = handed.last().map_or(0, |h| h.0);
+        let ended = handed.iter().any(|h| h.2);
+        let preface = handed
+            .into_iter()
+            .map(|(seq, m, _)| sse::encode(Some(&format!("{number}.{seq}")), &m))
+            .collect();
         self.relay_body(
-            None, sid, number, after, holder, standalone, token, prime, true,
+            None,
+            sid,
+            number,
+            after,
+            Some(number),
+            false,
+            decider.token.clone(),
+            Opening::Preface { preface, ended },
         )
     }
 
@@ -49,6 +104,7 @@ impl SharedSessions {
         token: String,
         prime: bool,
     ) -> Response<GatewayBody> {
+        let start = if prime { Opening::Prime } else { Opening::Held };
         self.relay_body(
             Some(gw.clone()),
             sid,
@@ -57,8 +113,7 @@ impl SharedSessions {
             holder,
             standalone,
             token,
-            prime,
-            false,
+            start,
         )
     }
 
@@ -72,13 +127,25 @@ impl SharedSessions {
         holder: Option<u64>,
         standalone: bool,
         token: String,
-        prime: bool,
-        take_over: bool,
+        start: Opening,
     ) -> Response<GatewayBody> {
         let (tx, body) = ChannelBody::channel(STREAM_QUEUE);
-        if prime {
-            // Priming event: lets the host resume this stream from here.
-            let _ = tx.try_send(sse::prime(&format!("{number}.{after}")));
+        let take_over = matches!(start, Opening::TakeOver | Opening::PrimeAndTakeOver);
+        match start {
+            Opening::Prime | Opening::PrimeAndTakeOver => {
+                // Priming event: lets the host resume this stream from here.
+                let _ = tx.try_send(sse::prime(&format!("{number}.{after}")));
+            }
+            Opening::Preface { preface, ended } => {
+                let _ = tx.try_send(sse::prime(&format!("{number}.0")));
+                for event in preface {
+                    let _ = tx.try_send(event);
+                }
+                if ended {
+                    return crate::body::sse_response(body);
+                }
+            }
+            Opening::TakeOver | Opening::Held => {}
         }
         let me = self.clone();
         let sid = sid.to_owned();

@@ -113,7 +113,7 @@ pub(super) struct Append {
     pub(super) k: String,
     /// Its sequence number (entry id `0-s`).
     pub(super) s: String,
-    /// The message, absent on a bare end marker.
+    /// The `ARGV` index of the message, absent on a bare end marker.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) m: Option<String>,
     /// Whether it ends the stream.
@@ -129,7 +129,8 @@ pub(super) struct NewLease {
     pub(super) o: String,
     /// Deadline, ms since the Unix epoch.
     pub(super) d: String,
-    /// What another replica needs to redo the exchange ([`LeaseRecord`], JSON).
+    /// The `ARGV` index of what another replica needs to redo the exchange
+    /// ([`LeaseRecord`], JSON).
     pub(super) r: String,
 }
 
@@ -171,6 +172,8 @@ pub(super) struct Ops {
     pub(super) lease_new: Vec<NewLease>,
     pub(super) lease_del: Vec<String>,
     pub(super) del: Vec<String>,
+    /// Connection holders to set: key, token, ms (a POST's relay, decided here).
+    pub(super) hold: Vec<(String, String, String)>,
     #[serde(rename = "pub")]
     pub(super) publish: Vec<(String, String)>,
 }
