@@ -6,7 +6,11 @@
 //!
 //! ```sh
 //! cargo run --release --example bare_proxy -- http://127.0.0.1:8787/mcp [127.0.0.1:0]
+//! cargo run --release --example bare_proxy -- https://127.0.0.1:8787/mcp 127.0.0.1:0 ca.pem
 //! ```
+//!
+//! An `https://` upstream is reached with rustls (ring) trusting the given CA file,
+//! HTTP/2 when the upstream offers it by ALPN, as the gateway does.
 //!
 //! Prints `bare_proxy listening on http://ADDR/mcp` on stderr once bound (the benchmark
 //! waits for that line). Loopback only. Stops on Ctrl-C / SIGTERM or when stdin closes.
@@ -15,6 +19,7 @@ use http::header::{HeaderValue, HOST};
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -39,10 +44,29 @@ async fn main() -> Result<(), BoxError> {
     let host = HeaderValue::from_str(upstream.authority().ok_or("upstream has no host")?.as_str())?;
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
-    let client: Client<HttpConnector, Incoming> = Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .pool_max_idle_per_host(256)
-        .build(connector);
+    connector.enforce_http(false);
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(ca) = args.get(2) {
+        use rustls::pki_types::pem::PemObject;
+        for c in rustls::pki_types::CertificateDer::pem_file_iter(ca)? {
+            roots.add(c?)?;
+        }
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(dualera::tls::provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(connector);
+    let client: Client<HttpsConnector<HttpConnector>, Incoming> =
+        Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(256)
+            .build(connector);
     let listener = tokio::net::TcpListener::bind(listen).await?;
     eprintln!(
         "bare_proxy listening on http://{}/mcp",
@@ -70,10 +94,14 @@ async fn main() -> Result<(), BoxError> {
             let svc = service_fn(move |mut req: Request<Incoming>| {
                 let client = client.clone();
                 *req.uri_mut() = upstream.clone();
+                *req.version_mut() = http::Version::HTTP_11;
                 req.headers_mut().insert(HOST, host.clone());
                 async move {
                     Ok::<_, Infallible>(match client.request(req).await {
-                        Ok(resp) => resp.map(http_body_util::Either::Left),
+                        Ok(mut resp) => {
+                            *resp.version_mut() = http::Version::HTTP_11;
+                            resp.map(http_body_util::Either::Left)
+                        }
                         Err(_) => {
                             let mut r = Response::new(http_body_util::Either::Right(
                                 http_body_util::Empty::new(),

@@ -33,6 +33,13 @@
 //! - `store`: the modern MRTR flow against one instance on SQLite (the run's server) and
 //!   one on PostgreSQL (a throw-away cluster the benchmark starts, PostgreSQL's durable
 //!   defaults), flows alternating one by one.
+//! - `h2` (with `--tls`): pass-through at concurrency 64 through a gateway speaking
+//!   HTTP/2 to the upstream (ALPN) vs one with `upstream_http2 = "never"`, both with
+//!   the cache off, interleaved.
+//!
+//! `--tls` puts the modern server on HTTPS (a throw-away CA made at start-up): the
+//! direct variant, the gateway and the bare proxy all reach it over TLS (the gateway
+//! and the proxy with HTTP/2 when offered), so ratios compare like with like.
 //!
 //! - `replicas`: the legacy MRTR flow on two gateway replicas sharing a throw-away Redis
 //!   (`session_store = "redis://…"`; each flow's requests alternate between them, so the
@@ -51,8 +58,8 @@
 //! the targets table says which were met.
 
 use bytes::Bytes;
-use dualera::gateway::sse;
 use dualera::server::store::{NoteStore, SqliteStore};
+use dualera::sse;
 
 #[path = "../tests/common/pg_cluster.rs"]
 mod pg_cluster;
@@ -81,7 +88,18 @@ const LEGACY: &str = "2025-11-25";
 const PV: &str = "io.modelcontextprotocol/protocolVersion";
 const CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
 const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
-const ALL_SCENARIOS: [&str; 7] = [
+const ALL_SCENARIOS: [&str; 8] = [
+    "passthrough",
+    "cache",
+    "mrtr",
+    "memory",
+    "pending",
+    "store",
+    "replicas",
+    "h2",
+];
+/// What runs without `--scenarios` (`h2` needs `--tls`).
+const DEFAULT_SCENARIOS: [&str; 7] = [
     "passthrough",
     "cache",
     "mrtr",
@@ -90,6 +108,11 @@ const ALL_SCENARIOS: [&str; 7] = [
     "store",
     "replicas",
 ];
+
+/// Addresses served over TLS, and the client configuration that trusts them: every
+/// [`Conn::open`] to one of them (the direct variant) speaks HTTPS.
+static TLS_TARGETS: std::sync::Mutex<Vec<(SocketAddr, Arc<rustls::ClientConfig>)>> =
+    std::sync::Mutex::new(Vec::new());
 
 // ---------------------------------------------------------------------------------
 // Options.
@@ -118,15 +141,17 @@ struct Opts {
     profile: Option<Profile>,
     no_build: bool,
     dualera: Option<PathBuf>,
+    tls: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench [--scenarios passthrough,cache,mrtr,memory,pending,store,replicas] [--rounds N] [--secs S]\n\
+        "usage: bench [--scenarios passthrough,cache,mrtr,memory,pending,store,replicas,h2] [--rounds N] [--secs S]\n\
          \x20            [--concurrency 1,16,64] [--sessions 1000,10000,100000]\n\
          \x20            [--pending N] [--pending-sessions N] [--replica-sessions N] [--replica-hosts N]\n\
          \x20            [--profile perf|callgrind|massif] [--no-build]\n\
-         \x20            [--dualera PATH (another build of the binary, e.g. to compare before/after)]"
+         \x20            [--dualera PATH (another build of the binary, e.g. to compare before/after)]\n\
+         \x20            [--tls (the modern server on HTTPS; enables the h2 scenario)]"
     );
     std::process::exit(2)
 }
@@ -139,7 +164,7 @@ fn list<T: std::str::FromStr>(v: &str) -> Vec<T> {
 
 fn parse_opts() -> Opts {
     let mut o = Opts {
-        scenarios: ALL_SCENARIOS.iter().map(|s| (*s).to_owned()).collect(),
+        scenarios: DEFAULT_SCENARIOS.iter().map(|s| (*s).to_owned()).collect(),
         rounds: 5,
         secs: 1.0,
         concurrency: vec![1, 16, 64],
@@ -151,6 +176,7 @@ fn parse_opts() -> Opts {
         profile: None,
         no_build: false,
         dualera: None,
+        tls: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -183,6 +209,7 @@ fn parse_opts() -> Opts {
             }
             "--no-build" => o.no_build = true,
             "--dualera" => o.dualera = Some(PathBuf::from(val())),
+            "--tls" => o.tls = true,
             _ => usage(),
         }
     }
@@ -201,6 +228,7 @@ struct Proc {
     name: String,
     child: Child,
     addr: SocketAddr,
+    scheme: String,
 }
 
 impl Proc {
@@ -217,9 +245,14 @@ impl Proc {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
                 let _ = writeln!(logfile, "{line}");
-                if let Some(rest) = line.split("listening on http://").nth(1) {
-                    if let Some(t) = tx.take() {
-                        let _ = t.send(rest.trim_end_matches("/mcp").to_owned());
+                if let Some(rest) = line.split("listening on ").nth(1) {
+                    if let Some((scheme, addr)) = rest.split_once("://") {
+                        if let Some(t) = tx.take() {
+                            let _ = t.send((
+                                scheme.to_owned(),
+                                addr.trim_end_matches("/mcp").to_owned(),
+                            ));
+                        }
                     }
                 }
             }
@@ -228,9 +261,13 @@ impl Proc {
             name: name.to_owned(),
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            scheme: "http".into(),
         };
         match rx.recv_timeout(wait) {
-            Ok(a) => p.addr = a.parse()?,
+            Ok((scheme, a)) => {
+                p.addr = a.parse()?;
+                p.scheme = scheme;
+            }
             Err(_) => {
                 return Err(format!(
                     "{name} did not report its address in {wait:?}; see {}",
@@ -247,7 +284,7 @@ impl Proc {
     }
 
     fn url(&self) -> String {
-        format!("http://{}/mcp", self.addr)
+        format!("{}://{}/mcp", self.scheme, self.addr)
     }
 
     /// Resident set size, bytes (VmRSS).
@@ -342,6 +379,45 @@ struct Env {
     notes_uri: String,
     scratch_uri: String,
     profile: Option<Profile>,
+    /// `--tls`: the server's certificate files and the CA that signed them.
+    tls: Option<BenchTls>,
+    /// The pass-through gateway config with `upstream_http2 = "never"` (the h2
+    /// scenario's baseline).
+    gateway_h1_config: PathBuf,
+}
+
+struct BenchTls {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+    client: Arc<rustls::ClientConfig>,
+}
+
+impl BenchTls {
+    fn new(dir: &Path) -> Res<Self> {
+        use rustls::pki_types::pem::PemObject;
+        let ca = dualera::tls::ThrowawayCa::new("dualera bench CA")?;
+        let (cert, key) = ca.issue(&["127.0.0.1"], dualera::tls::Validity::Current)?;
+        let write = |name: &str, text: &str| -> Res<PathBuf> {
+            let p = dir.join(name);
+            std::fs::write(&p, text)?;
+            Ok(p)
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca.cert_pem().as_bytes()) {
+            roots.add(c?)?;
+        }
+        let client = rustls::ClientConfig::builder_with_provider(dualera::tls::provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Self {
+            ca: write("ca.pem", ca.cert_pem())?,
+            cert: write("server.pem", &cert)?,
+            key: write("server-key.pem", &key)?,
+            client: Arc::new(client),
+        })
+    }
 }
 
 impl Env {
@@ -350,12 +426,24 @@ impl Env {
         c.args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(&self.server_config)
             .env("DUALERA_LOG", "warn");
-        Proc::spawn(
+        if let Some(t) = &self.tls {
+            c.arg("--tls-cert")
+                .arg(&t.cert)
+                .arg("--tls-key")
+                .arg(&t.key);
+        }
+        let p = Proc::spawn(
             "server",
             c,
             &self.results.join("logs/server.log"),
             Duration::from_secs(30),
-        )
+        )?;
+        if let Some(t) = &self.tls {
+            if let Ok(mut targets) = TLS_TARGETS.lock() {
+                targets.push((p.addr, t.client.clone()));
+            }
+        }
+        Ok(p)
     }
 
     /// Another server on the same configuration, its store the PostgreSQL at `url`.
@@ -403,6 +491,9 @@ impl Env {
             .arg("--config")
             .arg(config)
             .env("DUALERA_LOG", log);
+        if let (Some(t), "https") = (&self.tls, upstream.scheme.as_str()) {
+            c.arg("--upstream-ca").arg(&t.ca);
+        }
         Proc::spawn(
             "gateway",
             c,
@@ -414,6 +505,9 @@ impl Env {
     fn bare_proxy(&self, upstream: &Proc) -> Res<Proc> {
         let mut c = Command::new(&self.bare);
         c.arg(upstream.url()).arg("127.0.0.1:0");
+        if let Some(t) = &self.tls {
+            c.arg(&t.ca);
+        }
         Proc::spawn(
             "bare_proxy",
             c,
@@ -537,10 +631,32 @@ impl Conn {
     async fn open(addr: SocketAddr) -> Res<Self> {
         let stream = tokio::net::TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        let (tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+        let tls = TLS_TARGETS
+            .lock()
+            .ok()
+            .and_then(|t| t.iter().find(|(a, _)| *a == addr).map(|(_, c)| c.clone()));
+        let tx = match tls {
+            None => {
+                let (tx, conn) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+                tx
+            }
+            Some(config) => {
+                let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+                let stream = tokio_rustls::TlsConnector::from(config)
+                    .connect(name, stream)
+                    .await?;
+                let (tx, conn) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+                tx
+            }
+        };
         Ok(Self {
             tx,
             host: HeaderValue::from_str(&addr.to_string())?,
@@ -783,12 +899,9 @@ impl Conn {
 
 const VARIANTS: [&str; 3] = ["direct", "gateway", "bare_proxy"];
 
-async fn passthrough(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
-    let gateway = env.gateway_with(server, "passthrough", &env.nocache_config, "warn")?;
-    let bare = env.bare_proxy(server)?;
-    let _perf = PerfGuard::start(env, gateway.pid(), "passthrough");
-    let addrs = [server.addr, gateway.addr, bare.addr];
-    let kinds: Vec<(&str, Arc<Spec>)> = vec![
+/// The two pass-through requests: `tools/list` and `tools/call notes_list`.
+fn passthrough_kinds(env: &Env) -> Vec<(&'static str, Arc<Spec>)> {
+    vec![
         (
             "tools/list",
             Arc::new(Spec {
@@ -808,7 +921,15 @@ async fn passthrough(env: &Env, opts: &Opts, server: &Proc, report: &mut Report)
                 ),
             }),
         ),
-    ];
+    ]
+}
+
+async fn passthrough(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
+    let gateway = env.gateway_with(server, "passthrough", &env.nocache_config, "warn")?;
+    let bare = env.bare_proxy(server)?;
+    let _perf = PerfGuard::start(env, gateway.pid(), "passthrough");
+    let addrs = [server.addr, gateway.addr, bare.addr];
+    let kinds = passthrough_kinds(env);
     // Correctness first: every variant gives the same answer.
     for (kind, spec) in &kinds {
         let mut answers = Vec::new();
@@ -1200,6 +1321,80 @@ async fn cache(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Re
         md,
         json!({"rows": json_rows, "ratios": json_ratios, "upstream": json_counts}),
     );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Scenario 5: HTTP/2 vs HTTP/1.1 to a TLS upstream.
+// ---------------------------------------------------------------------------------
+
+async fn h2_vs_h1(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
+    let h2 = env.gateway_with(server, "h2", &env.nocache_config, "warn")?;
+    let h1 = env.gateway_with(server, "h1", &env.gateway_h1_config, "warn")?;
+    let conc = 64;
+    eprintln!("bench: h2 vs h1 upstream at c={conc} (load {})", load_avg());
+    let kinds = passthrough_kinds(env);
+    let variants = [("h2", &h2), ("http/1.1", &h1)];
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "### 5. HTTP/2 vs HTTP/1.1 to the TLS upstream, pass-through at concurrency {conc} ({} rounds × {} s, interleaved; medians)\n",
+        opts.rounds, opts.secs
+    );
+    let _ = writeln!(
+        md,
+        "| request | h2 req/s | h1 req/s | h2/h1 | h2 p50 µs | h1 p50 µs | h2 gateway CPU µs/req | h1 gateway CPU µs/req |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut rows = Vec::new();
+    for (kind, spec) in &kinds {
+        let mut rps: [Vec<f64>; 2] = Default::default();
+        let mut p50: [Vec<f64>; 2] = Default::default();
+        let mut ratio = Vec::new();
+        let mut cpu = [(0.0f64, 0usize); 2];
+        for round in 0..opts.rounds {
+            let mut this = [0.0f64; 2];
+            for k in 0..2 {
+                let v = (round + k) % 2;
+                let p = variants[v].1;
+                let before = cpu_of(p.pid());
+                let s = load(p.addr, spec.clone(), conc, 0.2, opts.secs).await?;
+                cpu[v].0 += cpu_of(p.pid()) - before;
+                cpu[v].1 += s.n + (s.rps * 0.2) as usize;
+                rps[v].push(s.rps);
+                p50[v].push(s.p50_us);
+                this[v] = s.rps;
+            }
+            ratio.push(this[0] / this[1]);
+            eprintln!(
+                "  {kind:<22} round {}: h2 {:>7.0}/s  h1 {:>7.0}/s",
+                round + 1,
+                this[0],
+                this[1]
+            );
+        }
+        let per = |v: usize| cpu[v].0 * 1e6 / cpu[v].1.max(1) as f64;
+        let _ = writeln!(
+            md,
+            "| {kind} | {} | {} | {} | {} | {} | {} | {} |",
+            fmt_f(median(&rps[0]), 0),
+            fmt_f(median(&rps[1]), 0),
+            fmt_f(median(&ratio), 3),
+            fmt_f(median(&p50[0]), 1),
+            fmt_f(median(&p50[1]), 1),
+            fmt_f(per(0), 1),
+            fmt_f(per(1), 1)
+        );
+        rows.push(json!({"request": kind, "concurrency": conc,
+            "h2_rps": median(&rps[0]), "h1_rps": median(&rps[1]), "h2_over_h1": median(&ratio),
+            "h2_p50_us": median(&p50[0]), "h1_p50_us": median(&p50[1]),
+            "h2_gateway_cpu_us": per(0), "h1_gateway_cpu_us": per(1)}));
+    }
+    let _ = writeln!(
+        md,
+        "\nThe h2 gateway multiplexes every request over one upstream connection; the HTTP/1.1 one keeps a pool (up to 64 connections here)."
+    );
+    report.add("h2", md, json!({"rows": rows}));
     Ok(())
 }
 
@@ -2760,8 +2955,8 @@ fn setup(opts: &Opts) -> Res<Env> {
     std::fs::write(
         &gateway_config,
         format!(
-            "[gateway]\nmax_sessions = {max_sessions}\nsession_idle_ttl_secs = 7200\n\
-             live_request_timeout_secs = 3600\nmax_in_flight = 64\n"
+            "[gateway]\nmax_sessions = {max_sessions}\nmax_sessions_per_caller = {max_sessions}\n\
+             session_idle_ttl_secs = 7200\nlive_request_timeout_secs = 3600\nmax_in_flight = 64\n"
         ),
     )?;
     let gateway_section = std::fs::read_to_string(&gateway_config)?;
@@ -2770,6 +2965,16 @@ fn setup(opts: &Opts) -> Res<Env> {
         &nocache_config,
         format!("{gateway_section}\n[cache]\nenabled = false\n"),
     )?;
+    let gateway_h1_config = dir.join("bench-gateway-h1.toml");
+    std::fs::write(
+        &gateway_h1_config,
+        format!("{gateway_section}upstream_http2 = \"never\"\n\n[cache]\nenabled = false\n"),
+    )?;
+    let tls = if opts.tls {
+        Some(BenchTls::new(&dir)?)
+    } else {
+        None
+    };
     Ok(Env {
         bin,
         bare,
@@ -2783,6 +2988,8 @@ fn setup(opts: &Opts) -> Res<Env> {
         notes_uri: layout.notes_uri,
         scratch_uri,
         profile: opts.profile,
+        tls,
+        gateway_h1_config,
     })
 }
 
@@ -2830,6 +3037,10 @@ fn main() -> Res<()> {
                 "mrtr" => mrtr(&env, &opts, &server, &mut report).await?,
                 "memory" => memory(&env, &opts, &server, &mut report).await?,
                 "pending" => pending(&env, &opts, &server, &mut report).await?,
+                "h2" if env.tls.is_some() => h2_vs_h1(&env, &opts, &server, &mut report).await?,
+                "h2" => eprintln!(
+                    "bench: the h2 scenario needs --tls (h2 is negotiated by ALPN); skipped"
+                ),
                 "store" => store(&env, &opts, &server, &mut report).await?,
                 "replicas" => replicas(&env, &opts, &server, &mut report).await?,
                 _ => {}
@@ -2847,8 +3058,9 @@ fn main() -> Res<()> {
     let commit = git(&["rev-parse", "--short", "HEAD"]);
     let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
     let mut md = format!(
-        "## Benchmark results ({})\n\ncommit {commit}{}, binary {}, {cpus} CPUs, load average {load_start} at start / {} at end, {:.0} s, scenarios: {}{}\n\n",
+        "## Benchmark results ({}){}\n\ncommit {commit}{}, binary {}, {cpus} CPUs, load average {load_start} at start / {} at end, {:.0} s, scenarios: {}{}\n\n",
         env.stamp,
+        if env.tls.is_some() { " — upstream over TLS" } else { "" },
         if dirty { " + local changes" } else { "" },
         env.bin.display(),
         load_avg(),
@@ -2870,7 +3082,7 @@ fn main() -> Res<()> {
         let _ = writeln!(md, "**The run failed:** {e}");
     }
     let js = json!({
-        "stamp": env.stamp, "commit": commit, "dirty": dirty, "binary": env.bin.display().to_string(), "cpus": cpus,
+        "stamp": env.stamp, "tls": env.tls.is_some(), "commit": commit, "dirty": dirty, "binary": env.bin.display().to_string(), "cpus": cpus,
         "load_start": load_start, "load_end": load_avg(),
         "options": {"rounds": opts.rounds, "secs": opts.secs, "concurrency": opts.concurrency,
                     "sessions": opts.session_levels, "pending": opts.pending, "pending_sessions": opts.pending_sessions},

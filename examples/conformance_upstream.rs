@@ -1191,7 +1191,7 @@ async fn main() -> ExitCode {
         }
     };
     match listener.local_addr() {
-        Ok(bound) => eprintln!("listening on http://{bound}{}", http::ENDPOINT),
+        Ok(bound) => eprintln!("listening on http://{bound}{}", dualera::endpoint::ENDPOINT),
         Err(e) => {
             eprintln!("conformance_upstream: {e}");
             return ExitCode::FAILURE;

@@ -13,7 +13,7 @@
 //! broken expectation.
 
 use bytes::Bytes;
-use dualera::gateway::sse;
+use dualera::sse;
 use dualera_adapters::jsonrpc::{self, Message, Request, RequestId, Response};
 use http::{header, Method};
 use http_body_util::{BodyExt, Full};

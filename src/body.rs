@@ -6,6 +6,8 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Frame};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::sync::mpsc;
 
@@ -31,14 +33,130 @@ pub fn empty() -> GatewayBody {
 /// (no buffering), ending when every sender is gone.
 #[derive(Debug)]
 pub struct ChannelBody {
+    /// Frames sent before anything from `rx` (a replayed backlog), not metered.
+    backlog: std::collections::VecDeque<Bytes>,
     rx: mpsc::Receiver<Bytes>,
+    meter: Option<Arc<Meter>>,
+}
+
+/// Bytes queued in a metered channel and not yet taken by the connection, and whether
+/// the stream was cut off.
+#[derive(Debug, Default)]
+struct Meter {
+    queued: AtomicUsize,
+    cut: AtomicBool,
+}
+
+/// Why a [`MeteredSender`] refused a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// The reader is gone.
+    #[error("the stream's reader is gone")]
+    Closed,
+    /// The reader is not keeping up: queuing this frame would exceed the byte bound.
+    #[error("the stream's reader is not keeping up")]
+    Stalled,
+}
+
+/// The sending side of a metered channel body: refuses frames once more than its
+/// byte bound is waiting for a reader that does not read (a frame is always accepted
+/// into an empty queue, whatever its size).
+#[derive(Debug, Clone)]
+pub struct MeteredSender {
+    tx: mpsc::Sender<Bytes>,
+    meter: Arc<Meter>,
+    max_bytes: usize,
+}
+
+impl MeteredSender {
+    /// Queues `frame` without waiting.
+    pub fn try_send(&self, frame: Bytes) -> Result<(), SendError> {
+        if self.tx.is_closed() {
+            return Err(SendError::Closed);
+        }
+        let len = frame.len();
+        let queued = self.meter.queued.load(Ordering::Acquire);
+        if queued > 0 && queued.saturating_add(len) > self.max_bytes {
+            return Err(SendError::Stalled);
+        }
+        self.meter.queued.fetch_add(len, Ordering::AcqRel);
+        self.tx.try_send(frame).map_err(|e| {
+            self.meter.queued.fetch_sub(len, Ordering::AcqRel);
+            match e {
+                mpsc::error::TrySendError::Closed(_) => SendError::Closed,
+                mpsc::error::TrySendError::Full(_) => SendError::Stalled,
+            }
+        })
+    }
+
+    /// Whether the reader is gone.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Resolves when the reader is gone.
+    pub async fn closed(&self) {
+        self.tx.closed().await;
+    }
+
+    /// The byte bound.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    /// Bytes waiting for the reader.
+    pub fn queued(&self) -> usize {
+        self.meter.queued.load(Ordering::Acquire)
+    }
+
+    /// Ends the body with an error the next time it is polled, dropping what is still
+    /// queued: the connection is closed instead of finishing a stream nobody reads.
+    pub fn cut(&self) {
+        self.meter.cut.store(true, Ordering::Release);
+    }
 }
 
 impl ChannelBody {
     /// A body and the sender that feeds it; `capacity` bounds what may be queued.
     pub fn channel(capacity: usize) -> (mpsc::Sender<Bytes>, GatewayBody) {
         let (tx, rx) = mpsc::channel(capacity);
-        (tx, Self { rx }.boxed())
+        (
+            tx,
+            Self {
+                backlog: Default::default(),
+                rx,
+                meter: None,
+            }
+            .boxed(),
+        )
+    }
+
+    /// A body whose sender refuses frames beyond `capacity` frames or `max_bytes`
+    /// bytes queued (see [`MeteredSender`]). `backlog` is sent first, as the reader
+    /// takes it: frames already held elsewhere (a replay ring) cost no extra memory
+    /// and do not count against the bound.
+    pub fn metered(
+        backlog: Vec<Bytes>,
+        capacity: usize,
+        max_bytes: usize,
+    ) -> (MeteredSender, GatewayBody) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let meter = Arc::new(Meter::default());
+        let sender = MeteredSender {
+            tx,
+            meter: meter.clone(),
+            max_bytes,
+        };
+        (
+            sender,
+            Self {
+                backlog: backlog.into(),
+                rx,
+                meter: Some(meter),
+            }
+            .boxed(),
+        )
     }
 }
 
@@ -50,7 +168,19 @@ impl Body for ChannelBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.rx.poll_recv(cx).map(|m| m.map(|b| Ok(Frame::data(b))))
+        if let Some(meter) = &self.meter {
+            if meter.cut.load(Ordering::Acquire) {
+                return Poll::Ready(Some(Err("the stream's reader fell too far behind".into())));
+            }
+        }
+        if let Some(frame) = self.backlog.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(frame))));
+        }
+        let polled = self.rx.poll_recv(cx);
+        if let (Poll::Ready(Some(b)), Some(meter)) = (&polled, &self.meter) {
+            meter.queued.fetch_sub(b.len(), Ordering::AcqRel);
+        }
+        polled.map(|m| m.map(|b| Ok(Frame::data(b))))
     }
 }
 

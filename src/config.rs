@@ -64,6 +64,40 @@ pub struct Config {
     /// The gateway's response cache.
     #[serde(default)]
     pub cache: CacheSection,
+    /// The gateway's admin listener (health, readiness, metrics, migration report).
+    #[serde(default)]
+    pub admin: AdminSection,
+    /// The gateway's migration report.
+    #[serde(default)]
+    pub report: ReportSection,
+}
+
+/// The admin listener (`dualera gateway`, `dualera up`): off unless `listen` (or
+/// `--admin`) is set.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSection {
+    /// Address of the admin listener (the `--admin` flag wins); loopback is the norm.
+    pub listen: Option<SocketAddr>,
+    /// Bearer token required on `/metrics` and `/report*` (prefer `token_env`).
+    pub token: Option<String>,
+    /// Name of an environment variable holding that token.
+    pub token_env: Option<String>,
+    /// How often each route's upstream is probed with `server/discover`, in ms
+    /// (default 5000).
+    pub probe_interval_ms: Option<u64>,
+}
+
+/// The migration report; every field has a default.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportSection {
+    /// A SQLite file that keeps the report across restarts (relative paths are
+    /// resolved against the config file's folder). Unset: memory only.
+    pub path: Option<PathBuf>,
+    /// Most host identities kept (default 1000); sessions of further ones are counted
+    /// in one overflow row.
+    pub max_hosts: Option<usize>,
 }
 
 /// `[auth]`: JWT access tokens from an authorization server, checked by the modern
@@ -173,6 +207,36 @@ pub struct GatewaySection {
     pub max_in_flight: Option<usize>,
     /// Largest body accepted, in bytes (default 4 MiB).
     pub max_body_bytes: Option<usize>,
+    /// Live (elicitation/sampling/roots) requests outstanding per legacy session
+    /// (default 128).
+    pub max_live_requests: Option<usize>,
+    /// Largest request the upstream accepts, in bytes (default 1 MiB, the modern
+    /// server's `limits.max_body_bytes` default; `dualera up` uses its server's value).
+    /// What would exceed it is refused by the gateway, naming the limit.
+    pub upstream_max_body_bytes: Option<usize>,
+    /// Bytes queued toward one host SSE connection that is not reading before the
+    /// gateway closes it (default 4 MiB); the session and its replay ring survive.
+    pub max_buffered_bytes: Option<usize>,
+    /// Bytes of events kept per stream for Last-Event-ID resumption (default 1 MiB;
+    /// the newest event is always kept).
+    pub replay_buffer_bytes: Option<usize>,
+    /// Legacy sessions one caller (one credential) may hold (default 1000).
+    pub max_sessions_per_caller: Option<usize>,
+    /// Seconds a connection may take to send a request head (default 10).
+    pub header_read_timeout_secs: Option<u64>,
+    /// Seconds an idle keep-alive connection stays open (default 60).
+    pub idle_timeout_secs: Option<u64>,
+    /// Most connections open at once (default 8192).
+    pub max_connections: Option<usize>,
+    /// Serve TLS on the listener (the `--tls-cert`/`--tls-key` flags win).
+    pub tls: Option<TlsSection>,
+    /// An extra CA bundle (PEM) trusted for HTTPS upstreams, besides the system and
+    /// webpki roots (the `--upstream-ca` flag wins).
+    pub upstream_ca: Option<PathBuf>,
+    /// HTTP/2 to an HTTPS upstream that offers it by ALPN (default `auto`).
+    pub upstream_http2: Option<UpstreamHttp2>,
+    /// Which headers tell the upstream who called (default `x-forwarded`).
+    pub forwarded: Option<ForwardedHeaders>,
     /// What a legacy session is bound to: `"subject"` (default) or `"token"`.
     pub session_binding: Option<SessionBinding>,
     /// Where legacy Streamable HTTP sessions live: `"memory"` (the default; one
@@ -192,6 +256,40 @@ pub struct GatewaySection {
     pub session_store_timeout_ms: Option<u64>,
 }
 
+/// A listener's certificate and key, PEM files.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    /// The certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// The private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// `[gateway] upstream_http2`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UpstreamHttp2 {
+    /// HTTP/2 when the upstream offers `h2` by ALPN, else HTTP/1.1.
+    #[default]
+    Auto,
+    /// Always HTTP/1.1.
+    Never,
+}
+
+/// `[gateway] forwarded`: how an upstream learns the caller's address, scheme and host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ForwardedHeaders {
+    /// `X-Forwarded-For`, `X-Forwarded-Proto`, `X-Forwarded-Host`.
+    #[default]
+    XForwarded,
+    /// RFC 7239 `Forwarded: for=…;proto=…;host=…`.
+    Forwarded,
+    /// Neither.
+    None,
+}
+
 /// Listener settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -205,6 +303,18 @@ pub struct ServerSection {
     /// Name reported in `serverInfo`.
     #[serde(default = "default_name")]
     pub name: String,
+    /// Seconds a connection may take to send a request head (default 10).
+    #[serde(default)]
+    pub header_read_timeout_secs: Option<u64>,
+    /// Seconds an idle keep-alive connection stays open (default 60).
+    #[serde(default)]
+    pub idle_timeout_secs: Option<u64>,
+    /// Most connections open at once (default 8192).
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    /// Serve TLS on the listener (the `--tls-cert`/`--tls-key` flags win).
+    #[serde(default)]
+    pub tls: Option<TlsSection>,
 }
 
 impl Default for ServerSection {
@@ -213,6 +323,10 @@ impl Default for ServerSection {
             listen: default_listen(),
             allowed_origins: Vec::new(),
             name: default_name(),
+            header_read_timeout_secs: None,
+            idle_timeout_secs: None,
+            max_connections: None,
+            tls: None,
         }
     }
 }
@@ -416,9 +530,29 @@ impl Config {
             path: path.to_owned(),
             source: Box::new(source),
         })?;
-        if config.store.path != ":memory:" && Path::new(&config.store.path).is_relative() {
-            if let Some(dir) = path.parent() {
+        if let Some(dir) = path.parent() {
+            if config.store.path != ":memory:" && Path::new(&config.store.path).is_relative() {
                 config.store.path = dir.join(&config.store.path).to_string_lossy().into_owned();
+            }
+            let absolute = |f: &mut PathBuf| {
+                if f.is_relative() {
+                    *f = dir.join(&*f);
+                }
+            };
+            for tls in [config.server.tls.as_mut(), config.gateway.tls.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                absolute(&mut tls.cert);
+                absolute(&mut tls.key);
+            }
+            if let Some(ca) = config.gateway.upstream_ca.as_mut() {
+                absolute(ca);
+            }
+        }
+        if let (Some(report), Some(dir)) = (&config.report.path, path.parent()) {
+            if report.is_relative() {
+                config.report.path = Some(dir.join(report));
             }
         }
         if let (Some(ca), Some(dir)) = (&config.store.ca_file, path.parent()) {
@@ -470,6 +604,24 @@ mod tests {
         let config = Config::parse(text).expect("examples/dualera.toml parses");
         assert!(!config.grants.is_empty());
         assert!(!config.state.keys.is_empty());
+        assert_eq!(config.admin.probe_interval_ms, Some(5000));
+        assert_eq!(config.report.max_hosts, Some(1000));
+    }
+
+    #[test]
+    fn listener_and_upstream_keys() {
+        let c = Config::parse(
+            "[server]\nmax_connections = 5\n[server.tls]\ncert = \"a.pem\"\nkey = \"b.pem\"\n\
+             [gateway]\nupstream_http2 = \"never\"\nforwarded = \"forwarded\"\nupstream_ca = \"ca.pem\"\n\
+             idle_timeout_secs = 3\n[gateway.tls]\ncert = \"c.pem\"\nkey = \"d.pem\"\n",
+        )
+        .expect("parses");
+        assert_eq!(c.server.max_connections, Some(5));
+        assert_eq!(c.gateway.upstream_http2, Some(UpstreamHttp2::Never));
+        assert_eq!(c.gateway.forwarded, Some(ForwardedHeaders::Forwarded));
+        assert!(c.gateway.tls.is_some() && c.server.tls.is_some());
+        assert!(Config::parse("[gateway]\nupstream_http2 = \"maybe\"\n").is_err());
+        assert!(Config::parse("[gateway.tls]\ncert = \"c.pem\"\n").is_err());
     }
 
     #[test]

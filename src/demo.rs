@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 /// Where the demo's pieces are.
 #[derive(Debug, Clone)]
 pub struct DemoLayout {
+    /// The demo folder (canonical).
+    pub dir: PathBuf,
     /// The config file written for the demo.
     pub config: PathBuf,
     /// `file:` URI of the notes workspace.
@@ -71,6 +73,8 @@ pub fn ensure(dir: &Path) -> io::Result<DemoLayout> {
         let text = format!(
             "# Written by `dualera` for the demo; edit freely.\n\
              [store]\npath = \"dualera.db\"\n\n\
+             # The migration report, kept across restarts.\n\
+             [report]\npath = \"dualera-report.db\"\n\n\
              [[grants]]\nprincipal = \"local\"\nworkspaces = [{notes:?}]\nrepositories = [{repo:?}]\n",
             notes = notes_uri,
             repo = repo_dir.to_string_lossy(),
@@ -95,8 +99,67 @@ pub fn ensure(dir: &Path) -> io::Result<DemoLayout> {
         }
     }
     Ok(DemoLayout {
+        dir: dir.clone(),
         config,
         notes_uri,
         repo_dir,
     })
+}
+
+/// The demo's TLS material (`dualera up --tls`).
+#[derive(Debug, Clone)]
+pub struct DemoTls {
+    /// The throw-away CA certificate to give to hosts.
+    pub ca: PathBuf,
+    /// The gateway's certificate chain.
+    pub cert: PathBuf,
+    /// The gateway's private key.
+    pub key: PathBuf,
+}
+
+/// Creates (once) a throw-away CA and a certificate for `localhost`, `127.0.0.1` and
+/// `::1` signed by it, under `dir/tls/`. The CA's key is never written: nothing else
+/// can be signed by it once this returns.
+pub fn ensure_tls(dir: &Path) -> io::Result<DemoTls> {
+    let tls_dir = dir.join("tls");
+    let out = DemoTls {
+        ca: tls_dir.join("ca.pem"),
+        cert: tls_dir.join("gateway.pem"),
+        key: tls_dir.join("gateway-key.pem"),
+    };
+    if out.ca.exists() && out.cert.exists() && out.key.exists() {
+        return Ok(out);
+    }
+    fs::create_dir_all(&tls_dir)?;
+    let err = |e: rcgen::Error| io::Error::other(e.to_string());
+    let ca = crate::tls::ThrowawayCa::new("dualera demo CA (throw-away)").map_err(err)?;
+    let (cert, key) = ca
+        .issue(
+            &["localhost", "127.0.0.1", "::1"],
+            crate::tls::Validity::Current,
+        )
+        .map_err(err)?;
+    fs::write(&out.ca, ca.cert_pem())?;
+    fs::write(&out.cert, cert)?;
+    write_private(&out.key, key.as_bytes())?;
+    Ok(out)
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)?;
+        f.write_all(bytes)
+    }
+    #[cfg(not(unix))]
+    {
+        fs::write(path, bytes)
+    }
 }

@@ -5,6 +5,9 @@
 //! building blocks. Protocol translation that must be deterministic and testable
 //! without sockets lives in the sans-IO crate `dualera-adapters`.
 //!
+//! Pieces both programs use (and that neither may borrow from the other) sit at the
+//! top level: [`body`], [`digest`], [`endpoint`], [`framing`], [`guard`], [`sse`].
+//!
 //! ```text
 //!  legacy host ──► gateway (src/, drives adapters' session machine) ──► modern server
 //!  modern host ──► gateway pass-through ─────────────────────────────► modern server
@@ -15,6 +18,12 @@ pub mod bearer;
 pub mod body;
 pub mod config;
 pub mod demo;
+pub mod digest;
+pub mod endpoint;
+pub mod framing;
 pub mod gateway;
 pub mod guard;
+pub mod listener;
 pub mod server;
+pub mod sse;
+pub mod tls;

@@ -1,15 +1,34 @@
 //! The `dualera` command line.
 
 use clap::{Parser, Subcommand};
-use dualera::config::Config;
-use dualera::gateway::{Gateway, GatewayConfig, HttpUpstream, StdioUpstream, Upstream};
+use dualera::config::{Config, TlsSection};
+use dualera::gateway::admin::{self, AdminSettings};
+use dualera::gateway::report::{self, Report, ReportConfig};
+use dualera::gateway::{
+    Gateway, GatewayConfig, HttpUpstream, StdioUpstream, Upstream, UpstreamClient, UpstreamOptions,
+};
+use dualera::listener::{warn_if_clear_text, ListenerConfig};
 use dualera::server::{self, KeySource, Server};
+use dualera::tls::ServerTls;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use tracing_subscriber::EnvFilter;
 
 type BoxError = Box<dyn std::error::Error>;
+
+/// `eprintln!` in one write: stderr is unbuffered, so `eprintln!` writes each piece of
+/// the line separately, and a stdio upstream child sharing our stderr could land in the
+/// middle of a line someone parses ("gateway listening on …").
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut line = format!($($arg)*);
+        line.push('\n');
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }};
+}
 
 #[derive(Parser)]
 #[command(
@@ -41,6 +60,12 @@ enum Command {
         /// Create (if missing) and serve the sample workspace in this folder.
         #[arg(long, num_args = 0..=1, default_missing_value = "dualera-demo")]
         demo: Option<PathBuf>,
+        /// Serve TLS with this certificate chain (PEM, leaf first); needs --tls-key.
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The private key of --tls-cert (PEM).
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
     },
     /// Run the gateway in front of a modern server.
     Gateway {
@@ -62,9 +87,23 @@ enum Command {
         /// Address to listen on. Overrides the config file.
         #[arg(long)]
         listen: Option<SocketAddr>,
+        /// Serve /healthz, /readyz, /metrics and the migration report on this address
+        /// (e.g. 127.0.0.1:8789). Overrides [admin] listen; off unless one is set.
+        #[arg(long)]
+        admin: Option<SocketAddr>,
         /// Configuration file (TOML; its [gateway] section is used).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// An extra CA bundle (PEM) to trust for an https:// upstream, besides the
+        /// system and webpki roots. Certificates are always verified.
+        #[arg(long)]
+        upstream_ca: Option<PathBuf>,
+        /// Serve TLS with this certificate chain (PEM, leaf first); needs --tls-key.
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The private key of --tls-cert (PEM).
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
         /// Where legacy Streamable HTTP sessions live: "memory" (default) or
         /// redis://HOST:PORT/DB, shared by every replica behind a load balancer.
         /// Overrides [gateway] session_store.
@@ -80,6 +119,31 @@ enum Command {
         /// Address the gateway listens on.
         #[arg(long, default_value = "127.0.0.1:8788")]
         listen: SocketAddr,
+        /// Serve the gateway over HTTPS with a throw-away CA and certificate generated
+        /// into DIR/tls/ (the CA's path is printed, to give to hosts).
+        #[arg(long, conflicts_with = "tls_cert")]
+        tls: bool,
+        /// Serve TLS with this certificate chain (PEM, leaf first); needs --tls-key.
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The private key of --tls-cert (PEM).
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Address of the admin listener (health, metrics, migration report).
+        #[arg(long, default_value = "127.0.0.1:8789")]
+        admin: SocketAddr,
+    },
+    /// Print the migration report of a running gateway (its admin listener).
+    Report {
+        /// The gateway's admin listener.
+        #[arg(long, default_value = "http://127.0.0.1:8789")]
+        admin: String,
+        /// Print the JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Environment variable holding the admin bearer token, if one is configured.
+        #[arg(long, default_value = "DUALERA_ADMIN_TOKEN")]
+        token_env: String,
     },
 }
 
@@ -97,14 +161,14 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("dualera: cannot start the runtime: {e}");
+            say!("dualera: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("dualera: {e}");
+            say!("dualera: {e}");
             ExitCode::FAILURE
         }
     }
@@ -120,12 +184,52 @@ fn load(path: Option<&PathBuf>) -> Result<Config, BoxError> {
 fn build_server(config: &Config) -> Result<Server, BoxError> {
     let (server, keys) = Server::from_config(config)?;
     if keys == KeySource::Generated {
-        eprintln!(
+        say!(
             "dualera: no [[state.keys]] configured; generated a random requestState key \
              for this process (states will not survive a restart or verify elsewhere)"
         );
     }
     Ok(server)
+}
+
+/// The listener's TLS: the flags win over the config section.
+fn listener_tls(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    section: Option<&TlsSection>,
+) -> Result<Option<Arc<ServerTls>>, BoxError> {
+    let files = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        _ => section.map(|t| (t.cert.clone(), t.key.clone())),
+    };
+    Ok(match files {
+        Some((c, k)) => Some(Arc::new(ServerTls::load(&c, &k)?)),
+        None => None,
+    })
+}
+
+fn scheme(config: &ListenerConfig) -> &'static str {
+    if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    }
+}
+
+fn http_upstream(
+    url: &str,
+    options: &UpstreamOptions,
+    max_body: usize,
+) -> Result<HttpUpstream, BoxError> {
+    let uri: http::Uri = url.parse()?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        return Err("--upstream must be an http:// or https:// URL".into());
+    }
+    Ok(HttpUpstream::with_client(
+        uri,
+        UpstreamClient::new(options)?,
+        max_body,
+    ))
 }
 
 async fn run(cli: Cli) -> Result<(), BoxError> {
@@ -136,11 +240,13 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             stdio,
             principal,
             demo,
+            tls_cert,
+            tls_key,
         } => {
             let mut config_path = config;
             if let Some(dir) = demo {
                 let layout = dualera::demo::ensure(&dir)?;
-                eprintln!(
+                say!(
                     "dualera: demo workspace {} and repository {}",
                     layout.notes_uri,
                     layout.repo_dir.display()
@@ -162,14 +268,19 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 )
                 .into());
             }
+            let mut listen_config = ListenerConfig::server(&config.server);
+            listen_config.tls = listener_tls(tls_cert, tls_key, config.server.tls.as_ref())?;
             let listener = server::http::bind(addr).await?;
             let bound = listener.local_addr()?;
             let stop = shutdown_signal();
-            eprintln!(
-                "dualera: modern server listening on http://{bound}{}",
-                server::http::ENDPOINT
+            dualera::tls::reload_on_sighup(listen_config.tls.iter().cloned().collect());
+            warn_if_clear_text(bound, &listen_config, "modern server");
+            say!(
+                "dualera: modern server listening on {}://{bound}{}",
+                scheme(&listen_config),
+                dualera::endpoint::ENDPOINT
             );
-            server::http::serve(listener, server, stop).await?;
+            server::http::serve_with(listener, listen_config, server, stop).await?;
             Ok(())
         }
         Command::Gateway {
@@ -177,20 +288,32 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             upstream_cmd,
             stdio,
             listen,
+            admin,
             config,
+            upstream_ca,
+            tls_cert,
+            tls_key,
             session_store,
         } => {
             let config = load(config.as_ref())?;
             let gw_config = GatewayConfig::from_config(&config)
                 .with_session_store(&config.gateway, session_store.as_deref())?;
+            let options = UpstreamOptions {
+                extra_ca: upstream_ca.or_else(|| config.gateway.upstream_ca.clone()),
+                http2: config.gateway.upstream_http2.unwrap_or_default(),
+            };
+            let admin_settings = AdminSettings::from_section(&config.admin)?;
+            let admin_addr = admin.or(config.admin.listen);
+            if let Some(addr) = admin_addr {
+                admin::check_exposure(addr, &admin_settings)?;
+            }
+            let report = Report::open(&ReportConfig::from_section(&config.report))?;
             let upstream = match (upstream, upstream_cmd) {
-                (Some(url), _) => {
-                    let uri: http::Uri = url.parse()?;
-                    if uri.scheme_str() != Some("http") {
-                        return Err("--upstream must be an http:// URL".into());
-                    }
-                    Upstream::Http(Box::new(HttpUpstream::new(uri, gw_config.max_body_bytes)))
-                }
+                (Some(url), _) => Upstream::Http(Box::new(http_upstream(
+                    &url,
+                    &options,
+                    gw_config.max_body_bytes,
+                )?)),
                 (None, Some(cmd)) => {
                     let mut words = cmd.split_whitespace().map(str::to_owned);
                     let program = words.next().ok_or("--upstream-cmd is empty")?;
@@ -198,26 +321,65 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 }
                 (None, None) => return Err("give --upstream URL or --upstream-cmd CMD".into()),
             };
-            let gateway = Gateway::new(upstream, gw_config);
+            let gateway = Gateway::with_report(upstream, gw_config, report);
+            let (admin_stop, admin_task) = match admin_addr {
+                Some(addr) => {
+                    let (url, stop, task) =
+                        start_admin(addr, gateway.clone(), admin_settings).await?;
+                    say!("dualera: admin listening on {url}");
+                    (Some(stop), Some(task))
+                }
+                None => (None, None),
+            };
             if stdio {
                 let stdin = tokio::io::BufReader::new(tokio::io::stdin());
                 gateway.serve_stdio(stdin, tokio::io::stdout()).await?;
-                return Ok(());
+            } else {
+                let addr = listen
+                    .or(config.gateway.listen)
+                    .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8788)));
+                let mut listen_config = gateway_listener(&config);
+                listen_config.tls = listener_tls(tls_cert, tls_key, config.gateway.tls.as_ref())?;
+                let listener = tokio::net::TcpListener::bind(addr).await?;
+                let bound = listener.local_addr()?;
+                let stop = shutdown_signal();
+                dualera::tls::reload_on_sighup(listen_config.tls.iter().cloned().collect());
+                warn_if_clear_text(bound, &listen_config, "gateway");
+                say!(
+                    "dualera: gateway listening on {}://{bound}/mcp",
+                    scheme(&listen_config)
+                );
+                gateway.serve_with(listener, listen_config, stop).await?;
             }
-            let addr = listen
-                .or(config.gateway.listen)
-                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8788)));
-            let listener = tokio::net::TcpListener::bind(addr).await?;
-            let bound = listener.local_addr()?;
-            let stop = shutdown_signal();
-            eprintln!("dualera: gateway listening on http://{bound}/mcp");
-            gateway.serve(listener, stop).await?;
+            stop_admin(admin_stop, admin_task).await;
             Ok(())
         }
-        Command::Up { dir, listen } => {
+        Command::Up {
+            dir,
+            listen,
+            tls,
+            tls_cert,
+            tls_key,
+            admin,
+        } => {
             let layout = dualera::demo::ensure(&dir)?;
             let config = load(Some(&layout.config))?;
+            let mut listen_config = gateway_listener(&config);
+            let mut ca_line = String::new();
+            if tls {
+                let demo_tls = dualera::demo::ensure_tls(&layout.dir)?;
+                listen_config.tls = Some(Arc::new(ServerTls::load(&demo_tls.cert, &demo_tls.key)?));
+                ca_line = format!(
+                    "  CA certificate (give it to hosts):  {}\n",
+                    demo_tls.ca.display()
+                );
+            } else {
+                listen_config.tls = listener_tls(tls_cert, tls_key, config.gateway.tls.as_ref())?;
+            }
             let server = build_server(&config)?;
+            let admin_settings = AdminSettings::from_section(&config.admin)?;
+            admin::check_exposure(admin, &admin_settings)?;
+            let report = Report::open(&ReportConfig::from_section(&config.report))?;
             let upstream_listener =
                 server::http::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
             let upstream_addr = upstream_listener.local_addr()?;
@@ -227,19 +389,39 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 tokio::spawn(server::http::serve(upstream_listener, server, async move {
                     let _ = rx.changed().await;
                 }));
-            let gw_config = GatewayConfig::from_config(&config);
+            let mut gw_config = GatewayConfig::from_config(&config);
+            // The embedded server's own limit is known here: what it would refuse, the
+            // gateway refuses first, naming the limit.
+            if config.gateway.upstream_max_body_bytes.is_none() {
+                gw_config.upstream_max_body_bytes = config.limits.max_body_bytes;
+            }
             let uri: http::Uri =
-                format!("http://{upstream_addr}{}", server::http::ENDPOINT).parse()?;
+                format!("http://{upstream_addr}{}", dualera::endpoint::ENDPOINT).parse()?;
             let listener = tokio::net::TcpListener::bind(listen).await?;
             let bound = listener.local_addr()?;
+            let gateway = Gateway::with_report(
+                Upstream::Http(Box::new(HttpUpstream::new(
+                    uri.clone(),
+                    gw_config.max_body_bytes,
+                )?)),
+                gw_config,
+                report,
+            );
+            let (admin_url, admin_stop, admin_task) =
+                start_admin(admin, gateway.clone(), admin_settings).await?;
             let stop = shutdown_signal();
+            dualera::tls::reload_on_sighup(listen_config.tls.iter().cloned().collect());
+            warn_if_clear_text(bound, &listen_config, "gateway");
             // Written with errors ignored: whoever started us may have stopped reading.
             let banner = format!(
-                "dualera is up.\n  gateway (legacy and modern hosts): http://{bound}/mcp\n  \
+                "dualera is up.\n  gateway (legacy and modern hosts): {}://{bound}/mcp\n  \
                  modern server (direct):           {uri}\n  \
+                 admin (health, metrics, report):  {admin_url}\n  \
+                 migration report:                  {admin_url}/report.html\n  \
                  notes workspace:                   {}\n  \
                  repository:                        {}\n  \
-                 config:                            {}\nPress Ctrl-C to stop.\n",
+                 config:                            {}\n{ca_line}Press Ctrl-C to stop.\n",
+                scheme(&listen_config),
                 layout.notes_uri,
                 layout.repo_dir.display(),
                 layout.config.display()
@@ -250,15 +432,63 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
                 let _ = out.write_all(banner.as_bytes());
                 let _ = out.flush();
             }
-            let gateway = Gateway::new(
-                Upstream::Http(Box::new(HttpUpstream::new(uri, gw_config.max_body_bytes))),
-                gw_config,
-            );
-            gateway.serve(listener, stop).await?;
+            gateway.serve_with(listener, listen_config, stop).await?;
+            stop_admin(Some(admin_stop), Some(admin_task)).await;
             let _ = stop_tx.send(true);
             let _ = server_task.await;
             Ok(())
         }
+        Command::Report {
+            admin,
+            json,
+            token_env,
+        } => {
+            let token = std::env::var(&token_env).ok().filter(|t| !t.is_empty());
+            let body = dualera::gateway::report::fetch(&admin, token.as_deref()).await?;
+            if json {
+                println!("{}", String::from_utf8_lossy(&body));
+                return Ok(());
+            }
+            let snapshot: report::ReportSnapshot = serde_json::from_slice(&body)
+                .map_err(|e| format!("{admin}/report did not answer a migration report: {e}"))?;
+            print!("{}", report::text::render(&snapshot));
+            Ok(())
+        }
+    }
+}
+
+type AdminTask = tokio::task::JoinHandle<std::io::Result<()>>;
+
+/// Binds and starts the admin listener; returns its URL, its stop switch and task.
+async fn start_admin(
+    addr: SocketAddr,
+    gateway: Gateway,
+    settings: AdminSettings,
+) -> Result<(String, tokio::sync::oneshot::Sender<()>, AdminTask), BoxError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr} for the admin endpoints: {e}"))?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(admin::serve(listener, gateway, settings, async move {
+        let _ = rx.await;
+    }));
+    Ok((url, tx, task))
+}
+
+async fn stop_admin(stop: Option<tokio::sync::oneshot::Sender<()>>, task: Option<AdminTask>) {
+    if let Some(stop) = stop {
+        let _ = stop.send(());
+    }
+    if let Some(task) = task {
+        let _ = task.await;
+    }
+}
+
+fn gateway_listener(config: &Config) -> ListenerConfig {
+    ListenerConfig {
+        grace: std::time::Duration::from_secs(5),
+        ..ListenerConfig::gateway(&config.gateway)
     }
 }
 

@@ -230,9 +230,10 @@ async fn silent_peer_times_out() {
         text.contains("elicitation/create") && text.contains("in time"),
         "{text}"
     );
-    // A late answer is refused, and changes nothing.
+    // A late answer is accepted and dropped (2025-11-25 cancellation: the sender of
+    // a cancellation SHOULD ignore later responses), and changes nothing.
     let late = host.post(&default_answer(&live)).await;
-    assert_eq!(late.status, StatusCode::BAD_REQUEST);
+    assert_eq!(late.status, StatusCode::ACCEPTED);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         rig.hop.seen_method("tools/call").len(),
@@ -298,10 +299,10 @@ async fn delete_mid_round() {
     assert_eq!(rig.count("Precious").await, 1, "nothing deleted");
 }
 
-/// Two replies for one live request: the second is refused; a reply to an id the
-/// gateway never sent is refused.
+/// Two replies for one live request: the second is accepted and dropped (the first
+/// counts); a reply to an id the gateway never sent is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn duplicate_and_unknown_replies_refused() {
+async fn duplicate_replies_dropped_and_unknown_refused() {
     let rig = Rig::new(&[]).await;
     rig.seed("Twice", "x").await;
     let mut host = rig.legacy();
@@ -330,8 +331,8 @@ async fn duplicate_and_unknown_replies_refused() {
     let second = host.post(&default_answer(&live)).await;
     assert_eq!(
         second.status,
-        StatusCode::BAD_REQUEST,
-        "second reply refused"
+        StatusCode::ACCEPTED,
+        "second reply accepted and dropped"
     );
     let resp = stream.next_message().await.expect("response");
     assert_eq!(resp["id"], id);
@@ -341,8 +342,8 @@ async fn duplicate_and_unknown_replies_refused() {
     );
     assert_eq!(rig.hop.seen_method("tools/call").len(), 2);
     assert_eq!(rig.count("Twice").await, 1);
-    // A third, after the request finished: still refused.
-    assert_eq!(host.post(&decline).await.status, StatusCode::BAD_REQUEST);
+    // A third, after the request finished: still dropped, still nothing changes.
+    assert_eq!(host.post(&decline).await.status, StatusCode::ACCEPTED);
 }
 
 /// Session errors: unknown or deleted session → 404; missing session id → 400; the id

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-per_revision!(
+crate::per_revision!(
     initialize,
     initialized_and_ping_answered_locally,
     forwarding_meta_and_fresh_ids,

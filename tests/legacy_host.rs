@@ -25,7 +25,14 @@ impl Drop for Up {
 
 fn start_up(dir: &std::path::Path) -> Up {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dualera"))
-        .args(["up", "--listen", "127.0.0.1:0", "--dir"])
+        .args([
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--dir",
+        ])
         .arg(dir)
         .env("DUALERA_LOG", "warn")
         .stdout(Stdio::piped())

@@ -37,7 +37,7 @@ fn accept(live: &Value) -> Value {
         "content": {"note_id": pick, "confirm": true}}})
 }
 
-/// The session id as the gateways log it.
+/// The session id (logs name it by `dualera::digest::log_tag`).
 fn sid(host: &Legacy) -> String {
     host.session.clone().expect("a session")
 }
@@ -277,6 +277,8 @@ async fn redis_trouble_gives_a_clear_error_and_heals_by_itself() {
     let mut c = Cluster::start(2, &[("session_store_timeout_ms", "500")]).await;
     let mut host = Legacy::new(&c.url(0));
     host.initialize(REV, caps()).await;
+    let admin = c.admin(0);
+    readyz_until(&admin, 200, "session store: ready").await;
     c.redis.stop();
 
     let reply = host
@@ -305,6 +307,8 @@ async fn redis_trouble_gives_a_clear_error_and_heals_by_itself() {
     )
     .await;
     assert!(direct.get("structuredContent").is_some(), "{direct}");
+    // `/readyz` says why (the store is pinged every second, also without traffic).
+    readyz_until(&admin, 503, "session store: not ready").await;
 
     // Redis back (empty: persistence is off): new sessions work on every replica
     // without restarting any, and the lost session is a clean 404.
@@ -320,6 +324,32 @@ async fn redis_trouble_gives_a_clear_error_and_heals_by_itself() {
         .post(&json!({"jsonrpc": "2.0", "id": 6, "method": "tools/list"}))
         .await;
     assert_eq!(reply.status, 404);
+    readyz_until(&admin, 200, "session store: ready").await;
+}
+
+/// Polls `/readyz` until it answers `status` with a body containing `text`.
+async fn readyz_until(admin: &str, status: u16, text: &str) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let r = raw(
+            &http_client(),
+            http::Method::GET,
+            &format!("{admin}/readyz"),
+            &[],
+            "",
+        )
+        .await;
+        let body = String::from_utf8_lossy(&r.body).into_owned();
+        if r.status.as_u16() == status && body.contains(text) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/readyz still {} {body:?}, waiting for {status} {text:?}",
+            r.status
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// `initialize` until the replica's connection to Redis is back (it reconnects on
@@ -359,27 +389,49 @@ async fn records_expire_bound_and_leave_a_tombstone() {
         .await;
     assert_eq!(r.status, 404, "another caller's session is not found");
 
-    // max_sessions counts every replica's sessions.
+    // max_sessions counts every replica's sessions; at the bound, the longest-idle
+    // session without a request in flight is ended to make room (as in memory), on
+    // whichever replica it lives.
     let mut second = Legacy::new(&c.url(1));
     second.initialize(REV, caps()).await;
     let mut third = Legacy::new(&c.url(0));
     third.initialize(REV, caps()).await;
+    assert_eq!(c.redis.int(&["ZCARD", "dualera:sessions"]), 3);
     let mut fourth = Legacy::new(&c.url(1));
     let (reply, _) = fourth.initialize(REV, caps()).await;
-    assert_eq!(
-        reply.status, 503,
-        "the fourth session exceeds max_sessions = 3"
-    );
-
-    // DELETE leaves a tombstone: the id is never served again.
-    host.url = c.url(1);
-    assert_eq!(host.send(http::Method::DELETE, None, &[]).await.status, 200);
+    assert_eq!(reply.status, 200, "the fourth session makes room");
+    assert_eq!(c.redis.int(&["ZCARD", "dualera:sessions"]), 3);
+    let r = host
+        .post(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
+        .await;
+    assert_eq!(r.status, 404, "the longest-idle session was evicted");
     assert_eq!(
         c.redis.command(&["HGET", &key, "gone"]).trim_end(),
         "$1\r\n1",
+        "an evicted session leaves a tombstone"
+    );
+
+    // DELETE leaves a tombstone: the id is never served again.
+    let fourth_key = format!("dualera:s:{{{}}}", sid(&fourth));
+    fourth.url = c.url(0);
+    assert_eq!(
+        fourth.send(http::Method::DELETE, None, &[]).await.status,
+        200
+    );
+    assert_eq!(
+        c.redis.command(&["HGET", &fourth_key, "gone"]).trim_end(),
+        "$1\r\n1",
         "a tombstone"
     );
-    assert_eq!(c.redis.int(&["HEXISTS", &key, "d"]), 0, "no state left");
+    assert_eq!(
+        c.redis.int(&["HEXISTS", &fourth_key, "d"]),
+        0,
+        "no state left"
+    );
+    let r = fourth
+        .post(&json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}))
+        .await;
+    assert_eq!(r.status, 404, "a deleted session is not served again");
 
     // Idle sessions expire as in memory: used ones are kept alive, idle ones go.
     for _ in 0..6 {
@@ -436,4 +488,60 @@ async fn one_get_stream_per_session_across_replicas() {
     assert_eq!(resumed.status, 200);
     let rest = tokio::time::timeout(WAIT, stream.drain()).await;
     assert!(rest.is_ok(), "the taken-over connection ended");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hardening_bounds_hold_for_shared_sessions() {
+    let c = Cluster::start(
+        2,
+        &[("max_in_flight", "1"), ("max_sessions_per_caller", "1")],
+    )
+    .await;
+    seed_tps(&c, 1).await;
+    let mut host = Legacy::new(&c.url(0));
+    host.initialize(REV, caps()).await;
+    host.url = c.url(1);
+    let call = host.mint();
+    let reply = host
+        .request_with_id(call.clone(), "tools/call", delete_args(&c))
+        .await;
+    let mut stream = reply.sse();
+    let (live, _) = until_elicitation(&mut stream).await;
+
+    // max_in_flight, on the other replica: 429 with Retry-After, nothing started.
+    host.url = c.url(0);
+    let over = host
+        .post(&json!({"jsonrpc": "2.0", "id": 50, "method": "tools/list"}))
+        .await;
+    assert_eq!(over.status, 429);
+    assert!(over.headers.contains_key("retry-after"));
+
+    // max_sessions_per_caller over every replica: the caller's only session is busy,
+    // so a new one is refused (429 + Retry-After), not made room for.
+    let mut another = Legacy::new(&c.url(1));
+    let (refused, _) = another.initialize(REV, caps()).await;
+    assert_eq!(refused.status, 429);
+    assert!(refused.headers.contains_key("retry-after"));
+
+    // The answer on A, then the same answer again on B: a duplicate reply is
+    // accepted (202) and dropped; the note is deleted once.
+    let answered = host.post(&accept(&live)).await;
+    assert_eq!(answered.status, 202);
+    let result = until_response(&mut stream, &call).await;
+    assert!(result.get("result").is_some(), "{result}");
+    host.url = c.url(1);
+    let again = host.post(&accept(&live)).await;
+    assert_eq!(again.status, 202, "a late or duplicate reply is accepted");
+    assert_eq!(count_notes(&c.server.url, &c.ws, "TPS report").await, 0);
+
+    // Now idle: the caller's next session takes the old one's place.
+    let (made, _) = another.initialize(REV, caps()).await;
+    assert_eq!(made.status, 200);
+    let gone = host
+        .post(&json!({"jsonrpc": "2.0", "id": 51, "method": "tools/list"}))
+        .await;
+    assert_eq!(
+        gone.status, 404,
+        "the idle session was evicted for the new one"
+    );
 }

@@ -4,7 +4,7 @@
 //! and the next call succeeds.
 
 use bytes::Bytes;
-use dualera::gateway::sse;
+use dualera::sse;
 use dualera_adapters::jsonrpc::{self, Message, Notification, Request, RequestId, Response};
 use futures_util::{SinkExt, StreamExt};
 use http_body_util::{BodyExt, Full};
@@ -69,7 +69,59 @@ fn spawn_listening(args: &[&str], marker: &str) -> (Proc, String) {
 #[derive(Clone, Copy, Debug)]
 enum Up {
     Http,
+    /// `dualera serve --tls-cert/--tls-key`, fronted with `--upstream-ca`.
+    Https,
     Stdio,
+}
+
+/// A private CA and a certificate for 127.0.0.1 (files), made once per run.
+struct Pki {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+    client: Arc<rustls::ClientConfig>,
+}
+
+fn pki() -> &'static Pki {
+    static PKI: std::sync::OnceLock<Pki> = std::sync::OnceLock::new();
+    PKI.get_or_init(|| {
+        use dualera::tls::{ThrowawayCa, Validity};
+        use rustls::pki_types::pem::PemObject;
+        let ca = ThrowawayCa::new("wires test CA").expect("CA");
+        let (cert, key) = ca
+            .issue(&["127.0.0.1", "localhost"], Validity::Current)
+            .expect("leaf");
+        let dir = tmp_dir("pki");
+        let write = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).expect("write");
+            p
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca.cert_pem().as_bytes()) {
+            roots.add(c.expect("pem")).expect("root");
+        }
+        let client = rustls::ClientConfig::builder_with_provider(dualera::tls::provider())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Pki {
+            ca: write("ca.pem", ca.cert_pem()),
+            cert: write("cert.pem", &cert),
+            key: write("key.pem", &key),
+            client: Arc::new(client),
+        }
+    })
+}
+
+fn tls_listener_args() -> Vec<String> {
+    vec![
+        "--tls-cert".into(),
+        pki().cert.display().to_string(),
+        "--tls-key".into(),
+        pki().key.display().to_string(),
+    ]
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -106,7 +158,7 @@ fn demo_dir(dir: &Path) -> (String, String) {
     (notes, repo)
 }
 
-async fn open(up: Up, down: Down, dir: &Path) -> Wire {
+async fn open(up: Up, down: Down, tls: bool, dir: &Path) -> Wire {
     let demo = dir.to_string_lossy().into_owned();
     let mut procs = Vec::new();
     let upstream_args: Vec<String> = match up {
@@ -117,6 +169,22 @@ async fn open(up: Up, down: Down, dir: &Path) -> Wire {
             );
             procs.push(p);
             vec!["--upstream".into(), url]
+        }
+        Up::Https => {
+            let mut args: Vec<String> = ["serve", "--demo", &demo, "--listen", "127.0.0.1:0"]
+                .map(String::from)
+                .to_vec();
+            args.extend(tls_listener_args());
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            let (p, url) = spawn_listening(&argv, "listening on ");
+            assert!(url.starts_with("https://"), "{url}");
+            procs.push(p);
+            vec![
+                "--upstream".into(),
+                url,
+                "--upstream-ca".into(),
+                pki().ca.display().to_string(),
+            ]
         }
         Up::Stdio => {
             // Seed the demo first so the child finds it.
@@ -179,8 +247,12 @@ async fn open(up: Up, down: Down, dir: &Path) -> Wire {
             let mut args: Vec<String> =
                 vec!["gateway".into(), "--listen".into(), "127.0.0.1:0".into()];
             args.extend(upstream_args);
+            if tls {
+                args.extend(tls_listener_args());
+            }
             let argv: Vec<&str> = args.iter().map(String::as_str).collect();
             let (p, url) = spawn_listening(&argv, "listening on ");
+            assert_eq!(url.starts_with("https://"), tls, "{url}");
             procs.push(p);
             let base = url.trim_end_matches("/mcp").to_owned();
             match down {
@@ -188,7 +260,9 @@ async fn open(up: Up, down: Down, dir: &Path) -> Wire {
                     tokio::spawn(streamable_http(format!("{base}/mcp"), from_test, to_test))
                 }
                 Down::WebSocket => tokio::spawn(websocket(
-                    base.replace("http://", "ws://") + "/ws",
+                    base.replace("https://", "wss://")
+                        .replace("http://", "ws://")
+                        + "/ws",
                     from_test,
                     to_test,
                 )),
@@ -204,7 +278,19 @@ async fn open(up: Up, down: Down, dir: &Path) -> Wire {
     }
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// HTTP, or HTTPS trusting the test CA.
+fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build(
+        hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config((*pki().client).clone())
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .build(),
+    )
+}
 
 async fn read_body_messages(
     resp: hyper::Response<hyper::body::Incoming>,
@@ -240,7 +326,7 @@ async fn streamable_http(
     mut from_test: mpsc::Receiver<Message>,
     to_test: mpsc::Sender<Message>,
 ) {
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let client = client();
     let session: Arc<Mutex<Option<String>>> = Arc::default();
     while let Some(m) = from_test.recv().await {
         let mut b = http::Request::post(&url)
@@ -263,26 +349,53 @@ async fn streamable_http(
 
 async fn websocket(
     url: String,
-    mut from_test: mpsc::Receiver<Message>,
+    from_test: mpsc::Receiver<Message>,
     to_test: mpsc::Sender<Message>,
 ) {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    use tokio_tungstenite::tungstenite::Message as Ws;
     let mut req = url.as_str().into_client_request().expect("ws request");
     req.headers_mut().insert(
         "sec-websocket-protocol",
         http::HeaderValue::from_static("mcp"),
     );
+    let secure = url.starts_with("wss://");
     let host = url
+        .trim_start_matches("wss://")
         .trim_start_matches("ws://")
         .split('/')
         .next()
         .unwrap_or_default()
         .to_owned();
-    let tcp = tokio::net::TcpStream::connect(host).await.expect("connect");
-    let (mut ws, resp) = tokio_tungstenite::client_async(req, tcp)
+    let tcp = tokio::net::TcpStream::connect(&host)
         .await
-        .expect("ws handshake");
+        .expect("connect");
+    if secure {
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+        let tls = tokio_rustls::TlsConnector::from(pki().client.clone())
+            .connect(name, tcp)
+            .await
+            .expect("TLS handshake");
+        let (ws, resp) = tokio_tungstenite::client_async(req, tls)
+            .await
+            .expect("wss handshake");
+        ws_loop(ws, resp, from_test, to_test).await;
+    } else {
+        let (ws, resp) = tokio_tungstenite::client_async(req, tcp)
+            .await
+            .expect("ws handshake");
+        ws_loop(ws, resp, from_test, to_test).await;
+    }
+}
+
+async fn ws_loop<S>(
+    mut ws: tokio_tungstenite::WebSocketStream<S>,
+    resp: tokio_tungstenite::tungstenite::handshake::client::Response,
+    mut from_test: mpsc::Receiver<Message>,
+    to_test: mpsc::Sender<Message>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio_tungstenite::tungstenite::Message as Ws;
     assert_eq!(
         resp.headers()
             .get("sec-websocket-protocol")
@@ -317,7 +430,7 @@ async fn http_sse(
     mut from_test: mpsc::Receiver<Message>,
     to_test: mpsc::Sender<Message>,
 ) {
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let client = client();
     let req = http::Request::get(format!("{base}/sse"))
         .header("accept", "text/event-stream")
         .body(Full::new(Bytes::new()))
@@ -457,10 +570,10 @@ impl Peer {
     }
 }
 
-async fn scenarios(up: Up, down: Down) {
-    let dir = tmp_dir(&format!("{up:?}-{down:?}"));
+async fn scenarios(up: Up, down: Down, tls: bool) {
+    let dir = tmp_dir(&format!("{up:?}-{down:?}-{tls}"));
     let (ws, repo) = demo_dir(&dir);
-    let wire = open(up, down, &dir).await;
+    let wire = open(up, down, tls, &dir).await;
     let mut peer = Peer {
         wire,
         next: 0,
@@ -532,23 +645,28 @@ async fn scenarios(up: Up, down: Down) {
 }
 
 macro_rules! matrix {
-    ($($name:ident: $up:expr, $down:expr;)*) => {$(
+    ($($name:ident: $up:expr, $down:expr, $tls:expr;)*) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
-            scenarios($up, $down).await;
+            scenarios($up, $down, $tls).await;
         }
     )*};
 }
 
 matrix! {
-    http_up_streamable_http: Up::Http, Down::StreamableHttp;
-    http_up_stdio: Up::Http, Down::Stdio;
-    http_up_websocket: Up::Http, Down::WebSocket;
-    http_up_http_sse: Up::Http, Down::HttpSse;
-    stdio_up_streamable_http: Up::Stdio, Down::StreamableHttp;
-    stdio_up_stdio: Up::Stdio, Down::Stdio;
-    stdio_up_websocket: Up::Stdio, Down::WebSocket;
-    stdio_up_http_sse: Up::Stdio, Down::HttpSse;
+    http_up_streamable_http: Up::Http, Down::StreamableHttp, false;
+    http_up_stdio: Up::Http, Down::Stdio, false;
+    http_up_websocket: Up::Http, Down::WebSocket, false;
+    http_up_http_sse: Up::Http, Down::HttpSse, false;
+    stdio_up_streamable_http: Up::Stdio, Down::StreamableHttp, false;
+    stdio_up_stdio: Up::Stdio, Down::Stdio, false;
+    stdio_up_websocket: Up::Stdio, Down::WebSocket, false;
+    stdio_up_http_sse: Up::Stdio, Down::HttpSse, false;
+    // TLS on both hops, one row per downstream wire (stdio has no listener).
+    https_up_https_streamable_http: Up::Https, Down::StreamableHttp, true;
+    https_up_stdio: Up::Https, Down::Stdio, false;
+    https_up_wss_websocket: Up::Https, Down::WebSocket, true;
+    https_up_https_http_sse: Up::Https, Down::HttpSse, true;
 }
 
 /// Pids of processes whose parent is `parent`.
@@ -680,10 +798,10 @@ async fn http_sse_stream_ends_promptly_on_gateway_shutdown() {
         "listening on ",
     );
     let gw = Gateway::new(
-        Upstream::Http(Box::new(HttpUpstream::new(
-            upstream.parse().expect("upstream URI"),
-            1 << 22,
-        ))),
+        Upstream::Http(Box::new(
+            HttpUpstream::new(upstream.parse().expect("upstream URI"), 1 << 22)
+                .expect("upstream client"),
+        )),
         GatewayConfig::default(),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -694,7 +812,7 @@ async fn http_sse_stream_ends_promptly_on_gateway_shutdown() {
     let serving = tokio::spawn(gw.serve(listener, async move {
         let _ = stopped.await;
     }));
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let client = client();
     let req = http::Request::get(format!("{base}/sse"))
         .header("accept", "text/event-stream")
         .body(Full::new(Bytes::new()))

@@ -2,6 +2,7 @@
 //! (the driver logs them and answers or drops them), [`Failure`] for legacy requests that
 //! fail inside the gateway (the peer gets a response built by [`failure_response`]).
 
+use crate::echo::echo;
 use crate::jsonrpc::{ErrorCode, ErrorObject, RequestId, Response};
 use serde_json::{json, Value};
 use std::fmt;
@@ -75,6 +76,26 @@ pub enum SessionError {
         /// Its method.
         method: String,
     },
+    /// The peer sent a request that would be forwarded while the session already has
+    /// [`Config::max_in_flight`](crate::Config::max_in_flight) of them in flight. The
+    /// request is refused, never queued: on HTTP answer 429 with `Retry-After`.
+    TooManyInFlight {
+        /// The request.
+        id: RequestId,
+        /// The bound.
+        limit: usize,
+    },
+    /// The peer's request, as the upstream would receive it, is larger than the
+    /// upstream accepts ([`Config::max_upstream_message`](crate::Config::max_upstream_message)),
+    /// so it is refused before anything is sent.
+    TooLargeForUpstream {
+        /// The request.
+        id: RequestId,
+        /// Bytes of the upstream request it would make.
+        size: usize,
+        /// The upstream's limit.
+        limit: usize,
+    },
     /// A `server/discover` result the gateway cannot use.
     InvalidDiscover {
         /// What is wrong with it.
@@ -83,6 +104,16 @@ pub enum SessionError {
 }
 
 impl SessionError {
+    /// Whether this input is accepted and dropped rather than refused: a reply to a
+    /// live request the gateway minted and then gave up on (cancelled, abandoned, timed
+    /// out) or already had an answer for. 2025-11-25 cancellation: the sender of a
+    /// cancellation SHOULD ignore responses that arrive afterwards, so the peer did
+    /// nothing wrong. Drivers answer it as accepted (HTTP `202`), send nothing back on
+    /// single-channel wires, and log it at debug level with the id.
+    pub fn is_dropped(&self) -> bool {
+        matches!(self, Self::LateReply { .. } | Self::DuplicateReply { .. })
+    }
+
     /// The error response a driver sends the legacy peer for this refusal, when one
     /// is due: only refused requests and batches get one (a batch refusal has no id).
     /// Replies and upstream problems get none (log them; on HTTP answer the POST 202 or
@@ -92,6 +123,16 @@ impl SessionError {
             Self::DuplicateRequestId { id } => Some(Response::error(
                 Some(id.clone()),
                 ErrorObject::new(ErrorCode::INVALID_REQUEST, self.to_string()),
+            )),
+            Self::TooManyInFlight { id, limit } => Some(Response::error(
+                Some(id.clone()),
+                ErrorObject::new(ErrorCode::INTERNAL_ERROR, self.to_string())
+                    .with_data(json!({ "reason": "tooManyInFlight", "limit": limit })),
+            )),
+            Self::TooLargeForUpstream { id, size, limit } => Some(Response::error(
+                Some(id.clone()),
+                ErrorObject::new(ErrorCode::INVALID_REQUEST, self.to_string())
+                    .with_data(json!({ "reason": "upstreamLimit", "size": size, "limit": limit })),
             )),
             Self::BatchNotAllowed { .. } | Self::BatchTooLarge { .. } => Some(Response::error(
                 None,
@@ -135,15 +176,25 @@ impl fmt::Display for SessionError {
             Self::UnexpectedUpstreamRequest { method } => {
                 write!(
                     f,
-                    "upstream sent a request ({method}); modern servers do not"
+                    "upstream sent a request ({}); modern servers do not",
+                    echo(method)
                 )
             }
             Self::UncorrelatedNotification { method } => {
                 write!(
                     f,
-                    "upstream notification {method} belongs to nothing in flight"
+                    "upstream notification {} belongs to nothing in flight",
+                    echo(method)
                 )
             }
+            Self::TooManyInFlight { limit, .. } => write!(
+                f,
+                "Too many requests in flight in this session (limit {limit}); retry when one has finished"
+            ),
+            Self::TooLargeForUpstream { size, limit, .. } => write!(
+                f,
+                "Request too large for the upstream server: it would be {size} bytes; the upstream accepts at most {limit}"
+            ),
             Self::InvalidDiscover { reason } => {
                 write!(f, "unusable server/discover result: {reason}")
             }
@@ -215,10 +266,27 @@ pub enum Failure {
     },
     /// The upstream request failed without a response (connection lost, HTTP error).
     UpstreamLost,
-    /// Too many legacy requests are in flight in this session.
-    TooManyInFlight {
+    /// The upstream could not be reached for a reason the driver named (e.g. its TLS
+    /// certificate was refused).
+    UpstreamRefused {
+        /// Machine-readable cause, `data.reason` (e.g. `tlsUnknownIssuer`).
+        reason: &'static str,
+        /// What happened, for people.
+        message: String,
+    },
+    /// A round would put more live requests outstanding at the peer than the
+    /// session allows ([`Config::max_live`](crate::Config::max_live)).
+    TooManyLive {
         /// The bound.
-        max: usize,
+        limit: usize,
+    },
+    /// The retry carrying the peer's answers would be larger than the upstream
+    /// accepts ([`Config::max_upstream_message`](crate::Config::max_upstream_message)).
+    AnswersTooLarge {
+        /// Bytes of the retry.
+        size: usize,
+        /// The upstream's limit.
+        limit: usize,
     },
 }
 
@@ -231,22 +299,26 @@ impl fmt::Display for Failure {
                     if i > 0 {
                         f.write_str(", ")?;
                     }
-                    write!(f, "{capability} (input request \"{key}\")")?;
+                    write!(f, "{capability} (input request \"{}\")", echo(key))?;
                 }
                 Ok(())
             }
             Self::UnsupportedInputRequest { input_key, method } => write!(
                 f,
-                "The server asked for input with unsupported method {method} (input request \"{input_key}\")"
+                "The server asked for input with unsupported method {} (input request \"{}\")",
+                echo(method),
+                echo(input_key)
             ),
             Self::PeerError { method, error } => write!(
                 f,
                 "The client answered {method} with error {}: {}",
-                error.code.0, error.message
+                error.code.0,
+                echo(&error.message)
             ),
             Self::LiveTimeout { method, input_key } => write!(
                 f,
-                "The client did not answer {method} (input request \"{input_key}\") in time"
+                "The client did not answer {method} (input request \"{}\") in time",
+                echo(input_key)
             ),
             Self::RoundLimit { max_rounds } => write!(
                 f,
@@ -262,13 +334,21 @@ impl fmt::Display for Failure {
             Self::InputRequiredNotAllowed { method } => {
                 write!(f, "The server asked for input on {method}, which does not allow it")
             }
-            Self::UnknownResultType { result_type } => {
-                write!(f, "The server answered with unknown resultType \"{result_type}\"")
-            }
+            Self::UnknownResultType { result_type } => write!(
+                f,
+                "The server answered with unknown resultType \"{}\"",
+                echo(result_type)
+            ),
             Self::UpstreamLost => f.write_str("The upstream server did not answer"),
-            Self::TooManyInFlight { max } => {
-                write!(f, "Too many requests in flight in this session (limit {max})")
-            }
+            Self::TooManyLive { limit } => write!(
+                f,
+                "The server asked for more input than this session may have outstanding (limit {limit} input requests)"
+            ),
+            Self::AnswersTooLarge { size, limit } => write!(
+                f,
+                "The answers to the server's input requests make a request of {size} bytes; the upstream server accepts at most {limit}"
+            ),
+            Self::UpstreamRefused { message, .. } => f.write_str(message),
         }
     }
 }
@@ -287,7 +367,9 @@ impl Failure {
             Self::InputRequiredNotAllowed { .. } => "inputRequiredNotAllowed",
             Self::UnknownResultType { .. } => "unknownResultType",
             Self::UpstreamLost => "upstreamLost",
-            Self::TooManyInFlight { .. } => "tooManyInFlight",
+            Self::TooManyLive { .. } => "tooManyLive",
+            Self::AnswersTooLarge { .. } => "upstreamLimit",
+            Self::UpstreamRefused { reason, .. } => reason,
         }
     }
 }
@@ -295,12 +377,14 @@ impl Failure {
 /// The one place a [`Failure`] becomes the legacy peer's response.
 ///
 /// - `tools/call`: a normal result `{content:[{type:"text",text}], isError:true}` so the
-///   model sees what went wrong;
+///   model sees what went wrong — except when the upstream could not be reached for a
+///   named reason ([`Failure::UpstreamRefused`], e.g. a refused TLS certificate), which
+///   is the gateway's configuration, not the tool's outcome: a JSON-RPC error;
 /// - any other method: a JSON-RPC error. A peer's own error to a live request is passed
 ///   on as it was; every other failure is `-32603` with the same text as `message` and
 ///   `data: {"reason": <kind>}` (plus `requiredCapabilities` for capability gaps).
 pub fn failure_response(method: &str, id: RequestId, failure: &Failure) -> Response {
-    if method == "tools/call" {
+    if method == "tools/call" && !matches!(failure, Failure::UpstreamRefused { .. }) {
         return Response::result(
             id,
             json!({

@@ -4,6 +4,7 @@
 
 use crate::error::Failure;
 use crate::jsonrpc::{Message, Request, RequestId};
+use crate::usage::Observation;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fmt;
@@ -129,4 +130,7 @@ pub enum Event {
         /// Why.
         failure: Failure,
     },
+    /// What the session just did, for the driver's metrics and migration report
+    /// (nothing to send anywhere).
+    Observed(Observation),
 }

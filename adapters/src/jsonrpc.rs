@@ -42,7 +42,7 @@ impl fmt::Display for RequestId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Number(n) => write!(f, "{n}"),
-            Self::String(s) => write!(f, "{s:?}"),
+            Self::String(s) => write!(f, "{}", crate::echo::echo_quoted(s)),
         }
     }
 }
@@ -260,10 +260,22 @@ pub fn parse_incoming(bytes: &[u8]) -> Result<Incoming, EnvelopeError> {
     }
 }
 
+/// Bytes to JSON: not JSON is `-32700`; JSON whose objects repeat a member name is
+/// `-32600` (see [`crate::json`]), with the message's id when that is not what repeats.
 fn parse_json(bytes: &[u8]) -> Result<Value, EnvelopeError> {
-    serde_json::from_slice(bytes).map_err(|e| EnvelopeError::Parse {
-        detail: e.to_string(),
-    })
+    match crate::json::parse_lenient(bytes) {
+        Err(e) => Err(EnvelopeError::Parse {
+            detail: e.to_string(),
+        }),
+        Ok((value, None)) => Ok(value),
+        Ok((value, Some(dup))) => {
+            let id = match &dup {
+                crate::json::JsonError::DuplicateMember { name, depth: 0 } if name == "id" => None,
+                _ => value.get("id").and_then(RequestId::from_value),
+            };
+            Err(invalid(id, dup.to_string()))
+        }
+    }
 }
 
 fn invalid(id: Option<RequestId>, detail: impl Into<String>) -> EnvelopeError {
@@ -483,6 +495,39 @@ mod tests {
             parse(br#"{"jsonrpc":"2.0","id":1,"method":"x","params":[1]}"#),
             Err(EnvelopeError::Invalid { .. })
         ));
+    }
+
+    #[test]
+    fn duplicate_member_names_are_refused() {
+        let e =
+            parse(br#"{"jsonrpc":"2.0","id":4,"result":{"action":"decline","action":"accept"}}"#)
+                .unwrap_err();
+        let EnvelopeError::Invalid { id, detail } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(id, &Some(RequestId::Number(4)));
+        assert!(
+            detail.contains("duplicate member name \"action\""),
+            "{detail}"
+        );
+        assert_eq!(
+            e.to_response().outcome.unwrap_err().code,
+            ErrorCode::INVALID_REQUEST
+        );
+        assert!(matches!(
+            parse(br#"{"jsonrpc":"2.0","id":1,"id":2,"method":"ping"}"#),
+            Err(EnvelopeError::Invalid { id: None, .. })
+        ));
+        assert!(matches!(
+            parse_incoming(br#"[{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":1,"a":2}}]"#),
+            Err(EnvelopeError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn ids_are_displayed_bounded() {
+        let id = RequestId::String("x".repeat(3_000_000));
+        assert!(id.to_string().len() < 400);
     }
 
     #[test]

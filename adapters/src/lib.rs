@@ -25,15 +25,19 @@
 
 pub mod capabilities;
 pub mod downgrade;
+pub mod echo;
 pub mod error;
 pub mod event;
+pub mod json;
 pub mod jsonrpc;
 pub mod mrtr;
 pub mod param_headers;
+pub mod replay;
 pub mod revision;
 pub mod session;
 pub mod snapshot;
 pub mod time;
+pub mod usage;
 pub mod v2024_11_05;
 pub mod v2025_03_26;
 pub mod v2025_06_18;
@@ -44,6 +48,7 @@ pub use error::{Failure, SessionError};
 pub use event::{BatchId, Event, PeerStream, UpstreamRole};
 pub use jsonrpc::{ErrorCode, ErrorObject, Message, Notification, Request, RequestId, Response};
 pub use revision::Revision;
-pub use session::{BatchOutcome, Config, Denied, Session, SessionState};
+pub use session::{BatchOutcome, Config, Denied, Footprint, Session, SessionState};
 pub use time::Timestamp;
+pub use usage::Observation;
 pub use version::{Era, ProtocolVersion};

@@ -15,6 +15,7 @@ use crate::param_headers::{self, ParamHeader};
 use crate::revision::{ElicitationSupport, Revision};
 use crate::snapshot;
 use crate::time::Timestamp;
+use crate::usage::{self, Feature, LiveKind, LiveOutcome, Observation, RequestOutcome};
 use crate::version::ProtocolVersion;
 use crate::{v2025_06_18, v2025_11_25};
 use serde::{Deserialize, Serialize};
@@ -59,9 +60,18 @@ pub const LOG_LEVELS: [&str; 8] = [
 pub struct Config {
     /// Legacy revisions offered to peers, newest first (default: all four).
     pub legacy_versions: Vec<String>,
-    /// Most legacy requests forwarded upstream at once (default 64); more are answered
-    /// with a failure.
+    /// Most legacy requests forwarded upstream at once (default 64); one more is
+    /// refused with [`SessionError::TooManyInFlight`], never queued.
     pub max_in_flight: usize,
+    /// Most live requests outstanding at the peer, over all rounds of the session
+    /// (default 128); a round that would exceed it fails its request
+    /// ([`Failure::TooManyLive`]).
+    pub max_live: usize,
+    /// Largest upstream request, in bytes, the upstream accepts (default 1 MiB, the
+    /// modern server's own default). A peer request that would exceed it is refused
+    /// ([`SessionError::TooLargeForUpstream`]); a retry whose answers would exceed it
+    /// fails its request ([`Failure::AnswersTooLarge`]).
+    pub max_upstream_message: usize,
     /// Most `inputRequests` in one round (default 16).
     pub max_input_requests: usize,
     /// Most `input_required` rounds per legacy request (default 8).
@@ -101,6 +111,8 @@ impl Default for Config {
                 .map(|v| (*v).to_owned())
                 .collect(),
             max_in_flight: 64,
+            max_live: 128,
+            max_upstream_message: 1024 * 1024,
             max_input_requests: 16,
             max_rounds: 8,
             retry_pause: Duration::from_millis(250),
@@ -230,6 +242,7 @@ struct Live {
     legacy: RequestId,
     key: String,
     method: String,
+    kind: LiveKind,
     deadline: Timestamp,
     hard_deadline: Timestamp,
 }
@@ -258,6 +271,9 @@ struct Listen {
 struct Batch {
     open: usize,
     responses: Vec<Message>,
+    /// The ids of the batch's requests: until the group is sent, the peer has no
+    /// answer for any of them, so none may be reused.
+    ids: Vec<RequestId>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -315,6 +331,10 @@ impl Retired {
             }
         }
     }
+
+    fn len(&self) -> usize {
+        self.kinds.len().max(self.order.len())
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -353,6 +373,30 @@ impl TryFrom<RetiredData> for Retired {
         }
         Ok(retired)
     }
+}
+
+/// What a session holds, by map (see [`Session::footprint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Footprint {
+    /// Legacy requests in flight.
+    pub calls: usize,
+    /// Live requests outstanding at the peer.
+    pub live: usize,
+    /// Upstream requests in flight.
+    pub upstream: usize,
+    /// Remembered finished live-request ids.
+    pub retired_live: usize,
+    /// Remembered finished upstream ids.
+    pub retired_upstream: usize,
+    /// Batches waiting for their responses.
+    pub batches: usize,
+    /// Subscribed resource URIs.
+    pub subscriptions: usize,
+    /// Tools whose `x-mcp-header` parameters are remembered.
+    pub tool_headers: usize,
+    /// Events not yet polled.
+    pub events: usize,
 }
 
 /// One legacy session, sans IO.
@@ -559,6 +603,29 @@ impl Session {
         self.subscriptions.iter().map(String::as_str)
     }
 
+    /// How much the session holds right now: every map it keeps, for bound checks
+    /// (the property tests) and metrics.
+    pub fn footprint(&self) -> Footprint {
+        Footprint {
+            calls: self.calls.len(),
+            live: self.live.len(),
+            upstream: self.upstream.len(),
+            retired_live: self.retired_live.len(),
+            retired_upstream: self.retired_upstream.len(),
+            batches: self.batches.len(),
+            subscriptions: self.subscriptions.len(),
+            tool_headers: self.tool_headers.len(),
+            events: self.events.len(),
+        }
+    }
+
+    /// The stream of the legacy request `legacy` while it is in flight (a driver uses it
+    /// to find what belongs to the peer request that caused an upstream attempt, such
+    /// as its trace context).
+    pub fn request_stream(&self, legacy: &RequestId) -> Option<&PeerStream> {
+        self.calls.get(legacy).map(|c| &c.stream)
+    }
+
     // ----- outputs -------------------------------------------------------------------
 
     /// The next thing the driver must do, in order; `None` when there is nothing left.
@@ -688,8 +755,13 @@ impl Session {
                 input_key: live.key.clone(),
             };
             let legacy = live.legacy.clone();
+            let kind = live.kind;
+            self.observe(Observation::LiveEnded {
+                kind,
+                outcome: LiveOutcome::Timeout,
+            });
             if let Some(call) = self.calls.remove(&legacy) {
-                self.fail_call(legacy, call, failure, "timed out");
+                self.fail_call_reported(legacy, call, failure, "timed out", Some(&id));
             }
         }
         let mut due: Vec<(u64, RequestId)> = self
@@ -754,6 +826,7 @@ impl Session {
                 max: self.config.max_batch_len,
             });
         }
+        self.observe(Observation::Used(Feature::Batch));
         let answers_due = items
             .iter()
             .any(|i| matches!(i, Ok(Message::Request(_)) | Err(_)));
@@ -768,6 +841,7 @@ impl Session {
                 Batch {
                     open: 1,
                     responses: Vec::new(),
+                    ids: Vec::new(),
                 },
             );
             Some(id)
@@ -780,8 +854,12 @@ impl Session {
                     if let Some(b) = batch.and_then(|b| self.batches.get_mut(&b)) {
                         b.open += 1;
                     }
+                    let id = request.id.clone();
                     if let Err(e) = self.peer_request(request, batch, now) {
                         refused.push(e);
+                    }
+                    if let Some(b) = batch.and_then(|b| self.batches.get_mut(&b)) {
+                        b.ids.push(id);
                     }
                 }
                 Ok(Message::Notification(n)) => self.peer_notification(n, now),
@@ -817,40 +895,46 @@ impl Session {
             None => PeerStream::Request(request.id.clone()),
         };
         let id = request.id.clone();
-        let duplicate =
-            self.calls.contains_key(&id) || self.init.as_ref().is_some_and(|i| i.id == id);
+        // In flight, waiting for initialize, or answered inside a batch whose group
+        // has not been sent yet: the peer has no answer for it, so the id is taken.
+        let duplicate = self.calls.contains_key(&id)
+            || self.init.as_ref().is_some_and(|i| i.id == id)
+            || self.batches.values().any(|b| b.ids.contains(&id));
         if duplicate {
             let error = SessionError::DuplicateRequestId { id };
             if batch.is_some() {
                 if let Some(response) = error.to_response() {
-                    self.respond(stream, response);
+                    self.answer(stream, response, usage::Method::from_name(&request.method));
                 }
                 return Ok(());
             }
             return Err(error);
         }
         let method = request.method.as_str();
+        let label = usage::Method::from_name(method);
         match (self.state, method) {
-            (_, "ping") => self.respond(stream, Response::result(id, json!({}))),
+            (_, "ping") => self.answer(stream, Response::result(id, json!({})), label),
             (SessionState::AwaitingInitialize, "initialize") => {
                 self.initialize(request, stream);
             }
-            (SessionState::Initializing, "initialize") => self.respond_error(
+            (SessionState::Initializing, "initialize") => self.refuse(
                 stream,
                 id,
+                label,
                 ErrorCode::INVALID_REQUEST,
                 "initialize is already in progress",
             ),
-            (SessionState::AwaitingInitialize | SessionState::Initializing, _) => self
-                .respond_error(
-                    stream,
-                    id,
-                    ErrorCode::INVALID_REQUEST,
-                    "the session is not initialized: send initialize first",
-                ),
-            (_, "initialize") => self.respond_error(
+            (SessionState::AwaitingInitialize | SessionState::Initializing, _) => self.refuse(
                 stream,
                 id,
+                label,
+                ErrorCode::INVALID_REQUEST,
+                "the session is not initialized: send initialize first",
+            ),
+            (_, "initialize") => self.refuse(
+                stream,
+                id,
+                label,
                 ErrorCode::INVALID_REQUEST,
                 "the session is already initialized",
             ),
@@ -858,13 +942,25 @@ impl Session {
             (_, "resources/subscribe" | "resources/unsubscribe") => {
                 self.subscribe(request, stream);
             }
-            (_, "subscriptions/listen" | "server/discover") => self.respond_error(
+            (_, "subscriptions/listen" | "server/discover") => self.refuse(
                 stream,
                 id,
+                label,
                 ErrorCode::METHOD_NOT_FOUND,
                 "method not found in legacy protocol revisions",
             ),
-            _ => self.forward(request, stream, now),
+            _ => {
+                if let Err(refused) = self.forward(request, stream.clone(), now) {
+                    // In a batch the refusal is one of the grouped responses.
+                    if batch.is_some() {
+                        if let Some(response) = refused.to_response() {
+                            self.respond(stream, response);
+                        }
+                        return Ok(());
+                    }
+                    return Err(refused);
+                }
+            }
         }
         Ok(())
     }
@@ -874,6 +970,7 @@ impl Session {
         match notification.method.as_str() {
             "notifications/initialized" => self.initialized_notified = true,
             "notifications/cancelled" => {
+                self.observe(Observation::Used(Feature::Cancellation));
                 let Some(id) = params
                     .and_then(|p| p.get("requestId"))
                     .and_then(RequestId::from_value)
@@ -885,6 +982,7 @@ impl Session {
                 }
             }
             "notifications/progress" => {
+                self.observe(Observation::Used(Feature::Progress));
                 let Some(id) = params
                     .and_then(|p| p.get("progressToken"))
                     .and_then(RequestId::from_value)
@@ -916,14 +1014,28 @@ impl Session {
             return Ok(());
         }
         let Some(live) = self.live.remove(&id) else {
-            return Err(match self.retired_live.get(&id) {
+            let error = match self.retired_live.get(&id) {
                 Some(RetiredKind::Answered) => SessionError::DuplicateReply { id },
                 Some(RetiredKind::Abandoned) => SessionError::LateReply { id },
                 None if self.was_minted(&id, 'l', self.next_live) => SessionError::LateReply { id },
                 None => SessionError::UnknownReply { id },
-            });
+            };
+            if error.is_dropped() {
+                self.observe(Observation::ReplyDropped {
+                    duplicate: matches!(error, SessionError::DuplicateReply { .. }),
+                });
+            }
+            return Err(error);
         };
         self.retired_live.insert(id.clone(), RetiredKind::Answered);
+        let outcome = match &response.outcome {
+            Ok(result) => LiveOutcome::of_result(live.kind, result),
+            Err(_) => LiveOutcome::Error,
+        };
+        self.observe(Observation::LiveEnded {
+            kind: live.kind,
+            outcome,
+        });
         let Some(mut call) = self.calls.remove(&live.legacy) else {
             return Ok(());
         };
@@ -1014,6 +1126,37 @@ impl Session {
         Ok(())
     }
 
+    /// Feeds the failure of upstream request `id` to reach the upstream for a reason
+    /// the driver could name (a refused TLS certificate): like
+    /// [`Self::handle_upstream_lost`], but the legacy peer is told why, with `reason`
+    /// as `data.reason` of a `-32603` error and `message` as its text, on every method
+    /// (the cause is the upstream's identity, not the tool's outcome).
+    pub fn handle_upstream_refused(
+        &mut self,
+        id: &RequestId,
+        reason: &'static str,
+        message: String,
+        now: Timestamp,
+    ) -> Result<(), SessionError> {
+        self.check_open()?;
+        let entry = self.take_upstream(id)?;
+        let failure = Failure::UpstreamRefused { reason, message };
+        match entry.role {
+            UpstreamRole::Discover => self.fail_initialize(
+                ErrorObject::new(ErrorCode::INTERNAL_ERROR, failure.to_string())
+                    .with_data(json!({ "reason": reason })),
+            ),
+            UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
+                if let Some(mut call) = self.calls.remove(&legacy) {
+                    call.phase = Phase::Idle;
+                    self.fail_call(legacy, call, failure, "upstream refused");
+                }
+            }
+            UpstreamRole::Listen => self.listen_lost(id, now),
+        }
+        Ok(())
+    }
+
     /// The upstream refused the credentials of request `id` (HTTP 401/403, relayed to
     /// the host by the driver). Unlike [`handle_upstream_lost`](Self::handle_upstream_lost)
     /// nothing is said to the peer where the driver can answer the HTTP request that
@@ -1029,9 +1172,16 @@ impl Session {
         let entry = self.take_upstream(id)?;
         let legacy = match entry.role {
             UpstreamRole::Discover => {
-                if self.init.take().is_some() {
+                if let Some(init) = self.init.take() {
                     self.state = SessionState::AwaitingInitialize;
                     self.revision = None;
+                    // Answered by the driver with the upstream's 401/403.
+                    self.ended(
+                        &init.id,
+                        usage::Method::Initialize,
+                        RequestOutcome::Error,
+                        0,
+                    );
                 }
                 return Ok(Denied::Initialize);
             }
@@ -1067,6 +1217,9 @@ impl Session {
         }
         let first_attempt = call.rounds == 0 && matches!(call.stream, PeerStream::Request(_));
         if first_attempt {
+            // Answered by the driver with the upstream's 401/403.
+            let method = usage::Method::from_name(&call.method);
+            self.ended(&legacy, method, RequestOutcome::Error, 0);
             return Ok(Denied::Request { legacy });
         }
         self.fail_call(
@@ -1252,9 +1405,10 @@ impl Session {
     fn initialize(&mut self, request: Request, stream: PeerStream) {
         let params = request.params.unwrap_or_else(|| json!({}));
         let Some(requested) = params.get("protocolVersion").and_then(Value::as_str) else {
-            self.respond_error(
+            self.refuse(
                 stream,
                 request.id,
+                usage::Method::Initialize,
                 ErrorCode::INVALID_PARAMS,
                 "initialize needs params.protocolVersion (a string)",
             );
@@ -1273,7 +1427,7 @@ impl Session {
             .or_else(|| offered.first().copied())
             .unwrap_or(Revision::all()[0]);
         self.revision = Some(revision);
-        self.client_info = params.get("clientInfo").filter(|v| v.is_object()).cloned();
+        self.client_info = params.get("clientInfo").and_then(implementation);
         self.legacy_capabilities = params
             .get("capabilities")
             .filter(|v| v.is_object())
@@ -1328,9 +1482,11 @@ impl Session {
             result.insert("instructions".into(), instructions.clone());
         }
         self.state = SessionState::Ready;
-        self.respond(
+        self.observe(Observation::SessionReady);
+        self.answer(
             init.stream,
             Response::result(init.id, Value::Object(result)),
+            usage::Method::Initialize,
         );
         self.update_listen();
     }
@@ -1341,12 +1497,18 @@ impl Session {
         };
         self.state = SessionState::AwaitingInitialize;
         self.revision = None;
-        self.respond(init.stream, Response::error(Some(init.id), error));
+        self.answer(
+            init.stream,
+            Response::error(Some(init.id), error),
+            usage::Method::Initialize,
+        );
     }
 
     // ----- locally answered requests -------------------------------------------------
 
     fn set_level(&mut self, request: Request, stream: PeerStream) {
+        self.observe(Observation::Used(Feature::LoggingSetLevel));
+        let label = usage::Method::LoggingSetLevel;
         let level = request
             .params
             .as_ref()
@@ -1355,11 +1517,12 @@ impl Session {
         match level {
             Some(level) if LOG_LEVELS.contains(&level) => {
                 self.log_level = Some(level.to_owned());
-                self.respond(stream, Response::result(request.id, json!({})));
+                self.answer(stream, Response::result(request.id, json!({})), label);
             }
-            _ => self.respond_error(
+            _ => self.refuse(
                 stream,
                 request.id,
+                label,
                 ErrorCode::INVALID_PARAMS,
                 "params.level must be one of debug, info, notice, warning, error, critical, alert, emergency",
             ),
@@ -1368,15 +1531,20 @@ impl Session {
 
     fn subscribe(&mut self, request: Request, stream: PeerStream) {
         let subscribe = request.method == "resources/subscribe";
+        let label = usage::Method::from_name(&request.method);
+        if subscribe {
+            self.observe(Observation::Used(Feature::ResourcesSubscribe));
+        }
         let Some(uri) = request
             .params
             .as_ref()
             .and_then(|p| p.get("uri"))
             .and_then(Value::as_str)
         else {
-            self.respond_error(
+            self.refuse(
                 stream,
                 request.id,
+                label,
                 ErrorCode::INVALID_PARAMS,
                 "params.uri must be a string",
             );
@@ -1386,9 +1554,10 @@ impl Session {
             && !self.subscriptions.contains(uri)
             && self.subscriptions.len() >= self.config.max_subscriptions
         {
-            self.respond_error(
+            self.refuse(
                 stream,
                 request.id,
+                label,
                 ErrorCode::INTERNAL_ERROR,
                 "too many resource subscriptions in this session",
             );
@@ -1399,32 +1568,61 @@ impl Session {
         } else {
             self.subscriptions.remove(uri);
         }
-        self.respond(stream, Response::result(request.id, json!({})));
+        self.answer(stream, Response::result(request.id, json!({})), label);
         self.update_listen();
     }
 
     // ----- forwarding and rounds -----------------------------------------------------
 
-    fn forward(&mut self, request: Request, stream: PeerStream, _now: Timestamp) {
+    /// Forwards a request upstream; refuses it (changing nothing) when the session is
+    /// at its in-flight bound or the upstream could not take it.
+    fn forward(
+        &mut self,
+        request: Request,
+        stream: PeerStream,
+        _now: Timestamp,
+    ) -> Result<(), SessionError> {
         if self.calls.len() >= self.config.max_in_flight {
-            let failure = Failure::TooManyInFlight {
-                max: self.config.max_in_flight,
-            };
-            let response = failure_response(&request.method, request.id.clone(), &failure);
-            self.events.push_back(Event::RequestFailed {
-                legacy: request.id,
-                failure,
+            // Refused before anything is kept; only the observation records it.
+            self.ended(
+                &request.id,
+                usage::Method::from_name(&request.method),
+                RequestOutcome::Failed(usage::FailureReason::Overload),
+                0,
+            );
+            return Err(SessionError::TooManyInFlight {
+                id: request.id,
+                limit: self.config.max_in_flight,
             });
-            self.respond(stream, response);
-            return;
         }
         let mut params = match request.params {
             Some(Value::Object(p)) => p,
             _ => Map::new(),
         };
+        if params
+            .get("_meta")
+            .is_some_and(|m| m.get("progressToken").is_some())
+        {
+            self.observe(Observation::Used(Feature::Progress));
+        }
         // The machine owns the MRTR fields: a legacy peer cannot supply them.
         params.remove("inputResponses");
         params.remove("requestState");
+        let first = self.attempt_params(&params, None, None);
+        let size = upstream_request_size(&request.method, &first);
+        if size > self.config.max_upstream_message {
+            self.ended(
+                &request.id,
+                usage::Method::from_name(&request.method),
+                RequestOutcome::Error,
+                0,
+            );
+            return Err(SessionError::TooLargeForUpstream {
+                id: request.id,
+                size,
+                limit: self.config.max_upstream_message,
+            });
+        }
         self.next_seq += 1;
         let call = Call {
             seq: self.next_seq,
@@ -1438,9 +1636,26 @@ impl Session {
             answered: None,
         };
         self.calls.insert(request.id.clone(), call);
-        self.send_attempt(&request.id, None, None);
+        self.send_prepared(&request.id, first);
+        Ok(())
     }
 
+    /// The params of an upstream attempt: the peer's params, the round's answers and
+    /// state, and the session's `_meta`.
+    fn attempt_params(
+        &self,
+        params: &Map<String, Value>,
+        responses: Option<Map<String, Value>>,
+        request_state: Option<&str>,
+    ) -> Map<String, Value> {
+        let mut params = mrtr::retry_params(params, responses, request_state);
+        let meta = self.upstream_meta(params.get("_meta"), true);
+        params.insert("_meta".into(), meta);
+        params
+    }
+
+    /// Sends the next attempt of `legacy`; a retry the upstream could not take (its
+    /// answers made it too large) fails the request instead.
     fn send_attempt(
         &mut self,
         legacy: &RequestId,
@@ -1450,9 +1665,26 @@ impl Session {
         let Some(call) = self.calls.get(legacy) else {
             return;
         };
-        let mut params = mrtr::retry_params(&call.params, responses, request_state.as_deref());
-        let meta = self.upstream_meta(params.get("_meta"), true);
-        params.insert("_meta".into(), meta);
+        let params = self.attempt_params(&call.params, responses, request_state.as_deref());
+        let size = upstream_request_size(&call.method, &params);
+        if size > self.config.max_upstream_message {
+            let failure = Failure::AnswersTooLarge {
+                size,
+                limit: self.config.max_upstream_message,
+            };
+            if let Some(mut call) = self.calls.remove(legacy) {
+                call.phase = Phase::Idle;
+                self.fail_call(legacy.clone(), call, failure, "");
+            }
+            return;
+        }
+        self.send_prepared(legacy, params);
+    }
+
+    fn send_prepared(&mut self, legacy: &RequestId, params: Map<String, Value>) {
+        let Some(call) = self.calls.get(legacy) else {
+            return;
+        };
         let method = call.method.clone();
         let round = call.rounds;
         let id = self.mint_upstream();
@@ -1486,7 +1718,17 @@ impl Session {
             {
                 self.refresh_tools(legacy, call)
             }
-            Err(error) => self.respond(call.stream, Response::error(Some(legacy), error)),
+            Err(error) => {
+                let method = usage::Method::from_name(&call.method);
+                // The upstream's own capability refusal is the host's capability gap.
+                let outcome = if error.code == ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY {
+                    RequestOutcome::Failed(usage::FailureReason::MissingCapability)
+                } else {
+                    RequestOutcome::Error
+                };
+                self.ended(&legacy, method, outcome, call.rounds);
+                self.respond(call.stream, Response::error(Some(legacy), error));
+            }
             Ok(result) => match mrtr::classify(&result) {
                 ResultKind::Complete => self.complete(legacy, call, result),
                 ResultKind::InputRequired => self.start_round(legacy, call, result, now),
@@ -1509,6 +1751,8 @@ impl Session {
             result
         };
         let result = downgrade::result(revision, &call.method, result);
+        let method = usage::Method::from_name(&call.method);
+        self.ended(&legacy, method, RequestOutcome::Ok, call.rounds);
         self.respond(call.stream, Response::result(legacy, result));
     }
 
@@ -1611,6 +1855,10 @@ impl Session {
             };
             return self.fail_call(legacy, call, failure, "");
         }
+        if self.live.len() + parsed.requests.len() > self.config.max_live {
+            let limit = self.config.max_live;
+            return self.fail_call(legacy, call, Failure::TooManyLive { limit }, "");
+        }
         let mut missing = Vec::new();
         for (key, request) in &parsed.requests {
             match capabilities::check_input_request(
@@ -1652,6 +1900,9 @@ impl Session {
         let mut outgoing = Vec::new();
         for (key, request) in parsed.requests {
             let mut params = request.params;
+            // Checked above: every request is an input request.
+            let kind = LiveKind::of(&request.method, &params).unwrap_or(LiveKind::Roots);
+            self.observe(Observation::Used(kind.feature()));
             if request.method == "elicitation/create" {
                 let url_mode = params.get("mode").and_then(Value::as_str) == Some("url");
                 match revision.elicitation {
@@ -1699,6 +1950,7 @@ impl Session {
                     legacy: legacy.clone(),
                     key: key.clone(),
                     method: request.method.clone(),
+                    kind,
                     deadline: now.saturating_add(self.config.live_timeout),
                     hard_deadline: now.saturating_add(self.config.live_timeout_max),
                 },
@@ -1731,12 +1983,32 @@ impl Session {
     /// Ends `call` with `failure`: its live requests are cancelled at the peer, an
     /// upstream attempt in flight is cancelled, and the peer gets the failure response.
     fn fail_call(&mut self, legacy: RequestId, call: Call, failure: Failure, reason: &str) {
+        self.fail_call_reported(legacy, call, failure, reason, None);
+    }
+
+    /// [`Self::fail_call`], where the live request `reported` already had its end
+    /// observed.
+    fn fail_call_reported(
+        &mut self,
+        legacy: RequestId,
+        call: Call,
+        failure: Failure,
+        reason: &str,
+        reported: Option<&RequestId>,
+    ) {
         let reason = if reason.is_empty() {
             "the request failed"
         } else {
             reason
         };
-        self.abandon(&call, reason);
+        self.abandon(&call, reason, reported);
+        let method = usage::Method::from_name(&call.method);
+        self.ended(
+            &legacy,
+            method,
+            RequestOutcome::Failed((&failure).into()),
+            call.rounds,
+        );
         let response = failure_response(&call.method, legacy.clone(), &failure);
         self.events
             .push_back(Event::RequestFailed { legacy, failure });
@@ -1744,15 +2016,23 @@ impl Session {
     }
 
     /// Ends `call` because the peer cancelled it: no response, its stream just ends.
-    fn cancel_call(&mut self, _legacy: RequestId, call: Call) {
-        self.abandon(&call, "the request was cancelled");
+    fn cancel_call(&mut self, legacy: RequestId, call: Call) {
+        self.abandon(&call, "the request was cancelled", None);
+        let method = usage::Method::from_name(&call.method);
+        self.ended(&legacy, method, RequestOutcome::Cancelled, call.rounds);
         match call.stream {
-            PeerStream::Batch(b) => self.settle_batch(b, None),
+            PeerStream::Batch(b) => {
+                // Its group will not answer it: the peer may use the id again.
+                if let Some(batch) = self.batches.get_mut(&b) {
+                    batch.ids.retain(|id| *id != legacy);
+                }
+                self.settle_batch(b, None)
+            }
             stream => self.events.push_back(Event::CloseStream { stream }),
         }
     }
 
-    fn abandon(&mut self, call: &Call, reason: &str) {
+    fn abandon(&mut self, call: &Call, reason: &str, reported: Option<&RequestId>) {
         match &call.phase {
             Phase::Upstream(id) => {
                 self.upstream.remove(id);
@@ -1765,7 +2045,14 @@ impl Session {
             }
             Phase::Input(round) => {
                 for id in round.pending.values() {
-                    if self.live.remove(id).is_some() {
+                    if let Some(live) = self.live.remove(id) {
+                        if reported != Some(id) {
+                            self.events
+                                .push_back(Event::Observed(Observation::LiveEnded {
+                                    kind: live.kind,
+                                    outcome: LiveOutcome::Cancel,
+                                }));
+                        }
                         self.retired_live.insert(id.clone(), RetiredKind::Abandoned);
                         self.emit_peer(
                             call.stream.clone(),
@@ -1939,6 +2226,54 @@ impl Session {
         self.events.push_back(Event::ToPeer { stream, message });
     }
 
+    fn observe(&mut self, observation: Observation) {
+        self.events.push_back(Event::Observed(observation));
+    }
+
+    fn ended(
+        &mut self,
+        id: &RequestId,
+        method: usage::Method,
+        outcome: RequestOutcome,
+        rounds: u32,
+    ) {
+        self.observe(Observation::RequestEnded {
+            id: id.clone(),
+            method,
+            outcome,
+            rounds,
+        });
+    }
+
+    /// Answers a request the session serves itself, observing how it ended.
+    fn answer(&mut self, stream: PeerStream, response: Response, method: usage::Method) {
+        if let Some(id) = &response.id {
+            let outcome = if response.outcome.is_ok() {
+                RequestOutcome::Ok
+            } else {
+                RequestOutcome::Error
+            };
+            self.ended(id, method, outcome, 0);
+        }
+        self.respond(stream, response);
+    }
+
+    /// Refuses a request the session serves itself with a JSON-RPC error.
+    fn refuse(
+        &mut self,
+        stream: PeerStream,
+        id: RequestId,
+        method: usage::Method,
+        code: ErrorCode,
+        message: &str,
+    ) {
+        self.answer(
+            stream,
+            Response::error(Some(id), ErrorObject::new(code, message)),
+            method,
+        );
+    }
+
     fn emit_elicitation_complete(&mut self, stream: PeerStream, elicitation_id: &str) {
         self.emit_peer(
             stream,
@@ -1954,13 +2289,6 @@ impl Session {
             PeerStream::Batch(b) => self.settle_batch(b, Some(Message::Response(response))),
             stream => self.emit_peer(stream, Message::Response(response)),
         }
-    }
-
-    fn respond_error(&mut self, stream: PeerStream, id: RequestId, code: ErrorCode, message: &str) {
-        self.respond(
-            stream,
-            Response::error(Some(id), ErrorObject::new(code, message)),
-        );
     }
 
     fn settle_batch(&mut self, batch: BatchId, message: Option<Message>) {
@@ -2016,6 +2344,47 @@ impl Session {
         };
         rest.parse::<u64>().is_ok_and(|n| n >= 1 && n <= counter)
     }
+}
+
+/// Bytes of the upstream request `method` + `params` makes, envelope and a minted id
+/// included (measured by serializing into a counter, nothing is kept).
+fn upstream_request_size(method: &str, params: &Map<String, Value>) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, params);
+    let _ = serde_json::to_writer(&mut count, method);
+    // `{"id":"<prefix>-u<n>","jsonrpc":"2.0","method":,"params":}`
+    count.0 + 96
+}
+
+/// The peer's `clientInfo` in the shape both eras' `Implementation` has, or `None`
+/// when `name` or `version` is not a string: only that is remembered and sent upstream
+/// as `_meta` clientInfo. Optional string members are kept; `icons` (display only,
+/// possibly large `data:` URIs) and anything else are not.
+fn implementation(info: &Value) -> Option<Value> {
+    let obj = info.as_object()?;
+    let mut out = Map::new();
+    for key in ["name", "version"] {
+        out.insert(
+            key.into(),
+            Value::String(obj.get(key)?.as_str()?.to_owned()),
+        );
+    }
+    for key in ["title", "description", "websiteUrl"] {
+        if let Some(Value::String(v)) = obj.get(key) {
+            out.insert(key.into(), Value::String(v.clone()));
+        }
+    }
+    Some(Value::Object(out))
 }
 
 fn validate_discover(result: &Value) -> Result<(), SessionError> {

@@ -35,8 +35,12 @@ fn reply(id: &RequestId, result: Value) -> Message {
     Message::Response(Response::result(id.clone(), result))
 }
 
+/// What the machine asks the driver to do (its observations left out: see
+/// `adapters/tests/usage.rs`).
 fn drain(s: &mut Session) -> Vec<Event> {
-    std::iter::from_fn(|| s.poll_event()).collect()
+    std::iter::from_fn(|| s.poll_event())
+        .filter(|e| !matches!(e, Event::Observed(_)))
+        .collect()
 }
 
 fn ready_with(config: Config, version: &str, caps: Value) -> Session {
@@ -407,11 +411,71 @@ fn in_flight_bound() {
     s.handle_peer_message(request(1, "tools/list", json!({})), T0)
         .unwrap();
     drain(&mut s);
-    s.handle_peer_message(request(2, "tools/call", json!({"name": "t"})), T0)
+    // One more is refused outright (a protocol-level error, not a tool result), and
+    // nothing changed: no upstream request, no event.
+    let refused = s
+        .handle_peer_message(request(2, "tools/call", json!({"name": "t"})), T0)
+        .unwrap_err();
+    assert!(matches!(
+        refused,
+        SessionError::TooManyInFlight { limit: 1, .. }
+    ));
+    let error = refused.to_response().unwrap().outcome.unwrap_err();
+    assert!(error.message.contains("limit 1"), "{}", error.message);
+    assert_eq!(error.data.unwrap()["reason"], "tooManyInFlight");
+    assert!(drain(&mut s).is_empty());
+    // Locally answered requests are not forwarded, so they still work.
+    s.handle_peer_message(request(3, "ping", json!({})), T0)
         .unwrap();
+    assert_eq!(response(&drain(&mut s)).outcome, Ok(json!({})));
+}
+
+#[test]
+fn live_bound_fails_the_round() {
+    let mut config = Config::default();
+    config.max_live = 2;
+    let mut s = ready_with(config, "2025-11-25", json!({"roots": {}}));
+    let two = json!({"a": {"method": "roots/list"}, "b": {"method": "roots/list"}});
+    assert_eq!(live(&call_with_input(&mut s, 1, two.clone(), T0)).len(), 2);
+    // A second round of two while two are outstanding: over the bound.
+    let events = call_with_input(&mut s, 2, two, T0);
+    assert!(live(&events).is_empty(), "{events:?}");
+    assert!(is_error_text(&response(&events)).contains("limit 2 input requests"));
+}
+
+#[test]
+fn requests_the_upstream_could_not_take_are_refused() {
+    let mut config = Config::default();
+    config.max_upstream_message = 2048;
+    let mut s = ready_with(config, "2025-11-25", json!({"roots": {}}));
+    let big = "x".repeat(4096);
+    let refused = s
+        .handle_peer_message(
+            request(
+                1,
+                "tools/call",
+                json!({"name": "t", "arguments": {"text": big}}),
+            ),
+            T0,
+        )
+        .unwrap_err();
+    let SessionError::TooLargeForUpstream { size, limit, .. } = refused else {
+        panic!("{refused:?}");
+    };
+    assert!(size > 4096 && limit == 2048);
+    assert!(drain(&mut s).is_empty());
+    // A host answer that would make the retry too large fails the request, naming
+    // the limit, and nothing goes upstream.
+    let events = call_with_input(&mut s, 2, json!({"r": {"method": "roots/list"}}), T0);
+    let l = live(&events).remove(0);
+    s.handle_peer_message(
+        reply(&l.id, json!({"roots": [{"uri": format!("file:///{big}")}]})),
+        T0,
+    )
+    .unwrap();
     let events = drain(&mut s);
     assert!(!events.iter().any(|e| matches!(e, Event::ToUpstream { .. })));
-    assert!(is_error_text(&response(&events)).contains("limit 1"));
+    assert!(is_error_text(&response(&events)).contains("at most 2048"));
 }
 
 #[test]
@@ -604,4 +668,40 @@ fn refusals_and_close() {
     );
     assert_eq!(s.handle_standalone_opened(), Err(SessionError::Closed));
     assert_eq!(s.ping_peer(), None);
+}
+
+#[test]
+fn client_info_is_forwarded_only_in_the_implementation_shape() {
+    let cases = [
+        (
+            json!({"name": "h", "version": "1", "title": "H", "icons": [{"src": "data:x"}], "x": 1}),
+            Some(json!({"name": "h", "version": "1", "title": "H"})),
+        ),
+        (json!({"name": {"not": "a string"}, "version": "1"}), None),
+        (json!({"name": "h"}), None),
+        (json!("h"), None),
+    ];
+    for (sent, kept) in cases {
+        let mut s = Session::new(Config::default());
+        s.handle_discover(discover()).unwrap();
+        s.handle_peer_message(
+            request(
+                0,
+                "initialize",
+                json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": sent}),
+            ),
+            T0,
+        )
+        .unwrap();
+        drain(&mut s);
+        assert_eq!(s.client_info(), kept.as_ref());
+        s.handle_peer_message(request(1, "tools/list", json!({})), T0)
+            .unwrap();
+        let up = upstream(&drain(&mut s));
+        let meta = &up.params.unwrap()["_meta"];
+        assert_eq!(
+            meta.get("io.modelcontextprotocol/clientInfo"),
+            kept.as_ref()
+        );
+    }
 }

@@ -80,7 +80,8 @@ fn event_json(event: &Event) -> Option<Value> {
         Event::CancelUpstream { id, .. } => json!({ "to": "upstream", "cancel": id.to_value() }),
         Event::DiscoverFetched { .. }
         | Event::RequestFailed { .. }
-        | Event::ToolRejected { .. } => return None,
+        | Event::ToolRejected { .. }
+        | Event::Observed(_) => return None,
         other => panic!("unknown event {other:?}"),
     })
 }

@@ -20,7 +20,7 @@
 //! [`fingerprint`], a short digest.
 
 use super::passthrough::strip_hop_by_hop;
-use super::upstream::{Denial, Upstream, UpstreamError};
+use super::upstream::{Denial, OnBehalf, Upstream, UpstreamError};
 use super::{text, Gateway};
 use crate::body::{empty, full, BoxError, GatewayBody};
 use crate::config::SessionBinding;
@@ -45,7 +45,7 @@ pub(super) const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 const MAX_PAYLOAD: usize = 8 * 1024;
 
 /// What a legacy session is bound to, as a digest compared in constant time.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) struct BindingKey([u8; 32]);
 
 impl std::fmt::Debug for BindingKey {
@@ -185,7 +185,11 @@ pub(super) async fn upstream_denial(
             META_CLIENT_INFO: { "name": "dualera", "version": env!("CARGO_PKG_VERSION") },
         }})),
     });
-    let asked = gw.upstream.exchange(&probe, authorization, &[], |_| {});
+    let on_behalf = OnBehalf {
+        authorization,
+        ..OnBehalf::default()
+    };
+    let asked = gw.upstream.exchange(&probe, on_behalf, &[], |_| {});
     match tokio::time::timeout(PROBE_WAIT, asked).await {
         Ok(Err(UpstreamError::Denied(d))) => Some(*d),
         _ => None,
@@ -199,7 +203,7 @@ const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// and the well-known path of its MCP endpoint.
 pub(super) fn is_metadata_path(path: &str) -> bool {
     path.strip_prefix(METADATA_PATH)
-        .is_some_and(|rest| rest.is_empty() || rest == crate::server::http::ENDPOINT)
+        .is_some_and(|rest| rest.is_empty() || rest == crate::endpoint::ENDPOINT)
 }
 
 /// Relays `GET`/`HEAD`/`OPTIONS` on a metadata path to the upstream verbatim (status,

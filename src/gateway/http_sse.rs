@@ -2,8 +2,10 @@
 //! stream and names, in an `endpoint` event, the URL to POST messages to; each POST
 //! gets 202 and every answer travels on the stream. The session ends with the stream.
 
-use super::{pipe, sse, Gateway};
+use super::forwarded::Forwarded;
+use super::{pipe, Gateway};
 use crate::body::{empty, ChannelBody, GatewayBody};
+use crate::sse;
 use bytes::Bytes;
 use dashmap::DashMap;
 use http::header::HeaderValue;
@@ -49,7 +51,11 @@ fn status(code: StatusCode, msg: &'static str) -> Response<GatewayBody> {
 }
 
 /// `GET /sse`: opens a session.
-pub(super) fn open(gw: &Gateway, req: &Request<Incoming>) -> Response<GatewayBody> {
+pub(super) fn open(
+    gw: &Gateway,
+    req: &Request<Incoming>,
+    forwarded: Forwarded,
+) -> Response<GatewayBody> {
     if req.method() != http::Method::GET {
         return status(StatusCode::METHOD_NOT_ALLOWED, "GET opens the stream\n");
     }
@@ -70,11 +76,21 @@ pub(super) fn open(gw: &Gateway, req: &Request<Incoming>) -> Response<GatewayBod
         .insert(id.clone(), (in_tx, credential(auth.as_ref())));
     let endpoint = format!("event: endpoint\ndata: {MESSAGES_PATH}?sessionId={id}\n\n");
     let _ = stream_tx.try_send(Bytes::from(endpoint));
-    let span = tracing::info_span!("session", transport = "http+sse", session = %id);
+    // The id is a bearer secret (it is the whole credential of the message URL).
+    let tag = crate::digest::log_tag(&id);
+    let span = tracing::info_span!("session", transport = "http+sse", session = %tag);
     let sessions: Arc<SseSessions> = gw.sse.clone();
     let keepalive = gw.config.keepalive;
     let session = tokio::spawn(
-        pipe::run_session(gw.clone(), in_rx, out_tx, "http+sse", auth).instrument(span.clone()),
+        pipe::run_session(
+            gw.clone(),
+            in_rx,
+            out_tx,
+            "http+sse",
+            auth,
+            Arc::new(forwarded),
+        )
+        .instrument(span.clone()),
     );
     tokio::spawn(
         async move {
@@ -127,8 +143,7 @@ pub(super) async fn post(gw: &Gateway, req: Request<Incoming>) -> Response<Gatew
     let auth = super::auth::credentials(req.headers());
     let Some(tx) = gw.sse.map.get(&id).and_then(|e| {
         let (tx, cred) = e.value();
-        crate::server::request_state::constant_time_eq(cred, &credential(auth.as_ref()))
-            .then(|| tx.clone())
+        crate::digest::constant_time_eq(cred, &credential(auth.as_ref())).then(|| tx.clone())
     }) else {
         return status(StatusCode::NOT_FOUND, "unknown session\n");
     };

@@ -11,13 +11,19 @@
 //! handler stops waiting; every other exchange is a task from the start.
 
 use super::auth::{fingerprint, BindingKey};
+use super::forwarded::Forwarded;
 use super::session_store::{Lookup, SessionStore, StoreError};
-use super::upstream::{Denial, UpstreamError};
-use super::{cache, sse, text, Gateway, GatewayConfig};
-use crate::body::{empty, full, ChannelBody, GatewayBody};
+use super::telemetry::{SessionTelemetry, WIRE_HTTP};
+use super::trace::TraceContext;
+use super::upstream::{Denial, OnBehalf, UpstreamError};
+use super::{cache, text, Gateway, GatewayConfig};
+use crate::body::{empty, full, ChannelBody, GatewayBody, MeteredSender, SendError};
+use crate::sse;
 use bytes::Bytes;
 use dashmap::DashMap;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
+use dualera_adapters::replay::ReplayRing;
+use dualera_adapters::usage::Feature;
 use dualera_adapters::{
     Config as MachineConfig, Denied, ErrorCode, ErrorObject, Event, Message, PeerStream,
     ProtocolVersion, RequestId, Response as RpcResponse, Session, SessionState, Timestamp,
@@ -36,7 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 use tracing::{debug, info, warn, Instrument};
 
 /// Messages queued towards one live SSE connection before it counts as stalled.
@@ -61,11 +67,28 @@ pub(super) fn now() -> Timestamp {
     Timestamp::from_millis(u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX))
 }
 
+/// What binds a session to its caller (its principal, or its token's digest: see
+/// [`BindingKey`]); the per-caller session bound counts by it.
+pub(super) type Binding = BindingKey;
+
 /// Live legacy sessions.
 #[derive(Debug)]
 pub(super) struct Sessions {
     map: DashMap<String, Arc<SessionHandle>>,
+    /// Sessions per binding (kept with `map`, so admission never scans for it).
+    per_caller: DashMap<Binding, usize>,
     machine: MachineConfig,
+    max_sessions: usize,
+    max_per_caller: usize,
+}
+
+/// Why a new session was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    /// The table is full and every session has a request in flight.
+    Full,
+    /// This caller holds its share and every one of them has a request in flight.
+    CallerFull,
 }
 
 impl Sessions {
@@ -75,9 +98,14 @@ impl Sessions {
         machine.max_rounds = config.max_rounds;
         machine.retry_pause = config.retry_pause;
         machine.live_timeout = config.live_request_timeout;
+        machine.max_live = config.max_live_requests;
+        machine.max_upstream_message = config.upstream_max_body_bytes;
         Self {
             map: DashMap::new(),
+            per_caller: DashMap::new(),
             machine,
+            max_sessions: config.max_sessions,
+            max_per_caller: config.max_sessions_per_caller,
         }
     }
 
@@ -87,6 +115,61 @@ impl Sessions {
             entry.value().close();
         }
         self.map.clear();
+        self.per_caller.clear();
+    }
+
+    fn insert(&self, handle: Arc<SessionHandle>) {
+        *self.per_caller.entry(handle.binding).or_insert(0) += 1;
+        self.map.insert(handle.id.clone(), handle);
+    }
+
+    /// Removes a session from the table (the caller closes it).
+    fn remove(&self, id: &str) -> Option<Arc<SessionHandle>> {
+        let (_, handle) = self.map.remove(id)?;
+        if let dashmap::Entry::Occupied(mut e) = self.per_caller.entry(handle.binding) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+        Some(handle)
+    }
+
+    /// Makes room for one more session of `caller`: the one place that applies
+    /// `max_sessions` and `max_sessions_per_caller`. When a bound is reached, the
+    /// longest-idle session with no request in flight (of that caller, for its own
+    /// bound) is evicted; only when every candidate is busy is the new one refused.
+    fn admit(&self, caller: &Binding) -> Result<(), Refused> {
+        let held = self.per_caller.get(caller).map_or(0, |c| *c);
+        if held >= self.max_per_caller {
+            self.evict_idlest(Some(caller)).ok_or(Refused::CallerFull)?;
+        }
+        if self.map.len() >= self.max_sessions {
+            self.evict_idlest(None).ok_or(Refused::Full)?;
+        }
+        Ok(())
+    }
+
+    /// Evicts the longest-idle session without a request in flight (of `caller` only,
+    /// when given); returns its log tag.
+    fn evict_idlest(&self, caller: Option<&Binding>) -> Option<String> {
+        let victim = self
+            .map
+            .iter()
+            .filter(|e| caller.is_none_or(|c| e.value().binding.matches(c)))
+            .filter(|e| {
+                // A session whose lock is taken is being used right now: not idle.
+                e.value()
+                    .shared
+                    .try_lock()
+                    .is_ok_and(|s| s.machine.in_flight() == 0)
+            })
+            .min_by_key(|e| e.value().last_used.load(Ordering::Relaxed))
+            .map(|e| e.key().clone())?;
+        let handle = self.remove(&victim)?;
+        handle.close();
+        info!(session = %handle.tag, "idle session evicted to make room");
+        Some(handle.tag.clone())
     }
 
     /// The machine configuration for a new session on `transport`, with ids of its own.
@@ -114,15 +197,18 @@ struct StreamState {
     /// Last event sequence number used.
     seq: u64,
     /// Recent events, for `Last-Event-ID` resumption.
-    ring: VecDeque<(u64, Bytes)>,
+    ring: ReplayRing<Bytes>,
     /// The live connection, if one is attached.
-    tx: Option<mpsc::Sender<Bytes>>,
+    tx: Option<MeteredSender>,
     /// Before the POST handler decides between JSON and SSE: the messages so far.
     pending: Option<Vec<Vec<u8>>>,
     /// The stream's last message was sent.
     finished: bool,
     /// The POST handler waiting for this stream's first (or last) message.
     waiter: Option<Waker>,
+    /// The trace context of the HTTP request that opened the stream: every upstream
+    /// attempt of its legacy request carries it.
+    trace: Option<Arc<TraceContext>>,
 }
 
 #[derive(Debug)]
@@ -136,6 +222,10 @@ struct Shared {
     /// Where `route` leaves the first upstream exchange it starts for the POST handler
     /// that is feeding the machine, instead of spawning it.
     inline: InlineSlot,
+    /// Metrics and report of this session.
+    telemetry: SessionTelemetry,
+    /// The trace context of the `initialize` POST (for the discover it may cause).
+    init_trace: Option<Arc<TraceContext>>,
     /// The `Authorization` of the host request feeding the machine right now: the
     /// upstream calls it causes carry it.
     feeding: Option<HeaderValue>,
@@ -256,10 +346,14 @@ impl Drop for Detachable {
 #[derive(Debug)]
 pub(super) struct SessionHandle {
     id: String,
+    /// What logs show instead of the id (a bearer secret): [`crate::digest::log_tag`].
+    tag: String,
     /// The principal (or token digest) the session is bound to.
     binding: BindingKey,
     /// Opened without credentials: its discover result may be shared.
     anonymous: bool,
+    /// Forwarded headers of the request that opened the session.
+    forwarded: Forwarded,
     shared: Mutex<Shared>,
     last_used: AtomicU64,
     /// Wakes the timer task early (a deadline moved earlier, or the session closed).
@@ -268,6 +362,9 @@ pub(super) struct SessionHandle {
     /// under the session lock, so that routine traffic does not wake it for nothing.
     timer_at: AtomicU64,
     replay: usize,
+    replay_bytes: usize,
+    /// Bytes queued toward one host connection before it counts as not reading.
+    max_buffered: usize,
 }
 
 impl SessionHandle {
@@ -278,6 +375,7 @@ impl SessionHandle {
     fn close(&self) {
         if let Ok(mut s) = self.shared.lock() {
             s.machine.close();
+            s.telemetry.close();
             for (_, h) in s.upstream_tasks.drain() {
                 h.abort();
             }
@@ -320,10 +418,14 @@ pub(super) fn with_session_header(mut r: Response<GatewayBody>, id: &str) -> Res
 
 /// Handles one legacy request (POST, GET or DELETE on `/mcp`), in whichever store
 /// holds the gateway's sessions.
-pub(super) async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<GatewayBody> {
+pub(super) async fn handle(
+    gw: &Gateway,
+    req: Request<Incoming>,
+    forwarded: Forwarded,
+) -> Response<GatewayBody> {
     match gw.shared.as_ref() {
-        Some(shared) => front(gw, &shared.clone(), req).await,
-        None => front(gw, gw.legacy.as_ref(), req).await,
+        Some(shared) => front(gw, &shared.clone(), req, forwarded).await,
+        None => front(gw, gw.legacy.as_ref(), req, forwarded).await,
     }
 }
 
@@ -333,6 +435,7 @@ async fn front<S: SessionStore>(
     gw: &Gateway,
     store: &S,
     req: Request<Incoming>,
+    forwarded: Forwarded,
 ) -> Response<GatewayBody> {
     let session_header = req
         .headers()
@@ -368,7 +471,7 @@ async fn front<S: SessionStore>(
         },
     };
     match *req.method() {
-        Method::POST => post(gw, store, req, existing, auth).await,
+        Method::POST => post(gw, store, req, existing, auth, forwarded).await,
         Method::GET => match existing {
             Some(h) => {
                 let headers = req.headers().clone();
@@ -424,8 +527,8 @@ pub(super) async fn session_missing(
 }
 
 /// The shared session store could not be used: `-32603` with
-/// `data.reason = "sessionStoreUnavailable"`, HTTP 503. The cause is logged, never
-/// sent (it may name the store's address).
+/// `data.reason = "sessionStoreUnavailable"`, HTTP 503 with `Retry-After`. The cause
+/// is logged, never sent (it may name the store's address).
 pub(super) fn store_unavailable(
     id: Option<RequestId>,
     error: &StoreError,
@@ -446,7 +549,21 @@ pub(super) fn store_unavailable(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    r.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from_static(RETRY_AFTER_SECS),
+    );
     r
+}
+
+/// What a POST carries besides its body, for the store's operation.
+pub(super) struct PostContext {
+    /// The request's `Authorization`.
+    pub(super) auth: Option<HeaderValue>,
+    /// Forwarded headers for the upstream (kept per session from `initialize`).
+    pub(super) forwarded: Forwarded,
+    /// The request's W3C trace context.
+    pub(super) trace: Option<Arc<TraceContext>>,
 }
 
 async fn post<S: SessionStore>(
@@ -455,8 +572,10 @@ async fn post<S: SessionStore>(
     req: Request<Incoming>,
     existing: Option<S::Session>,
     auth: Option<HeaderValue>,
+    forwarded: Forwarded,
 ) -> Response<GatewayBody> {
     let limit = gw.config.max_body_bytes;
+    let trace = TraceContext::from_headers(req.headers()).map(Arc::new);
     let body = match Limited::new(req.into_body(), limit).collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => {
@@ -481,10 +600,15 @@ async fn post<S: SessionStore>(
             return r;
         }
     };
+    let cx = PostContext {
+        auth,
+        forwarded,
+        trace,
+    };
     let Some(handle) = existing else {
         return match parsed {
             Parsed::Single(Message::Request(r)) if r.method == "initialize" => {
-                store.initialize(gw, r, auth).await
+                store.initialize(gw, r, cx).await
             }
             _ => rpc_error(
                 StatusCode::BAD_REQUEST,
@@ -495,9 +619,9 @@ async fn post<S: SessionStore>(
         };
     };
     match parsed {
-        Parsed::Single(Message::Request(r)) => store.request(gw, &handle, r, auth).await,
-        Parsed::Single(other) => store.message(gw, &handle, other, auth).await,
-        Parsed::Batch(items) => store.batch(gw, &handle, items, auth).await,
+        Parsed::Single(Message::Request(r)) => store.request(gw, &handle, r, cx).await,
+        Parsed::Single(other) => store.message(gw, &handle, other, cx.auth).await,
+        Parsed::Batch(items) => store.batch(gw, &handle, items, cx).await,
     }
 }
 
@@ -511,6 +635,7 @@ impl SessionStore for Sessions {
         authorization: Option<&HeaderValue>,
     ) -> Result<Lookup<Arc<SessionHandle>>, StoreError> {
         Ok(match self.map.get(id).map(|e| e.value().clone()) {
+            // Another principal, or no credentials on a session opened with some: 404.
             Some(h)
                 if h.binding
                     .matches(&BindingKey::of(gw.config.session_binding, authorization)) =>
@@ -527,9 +652,9 @@ impl SessionStore for Sessions {
         &self,
         gw: &Gateway,
         init: dualera_adapters::Request,
-        authorization: Option<HeaderValue>,
+        cx: PostContext,
     ) -> Response<GatewayBody> {
-        initialize(gw, init, authorization).await
+        initialize(gw, init, cx.auth, cx.forwarded, cx.trace).await
     }
 
     async fn request(
@@ -537,10 +662,10 @@ impl SessionStore for Sessions {
         gw: &Gateway,
         handle: &Arc<SessionHandle>,
         r: dualera_adapters::Request,
-        authorization: Option<HeaderValue>,
+        cx: PostContext,
     ) -> Response<GatewayBody> {
         handle.touch();
-        request(gw, handle, r, authorization).await
+        request(gw, handle, r, cx.auth, cx.trace).await
     }
 
     async fn message(
@@ -551,40 +676,7 @@ impl SessionStore for Sessions {
         auth: Option<HeaderValue>,
     ) -> Response<GatewayBody> {
         handle.touch();
-        let watch = Arc::new(HeadWatch::default());
-        let (result, mut inline) = {
-            let Ok(mut s) = handle.shared.lock() else {
-                return internal();
-            };
-            s.feeding = auth;
-            s.inline = InlineSlot::Open(watch.clone());
-            let r = s.machine.handle_peer_message(other, now());
-            route(gw, handle, &mut s);
-            rearm(handle, &s);
-            (r, Detachable::take(&mut s))
-        };
-        // An answer that completes a round starts the upstream retry on behalf of
-        // this POST: a 401/403 for it answers this POST, and the round waits for
-        // the answer again.
-        if inline.0.is_some() {
-            wait_head(&watch, &mut inline).await;
-        }
-        drop(inline);
-        if let Some(denial) = watch.finish() {
-            return denial.response();
-        }
-        match result {
-            Ok(()) => accepted(),
-            Err(e) => {
-                warn!(session = %handle.id, error = %e, "peer message refused");
-                rpc_error(
-                    StatusCode::BAD_REQUEST,
-                    None,
-                    ErrorCode::INVALID_REQUEST,
-                    format!("Invalid request: {e}"),
-                )
-            }
-        }
+        message(gw, handle, other, auth).await
     }
 
     async fn batch(
@@ -592,10 +684,10 @@ impl SessionStore for Sessions {
         gw: &Gateway,
         handle: &Arc<SessionHandle>,
         items: Vec<Result<Message, jsonrpc::EnvelopeError>>,
-        auth: Option<HeaderValue>,
+        cx: PostContext,
     ) -> Response<GatewayBody> {
         handle.touch();
-        batch(gw, handle, items, auth)
+        batch(gw, handle, items, cx.auth, cx.trace)
     }
 
     async fn stream(
@@ -609,12 +701,55 @@ impl SessionStore for Sessions {
     }
 
     async fn delete(&self, _gw: &Gateway, h: &Arc<SessionHandle>) -> Response<GatewayBody> {
-        self.map.remove(&h.id);
+        self.remove(&h.id);
         h.close();
-        info!(session = %h.id, "session deleted by the peer");
+        info!(session = %h.tag, "session deleted by the peer");
         let mut r = Response::new(empty());
         *r.status_mut() = StatusCode::OK;
         r
+    }
+}
+
+/// A notification or a reply to a live request on an in-memory session.
+async fn message(
+    gw: &Gateway,
+    handle: &Arc<SessionHandle>,
+    other: Message,
+    auth: Option<HeaderValue>,
+) -> Response<GatewayBody> {
+    let watch = Arc::new(HeadWatch::default());
+    let (result, mut inline) = {
+        let Ok(mut s) = handle.shared.lock() else {
+            return internal();
+        };
+        s.feeding = auth;
+        s.inline = InlineSlot::Open(watch.clone());
+        let r = s.machine.handle_peer_message(other, now());
+        route(gw, handle, &mut s);
+        rearm(handle, &s);
+        (r, Detachable::take(&mut s))
+    };
+    // An answer that completes a round starts the upstream retry on behalf of
+    // this POST: a 401/403 for it answers this POST, and the round waits for
+    // the answer again.
+    if inline.0.is_some() {
+        wait_head(&watch, &mut inline).await;
+    }
+    drop(inline);
+    if let Some(denial) = watch.finish() {
+        return denial.response();
+    }
+    match result {
+        Ok(()) => accepted(),
+        // A reply to a live request the gateway gave up on: accepted, dropped.
+        Err(e) if e.is_dropped() => {
+            debug!(session = %handle.tag, error = %e, "late or duplicate reply dropped");
+            accepted()
+        }
+        Err(e) => {
+            warn!(session = %handle.tag, error = %e, "peer message refused");
+            refusal(None, &e)
+        }
     }
 }
 
@@ -636,26 +771,71 @@ async fn wait_head(watch: &HeadWatch, inline: &mut Detachable) {
     .await;
 }
 
-/// The HTTP answer to input the session machine refused: its own JSON-RPC error when
-/// it has one, else a generic `-32600`.
+/// The HTTP answer to input the session machine refused (the one mapping from
+/// [`SessionError`](dualera_adapters::SessionError) to an HTTP status): its own
+/// JSON-RPC error when it has one, else a generic `-32600`. Overload is `429` with
+/// `Retry-After` (before any SSE is committed: the request was never started), a
+/// request the upstream could not take `413`, anything else `400`.
 pub(super) fn refusal(
     id: Option<RequestId>,
     e: &dualera_adapters::SessionError,
 ) -> Response<GatewayBody> {
+    use dualera_adapters::SessionError as E;
     let resp = e.to_response().unwrap_or_else(|| {
         RpcResponse::error(
             id,
             ErrorObject::new(ErrorCode::INVALID_REQUEST, format!("Invalid request: {e}")),
         )
     });
+    let status = match e {
+        E::TooManyInFlight { .. } => StatusCode::TOO_MANY_REQUESTS,
+        E::TooLargeForUpstream { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        _ => StatusCode::BAD_REQUEST,
+    };
     let mut r = Response::new(full(Message::Response(resp).to_vec()));
-    *r.status_mut() = StatusCode::BAD_REQUEST;
+    *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        r.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static(RETRY_AFTER_SECS),
+        );
+    }
     r
 }
+
+/// The answer to an `initialize` refused because a session bound is reached and every
+/// session that could make room is busy: `503` for `max_sessions`, `429` for the
+/// caller's `max_sessions_per_caller`, both with `Retry-After`. Both stores use it.
+pub(super) fn sessions_refused(
+    id: Option<RequestId>,
+    status: StatusCode,
+    limit: usize,
+) -> Response<GatewayBody> {
+    let what = if status == StatusCode::TOO_MANY_REQUESTS {
+        "Too many sessions for this caller, all of them busy; end one or try again later (limit"
+    } else {
+        "Too many sessions, all of them busy; try again later (limit"
+    };
+    warn!(limit, status = status.as_u16(), "session limit reached");
+    let mut r = rpc_error(
+        status,
+        id,
+        ErrorCode::INTERNAL_ERROR,
+        format!("{what} {limit})"),
+    );
+    r.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from_static(RETRY_AFTER_SECS),
+    );
+    r
+}
+
+/// `Retry-After` on overload refusals, in seconds.
+const RETRY_AFTER_SECS: &str = "1";
 
 pub(super) fn accepted() -> Response<GatewayBody> {
     let mut r = Response::new(empty());
@@ -676,29 +856,40 @@ async fn initialize(
     gw: &Gateway,
     init: dualera_adapters::Request,
     auth: Option<HeaderValue>,
+    forwarded: Forwarded,
+    trace: Option<Arc<TraceContext>>,
 ) -> Response<GatewayBody> {
-    if gw.legacy.len() >= gw.config.max_sessions {
-        warn!(limit = gw.config.max_sessions, "session limit reached");
-        return rpc_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            Some(init.id),
-            ErrorCode::INTERNAL_ERROR,
-            "Too many sessions; try again later".into(),
-        );
+    let binding = BindingKey::of(gw.config.session_binding, auth.as_ref());
+    if let Err(refused) = gw.legacy.admit(&binding) {
+        return match refused {
+            Refused::Full => sessions_refused(
+                Some(init.id),
+                StatusCode::SERVICE_UNAVAILABLE,
+                gw.config.max_sessions,
+            ),
+            Refused::CallerFull => sessions_refused(
+                Some(init.id),
+                StatusCode::TOO_MANY_REQUESTS,
+                gw.config.max_sessions_per_caller,
+            ),
+        };
     }
     let Some(id) = mint_session_id() else {
         return internal();
     };
+    let tag = crate::digest::log_tag(&id);
     let mut machine_config = gw.legacy.machine.clone();
-    machine_config.id_prefix = format!("dualera-{}", &id[..8]);
+    machine_config.id_prefix = format!("dualera-{tag}");
     let mut machine = Session::new(machine_config);
     if let Some(d) = cache::legacy::discover_for_initialize(&gw.cache, auth.as_ref()) {
         let _ = machine.handle_discover_shared(d);
     }
     let handle = Arc::new(SessionHandle {
         id: id.clone(),
-        binding: BindingKey::of(gw.config.session_binding, auth.as_ref()),
+        tag: tag.clone(),
+        binding,
         anonymous: auth.is_none(),
+        forwarded,
         shared: Mutex::new(Shared {
             machine,
             streams: HashMap::new(),
@@ -707,6 +898,8 @@ async fn initialize(
             next_stream: 0,
             upstream_tasks: HashMap::new(),
             inline: InlineSlot::Closed,
+            telemetry: gw.telemetry.session(WIRE_HTTP),
+            init_trace: trace,
             feeding: None,
             call_auth: HashMap::new(),
             standalone_auth: None,
@@ -715,6 +908,8 @@ async fn initialize(
         timer_at: AtomicU64::new(0),
         wake: Notify::new(),
         replay: gw.config.replay_buffer,
+        replay_bytes: gw.config.replay_buffer_bytes,
+        max_buffered: gw.config.max_buffered_bytes,
     });
     let stream = PeerStream::Request(init.id.clone());
     let init_id = init.id.clone();
@@ -724,7 +919,8 @@ async fn initialize(
             return internal();
         };
         s.feeding = auth;
-        open_pending(&mut s, stream.clone());
+        open_pending(&handle, &mut s, stream.clone());
+        s.telemetry.request_started(&init.id);
         if let Err(e) = s.machine.handle_peer_message(Message::Request(init), now()) {
             return rpc_error(
                 StatusCode::BAD_REQUEST,
@@ -777,17 +973,17 @@ async fn initialize(
     // Idle time counts from now, not from when `initialize` arrived: a slow discover
     // must not make the new session look idle before the peer could use it.
     handle.touch();
-    gw.legacy.map.insert(id.clone(), handle.clone());
+    gw.legacy.insert(handle.clone());
     let timer = tokio::spawn(
         timer_loop(gw.clone(), handle.clone())
-            .instrument(tracing::info_span!("session", session = %id)),
+            .instrument(tracing::info_span!("session", session = %tag)),
     );
     drop(timer);
-    info!(session = %id, sessions = gw.legacy.len(), "legacy session opened");
+    info!(session = %tag, sessions = gw.legacy.len(), "legacy session opened");
     with_session_header(r, &id)
 }
 
-fn open_pending(s: &mut Shared, stream: PeerStream) {
+fn open_pending(handle: &SessionHandle, s: &mut Shared, stream: PeerStream) {
     s.next_stream += 1;
     let number = s.next_stream;
     s.by_number.insert(number, stream.clone());
@@ -796,11 +992,12 @@ fn open_pending(s: &mut Shared, stream: PeerStream) {
         StreamState {
             number,
             seq: 0,
-            ring: VecDeque::new(),
+            ring: ReplayRing::new(handle.replay, handle.replay_bytes),
             tx: None,
             pending: Some(Vec::new()),
             finished: false,
             waiter: None,
+            trace: None,
         },
     );
 }
@@ -879,10 +1076,11 @@ async fn request(
     handle: &Arc<SessionHandle>,
     r: dualera_adapters::Request,
     auth: Option<HeaderValue>,
+    trace: Option<Arc<TraceContext>>,
 ) -> Response<GatewayBody> {
     let stream = PeerStream::Request(r.id.clone());
     let watch = Arc::new(HeadWatch::default());
-    let mut inline = match feed_request(gw, handle, r, &stream, auth, &watch) {
+    let mut inline = match feed_request(gw, handle, r, &stream, auth, trace, &watch) {
         Ok(inline) => inline,
         Err(refused) => return *refused,
     };
@@ -919,6 +1117,7 @@ fn feed_request(
     r: dualera_adapters::Request,
     stream: &PeerStream,
     auth: Option<HeaderValue>,
+    trace: Option<Arc<TraceContext>>,
     watch: &Arc<HeadWatch>,
 ) -> Result<Detachable, Box<Response<GatewayBody>>> {
     let id = r.id.clone();
@@ -933,11 +1132,18 @@ fn feed_request(
             "Invalid request: this request id is already in use".into(),
         )));
     }
-    open_pending(&mut s, stream.clone());
+    open_pending(handle, &mut s, stream.clone());
+    if let Some(st) = s.streams.get_mut(stream) {
+        st.trace = trace;
+    }
+    s.telemetry.request_started(&id);
     s.feeding = auth;
     if let Err(e) = s.machine.handle_peer_message(Message::Request(r), now()) {
         s.feeding = None;
-        s.streams.remove(stream);
+        forget_stream(&mut s, stream);
+        // Nothing changed but the observation of the refusal (an overload counts).
+        route(gw, handle, &mut s);
+        info!(session = %handle.tag, error = %e, "request refused");
         return Err(Box::new(refusal(Some(id), &e)));
     }
     s.inline = InlineSlot::Open(watch.clone());
@@ -951,10 +1157,16 @@ fn batch(
     handle: &Arc<SessionHandle>,
     items: Vec<Result<Message, jsonrpc::EnvelopeError>>,
     auth: Option<HeaderValue>,
+    trace: Option<Arc<TraceContext>>,
 ) -> Response<GatewayBody> {
     let Ok(mut s) = handle.shared.lock() else {
         return internal();
     };
+    for item in &items {
+        if let Ok(Message::Request(r)) = item {
+            s.telemetry.request_started(&r.id);
+        }
+    }
     // A batch's upstream calls carry its token; a 401/403 for one of them reaches the
     // peer as that element's error in the batch's response (one HTTP answer for many).
     s.feeding = auth;
@@ -974,14 +1186,17 @@ fn batch(
         }
     };
     for refused in &outcome.refused {
-        warn!(session = %handle.id, error = %refused, "batch element refused");
+        warn!(session = %handle.tag, error = %refused, "batch element refused");
     }
     let Some(batch) = outcome.batch else {
         route(gw, handle, &mut s);
         return accepted();
     };
     let stream = PeerStream::Batch(batch);
-    open_pending(&mut s, stream.clone());
+    open_pending(handle, &mut s, stream.clone());
+    if let Some(st) = s.streams.get_mut(&stream) {
+        st.trace = trace;
+    }
     route(gw, handle, &mut s);
     rearm(handle, &s);
     respond_on(handle, &mut s, &stream)
@@ -1009,17 +1224,16 @@ fn respond_on(
         );
         return r;
     }
-    let (tx, body) = ChannelBody::channel(STREAM_QUEUE);
-    // Priming event: lets the client resume this stream from its start.
-    let _ = tx.try_send(sse::prime(&format!("{}.0", st.number)));
-    for (seq, ev) in &st.ring {
-        let _ = seq;
-        let _ = tx.try_send(ev.clone());
-    }
+    // Priming event (lets the client resume this stream from its start), then what
+    // the stream carried so far.
+    let backlog = std::iter::once(sse::prime(&format!("{}.0", st.number)))
+        .chain(st.ring.iter().cloned())
+        .collect();
+    let (tx, body) = ChannelBody::metered(backlog, STREAM_QUEUE, handle.max_buffered);
     if !st.finished {
         st.tx = Some(tx);
     }
-    debug!(session = %handle.id, stream = st.number, "SSE stream opened");
+    debug!(session = %handle.tag, stream = st.number, "SSE stream opened");
     crate::body::sse_response(body)
 }
 
@@ -1079,8 +1293,7 @@ fn open_get(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once('.'))
         .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
-    let (tx, body) = ChannelBody::channel(STREAM_QUEUE);
-    if let Some((number, after)) = last {
+    let body = if let Some((number, after)) = last {
         let Some(stream) = s.by_number.get(&number).cloned() else {
             return rpc_error(
                 StatusCode::NOT_FOUND,
@@ -1092,18 +1305,17 @@ fn open_get(
         let Some(st) = s.streams.get_mut(&stream) else {
             return internal();
         };
-        if st.ring.front().is_some_and(|(first, _)| *first > after + 1) {
-            warn!(session = %handle.id, stream = number, "resumption gap: older events were dropped");
+        if st.ring.has_gap_after(after) {
+            warn!(session = %handle.tag, stream = number, "resumption gap: older events were dropped");
         }
-        for (seq, ev) in &st.ring {
-            if *seq > after {
-                let _ = tx.try_send(ev.clone());
-            }
-        }
+        let backlog = st.ring.after(after).cloned().collect();
+        let (tx, body) = ChannelBody::metered(backlog, STREAM_QUEUE, handle.max_buffered);
         if !st.finished {
             st.tx = Some(tx);
         }
-        debug!(session = %handle.id, stream = number, after, "stream resumed");
+        s.telemetry.feature(Feature::Resumption);
+        debug!(session = %handle.tag, stream = number, after, "stream resumed");
+        body
     } else {
         let stream = PeerStream::Standalone;
         if s.streams
@@ -1118,21 +1330,25 @@ fn open_get(
             );
         }
         if !s.streams.contains_key(&stream) {
-            open_pending(s, stream.clone());
+            open_pending(handle, s, stream.clone());
             if let Some(st) = s.streams.get_mut(&stream) {
                 st.pending = None;
             }
         }
-        if let Some(st) = s.streams.get_mut(&stream) {
-            let _ = tx.try_send(sse::prime(&format!("{}.{}", st.number, st.seq)));
-            st.tx = Some(tx);
-        }
+        let Some(st) = s.streams.get_mut(&stream) else {
+            return internal();
+        };
+        let prime = vec![sse::prime(&format!("{}.{}", st.number, st.seq))];
+        let (tx, body) = ChannelBody::metered(prime, STREAM_QUEUE, handle.max_buffered);
+        st.tx = Some(tx);
+        s.telemetry.feature(Feature::GetStream);
         // Kept only while this GET is open: `subscriptions/listen` runs on its behalf.
         s.standalone_auth = auth;
         s.inline = InlineSlot::Open(watch.clone());
         let _ = s.machine.handle_standalone_opened();
         route(gw, handle, s);
-    }
+        body
+    };
     crate::body::sse_response(body)
 }
 
@@ -1163,6 +1379,14 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
             Event::ToUpstream { role, request } => {
                 let id = request.id.clone();
                 let params = s.machine.upstream_headers(&request);
+                let trace = upstream_trace(s, &role, &request);
+                let span = tracing::debug_span!(
+                    "upstream",
+                    session = %handle.tag,
+                    rpc.id = %id,
+                    ?role,
+                    trace_id = trace.as_ref().map_or("", |t| t.trace_id()),
+                );
                 let auth = upstream_credentials(s, &role, feeding.as_ref());
                 let watch = match &s.inline {
                     InlineSlot::Open(w) => Some(w.clone()),
@@ -1172,15 +1396,16 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
                     upstream_task(
                         gw.clone(),
                         handle.clone(),
-                        role.clone(),
-                        Message::Request(request),
-                        params,
-                        auth,
-                        watch.clone(),
+                        Attempt {
+                            role: role.clone(),
+                            request: Message::Request(request),
+                            params,
+                            trace,
+                            auth,
+                            watch: watch.clone(),
+                        },
                     )
-                    .instrument(
-                        tracing::debug_span!("upstream", session = %handle.id, rpc.id = %id, ?role),
-                    ),
+                    .instrument(span),
                 );
                 s.upstream_tasks.insert(id, abort);
                 let exchange: Exchange = Box::pin(async move {
@@ -1194,16 +1419,17 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
             }
             Event::CancelUpstream { id, reason } => {
                 if let Some(h) = s.upstream_tasks.remove(&id) {
-                    debug!(session = %handle.id, rpc.id = %id, reason, "upstream request cancelled");
+                    debug!(session = %handle.tag, rpc.id = %id, reason, "upstream request cancelled");
                     h.abort();
                 }
             }
             Event::RequestFailed { legacy, failure } => {
-                info!(session = %handle.id, rpc.id = %legacy, failure = %failure, "legacy request failed");
+                info!(session = %handle.tag, rpc.id = %legacy, failure = %failure, "legacy request failed");
             }
             Event::ToolRejected { tool, reason } => {
-                warn!(session = %handle.id, tool, reason, "upstream tool left out of tools/list");
+                warn!(session = %handle.tag, tool, reason, "upstream tool left out of tools/list");
             }
+            Event::Observed(o) => s.telemetry.observe(o, &s.machine),
             _ => {}
         }
     }
@@ -1236,6 +1462,26 @@ fn upstream_credentials(
     }
 }
 
+/// The trace context an upstream attempt carries: that of the HTTP request which
+/// carried the legacy request it serves (retries included), else the request's own
+/// `_meta.traceparent`.
+fn upstream_trace(
+    s: &Shared,
+    role: &UpstreamRole,
+    request: &dualera_adapters::Request,
+) -> Option<Arc<TraceContext>> {
+    let from_http = match role {
+        UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => s
+            .machine
+            .request_stream(legacy)
+            .and_then(|stream| s.streams.get(stream))
+            .and_then(|st| st.trace.clone()),
+        UpstreamRole::Discover => s.init_trace.clone(),
+        _ => None,
+    };
+    from_http.or_else(|| TraceContext::from_meta(request.params.as_ref()).map(Arc::new))
+}
+
 /// Queues one message on a stream, and wakes the POST waiting on it when the stream
 /// finished or a not-yet-answered POST got its first message.
 fn deliver(
@@ -1249,7 +1495,7 @@ fn deliver(
         // A stream the peer never opened (e.g. standalone before any GET): keep the
         // events so a later GET can... no: the standalone stream only carries what is
         // sent while it is open, so open a detached one that buffers for resumption.
-        open_pending(s, stream.clone());
+        open_pending(handle, s, stream.clone());
         if let Some(st) = s.streams.get_mut(stream) {
             st.pending = None;
         }
@@ -1264,14 +1510,21 @@ fn deliver(
     }
     st.seq += 1;
     let event = sse::encode(Some(&format!("{}.{}", st.number, st.seq)), &bytes);
-    st.ring.push_back((st.seq, event.clone()));
-    while st.ring.len() > handle.replay.max(1) {
-        st.ring.pop_front();
-    }
+    st.ring.push(st.seq, event.clone());
     if let Some(tx) = &st.tx {
-        if tx.try_send(event).is_err() {
-            debug!(session = %handle.id, stream = st.number, "stream detached (closed or stalled); events kept for resumption");
-            st.tx = None;
+        match tx.try_send(event) {
+            Ok(()) => {}
+            Err(SendError::Stalled) => {
+                // The host does not read: close the connection rather than buffer
+                // without bound; the session and the ring stay for Last-Event-ID.
+                warn!(session = %handle.tag, stream = st.number, queued = tx.queued(), limit = handle.max_buffered, "host not reading its SSE stream: closed; events kept for resumption");
+                tx.cut();
+                st.tx = None;
+            }
+            Err(_) => {
+                debug!(session = %handle.tag, stream = st.number, "stream detached (closed); events kept for resumption");
+                st.tx = None;
+            }
         }
     }
     if last {
@@ -1312,15 +1565,27 @@ fn trim_finished(s: &mut Shared) {
     }
 }
 
-async fn upstream_task(
-    gw: Gateway,
-    handle: Arc<SessionHandle>,
+/// One upstream attempt the machine asked for, with what it carries.
+struct Attempt {
     role: UpstreamRole,
     request: Message,
+    /// `Mcp-Param-*` headers.
     params: Vec<(String, String)>,
+    trace: Option<Arc<TraceContext>>,
     auth: Option<HeaderValue>,
+    /// The host request waiting for this attempt's head (to relay a 401/403).
     watch: Option<Arc<HeadWatch>>,
-) {
+}
+
+async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, attempt: Attempt) {
+    let Attempt {
+        role,
+        request,
+        params,
+        trace,
+        auth,
+        watch,
+    } = attempt;
     let Message::Request(r) = &request else {
         return;
     };
@@ -1334,7 +1599,11 @@ async fn upstream_task(
         &gw,
         &role,
         &request,
-        auth.as_ref(),
+        OnBehalf {
+            authorization: auth.as_ref(),
+            forwarded: Some(&handle.forwarded),
+            trace: trace.as_deref(),
+        },
         &params,
         accepted,
         |msg| {
@@ -1343,7 +1612,7 @@ async fn upstream_task(
                     .machine
                     .handle_upstream_message(Some(id.clone()), msg, now())
                 {
-                    debug!(session = %handle.id, error = %e, "upstream message refused");
+                    debug!(session = %handle.tag, error = %e, "upstream message refused");
                 }
                 route(&gw, &handle, &mut s);
                 rearm(&handle, &s);
@@ -1356,24 +1625,33 @@ async fn upstream_task(
         match result {
             Ok(()) => {}
             Err(UpstreamError::Denied(denial)) => {
+                gw.telemetry
+                    .upstream_error(&UpstreamError::Denied(denial.clone()));
                 let credential = fingerprint(auth.as_ref());
                 // The host request that caused this call is still waiting: it gets the
                 // upstream's status and challenge, and the machine says nothing.
                 if watch.as_ref().is_some_and(|w| w.offer(&denial)) {
                     let outcome = s.machine.handle_upstream_denied(&id, now());
-                    info!(session = %handle.id, rpc.id = %id, status = denial.status.as_u16(), %credential, ?outcome, "upstream refused the credentials; relayed to the host request");
+                    info!(session = %handle.tag, rpc.id = %id, status = denial.status.as_u16(), %credential, ?outcome, "upstream refused the credentials; relayed to the host request");
                     if let Ok(Denied::Round { legacy, live }) = &outcome {
-                        debug!(session = %handle.id, rpc.id = %legacy, live = %live, "round parked until the answer is sent again");
+                        debug!(session = %handle.tag, rpc.id = %legacy, live = %live, "round parked until the answer is sent again");
                     }
                 } else {
-                    info!(session = %handle.id, rpc.id = %id, status = denial.status.as_u16(), %credential, "upstream refused the credentials; no host request waits for it");
+                    info!(session = %handle.tag, rpc.id = %id, status = denial.status.as_u16(), %credential, "upstream refused the credentials; no host request waits for it");
                     let _ = s.machine.handle_upstream_lost(&id, now());
                 }
                 route(&gw, &handle, &mut s);
             }
             Err(e) => {
-                warn!(session = %handle.id, rpc.id = %id, error = %e, "upstream exchange failed");
-                let _ = s.machine.handle_upstream_lost(&id, now());
+                gw.telemetry.upstream_error(&e);
+                warn!(session = %handle.tag, rpc.id = %id, error = %e, "upstream exchange failed");
+                let _ = match e.refusal() {
+                    Some((reason, message)) => {
+                        s.machine
+                            .handle_upstream_refused(&id, reason, message, now())
+                    }
+                    None => s.machine.handle_upstream_lost(&id, now()),
+                };
                 route(&gw, &handle, &mut s);
             }
         }
@@ -1438,9 +1716,15 @@ async fn timer_loop(gw: Gateway, handle: Arc<SessionHandle>) {
             let mut lost_standalone = false;
             for (stream, st) in s.streams.iter_mut() {
                 if let Some(tx) = &st.tx {
-                    if tx.try_send(sse::keepalive()).is_err() && tx.is_closed() {
-                        st.tx = None;
-                        lost_standalone |= *stream == PeerStream::Standalone;
+                    match tx.try_send(sse::keepalive()) {
+                        Ok(()) => {}
+                        Err(e) => {
+                            if e == SendError::Stalled {
+                                tx.cut();
+                            }
+                            st.tx = None;
+                            lost_standalone |= *stream == PeerStream::Standalone;
+                        }
                     }
                 }
             }
@@ -1479,9 +1763,9 @@ pub(super) async fn reap(gw: Gateway) {
             .map(|e| e.key().clone())
             .collect();
         for id in idle {
-            if let Some((_, h)) = gw.legacy.map.remove(&id) {
+            if let Some(h) = gw.legacy.remove(&id) {
                 h.close();
-                info!(session = %id, "idle session evicted");
+                info!(session = %h.tag, "idle session evicted");
             }
         }
     }

@@ -9,33 +9,42 @@
 //!                                                              └─ upstream::exchange
 //! ```
 
+pub mod admin;
 mod auth;
 pub mod cache;
+pub mod forwarded;
 pub mod http_sse;
 mod legacy_http;
+pub mod metrics;
 pub mod passthrough;
 mod pipe;
+pub mod readiness;
 mod replicas;
+pub mod report;
 pub mod session_store;
-pub mod sse;
+pub mod telemetry;
+pub mod trace;
 pub mod upstream;
 pub mod websocket;
 
 use crate::body::{self, GatewayBody};
+use crate::config::ForwardedHeaders;
 use crate::guard;
+use crate::listener::{ConnHook, ConnInfo, ListenerConfig};
 use dualera_adapters::version::is_modern_or_later;
 use dualera_adapters::ProtocolVersion;
-use http::{header, Request, Response, StatusCode};
+use forwarded::Forwarded;
+use http::{header, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tracing::{debug, info, Instrument};
-pub use upstream::{Denial, HttpUpstream, StdioUpstream, Upstream, UpstreamError};
+use tracing::info;
+pub use upstream::{
+    Denial, HttpUpstream, OnBehalf, StdioUpstream, Upstream, UpstreamClient, UpstreamError,
+    UpstreamOptions,
+};
 
 /// Gateway settings; every bound has a default.
 #[derive(Debug, Clone)]
@@ -60,10 +69,24 @@ pub struct GatewayConfig {
     pub replay_buffer: usize,
     /// Requests in flight per legacy session.
     pub max_in_flight: usize,
+    /// Which forwarded headers upstream requests carry.
+    pub forwarded: ForwardedHeaders,
+    /// A WebSocket whose peer sent nothing (not even a pong) this long is closed.
+    pub idle_timeout: Duration,
     /// What binds a legacy session to its caller.
     pub session_binding: crate::config::SessionBinding,
     /// The response cache (`[cache]`).
     pub cache: cache::CacheConfig,
+    /// Live requests outstanding at the host per legacy session.
+    pub max_live_requests: usize,
+    /// Largest request the upstream accepts (what would exceed it is refused here).
+    pub upstream_max_body_bytes: usize,
+    /// Bytes queued toward a host SSE connection that does not read before it is closed.
+    pub max_buffered_bytes: usize,
+    /// Bytes of events kept per stream for `Last-Event-ID` resumption.
+    pub replay_buffer_bytes: usize,
+    /// Legacy sessions one caller may hold.
+    pub max_sessions_per_caller: usize,
     /// Where legacy Streamable HTTP sessions live (`session_store`).
     pub session_store: session_store::SessionStoreConfig,
 }
@@ -81,8 +104,15 @@ impl Default for GatewayConfig {
             max_rounds: 8,
             replay_buffer: 64,
             max_in_flight: 64,
+            forwarded: ForwardedHeaders::default(),
+            idle_timeout: crate::listener::DEFAULT_IDLE_TIMEOUT,
             session_binding: crate::config::SessionBinding::default(),
             cache: cache::CacheConfig::default(),
+            max_live_requests: 128,
+            upstream_max_body_bytes: 1024 * 1024,
+            max_buffered_bytes: 4 * 1024 * 1024,
+            replay_buffer_bytes: 1024 * 1024,
+            max_sessions_per_caller: 1000,
             session_store: session_store::SessionStoreConfig::Memory,
         }
     }
@@ -109,6 +139,19 @@ impl GatewayConfig {
             max_rounds: s.max_rounds.unwrap_or(d.max_rounds),
             replay_buffer: s.replay_buffer.unwrap_or(d.replay_buffer),
             max_in_flight: s.max_in_flight.unwrap_or(d.max_in_flight),
+            max_live_requests: s.max_live_requests.unwrap_or(d.max_live_requests),
+            upstream_max_body_bytes: s
+                .upstream_max_body_bytes
+                .unwrap_or(d.upstream_max_body_bytes),
+            max_buffered_bytes: s.max_buffered_bytes.unwrap_or(d.max_buffered_bytes),
+            replay_buffer_bytes: s.replay_buffer_bytes.unwrap_or(d.replay_buffer_bytes),
+            max_sessions_per_caller: s
+                .max_sessions_per_caller
+                .unwrap_or(d.max_sessions_per_caller),
+            forwarded: s.forwarded.unwrap_or_default(),
+            idle_timeout: s
+                .idle_timeout_secs
+                .map_or(d.idle_timeout, Duration::from_secs),
             session_binding: s.session_binding.unwrap_or(d.session_binding),
             cache: d.cache,
             session_store: d.session_store,
@@ -160,16 +203,46 @@ pub struct Gateway {
     shared: Option<Arc<replicas::SharedSessions>>,
     sse: Arc<http_sse::SseSessions>,
     cache: Arc<cache::ResponseCache>,
+    telemetry: Arc<telemetry::Telemetry>,
+}
+
+/// What the gateway keeps for one accepted connection, from the listener's hook
+/// until the connection (or its WebSocket) ends.
+#[derive(Debug)]
+pub(crate) struct Connection {
+    /// Counted in `dualera_connections_open{listener="gateway"}` while it lives.
+    _open: telemetry::OpenConnection,
+    /// The modern client identified on this connection, for the report.
+    telemetry: telemetry::ConnectionTelemetry,
+}
+
+/// The gateway listener's [`ConnHook`].
+struct Connections(telemetry::ConnectionsOpen);
+
+impl ConnHook for Connections {
+    type State = Connection;
+    fn opened(&self, info: &ConnInfo) -> Connection {
+        Connection {
+            _open: self.0.opened(info),
+            telemetry: telemetry::ConnectionTelemetry::default(),
+        }
+    }
 }
 
 impl Gateway {
-    /// A gateway in front of `upstream`.
+    /// A gateway in front of `upstream`, its migration report in memory.
     pub fn new(upstream: Upstream, config: GatewayConfig) -> Self {
+        let report = report::Report::in_memory(report::ReportConfig::default().max_hosts);
+        Self::with_report(upstream, config, report)
+    }
+
+    /// A gateway in front of `upstream` that keeps its migration report in `report`
+    /// ([`report::Report::open`]).
+    pub fn with_report(upstream: Upstream, config: GatewayConfig, report: report::Report) -> Self {
         let upstream = Arc::new(upstream);
-        let cache = Arc::new(cache::ResponseCache::new(
-            config.cache.clone(),
-            crate::server::http::ENDPOINT,
-        ));
+        // The one route; its path labels every metric and report row.
+        let route: Arc<str> = Arc::from(crate::endpoint::ENDPOINT);
+        let cache = Arc::new(cache::ResponseCache::new(config.cache.clone(), &route));
         cache.attach(upstream.clone());
         let shared = match &config.session_store {
             session_store::SessionStoreConfig::Memory => None,
@@ -184,6 +257,17 @@ impl Gateway {
                 }
             }
         };
+        let report = Arc::new(report);
+        let telemetry = Arc::new(telemetry::Telemetry::new(
+            route.clone(),
+            metrics::Metrics::new(vec![cache.clone()], report.clone()),
+            report,
+            readiness::Readiness::new(vec![route]),
+        ));
+        if let Some(shared) = &shared {
+            let shared = shared.clone();
+            telemetry.readiness().watch_store(move || shared.ready());
+        }
         Self {
             legacy: Arc::new(legacy_http::Sessions::new(&config)),
             shared,
@@ -191,6 +275,20 @@ impl Gateway {
             config: Arc::new(config),
             upstream,
             cache,
+            telemetry,
+        }
+    }
+
+    /// The gateway's metrics, migration report and readiness.
+    pub fn telemetry(&self) -> &Arc<telemetry::Telemetry> {
+        &self.telemetry
+    }
+
+    /// Writes the migration report to its file, if it has one (also done every few
+    /// seconds while serving, and when serving stops).
+    pub fn flush_report(&self) {
+        if let Err(e) = self.telemetry.report().flush() {
+            tracing::warn!(error = %e, "migration report not saved");
         }
     }
 
@@ -210,85 +308,68 @@ impl Gateway {
         &self.cache
     }
 
-    /// Serves on a bound listener until `shutdown` resolves.
+    /// Serves on a bound listener until `shutdown` resolves (default listener bounds,
+    /// no TLS).
     pub async fn serve(
         self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
-        let loopback = listener.local_addr()?.ip().is_loopback();
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let config = ListenerConfig {
+            grace: Duration::from_secs(5),
+            ..ListenerConfig::default()
+        };
+        self.serve_with(listener, config, shutdown).await
+    }
+
+    /// Serves on a bound listener with these bounds (and TLS) until `shutdown`
+    /// resolves; then ends every legacy session, so their streams close and the
+    /// connections can finish.
+    pub async fn serve_with(
+        self,
+        listener: TcpListener,
+        config: ListenerConfig,
+        shutdown: impl Future<Output = ()>,
+    ) -> std::io::Result<()> {
         let reaper = tokio::spawn(legacy_http::reap(self.clone()));
         if let Some(shared) = &self.shared {
             shared.start(&self);
         }
-        let mut connections = tokio::task::JoinSet::new();
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                accepted = listener.accept() => {
-                    while connections.try_join_next().is_some() {}
-                    let (stream, peer) = match accepted {
-                        Ok(a) => a,
-                        Err(e) => {
-                            debug!(error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                            continue;
-                        }
-                    };
-                    let _ = stream.set_nodelay(true);
-                    let gw = self.clone();
-                    let svc = service_fn(move |req| {
-                        let gw = gw.clone();
-                        async move { Ok::<_, Infallible>(gw.route(loopback, req).await) }
-                    });
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .with_upgrades();
-                    let mut stop = stop_rx.clone();
-                    connections.spawn(
-                        async move {
-                            tokio::pin!(conn);
-                            tokio::select! {
-                                res = conn.as_mut() => {
-                                    if let Err(e) = res {
-                                        debug!(error = %e, "connection ended with an error");
-                                    }
-                                    return;
-                                }
-                                _ = stop.changed() => conn.as_mut().graceful_shutdown(),
-                            }
-                            let _ = conn.await;
-                        }
-                        .instrument(tracing::debug_span!("connection", transport = "http", %peer)),
-                    );
-                }
-                () = &mut shutdown => break,
+        let flusher = tokio::spawn(report::flush_loop(self.telemetry.report().clone()));
+        let hook = Connections(telemetry::ConnectionsOpen::new(&self.telemetry, "gateway"));
+        let gw = self.clone();
+        let service = move |req: Request<Incoming>, conn: &ConnInfo, state: &Arc<Connection>| {
+            let gw = gw.clone();
+            let conn = conn.clone();
+            let state = state.clone();
+            async move { gw.route(&conn, &state, req).await }
+        };
+        let sessions = self.clone();
+        crate::listener::serve_hooked(listener, config, hook, service, async move {
+            shutdown.await;
+            info!("gateway shutting down");
+            reaper.abort();
+            flusher.abort();
+            sessions.cache.stop_listening();
+            let stats = sessions.cache.stats();
+            info!(
+                hits = stats.hits,
+                misses = stats.misses,
+                coalesced = stats.coalesced,
+                evictions = stats.evictions,
+                invalidations = stats.invalidations,
+                stale_served = stats.stale_served,
+                "cache counters"
+            );
+            sessions.legacy.close_all();
+            if let Some(shared) = &sessions.shared {
+                shared.stop();
             }
-        }
-        info!("gateway shutting down");
-        reaper.abort();
-        self.cache.stop_listening();
-        let stats = self.cache.stats();
-        info!(
-            hits = stats.hits,
-            misses = stats.misses,
-            coalesced = stats.coalesced,
-            evictions = stats.evictions,
-            invalidations = stats.invalidations,
-            stale_served = stats.stale_served,
-            "cache counters"
-        );
-        self.legacy.close_all();
-        if let Some(shared) = &self.shared {
-            shared.stop();
-        }
-        self.sse.close_all();
-        let _ = stop_tx.send(true);
-        let _ = tokio::time::timeout(Duration::from_secs(5), async {
-            while connections.join_next().await.is_some() {}
+            sessions.sse.close_all();
         })
-        .await;
+        .await?;
+        let gw = self.clone();
+        let _ = tokio::task::spawn_blocking(move || gw.flush_report()).await;
         Ok(())
     }
 
@@ -317,11 +398,15 @@ impl Gateway {
             out_tx,
             "stdio",
             None,
+            Arc::default(),
         ));
+        let flusher = tokio::spawn(report::flush_loop(self.telemetry.report().clone()));
+        let flusher = flusher.abort_handle();
+        let _flusher = scopeguard(move || flusher.abort());
         let limit = self.config.max_body_bytes;
         let mut buf = Vec::new();
         while let Some(line) =
-            crate::server::stdio::read_bounded_line(&mut reader, &mut buf, limit).await?
+            crate::framing::read_bounded_line(&mut reader, &mut buf, limit).await?
         {
             if line.is_err() {
                 tracing::warn!(limit, "over-long line from the host dropped");
@@ -338,30 +423,39 @@ impl Gateway {
         let _ = session.await;
         self.cache.stop_listening();
         let _ = writer_task.await;
+        let gw = self.clone();
+        let _ = tokio::task::spawn_blocking(move || gw.flush_report()).await;
         Ok(())
     }
 
-    async fn route(&self, loopback: bool, req: Request<Incoming>) -> Response<GatewayBody> {
-        let h = req.headers();
-        if let Some(origin) = h.get(header::ORIGIN) {
-            if !origin
-                .to_str()
-                .is_ok_and(|o| guard::origin_allowed(o, &self.config.allowed_origins))
-            {
-                return text(StatusCode::FORBIDDEN, "Origin not allowed\n");
-            }
+    async fn route(
+        &self,
+        conn: &ConnInfo,
+        connection: &Connection,
+        req: Request<Incoming>,
+    ) -> Response<GatewayBody> {
+        let loopback = conn.local.ip().is_loopback();
+        if let Some(refused) = guard::refusal(&req, loopback, &self.config.allowed_origins) {
+            return text(StatusCode::FORBIDDEN, refused.text());
         }
-        if loopback
-            && !h
-                .get(header::HOST)
-                .is_none_or(|v| v.to_str().is_ok_and(guard::host_allowed_on_loopback))
-        {
-            return text(StatusCode::FORBIDDEN, "Host not allowed\n");
+        // JSON-RPC endpoints take JSON only: a CORS "simple request" (text/plain, form,
+        // multipart) never reaches a session or the upstream. The metadata paths are
+        // relayed as they are.
+        let rpc_path = matches!(
+            req.uri().path(),
+            crate::endpoint::ENDPOINT | http_sse::MESSAGES_PATH
+        );
+        if rpc_path && req.method() == Method::POST && !guard::is_json(req.headers()) {
+            return text(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "POST bodies must be Content-Type: application/json\n",
+            );
         }
+        let fwd = Forwarded::new(self.config.forwarded, conn, &req);
         match req.uri().path() {
-            crate::server::http::ENDPOINT => {}
-            websocket::PATH => return websocket::upgrade(self, req).await,
-            http_sse::SSE_PATH => return http_sse::open(self, &req),
+            crate::endpoint::ENDPOINT => {}
+            websocket::PATH => return websocket::upgrade(self, req, fwd).await,
+            http_sse::SSE_PATH => return http_sse::open(self, &req, fwd),
             http_sse::MESSAGES_PATH => return http_sse::post(self, req).await,
             p if auth::is_metadata_path(p) => return auth::relay_metadata(self, req).await,
             _ => {
@@ -382,11 +476,24 @@ impl Gateway {
             .is_some_and(|v| is_modern_or_later(v) || !ProtocolVersion::LEGACY.contains(&v))
             && !h.contains_key("mcp-session-id");
         if modern {
-            passthrough::forward(self, req).await
+            passthrough::forward(self, &connection.telemetry, req, &fwd).await
         } else {
-            legacy_http::handle(self, req).await
+            legacy_http::handle(self, req, fwd).await
         }
     }
+}
+
+/// Runs `f` when dropped (also when the future holding it is cancelled).
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
 }
 
 /// A plain-text response.

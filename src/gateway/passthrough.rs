@@ -2,17 +2,24 @@
 //! or buffered. Headers are kept except hop-by-hop ones, the upstream status is kept,
 //! SSE flows frame by frame, and a client that goes away drops the upstream request.
 
-use super::upstream::{HttpUpstream, StdioUpstream, Upstream};
-use super::{cache, sse, Gateway};
+use super::forwarded::Forwarded;
+use super::telemetry::ConnectionTelemetry;
+use super::trace::TraceContext;
+use super::upstream::{HttpUpstream, StdioUpstream, Upstream, UpstreamError};
+use super::{cache, Gateway};
 use crate::body::{full, BoxError, ChannelBody, GatewayBody};
+use crate::sse;
 use bytes::Bytes;
 use dualera_adapters::jsonrpc::{self, Message};
-use dualera_adapters::ErrorCode;
+use dualera_adapters::usage::Method;
+use dualera_adapters::{ErrorCode, ErrorObject, Response as RpcResponse};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use std::time::Instant;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: &[HeaderName] = &[
@@ -67,29 +74,79 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Proxies one modern request to the upstream.
-pub async fn forward(gateway: &Gateway, req: Request<Incoming>) -> Response<GatewayBody> {
-    match &*gateway.upstream {
-        Upstream::Http(h) => forward_http(gateway, h, req).await,
-        Upstream::Stdio(s) => forward_stdio(gateway, s, req).await,
+/// Proxies one modern request to the upstream, and records it (metrics, and the
+/// client's row of the migration report).
+pub(super) async fn forward(
+    gateway: &Gateway,
+    connection: &ConnectionTelemetry,
+    req: Request<Incoming>,
+    forwarded: &Forwarded,
+) -> Response<GatewayBody> {
+    let started = Instant::now();
+    let h = req.headers();
+    // Bounded label: a method outside the table is `_OTHER`.
+    let method = h
+        .get("mcp-method")
+        .and_then(|v| v.to_str().ok())
+        .map_or(Method::Other, Method::from_name);
+    let revision = h.get("mcp-protocol-version").cloned();
+    let span = tracing::debug_span!(
+        "passthrough",
+        method = method.as_str(),
+        trace_id = tracing::field::Empty
+    );
+    if !span.is_disabled() {
+        if let Some(t) = TraceContext::from_headers(h) {
+            span.record("trace_id", t.trace_id());
+        }
     }
+    let resp = match &*gateway.upstream {
+        Upstream::Http(up) => {
+            forward_http(gateway, connection, up, req, forwarded)
+                .instrument(span)
+                .await
+        }
+        Upstream::Stdio(up) => {
+            forward_stdio(gateway, connection, up, req)
+                .instrument(span)
+                .await
+        }
+    };
+    let revision = revision
+        .as_ref()
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    gateway
+        .telemetry
+        .passthrough(connection, method, revision, resp.status(), started);
+    resp
+}
+
+/// The `MCP-Protocol-Version` a request names (for the report's row of its client).
+fn revision_of(headers: &HeaderMap) -> &str {
+    headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
 }
 
 /// Over a stdio upstream the body must be read (ids are rewritten for the shared
 /// pipe): JSON back when nothing else came first, else an SSE stream.
 async fn forward_stdio(
     gateway: &Gateway,
+    connection: &ConnectionTelemetry,
     upstream: &StdioUpstream,
     req: Request<Incoming>,
 ) -> Response<GatewayBody> {
-    let limit = gateway.config.max_body_bytes;
-    let Ok(body) = Limited::new(req.into_body(), limit)
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-    else {
-        return status_only(StatusCode::PAYLOAD_TOO_LARGE);
+    let (parts, body) = req.into_parts();
+    let body = match read_body(body, gateway.config.max_body_bytes).await {
+        Ok(b) => b,
+        Err(too_large) => return too_large,
     };
+    // Read anyway (ids are rewritten): its clientInfo names the client.
+    gateway
+        .telemetry
+        .identify(connection, revision_of(&parts.headers), &body);
     let msg = match jsonrpc::parse(&body) {
         Ok(m @ Message::Request(_)) => m,
         Ok(_) => return status_only(StatusCode::ACCEPTED),
@@ -165,9 +222,25 @@ fn status_for(m: &Message) -> StatusCode {
 }
 
 pub(super) fn unavailable() -> Response<GatewayBody> {
-    let mut r = Response::new(full(Bytes::from_static(
+    bad_gateway(Bytes::from_static(
         br#"{"jsonrpc":"2.0","error":{"code":-32603,"message":"Upstream unavailable"}}"#,
-    )));
+    ))
+}
+
+/// 502 naming why the upstream could not be reached (`data.reason`), when it is known.
+pub(super) fn upstream_failed(e: &UpstreamError) -> Response<GatewayBody> {
+    let Some((reason, message)) = e.refusal() else {
+        return unavailable();
+    };
+    let error = ErrorObject::new(ErrorCode::INTERNAL_ERROR, message)
+        .with_data(serde_json::json!({ "reason": reason }));
+    bad_gateway(Bytes::from(
+        Message::Response(RpcResponse::error(None, error)).to_vec(),
+    ))
+}
+
+fn bad_gateway(body: Bytes) -> Response<GatewayBody> {
+    let mut r = Response::new(full(body));
     *r.status_mut() = StatusCode::BAD_GATEWAY;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -178,8 +251,10 @@ pub(super) fn unavailable() -> Response<GatewayBody> {
 
 async fn forward_http(
     gateway: &Gateway,
+    connection: &ConnectionTelemetry,
     upstream: &HttpUpstream,
     req: Request<Incoming>,
+    forwarded: &Forwarded,
 ) -> Response<GatewayBody> {
     let limit = gateway.config.max_body_bytes;
     let declared = req
@@ -190,44 +265,74 @@ async fn forward_http(
     if declared.is_some_and(|n| n > limit) {
         return status_only(StatusCode::PAYLOAD_TOO_LARGE);
     }
+    let (mut parts, body) = req.into_parts();
+    forwarded.apply(&mut parts.headers);
+    let req = Request::from_parts(parts, body);
     // Cacheable methods (known from `Mcp-Method` alone) go through the cache; every
     // other request stays unparsed.
     if let Some(method) = gateway.cache.cacheable(req.headers()) {
-        return cache::passthrough::forward(gateway, upstream, req, method).await;
+        return cache::passthrough::forward(gateway, connection, upstream, req, method).await;
     }
     let tool_call = cache::passthrough::ToolCall::watch(&gateway.cache, req.headers());
     let (parts, body) = req.into_parts();
+    if parts
+        .headers
+        .get("mcp-method")
+        .is_some_and(|m| m == "server/discover")
+    {
+        // A modern client's first request, small: read to learn who the client is
+        // (with the cache on, the cache reads it).
+        let bytes = match read_body(body, limit).await {
+            Ok(b) => b,
+            Err(too_large) => return too_large,
+        };
+        gateway
+            .telemetry
+            .identify(connection, revision_of(&parts.headers), &bytes);
+        return match send(gateway, upstream, parts, full(bytes)).await {
+            Ok(resp) => downstream(resp),
+            Err(e) => upstream_failed(&e),
+        };
+    }
     let body: GatewayBody = Limited::new(body, limit)
         .map_err(|e| -> BoxError { e })
         .boxed();
-    match send(upstream, parts, body).await {
+    match send(gateway, upstream, parts, body).await {
         Ok(resp) => match tool_call {
             Some(call) => call.observe(&gateway.cache, downstream(resp)),
             None => downstream(resp),
         },
-        Err(e) => {
-            tracing::warn!(error = %e, "upstream request failed");
-            unavailable()
-        }
+        Err(e) => upstream_failed(&e),
     }
 }
 
 /// Sends a pass-through request upstream: hop-by-hop headers stripped, the upstream's
-/// `Host` and URI.
+/// `Host` and URI. A request that gets no response is counted as an upstream error
+/// (of its kind: `tls` names a refused certificate, else `unreachable`) and logged.
 pub(super) async fn send(
+    gateway: &Gateway,
     upstream: &HttpUpstream,
     mut parts: http::request::Parts,
     body: GatewayBody,
-) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+) -> Result<Response<Incoming>, UpstreamError> {
     strip_hop_by_hop(&mut parts.headers);
     if let Some(host) = upstream.host_header() {
         parts.headers.insert(header::HOST, host.clone());
     }
     parts.uri = upstream.uri().clone();
+    // The client picks HTTP/1.1 or HTTP/2 per upstream connection, whatever the host
+    // spoke to us.
+    parts.version = http::Version::HTTP_11;
     upstream
         .client()
         .request(Request::from_parts(parts, body))
         .await
+        .map_err(|e| {
+            let e = UpstreamError::from_client(&e);
+            gateway.telemetry.upstream_error(&e);
+            tracing::warn!(error = %e, "upstream request failed");
+            e
+        })
 }
 
 /// The upstream's response as the caller gets it: hop-by-hop headers stripped, the
@@ -235,7 +340,20 @@ pub(super) async fn send(
 pub(super) fn downstream(resp: Response<Incoming>) -> Response<GatewayBody> {
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
+    parts.version = http::Version::HTTP_11;
     Response::from_parts(parts, body.map_err(|e| -> BoxError { Box::new(e) }).boxed())
+}
+
+/// A request body read whole, or the 413 for one over `limit` bytes.
+pub(super) async fn read_body(
+    body: Incoming,
+    limit: usize,
+) -> Result<Bytes, Response<GatewayBody>> {
+    Limited::new(body, limit)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .map_err(|_| status_only(StatusCode::PAYLOAD_TOO_LARGE))
 }
 
 pub(super) fn status_only(status: StatusCode) -> Response<GatewayBody> {

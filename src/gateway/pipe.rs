@@ -3,10 +3,15 @@
 //! machine, feeds it what the peer and the upstream say, and carries out its events.
 //! Every stream the machine names maps onto the one outgoing channel.
 
+use super::forwarded::Forwarded;
+use super::telemetry::SessionTelemetry;
+use super::trace::TraceContext;
+use super::upstream::OnBehalf;
 use super::Gateway;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
 use dualera_adapters::{Event, Message, RequestId, Session, SessionState, Timestamp};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
@@ -15,7 +20,7 @@ use tracing::{debug, info, warn, Instrument};
 /// What an upstream exchange task reports back to the session task.
 enum FromUpstream {
     Message(RequestId, Message),
-    Lost(RequestId),
+    Lost(RequestId, Option<(&'static str, String)>),
     Done(RequestId),
 }
 
@@ -28,11 +33,13 @@ pub(super) async fn run_session(
     outgoing: mpsc::Sender<Vec<u8>>,
     transport: &'static str,
     authorization: Option<http::HeaderValue>,
+    forwarded: Arc<Forwarded>,
 ) {
     let start = Instant::now();
     let now =
         || Timestamp::from_millis(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
     let mut machine = Session::new(gw.legacy.machine_config(transport));
+    let mut telemetry = gw.telemetry.session(transport);
     if let Some(d) =
         super::cache::legacy::discover_for_initialize(&gw.cache, authorization.as_ref())
     {
@@ -42,17 +49,16 @@ pub(super) async fn run_session(
     let _ = machine.handle_standalone_opened();
     let (up_tx, mut up_rx) = mpsc::channel::<FromUpstream>(256);
     let mut tasks: HashMap<RequestId, AbortHandle> = HashMap::new();
+    let links = Links {
+        gw: &gw,
+        outgoing: &outgoing,
+        up_tx: &up_tx,
+        authorization: authorization.as_ref(),
+        forwarded: &forwarded,
+    };
     info!(transport, "legacy session opened");
     loop {
-        route(
-            &gw,
-            &mut machine,
-            &outgoing,
-            &up_tx,
-            &mut tasks,
-            authorization.as_ref(),
-        )
-        .await;
+        route(&links, &mut machine, &mut telemetry, &mut tasks).await;
         if machine.state() == SessionState::Closed {
             break;
         }
@@ -64,25 +70,40 @@ pub(super) async fn run_session(
                 let Some(line) = line else { break };
                 match jsonrpc::parse_incoming(&line) {
                     Ok(Parsed::Single(msg)) => {
+                        if let Message::Request(r) = &msg {
+                            telemetry.request_started(&r.id);
+                        }
                         if let Err(e) = machine.handle_peer_message(msg, now()) {
-                            warn!(transport, error = %e, "peer message refused");
+                            if e.is_dropped() {
+                                // Accepted and dropped: no error goes back on the pipe.
+                                debug!(transport, error = %e, "late or duplicate reply dropped");
+                            } else {
+                                warn!(transport, error = %e, "peer message refused");
+                            }
                             if let Some(resp) = e.to_response() {
                                 let _ = outgoing.send(Message::Response(resp).to_vec()).await;
                             }
                         }
                     }
-                    Ok(Parsed::Batch(items)) => match machine.handle_peer_batch(items, now()) {
-                        Ok(outcome) => {
-                            for e in outcome.refused {
-                                debug!(transport, error = %e, "batch element refused");
+                    Ok(Parsed::Batch(items)) => {
+                        for item in &items {
+                            if let Ok(Message::Request(r)) = item {
+                                telemetry.request_started(&r.id);
                             }
                         }
-                        Err(e) => {
-                            if let Some(resp) = e.to_response() {
-                                let _ = outgoing.send(Message::Response(resp).to_vec()).await;
+                        match machine.handle_peer_batch(items, now()) {
+                            Ok(outcome) => {
+                                for e in outcome.refused {
+                                    debug!(transport, error = %e, "batch element refused");
+                                }
+                            }
+                            Err(e) => {
+                                if let Some(resp) = e.to_response() {
+                                    let _ = outgoing.send(Message::Response(resp).to_vec()).await;
+                                }
                             }
                         }
-                    },
+                    }
                     Err(e) => {
                         let _ = outgoing.send(Message::Response(e.to_response()).to_vec()).await;
                     }
@@ -94,9 +115,14 @@ pub(super) async fn run_session(
                         debug!(transport, error = %e, "upstream message refused");
                     }
                 }
-                Some(FromUpstream::Lost(id)) => {
+                Some(FromUpstream::Lost(id, refusal)) => {
                     tasks.remove(&id);
-                    let _ = machine.handle_upstream_lost(&id, now());
+                    let _ = match refusal {
+                        Some((reason, message)) => {
+                            machine.handle_upstream_refused(&id, reason, message, now())
+                        }
+                        None => machine.handle_upstream_lost(&id, now()),
+                    };
                 }
                 Some(FromUpstream::Done(id)) => {
                     tasks.remove(&id);
@@ -113,29 +139,38 @@ pub(super) async fn run_session(
         }
     }
     machine.close();
-    route(
-        &gw,
-        &mut machine,
-        &outgoing,
-        &up_tx,
-        &mut tasks,
-        authorization.as_ref(),
-    )
-    .await;
+    route(&links, &mut machine, &mut telemetry, &mut tasks).await;
     for (_, t) in tasks.drain() {
         t.abort();
     }
+    telemetry.close();
     info!(transport, "legacy session closed");
 }
 
+/// What routing a session's events reaches, fixed for the session's life.
+struct Links<'a> {
+    gw: &'a Gateway,
+    outgoing: &'a mpsc::Sender<Vec<u8>>,
+    up_tx: &'a mpsc::Sender<FromUpstream>,
+    /// The credentials and forwarded headers of the request that opened the session:
+    /// these wires have no per-message headers.
+    authorization: Option<&'a http::HeaderValue>,
+    forwarded: &'a Arc<Forwarded>,
+}
+
 async fn route(
-    gw: &Gateway,
+    links: &Links<'_>,
     machine: &mut Session,
-    outgoing: &mpsc::Sender<Vec<u8>>,
-    up_tx: &mpsc::Sender<FromUpstream>,
+    telemetry: &mut SessionTelemetry,
     tasks: &mut HashMap<RequestId, AbortHandle>,
-    authorization: Option<&http::HeaderValue>,
 ) {
+    let Links {
+        gw,
+        outgoing,
+        up_tx,
+        authorization,
+        forwarded,
+    } = *links;
     while let Some(event) = machine.poll_event() {
         match event {
             Event::ToPeer { message, .. } => {
@@ -155,7 +190,16 @@ async fn route(
                 let tx = up_tx.clone();
                 let task_id = id.clone();
                 let auth = authorization.cloned();
-                let span = tracing::debug_span!("upstream", rpc.id = %id, ?role);
+                let fwd = forwarded.clone();
+                // These wires carry no HTTP headers per message: the request's own
+                // `_meta.traceparent` is the trace context.
+                let trace = TraceContext::from_meta(request.params.as_ref());
+                let span = tracing::debug_span!(
+                    "upstream",
+                    rpc.id = %id,
+                    ?role,
+                    trace_id = trace.as_ref().map_or("", |t| t.trace_id()),
+                );
                 let task = tokio::spawn(
                     async move {
                         let msg = Message::Request(request);
@@ -165,7 +209,11 @@ async fn route(
                             &gw,
                             &role,
                             &msg,
-                            auth.as_ref(),
+                            OnBehalf {
+                                authorization: auth.as_ref(),
+                                forwarded: Some(&fwd),
+                                trace: trace.as_ref(),
+                            },
                             &params,
                             || {},
                             |m| {
@@ -177,8 +225,9 @@ async fn route(
                         let last = match result {
                             Ok(()) => FromUpstream::Done(task_id),
                             Err(e) => {
+                                gw.telemetry.upstream_error(&e);
                                 warn!(error = %e, "upstream exchange failed");
-                                FromUpstream::Lost(task_id)
+                                FromUpstream::Lost(task_id, e.refusal())
                             }
                         };
                         let _ = tx.send(last).await;
@@ -199,6 +248,7 @@ async fn route(
             Event::ToolRejected { tool, reason } => {
                 warn!(tool, reason, "upstream tool left out of tools/list");
             }
+            Event::Observed(o) => telemetry.observe(o, machine),
             _ => {}
         }
     }

@@ -22,6 +22,7 @@
 //! connection per session, which cannot move between processes: they stay in memory
 //! whatever the store (`pipe`).
 
+use super::legacy_http::PostContext;
 use crate::body::GatewayBody;
 use crate::gateway::Gateway;
 use dualera_adapters::jsonrpc::EnvelopeError;
@@ -155,7 +156,8 @@ pub(super) enum Lookup<H> {
 }
 
 /// One legacy HTTP operation's inputs, as the front (`legacy_http::handle`) hands them
-/// to a store once the headers, body and envelope were checked.
+/// to a store once the headers, body and envelope were checked. A POST's
+/// [`PostContext`] carries its `Authorization`, forwarded headers and trace context.
 pub(super) trait SessionStore: Send + Sync {
     /// A session found for a caller (what the operations below act on).
     type Session: Send + Sync;
@@ -175,7 +177,7 @@ pub(super) trait SessionStore: Send + Sync {
         &self,
         gw: &Gateway,
         init: Request,
-        authorization: Option<HeaderValue>,
+        cx: PostContext,
     ) -> impl Future<Output = Response<GatewayBody>> + Send;
 
     /// A request on a session: JSON when answered at once, else an SSE stream.
@@ -184,7 +186,7 @@ pub(super) trait SessionStore: Send + Sync {
         gw: &Gateway,
         session: &Self::Session,
         request: Request,
-        authorization: Option<HeaderValue>,
+        cx: PostContext,
     ) -> impl Future<Output = Response<GatewayBody>> + Send;
 
     /// A notification or a reply to a live request: 202, or 400 when refused.
@@ -202,7 +204,7 @@ pub(super) trait SessionStore: Send + Sync {
         gw: &Gateway,
         session: &Self::Session,
         items: Vec<Result<Message, EnvelopeError>>,
-        authorization: Option<HeaderValue>,
+        cx: PostContext,
     ) -> impl Future<Output = Response<GatewayBody>> + Send;
 
     /// `GET`: the standalone stream, or the resumption of a stream by `Last-Event-ID`.

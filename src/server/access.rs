@@ -6,9 +6,9 @@
 //! the rest of the server sees a [`Caller`].
 
 use super::oauth::{ResourceServer, TokenError};
-use super::request_state::constant_time_eq;
 use super::scope::{Scope, ScopeError};
 use crate::config::{resolve_secret, Config, ConfigError};
+use crate::digest::constant_time_eq;
 use http::header::HeaderValue;
 use http::StatusCode;
 use std::collections::BTreeSet;

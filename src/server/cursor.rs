@@ -8,9 +8,8 @@
 //! own domain label. The payload holds the key id, the principal, a digest of the
 //! listing (its workspaces and query) and the keyset: the last note id shown.
 
-use super::request_state::{
-    constant_time_eq, hex, split_signed, SignedParts, StateCodec, StateError,
-};
+use super::request_state::{hex, split_signed, SignedParts, StateCodec, StateError};
+use crate::digest::constant_time_eq;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
@@ -96,7 +95,11 @@ pub fn open(
     let SignedParts { body, raw, tag } = split_signed(token).ok_or(CursorError::Malformed)?;
     // The key id must be read before the tag can be checked; nothing else is trusted
     // until it is.
-    let payload: Payload = serde_json::from_slice(&raw).map_err(|_| CursorError::Malformed)?;
+    // Duplicate member names are refused here too (I-JSON), like in every message.
+    let payload: Payload = dualera_adapters::json::parse(&raw)
+        .ok()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .ok_or(CursorError::Malformed)?;
     codec.verify_detached(PURPOSE, &payload.kid, body.as_bytes(), &tag)?;
     if payload.v != 1 || payload.after < 0 {
         return Err(CursorError::Malformed);

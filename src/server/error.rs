@@ -1,7 +1,11 @@
 //! The modern server's error enum and the one place that turns an error into a
 //! JSON-RPC error object and an HTTP status.
 
+use dualera_adapters::echo;
 use dualera_adapters::jsonrpc::EnvelopeError;
+
+/// Longest error message sent, in bytes (longer ones are cut and marked).
+pub const MAX_MESSAGE: usize = 1024;
 use dualera_adapters::{ErrorCode, ErrorObject, ProtocolVersion};
 use http::StatusCode;
 use serde_json::{json, Value};
@@ -102,8 +106,12 @@ impl ServerError {
     ///
     /// Statuses follow the 2026-07-28 Streamable HTTP page: 400 for malformed requests,
     /// version and capability errors and header mismatches, 404 for an unknown method.
+    ///
+    /// Messages repeat peer input (a tool name, a `note_id`, a URI): each is cut at
+    /// [`MAX_MESSAGE`] bytes and marked, and peer strings in `data` at
+    /// [`echo::MAX_ECHO`], so a megabyte of input never becomes a megabyte of error.
     pub fn respond(&self) -> (StatusCode, ErrorObject) {
-        let message = self.to_string();
+        let message = echo::prefix_marked(&self.to_string(), MAX_MESSAGE);
         match self {
             Self::Parse { .. } => (
                 StatusCode::BAD_REQUEST,
@@ -124,20 +132,21 @@ impl ServerError {
             Self::ResourceNotFound { uri } => (
                 StatusCode::BAD_REQUEST,
                 ErrorObject::new(ErrorCode::INVALID_PARAMS, message)
-                    .with_data(json!({ "uri": uri })),
+                    .with_data(json!({ "uri": echo::bounded(uri) })),
             ),
             Self::UnsupportedVersion { requested } => (
                 StatusCode::BAD_REQUEST,
                 ErrorObject::new(
                     ErrorCode::UNSUPPORTED_PROTOCOL_VERSION,
                     format!(
-                        "Unsupported protocol version {requested:?}; this server supports {}",
+                        "Unsupported protocol version {}; this server supports {}",
+                        echo::echo_quoted(requested),
                         ProtocolVersion::MODERN.join(", ")
                     ),
                 )
                 .with_data(json!({
                     "supported": ProtocolVersion::MODERN,
-                    "requested": requested,
+                    "requested": echo::bounded(requested),
                 })),
             ),
             Self::MissingCapability { required } => (

@@ -8,24 +8,21 @@ use super::router::{Handled, Listen, MirroredHeaders};
 use super::{Server, Sink};
 use crate::body::{empty, full, ChannelBody, GatewayBody};
 use crate::guard;
+use crate::listener::{ConnInfo, ListenerConfig};
 use bytes::Bytes;
 use dualera_adapters::Message;
 use http::{header, HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tracing::{debug, info, Instrument};
+use tracing::info;
 
-/// The MCP endpoint path.
-pub const ENDPOINT: &str = "/mcp";
+use crate::endpoint::ENDPOINT;
 
 /// Notifications queued for one response stream.
 const NOTIFY_QUEUE: usize = 64;
@@ -33,53 +30,30 @@ const NOTIFY_QUEUE: usize = 64;
 const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Serves HTTP on a bound listener until `shutdown` resolves, then lets in-flight
-/// requests finish.
+/// requests finish (up to 10 s). Default listener bounds, no TLS.
 pub async fn serve(
     listener: TcpListener,
     server: Server,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    serve_with(listener, ListenerConfig::default(), server, shutdown).await
+}
+
+/// [`serve`] with the listener's bounds and TLS given.
+pub async fn serve_with(
+    listener: TcpListener,
+    config: ListenerConfig,
+    server: Server,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let loopback = listener.local_addr()?.ip().is_loopback();
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        debug!(error = %e, "accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let server = server.clone();
-                let svc = service_fn(move |req| {
-                    let server = server.clone();
-                    async move { Ok::<_, Infallible>(handle(server, loopback, req).await) }
-                });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc);
-                let conn = graceful.watch(conn);
-                tokio::spawn(
-                    async move {
-                        if let Err(e) = conn.await {
-                            debug!(error = %e, "connection ended with an error");
-                        }
-                    }
-                    .instrument(tracing::debug_span!("connection", transport = "http", %peer)),
-                );
-            }
-            () = &mut shutdown => break,
-        }
-    }
-    info!("shutting down; waiting for in-flight requests");
-    tokio::select! {
-        () = graceful.shutdown() => {}
-        () = tokio::time::sleep(std::time::Duration::from_secs(10)) => {}
-    }
-    Ok(())
+    let service =
+        move |req: Request<Incoming>, _conn: &ConnInfo| handle(server.clone(), loopback, req);
+    crate::listener::serve(listener, config, service, async move {
+        shutdown.await;
+        info!("shutting down; waiting for in-flight requests");
+    })
+    .await
 }
 
 /// Binds `addr` and reports the bound address.
@@ -206,29 +180,13 @@ async fn handle(server: Server, loopback: bool, req: Request<Incoming>) -> Respo
             "not found; the MCP endpoint is /mcp\n",
         );
     }
+    if let Some(refused) = guard::refusal(&req, loopback, server.allowed_origins()) {
+        return error_response(ServerError::InvalidRequest {
+            detail: refused.reason().into(),
+        })
+        .map_status(StatusCode::FORBIDDEN);
+    }
     let headers = req.headers();
-    if let Some(origin) = headers.get(header::ORIGIN) {
-        let ok = origin
-            .to_str()
-            .is_ok_and(|o| guard::origin_allowed(o, server.allowed_origins()));
-        if !ok {
-            return error_response(ServerError::InvalidRequest {
-                detail: "Origin not allowed".into(),
-            })
-            .map_status(StatusCode::FORBIDDEN);
-        }
-    }
-    if loopback {
-        let host_ok = headers
-            .get(header::HOST)
-            .is_none_or(|h| h.to_str().is_ok_and(guard::host_allowed_on_loopback));
-        if !host_ok {
-            return error_response(ServerError::InvalidRequest {
-                detail: "Host not allowed".into(),
-            })
-            .map_status(StatusCode::FORBIDDEN);
-        }
-    }
     if req.method() != Method::POST {
         let mut r = plain(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -237,6 +195,12 @@ async fn handle(server: Server, loopback: bool, req: Request<Incoming>) -> Respo
         r.headers_mut()
             .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
         return r;
+    }
+    if !guard::is_json(headers) {
+        return plain(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "POST bodies must be Content-Type: application/json\n",
+        );
     }
     let access = &server.services().access;
     let principal = if access.auth_required() {
@@ -415,7 +379,7 @@ fn listen_stream(server: Server, listen: Listen) -> Response<GatewayBody> {
                     }
                 },
                 _ = keepalive.tick() => {
-                    if tx.send(Bytes::from_static(b": keepalive\n\n")).await.is_err() {
+                    if tx.send(crate::sse::keepalive()).await.is_err() {
                         return;
                     }
                 }
@@ -427,11 +391,7 @@ fn listen_stream(server: Server, listen: Listen) -> Response<GatewayBody> {
 }
 
 fn sse_event(json: &[u8]) -> Bytes {
-    let mut framed = Vec::with_capacity(json.len() + 24);
-    framed.extend_from_slice(b"event: message\ndata: ");
-    framed.extend_from_slice(json);
-    framed.extend_from_slice(b"\n\n");
-    Bytes::from(framed)
+    crate::sse::encode(None, json)
 }
 
 fn sse_stream(status: StatusCode, body: GatewayBody) -> Response<GatewayBody> {

@@ -5,6 +5,7 @@
 //! The payload names its key id, so keys rotate: the newest signs, every listed key
 //! verifies. The tag is checked (in constant time) before any field is trusted.
 
+use crate::digest::constant_time_eq;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use hmac::{Hmac, Mac};
@@ -184,7 +185,11 @@ impl StateCodec {
         let SignedParts { body, raw, tag } = split_signed(token).ok_or(StateError::Malformed)?;
         // The key id must be read before the tag can be checked; nothing else is
         // trusted until it is.
-        let payload: Payload = serde_json::from_slice(&raw).map_err(|_| StateError::Malformed)?;
+        // Duplicate member names are refused here too (I-JSON), like in every message.
+        let payload: Payload = dualera_adapters::json::parse(&raw)
+            .ok()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .ok_or(StateError::Malformed)?;
         let (_, secret) = self
             .keys
             .iter()
@@ -285,15 +290,6 @@ fn sign(secret: &[u8], body: &[u8]) -> Vec<u8> {
     let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes any key length");
     mac.update(body);
     mac.finalize().into_bytes().to_vec()
-}
-
-/// Compares two byte strings in time independent of where they differ.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let (da, db) = (Sha256::digest(a), Sha256::digest(b));
-    da.iter()
-        .zip(db.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
 }
 
 /// A digest of JSON arguments that does not depend on object key order.

@@ -150,7 +150,7 @@ impl Server {
         match jsonrpc::parse(body) {
             Ok(Message::Request(req)) => self.handle_request(principal, req, headers, sink),
             Ok(Message::Notification(n)) => {
-                debug!(method = %n.method, "notification accepted");
+                debug!(method = %dualera_adapters::echo::echo(&n.method), "notification accepted");
                 let cancelled = (n.method == "notifications/cancelled")
                     .then(|| {
                         n.params
@@ -195,7 +195,7 @@ impl Server {
             },
             Ok(Answer::Listen(listen)) => Handled::Listen(listen),
             Err(e) => {
-                debug!(error = %e, "request refused");
+                debug!(error = %dualera_adapters::echo::prefix_marked(&e.to_string(), crate::server::error::MAX_MESSAGE), "request refused");
                 reply_error(Some(id), e)
             }
         }

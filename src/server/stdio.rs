@@ -3,12 +3,13 @@
 
 use super::router::{Handled, Listen};
 use super::{Server, Sink};
+use crate::framing::read_bounded_line;
 use dualera_adapters::jsonrpc;
 use dualera_adapters::{ErrorCode, ErrorObject, Message, RequestId, Response};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::task::JoinSet;
 
@@ -16,51 +17,6 @@ use tokio::task::JoinSet;
 const MAX_IN_FLIGHT: usize = 32;
 /// Most `subscriptions/listen` streams open at once on one stdio connection.
 const MAX_LISTENS: usize = 16;
-
-/// Reads one line of at most `max` bytes. `Ok(None)` at EOF; an over-long line is
-/// consumed to its end and reported as `Err(())`.
-pub async fn read_bounded_line<R: AsyncBufRead + Unpin>(
-    reader: &mut R,
-    buf: &mut Vec<u8>,
-    max: usize,
-) -> std::io::Result<Option<Result<(), ()>>> {
-    buf.clear();
-    let mut too_long = false;
-    loop {
-        let chunk = reader.fill_buf().await?;
-        if chunk.is_empty() {
-            return Ok(if buf.is_empty() && !too_long {
-                None
-            } else if too_long {
-                Some(Err(()))
-            } else {
-                Some(Ok(()))
-            });
-        }
-        let (take, done) = match chunk.iter().position(|&b| b == b'\n') {
-            Some(i) => (i + 1, true),
-            None => (chunk.len(), false),
-        };
-        if !too_long {
-            if buf.len() + take > max + 1 {
-                too_long = true;
-                buf.clear();
-            } else {
-                buf.extend_from_slice(&chunk[..take]);
-            }
-        }
-        reader.consume(take);
-        if done {
-            if too_long {
-                return Ok(Some(Err(())));
-            }
-            while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-                buf.pop();
-            }
-            return Ok(Some(Ok(())));
-        }
-    }
-}
 
 /// Cancellation of one stdio request: the handler's flag, and a wake-up for a
 /// `subscriptions/listen` loop.

@@ -922,6 +922,9 @@ pub(crate) fn http_exchange(
                     break r;
                 }
             }
+            // A signal (the tests stop and start database servers) interrupts the read:
+            // not a failure of the peer.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => match parse_http(&buf) {
                 Some(r) if r.1 => break r,
                 _ => panic!(

@@ -23,6 +23,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -228,14 +229,28 @@ impl std::fmt::Debug for Proc {
 }
 
 impl Proc {
-    fn spawn(args: &[&str], marker: &str) -> Self {
-        let level = std::env::var("DUALERA_TEST_LOG").unwrap_or_else(|_| "warn".into());
-        Self::spawn_logging(args, marker, &level)
+    /// Spawns `dualera ARGS` and waits for the line containing `marker`, whose last
+    /// word is the endpoint URL.
+    pub fn spawn(args: &[&str], marker: &str) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dualera"));
+        cmd.args(args);
+        Self::spawn_command(cmd, args, marker)
     }
 
-    fn spawn_logging(args: &[&str], marker: &str, level: &str) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dualera"))
-            .args(args)
+    /// Runs `script` with `sh -c` (it should `exec` dualera, e.g. after `ulimit`).
+    pub fn spawn_shell(script: &str, marker: &str) -> Self {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]);
+        Self::spawn_command(cmd, &[script], marker)
+    }
+
+    fn spawn_command(cmd: Command, args: &[&str], marker: &str) -> Self {
+        let level = std::env::var("DUALERA_TEST_LOG").unwrap_or_else(|_| "warn".into());
+        Self::spawn_logging(cmd, args, marker, &level)
+    }
+
+    fn spawn_logging(mut cmd: Command, args: &[&str], marker: &str, level: &str) -> Self {
+        let mut child = cmd
             .env("DUALERA_LOG", level)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -275,56 +290,93 @@ impl Proc {
                 ),
             }
         });
+        assert!(
+            !tls() || url.starts_with("https://"),
+            "dualera {args:?} announced {url}, expected an https URL"
+        );
         Self { child, url, log }
     }
 
-    /// `dualera serve --config <ws> --listen 127.0.0.1:0`.
+    /// `dualera serve --config <ws> --listen 127.0.0.1:0` (with TLS in the TLS run).
     pub fn serve(ws: &Workspace) -> Self {
         let config = ws.config.display().to_string();
-        Self::spawn(
-            &["serve", "--config", &config, "--listen", "127.0.0.1:0"],
-            "modern server listening on",
-        )
+        let mut args: Vec<String> = ["serve", "--config", &config, "--listen", "127.0.0.1:0"]
+            .map(String::from)
+            .to_vec();
+        args.extend(listener_tls_args());
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self::spawn(&refs, "modern server listening on")
     }
 
-    /// `dualera gateway --upstream <url> --config <ws> --listen 127.0.0.1:0`.
+    /// `dualera gateway --upstream <url> --config <ws> --listen 127.0.0.1:0` (in the TLS
+    /// run: a TLS listener and `--upstream-ca` with the test CA).
     pub fn gateway(upstream: &str, ws: &Workspace) -> Self {
-        let config = ws.config.display().to_string();
-        Self::spawn(
-            &[
-                "gateway",
-                "--upstream",
-                upstream,
-                "--config",
-                &config,
-                "--listen",
-                "127.0.0.1:0",
-            ],
-            "gateway listening on",
-        )
+        Self::gateway_with(upstream, ws, &[])
     }
 
-    /// [`Proc::gateway`] logging at `level` (`DUALERA_LOG`), for tests that read its log.
-    pub fn gateway_logging(upstream: &str, ws: &Workspace, level: &str) -> Self {
+    /// [`Self::gateway`] with extra arguments.
+    pub fn gateway_with(upstream: &str, ws: &Workspace, extra: &[&str]) -> Self {
         let config = ws.config.display().to_string();
-        Self::spawn_logging(
-            &[
-                "gateway",
-                "--upstream",
-                upstream,
-                "--config",
-                &config,
-                "--listen",
-                "127.0.0.1:0",
-            ],
-            "gateway listening on",
-            level,
-        )
+        let mut args: Vec<String> = [
+            "gateway",
+            "--upstream",
+            upstream,
+            "--config",
+            &config,
+            "--listen",
+            "127.0.0.1:0",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(listener_tls_args());
+        if tls() {
+            args.push("--upstream-ca".into());
+            args.push(pki().ca.display().to_string());
+        }
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self::spawn(&refs, "gateway listening on")
     }
 
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Stops the process with SIGTERM (a clean shutdown); whether it exited within
+    /// `WAIT` (it is killed otherwise).
+    pub fn terminate(&mut self) -> bool {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// [`Proc::gateway`] logging at `level` (`DUALERA_LOG`), for tests that read its log,
+    /// with an admin listener ([`admin_url`]).
+    pub fn gateway_logging(upstream: &str, ws: &Workspace, level: &str) -> Self {
+        let config = ws.config.display().to_string();
+        let args = [
+            "gateway",
+            "--upstream",
+            upstream,
+            "--config",
+            &config,
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ];
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dualera"));
+        cmd.args(args);
+        Self::spawn_logging(cmd, &args, "gateway listening on", level)
     }
 
     /// What the process wrote on stderr so far.
@@ -336,6 +388,7 @@ impl Proc {
     pub fn authority(&self) -> String {
         self.url
             .trim_start_matches("http://")
+            .trim_start_matches("https://")
             .trim_end_matches("/mcp")
             .to_owned()
     }
@@ -352,12 +405,138 @@ impl Drop for Proc {
 // Plain HTTP client helpers
 // ---------------------------------------------------------------------------------
 
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
+/// A client for the gateway and the servers: plain HTTP, or (in the TLS run) HTTPS
+/// trusting the test CA, HTTP/2 when the server offers it.
 pub fn http_client() -> HttpClient {
     Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
-        .build(HttpConnector::new())
+        .build(https_connector())
+}
+
+fn https_connector() -> HttpsConnector<HttpConnector> {
+    let tls = if tls() {
+        (*pki().client).clone()
+    } else {
+        rustls::ClientConfig::builder_with_provider(dualera::tls::provider())
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth()
+    };
+    hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .build()
+}
+
+// ---------------------------------------------------------------------------------
+// TLS: the `gateway_tls` test binary runs this whole harness over TLS on both hops
+// ---------------------------------------------------------------------------------
+
+/// Whether this test binary runs over TLS (host → gateway → upstream all HTTPS).
+pub fn tls() -> bool {
+    env!("CARGO_CRATE_NAME").ends_with("_tls")
+}
+
+/// The scheme of every URL in this run.
+pub fn scheme() -> &'static str {
+    if tls() {
+        "https"
+    } else {
+        "http"
+    }
+}
+
+/// A private CA and one certificate for `127.0.0.1`/`localhost` signed by it, made
+/// once per test binary (rcgen) and written to a temp dir.
+pub struct TestPki {
+    pub ca_pem: String,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client: Arc<rustls::ClientConfig>,
+    pub server: Arc<rustls::ServerConfig>,
+    pub authority: dualera::tls::ThrowawayCa,
+}
+
+/// Server config (ALPN h2, http/1.1) for a PEM chain and key.
+pub fn server_config(cert_pem: &str, key_pem: &str) -> Arc<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    let certs = rustls::pki_types::CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .expect("cert PEM");
+    let key =
+        rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).expect("key PEM");
+    let mut c = rustls::ServerConfig::builder_with_provider(dualera::tls::provider())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("server config");
+    c.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Arc::new(c)
+}
+
+/// Client config trusting only `ca_pem`.
+pub fn client_config(ca_pem: &str) -> Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.expect("CA PEM")).expect("CA added");
+    }
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(dualera::tls::provider())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
+}
+
+pub fn pki() -> &'static TestPki {
+    static PKI: std::sync::OnceLock<TestPki> = std::sync::OnceLock::new();
+    PKI.get_or_init(|| {
+        let authority = dualera::tls::ThrowawayCa::new("dualera test CA").expect("CA");
+        let (cert_pem, key_pem) = authority
+            .issue(&["127.0.0.1", "localhost"], dualera::tls::Validity::Current)
+            .expect("leaf");
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("dualera-pki-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("pki dir");
+        let write = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).expect("write pki file");
+            p
+        };
+        let ca_pem = authority.cert_pem().to_owned();
+        TestPki {
+            ca: write("ca.pem", &ca_pem),
+            cert: write("cert.pem", &cert_pem),
+            key: write("key.pem", &key_pem),
+            client: client_config(&ca_pem),
+            server: server_config(&cert_pem, &key_pem),
+            ca_pem,
+            authority,
+        }
+    })
+}
+
+/// The `--tls-cert/--tls-key` arguments of this run (none without TLS).
+fn listener_tls_args() -> Vec<String> {
+    if !tls() {
+        return Vec::new();
+    }
+    let p = pki();
+    vec![
+        "--tls-cert".into(),
+        p.cert.display().to_string(),
+        "--tls-key".into(),
+        p.key.display().to_string(),
+    ]
 }
 
 /// One raw HTTP exchange with its whole body.
@@ -519,6 +698,8 @@ pub struct Seen {
     pub body: Value,
     pub raw: Bytes,
     pub headers: HeaderMap,
+    /// The HTTP version the gateway used.
+    pub version: http::Version,
     /// The upstream's answer, when it was a plain JSON body (recording hop).
     pub answer: Option<Value>,
 }
@@ -560,7 +741,56 @@ struct UpState {
     down: AtomicBool,
     validated: AtomicUsize,
     /// A pause before the recording hop forwards a request (chosen per request).
-    delay: Mutex<Option<Arc<dyn Fn(&Seen) -> Option<Duration> + Send + Sync>>>,
+    delay: Mutex<Option<Delay>>,
+    connections: AtomicUsize,
+    raw: Mutex<Vec<u8>>,
+}
+
+/// Picks the pause before the recording hop forwards a request, if any.
+type Delay = Arc<dyn Fn(&Seen) -> Option<Duration> + Send + Sync>;
+
+/// An accepted socket that keeps a copy of the first bytes it reads.
+struct Recorded {
+    inner: tokio::net::TcpStream,
+    st: Arc<UpState>,
+}
+
+impl tokio::io::AsyncRead for Recorded {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        let mut raw = self.st.raw.lock().unwrap();
+        if raw.len() < 65536 {
+            raw.extend_from_slice(&buf.filled()[before..]);
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for Recorded {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// An HTTP peer upstream of the gateway (see the module docs).
@@ -592,20 +822,44 @@ impl Upstream {
         Self::start(Some(Arc::new(handler)), None).await
     }
 
+    /// A scripted modern server serving TLS with `tls` (whatever the run), e.g. with
+    /// a certificate the gateway must refuse.
+    pub async fn scripted_tls(
+        tls: Arc<rustls::ServerConfig>,
+        handler: impl Fn(&Seen) -> Script + Send + Sync + 'static,
+    ) -> Self {
+        Self::start_with(Some(Arc::new(handler)), None, Some(tls)).await
+    }
+
     async fn start(handler: Option<Handler>, target: Option<Uri>) -> Self {
+        let tls = tls().then(|| pki().server.clone());
+        Self::start_with(handler, target, tls).await
+    }
+
+    async fn start_with(
+        handler: Option<Handler>,
+        target: Option<Uri>,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Self {
         tokio::task::block_in_place(schema::warm_up);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let state = Arc::new(UpState::default());
-        let client: Client<HttpConnector, Full<Bytes>> =
-            Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+        let client = http_client();
         let st = state.clone();
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
+                };
+                st.connections.fetch_add(1, Ordering::SeqCst);
+                let stream = Recorded {
+                    inner: stream,
+                    st: st.clone(),
                 };
                 let st = st.clone();
                 let handler = handler.clone();
@@ -618,18 +872,40 @@ impl Upstream {
                     let client = client.clone();
                     async move { serve_one(st, handler, target, client, req).await }
                 });
+                let acceptor = acceptor.clone();
                 tokio::spawn(async move {
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    match acceptor {
+                        None => {
+                            let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+                        }
+                        Some(acceptor) => {
+                            let Ok(tls) = acceptor.accept(stream).await else {
+                                return;
+                            };
+                            let _ = builder.serve_connection(TokioIo::new(tls), svc).await;
+                        }
+                    }
                 });
             }
         });
         Self {
-            url: format!("http://{addr}/mcp"),
+            url: format!("{scheme}://{addr}/mcp"),
             state,
             task,
         }
+    }
+
+    /// TCP connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.state.connections.load(Ordering::SeqCst)
+    }
+
+    /// The first bytes received on any connection (up to 64 KiB), as sent: over TLS
+    /// this is ciphertext.
+    pub fn raw_received(&self) -> Vec<u8> {
+        self.state.raw.lock().unwrap().clone()
     }
 
     fn check(&self) {
@@ -728,7 +1004,7 @@ async fn serve_one(
     st: Arc<UpState>,
     handler: Option<Handler>,
     target: Option<Uri>,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: HttpClient,
     req: Request<Incoming>,
 ) -> Result<Response<UpBody>, UpError> {
     if st.down.load(Ordering::SeqCst) {
@@ -792,6 +1068,12 @@ async fn serve_one(
     if hv("mcp-session-id").is_some() {
         problems.push("a session id was sent upstream".into());
     }
+    if tls() && parts.version != http::Version::HTTP_2 {
+        problems.push(format!(
+            "the upstream offered h2 by ALPN but the gateway spoke {:?}",
+            parts.version
+        ));
+    }
     st.validated.fetch_add(1, Ordering::SeqCst);
     if !problems.is_empty() {
         st.violations.lock().unwrap().extend(problems);
@@ -804,6 +1086,7 @@ async fn serve_one(
         body,
         raw: raw.clone(),
         headers: parts.headers.clone(),
+        version: parts.version,
         answer: None,
     };
     if let Some(target) = target {
@@ -1340,6 +1623,17 @@ impl Legacy {
         }
     }
 
+    /// POSTs raw bytes with the session's headers (for bodies a `Value` cannot hold,
+    /// such as duplicate member names); the answer is not validated.
+    pub async fn post_raw(&self, body: impl Into<Bytes>) -> RawReply {
+        let headers = self.headers();
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        raw(&self.client, Method::POST, &self.url, &headers, body).await
+    }
+
     /// POSTs one JSON-RPC message (or batch).
     pub async fn post(&self, msg: &Value) -> Reply {
         self.send(Method::POST, Some(msg), &[]).await
@@ -1580,7 +1874,24 @@ impl Scripted {
         capabilities: Value,
         handler: impl Fn(&Seen) -> Script + Send + Sync + 'static,
     ) -> Self {
+        Self::with_config(gateway, "", capabilities, handler).await
+    }
+
+    /// As [`Scripted::new`], with `extra` TOML appended to the workspace's config
+    /// (e.g. an `[admin]` section).
+    pub async fn with_config(
+        gateway: &[(&str, &str)],
+        extra: &str,
+        capabilities: Value,
+        handler: impl Fn(&Seen) -> Script + Send + Sync + 'static,
+    ) -> Self {
         let ws = Workspace::new(gateway);
+        if !extra.is_empty() {
+            let mut config = std::fs::read_to_string(&ws.config).expect("read the config");
+            config.push('\n');
+            config.push_str(extra);
+            std::fs::write(&ws.config, config).expect("write the config");
+        }
         let up = Upstream::scripted(move |s: &Seen| {
             if s.method == "server/discover" {
                 Script::Json(discover_result(&s.id, capabilities.clone()))
@@ -1596,6 +1907,35 @@ impl Scripted {
     pub fn legacy(&self) -> Legacy {
         Legacy::new(&self.gateway.url)
     }
+}
+
+/// The admin listener's URL a gateway printed.
+pub fn admin_url(proc: &Proc) -> String {
+    proc.log()
+        .iter()
+        .find_map(|l| l.split("admin listening on ").nth(1).map(str::to_owned))
+        .unwrap_or_else(|| panic!("no admin URL in {:?}", proc.log()))
+}
+
+/// The sum of the samples of `name` whose labels include `labels` (Prometheus text).
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            (n == name).then_some((rest, value))
+        })
+        .filter(|(rest, _)| {
+            labels
+                .iter()
+                .all(|(k, v)| rest.split(',').any(|p| p == format!("{k}=\"{v}\"")))
+        })
+        .map(|(_, v)| v.parse::<f64>().expect("a sample value"))
+        .sum()
 }
 
 /// Whether a session id is visible ASCII (0x21–0x7E) carrying at least 128 bits.

@@ -279,6 +279,11 @@ impl Cluster {
         }
     }
 
+    /// Gateway `i`'s admin listener (`/readyz`).
+    pub fn admin(&self, i: usize) -> String {
+        super::admin_url(self.gateways[i].as_ref().expect("gateway alive"))
+    }
+
     /// The replica id gateway `i` logged at start.
     pub async fn replica_id(&self, i: usize) -> String {
         let p = self.gateways[i].as_ref().expect("gateway alive");
@@ -288,16 +293,18 @@ impl Cluster {
         .await
     }
 
-    /// Which gateways logged a line with `message` and `session=sid`.
+    /// Which gateways logged a line with `message` and session `sid` (logs name a
+    /// session by its tag, never its id).
     pub fn served_by(&self, sid: &str, message: &str) -> Vec<usize> {
+        let tag = dualera::digest::log_tag(sid);
         self.gateways
             .iter()
             .enumerate()
             .filter(|(_, g)| {
                 g.as_ref().is_some_and(|g| {
-                    g.log()
-                        .iter()
-                        .any(|l| l.contains(message) && field(l, "session").as_deref() == Some(sid))
+                    g.log().iter().any(|l| {
+                        l.contains(message) && field(l, "session").as_deref() == Some(tag.as_str())
+                    })
                 })
             })
             .map(|(i, _)| i)

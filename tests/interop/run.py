@@ -10,7 +10,10 @@ one column per SDK x wire:
   python-legacy/stdio      mcp==1.30.0, stdio_client spawning `dualera gateway --stdio --upstream <modern server>`
   typescript-legacy/sse    sdk 1.32.2, SSEClientTransport on /sse
   typescript-legacy/stdio  sdk 1.32.2, StdioClientTransport spawning `dualera gateway --stdio ...`
-The sse and stdio columns run scenarios 2-4 (the elicitation and sampling rounds;
+  python-legacy/tls        mcp==1.30.0, streamablehttp_client on https:// (`dualera up --tls`), httpx
+                           verifying against the throw-away CA the gateway printed
+  typescript-legacy/tls    sdk 1.32.2, StreamableHTTPClientTransport on https://, NODE_EXTRA_CA_CERTS=<that CA>
+The sse, stdio and tls columns run scenarios 2-4 (the elicitation and sampling rounds;
 `--all-scenarios` runs all eight there too); the drivers and the expectations are the same
 code for every wire. For the stdio columns the tap records the stdio gateway's upstream hop.
 
@@ -42,6 +45,7 @@ import tempfile
 import threading
 import time
 import traceback
+import urllib.error
 import urllib.request
 from urllib.parse import urlsplit, urlunsplit
 from dataclasses import dataclass, field
@@ -56,6 +60,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 CACHE = ROOT / ".cache" / "interop"
 TS_DIR = HERE / "ts"
+BROWSER_DIR = HERE / "browser"
+ARTIFACTS = CACHE / "artifacts"
 
 MODERN_VERSION = "2026-07-28"
 LEGACY_VERSION = "2025-11-25"
@@ -157,13 +163,47 @@ TS_LEGACY = Peer("sdk 1.32.2", ensure_ts, TS_DIR / "client.mjs")
 PY_MODERN = Peer("mcp 2.3.0",
                  lambda: ensure_venv("mcp-2.3.0", HERE / "py" / "requirements-modern.txt", "mcp", "2.3.0"),
                  HERE / "py" / "modern_client.py")
+# The operating checks' peers: the official Python Prometheus client's parsers, and
+# the Debian Chromium driven by playwright-core (pinned in tests/interop/browser).
+PROM = Peer("prometheus_client 0.26.0",
+            lambda: ensure_venv("prometheus-client-0.26.0", HERE / "py" / "requirements-ops.txt",
+                                "prometheus_client", "0.26.0"),
+            HERE / "py" / "parse_metrics.py")
+
+
+def ensure_browser() -> list[str]:
+    chromium = Path("/usr/bin/chromium")
+    if not chromium.exists():
+        raise PeerError("/usr/bin/chromium is missing: run `bash tests/services/debian.sh chromium`")
+    node = shutil.which("node")
+    npm = shutil.which("npm")
+    if not node or not npm:
+        raise PeerError("node and npm are required for playwright-core (Node 20 or newer)")
+    node_version = run_quiet([node, "--version"]).strip()
+    if int(node_version.lstrip("v").split(".")[0]) < 20:
+        raise PeerError(f"Node {node_version} is too old for playwright-core (needs 20+)")
+    lock = BROWSER_DIR / "package-lock.json"
+    stamp_file = BROWSER_DIR / "node_modules" / ".dualera-stamp"
+    stamp = sha256(lock.read_bytes(), (BROWSER_DIR / "package.json").read_bytes(), node_version.encode())
+    if not (stamp_file.exists() and stamp_file.read_text() == stamp):
+        print("  installing playwright-core with npm ci ...", flush=True)
+        run_quiet([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=BROWSER_DIR)
+        stamp_file.write_text(stamp)
+    pkg = json.loads((BROWSER_DIR / "node_modules/playwright-core/package.json").read_text())
+    if pkg["version"] != "1.65.1":
+        raise PeerError(f"node_modules has playwright-core {pkg['version']}, expected 1.65.1")
+    run_quiet([str(chromium), "--version"])
+    return [node]
+
+
+BROWSER = Peer("playwright-core 1.65.1 + Debian chromium", ensure_browser, HERE / "browser" / "report.mjs")
 
 # Wires (the driver's cfg["wire"]): how the client reaches the gateway.
 HTTP, SSE, STDIO = "streamable-http", "sse", "stdio"
 # What the sse and stdio columns run: scenarios 2-4.
-ROUND_SCENARIOS = ("delete_accept", "delete_decline_cancel", "summarize")
+ROUND_SCENARIOS = ("delete_accept", "delete_decline_cancel", "summarize", "sibling_failure")
 # What the replicas columns run: 2-4 and the two interleaved sessions (8).
-REPLICA_SCENARIOS = (*ROUND_SCENARIOS, "interleave")
+REPLICA_SCENARIOS = ("delete_accept", "delete_decline_cancel", "summarize", "interleave")
 
 
 @dataclass
@@ -176,6 +216,7 @@ class ClientKind:
     scenarios: tuple[str, ...] | None = None  # None: every scenario
     # "up": one `dualera up`; "replicas": three gateways sharing Redis behind HAProxy.
     backend: str = "up"
+    tls: bool = False  # the gateway on https:// (`dualera up --tls`), the client trusting its CA
 
     @property
     def label(self) -> str:
@@ -187,7 +228,8 @@ class ClientKind:
             return "pass-through"
         if self.backend == "replicas":
             return "3 replicas + haproxy"
-        return {HTTP: "streamable http", SSE: "http+sse 2024-11-05", STDIO: "stdio"}[self.wire]
+        label = {HTTP: "streamable http", SSE: "http+sse 2024-11-05", STDIO: "stdio"}[self.wire]
+        return f"{label} + TLS" if self.tls else label
 
     def runs(self, scenario: str) -> bool:
         return self.scenarios is None or scenario in self.scenarios
@@ -201,19 +243,33 @@ CLIENTS = [
     ClientKind("python-legacy/stdio", PY_LEGACY, "legacy", STDIO, ROUND_SCENARIOS),
     ClientKind("typescript-legacy/sse", TS_LEGACY, "legacy", SSE, ROUND_SCENARIOS),
     ClientKind("typescript-legacy/stdio", TS_LEGACY, "legacy", STDIO, ROUND_SCENARIOS),
-    ClientKind("python-legacy/replicas", PY_LEGACY, "legacy", HTTP, REPLICA_SCENARIOS, "replicas"),
-    ClientKind("typescript-legacy/replicas", TS_LEGACY, "legacy", HTTP, REPLICA_SCENARIOS, "replicas"),
+    ClientKind("python-legacy/tls", PY_LEGACY, "legacy", HTTP, ROUND_SCENARIOS, tls=True),
+    ClientKind("typescript-legacy/tls", TS_LEGACY, "legacy", HTTP, ROUND_SCENARIOS, tls=True),
+    ClientKind("python-legacy/replicas", PY_LEGACY, "legacy", HTTP, REPLICA_SCENARIOS, backend="replicas"),
+    ClientKind("typescript-legacy/replicas", TS_LEGACY, "legacy", HTTP, REPLICA_SCENARIOS, backend="replicas"),
 ]
+
+
+def target_dir() -> Path:
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    return target if target.is_absolute() else ROOT / target
 
 
 def build_binary() -> Path:
     if os.environ.get("DUALERA_BIN"):
         return Path(os.environ["DUALERA_BIN"]).resolve()
     subprocess.run(["cargo", "build", "--locked", "--quiet", "--bin", "dualera"], cwd=ROOT, check=True)
-    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-    if not target.is_absolute():
-        target = ROOT / target
-    return target / "debug" / "dualera"
+    return target_dir() / "debug" / "dualera"
+
+
+def build_fixture() -> Path:
+    """The conformance fixture upstream (examples/conformance_upstream.rs), for rounds
+    the notes server cannot produce (several input requests in one round)."""
+    if os.environ.get("DUALERA_FIXTURE_BIN"):
+        return Path(os.environ["DUALERA_FIXTURE_BIN"]).resolve()
+    subprocess.run(["cargo", "build", "--locked", "--quiet", "--example", "conformance_upstream"],
+                   cwd=ROOT, check=True)
+    return target_dir() / "debug" / "examples" / "conformance_upstream"
 
 
 # ---------------------------------------------------------------------------------------
@@ -251,13 +307,14 @@ def stop_process(proc: subprocess.Popen) -> None:
 
 
 class Dualera:
-    def __init__(self, binary: Path, workdir: Path):
+    def __init__(self, binary: Path, workdir: Path, tls: bool = False):
         self.dir = workdir / "demo"
         self.log_path = workdir / "dualera.log"
         self.log = open(self.log_path, "w")
         env = dict(os.environ, DUALERA_LOG="debug,dualera::wire=trace", NO_COLOR="1")
         self.proc = subprocess.Popen(
-            [str(binary), "up", "--dir", str(self.dir), "--listen", "127.0.0.1:0"],
+            [str(binary), "up", "--dir", str(self.dir), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
+             *(["--tls"] if tls else [])],
             stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL, text=True, env=env,
         )
         q: queue.Queue = queue.Queue()
@@ -274,7 +331,12 @@ class Dualera:
             if value:
                 info[key.strip()] = value.strip()
         self.url = info["gateway (legacy and modern hosts)"]
+        self.ca = info.get("CA certificate (give it to hosts)")
+        if tls and not (self.url.startswith("https://") and self.ca):
+            self.stop()
+            raise RuntimeError(f"`dualera up --tls` did not announce https and a CA: {info}")
         self.upstream = info["modern server (direct)"]
+        self.admin = info["admin (health, metrics, report)"]
         self.workspace = info["notes workspace"]
         self.repo = info["repository"]
         self.db = self.dir / "dualera.db"
@@ -315,6 +377,72 @@ class Dualera:
 
     def stop(self) -> None:
         stop_process(self.proc)
+        self.log.close()
+
+
+class FixtureGateway:
+    """`dualera gateway` in front of the conformance fixture upstream, for scenarios
+    whose rounds the notes server cannot produce. Same interface as `Dualera` (it has
+    no notes store: `notes()` is empty)."""
+
+    def __init__(self, binary: Path, fixture: Path, workdir: Path):
+        self.log_path = workdir / "dualera.log"
+        self.log = open(self.log_path, "w")
+        self.fixture_log = open(workdir / "fixture.log", "w")
+        self.workspace = ""
+        self.repo = ""
+        self.procs: list[subprocess.Popen] = []
+        fx = subprocess.Popen([str(fixture), "--listen", "127.0.0.1:0"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                              env=dict(os.environ, DUALERA_LOG="warn", NO_COLOR="1"))
+        self.procs.append(fx)
+        q: queue.Queue = queue.Queue()
+        reader_thread(fx.stderr, q)
+        deadline = time.monotonic() + 30
+        self.upstream = ""
+        while not self.upstream:
+            try:
+                line = q.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                self.stop()
+                raise RuntimeError("the conformance fixture did not come up")
+            self.fixture_log.write(line)
+            if "listening on" in line:
+                self.upstream = line.split()[-1]
+        threading.Thread(target=lambda: [self.fixture_log.write(ln) for ln in iter(q.get, None)],
+                         daemon=True).start()
+        env = dict(os.environ, DUALERA_LOG="debug,dualera::wire=trace", NO_COLOR="1")
+        gw = subprocess.Popen([str(binary), "gateway", "--upstream", self.upstream, "--listen", "127.0.0.1:0"],
+                              stdout=subprocess.DEVNULL, stderr=self.log, stdin=subprocess.DEVNULL, env=env)
+        self.procs.append(gw)
+        self.url = ""
+        while not self.url:
+            if time.monotonic() > deadline or gw.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"`dualera gateway` did not come up; log:\n{self.log_tail()}")
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                if "gateway listening on" in line:
+                    self.url = line.split()[-1]
+            time.sleep(0.05)
+
+    def notes(self) -> dict:
+        return {}
+
+    def log_tail(self, n: int = LOG_TAIL) -> str:
+        self.log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
         self.log.close()
 
 
@@ -390,6 +518,8 @@ class Ctx:
     client: ClientKind
     up: Dualera
     cfg: dict
+    workdir: Path = Path(".")
+    tap: Wiretap | None = None
     obs: dict = field(default_factory=dict)
     snaps: dict = field(default_factory=dict)
     reference: dict = field(default_factory=dict)
@@ -617,12 +747,47 @@ def check_spread(up: Replicas) -> str:
     return f"{len(spread)} session(s), {changes}/{pairs} consecutive requests on another replica"
 
 
+REFUSAL = {"code": -32603, "message": "the host's model is unavailable [refusal-marker-51c2]"}
+
+
+def cfg_sibling_failure(up) -> dict:
+    return {"tool": "test_input_required_result_multiple_inputs", "tool_after": "test_simple_text",
+            "answer_delay": 0.5, "refusal": REFUSAL}
+
+
+def check_sibling_failure(cx: Ctx) -> None:
+    o = cx.obs
+    no_unexpected(o, elicitations=1, samplings=1, roots=1)
+    call = o["call"]
+    expect("result" in call, f"the tool call must end with the failure result, not a JSON-RPC error: {call}")
+    expect(call["result"].get("isError") is True, f"expected an isError result: {call}")
+    text = text_of(call)
+    expect("sampling/createMessage" in text and REFUSAL["message"] in text,
+           f"the failure result does not name the refused request: {text!r}")
+    ok_result(o["after"], "the next tool call in the same session")
+    err = (cx.workdir / "client.stderr").read_text(errors="replace")
+    for bad in ("Traceback", "Error in post_writer", "Exception"):
+        expect(bad not in err, f"the client's stderr has {bad!r}:\n{err[-3000:]}")
+    if cx.tap is not None and cx.client.wire != STDIO:
+        failed = [s for s in cx.tap.statuses if s[1] >= 400]
+        expect(not failed, f"HTTP errors between client and gateway: {failed}")
+    log = cx.workdir / ("gateway-stdio.log" if cx.client.wire == STDIO else "dualera.log")
+    late = log.read_text(errors="replace").count("late or duplicate reply dropped")
+    expect(late >= 1, "no reply arrived after the round was given up (the case did not test a late reply)")
+    http = "" if cx.client.wire == STDIO else f", {len(cx.tap.statuses) if cx.tap else '?'} HTTP exchanges, none >= 400"
+    cx.detail = f"isError result naming the refusal, {late} late repl{'y' if late == 1 else 'ies'} dropped{http}"
+
+
 @dataclass
 class Scenario:
     name: str
     title: str
     make_cfg: Callable[[Dualera], dict]
     check: Callable[[Ctx], None]
+    # "fixture": the gateway fronts the conformance fixture instead of `dualera up`.
+    upstream: str = "notes"
+    # Which columns run it (None: every column whose matrix includes it).
+    only: Callable[[ClientKind], bool] | None = None
 
 
 SCENARIOS = [
@@ -637,6 +802,9 @@ SCENARIOS = [
     Scenario("no_elicitation", "notes_delete from a client without elicitation", cfg_no_elicitation,
              check_no_elicitation),
     Scenario("interleave", "two sessions, interleaved elicitation rounds", cfg_interleave, check_interleave),
+    Scenario("sibling_failure", "one live request of a round fails, the host answers the others late",
+             cfg_sibling_failure, check_sibling_failure, upstream="fixture",
+             only=lambda c: c.peer is PY_LEGACY),
 ]
 
 
@@ -645,10 +813,16 @@ SCENARIOS = [
 
 
 def run_driver(client: ClientKind, cfg: dict, up: Dualera, snaps: dict, stderr_path: Path) -> dict:
+    env = dict(os.environ)
+    if client.tls:
+        # The TypeScript SDK's fetch trusts what Node trusts; the Python driver passes
+        # cfg["ca"] to httpx itself.
+        env["NODE_EXTRA_CA_CERTS"] = up.ca
     with open(stderr_path, "w") as err:
         proc = subprocess.Popen(
             [*client.peer.command, str(client.peer.script), json.dumps(cfg)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, cwd=client.peer.script.parent,
+            env=env,
         )
         q: queue.Queue = queue.Queue()
         reader_thread(proc.stdout, q)
@@ -682,8 +856,12 @@ def run_driver(client: ClientKind, cfg: dict, up: Dualera, snaps: dict, stderr_p
                     proc.wait()
 
 
-def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct: bool) -> tuple[bool, str, str]:
-    """(passed, one-line detail, failure report)."""
+def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct: bool,
+             fixture: Callable[[], Path] | None = None,
+             shared: Dualera | None = None) -> tuple[bool, str, str]:
+    """(passed, one-line detail, failure report). With `shared`, the case runs against that
+    running `dualera up` (no tap: the client talks to the gateway itself); scenarios whose
+    upstream is the conformance fixture get one from `fixture`."""
     if client.peer.error:
         return False, "peer missing", f"peer {client.name} ({client.label}) is not available:\n{client.peer.error}"
     workdir = Path(tempfile.mkdtemp(prefix=f"dualera-interop-{client.name.replace('/', '-')}-{sc.name}-"))
@@ -693,7 +871,15 @@ def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct:
     stdio_log = workdir / "gateway-stdio.log"
     cx = None
     try:
-        up = Replicas(binary, workdir) if client.backend == "replicas" else Dualera(binary, workdir)
+        if shared is not None:
+            up = shared
+        elif sc.upstream == "fixture":
+            assert fixture is not None, f"scenario {sc.name} needs the conformance fixture"
+            up = FixtureGateway(binary, fixture(), workdir)
+        else:
+            up = (Replicas(binary, workdir) if client.backend == "replicas"
+                  else Dualera(binary, workdir, tls=client.tls))
+        direct = direct or shared is not None
         wire = {"wire": client.wire}
         if client.wire == STDIO:
             # The client spawns the gateway; the tap records its upstream hop instead.
@@ -708,6 +894,10 @@ def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct:
                 "env": {"DUALERA_LOG": "debug,dualera::wire=trace", "NO_COLOR": "1"},
                 "stderr": str(stdio_log),
             }
+        elif client.tls:
+            # No tap on this hop (it is TLS end to end); the gateway log has the wire trace.
+            wire["url"] = up.url
+            wire["ca"] = up.ca
         else:
             target = up.url if client.wire == HTTP else urlunsplit(urlsplit(up.url)._replace(path="/sse"))
             wire["url"] = target
@@ -715,7 +905,7 @@ def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct:
                 tap = Wiretap(target)
                 wire["url"] = tap.url
         cfg = {"scenario": sc.name, **wire, "workspace": up.workspace, "repo": up.repo, **sc.make_cfg(up)}
-        cx = Ctx(client=client, up=up, cfg=cfg)
+        cx = Ctx(client=client, up=up, cfg=cfg, workdir=workdir, tap=tap)
         if sc.name == "discover":
             cx.reference = up.upstream_call("tools/list")["result"]
         cx.snaps["start"] = up.notes()
@@ -751,12 +941,260 @@ def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct:
         first = reason.strip().splitlines()[0] if reason.strip() else type(e).__name__
         return False, first[:100], "\n".join(report)
     finally:
-        if up is not None:
+        if up is not None and shared is None:
             up.stop()
         if tap is not None:
             (workdir / "transcript.txt").write_text(tap.transcript() + "\n")
             tap.close()
         if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+
+# ---------------------------------------------------------------------------------------
+# Operating: one gateway serves the three HTTP clients, then its admin listener is read
+
+
+# The clients and scenarios the shared gateway serves, in this order (each
+# delete_decline_cancel deletes one of the three seeded "TPS report" notes).
+OPS_CLIENTS = ("python-legacy", "typescript-legacy", "python-modern")
+OPS_SCENARIOS = ("discover", "delete_decline_cancel", "summarize", "roots")
+# What a legacy host answers live in each scenario: (kind, outcome) -> count.
+OPS_LIVE = {
+    "discover": {},
+    "delete_decline_cancel": {("elicitation_form", "decline"): 1, ("elicitation_form", "cancel"): 1,
+                              ("elicitation_form", "accept"): 1},
+    "summarize": {("sampling", "accept"): 2},
+    "roots": {("roots", "accept"): 3},
+}
+# MRTR rounds its tools/call requests take, in all.
+OPS_ROUNDS = {"discover": 0, "delete_decline_cancel": 3, "summarize": 2, "roots": 3}
+MRTR_VERDICT = "answers form elicitation, sampling and roots/list live: needs an MRTR-capable client"
+OPS_HOSTS = {  # client kind -> (clientInfo name, version, revision)
+    "python-legacy": ("interop-python-legacy", "1.30.0", LEGACY_VERSION),
+    "typescript-legacy": ("interop-typescript-legacy", "1.32.2", LEGACY_VERSION),
+    "python-modern": ("interop-python-modern", "2.3.0", MODERN_VERSION),
+}
+
+
+def http_get(url: str, accept: str | None = None) -> tuple[int, str, str]:
+    req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read().decode()
+
+
+def parse_metrics(fmt: str, path: Path) -> list[dict]:
+    """The samples of an exposition, as the official Python Prometheus client parses it."""
+    if PROM.error or not PROM.command:
+        raise Fail(f"the Prometheus parser is not available:\n{PROM.error}")
+    p = subprocess.run([*PROM.command, str(PROM.script), fmt, str(path)], capture_output=True, text=True,
+                       timeout=60)
+    if p.returncode != 0:
+        raise Fail(f"prometheus_client could not parse the {fmt} exposition:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout)
+
+
+def value(samples: list[dict], name: str, **labels: str) -> float:
+    return sum(s["value"] for s in samples
+               if s["name"] == name and all(s["labels"].get(k) == v for k, v in labels.items()))
+
+
+def check_histograms(samples: list[dict]) -> int:
+    """Every histogram's buckets are cumulative and +Inf equals its count; how many."""
+    series: dict[tuple, dict] = {}
+    for s in samples:
+        if s["type"] != "histogram":
+            continue
+        key_labels = tuple(sorted((k, v) for k, v in s["labels"].items() if k != "le"))
+        h = series.setdefault((s["family"], key_labels), {"buckets": [], "count": None})
+        if s["name"].endswith("_bucket"):
+            le = s["labels"]["le"]
+            h["buckets"].append((float("inf") if le == "+Inf" else float(le), s["value"]))
+        elif s["name"].endswith("_count"):
+            h["count"] = s["value"]
+    for (family, labels), h in series.items():
+        b = sorted(h["buckets"])
+        expect(bool(b) and b[-1][0] == float("inf"), f"{family}{dict(labels)} has no +Inf bucket")
+        expect(all(x[1] <= y[1] for x, y in zip(b, b[1:])), f"{family}{dict(labels)} buckets not cumulative: {b}")
+        expect(b[-1][1] == h["count"], f"{family}{dict(labels)}: +Inf {b[-1][1]} != count {h['count']}")
+    return len(series)
+
+
+def ops_live_expected(ran: list[tuple["ClientKind", str]], kind: str | None = None) -> dict:
+    """(kind, outcome) -> count the legacy clients' (or one client's) scenarios answered live."""
+    want: dict[tuple[str, str], int] = {}
+    for client, scenario in ran:
+        if client.era != "legacy" or (kind is not None and client.name != kind):
+            continue
+        for k, n in OPS_LIVE[scenario].items():
+            want[k] = want.get(k, 0) + n
+    return want
+
+
+def ops_metrics(up: Dualera, ran: list[tuple["ClientKind", str]]) -> str:
+    status, ctype, text = http_get(f"{up.admin}/metrics")
+    expect(status == 200, f"/metrics answered {status}")
+    expect(ctype.startswith("text/plain; version=0.0.4"), f"/metrics content type {ctype!r}")
+    _, octype, om = http_get(f"{up.admin}/metrics", "application/openmetrics-text; version=1.0.0")
+    expect(octype.startswith("application/openmetrics-text"), f"OpenMetrics content type {octype!r}")
+    (ARTIFACTS / "metrics.txt").write_text(text)
+    (ARTIFACTS / "metrics.openmetrics.txt").write_text(om)
+    samples = parse_metrics("prometheus", ARTIFACTS / "metrics.txt")
+    om_samples = parse_metrics("openmetrics", ARTIFACTS / "metrics.openmetrics.txt")
+    histograms = check_histograms(samples)
+    # Live requests: exactly what the legacy clients' scenarios answered.
+    want = ops_live_expected(ran)
+    rounds = sum(OPS_ROUNDS[sc] for c, sc in ran if c.era == "legacy")
+    for fmt, got_samples in (("Prometheus text", samples), ("OpenMetrics", om_samples)):
+        got = {(s["labels"]["kind"], s["labels"]["outcome"]): int(s["value"]) for s in got_samples
+               if s["name"] == "dualera_live_requests_total" and s["value"]}
+        expect(got == want, f"{fmt} dualera_live_requests_total: {got}; the scenarios answered {want}")
+    got_rounds = value(samples, "dualera_request_rounds_sum", route="/mcp", mcp_method_name="tools/call")
+    expect(got_rounds == rounds, f"dualera_request_rounds_sum (tools/call) {got_rounds}; the scenarios took {rounds}")
+    legacy_inits = value(samples, "dualera_requests_total", era="legacy", mcp_method_name="initialize", outcome="ok")
+    modern_calls = value(samples, "dualera_requests_total", era="modern", mcp_method_name="tools/call")
+    modern_discovers = value(samples, "dualera_requests_total", era="modern", mcp_method_name="server/discover")
+    legacy_cases = sum(1 for c, _ in ran if c.era == "legacy")
+    expect(legacy_inits >= legacy_cases, f"{legacy_inits} legacy initialize requests counted for {legacy_cases} cases")
+    expect(modern_calls > 0 and modern_discovers > 0,
+           f"modern pass-through: {modern_calls} tools/call, {modern_discovers} server/discover counted")
+    expect(value(samples, "dualera_upstream_ready", route="/mcp") == 1, "dualera_upstream_ready is not 1")
+    expect(any(s["name"] == "dualera_cache_misses_total" for s in samples), "no cache counters")
+    expect(value(samples, "dualera_report_hosts") >= 3, "dualera_report_hosts below 3")
+    accepted = want.get(("elicitation_form", "accept"), 0)
+    declined = want.get(("elicitation_form", "decline"), 0)
+    cancelled = want.get(("elicitation_form", "cancel"), 0)
+    return (f"{len(samples)} samples parsed in both formats, {histograms} histograms consistent; elicitations "
+            f"{accepted} accepted, {declined} declined, {cancelled} cancelled; {rounds} rounds")
+
+
+def ops_report(up: Dualera, ran: list[tuple["ClientKind", str]]) -> tuple[str, dict]:
+    status, ctype, body = http_get(f"{up.admin}/report")
+    expect(status == 200 and ctype.startswith("application/json"), f"/report answered {status} {ctype}")
+    (ARTIFACTS / "report.json").write_text(body)
+    report = json.loads(body)
+    hosts = report["hosts"]
+    names = sorted((h["name"], h["version"]) for h in hosts)
+    details = []
+    for kind, (name, version, revision) in OPS_HOSTS.items():
+        rows = [h for h in hosts if h["name"] == name and h["version"] == version]
+        expect(len(rows) == 1, f"{name} {version}: {len(rows)} rows in /report (rows: {names})")
+        h = rows[0]
+        expect(h["revision"] == revision and h["wire"] == "streamable-http",
+               f"{name}: revision {h['revision']}, wire {h['wire']}")
+        if kind == "python-modern":
+            expect(h["era"] == "modern" and h["verdict"] == "already modern", f"{name}: {h['era']}, {h['verdict']!r}")
+            expect(h["features"] == {}, f"{name} used legacy features: {h['features']}")
+            expect(h["requests"].get("server/discover", 0) > 0 and h["requests"].get("tools/call", 0) > 0,
+                   f"{name}: requests {h['requests']}")
+            details.append(f"{name}: already modern ({h['requestTotal']} requests)")
+            continue
+        live: dict[str, dict[str, int]] = {}
+        for (k, outcome), n in ops_live_expected(ran, kind).items():
+            live.setdefault(k, {})[outcome] = n
+        features = {k: sum(o.values()) for k, o in live.items()}
+        expect(h["era"] == "legacy", f"{name}: era {h['era']}")
+        for feature, n in features.items():
+            expect(h["features"].get(feature) == n, f"{name}: {feature} {h['features'].get(feature)}, expected {n}")
+        expect(h["live"] == live, f"{name}: live outcomes {h['live']}, expected {live}")
+        cases = sum(1 for c, _ in ran if c.name == kind)
+        expect(h["sessions"] >= cases, f"{name}: {h['sessions']} sessions for {cases} cases")
+        expect(MRTR_VERDICT in h["verdict"], f"{name}: verdict {h['verdict']!r}")
+        extra = {k: v for k, v in h["features"].items() if k not in features}
+        details.append(f"{name}: {features}, also {extra or 'nothing else'}")
+    known = {(n, v) for n, v, _ in OPS_HOSTS.values()}
+    others = [(h["name"], h["version"], h["requests"]) for h in hosts if (h["name"], h["version"]) not in known]
+    expect(not others, f"rows beyond the three clients: {others}")
+    status, _, page = http_get(f"{up.admin}/report.html")
+    expect(status == 200, f"/report.html answered {status}")
+    (ARTIFACTS / "report.html").write_text(page)
+    return "; ".join(details), report
+
+
+def ops_page(up: Dualera, report: dict, workdir: Path) -> str:
+    if BROWSER.error or not BROWSER.command:
+        raise Fail(f"the browser peer is not available:\n{BROWSER.error}")
+    expect(bool(report), "no report to check (the /report check failed)")
+    shot = ARTIFACTS / "report.png"
+    cfg = {"url": f"{up.admin}/report.html", "screenshot": str(shot), "profile": str(workdir / "chromium-profile"),
+           "hosts": report["hosts"]}
+    p = subprocess.run([*BROWSER.command, str(BROWSER.script), json.dumps(cfg)], capture_output=True, text=True,
+                       timeout=180, cwd=BROWSER_DIR)
+    try:
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise Fail(f"report.mjs printed no verdict (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+    expect(out["ok"], "the page does not show the report:\n" + "\n".join(out["errors"]))
+    expect(shot.exists() and shot.stat().st_size > 10_000, f"no screenshot at {shot}")
+    return f"{len(out['rows'])} rows and their feature bars checked in Chromium; screenshot {shot.relative_to(ROOT)}"
+
+
+def ops_terminal(binary: Path, up: Dualera) -> str:
+    p = subprocess.run([str(binary), "report", "--admin", up.admin], capture_output=True, text=True, timeout=60)
+    expect(p.returncode == 0, f"dualera report exited {p.returncode}: {p.stderr}")
+    (ARTIFACTS / "report.txt").write_text(p.stdout)
+    lines = p.stdout.splitlines()
+    for name, version, _ in OPS_HOSTS.values():
+        expect(any(ln.startswith(name) and version in ln for ln in lines), f"no row for {name}:\n{p.stdout}")
+    expect("already modern" in p.stdout and ("needs:    " + MRTR_VERDICT) in p.stdout, p.stdout)
+    return f"a table of {len(lines)} lines naming the three clients"
+
+
+def run_operating(binary: Path, keep: bool) -> list[tuple[str, bool, str, str]]:
+    """The three HTTP clients' scenarios against one `dualera up`, then its admin
+    listener: /metrics (parsed by prometheus_client), /report, /report.html (in
+    Chromium), `dualera report`. One result per case and per check."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for stale in ARTIFACTS.iterdir():
+        if stale.is_file():
+            stale.unlink()
+    workdir = Path(tempfile.mkdtemp(prefix="dualera-interop-operating-"))
+    results: list[tuple[str, bool, str, str]] = []
+    up = None
+    try:
+        up = Dualera(binary, workdir)
+        by_name = {c.name: c for c in CLIENTS}
+        ran: list[tuple[ClientKind, str]] = []
+        for name in OPS_CLIENTS:
+            client = by_name[name]
+            for sc_name in OPS_SCENARIOS:
+                sc = next(s for s in SCENARIOS if s.name == sc_name)
+                passed, detail, report = run_case(binary, client, sc, keep, True, shared=up)
+                if passed:
+                    ran.append((client, sc_name))
+                results.append((f"{name} / {sc_name}", passed, detail, report))
+        report: dict = {}
+
+        def report_check() -> str:
+            detail, r = ops_report(up, ran)
+            report.update(r)
+            return detail
+
+        checks = [
+            ("/metrics (prometheus_client)", lambda: ops_metrics(up, ran)),
+            ("/report", report_check),
+            ("/report.html (Chromium)", lambda: ops_page(up, report, workdir)),
+            ("dualera report", lambda: ops_terminal(binary, up)),
+        ]
+        for name, check in checks:
+            try:
+                results.append((name, True, check(), ""))
+            except Exception as e:  # noqa: BLE001 - every failure becomes a report
+                reason = str(e) if isinstance(e, Fail) else traceback.format_exc()
+                first = reason.strip().splitlines()[0] if reason.strip() else type(e).__name__
+                results.append((name, False, first[:100],
+                                f"--- operating / {name}: FAILED\n{reason.rstrip()}\n"
+                                f"--- artefacts: {ARTIFACTS}\n--- dualera log (tail):\n{up.log_tail()}"))
+        return results
+    finally:
+        if up is not None:
+            up.stop()
+        if keep or not all(ok for _, ok, _, _ in results):
+            print(f"  operating: kept {workdir}", flush=True)
+        else:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -768,29 +1206,43 @@ def main() -> int:
     ap.add_argument("--direct", action="store_true", help="no recording tap between client and gateway")
     ap.add_argument("--all-scenarios", action="store_true",
                     help="run every scenario on every column (the sse and stdio columns run 2-4 by default)")
+    ap.add_argument("--operating", action="store_true",
+                    help="run the operating checks (default: only when no --client/--scenario is given)")
+    ap.add_argument("--only-operating", action="store_true", help="run only the operating checks")
     args = ap.parse_args()
     clients = [c for c in CLIENTS if not args.client or c.name in args.client]
     scenarios = [s for s in SCENARIOS if not args.scenario or s.name in args.scenario]
+    operating = args.operating or args.only_operating or not (args.client or args.scenario)
+    if args.only_operating:
+        clients = [c for c in CLIENTS if c.name in OPS_CLIENTS]
+        scenarios = []
 
     print("interop: preparing peers (pinned; cached under .cache/interop and tests/interop/ts/node_modules)")
     CACHE.mkdir(parents=True, exist_ok=True)
-    for c in clients:
-        if not c.peer.tried:
-            c.peer.ensure()
-            if c.peer.error:
-                print(f"  {c.peer.label}: NOT AVAILABLE: {c.peer.error}", flush=True)
+    peers = [c.peer for c in clients] + ([PROM, BROWSER] if operating else [])
+    for peer in peers:
+        if not peer.tried:
+            peer.ensure()
+            if peer.error:
+                print(f"  {peer.label}: NOT AVAILABLE: {peer.error}", flush=True)
     binary = build_binary()
     print(f"interop: dualera binary {binary}")
+    built: list[Path] = []
+
+    def fixture() -> Path:
+        if not built:
+            built.append(build_fixture())
+        return built[0]
 
     results: dict[tuple[str, str], tuple[bool, str]] = {}
     reports = []
     t_all = time.monotonic()
     for c in clients:
         for sc in scenarios:
-            if not (args.all_scenarios or c.runs(sc.name)):
+            if not (args.all_scenarios or c.runs(sc.name)) or (sc.only and not sc.only(c)):
                 continue
             t0 = time.monotonic()
-            passed, detail, report = run_case(binary, c, sc, args.keep, args.direct)
+            passed, detail, report = run_case(binary, c, sc, args.keep, args.direct, fixture)
             results[(c.name, sc.name)] = (passed, detail)
             print(f"  {'PASS' if passed else 'FAIL'}  {c.name:<23} {sc.name:<22} {time.monotonic() - t0:5.1f}s  {detail}",
                   flush=True)
@@ -798,24 +1250,38 @@ def main() -> int:
                 reports.append(report)
                 print(report, flush=True)
 
-    print()
-    w = max(len(s.name) for s in scenarios) + 4
-    cw = max(max(len(c.name), len(c.wire_label)) for c in clients) + 2
-    header = f"{'scenario':<{w}}" + "".join(f"{c.name:<{cw}}" for c in clients)
-    print(header)
-    print(f"{'':<{w}}" + "".join(f"{c.label:<{cw}}" for c in clients))
-    print(f"{'':<{w}}" + "".join(f"{c.wire_label:<{cw}}" for c in clients))
-    print("-" * len(header))
-    for sc in scenarios:
-        row = f"{f'{SCENARIOS.index(sc) + 1} {sc.name}':<{w}}"
-        for c in clients:
-            cell = results.get((c.name, sc.name))
-            row += f"{'-' if cell is None else 'PASS' if cell[0] else 'FAIL':<{cw}}"
-        print(row)
-    print("(-: not part of that column's matrix)")
+    if scenarios:
+        print()
+        w = max(len(s.name) for s in scenarios) + 4
+        cw = max(max(len(c.name), len(c.wire_label)) for c in clients) + 2
+        header = f"{'scenario':<{w}}" + "".join(f"{c.name:<{cw}}" for c in clients)
+        print(header)
+        print(f"{'':<{w}}" + "".join(f"{c.label:<{cw}}" for c in clients))
+        print(f"{'':<{w}}" + "".join(f"{c.wire_label:<{cw}}" for c in clients))
+        print("-" * len(header))
+        for sc in scenarios:
+            row = f"{f'{SCENARIOS.index(sc) + 1} {sc.name}':<{w}}"
+            for c in clients:
+                cell = results.get((c.name, sc.name))
+                row += f"{'-' if cell is None else 'PASS' if cell[0] else 'FAIL':<{cw}}"
+            print(row)
+        print("(-: not part of that column's matrix)")
     passed = sum(1 for ok, _ in results.values() if ok)
     failed = len(results) - passed
-    print(f"\ninterop: {len(results)} cases in {time.monotonic() - t_all:.0f}s")
+    total = len(results)
+    if operating:
+        print("\ninterop: operating - one gateway for python-legacy, typescript-legacy and python-modern "
+              f"({', '.join(OPS_SCENARIOS)}), then its admin listener (artefacts: {ARTIFACTS.relative_to(ROOT)})")
+        t0 = time.monotonic()
+        for name, ok, detail, report in run_operating(binary, args.keep):
+            print(f"  {'PASS' if ok else 'FAIL'}  {name:<38} {detail}", flush=True)
+            if report:
+                print(report, flush=True)
+            passed += ok
+            failed += not ok
+            total += 1
+        print(f"interop: operating in {time.monotonic() - t0:.0f}s")
+    print(f"\ninterop: {total} cases and checks in {time.monotonic() - t_all:.0f}s")
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 

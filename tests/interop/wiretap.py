@@ -32,6 +32,8 @@ class Wiretap:
         self.lock = threading.Lock()
         self.start = time.monotonic()
         self.counter = 0
+        # (method, HTTP status) of every exchange, in order.
+        self.statuses: list[tuple[str, int]] = []
         tap = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -86,6 +88,8 @@ class Wiretap:
         ctype = resp.getheader("Content-Type", "")
         sid = resp.getheader("Mcp-Session-Id")
         self.note(n, f"{self.down} HTTP {resp.status} {ctype}" + (f" mcp-session-id={sid}" if sid else ""))
+        with self.lock:
+            self.statuses.append((h.command, resp.status))
         try:
             h.send_response_only(resp.status, resp.reason)
             for k, v in resp.getheaders():

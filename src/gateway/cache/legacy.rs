@@ -12,7 +12,7 @@
 
 use super::key::{Cacheable, Caller, RequestKey};
 use super::{Begin, ResponseCache};
-use crate::gateway::upstream::UpstreamError;
+use crate::gateway::upstream::{OnBehalf, UpstreamError};
 use crate::gateway::Gateway;
 use bytes::Bytes;
 use dualera_adapters::{ErrorCode, Message, ProtocolVersion, Response, UpstreamRole};
@@ -45,25 +45,18 @@ pub(in crate::gateway) async fn exchange(
     gw: &Gateway,
     role: &UpstreamRole,
     request: &Message,
-    authorization: Option<&HeaderValue>,
+    on_behalf: OnBehalf<'_>,
     params: &[(String, String)],
     on_head: impl FnOnce(),
     mut on_message: impl FnMut(Message),
 ) -> Result<(), UpstreamError> {
     let cache = &gw.cache;
-    let Message::Request(r) = request else {
-        return gw
-            .upstream
-            .exchange_observed(request, authorization, params, on_head, on_message)
-            .await;
+    let r = match request {
+        Message::Request(r) if cache.enabled() && !matches!(role, UpstreamRole::Listen) => Some(r),
+        _ => None,
     };
-    if !cache.enabled() || matches!(role, UpstreamRole::Listen) {
-        return gw
-            .upstream
-            .exchange_observed(request, authorization, params, on_head, on_message)
-            .await;
-    }
-    let key = Cacheable::from_method(&r.method).and_then(|m| {
+    let key = r.and_then(|r| {
+        let m = Cacheable::from_method(&r.method)?;
         RequestKey::from_params(
             cache.route(),
             m,
@@ -71,16 +64,16 @@ pub(in crate::gateway) async fn exchange(
             r.params.as_ref(),
         )
     });
-    let Some(key) = key else {
-        if r.method == "tools/call" {
-            return tool_call(gw, request, authorization, params, on_head, on_message).await;
+    let (Some(r), Some(key)) = (r, key) else {
+        if r.is_some_and(|r| r.method == "tools/call") {
+            return tool_call(gw, request, on_behalf, params, on_head, on_message).await;
         }
         return gw
             .upstream
-            .exchange_observed(request, authorization, params, on_head, on_message)
+            .exchange_observed(request, on_behalf, params, on_head, on_message)
             .await;
     };
-    let caller = Caller::from_authorization(authorization);
+    let caller = Caller::from_authorization(on_behalf.authorization);
     let fetch = match role {
         UpstreamRole::Discover if caller.is_authenticated() => cache.revalidate(key, caller),
         UpstreamRole::ToolsRefresh { .. } => cache.revalidate(key, caller),
@@ -100,7 +93,7 @@ pub(in crate::gateway) async fn exchange(
     let mut last = None;
     let outcome = gw
         .upstream
-        .exchange_observed(request, authorization, params, on_head, |m| match m {
+        .exchange_observed(request, on_behalf, params, on_head, |m| match m {
             Message::Response(resp) => last = Some(resp),
             other => {
                 notified = true;
@@ -149,7 +142,7 @@ fn frame(result: &Value) -> Bytes {
 async fn tool_call(
     gw: &Gateway,
     request: &Message,
-    authorization: Option<&HeaderValue>,
+    on_behalf: OnBehalf<'_>,
     params: &[(String, String)],
     on_head: impl FnOnce(),
     mut on_message: impl FnMut(Message),
@@ -166,7 +159,7 @@ async fn tool_call(
     let mut failed_code = None;
     let outcome = gw
         .upstream
-        .exchange_observed(request, authorization, params, on_head, |m| {
+        .exchange_observed(request, on_behalf, params, on_head, |m| {
             if let Message::Response(Response {
                 outcome: Err(e), ..
             }) = &m

@@ -13,7 +13,7 @@
 //! closed only once the new one is acknowledged, so lists are never unwatched.
 
 use super::{Cacheable, Invalidate, ResponseCache};
-use crate::gateway::upstream::Upstream;
+use crate::gateway::upstream::{OnBehalf, Upstream};
 use dualera_adapters::{Message, ProtocolVersion, Request, RequestId};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -200,11 +200,16 @@ async fn run(cache: Arc<ResponseCache>, upstream: Arc<Upstream>) {
 async fn discover(upstream: &Upstream) -> Option<Value> {
     let mut result = None;
     let outcome = upstream
-        .exchange(&request("server/discover", None), None, &[], |m| {
-            if let Message::Response(r) = m {
-                result = r.outcome.ok();
-            }
-        })
+        .exchange(
+            &request("server/discover", None),
+            OnBehalf::default(),
+            &[],
+            |m| {
+                if let Message::Response(r) = m {
+                    result = r.outcome.ok();
+                }
+            },
+        )
         .await;
     if let Err(e) = outcome {
         debug!(error = %e, "cache listener: server/discover failed");
@@ -285,7 +290,7 @@ async fn listen_one(
     let mut ack = Some(ack);
     let msg = request("subscriptions/listen", Some(("notifications", filter)));
     let outcome = upstream
-        .exchange(&msg, None, &[], |m| {
+        .exchange(&msg, OnBehalf::default(), &[], |m| {
             let Message::Notification(n) = m else {
                 return;
             };

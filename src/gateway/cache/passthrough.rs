@@ -11,14 +11,15 @@
 use super::key::{self, Cacheable, Caller};
 use super::{Begin, Fetch, ResponseCache};
 use crate::body::{full, BoxError, GatewayBody};
-use crate::gateway::passthrough::{downstream, send, status_only, unavailable};
-use crate::gateway::sse;
-use crate::gateway::upstream::{encode_header_value, HttpUpstream};
+use crate::gateway::passthrough::{downstream, read_body, send, unavailable, upstream_failed};
+use crate::gateway::telemetry::ConnectionTelemetry;
+use crate::gateway::upstream::{encode_header_value, HttpUpstream, UpstreamError};
 use crate::gateway::Gateway;
+use crate::sse;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -30,19 +31,24 @@ const ERROR_BODY_LIMIT: usize = 64 * 1024;
 /// Serves a cacheable pass-through request from the cache, or forwards it.
 pub(in crate::gateway) async fn forward(
     gw: &Gateway,
+    connection: &ConnectionTelemetry,
     upstream: &HttpUpstream,
     req: Request<Incoming>,
     method: Cacheable,
 ) -> Response<GatewayBody> {
     let limit = gw.config.max_body_bytes;
     let (parts, body) = req.into_parts();
-    let Ok(bytes) = Limited::new(body, limit)
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-    else {
-        return status_only(StatusCode::PAYLOAD_TOO_LARGE);
+    let bytes = match read_body(body, limit).await {
+        Ok(b) => b,
+        Err(too_large) => return too_large,
     };
+    // The body is in hand: its clientInfo names the client for the migration report.
+    let revision = parts
+        .headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    gw.telemetry().identify(connection, revision, &bytes);
     let cache = &gw.cache;
     let parsed = parts
         .headers
@@ -52,14 +58,14 @@ pub(in crate::gateway) async fn forward(
         .filter(|p| servable(&parts.headers, p));
     let Some(parsed) = parsed else {
         // Not provably the request an entry answers: the upstream has its say.
-        return relay(send(upstream, parts, full(bytes)).await);
+        return relay(send(gw, upstream, parts, full(bytes)).await);
     };
     let caller = Caller::from_authorization(parts.headers.get(header::AUTHORIZATION));
     let id = bytes.slice(parsed.id.clone());
     match cache.begin(parsed.key, caller, true).await {
         Begin::Hit(entry) => answer(entry.with_id(&id)),
         Begin::Fetch(fetch) => {
-            let sent = send(upstream, parts, full(bytes)).await;
+            let sent = send(gw, upstream, parts, full(bytes)).await;
             fetched(cache, sent, fetch, &id, limit)
         }
     }
@@ -85,15 +91,10 @@ fn servable(headers: &HeaderMap, parsed: &key::ParsedRequest) -> bool {
     accept && name_ok
 }
 
-fn relay(
-    sent: Result<Response<Incoming>, hyper_util::client::legacy::Error>,
-) -> Response<GatewayBody> {
+fn relay(sent: Result<Response<Incoming>, UpstreamError>) -> Response<GatewayBody> {
     match sent {
         Ok(resp) => downstream(resp),
-        Err(e) => {
-            tracing::warn!(error = %e, "upstream request failed");
-            unavailable()
-        }
+        Err(e) => upstream_failed(&e),
     }
 }
 
@@ -111,7 +112,7 @@ fn answer(body: Bytes) -> Response<GatewayBody> {
 /// served, else relay it, keeping the response for the cache as it streams by.
 fn fetched(
     cache: &Arc<ResponseCache>,
-    sent: Result<Response<Incoming>, hyper_util::client::legacy::Error>,
+    sent: Result<Response<Incoming>, UpstreamError>,
     fetch: Fetch,
     id: &[u8],
     limit: usize,

@@ -15,8 +15,11 @@
 
 use super::stored::{LeaseRecord, Record};
 use super::{wall_ms, Ctx, SharedSessions, Start, StepError};
+use crate::digest::log_tag;
 use crate::gateway::auth::fingerprint;
-use crate::gateway::upstream::UpstreamError;
+use crate::gateway::forwarded::Forwarded;
+use crate::gateway::trace::TraceContext;
+use crate::gateway::upstream::{OnBehalf, UpstreamError};
 use crate::gateway::{cache, Gateway};
 use dualera_adapters::session::Denied;
 use dualera_adapters::{Message, PeerStream, RequestId, UpstreamRole};
@@ -41,7 +44,7 @@ impl SharedSessions {
     /// Runs one upstream exchange to its end, feeding what comes back.
     pub(super) async fn run_exchange(self: Arc<Self>, gw: Gateway, sid: String, start: Start) {
         let id = start.request.id.clone();
-        let span = tracing::debug_span!("upstream", session = %sid, rpc.id = %id, role = ?start.role, replica = %self.replica);
+        let span = tracing::debug_span!("upstream", session = %log_tag(&sid), rpc.id = %id, role = ?start.role, replica = %self.replica);
         let (work, handle) = abortable(self.clone().exchange(gw, sid.clone(), start));
         self.exchanges.insert((sid.clone(), id.clone()), handle);
         let _ = work.instrument(span).await;
@@ -64,7 +67,11 @@ impl SharedSessions {
                 &gw,
                 &start.role,
                 &message,
-                auth.as_ref(),
+                OnBehalf {
+                    authorization: auth.as_ref(),
+                    forwarded: Some(&start.forwarded),
+                    trace: start.trace.as_deref(),
+                },
                 &start.headers,
                 || {
                     if let Some(h) = &head {
@@ -93,6 +100,7 @@ impl SharedSessions {
             (outcome, answered) = async { tokio::join!(call, feed) } => match outcome {
                 Ok(()) => {}
                 Err(UpstreamError::Denied(denial)) => {
+                    gw.telemetry.upstream_error(&UpstreamError::Denied(denial.clone()));
                     let credential = fingerprint(auth.as_ref());
                     // The host request that caused this call is still waiting: it gets
                     // the upstream's status and challenge, and the machine says nothing.
@@ -105,9 +113,15 @@ impl SharedSessions {
                     }
                 }
                 Err(e) => {
+                    gw.telemetry.upstream_error(&e);
                     warn!(error = %e, "upstream exchange failed");
                     if !answered {
-                        self.lost_upstream(&gw, &sid, &id).await;
+                        match e.refusal() {
+                            Some((reason, message)) => {
+                                self.refused_upstream(&gw, &sid, &id, reason, message).await;
+                            }
+                            None => self.lost_upstream(&gw, &sid, &id).await,
+                        }
                     }
                 }
             },
@@ -201,6 +215,32 @@ impl SharedSessions {
         }
     }
 
+    /// The upstream refused the request itself (it is too large for it, …): the legacy
+    /// request fails with that reason.
+    async fn refused_upstream(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        sid: &str,
+        id: &RequestId,
+        reason: &'static str,
+        message: String,
+    ) {
+        let ctx = Ctx {
+            done_upstream: Some(id.clone()),
+            ..Ctx::default()
+        };
+        let fed = self
+            .step(gw, sid, &ctx, |record, now| {
+                record
+                    .machine
+                    .handle_upstream_refused(id, reason, message.clone(), now)
+            })
+            .await;
+        if let Err(StepError::Store(e)) = fed {
+            warn!(error = %e, "refused upstream request not stored");
+        }
+    }
+
     /// The upstream refused the credentials of a call whose host request answers
     /// with that refusal: the machine forgets a first attempt (and its stream) or
     /// parks the round until the answer is sent again.
@@ -259,14 +299,22 @@ impl SharedSessions {
             warn!("unreadable lease dropped");
             let _ = self
                 .redis
-                .delete(&[lease.clone()], &self.keys.leases(), &[lease])
+                .delete(
+                    std::slice::from_ref(&lease),
+                    &self.keys.leases(),
+                    std::slice::from_ref(&lease),
+                )
                 .await;
             return;
         };
         let Ok(Message::Request(request)) = Message::from_value(rec.request) else {
             let _ = self
                 .redis
-                .delete(&[lease.clone()], &self.keys.leases(), &[lease])
+                .delete(
+                    std::slice::from_ref(&lease),
+                    &self.keys.leases(),
+                    std::slice::from_ref(&lease),
+                )
                 .await;
             return;
         };
@@ -281,7 +329,11 @@ impl SharedSessions {
         let Some(session) = session else {
             let _ = self
                 .redis
-                .delete(&[lease.clone()], &self.keys.leases(), &[lease])
+                .delete(
+                    std::slice::from_ref(&lease),
+                    &self.keys.leases(),
+                    std::slice::from_ref(&lease),
+                )
                 .await;
             return;
         };
@@ -293,7 +345,14 @@ impl SharedSessions {
             UpstreamRole::Listen => session.auth_for(None).map(str::to_owned),
             UpstreamRole::Discover => None,
         };
-        info!(session = %rec.sid, rpc.id = %request.id, from = %previous, replica = %self.replica, "lease taken over; upstream request sent again");
+        info!(session = %log_tag(&rec.sid), rpc.id = %request.id, from = %previous, replica = %self.replica, "lease taken over; upstream request sent again");
+        let trace = match &role {
+            UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
+                session.trace_for(legacy)
+            }
+            _ => None,
+        }
+        .or_else(|| TraceContext::from_meta(request.params.as_ref()).map(Arc::new));
         let start = Start {
             role,
             request,
@@ -301,6 +360,8 @@ impl SharedSessions {
             auth,
             lease: Some(lease),
             head: None,
+            forwarded: Forwarded::from_pairs(&session.forwarded),
+            trace,
         };
         let sid = rec.sid;
         self.run_exchange(gw, sid, start).await;

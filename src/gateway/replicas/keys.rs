@@ -11,7 +11,9 @@
 //! | `P d:DIGEST` | string | a `server/discover` result shared by sessions | idle TTL, refreshed by steps |
 //! | `P timers` | zset SID → due ms | the machines' next deadlines | none (members removed by steps) |
 //! | `P leases` | zset lease key → deadline ms | leases to take over when due | none |
-//! | `P sessions` | zset SID → last use ms | the session count (`max_sessions`) | none (pruned by age) |
+//! | `P sessions` | zset SID → last use ms | the session count (`max_sessions`), idlest first for eviction | none (pruned by age) |
+//! | `P c:BINDING` | zset SID → last use ms | one caller's sessions (`max_sessions_per_caller`) | none (pruned by age) |
+//! | `P busy` | set of SID | sessions with requests in flight (never evicted) | none (members removed by steps) |
 //! | channel `P w:SID` | pub/sub | "a stream of SID has new entries" / "cancel upstream X" | – |
 
 /// Builds every key and channel name from the prefix.
@@ -68,6 +70,25 @@ impl Keys {
 
     pub(super) fn sessions(&self) -> String {
         format!("{}sessions", self.prefix)
+    }
+
+    /// One caller's sessions, by its binding key (hex).
+    pub(super) fn caller(&self, binding: &str) -> String {
+        format!("{}c:{binding}", self.prefix)
+    }
+
+    pub(super) fn busy(&self) -> String {
+        format!("{}busy", self.prefix)
+    }
+
+    /// What a session key is around its id: `(before, after)`.
+    pub(super) fn session_parts(&self) -> (String, String) {
+        (format!("{}s:{{", self.prefix), "}".to_owned())
+    }
+
+    /// The wake channels' common prefix.
+    pub(super) fn wake_prefix(&self) -> String {
+        format!("{}w:", self.prefix)
     }
 
     pub(super) fn wake(&self, sid: &str) -> String {

@@ -39,18 +39,24 @@ use self::redis::{Loaded, Redis, Stored as CasResult};
 use self::stored::{Append, LeaseRecord, NewLease, Ops, Record};
 use self::wake::{Wake, Wakes};
 use super::auth::BindingKey;
+use super::forwarded::Forwarded;
 use super::legacy_http::{
     self, accepted, mint_session_id, refusal, rpc_error, session_missing, store_unavailable,
-    with_session_header, HeadWatch, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, INIT_WAIT,
+    with_session_header, HeadWatch, PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT,
+    INIT_WAIT,
 };
 use super::session_store::{Lookup, RedisStoreConfig, SessionStore, StoreError};
-use super::upstream::{Denial, UpstreamError};
+use super::telemetry::WIRE_HTTP;
+use super::trace::TraceContext;
+use super::upstream::{Denial, OnBehalf, UpstreamError};
 use super::{cache, Gateway, GatewayConfig};
 use crate::body::{empty, full, GatewayBody};
+use crate::digest::log_tag;
 use dashmap::DashMap;
 use dualera_adapters::jsonrpc::EnvelopeError;
+use dualera_adapters::usage::{Feature, Observation};
 use dualera_adapters::{
-    Config as MachineConfig, ErrorCode, Event, Message, PeerStream, Request, RequestId,
+    Config as MachineConfig, ErrorCode, Event, Message, PeerStream, Request, RequestId, Session,
     SessionError, SessionState, Timestamp, UpstreamRole,
 };
 use http::header::{self, HeaderValue};
@@ -120,7 +126,7 @@ struct Decider {
     token: String,
     /// The messages the deciding step appended, with their sequence numbers: the
     /// relay sends them without reading them back (the step also took the hold).
-    handed: Mutex<Vec<(u64, Vec<u8>, bool)>>,
+    handed: Mutex<Vec<Handed>>,
 }
 
 impl Default for Decider {
@@ -257,7 +263,19 @@ struct Start {
     auth: Option<String>,
     lease: Option<String>,
     head: Option<Arc<Head>>,
+    /// The forwarded headers of the request that opened the session.
+    forwarded: Forwarded,
+    /// The trace context of the HTTP request that carried the legacy request.
+    trace: Option<Arc<TraceContext>>,
 }
+
+/// A message a step appended and handed to its POST's relay: sequence number, bytes,
+/// whether it ends the stream.
+type Handed = (u64, Vec<u8>, bool);
+
+/// One stream's messages in a step: the stream, its messages with "is last", and
+/// whether it was closed without a last message.
+type Group = (PeerStream, Vec<(Vec<u8>, bool)>, bool);
 
 /// What a stored step leaves to do.
 #[derive(Default)]
@@ -266,10 +284,12 @@ struct After {
     cancels: Vec<RequestId>,
     logs: Vec<Event>,
     json: Vec<(Arc<Decider>, Vec<u8>)>,
-    streaming: Vec<(Arc<Decider>, Vec<(u64, Vec<u8>, bool)>)>,
+    streaming: Vec<(Arc<Decider>, Vec<Handed>)>,
     /// What the step script receives after its effects, by `ARGV` index.
     payloads: Vec<Vec<u8>>,
     appended: bool,
+    /// The machine's observations, recorded once the step is stored.
+    observed: Vec<Observation>,
 }
 
 impl After {
@@ -295,6 +315,9 @@ pub(in crate::gateway) struct SharedSessions {
     keepalive: Duration,
     replay: usize,
     max_sessions: usize,
+    max_per_caller: usize,
+    /// Bytes queued toward one host connection before it counts as not reading.
+    max_buffered: usize,
     wakes: Arc<Wakes>,
     deciders: DashMap<(String, PeerStream), Arc<Decider>>,
     exchanges: DashMap<(String, RequestId), futures_util::future::AbortHandle>,
@@ -334,6 +357,8 @@ impl SharedSessions {
         machine.max_rounds = config.max_rounds;
         machine.retry_pause = config.retry_pause;
         machine.live_timeout = config.live_request_timeout;
+        machine.max_live = config.max_live_requests;
+        machine.max_upstream_message = config.upstream_max_body_bytes;
         machine.retired_ids = RETIRED_IDS;
         Ok(Arc::new(Self {
             redis: Arc::new(redis),
@@ -345,6 +370,8 @@ impl SharedSessions {
             keepalive: config.keepalive,
             replay: config.replay_buffer.max(1),
             max_sessions: config.max_sessions,
+            max_per_caller: config.max_sessions_per_caller,
+            max_buffered: config.max_buffered_bytes,
             wakes,
             deciders: DashMap::new(),
             exchanges: DashMap::new(),
@@ -565,7 +592,7 @@ impl SharedSessions {
                     return Err(StepError::Refused(r));
                 }
             };
-            let (ops, after) = self.plan(sid, &mut record, now, ctx);
+            let (ops, mut after) = self.plan(sid, &mut record, now, ctx);
             let blob = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt {
                 reason: format!("session record: {e}"),
             })?;
@@ -609,6 +636,7 @@ impl SharedSessions {
                 .await
             {
                 Ok(CasResult::Committed { version: v }) => {
+                    self.observe(gw, &record.machine, std::mem::take(&mut after.observed));
                     if ctx.tomb {
                         self.versions.remove(sid);
                     } else {
@@ -654,17 +682,16 @@ impl SharedSessions {
             timers: self.keys.timers(),
             leases: self.keys.leases(),
             sessions: self.keys.sessions(),
+            caller: self.keys.caller(&record.binding),
+            busyk: self.keys.busy(),
             disc: record.discover.as_ref().map(|d| self.keys.discover(d)),
             ..Ops::default()
         };
         let mut after = After::default();
         // Messages per stream, in the order streams first appear: (stream, messages
         // with "is last", closed without a last message).
-        let mut groups: Vec<(PeerStream, Vec<(Vec<u8>, bool)>, bool)> = Vec::new();
-        fn group<'a>(
-            groups: &'a mut Vec<(PeerStream, Vec<(Vec<u8>, bool)>, bool)>,
-            stream: &PeerStream,
-        ) -> &'a mut (PeerStream, Vec<(Vec<u8>, bool)>, bool) {
+        let mut groups: Vec<Group> = Vec::new();
+        fn group<'a>(groups: &'a mut Vec<Group>, stream: &PeerStream) -> &'a mut Group {
             let i = match groups.iter().position(|g| &g.0 == stream) {
                 Some(i) => i,
                 None => {
@@ -723,6 +750,12 @@ impl SharedSessions {
                     } else {
                         None
                     };
+                    let trace = match &role {
+                        UpstreamRole::Call { legacy, .. }
+                        | UpstreamRole::ToolsRefresh { legacy } => record.trace_for(legacy),
+                        _ => None,
+                    }
+                    .or_else(|| TraceContext::from_meta(request.params.as_ref()).map(Arc::new));
                     after.starts.push(Start {
                         role,
                         request,
@@ -730,10 +763,12 @@ impl SharedSessions {
                         auth,
                         lease,
                         head,
+                        forwarded: Forwarded::from_pairs(&record.forwarded),
+                        trace,
                     });
                 }
                 Event::CancelUpstream { id, reason } => {
-                    debug!(session = %sid, rpc.id = %id, reason, "upstream request cancelled");
+                    debug!(session = %log_tag(sid), rpc.id = %id, reason, "upstream request cancelled");
                     ops.lease_del.push(self.keys.lease(sid, &id_text(&id)));
                     ops.publish.push((
                         self.keys.wake(sid),
@@ -744,6 +779,7 @@ impl SharedSessions {
                 other @ (Event::RequestFailed { .. } | Event::ToolRejected { .. }) => {
                     after.logs.push(other);
                 }
+                Event::Observed(o) => after.observed.push(o),
                 _ => {}
             }
         }
@@ -842,6 +878,7 @@ impl SharedSessions {
             ops.publish
                 .push((self.keys.wake(sid), wake::payload(&Wake::Streams)));
         }
+        ops.busy = record.machine.in_flight() > 0;
         ops.due = record
             .machine
             .poll_timeout()
@@ -857,6 +894,24 @@ impl SharedSessions {
                 .push((self.keys.wake(sid), wake::payload(&Wake::Streams)));
         }
         (ops, after)
+    }
+
+    /// Records a stored step's observations (metrics, migration report).
+    fn observe(&self, gw: &Gateway, machine: &Session, observed: Vec<Observation>) {
+        if observed.is_empty() {
+            return;
+        }
+        let mut t = gw.telemetry.shared_session(WIRE_HTTP, machine);
+        for o in observed {
+            t.observe(o, machine);
+        }
+    }
+
+    /// Records a feature only the driver sees (the GET stream, a resumption).
+    fn feature(gw: &Gateway, machine: &Session, feature: Feature) {
+        gw.telemetry
+            .shared_session(WIRE_HTTP, machine)
+            .feature(feature);
     }
 
     fn lease_ms(&self) -> u64 {
@@ -885,10 +940,10 @@ impl SharedSessions {
         for event in after.logs {
             match event {
                 Event::RequestFailed { legacy, failure } => {
-                    info!(session = %sid, rpc.id = %legacy, failure = %failure, "legacy request failed");
+                    info!(session = %log_tag(sid), rpc.id = %legacy, failure = %failure, "legacy request failed");
                 }
                 Event::ToolRejected { tool, reason } => {
-                    warn!(session = %sid, tool, reason, "upstream tool left out of tools/list");
+                    warn!(session = %log_tag(sid), tool, reason, "upstream tool left out of tools/list");
                 }
                 _ => {}
             }
@@ -934,8 +989,13 @@ impl SharedSessions {
         self: &Arc<Self>,
         gw: &Gateway,
         init: Request,
-        auth: Option<HeaderValue>,
+        cx: PostContext,
     ) -> Response<GatewayBody> {
+        let PostContext {
+            auth,
+            forwarded,
+            trace,
+        } = cx;
         let init_id = init.id.clone();
         let Some(sid) = mint_session_id() else {
             return legacy_http::internal();
@@ -954,6 +1014,7 @@ impl SharedSessions {
         }
         // The session exists only once `initialize` succeeded: until then it lives
         // here, and its discover exchange is driven inline.
+        let mut observed = Vec::new();
         let answer = tokio::time::timeout(INIT_WAIT, async {
             loop {
                 let mut answer = None;
@@ -965,6 +1026,7 @@ impl SharedSessions {
                             ..
                         } => answer = Some(Message::Response(r).to_vec()),
                         Event::ToUpstream { role, request } => pending.push((role, request)),
+                        Event::Observed(o) => observed.push(o),
                         _ => {}
                     }
                 }
@@ -980,7 +1042,11 @@ impl SharedSessions {
                     gw,
                     &role,
                     &Message::Request(request),
-                    auth.as_ref(),
+                    OnBehalf {
+                        authorization: auth.as_ref(),
+                        forwarded: Some(&forwarded),
+                        trace: trace.as_deref(),
+                    },
                     &[],
                     || {},
                     |m| got.push(m),
@@ -995,8 +1061,14 @@ impl SharedSessions {
                     // The upstream refused the caller's credentials: its status and
                     // challenge go back as they are, and no session is minted.
                     Err(UpstreamError::Denied(d)) => return Err(d),
-                    Err(_) => {
-                        let _ = machine.handle_upstream_lost(&id, now);
+                    Err(e) => {
+                        gw.telemetry.upstream_error(&e);
+                        let _ = match e.refusal() {
+                            Some((reason, message)) => {
+                                machine.handle_upstream_refused(&id, reason, message, now)
+                            }
+                            None => machine.handle_upstream_lost(&id, now),
+                        };
                     }
                 }
             }
@@ -1028,20 +1100,27 @@ impl SharedSessions {
         if machine.state() != SessionState::Ready {
             return response;
         }
-        while machine.poll_event().is_some() {}
+        while let Some(event) = machine.poll_event() {
+            if let Event::Observed(o) = event {
+                observed.push(o);
+            }
+        }
         let discover = machine.discover().cloned();
         let digest = discover.as_deref().map(Self::discover_digest);
         if let (Some(d), Some(v)) = (&digest, &discover) {
             self.remember_discover(d, v);
         }
+        let binding = BindingKey::of(gw.config.session_binding, auth.as_ref()).to_hex();
+        let caller = self.keys.caller(&binding);
         let record = Record {
-            binding: BindingKey::of(gw.config.session_binding, auth.as_ref()).to_hex(),
+            binding,
             anonymous: auth.is_none(),
             discover: digest.clone(),
             streams: Vec::new(),
             finished: Default::default(),
             next_stream: 0,
             auth: Vec::new(),
+            forwarded: forwarded.to_pairs(),
             machine,
         };
         let Ok(blob) = serde_json::to_vec(&record) else {
@@ -1049,13 +1128,23 @@ impl SharedSessions {
         };
         let now = wall_ms();
         let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
+        let (sk1, sk2) = self.keys.session_parts();
         let ops = serde_json::json!({
             "ttl": ttl.to_string(),
             "sid": sid,
             "now": now.to_string(),
             "sessions": self.keys.sessions(),
+            "caller": caller,
+            "busyk": self.keys.busy(),
+            "timers": self.keys.timers(),
             "cutoff": now.saturating_sub(ttl).to_string(),
             "max": self.max_sessions.to_string(),
+            "maxc": self.max_per_caller.to_string(),
+            "sk1": sk1,
+            "sk2": sk2,
+            "tomb": ttl.min(60_000).to_string(),
+            "wk": self.keys.wake_prefix(),
+            "wp": wake::payload(&Wake::Streams),
             "disc": digest.as_ref().map(|d| self.keys.discover(d)),
             "dv": discover.as_deref().map(|v| serde_json::to_string(v).unwrap_or_default()),
         });
@@ -1066,19 +1155,28 @@ impl SharedSessions {
             .await
         {
             Ok(1) => {}
+            Ok(n @ 2..) => {
+                info!(evicted = n - 1, "idle session evicted to make room");
+            }
             Ok(-1) => {
-                warn!(limit = self.max_sessions, "session limit reached");
-                return rpc_error(
-                    StatusCode::SERVICE_UNAVAILABLE,
+                return legacy_http::sessions_refused(
                     Some(init_id),
-                    ErrorCode::INTERNAL_ERROR,
-                    "Too many sessions; try again later".into(),
-                );
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    self.max_sessions,
+                )
+            }
+            Ok(-2) => {
+                return legacy_http::sessions_refused(
+                    Some(init_id),
+                    StatusCode::TOO_MANY_REQUESTS,
+                    self.max_per_caller,
+                )
             }
             Ok(_) => return legacy_http::internal(),
             Err(e) => return store_unavailable(Some(init_id), &e),
         }
-        info!(session = %sid, replica = %self.replica, "legacy session opened");
+        self.observe(gw, &record.machine, observed);
+        info!(session = %log_tag(&sid), replica = %self.replica, "legacy session opened");
         with_session_header(response, &sid)
     }
 
@@ -1108,8 +1206,9 @@ impl SharedSessions {
         gw: &Gateway,
         s: &SharedSession,
         r: Request,
-        auth: Option<HeaderValue>,
+        cx: PostContext,
     ) -> Response<GatewayBody> {
+        let PostContext { auth, trace, .. } = cx;
         let id = r.id.clone();
         let peer = PeerStream::Request(id.clone());
         let guard = self.deciding(&s.id, &peer);
@@ -1121,6 +1220,7 @@ impl SharedSessions {
                     return Err(None);
                 }
                 let n = record.open_stream(peer.clone());
+                record.set_trace(&peer, trace.as_deref());
                 if let Some(a) = &ctx.auth {
                     record.set_auth(Some(id.clone()), Some(a.clone()));
                 }
@@ -1133,7 +1233,7 @@ impl SharedSessions {
                 }
             })
             .await;
-        info!(session = %s.id, replica = %self.replica, rpc.id = %id, method = %r.method, "legacy request served");
+        info!(session = %log_tag(&s.id), replica = %self.replica, rpc.id = %id, method = %r.method, "legacy request served");
         let (number, forwarded) = match fed {
             Ok(n) => n,
             Err(StepError::NotFound { anonymous }) => {
@@ -1188,8 +1288,14 @@ impl SharedSessions {
             .await;
         let exchange = self.inline_exchange(gw, &s.id, &ctx);
         drop(ctx);
-        info!(session = %s.id, replica = %self.replica, method = kind, "legacy message served");
+        info!(session = %log_tag(&s.id), replica = %self.replica, method = kind, "legacy message served");
         match fed {
+            // A reply to a live request the gateway gave up on: accepted, dropped (the
+            // step stored its observation).
+            Err(StepError::Refused(e)) if e.is_dropped() => {
+                debug!(session = %log_tag(&s.id), error = %e, "late or duplicate reply dropped");
+                accepted()
+            }
             Ok(()) => {
                 // An answer that completes a round starts the retry on behalf of this
                 // POST (the exchange holds the head): a 401/403 for it answers this
@@ -1207,13 +1313,8 @@ impl SharedSessions {
             }
             Err(StepError::Store(e)) => store_unavailable(None, &e),
             Err(StepError::Refused(e)) => {
-                warn!(session = %s.id, error = %e, "peer message refused");
-                rpc_error(
-                    StatusCode::BAD_REQUEST,
-                    None,
-                    ErrorCode::INVALID_REQUEST,
-                    format!("Invalid request: {e}"),
-                )
+                warn!(session = %log_tag(&s.id), error = %e, "peer message refused");
+                refusal(None, &e)
             }
         }
     }
@@ -1223,8 +1324,9 @@ impl SharedSessions {
         gw: &Gateway,
         s: &SharedSession,
         items: Vec<Result<Message, EnvelopeError>>,
-        auth: Option<HeaderValue>,
+        cx: PostContext,
     ) -> Response<GatewayBody> {
+        let PostContext { auth, trace, .. } = cx;
         // A batch's upstream calls carry its token; a 401/403 for one of them reaches
         // the peer as that element's error in the batch's response.
         let ctx = Self::ctx(s, auth.as_ref(), None);
@@ -1236,6 +1338,7 @@ impl SharedSessions {
                 let stream = outcome.batch.map(|b| {
                     let peer = PeerStream::Batch(b);
                     let n = record.open_stream(peer.clone());
+                    record.set_trace(&peer, trace.as_deref());
                     self.deciders
                         .insert((s.id.clone(), peer.clone()), decider.clone());
                     registered.push((s.id.clone(), peer));
@@ -1265,7 +1368,7 @@ impl SharedSessions {
             }
         };
         for e in &refused {
-            warn!(session = %s.id, error = %e, "batch element refused");
+            warn!(session = %log_tag(&s.id), error = %e, "batch element refused");
         }
         let Some(number) = stream else {
             return accepted();
@@ -1304,7 +1407,8 @@ impl SharedSessions {
             };
             let standalone = meta.peer == PeerStream::Standalone;
             let holder = (!standalone).then_some(number);
-            info!(session = %s.id, replica = %self.replica, stream = number, after, "stream resumed");
+            Self::feature(gw, &record.machine, Feature::Resumption);
+            info!(session = %log_tag(&s.id), replica = %self.replica, stream = number, after, "stream resumed");
             return self
                 .open_relay(&s.id, number, after, holder, standalone, false)
                 .await;
@@ -1377,7 +1481,7 @@ impl SharedSessions {
             }
             return denial.response();
         }
-        info!(session = %s.id, replica = %self.replica, stream = number, "standalone stream opened");
+        info!(session = %log_tag(&s.id), replica = %self.replica, stream = number, "standalone stream opened");
         self.relay_with(gw, &s.id, number, seq, None, true, token, true)
     }
 
@@ -1400,7 +1504,7 @@ impl SharedSessions {
             .await;
         match closed {
             Ok(()) => {
-                info!(session = %s.id, replica = %self.replica, "session deleted by the peer");
+                info!(session = %log_tag(&s.id), replica = %self.replica, "session deleted by the peer");
                 let mut r = Response::new(empty());
                 *r.status_mut() = StatusCode::OK;
                 r
@@ -1585,9 +1689,9 @@ impl SessionStore for Arc<SharedSessions> {
         &self,
         gw: &Gateway,
         init: Request,
-        authorization: Option<HeaderValue>,
+        cx: PostContext,
     ) -> Response<GatewayBody> {
-        SharedSessions::initialize(self, gw, init, authorization).await
+        SharedSessions::initialize(self, gw, init, cx).await
     }
 
     async fn request(
@@ -1595,9 +1699,9 @@ impl SessionStore for Arc<SharedSessions> {
         gw: &Gateway,
         session: &SharedSession,
         request: Request,
-        authorization: Option<HeaderValue>,
+        cx: PostContext,
     ) -> Response<GatewayBody> {
-        SharedSessions::request(self, gw, session, request, authorization).await
+        SharedSessions::request(self, gw, session, request, cx).await
     }
 
     async fn message(
@@ -1615,9 +1719,9 @@ impl SessionStore for Arc<SharedSessions> {
         gw: &Gateway,
         session: &SharedSession,
         items: Vec<Result<Message, EnvelopeError>>,
-        authorization: Option<HeaderValue>,
+        cx: PostContext,
     ) -> Response<GatewayBody> {
-        SharedSessions::batch(self, gw, session, items, authorization).await
+        SharedSessions::batch(self, gw, session, items, cx).await
     }
 
     async fn stream(

@@ -39,10 +39,18 @@ if ops.tomb then
   redis.call('HSET', KEYS[1], 'v', nv, 'gone', '1')
   redis.call('PEXPIRE', KEYS[1], ops.tomb)
   redis.call('ZREM', ops.sessions, ops.sid)
+  redis.call('ZREM', ops.caller, ops.sid)
+  redis.call('SREM', ops.busyk, ops.sid)
 else
   redis.call('HSET', KEYS[1], 'v', nv, 'd', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ttl)
   redis.call('ZADD', ops.sessions, ops.now, ops.sid)
+  redis.call('ZADD', ops.caller, ops.now, ops.sid)
+  if ops.busy then
+    redis.call('SADD', ops.busyk, ops.sid)
+  else
+    redis.call('SREM', ops.busyk, ops.sid)
+  end
 end
 for _, x in ipairs(ops.xadd) do
   local args = {'XADD', x.k, 'MAXLEN', '=', ops.keep, '0-' .. x.s}
@@ -72,19 +80,64 @@ for _, p in ipairs(ops.pub) do redis.call('PUBLISH', p[1], p[2]) end
 return {1, nv}
 ";
 
-/// A new session, unless the id is taken or the store is full. `KEYS[1]` the session
-/// hash; `ARGV[1]` the state, `ARGV[2]` `{ttl, sid, now, sessions, cutoff, max, disc, dv}`.
-/// Returns 1 stored, 0 the id exists, -1 full.
+/// A new session, unless the id is taken or a bound is reached: the one place that
+/// applies `max_sessions` and `max_sessions_per_caller` over every replica. At a bound,
+/// the longest-idle session without a request in flight (of that caller, for its own
+/// bound) is ended to make room (tombstoned, as by DELETE); only when every candidate is
+/// busy is the new one refused. `KEYS[1]` the session hash; `ARGV[1]` the state,
+/// `ARGV[2]` `{ttl, sid, now, sessions, caller, busyk, timers, cutoff, max, maxc, sk1,
+/// sk2, tomb, wk, wp, disc, dv}` (a session key is `sk1 .. SID .. sk2`, its wake channel
+/// `wk .. SID`). Returns 1 + the number of sessions evicted, 0 (id taken), -1 (full),
+/// -2 (the caller's share is full).
 const CREATE: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local o = cjson.decode(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', o.sessions, '-inf', o.cutoff)
-if redis.call('ZCARD', o.sessions) >= tonumber(o.max) then return -1 end
-redis.call('HSET', KEYS[1], 'v', '1', 'd', ARGV[1])
+local function prune(z)
+  local old = redis.call('ZRANGEBYSCORE', z, '-inf', o.cutoff, 'LIMIT', 0, 256)
+  for _, sid in ipairs(old) do
+    redis.call('ZREM', z, sid)
+    redis.call('SREM', o.busyk, sid)
+  end
+end
+prune(o.sessions)
+prune(o.caller)
+local function evict(z)
+  local ids = redis.call('ZRANGE', z, 0, 63)
+  for _, sid in ipairs(ids) do
+    local k = o.sk1 .. sid .. o.sk2
+    if redis.call('HEXISTS', k, 'd') == 0 then
+      redis.call('ZREM', z, sid)
+      redis.call('ZREM', o.sessions, sid)
+      redis.call('SREM', o.busyk, sid)
+    elseif redis.call('SISMEMBER', o.busyk, sid) == 0 then
+      local c = redis.call('HGET', k, 'c')
+      redis.call('HDEL', k, 'd')
+      redis.call('HSET', k, 'gone', '1')
+      redis.call('PEXPIRE', k, o.tomb)
+      redis.call('ZREM', o.sessions, sid)
+      redis.call('ZREM', o.timers, sid)
+      if c then redis.call('ZREM', c, sid) end
+      redis.call('PUBLISH', o.wk .. sid, o.wp)
+      return true
+    end
+  end
+  return false
+end
+local evicted = 0
+if redis.call('ZCARD', o.caller) >= tonumber(o.maxc) then
+  if not evict(o.caller) then return -2 end
+  evicted = evicted + 1
+end
+if redis.call('ZCARD', o.sessions) >= tonumber(o.max) then
+  if not evict(o.sessions) then return -1 end
+  evicted = evicted + 1
+end
+redis.call('HSET', KEYS[1], 'v', '1', 'd', ARGV[1], 'c', o.caller)
 redis.call('PEXPIRE', KEYS[1], o.ttl)
 redis.call('ZADD', o.sessions, o.now, o.sid)
+redis.call('ZADD', o.caller, o.now, o.sid)
 if o.disc then redis.call('SET', o.disc, o.dv, 'PX', o.ttl) end
-return 1
+return 1 + evicted
 ";
 
 /// Claims due timers: each returned session's score moves to `ARGV[3]`, so a replica
@@ -136,9 +189,11 @@ return 1
 ";
 
 /// Renews a connection holder (and the session's TTL). `KEYS` holder, session; `ARGV`
-/// token, hold ms, session ttl. Returns 0 when the holder changed.
+/// token, hold ms, session ttl. Returns 0 when the holder changed or the session ended
+/// (deleted, or evicted to make room).
 const RENEW_HOLDER: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('HEXISTS', KEYS[2], 'gone') == 1 then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 if redis.call('HEXISTS', KEYS[2], 'd') == 1 then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
 return 1

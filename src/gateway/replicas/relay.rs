@@ -6,13 +6,14 @@
 //! relay stops at its next read, so a message goes out on one connection only.
 
 use super::{hold_ms, Ctx, Decider, SharedSessions, StepError, HOLD_TICK};
-use crate::body::{ChannelBody, GatewayBody};
+use crate::body::{ChannelBody, GatewayBody, MeteredSender, SendError};
+use crate::digest::log_tag;
 use crate::gateway::legacy_http::STREAM_QUEUE;
-use crate::gateway::{sse, Gateway};
+use crate::gateway::Gateway;
+use crate::sse;
 use bytes::Bytes;
 use http::Response;
 use std::sync::Arc;
-use tokio::sync::mpsc;
 use tracing::{debug, info, warn, Instrument};
 
 /// Entries read at once.
@@ -129,7 +130,10 @@ impl SharedSessions {
         token: String,
         start: Opening,
     ) -> Response<GatewayBody> {
-        let (tx, body) = ChannelBody::channel(STREAM_QUEUE);
+        // Byte-bounded like an in-memory stream's connection: a host that does not read
+        // is cut off (the events stay in the stream, for Last-Event-ID), and the relay
+        // never holds more than this for it.
+        let (tx, body) = ChannelBody::metered(Vec::new(), STREAM_QUEUE, self.max_buffered);
         let take_over = matches!(start, Opening::TakeOver | Opening::PrimeAndTakeOver);
         match start {
             Opening::Prime | Opening::PrimeAndTakeOver => {
@@ -149,7 +153,7 @@ impl SharedSessions {
         }
         let me = self.clone();
         let sid = sid.to_owned();
-        let span = tracing::debug_span!("relay", session = %sid, stream = number);
+        let span = tracing::debug_span!("relay", session = %log_tag(&sid), stream = number);
         tokio::spawn(
             async move {
                 let holder_key = me.keys.holder(&sid, holder);
@@ -198,7 +202,7 @@ impl SharedSessions {
         mut after: u64,
         holder_key: &str,
         token: &str,
-        tx: &mpsc::Sender<Bytes>,
+        tx: &MeteredSender,
         mut take_over: bool,
     ) -> bool {
         let mut waiter = self.wakes.watch(sid, true).await;
@@ -230,7 +234,7 @@ impl SharedSessions {
                 after = entry.seq;
                 if let Some(m) = &entry.message {
                     let event = sse::encode(Some(&format!("{number}.{}", entry.seq)), m);
-                    if tx.send(event).await.is_err() {
+                    if !send(tx, event).await {
                         return false;
                     }
                 }
@@ -242,19 +246,23 @@ impl SharedSessions {
             if full {
                 continue;
             }
-            loop {
-                tokio::select! {
+            tokio::select! {
                     changed = waiter.rx.changed() => {
                         if changed.is_err() {
                             return false;
                         }
-                        break;
                     }
                     _ = tick.tick() => {
                         if tokio::time::Instant::now() >= next_keepalive {
                             next_keepalive = tokio::time::Instant::now() + self.keepalive;
-                            if tx.try_send(sse::keepalive()).is_err() && tx.is_closed() {
-                                return false;
+                            match tx.try_send(sse::keepalive()) {
+                                Err(SendError::Closed) => return false,
+                                Err(SendError::Stalled) => {
+                                    warn!(queued = tx.queued(), limit = self.max_buffered, "host not reading its SSE stream: closed; events kept for resumption");
+                                    tx.cut();
+                                    return false;
+                                }
+                                Ok(()) => {}
                             }
                         }
                         match self.redis.renew_holder(holder_key, &session, token, super::hold_ms(), ttl).await {
@@ -269,11 +277,39 @@ impl SharedSessions {
                             }
                         }
                         // A missed wake-up costs at most one tick.
-                        break;
                     }
                     () = tx.closed() => return false,
-                }
             }
         }
     }
+}
+
+/// Sends one event, waiting (briefly) while the connection's queue is full of frames
+/// but under its byte bound; a host whose unread bytes exceed the bound is cut off.
+async fn send(tx: &MeteredSender, event: Bytes) -> bool {
+    for _ in 0..50 {
+        match tx.try_send(event.clone()) {
+            Ok(()) => return true,
+            Err(SendError::Closed) => return false,
+            Err(SendError::Stalled)
+                if tx.queued() > 0 && tx.queued() + event.len() > tx.max_bytes() =>
+            {
+                warn!(
+                    queued = tx.queued(),
+                    "host not reading its SSE stream: closed; events kept for resumption"
+                );
+                tx.cut();
+                return false;
+            }
+            // The frame queue is full but the bytes are within bounds: the host reads
+            // slowly; give it a moment.
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+        }
+    }
+    warn!(
+        queued = tx.queued(),
+        "host not reading its SSE stream: closed; events kept for resumption"
+    );
+    tx.cut();
+    false
 }

@@ -8,9 +8,12 @@
 //! `Authorization` of the host request that caused it, also when another replica makes
 //! the call), and the session machine itself, serialized by the adapters.
 
+use crate::gateway::trace::TraceContext;
 use dualera_adapters::{PeerStream, RequestId, Session, UpstreamRole};
+use http::header::HeaderValue;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// One SSE stream of a session.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -23,6 +26,10 @@ pub(super) struct StreamMeta {
     pub(super) seq: u64,
     /// Its last message was sent.
     pub(super) finished: bool,
+    /// The `traceparent` (and `tracestate`) of the HTTP request that opened it: every
+    /// upstream attempt of its legacy request carries it, whichever replica sends it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) trace: Option<(String, Option<String>)>,
 }
 
 /// A shared session.
@@ -50,6 +57,9 @@ pub(super) struct Record {
     /// request carries (a paused round's retry, a lease taken over, the subscription).
     #[serde(default)]
     pub(super) auth: Vec<(Option<RequestId>, String)>,
+    /// The forwarded headers of the request that opened the session.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) forwarded: Vec<(String, String)>,
     /// The session machine.
     pub(super) machine: Session,
 }
@@ -78,6 +88,7 @@ impl Record {
             peer,
             seq: 0,
             finished: false,
+            trace: None,
         });
         number
     }
@@ -96,6 +107,33 @@ impl Record {
             .iter()
             .find(|(k, _)| k.as_ref() == legacy)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// The trace context of the HTTP request that opened the stream of `legacy`.
+    pub(super) fn trace_for(&self, legacy: &RequestId) -> Option<Arc<TraceContext>> {
+        let peer = self.machine.request_stream(legacy)?;
+        let (parent, state) = self.stream(peer)?.trace.as_ref()?;
+        let mut headers = http::HeaderMap::new();
+        headers.insert("traceparent", HeaderValue::from_str(parent).ok()?);
+        if let Some(state) = state.as_deref().and_then(|s| HeaderValue::from_str(s).ok()) {
+            headers.insert("tracestate", state);
+        }
+        TraceContext::from_headers(&headers).map(Arc::new)
+    }
+
+    /// Keeps `trace` as stream `peer`'s (see [`StreamMeta::trace`]).
+    pub(super) fn set_trace(&mut self, peer: &PeerStream, trace: Option<&TraceContext>) {
+        let kept = trace.and_then(|t| {
+            Some((
+                t.traceparent().to_str().ok()?.to_owned(),
+                t.tracestate()
+                    .and_then(|s| s.to_str().ok())
+                    .map(str::to_owned),
+            ))
+        });
+        if let Some(meta) = self.stream_mut(peer) {
+            meta.trace = kept;
+        }
     }
 
     pub(super) fn set_auth(&mut self, legacy: Option<RequestId>, value: Option<String>) {
@@ -159,6 +197,12 @@ pub(super) struct Ops {
     pub(super) timers: String,
     pub(super) leases: String,
     pub(super) sessions: String,
+    /// The caller's sessions (zset SID → last use: `max_sessions_per_caller`).
+    pub(super) caller: String,
+    /// The set of sessions with requests in flight (never evicted to make room).
+    pub(super) busyk: String,
+    /// This session has requests in flight after the step.
+    pub(super) busy: bool,
     /// The tombstone's TTL, when the step ends the session.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) tomb: Option<String>,

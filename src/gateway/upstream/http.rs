@@ -1,10 +1,23 @@
-//! A modern (2026-07-28) upstream over HTTP, reached through one pooled client.
+//! A modern (2026-07-28) upstream over HTTP or HTTPS, reached through one pooled client.
 //! Pass-through uses the raw client; the legacy path uses [`HttpUpstream::exchange`],
 //! which sends one JSON-RPC request and streams back what the upstream says about it.
+//!
+//! HTTPS is rustls (ring) through hyper-rustls, with the roots of [`crate::tls::client_config`];
+//! SNI is the URL's host. When the upstream offers `h2` by ALPN (and `upstream_http2`
+//! is not `never`) one HTTP/2 connection carries every request, and dropping a
+//! request's future resets its stream, which is how 2026-07-28 cancels. Plain
+//! `http://` upstreams stay HTTP/1.1.
+//!
+//! [`UpstreamClient`] is the shared part (TLS configuration and connection pool): an
+//! upstream with several instances holds one [`HttpUpstream`] per instance URL, all
+//! cloned from one client.
 
+use super::OnBehalf;
 use super::{Denial, UpstreamError};
 use crate::body::{full, GatewayBody};
-use crate::gateway::sse;
+use crate::config::UpstreamHttp2;
+use crate::sse;
+use crate::tls::{TlsError, TlsFailure};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use bytes::Bytes;
@@ -13,33 +26,85 @@ use dualera_adapters::ProtocolVersion;
 use http::header::{self, HeaderValue};
 use http::{Request, StatusCode, Uri};
 use http_body_util::BodyExt;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
+use std::path::PathBuf;
 use std::time::Duration;
 
-/// The upstream server and the pooled client that reaches it.
+/// The connector every upstream request goes through (HTTP or HTTPS by the URL).
+pub type Connector = HttpsConnector<HttpConnector>;
+
+/// How the gateway reaches HTTP upstreams.
+#[derive(Debug, Clone, Default)]
+pub struct UpstreamOptions {
+    /// A PEM bundle trusted besides the system and webpki roots.
+    pub extra_ca: Option<PathBuf>,
+    /// HTTP/2 by ALPN, or never.
+    pub http2: UpstreamHttp2,
+}
+
+/// The pooled client shared by every HTTP upstream (cheap to clone).
+#[derive(Clone, Debug)]
+pub struct UpstreamClient {
+    client: Client<Connector, GatewayBody>,
+}
+
+impl UpstreamClient {
+    /// A client trusting the system roots, the webpki roots and `options.extra_ca`.
+    pub fn new(options: &UpstreamOptions) -> Result<Self, TlsError> {
+        let tls = crate::tls::client_config(options.extra_ca.as_deref())?;
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(Duration::from_secs(10)));
+        // `https_or_http`: the scheme of each request's URI decides.
+        http.enforce_http(false);
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http();
+        let connector = match options.http2 {
+            UpstreamHttp2::Auto => builder.enable_http1().enable_http2().wrap_connector(http),
+            UpstreamHttp2::Never => builder.enable_http1().wrap_connector(http),
+        };
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(256)
+            .build(connector);
+        Ok(Self { client })
+    }
+
+    /// The hyper client.
+    pub fn client(&self) -> &Client<Connector, GatewayBody> {
+        &self.client
+    }
+}
+
+/// One upstream endpoint and the pooled client that reaches it.
 #[derive(Clone, Debug)]
 pub struct HttpUpstream {
     uri: Uri,
     authority: Option<String>,
     /// `authority` as a header value, built once (pass-through sets it per request).
     host: Option<HeaderValue>,
-    client: Client<HttpConnector, GatewayBody>,
+    client: UpstreamClient,
     max_message: usize,
 }
 
 impl HttpUpstream {
-    /// An upstream at `uri` (`http://host:port/mcp`).
-    pub fn new(uri: Uri, max_message: usize) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(10)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(256)
-            .build(connector);
+    /// An upstream at `uri` (`http://host:port/mcp` or `https://…`) with a client of
+    /// its own (default options: system and webpki roots, HTTP/2 when offered).
+    pub fn new(uri: Uri, max_message: usize) -> Result<Self, TlsError> {
+        Ok(Self::with_client(
+            uri,
+            UpstreamClient::new(&UpstreamOptions::default())?,
+            max_message,
+        ))
+    }
+
+    /// An upstream at `uri` reached through a shared `client`.
+    pub fn with_client(uri: Uri, client: UpstreamClient, max_message: usize) -> Self {
         let authority = uri.authority().map(|a| a.as_str().to_owned());
         let host = authority
             .as_deref()
@@ -69,8 +134,8 @@ impl HttpUpstream {
     }
 
     /// The pooled client.
-    pub fn client(&self) -> &Client<HttpConnector, GatewayBody> {
-        &self.client
+    pub fn client(&self) -> &Client<Connector, GatewayBody> {
+        self.client.client()
     }
 
     /// Sends one modern request (with the 2026-07-28 mirrored headers) and calls
@@ -80,7 +145,7 @@ impl HttpUpstream {
     pub async fn exchange(
         &self,
         request: &Message,
-        authorization: Option<&HeaderValue>,
+        on_behalf: OnBehalf<'_>,
         params: &[(String, String)],
         on_head: impl FnOnce(),
         mut on_message: impl FnMut(Message),
@@ -109,13 +174,13 @@ impl HttpUpstream {
         {
             builder = builder.header("mcp-name", encode_header_value(name));
         }
-        if let Some(auth) = authorization {
-            builder = builder.header(header::AUTHORIZATION, auth.clone());
-        }
         // `x-mcp-header` parameters, encoded like `Mcp-Name` (2026-07-28 transports,
         // "Value Encoding"); names were checked as field-name tokens when learned.
         for (name, value) in params {
             builder = builder.header(name.as_str(), encode_header_value(value));
+        }
+        if let Some(h) = builder.headers_mut() {
+            on_behalf.apply(h);
         }
         let req = builder
             .body(full(Bytes::from(request.to_vec())))
@@ -123,12 +188,10 @@ impl HttpUpstream {
                 detail: e.to_string(),
             })?;
         let resp = self
-            .client
+            .client()
             .request(req)
             .await
-            .map_err(|e| UpstreamError::Unreachable {
-                detail: e.to_string(),
-            })?;
+            .map_err(|e| UpstreamError::from_client(&e))?;
         let status = resp.status();
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
             return Err(self.denial(resp).await);
@@ -188,6 +251,24 @@ impl HttpUpstream {
                 status: status.as_u16(),
             }),
         }
+    }
+}
+
+impl UpstreamError {
+    /// Classifies a client error: a TLS failure names its cause, anything else is
+    /// "unreachable" with the whole error chain.
+    pub fn from_client(e: &hyper_util::client::legacy::Error) -> Self {
+        if let Some((failure, detail)) = TlsFailure::find(e) {
+            return Self::Tls { failure, detail };
+        }
+        let mut detail = e.to_string();
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            detail.push_str(": ");
+            detail.push_str(&s.to_string());
+            source = s.source();
+        }
+        Self::Unreachable { detail }
     }
 }
 

@@ -4,10 +4,14 @@
 mod http;
 mod stdio;
 
-pub use self::http::{encode_header_value, HttpUpstream};
+pub use self::http::{
+    encode_header_value, Connector, HttpUpstream, UpstreamClient, UpstreamOptions,
+};
 pub use self::stdio::StdioUpstream;
 
-use ::http::header::HeaderValue;
+use super::forwarded::Forwarded;
+use super::trace::TraceContext;
+use ::http::header::{self as h, HeaderMap, HeaderValue};
 use ::http::StatusCode;
 use bytes::Bytes;
 use dualera_adapters::Message;
@@ -42,6 +46,14 @@ pub enum UpstreamError {
         /// The HTTP status.
         status: u16,
     },
+    /// The TLS connection to the upstream failed; `failure` names why.
+    #[error("upstream TLS failed: {failure}: {detail}")]
+    Tls {
+        /// The cause (unknown issuer, name mismatch, expired, …).
+        failure: crate::tls::TlsFailure,
+        /// What rustls said.
+        detail: String,
+    },
     /// The upstream refused the request's credentials (HTTP 401/403).
     #[error("upstream refused the credentials: HTTP {}", .0.status.as_u16())]
     Denied(Box<Denial>),
@@ -51,6 +63,63 @@ pub enum UpstreamError {
         /// What was wrong.
         detail: String,
     },
+}
+
+impl UpstreamError {
+    /// What the session machine tells the legacy host about this failure: a TLS
+    /// failure gets its own reason (`data.reason`) and text; the rest is "upstream lost".
+    pub fn refusal(&self) -> Option<(&'static str, String)> {
+        match self {
+            Self::Tls { failure, detail } => Some((
+                failure.kind(),
+                format!("The TLS connection to the upstream server failed: {failure} ({detail})"),
+            )),
+            _ => None,
+        }
+    }
+
+    /// A short machine name (metric label `kind`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Unreachable { .. } => "unreachable",
+            Self::Status { .. } => "http_status",
+            Self::Tls { .. } => "tls",
+            Self::Denied(_) => "denied",
+            Self::Protocol { .. } => "protocol",
+        }
+    }
+}
+
+/// What an upstream exchange carries on behalf of the host request that caused it:
+/// the host's credentials, the forwarded headers of its connection, and its trace
+/// context. The default is on behalf of nobody (the gateway's own probes and
+/// listens). The stdio transport has no headers and carries none of it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OnBehalf<'a> {
+    /// The host's `Authorization`, relayed as it is (`gateway::auth`).
+    pub authorization: Option<&'a HeaderValue>,
+    /// `X-Forwarded-*` / `Forwarded`.
+    pub forwarded: Option<&'a Forwarded>,
+    /// `traceparent` / `tracestate` ([`super::trace`]).
+    pub trace: Option<&'a TraceContext>,
+}
+
+impl OnBehalf<'_> {
+    /// Sets these headers on an upstream request (replacing any of the same name).
+    pub fn apply(&self, headers: &mut HeaderMap) {
+        if let Some(auth) = self.authorization {
+            headers.insert(h::AUTHORIZATION, auth.clone());
+        }
+        if let Some(t) = self.trace {
+            headers.insert("traceparent", t.traceparent().clone());
+            if let Some(state) = t.tracestate() {
+                headers.insert("tracestate", state.clone());
+            }
+        }
+        if let Some(f) = self.forwarded {
+            f.apply(headers);
+        }
+    }
 }
 
 /// The upstream server.
@@ -74,11 +143,11 @@ impl Upstream {
     pub async fn exchange(
         &self,
         request: &Message,
-        authorization: Option<&HeaderValue>,
+        on_behalf: OnBehalf<'_>,
         params: &[(String, String)],
         on_message: impl FnMut(Message),
     ) -> Result<(), UpstreamError> {
-        self.exchange_observed(request, authorization, params, || {}, on_message)
+        self.exchange_observed(request, on_behalf, params, || {}, on_message)
             .await
     }
 
@@ -89,7 +158,7 @@ impl Upstream {
     pub async fn exchange_observed(
         &self,
         request: &Message,
-        authorization: Option<&HeaderValue>,
+        on_behalf: OnBehalf<'_>,
         params: &[(String, String)],
         on_head: impl FnOnce(),
         mut on_message: impl FnMut(Message),
@@ -103,7 +172,7 @@ impl Upstream {
         };
         match self {
             Self::Http(h) => {
-                h.exchange(request, authorization, params, on_head, on_message)
+                h.exchange(request, on_behalf, params, on_head, on_message)
                     .await
             }
             Self::Stdio(s) => {

@@ -257,7 +257,7 @@ async fn run_child(shared: &Arc<Shared>, child: &mut tokio::process::Child) {
         let mut reader = BufReader::new(stdout);
         let mut buf = Vec::new();
         loop {
-            match crate::server::stdio::read_bounded_line(&mut reader, &mut buf, MAX_LINE).await {
+            match crate::framing::read_bounded_line(&mut reader, &mut buf, MAX_LINE).await {
                 Ok(Some(Ok(()))) => route(shared, &buf),
                 Ok(Some(Err(()))) => warn!("stdio upstream sent an over-long line; dropped"),
                 Ok(None) | Err(_) => break,

@@ -479,7 +479,8 @@ impl Tool for NotesDelete {
                 };
                 if !signed_ids.iter().any(|c| c == note_id) {
                     return Err(ServerError::params(format!(
-                        "note_id {note_id:?} is not one of the candidates offered"
+                        "note_id {} is not one of the candidates offered",
+                        dualera_adapters::echo::echo_quoted(note_id)
                     )));
                 }
                 if !confirm {
@@ -524,7 +525,8 @@ impl Tool for NotesDelete {
                 }
             }
             other => Err(ServerError::params(format!(
-                "inputResponses.delete_choice.action {other:?} is not accept, decline or cancel"
+                "inputResponses.delete_choice.action {} is not accept, decline or cancel",
+                dualera_adapters::echo::echo_quoted(other)
             ))),
         }
     }

@@ -288,7 +288,7 @@ fn sampling_text(reply: &Value, key: &str) -> Result<String, ServerError> {
 
 /// The model's pick: a JSON array of distinct listed paths.
 fn parse_picks(text: &str, listing: &Listing) -> Result<Vec<String>, ServerError> {
-    let value: Value = serde_json::from_str(text.trim())
+    let value: Value = dualera_adapters::json::parse(text.trim().as_bytes())
         .map_err(|_| ServerError::params("the pick_files reply is not a JSON array of paths"))?;
     let arr = value
         .as_array()

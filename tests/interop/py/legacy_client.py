@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import ssl
 import sys
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import scenarios  # noqa: E402
+import httpx  # noqa: E402
 from mcp import ClientSession, types  # noqa: E402
 from mcp.client.sse import sse_client  # noqa: E402
 from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
@@ -56,7 +58,17 @@ async def transport(cfg):
     """(read, write) streams of the configured wire."""
     wire = cfg.get("wire", "streamable-http")
     if wire == "streamable-http":
-        async with streamablehttp_client(cfg["url"], timeout=30) as (read, write, _session_id):
+        extra = {}
+        if cfg.get("ca"):
+            # https:// to the gateway, verified against the CA `dualera up --tls` printed.
+            context = ssl.create_default_context(cafile=cfg["ca"])
+
+            def factory(headers=None, timeout=None, auth=None):
+                return httpx.AsyncClient(headers=headers, timeout=timeout, auth=auth,
+                                         follow_redirects=True, verify=context)
+
+            extra["httpx_client_factory"] = factory
+        async with streamablehttp_client(cfg["url"], timeout=30, **extra) as (read, write, _session_id):
             yield read, write
     elif wire == "sse":
         async with sse_client(cfg["url"], timeout=30) as (read, write):
@@ -78,7 +90,10 @@ class Peer:
             return types.ElicitResult(**(await elicit(dump(params))))
 
         async def sampling_callback(ctx, params: types.CreateMessageRequestParams):
-            text = await sample(dump(params))
+            try:
+                text = await sample(dump(params))
+            except scenarios.HostRefusal as e:  # the host answers with a JSON-RPC error
+                return types.ErrorData(code=e.code, message=e.message)
             return types.CreateMessageResult(
                 role="assistant",
                 content=types.TextContent(type="text", text=text),

@@ -60,6 +60,16 @@ def answer_for(spec: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     return {"action": "accept", "content": {"note_id": ids[pick], "confirm": spec.get("confirm", True)}}
 
 
+class HostRefusal(Exception):
+    """Raised by a scenario's handler: the peer answers that live request with a
+    JSON-RPC error (code, message) instead of a result."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 class Recorder:
     """Generic host handlers that record every call and answer from a plan."""
 
@@ -197,7 +207,44 @@ async def s_interleave(peer, cfg):
     return out
 
 
+async def s_sibling_failure(peer, cfg):
+    """One round asks for three inputs at once (the conformance fixture's
+    test_input_required_result_multiple_inputs: elicitation, sampling, roots). The
+    host refuses the sampling request at once and answers the other two after a
+    pause, so at least one answer reaches the gateway after it gave up on the round
+    (a late reply, which must be accepted and dropped). The session stays open until
+    those answers were posted."""
+    rec = Recorder()
+    answered = {"elicitation": asyncio.Event(), "roots": asyncio.Event()}
+
+    async def elicit(params):
+        rec.elicitations.append(params)
+        await asyncio.sleep(cfg["answer_delay"])
+        answered["elicitation"].set()
+        return {"action": "accept", "content": {"name": "Ada"}}
+
+    async def sample(params):
+        rec.samplings.append(params)
+        raise HostRefusal(cfg["refusal"]["code"], cfg["refusal"]["message"])
+
+    async def roots():
+        rec.roots_calls += 1
+        await asyncio.sleep(cfg["answer_delay"])
+        answered["roots"].set()
+        return []
+
+    async with peer.session(cfg, elicit=elicit, sample=sample, roots=roots) as c:
+        call = await c.call(cfg["tool"], {})
+        # The answers still owed are posted after their handlers return.
+        for e in answered.values():
+            await asyncio.wait_for(e.wait(), BARRIER_SECONDS)
+        await asyncio.sleep(1.5)
+        after = await c.call(cfg["tool_after"], {})
+    return {"call": call, "after": after, **rec.obs()}
+
+
 SCENARIOS = {
+    "sibling_failure": s_sibling_failure,
     "discover": s_discover,
     "delete_accept": s_delete_accept,
     "delete_decline_cancel": s_delete_decline_cancel,

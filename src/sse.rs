@@ -1,5 +1,6 @@
-//! Server-Sent Events: an incremental, bounded decoder (for upstream response streams)
-//! and the encoder for events the gateway sends.
+//! Server-Sent Events, for both programs: an incremental, bounded decoder (the gateway
+//! reads upstream response streams with it) and the encoder for the events the server
+//! and the gateway send.
 
 use bytes::Bytes;
 

@@ -1,0 +1,213 @@
+//! JSON text to `serde_json::Value`, refusing duplicate member names.
+//!
+//! RFC 8259 §4 says names within an object SHOULD be unique and that receivers disagree
+//! on what duplicates mean; I-JSON (RFC 7493 §2.3) says they MUST NOT occur. serde_json
+//! keeps the last value, while an audit layer or another parser may keep the first: for
+//! `{"action":"decline","action":"accept"}` one reads a refusal and the other consent.
+//! Every message either program parses goes through [`parse`], which refuses such
+//! text instead of picking a winner.
+
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Number, Value};
+use std::cell::RefCell;
+use std::fmt;
+
+/// Why bytes are not acceptable JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JsonError {
+    /// Not JSON at all.
+    Syntax {
+        /// What the JSON parser said.
+        detail: String,
+    },
+    /// An object repeats a member name.
+    DuplicateMember {
+        /// The repeated name.
+        name: String,
+        /// How deep the object is: `0` for the top-level object.
+        depth: usize,
+    },
+}
+
+impl fmt::Display for JsonError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Syntax { detail } => f.write_str(detail),
+            Self::DuplicateMember { name, .. } => write!(
+                f,
+                "duplicate member name {} (object member names must be unique: RFC 8259 §4, I-JSON RFC 7493 §2.3)",
+                crate::echo::echo_quoted(name)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for JsonError {}
+
+/// Parses JSON text; duplicate member names anywhere are an error.
+pub fn parse(bytes: &[u8]) -> Result<Value, JsonError> {
+    parse_lenient(bytes).and_then(|(value, dup)| match dup {
+        Some(e) => Err(e),
+        None => Ok(value),
+    })
+}
+
+/// Parses JSON text and reports the first duplicate member name beside the value
+/// (which keeps the first of the duplicates), so a caller can still read, say, a
+/// top-level id for its error response.
+pub fn parse_lenient(bytes: &[u8]) -> Result<(Value, Option<JsonError>), JsonError> {
+    let dup = RefCell::new(None);
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = Seed {
+        dup: &dup,
+        depth: 0,
+    }
+    .deserialize(&mut de)
+    .and_then(|v| de.end().map(|()| v))
+    .map_err(|e| JsonError::Syntax {
+        detail: e.to_string(),
+    })?;
+    Ok((value, dup.into_inner()))
+}
+
+#[derive(Clone, Copy)]
+struct Seed<'a> {
+    dup: &'a RefCell<Option<JsonError>>,
+    depth: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for Seed<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Seed<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        self.deserialize(d)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let inner = Seed {
+            dup: self.dup,
+            depth: self.depth + 1,
+        };
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+        while let Some(v) = seq.next_element_seed(inner)? {
+            items.push(v);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let inner = Seed {
+            dup: self.dup,
+            depth: self.depth + 1,
+        };
+        let mut members = Map::new();
+        while let Some(name) = map.next_key::<String>()? {
+            let value = map.next_value_seed(inner)?;
+            if members.contains_key(&name) {
+                let mut dup = self.dup.borrow_mut();
+                if dup.is_none() {
+                    *dup = Some(JsonError::DuplicateMember {
+                        name,
+                        depth: self.depth,
+                    });
+                }
+            } else {
+                members.insert(name, value);
+            }
+        }
+        Ok(Value::Object(members))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn same_values_as_serde_json() {
+        for raw in [
+            r#"{"a":[1,-2,3.5,1e300,"x\u00e9",null,true,{"b":{}}],"c":18446744073709551615}"#,
+            "[]",
+            "\"s\"",
+            "  7 ",
+        ] {
+            let ours = parse(raw.as_bytes()).unwrap();
+            let theirs: Value = serde_json::from_str(raw).unwrap();
+            assert_eq!(ours, theirs, "{raw}");
+        }
+    }
+
+    #[test]
+    fn refuses_duplicates_at_any_depth() {
+        let e = parse(br#"{"action":"decline","action":"accept"}"#).unwrap_err();
+        assert_eq!(
+            e,
+            JsonError::DuplicateMember {
+                name: "action".into(),
+                depth: 0
+            }
+        );
+        let (v, dup) =
+            parse_lenient(br#"{"id":3,"params":{"content":{"confirm":false,"confirm":true}}}"#)
+                .unwrap();
+        assert_eq!(v["id"], json!(3));
+        assert!(matches!(
+            dup,
+            Some(JsonError::DuplicateMember { depth: 2, .. })
+        ));
+        assert!(matches!(
+            parse(b"[{\"a\":1,\"a\":1}]"),
+            Err(JsonError::DuplicateMember { .. })
+        ));
+        assert!(matches!(
+            parse(b"{\"a\":1} x"),
+            Err(JsonError::Syntax { .. })
+        ));
+        assert!(matches!(parse(b"{"), Err(JsonError::Syntax { .. })));
+    }
+}

@@ -1,0 +1,242 @@
+//! `GET /readyz`: whether every route's upstream answered `server/discover` recently.
+//!
+//! A prober (run by the admin listener) sends each route's upstream an anonymous
+//! `server/discover` every `[admin] probe_interval_ms`, straight to the upstream (never
+//! through the response cache). A route is ready when its last probe was answered
+//! with a result that lists 2026-07-28 (or was refused with HTTP 401/403: the upstream
+//! is up and wants credentials the prober does not have) and that answer is recent
+//! (within three probe intervals, so a stuck prober shows). Client traffic does not
+//! count: a cached discover is no evidence that the upstream is up.
+//!
+//! With a shared session store (`session_store = "redis://…"`), the store is a line of
+//! its own: not ready while the last command to it failed (requests of shared sessions
+//! then fail with `sessionStoreUnavailable`; pass-through still works).
+
+use super::upstream::{OnBehalf, UpstreamError};
+use super::Gateway;
+use dualera_adapters::session::{
+    META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_PROTOCOL_VERSION,
+};
+use dualera_adapters::{Message, ProtocolVersion, Request, RequestId};
+use serde_json::{json, Value};
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+fn epoch() -> Instant {
+    static START: OnceLock<Instant> = OnceLock::new();
+    *START.get_or_init(Instant::now)
+}
+
+fn now_ms() -> u64 {
+    u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// One route's probe results.
+#[derive(Debug)]
+struct RouteState {
+    route: Arc<str>,
+    /// When the last successful probe answered (ms on the process clock; 0: never).
+    ok_at: AtomicU64,
+    /// When the last probe ended (ms; 0: none yet).
+    probed_at: AtomicU64,
+    /// Why the last probe failed, if it did.
+    failure: Mutex<Option<String>>,
+}
+
+/// Whether the shared session store answered its last command.
+type StoreCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Every route's readiness.
+pub struct Readiness {
+    routes: Vec<RouteState>,
+    interval: AtomicU64,
+    store: OnceLock<StoreCheck>,
+}
+
+impl std::fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Readiness")
+            .field("routes", &self.routes)
+            .field("interval", &self.interval)
+            .field("store", &self.store.get().is_some())
+            .finish()
+    }
+}
+
+/// The answer to `/readyz`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Every route is ready.
+    pub ready: bool,
+    /// One line per route.
+    pub text: String,
+}
+
+impl Readiness {
+    /// Readiness for these routes, none probed yet.
+    pub fn new(routes: Vec<Arc<str>>) -> Self {
+        let _ = epoch();
+        Self {
+            routes: routes
+                .into_iter()
+                .map(|route| RouteState {
+                    route,
+                    ok_at: AtomicU64::new(0),
+                    probed_at: AtomicU64::new(0),
+                    failure: Mutex::new(None),
+                })
+                .collect(),
+            interval: AtomicU64::new(5000),
+            store: OnceLock::new(),
+        }
+    }
+
+    /// Makes the shared session store part of readiness (`check`: whether it answered
+    /// its last command; it is pinged every second).
+    pub(super) fn watch_store(&self, check: impl Fn() -> bool + Send + Sync + 'static) {
+        let _ = self.store.set(Arc::new(check));
+    }
+
+    fn record(&self, index: usize, outcome: Result<(), String>) {
+        let Some(r) = self.routes.get(index) else {
+            return;
+        };
+        let now = now_ms().max(1);
+        if let Ok(mut f) = r.failure.lock() {
+            *f = outcome.as_ref().err().cloned();
+        }
+        if outcome.is_ok() {
+            r.ok_at.store(now, Ordering::Relaxed);
+        }
+        r.probed_at.store(now, Ordering::Relaxed);
+    }
+
+    /// Whether every route is ready now, with a line per route naming any that is not.
+    pub fn verdict(&self) -> Verdict {
+        let window = self.interval.load(Ordering::Relaxed).saturating_mul(3);
+        let now = now_ms();
+        let mut ready = true;
+        let mut text = String::new();
+        for r in &self.routes {
+            let ok_at = r.ok_at.load(Ordering::Relaxed);
+            let probed_at = r.probed_at.load(Ordering::Relaxed);
+            let failure = r.failure.lock().ok().and_then(|f| f.clone());
+            let ago = |t: u64| Duration::from_millis(now.saturating_sub(t)).as_secs_f64();
+            let line = match (failure, ok_at) {
+                (None, t) if t > 0 && now.saturating_sub(t) <= window => {
+                    format!(
+                        "route {}: ready (server/discover answered {:.1} s ago)",
+                        r.route,
+                        ago(t)
+                    )
+                }
+                (None, 0) if probed_at == 0 => {
+                    ready = false;
+                    format!("route {}: not ready: not probed yet", r.route)
+                }
+                (None, t) => {
+                    ready = false;
+                    format!(
+                        "route {}: not ready: the last answer to server/discover is {:.1} s old",
+                        r.route,
+                        ago(t)
+                    )
+                }
+                (Some(why), t) => {
+                    ready = false;
+                    let last = if t == 0 {
+                        "never answered".to_owned()
+                    } else {
+                        format!("last answered {:.1} s ago", ago(t))
+                    };
+                    format!("route {}: not ready: {why} ({last})", r.route)
+                }
+            };
+            let _ = writeln!(text, "{line}");
+        }
+        if let Some(check) = self.store.get() {
+            if check() {
+                let _ = writeln!(text, "session store: ready");
+            } else {
+                ready = false;
+                let _ = writeln!(
+                    text,
+                    "session store: not ready: unreachable (sessionStoreUnavailable); pass-through still served"
+                );
+            }
+        }
+        Verdict { ready, text }
+    }
+}
+
+/// Probes every route's upstream every `interval` until aborted.
+pub(super) async fn probe_loop(gw: Gateway, interval: Duration) {
+    let interval = interval.max(Duration::from_millis(50));
+    let t = gw.telemetry.clone();
+    t.readiness().interval.store(
+        u64::try_from(interval.as_millis()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+    let mut n: u64 = 0;
+    loop {
+        for (i, route) in t.readiness().routes.iter().enumerate() {
+            n += 1;
+            let outcome = probe(&gw, n, interval.max(Duration::from_secs(1))).await;
+            if let Err(why) = &outcome {
+                tracing::debug!(route = %route.route, reason = %why, "readiness probe failed");
+            }
+            t.metrics().ready(&route.route, outcome.is_ok());
+            t.readiness().record(i, outcome);
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// One anonymous `server/discover`, straight to the upstream.
+async fn probe(gw: &Gateway, n: u64, timeout: Duration) -> Result<(), String> {
+    let request = Message::Request(Request {
+        id: RequestId::String(format!("dualera-ready-{n}")),
+        method: "server/discover".into(),
+        params: Some(json!({ "_meta": {
+            META_PROTOCOL_VERSION: ProtocolVersion::V2026_07_28,
+            META_CLIENT_CAPABILITIES: {},
+            META_CLIENT_INFO: { "name": "dualera-readiness", "version": env!("CARGO_PKG_VERSION") },
+        }})),
+    });
+    let mut answer = None;
+    let exchange = gw
+        .upstream
+        .exchange(&request, OnBehalf::default(), &[], |m| {
+            if let Message::Response(r) = m {
+                answer = Some(r.outcome);
+            }
+        });
+    match tokio::time::timeout(timeout, exchange).await {
+        Err(_) => Err(format!(
+            "server/discover was not answered within {:.1} s",
+            timeout.as_secs_f64()
+        )),
+        Ok(Err(UpstreamError::Denied(_))) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Ok(())) => match answer {
+            Some(Ok(result)) => {
+                let modern = result
+                    .get("supportedVersions")
+                    .and_then(Value::as_array)
+                    .is_some_and(|v| v.iter().any(|v| v == ProtocolVersion::V2026_07_28));
+                if modern {
+                    Ok(())
+                } else {
+                    Err("server/discover does not list 2026-07-28".into())
+                }
+            }
+            Some(Err(e)) => Err(format!(
+                "server/discover answered error {}: {}",
+                e.code.0, e.message
+            )),
+            None => Err("server/discover got no response".into()),
+        },
+    }
+}
