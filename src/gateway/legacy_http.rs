@@ -93,17 +93,10 @@ enum Refused {
 
 impl Sessions {
     pub(super) fn new(config: &GatewayConfig) -> Self {
-        let mut machine = MachineConfig::default();
-        machine.max_in_flight = config.max_in_flight;
-        machine.max_rounds = config.max_rounds;
-        machine.retry_pause = config.retry_pause;
-        machine.live_timeout = config.live_request_timeout;
-        machine.max_live = config.max_live_requests;
-        machine.max_upstream_message = config.upstream_max_body_bytes;
         Self {
             map: DashMap::new(),
             per_caller: DashMap::new(),
-            machine,
+            machine: machine_config(config),
             max_sessions: config.max_sessions,
             max_per_caller: config.max_sessions_per_caller,
         }
@@ -187,6 +180,19 @@ impl Sessions {
     pub(super) fn len(&self) -> usize {
         self.map.len()
     }
+}
+
+/// The session machine's bounds and timings from the gateway's config: the same for
+/// every driver (in memory, shared through Redis).
+pub(super) fn machine_config(config: &GatewayConfig) -> MachineConfig {
+    let mut machine = MachineConfig::default();
+    machine.max_in_flight = config.max_in_flight;
+    machine.max_rounds = config.max_rounds;
+    machine.retry_pause = config.retry_pause;
+    machine.live_timeout = config.live_request_timeout;
+    machine.max_live = config.max_live_requests;
+    machine.max_upstream_message = config.upstream_max_body_bytes;
+    machine
 }
 
 /// One stream towards the peer.

@@ -317,23 +317,7 @@ impl Proc {
     /// [`Self::gateway`] with extra arguments.
     pub fn gateway_with(upstream: &str, ws: &Workspace, extra: &[&str]) -> Self {
         let config = ws.config.display().to_string();
-        let mut args: Vec<String> = [
-            "gateway",
-            "--upstream",
-            upstream,
-            "--config",
-            &config,
-            "--listen",
-            "127.0.0.1:0",
-        ]
-        .map(String::from)
-        .to_vec();
-        args.extend(listener_tls_args());
-        if tls() {
-            args.push("--upstream-ca".into());
-            args.push(pki().ca.display().to_string());
-        }
-        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let args = gateway_args(upstream, &config, extra);
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         Self::spawn(&refs, "gateway listening on")
     }
@@ -363,20 +347,11 @@ impl Proc {
     /// with an admin listener ([`admin_url`]).
     pub fn gateway_logging(upstream: &str, ws: &Workspace, level: &str) -> Self {
         let config = ws.config.display().to_string();
-        let args = [
-            "gateway",
-            "--upstream",
-            upstream,
-            "--config",
-            &config,
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-        ];
+        let args = gateway_args(upstream, &config, &["--admin", "127.0.0.1:0"]);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_dualera"));
-        cmd.args(args);
-        Self::spawn_logging(cmd, &args, "gateway listening on", level)
+        cmd.args(&refs);
+        Self::spawn_logging(cmd, &refs, "gateway listening on", level)
     }
 
     /// What the process wrote on stderr so far.
@@ -1907,6 +1882,29 @@ impl Scripted {
     pub fn legacy(&self) -> Legacy {
         Legacy::new(&self.gateway.url)
     }
+}
+
+/// `dualera gateway` arguments for `upstream` with this config (in the TLS run: a TLS
+/// listener and `--upstream-ca` with the test CA), then `extra`.
+fn gateway_args(upstream: &str, config: &str, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "gateway",
+        "--upstream",
+        upstream,
+        "--config",
+        config,
+        "--listen",
+        "127.0.0.1:0",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(listener_tls_args());
+    if tls() {
+        args.push("--upstream-ca".into());
+        args.push(pki().ca.display().to_string());
+    }
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args
 }
 
 /// The admin listener's URL a gateway printed.

@@ -109,19 +109,14 @@ impl SharedSessions {
                         self.denied_upstream(&gw, &sid, &id).await;
                     } else {
                         info!(status = denial.status.as_u16(), %credential, "upstream refused the credentials; no host request waits for it");
-                        self.lost_upstream(&gw, &sid, &id).await;
+                        self.lost_upstream(&gw, &sid, &id, None).await;
                     }
                 }
                 Err(e) => {
                     gw.telemetry.upstream_error(&e);
                     warn!(error = %e, "upstream exchange failed");
                     if !answered {
-                        match e.refusal() {
-                            Some((reason, message)) => {
-                                self.refused_upstream(&gw, &sid, &id, reason, message).await;
-                            }
-                            None => self.lost_upstream(&gw, &sid, &id).await,
-                        }
+                        self.lost_upstream(&gw, &sid, &id, e.refusal()).await;
                     }
                 }
             },
@@ -200,44 +195,33 @@ impl SharedSessions {
         }
     }
 
-    async fn lost_upstream(self: &Arc<Self>, gw: &Gateway, sid: &str, id: &RequestId) {
-        let ctx = Ctx {
-            done_upstream: Some(id.clone()),
-            ..Ctx::default()
-        };
-        let fed = self
-            .step(gw, sid, &ctx, |record, now| {
-                record.machine.handle_upstream_lost(id, now)
-            })
-            .await;
-        if let Err(StepError::Store(e)) = fed {
-            warn!(error = %e, "lost upstream request not stored");
-        }
-    }
-
-    /// The upstream refused the request itself (it is too large for it, …): the legacy
-    /// request fails with that reason.
-    async fn refused_upstream(
+    /// The exchange ended without an answer: lost (`refusal` `None`: the machine
+    /// retries or fails the request as it does in memory), or refused for a reason of
+    /// its own (too large for the upstream, a TLS refusal …: the legacy request fails
+    /// with it).
+    async fn lost_upstream(
         self: &Arc<Self>,
         gw: &Gateway,
         sid: &str,
         id: &RequestId,
-        reason: &'static str,
-        message: String,
+        refusal: Option<(&'static str, String)>,
     ) {
         let ctx = Ctx {
             done_upstream: Some(id.clone()),
             ..Ctx::default()
         };
         let fed = self
-            .step(gw, sid, &ctx, |record, now| {
-                record
-                    .machine
-                    .handle_upstream_refused(id, reason, message.clone(), now)
+            .step(gw, sid, &ctx, |record, now| match &refusal {
+                Some((reason, message)) => {
+                    record
+                        .machine
+                        .handle_upstream_refused(id, reason, message.clone(), now)
+                }
+                None => record.machine.handle_upstream_lost(id, now),
             })
             .await;
         if let Err(StepError::Store(e)) = fed {
-            warn!(error = %e, "refused upstream request not stored");
+            warn!(error = %e, "lost upstream request not stored");
         }
     }
 

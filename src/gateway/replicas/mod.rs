@@ -352,13 +352,7 @@ impl SharedSessions {
             Ok::<(), ::redis::aio::SendError>(())
         })
         .map_err(|source| StoreError::Unreachable { source })?;
-        let mut machine = MachineConfig::default();
-        machine.max_in_flight = config.max_in_flight;
-        machine.max_rounds = config.max_rounds;
-        machine.retry_pause = config.retry_pause;
-        machine.live_timeout = config.live_request_timeout;
-        machine.max_live = config.max_live_requests;
-        machine.max_upstream_message = config.upstream_max_body_bytes;
+        let mut machine = legacy_http::machine_config(config);
         machine.retired_ids = RETIRED_IDS;
         Ok(Arc::new(Self {
             redis: Arc::new(redis),
