@@ -201,14 +201,7 @@ async fn silent_peer_times_out() {
     let mut host = rig.legacy();
     host.open("2025-11-25", full_caps("2025-11-25")).await;
     let ws = rig.ws.notes_uri.clone();
-    let (id, reply) = host
-        .request(
-            "tools/call",
-            json!({"name": "notes_delete", "arguments": {"workspaceUri": ws, "title": "Keep"}}),
-        )
-        .await;
-    let mut stream = reply.sse();
-    let live = stream.next_message().await.expect("elicitation");
+    let (id, mut stream, live) = host.delete_round(&ws, "Keep").await;
     assert_eq!(live["method"], "elicitation/create");
     let asked = Instant::now();
     let rest = stream.drain().await;
@@ -282,14 +275,7 @@ async fn delete_mid_round() {
     let mut host = rig.legacy();
     host.open("2025-11-25", full_caps("2025-11-25")).await;
     let ws = rig.ws.notes_uri.clone();
-    let (_, reply) = host
-        .request(
-            "tools/call",
-            json!({"name": "notes_delete", "arguments": {"workspaceUri": ws, "title": "Precious"}}),
-        )
-        .await;
-    let mut stream = reply.sse();
-    let live = stream.next_message().await.expect("elicitation");
+    let (_, mut stream, live) = host.delete_round(&ws, "Precious").await;
     assert_eq!(host.delete().await, StatusCode::OK);
     let late = host.post(&default_answer(&live)).await;
     assert_eq!(late.status, StatusCode::NOT_FOUND);
@@ -318,14 +304,7 @@ async fn duplicate_replies_dropped_and_unknown_refused() {
     assert_eq!(never.status, StatusCode::BAD_REQUEST);
 
     let ws = rig.ws.notes_uri.clone();
-    let (id, reply) = host
-        .request(
-            "tools/call",
-            json!({"name": "notes_delete", "arguments": {"workspaceUri": ws, "title": "Twice"}}),
-        )
-        .await;
-    let mut stream = reply.sse();
-    let live = stream.next_message().await.expect("elicitation");
+    let (id, mut stream, live) = host.delete_round(&ws, "Twice").await;
     let decline = json!({"jsonrpc": "2.0", "id": live["id"], "result": {"action": "decline"}});
     assert_eq!(host.post(&decline).await.status, StatusCode::ACCEPTED);
     let second = host.post(&default_answer(&live)).await;

@@ -28,14 +28,7 @@ async fn keepalive_comments_on_idle_streams() {
     }
 
     let ws = rig.ws.notes_uri.clone();
-    let (_, reply) = host
-        .request(
-            "tools/call",
-            json!({"name": "notes_delete", "arguments": {"workspaceUri": ws, "title": "Idle"}}),
-        )
-        .await;
-    let mut post = reply.sse();
-    let live = post.next_message().await.expect("elicitation");
+    let (_, mut post, live) = host.delete_round(&ws, "Idle").await;
     assert_eq!(live["method"], "elicitation/create");
     match post.next_within(WAIT).await {
         Next::Item(item) if item.comment => {}

@@ -214,14 +214,7 @@ async fn duplicate_member_names_never_delete_a_note() {
     let mut host = rig.legacy();
     host.open("2025-11-25", full_caps("2025-11-25")).await;
     let ws = rig.ws.notes_uri.clone();
-    let (_, reply) = host
-        .request(
-            "tools/call",
-            json!({"name": "notes_delete", "arguments": {"workspaceUri": ws, "title": "Dup"}}),
-        )
-        .await;
-    let mut stream = reply.sse();
-    let live = stream.next_message().await.expect("elicitation");
+    let (_, _stream, live) = host.delete_round(&ws, "Dup").await;
     let note = live["params"]["requestedSchema"]["properties"]["note_id"]["enum"][0].clone();
     let id = live["id"].to_string();
     for body in [

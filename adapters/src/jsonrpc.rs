@@ -142,6 +142,21 @@ pub struct Notification {
     pub params: Option<Value>,
 }
 
+impl Notification {
+    /// The request a `notifications/cancelled` names (`params.requestId`); `None` for
+    /// any other notification or one without a valid id (2025-11-25
+    /// basic/utilities/cancellation: such a notification is ignored).
+    pub fn cancelled_request(&self) -> Option<RequestId> {
+        if self.method != "notifications/cancelled" {
+            return None;
+        }
+        self.params
+            .as_ref()?
+            .get("requestId")
+            .and_then(RequestId::from_value)
+    }
+}
+
 /// A response: a result or an error for the request with the same id.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Response {

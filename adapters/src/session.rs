@@ -971,10 +971,7 @@ impl Session {
             "notifications/initialized" => self.initialized_notified = true,
             "notifications/cancelled" => {
                 self.observe(Observation::Used(Feature::Cancellation));
-                let Some(id) = params
-                    .and_then(|p| p.get("requestId"))
-                    .and_then(RequestId::from_value)
-                else {
+                let Some(id) = notification.cancelled_request() else {
                     return;
                 };
                 if let Some(call) = self.calls.remove(&id) {
@@ -1331,13 +1328,7 @@ impl Session {
             Some(ListenState::Open(id)) => Some(id.clone()),
             _ => None,
         };
-        let cancelled_target = (notification.method == "notifications/cancelled")
-            .then(|| {
-                params
-                    .and_then(|p| p.get("requestId"))
-                    .and_then(RequestId::from_value)
-            })
-            .flatten();
+        let cancelled_target = notification.cancelled_request();
         let target = subscription.clone().or(cancelled_target).or(on.clone());
         if let (Some(target), Some(listen_id)) = (&target, &open_listen) {
             if target == listen_id {

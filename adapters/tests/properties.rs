@@ -407,11 +407,7 @@ impl Harness {
                         }
                         Message::Notification(n) => {
                             if n.method == "notifications/cancelled" {
-                                let target = n
-                                    .params
-                                    .as_ref()
-                                    .and_then(|p| p.get("requestId"))
-                                    .and_then(RequestId::from_value);
+                                let target = n.cancelled_request();
                                 let before = self.live.len();
                                 self.live.retain(|(id, _)| Some(id) != target.as_ref());
                                 if self.live.len() == before {

@@ -151,14 +151,7 @@ impl Server {
             Ok(Message::Request(req)) => self.handle_request(principal, req, headers, sink),
             Ok(Message::Notification(n)) => {
                 debug!(method = %dualera_adapters::echo::echo(&n.method), "notification accepted");
-                let cancelled = (n.method == "notifications/cancelled")
-                    .then(|| {
-                        n.params
-                            .as_ref()
-                            .and_then(|p| p.get("requestId"))
-                            .and_then(RequestId::from_value)
-                    })
-                    .flatten();
+                let cancelled = n.cancelled_request();
                 Handled::Accepted { cancelled }
             }
             Ok(Message::Response(_)) => reply_error(

@@ -75,16 +75,10 @@ where
         let body = std::mem::take(&mut buf);
         // `notifications/cancelled` is acted on here, in order with the lines around it.
         if let Ok(Message::Notification(n)) = jsonrpc::parse(&body) {
-            if n.method == "notifications/cancelled" {
-                let target = n
-                    .params
-                    .as_ref()
-                    .and_then(|p| p.get("requestId"))
-                    .and_then(RequestId::from_value);
-                if let Some(c) = target.and_then(|id| running.lock().ok()?.get(&id).cloned()) {
-                    c.flag.store(true, Ordering::Relaxed);
-                    c.wake.notify_one();
-                }
+            let target = n.cancelled_request();
+            if let Some(c) = target.and_then(|id| running.lock().ok()?.get(&id).cloned()) {
+                c.flag.store(true, Ordering::Relaxed);
+                c.wake.notify_one();
             }
             continue;
         }

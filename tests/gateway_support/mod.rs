@@ -1630,6 +1630,20 @@ impl Legacy {
     }
 
     /// POSTs a request with a fresh id; returns the id and the reply.
+    /// Calls `notes_delete` for `title` in `ws` and reads the round's first message,
+    /// the elicitation: the call's id, the stream the rest arrives on, the elicitation.
+    pub async fn delete_round(&mut self, ws: &str, title: &str) -> (Value, SseReader, Value) {
+        let (id, reply) = self
+            .request(
+                "tools/call",
+                json!({"name": "notes_delete", "arguments": {"workspaceUri": ws, "title": title}}),
+            )
+            .await;
+        let mut stream = reply.sse();
+        let live = stream.next_message().await.expect("elicitation");
+        (id, stream, live)
+    }
+
     pub async fn request(&mut self, method: &str, params: Value) -> (Value, Reply) {
         let id = self.mint();
         let r = self.request_with_id(id.clone(), method, params).await;
