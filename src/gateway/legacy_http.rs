@@ -1285,6 +1285,18 @@ async fn get(
     response
 }
 
+/// A GET's `Last-Event-ID` as (stream number, sequence number): the event ids this
+/// gateway mints are `N.SEQ`, unique across the streams of a session (2025-11-25
+/// `basic/transports.mdx`, Resumability). Anything else is no resumption.
+pub(super) fn last_event_id(headers: &http::HeaderMap) -> Option<(u64, u64)> {
+    let (a, b) = headers
+        .get("last-event-id")?
+        .to_str()
+        .ok()?
+        .split_once('.')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
 /// Attaches a GET to a stream: a resumed one (`Last-Event-ID`) or the standalone one.
 fn open_get(
     gw: &Gateway,
@@ -1294,12 +1306,7 @@ fn open_get(
     auth: Option<HeaderValue>,
     watch: &Arc<HeadWatch>,
 ) -> Response<GatewayBody> {
-    let last = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once('.'))
-        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
-    let body = if let Some((number, after)) = last {
+    let body = if let Some((number, after)) = last_event_id(headers) {
         let Some(stream) = s.by_number.get(&number).cloned() else {
             return rpc_error(
                 StatusCode::NOT_FOUND,

@@ -271,6 +271,12 @@ impl SharedSessions {
         }
     }
 
+    /// Drops a lease that cannot be redone (unreadable, or its session is gone).
+    async fn drop_lease(&self, lease: &str) {
+        let lease = [lease.to_owned()];
+        let _ = self.redis.delete(&lease, &self.keys.leases(), &lease).await;
+    }
+
     /// Redoes an exchange whose lease this replica just took over.
     async fn take_over(
         self: Arc<Self>,
@@ -281,25 +287,11 @@ impl SharedSessions {
     ) {
         let Ok(rec) = serde_json::from_slice::<LeaseRecord>(&record) else {
             warn!("unreadable lease dropped");
-            let _ = self
-                .redis
-                .delete(
-                    std::slice::from_ref(&lease),
-                    &self.keys.leases(),
-                    std::slice::from_ref(&lease),
-                )
-                .await;
+            self.drop_lease(&lease).await;
             return;
         };
         let Ok(Message::Request(request)) = Message::from_value(rec.request) else {
-            let _ = self
-                .redis
-                .delete(
-                    std::slice::from_ref(&lease),
-                    &self.keys.leases(),
-                    std::slice::from_ref(&lease),
-                )
-                .await;
+            self.drop_lease(&lease).await;
             return;
         };
         let session: Option<Record> = match self.redis.load(&self.keys.session(&rec.sid)).await {
@@ -311,14 +303,7 @@ impl SharedSessions {
             }
         };
         let Some(session) = session else {
-            let _ = self
-                .redis
-                .delete(
-                    std::slice::from_ref(&lease),
-                    &self.keys.leases(),
-                    std::slice::from_ref(&lease),
-                )
-                .await;
+            self.drop_lease(&lease).await;
             return;
         };
         let role = rec.role;

@@ -1380,12 +1380,7 @@ impl SharedSessions {
         headers: &HeaderMap,
         auth: Option<HeaderValue>,
     ) -> Response<GatewayBody> {
-        let last = headers
-            .get("last-event-id")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split_once('.'))
-            .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
-        if let Some((number, after)) = last {
+        if let Some((number, after)) = legacy_http::last_event_id(headers) {
             let record = match self.read(&s.id, &s.binding).await {
                 Ok(Ok(r)) => r,
                 Ok(Err(anonymous)) => return Self::missing(gw, auth.as_ref(), anonymous).await,
