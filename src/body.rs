@@ -95,7 +95,7 @@ impl MeteredSender {
         self.tx.is_closed()
     }
 
-    /// Resolves when the reader is gone.
+    /// Resolves once the reader is gone (the host hung up).
     pub async fn closed(&self) {
         self.tx.closed().await;
     }
@@ -103,6 +103,11 @@ impl MeteredSender {
     /// The byte bound.
     pub fn max_bytes(&self) -> usize {
         self.max_bytes
+    }
+
+    /// Whether both senders feed the same body.
+    pub fn same_channel(&self, other: &Self) -> bool {
+        self.tx.same_channel(&other.tx)
     }
 
     /// Bytes waiting for the reader.

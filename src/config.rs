@@ -197,6 +197,11 @@ pub struct GatewaySection {
     pub keepalive_secs: Option<u64>,
     /// Seconds a live elicitation/sampling/roots request may go unanswered (default 600).
     pub live_request_timeout_secs: Option<u64>,
+    /// Seconds a live request may run at most, progress or not (default 3600).
+    pub live_request_timeout_max_secs: Option<u64>,
+    /// Legacy revisions offered to hosts, newest first (default: all four).
+    #[serde(default, deserialize_with = "legacy_versions")]
+    pub legacy_versions: Option<Vec<String>>,
     /// Pause before retrying a state-only MRTR round, in ms (default 250).
     pub retry_pause_ms: Option<u64>,
     /// Most MRTR rounds per legacy request (default 8).
@@ -254,6 +259,28 @@ pub struct GatewaySection {
     /// How long one shared-store command may take before the request fails with
     /// `sessionStoreUnavailable`, in ms (default 2000).
     pub session_store_timeout_ms: Option<u64>,
+}
+
+/// A non-empty list of known legacy revisions.
+fn legacy_versions<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<String>>, D::Error> {
+    use serde::de::Error as _;
+    let list = Vec::<String>::deserialize(d)?;
+    if list.is_empty() {
+        return Err(D::Error::custom(
+            "legacy_versions must name at least one revision",
+        ));
+    }
+    for v in &list {
+        if !dualera_adapters::ProtocolVersion::LEGACY.contains(&v.as_str()) {
+            return Err(D::Error::custom(format!(
+                "legacy_versions: {v:?} is not a legacy revision ({})",
+                dualera_adapters::ProtocolVersion::LEGACY.join(", ")
+            )));
+        }
+    }
+    Ok(Some(list))
 }
 
 /// A listener's certificate and key, PEM files.
@@ -628,5 +655,16 @@ mod tests {
     fn unknown_fields_are_refused() {
         assert!(Config::parse("[server]\nlisten = \"127.0.0.1:1\"\nbogus = 1\n").is_err());
         assert!(Config::parse("nonsense = true\n").is_err());
+    }
+
+    #[test]
+    fn legacy_versions_are_checked() {
+        let ok = Config::parse("[gateway]\nlegacy_versions = [\"2025-06-18\"]\n").unwrap();
+        assert_eq!(
+            ok.gateway.legacy_versions,
+            Some(vec!["2025-06-18".to_owned()])
+        );
+        assert!(Config::parse("[gateway]\nlegacy_versions = []\n").is_err());
+        assert!(Config::parse("[gateway]\nlegacy_versions = [\"2026-07-28\"]\n").is_err());
     }
 }

@@ -16,6 +16,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use tracing_subscriber::EnvFilter;
 
+mod vectors_cmd;
+
 type BoxError = Box<dyn std::error::Error>;
 
 /// `eprintln!` in one write: stderr is unbuffered, so `eprintln!` writes each piece of
@@ -145,6 +147,12 @@ enum Command {
         #[arg(long, default_value = "DUALERA_ADMIN_TOKEN")]
         token_env: String,
     },
+    /// The adapter test kit: the transcript vectors as a black-box suite for any
+    /// era bridge (dualera's own gateway included).
+    Vectors {
+        #[command(subcommand)]
+        command: vectors_cmd::VectorsCommand,
+    },
 }
 
 fn main() -> ExitCode {
@@ -165,6 +173,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Command::Vectors { command } = cli.command {
+        return vectors_cmd::main(command, &runtime);
+    }
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -438,6 +449,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             let _ = server_task.await;
             Ok(())
         }
+        Command::Vectors { .. } => Err("handled before the runtime runs".into()),
         Command::Report {
             admin,
             json,

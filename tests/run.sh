@@ -7,6 +7,9 @@
 # installs the pinned suite and a Node 22 into .cache/conformance; same closing line),
 # then authorization end to end (tests/auth/run.py: oidc-provider, the modern server as
 # OAuth resource server behind the gateway, both SDKs as hosts; same closing line).
+# Between the interop suite and conformance, the adapter test kit's third-party
+# scoreboard (tests/kit/run.sh: `dualera vectors run` against the pinned mcp-remote;
+# its failures are the score).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The real peers of the service-backed tests (Redis, HAProxy, PostgreSQL, Chromium),
@@ -14,5 +17,6 @@ cd "$(dirname "$0")/.."
 bash tests/services/debian.sh
 cargo test --workspace --locked "$@"
 python3 tests/interop/run.py
+bash tests/kit/run.sh
 bash tests/conformance/run.sh
 python3 tests/auth/run.py

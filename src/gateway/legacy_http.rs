@@ -190,6 +190,10 @@ pub(super) fn machine_config(config: &GatewayConfig) -> MachineConfig {
     machine.max_rounds = config.max_rounds;
     machine.retry_pause = config.retry_pause;
     machine.live_timeout = config.live_request_timeout;
+    machine.live_timeout_max = config.live_request_timeout_max;
+    if let Some(v) = &config.legacy_versions {
+        machine.legacy_versions = v.clone();
+    }
     machine.max_live = config.max_live_requests;
     machine.max_upstream_message = config.upstream_max_body_bytes;
     machine
@@ -1131,12 +1135,10 @@ fn feed_request(
         return Err(Box::new(internal()));
     };
     if s.streams.get(stream).is_some_and(|st| !st.finished) {
-        return Err(Box::new(rpc_error(
-            StatusCode::BAD_REQUEST,
-            Some(id),
-            ErrorCode::INVALID_REQUEST,
-            "Invalid request: this request id is already in use".into(),
-        )));
+        // Refused before the machine sees it (its stream must survive), in the
+        // machine's own words, as every other wire says it.
+        let e = dualera_adapters::SessionError::DuplicateRequestId { id: id.clone() };
+        return Err(Box::new(refusal(Some(id), &e)));
     }
     open_pending(handle, &mut s, stream.clone());
     if let Some(st) = s.streams.get_mut(stream) {
@@ -1183,12 +1185,7 @@ fn batch(
         Ok(o) => o,
         Err(e) => {
             s.feeding = None;
-            return rpc_error(
-                StatusCode::BAD_REQUEST,
-                None,
-                ErrorCode::INVALID_REQUEST,
-                format!("Invalid request: {e}"),
-            );
+            return refusal(None, &e);
         }
     };
     for refused in &outcome.refused {
@@ -1353,6 +1350,7 @@ fn open_get(
         };
         let prime = vec![sse::prime(&format!("{}.{}", st.number, st.seq))];
         let (tx, body) = ChannelBody::metered(prime, STREAM_QUEUE, handle.max_buffered);
+        watch_standalone(gw.clone(), handle.clone(), tx.clone());
         st.tx = Some(tx);
         s.telemetry.feature(Feature::GetStream);
         // Kept only while this GET is open: `subscriptions/listen` runs on its behalf.
@@ -1363,6 +1361,48 @@ fn open_get(
         body
     };
     crate::body::sse_response(body)
+}
+
+/// Tells the machine as soon as the host hangs up its GET stream (hyper drops the
+/// body), so the upstream listen it fed is cancelled at once rather than at the next
+/// keepalive. Holding a sender keeps the body open, so the watch lets go once the
+/// stream is no longer this one or the session ended.
+fn watch_standalone(gw: Gateway, handle: Arc<SessionHandle>, watch: MeteredSender) {
+    let span = tracing::debug_span!("standalone", session = %handle.tag);
+    tokio::spawn(
+        async move {
+            let is_current = |s: &Shared| {
+                s.streams
+                    .get(&PeerStream::Standalone)
+                    .and_then(|st| st.tx.as_ref())
+                    .is_some_and(|t| t.same_channel(&watch))
+            };
+            loop {
+                tokio::select! {
+                    () = watch.closed() => break,
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+                let Ok(s) = handle.shared.lock() else { return };
+                if !is_current(&s) || s.machine.state() == SessionState::Closed {
+                    return;
+                }
+            }
+            let Ok(mut s) = handle.shared.lock() else {
+                return;
+            };
+            if !is_current(&s) {
+                return;
+            }
+            if let Some(st) = s.streams.get_mut(&PeerStream::Standalone) {
+                st.tx = None;
+            }
+            debug!("standalone stream closed by the peer");
+            let _ = s.machine.handle_standalone_closed();
+            route(&gw, &handle, &mut s);
+            rearm(&handle, &s);
+        }
+        .instrument(span),
+    );
 }
 
 /// Carries out everything the machine asked for. Called with the session lock held;

@@ -61,6 +61,10 @@ pub struct GatewayConfig {
     pub keepalive: Duration,
     /// How long a live server-initiated request may go unanswered (reset by progress).
     pub live_request_timeout: Duration,
+    /// How long a live request may run at most, progress or not.
+    pub live_request_timeout_max: Duration,
+    /// Legacy revisions offered to hosts, newest first (`None`: all of them).
+    pub legacy_versions: Option<Vec<String>>,
     /// Pause before retrying a round that carried only `requestState`.
     pub retry_pause: Duration,
     /// Most MRTR rounds per legacy request.
@@ -100,6 +104,8 @@ impl Default for GatewayConfig {
             session_idle_ttl: Duration::from_secs(30 * 60),
             keepalive: Duration::from_secs(15),
             live_request_timeout: Duration::from_secs(600),
+            live_request_timeout_max: Duration::from_secs(3600),
+            legacy_versions: None,
             retry_pause: Duration::from_millis(250),
             max_rounds: 8,
             replay_buffer: 64,
@@ -133,6 +139,10 @@ impl GatewayConfig {
             live_request_timeout: s
                 .live_request_timeout_secs
                 .map_or(d.live_request_timeout, Duration::from_secs),
+            live_request_timeout_max: s
+                .live_request_timeout_max_secs
+                .map_or(d.live_request_timeout_max, Duration::from_secs),
+            legacy_versions: s.legacy_versions.clone(),
             retry_pause: s
                 .retry_pause_ms
                 .map_or(d.retry_pause, Duration::from_millis),

@@ -1235,12 +1235,10 @@ impl SharedSessions {
             }
             Err(StepError::Store(e)) => return store_unavailable(Some(id), &e),
             Err(StepError::Refused(None)) => {
-                return rpc_error(
-                    StatusCode::BAD_REQUEST,
-                    Some(id),
-                    ErrorCode::INVALID_REQUEST,
-                    "Invalid request: this request id is already in use".into(),
-                )
+                // Refused before the machine sees it (its stream must survive), in the
+                // machine's own words, as every other wire says it.
+                let e = SessionError::DuplicateRequestId { id: id.clone() };
+                return refusal(Some(id), &e);
             }
             Err(StepError::Refused(Some(e))) => return refusal(Some(id), &e),
         };
@@ -1352,14 +1350,7 @@ impl SharedSessions {
                 return Self::missing(gw, auth.as_ref(), anonymous).await
             }
             Err(StepError::Store(e)) => return store_unavailable(None, &e),
-            Err(StepError::Refused(e)) => {
-                return rpc_error(
-                    StatusCode::BAD_REQUEST,
-                    None,
-                    ErrorCode::INVALID_REQUEST,
-                    format!("Invalid request: {e}"),
-                )
-            }
+            Err(StepError::Refused(e)) => return refusal(None, &e),
         };
         for e in &refused {
             warn!(session = %log_tag(&s.id), error = %e, "batch element refused");
