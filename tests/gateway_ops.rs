@@ -51,6 +51,20 @@ async fn scrape(admin: &str) -> String {
     String::from_utf8(r.body.to_vec()).expect("UTF-8 metrics")
 }
 
+/// `dualera_requests_total` of legacy requests on the route `/mcp`.
+fn legacy_requests(m: &str, method: &str, outcome: &str) -> f64 {
+    metric(
+        m,
+        "dualera_requests_total",
+        &[
+            ("route", "/mcp"),
+            ("era", "legacy"),
+            ("mcp_method_name", method),
+            ("outcome", outcome),
+        ],
+    )
+}
+
 async fn report(admin: &str) -> Value {
     let auth = bearer();
     let r = get(&format!("{admin}/report"), &[("authorization", &auth)]).await;
@@ -311,7 +325,19 @@ async fn metrics_and_report_count_a_legacy_session() {
         "{gap}"
     );
 
-    let m = scrape(&admin).await;
+    // A request is counted when the driver performs the machine's `Observed` event,
+    // which follows the response it sent: the host can have its answer a moment
+    // before the count moves. Wait (bounded) for the last requests to be counted.
+    let mut m = scrape(&admin).await;
+    for _ in 0..100 {
+        if legacy_requests(&m, "tools/list", "ok") >= 2.0
+            && legacy_requests(&m, "tools/call", "failed") >= 1.0
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        m = scrape(&admin).await;
+    }
     let live = |kind: &str, outcome: &str| {
         metric(
             &m,
@@ -323,18 +349,7 @@ async fn metrics_and_report_count_a_legacy_session() {
     assert_eq!(live("elicitation_form", "decline"), 1.0);
     assert_eq!(live("sampling", "accept"), 2.0);
     assert_eq!(live("roots", "accept"), 1.0);
-    let req = |method: &str, outcome: &str| {
-        metric(
-            &m,
-            "dualera_requests_total",
-            &[
-                ("route", "/mcp"),
-                ("era", "legacy"),
-                ("mcp_method_name", method),
-                ("outcome", outcome),
-            ],
-        )
-    };
+    let req = |method: &str, outcome: &str| legacy_requests(&m, method, outcome);
     assert_eq!(req("tools/call", "ok"), 4.0);
     assert_eq!(req("initialize", "ok"), 2.0);
     assert_eq!(req("logging/setLevel", "ok"), 1.0);
