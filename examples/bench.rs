@@ -45,6 +45,12 @@
 //! direct variant, the gateway and the bare proxy all reach it over TLS (the gateway
 //! and the proxy with HTTP/2 when offered), so ratios compare like with like.
 //!
+//! - `replicas`: the legacy MRTR flow on two gateway replicas sharing a throw-away Redis
+//!   (`session_store = "redis://…"`; each flow's requests alternate between them, so the
+//!   answer's retry runs on the replica that does not hold the stream) against one
+//!   gateway with sessions in memory, flows alternating one by one; then Redis memory
+//!   per idle session at `--replica-sessions` (10k) sessions.
+//!
 //! `--profile perf` records the gateway with `perf record -g` during the selected
 //! scenarios (report and, with inferno installed, a flamegraph under bench/results/);
 //! `--profile callgrind` runs the gateway under `valgrind --tool=callgrind` (instruction
@@ -86,7 +92,7 @@ const LEGACY: &str = "2025-11-25";
 const PV: &str = "io.modelcontextprotocol/protocolVersion";
 const CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
 const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
-const ALL_SCENARIOS: [&str; 8] = [
+const ALL_SCENARIOS: [&str; 9] = [
     "passthrough",
     "cache",
     "mrtr",
@@ -94,10 +100,11 @@ const ALL_SCENARIOS: [&str; 8] = [
     "pending",
     "store",
     "instances",
+    "replicas",
     "h2",
 ];
 /// What runs without `--scenarios` (`h2` needs `--tls`).
-const DEFAULT_SCENARIOS: [&str; 7] = [
+const DEFAULT_SCENARIOS: [&str; 8] = [
     "passthrough",
     "cache",
     "mrtr",
@@ -105,6 +112,7 @@ const DEFAULT_SCENARIOS: [&str; 7] = [
     "pending",
     "store",
     "instances",
+    "replicas",
 ];
 
 /// Addresses served over TLS, and the client configuration that trusts them: every
@@ -132,6 +140,10 @@ struct Opts {
     session_levels: Vec<usize>,
     pending: usize,
     pending_sessions: usize,
+    /// Idle sessions opened on the replicas for Redis memory (default 10k).
+    replica_sessions: usize,
+    /// Hosts at once per variant in the replicas scenario's capacity part (default 8).
+    replica_hosts: usize,
     profile: Option<Profile>,
     no_build: bool,
     dualera: Option<PathBuf>,
@@ -140,9 +152,10 @@ struct Opts {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench [--scenarios passthrough,cache,mrtr,memory,pending,store,instances] [--rounds N] [--secs S]\n\
+        "usage: bench [--scenarios passthrough,cache,mrtr,memory,pending,store,instances,replicas,h2] [--rounds N] [--secs S]\n\
          \x20            [--concurrency 1,16,64] [--sessions 1000,10000,100000]\n\
-         \x20            [--pending N] [--pending-sessions N] [--profile perf|callgrind|massif] [--no-build]\n\
+         \x20            [--pending N] [--pending-sessions N] [--replica-sessions N] [--replica-hosts N]\n\
+         \x20            [--profile perf|callgrind|massif] [--no-build]\n\
          \x20            [--dualera PATH (another build of the binary, e.g. to compare before/after)]\n\
          \x20            [--tls (the modern server on HTTPS; enables the h2 scenario)]"
     );
@@ -164,6 +177,8 @@ fn parse_opts() -> Opts {
         session_levels: vec![1_000, 10_000, 100_000],
         pending: 10_000,
         pending_sessions: 2_500,
+        replica_sessions: 10_000,
+        replica_hosts: 8,
         profile: None,
         no_build: false,
         dualera: None,
@@ -188,6 +203,8 @@ fn parse_opts() -> Opts {
             "--sessions" => o.session_levels = list(&val()),
             "--pending" => o.pending = val().parse().unwrap_or_else(|_| usage()),
             "--pending-sessions" => o.pending_sessions = val().parse().unwrap_or_else(|_| usage()),
+            "--replica-sessions" => o.replica_sessions = val().parse().unwrap_or_else(|_| usage()),
+            "--replica-hosts" => o.replica_hosts = val().parse().unwrap_or_else(|_| usage()),
             "--profile" => {
                 o.profile = match val().as_str() {
                     "perf" => Some(Profile::Perf),
@@ -1511,6 +1528,24 @@ impl LegacyClient {
         })
     }
 
+    /// A session opened on `first`, its replies posted to `second` (two replicas).
+    async fn open_pair(first: SocketAddr, second: SocketAddr) -> Res<Self> {
+        let mut a = Conn::open(first).await?;
+        let b = Conn::open(second).await?;
+        let sid = legacy_open(&mut a).await?;
+        Ok(Self {
+            a,
+            b,
+            headers: legacy_headers(&sid),
+            next: 1,
+        })
+    }
+
+    /// Swaps the two connections: the next flow's requests go where the replies went.
+    fn swap(&mut self) {
+        std::mem::swap(&mut self.a, &mut self.b);
+    }
+
     /// Calls a tool, answering live elicitation with accept; returns the result.
     async fn tool(&mut self, name: &str, args: Value) -> Res<Value> {
         self.next += 1;
@@ -2053,6 +2088,390 @@ async fn mrtr(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res
 }
 
 // ---------------------------------------------------------------------------------
+// Scenario 7: replicas sharing sessions through Redis.
+// ---------------------------------------------------------------------------------
+
+/// A throw-away Redis (no persistence) on a free loopback port, killed on drop.
+struct Redis {
+    port: u16,
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Redis {
+    fn start(env: &Env) -> Res<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let dir = env.dir.join("redis");
+        std::fs::create_dir_all(&dir)?;
+        let bin = ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .ok_or("redis-server is not installed (bash tests/services/debian.sh redis-server)")?;
+        let child = Command::new(bin)
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let r = Self { port, child, dir };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while r.command(&["PING"]).unwrap_or_default().trim() != "+PONG" {
+            if Instant::now() > deadline {
+                return Err("redis-server did not answer PING".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(r)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// One command over RESP; the raw reply (small replies only).
+    fn command(&self, args: &[&str]) -> Res<String> {
+        use std::io::Read;
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            let _ = write!(req, "${}\r\n{a}\r\n", a.len());
+        }
+        s.write_all(req.as_bytes())?;
+        let mut out = Vec::new();
+        let mut buf = [0u8; 65536];
+        loop {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&out);
+            let done = match out.first() {
+                Some(b'$') => text[1..]
+                    .split_once("\r\n")
+                    .is_some_and(|(len, rest)| rest.len() >= len.parse::<usize>().unwrap_or(0) + 2),
+                _ => text.ends_with("\r\n"),
+            };
+            if done {
+                break;
+            }
+        }
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// `used_memory` from `INFO memory`, bytes.
+    fn used_memory(&self) -> Res<u64> {
+        let info = self.command(&["INFO", "memory"])?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| "INFO memory without used_memory".into())
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs flows on every client at once for `secs`; returns the clients, the flows done
+/// and the time taken.
+async fn concurrent_flows(
+    clients: Vec<LegacyClient>,
+    ws: &str,
+    secs: f64,
+    swap: bool,
+    counter: &Arc<AtomicUsize>,
+) -> Res<(Vec<LegacyClient>, usize, f64)> {
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs_f64(secs);
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut c in clients {
+        let ws = ws.to_owned();
+        let counter = counter.clone();
+        tasks.spawn(async move {
+            let mut n = 0usize;
+            while Instant::now() < end && n < 100_000 {
+                let k = counter.fetch_add(1, Ordering::Relaxed);
+                legacy_flow(&mut c, &ws, &format!("replica-load-{k}")).await?;
+                if swap {
+                    c.swap();
+                }
+                n += 1;
+            }
+            Ok::<_, BoxError>((c, n))
+        });
+    }
+    let mut back = Vec::new();
+    let mut flows = 0;
+    while let Some(r) = tasks.join_next().await {
+        let (c, n) = r??;
+        back.push(c);
+        flows += n;
+    }
+    Ok((back, flows, t0.elapsed().as_secs_f64()))
+}
+
+const REPLICA_VARIANTS: [&str; 2] = [
+    "1 gateway, sessions in memory",
+    "2 gateway replicas, sessions in Redis (requests alternate)",
+];
+
+async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
+    let redis = Redis::start(env)?;
+    let section = std::fs::read_to_string(&env.gateway_config)?;
+    let config = env.dir.join("bench-gateway-redis.toml");
+    std::fs::write(
+        &config,
+        section.replacen(
+            "[gateway]\n",
+            &format!("[gateway]\nsession_store = {:?}\n", redis.url()),
+            1,
+        ),
+    )?;
+    let memory = env.gateway(server, "replicas-memory")?;
+    let first = env.gateway_with(server, "replica-1", &config, "warn")?;
+    let second = env.gateway_with(server, "replica-2", &config, "warn")?;
+    let _perf = PerfGuard::start(env, first.pid(), "replicas");
+    eprintln!("bench: replicas (load {})", load_avg());
+    let mut local = LegacyClient::open(memory.addr).await?;
+    let mut shared = LegacyClient::open_pair(first.addr, second.addr).await?;
+    let ws = env.scratch_uri.clone();
+    let secs = (opts.secs * 2.0).max(0.5);
+    let mut counter = 0u64;
+    for _ in 0..2 {
+        counter += 1;
+        legacy_flow(&mut local, &ws, &format!("replica-flow-{counter}")).await?;
+        counter += 1;
+        legacy_flow(&mut shared, &ws, &format!("replica-flow-{counter}")).await?;
+        shared.swap();
+    }
+    let mut rates: [Vec<f64>; 2] = Default::default();
+    let mut lats: [Vec<f64>; 2] = Default::default();
+    let mut ratios = Vec::new();
+    let mut cpu = [0.0f64; 3];
+    let mut flows = [0usize; 2];
+    for round in 0..opts.rounds {
+        let mut busy = [0.0f64; 2];
+        let mut n = [0usize; 2];
+        let mut ns: [Vec<f64>; 2] = Default::default();
+        let cpu0 = [
+            cpu_of(memory.pid()),
+            cpu_of(first.pid()) + cpu_of(second.pid()),
+            cpu_of(redis.pid()),
+        ];
+        let end = Instant::now() + Duration::from_secs_f64(secs * 2.0);
+        let mut turn = 0usize;
+        while Instant::now() < end && turn < 100_000 {
+            for k in 0..2 {
+                let v = (turn + k) % 2;
+                counter += 1;
+                let title = format!("replica-flow-{counter}");
+                let t0 = Instant::now();
+                if v == 0 {
+                    legacy_flow(&mut local, &ws, &title).await?;
+                } else {
+                    legacy_flow(&mut shared, &ws, &title).await?;
+                    shared.swap();
+                }
+                let took = t0.elapsed().as_secs_f64();
+                ns[v].push(took * 1e6);
+                busy[v] += took;
+                n[v] += 1;
+            }
+            turn += 1;
+        }
+        cpu[0] += cpu_of(memory.pid()) - cpu0[0];
+        cpu[1] += cpu_of(first.pid()) + cpu_of(second.pid()) - cpu0[1];
+        cpu[2] += cpu_of(redis.pid()) - cpu0[2];
+        flows[0] += n[0];
+        flows[1] += n[1];
+        let this = [0, 1].map(|v| n[v] as f64 / busy[v].max(1e-9));
+        for v in 0..2 {
+            rates[v].push(this[v]);
+            lats[v].push(median(&ns[v]));
+        }
+        ratios.push(this[1] / this[0]);
+        eprintln!(
+            "  round {}: in memory {:>6.1} flows/s  2 replicas + Redis {:>6.1}",
+            round + 1,
+            this[0],
+            this[1]
+        );
+    }
+    // Capacity: several hosts at once per variant, variants alternating by round.
+    let hosts = opts.replica_hosts.max(1);
+    let counter = Arc::new(AtomicUsize::new(0));
+    let mut locals = Vec::new();
+    let mut shareds = Vec::new();
+    for i in 0..hosts {
+        locals.push(LegacyClient::open(memory.addr).await?);
+        shareds.push(if i % 2 == 0 {
+            LegacyClient::open_pair(first.addr, second.addr).await?
+        } else {
+            LegacyClient::open_pair(second.addr, first.addr).await?
+        });
+    }
+    let mut load_rates: [Vec<f64>; 2] = Default::default();
+    let mut load_ratios = Vec::new();
+    let mut load_cpu = [0.0f64; 3];
+    let mut load_flows = [0usize; 2];
+    for round in 0..opts.rounds {
+        let mut this = [0.0f64; 2];
+        for k in 0..2 {
+            let v = (round + k) % 2;
+            let cpu0 = [
+                cpu_of(memory.pid()),
+                cpu_of(first.pid()) + cpu_of(second.pid()),
+                cpu_of(redis.pid()),
+            ];
+            let (n, took) = if v == 0 {
+                let (back, n, took) =
+                    concurrent_flows(std::mem::take(&mut locals), &ws, secs, false, &counter)
+                        .await?;
+                locals = back;
+                load_cpu[0] += cpu_of(memory.pid()) - cpu0[0];
+                (n, took)
+            } else {
+                let (back, n, took) =
+                    concurrent_flows(std::mem::take(&mut shareds), &ws, secs, true, &counter)
+                        .await?;
+                shareds = back;
+                load_cpu[1] += cpu_of(first.pid()) + cpu_of(second.pid()) - cpu0[1];
+                load_cpu[2] += cpu_of(redis.pid()) - cpu0[2];
+                (n, took)
+            };
+            load_flows[v] += n;
+            this[v] = n as f64 / took.max(1e-9);
+            load_rates[v].push(this[v]);
+        }
+        load_ratios.push(this[1] / this[0]);
+        eprintln!(
+            "  round {} ({hosts} hosts each): in memory {:>6.1} flows/s  2 replicas + Redis {:>6.1}",
+            round + 1,
+            this[0],
+            this[1]
+        );
+    }
+    let load_rate = [0, 1].map(|v| median(&load_rates[v]));
+    let load_ratio = median(&load_ratios);
+    let rate = [0, 1].map(|v| median(&rates[v]));
+    let ratio = median(&ratios);
+    let per_flow = |c: f64, n: usize| c * 1e6 / n.max(1) as f64;
+    let load_cpu_us = [
+        per_flow(load_cpu[0], load_flows[0]),
+        per_flow(load_cpu[1], load_flows[1]),
+        per_flow(load_cpu[2], load_flows[1]),
+    ];
+    let cpu_us = [
+        per_flow(cpu[0], flows[0]),
+        per_flow(cpu[1], flows[1]),
+        per_flow(cpu[2], flows[1]),
+    ];
+    // Idle sessions: Redis memory before and after opening them, half on each replica.
+    let sessions = opts.replica_sessions;
+    let before = redis.used_memory()?;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut opened = open_sessions(first.addr, sessions / 2, 32, deadline).await?;
+    opened.extend(open_sessions(second.addr, sessions - sessions / 2, 32, deadline).await?);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = redis.used_memory()?;
+    let per_session = (after as f64 - before as f64) / opened.len().max(1) as f64;
+    let keys = redis.command(&["DBSIZE"])?;
+    report.replicas = Some((ratio, load_ratio, hosts, opened.len(), per_session));
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "### 7. Replicas: the legacy MRTR flow (notes_create + notes_delete with one elicitation) on 2 replicas sharing Redis vs 1 gateway in memory, flows alternating one by one ({} rounds × {} s)\n",
+        opts.rounds,
+        secs * 2.0
+    );
+    let _ = writeln!(
+        md,
+        "| variant | flows/s | median flow µs | gateway CPU µs per flow |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|");
+    for (v, name) in REPLICA_VARIANTS.iter().enumerate() {
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} | {} |",
+            fmt_f(rate[v], 1),
+            fmt_f(median(&lats[v]), 0),
+            fmt_f(cpu_us[v], 0)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nOne host, flows one after another (latency): replicas/memory ratio (median of per-round ratios) **{}**; Redis CPU per replicated flow: {} µs (both replicas' CPU is the gateway figure above).\n",
+        fmt_f(ratio, 3),
+        fmt_f(cpu_us[2], 0)
+    );
+    let _ = writeln!(
+        md,
+        "{hosts} hosts at once per variant (capacity; variants alternate by round, {} s each):\n\n| variant | flows/s | gateway CPU µs per flow |\n|---|---:|---:|",
+        secs
+    );
+    for (v, name) in REPLICA_VARIANTS.iter().enumerate() {
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} |",
+            fmt_f(load_rate[v], 1),
+            fmt_f(load_cpu_us[v], 0)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nreplicas/memory ratio with {hosts} hosts: **{}**; Redis CPU per replicated flow: {} µs.\n",
+        fmt_f(load_ratio, 3),
+        fmt_f(load_cpu_us[2], 0)
+    );
+    let _ = writeln!(
+        md,
+        "Idle sessions in Redis: {} sessions opened, `used_memory` {:.1} → {:.1} MiB: **{} bytes per session** (DBSIZE {}).",
+        opened.len(),
+        before as f64 / 1048576.0,
+        after as f64 / 1048576.0,
+        fmt_f(per_session, 0),
+        keys.trim().trim_start_matches(':')
+    );
+    report.add(
+        "replicas",
+        md,
+        json!({"memory_flows_per_s": rate[0], "replicas_flows_per_s": rate[1], "ratio": ratio,
+               "per_round_memory": rates[0], "per_round_replicas": rates[1],
+               "gateway_cpu_us_per_flow_memory": cpu_us[0], "gateway_cpu_us_per_flow_replicas": cpu_us[1],
+               "redis_cpu_us_per_flow": cpu_us[2], "idle_sessions": opened.len(),
+               "hosts": hosts, "load_memory_flows_per_s": load_rate[0], "load_replicas_flows_per_s": load_rate[1],
+               "load_ratio": load_ratio, "load_gateway_cpu_us_per_flow_memory": load_cpu_us[0],
+               "load_gateway_cpu_us_per_flow_replicas": load_cpu_us[1], "load_redis_cpu_us_per_flow": load_cpu_us[2],
+               "redis_used_memory_before": before, "redis_used_memory_after": after,
+               "redis_bytes_per_idle_session": per_session}),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
 // Scenario 3: session memory.
 // ---------------------------------------------------------------------------------
 
@@ -2472,6 +2891,10 @@ struct Report {
     /// Legacy flow over modern direct, and the modern flow through the bare proxy
     /// over modern direct (what one proxy hop per request costs this flow).
     mrtr_ratio: Option<(f64, f64)>,
+    /// Two replicas on Redis over one in memory (flows/s) with one host and with
+    /// several at once (how many), and Redis bytes per idle session at that many
+    /// sessions.
+    replicas: Option<(f64, f64, usize, usize, f64)>,
     bytes_per_session: Option<(usize, f64)>,
     pending_ok: Option<bool>,
 }
@@ -2539,6 +2962,26 @@ impl Report {
                 "gateway/bare proxy ≥ 0.95 (geometric mean of the cells above)",
                 fmt_f(geo, 3),
                 Some(geo >= 0.95),
+                None,
+            );
+        }
+        if let Some((ratio, load_ratio, hosts, n, per)) = self.replicas {
+            row(
+                "legacy MRTR flow on 2 replicas + Redis ≥ 0.6× 1 replica in memory (one host, flows in sequence)",
+                fmt_f(ratio, 3),
+                Some(ratio >= 0.6),
+                None,
+            );
+            row(
+                &format!("legacy MRTR flow on 2 replicas + Redis ≥ 0.6× 1 replica in memory ({hosts} hosts at once)"),
+                fmt_f(load_ratio, 3),
+                Some(load_ratio >= 0.6),
+                None,
+            );
+            row(
+                &format!("≤ 4 KiB of Redis memory per idle session (at {n})"),
+                format!("{} B", fmt_f(per, 0)),
+                Some(per <= 4096.0),
                 None,
             );
         }
@@ -2681,7 +3124,7 @@ fn setup(opts: &Opts) -> Res<Env> {
         .session_levels
         .iter()
         .copied()
-        .chain([opts.pending_sessions])
+        .chain([opts.pending_sessions, opts.replica_sessions])
         .max()
         .unwrap_or(0)
         + 1_000;
@@ -2776,6 +3219,7 @@ fn main() -> Res<()> {
                 ),
                 "store" => store(&env, &opts, &server, &mut report).await?,
                 "instances" => instances(&env, &opts, &mut report).await?,
+                "replicas" => replicas(&env, &opts, &server, &mut report).await?,
                 _ => {}
             }
         }

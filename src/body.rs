@@ -100,6 +100,11 @@ impl MeteredSender {
         self.tx.closed().await;
     }
 
+    /// The byte bound.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
     /// Whether both senders feed the same body.
     pub fn same_channel(&self, other: &Self) -> bool {
         self.tx.same_channel(&other.tx)

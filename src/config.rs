@@ -244,6 +244,21 @@ pub struct GatewaySection {
     pub forwarded: Option<ForwardedHeaders>,
     /// What a legacy session is bound to: `"subject"` (default) or `"token"`.
     pub session_binding: Option<SessionBinding>,
+    /// Where legacy Streamable HTTP sessions live: `"memory"` (the default; one
+    /// process) or `"redis://HOST:PORT/DB"` (shared by every replica behind a load
+    /// balancer). The `--session-store` flag wins.
+    pub session_store: Option<String>,
+    /// This replica's name in the shared session store (default: random at start).
+    pub replica_id: Option<String>,
+    /// Prefix of every key and channel the gateway uses in the shared session store
+    /// (default `"dualera:"`), so several deployments can share one Redis.
+    pub session_key_prefix: Option<String>,
+    /// How long a replica's lease on a running upstream exchange (an MRTR retry) lasts
+    /// without renewal, in ms (default 10000); after it, another replica redoes it.
+    pub upstream_lease_ms: Option<u64>,
+    /// How long one shared-store command may take before the request fails with
+    /// `sessionStoreUnavailable`, in ms (default 2000).
+    pub session_store_timeout_ms: Option<u64>,
     /// The instances of the `/mcp` route's upstream (`--upstream`, given once or more,
     /// wins): requests are spread round-robin over the healthy ones.
     #[serde(default)]

@@ -103,6 +103,11 @@ enum Command {
         /// The private key of --tls-cert (PEM).
         #[arg(long, requires = "tls_cert")]
         tls_key: Option<PathBuf>,
+        /// Where legacy Streamable HTTP sessions live: "memory" (default) or
+        /// redis://HOST:PORT/DB, shared by every replica behind a load balancer.
+        /// Overrides [gateway] session_store.
+        #[arg(long)]
+        session_store: Option<String>,
     },
     /// The whole thing on the embedded default: sample workspace, modern server and
     /// gateway, no setup.
@@ -287,9 +292,11 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             upstream_ca,
             tls_cert,
             tls_key,
+            session_store,
         } => {
             let config = load(config.as_ref())?;
-            let gw_config = GatewayConfig::from_config(&config);
+            let gw_config = GatewayConfig::from_config(&config)
+                .with_session_store(&config.gateway, session_store.as_deref())?;
             let admin_settings = AdminSettings::from_section(&config.admin)?;
             let admin_addr = admin.or(config.admin.listen);
             if let Some(addr) = admin_addr {

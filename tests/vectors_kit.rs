@@ -39,7 +39,7 @@ fn gateway_toml(settings: &Map<String, Value>) -> String {
         let secs = |ms: &Value| {
             let ms = ms.as_u64().expect("a number");
             assert!(
-                ms % 1000 == 0,
+                ms.is_multiple_of(1000),
                 "{k} = {ms}: the gateway takes whole seconds"
             );
             ms / 1000

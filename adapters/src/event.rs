@@ -5,11 +5,13 @@
 use crate::error::Failure;
 use crate::jsonrpc::{Message, Request, RequestId};
 use crate::usage::Observation;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fmt;
 
 /// Identifies the group of requests that arrived in one JSON-RPC batch (2025-03-26).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct BatchId(pub u64);
 
 impl fmt::Display for BatchId {
@@ -24,7 +26,7 @@ impl fmt::Display for BatchId {
 /// that carried that request, [`PeerStream::Batch`] the one of a POST that carried a
 /// batch, and [`PeerStream::Standalone`] the GET stream. The 2024-11-05 HTTP+SSE
 /// transport, stdio and WebSocket have one channel: the driver sends everything there.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum PeerStream {
     /// The response stream of the legacy request with this id. A response carrying this
     /// id is the last message on it.
@@ -36,7 +38,7 @@ pub enum PeerStream {
 }
 
 /// Why the machine sends a request upstream.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum UpstreamRole {
     /// `server/discover`, needed to answer `initialize`.
     Discover,

@@ -8,8 +8,9 @@
 use serde_json::{Map, Value};
 use std::fmt;
 
-/// A JSON-RPC request id. MCP allows strings and integers, never `null`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// A JSON-RPC request id. MCP allows strings and integers, never `null`. Ordered
+/// (integers first) so that serialized maps keyed by ids are deterministic.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RequestId {
     /// An integer id.
     Number(i64),

@@ -35,6 +35,7 @@ pub mod param_headers;
 pub mod replay;
 pub mod revision;
 pub mod session;
+pub mod snapshot;
 pub mod time;
 pub mod usage;
 pub mod v2024_11_05;

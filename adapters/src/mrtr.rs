@@ -5,6 +5,7 @@
 //! decoded or re-encoded: the retry carries that same string value.
 
 use crate::error::Failure;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
@@ -120,7 +121,8 @@ pub fn retry_params(
 }
 
 /// The answers collected in one round, keyed like the round's `inputRequests`.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Round {
     /// The state to echo on the retry.
     pub request_state: Option<String>,

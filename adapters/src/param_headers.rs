@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 /// One annotated parameter of a tool: the header's name part and where its value
 /// lives in the call's `arguments` (a chain of `properties` keys).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ParamHeader {
     /// The `{Name}` of `Mcp-Param-{Name}`, as the tool declared it.
     pub name: String,

@@ -13,10 +13,12 @@ use crate::jsonrpc::{
 use crate::mrtr::{self, ResultKind, Round};
 use crate::param_headers::{self, ParamHeader};
 use crate::revision::{ElicitationSupport, Revision};
+use crate::snapshot;
 use crate::time::Timestamp;
 use crate::usage::{self, Feature, LiveKind, LiveOutcome, Observation, RequestOutcome};
 use crate::version::ProtocolVersion;
 use crate::{v2025_06_18, v2025_11_25};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -128,9 +130,10 @@ impl Default for Config {
 }
 
 /// Where a session is in its lifecycle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum SessionState {
     /// No `initialize` yet.
+    #[default]
     AwaitingInitialize,
     /// `initialize` received; waiting for the upstream's `server/discover`.
     Initializing,
@@ -151,20 +154,20 @@ pub struct BatchOutcome {
     pub refused: Vec<SessionError>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct PendingInit {
     id: RequestId,
     stream: PeerStream,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct UrlElicitation {
     key: String,
     url: String,
     elicitation_id: String,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 enum Phase {
     /// Between attempts: no upstream request in flight, nothing pending at the peer.
     Idle,
@@ -179,7 +182,7 @@ enum Phase {
     },
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Call {
     seq: u64,
     method: String,
@@ -196,7 +199,7 @@ struct Call {
     answered: Option<Answered>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Answered {
     round: Round,
     live_id: RequestId,
@@ -233,7 +236,7 @@ pub enum Denied {
     Lost,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Live {
     seq: u64,
     legacy: RequestId,
@@ -244,27 +247,27 @@ struct Live {
     hard_deadline: Timestamp,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct UpstreamEntry {
     seq: u64,
     role: UpstreamRole,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 enum ListenState {
     Open(RequestId),
     RetryAt(Timestamp),
     GaveUp,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Listen {
     filter: Value,
     state: ListenState,
     failures: u32,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Batch {
     open: usize,
     responses: Vec<Message>,
@@ -273,14 +276,16 @@ struct Batch {
     ids: Vec<RequestId>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 enum RetiredKind {
     Answered,
     Abandoned,
 }
 
-/// A bounded memory of ids that were finished, oldest forgotten first.
-#[derive(Debug)]
+/// A bounded memory of ids that were finished, oldest forgotten first. Serialized as
+/// its cap and the ids with their kind, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(into = "RetiredData", try_from = "RetiredData")]
 struct Retired {
     order: VecDeque<RequestId>,
     kinds: HashMap<RequestId, RetiredKind>,
@@ -317,8 +322,56 @@ impl Retired {
         self.kinds.get(id).copied()
     }
 
+    /// Applies a (driver's) cap, forgetting the oldest ids beyond it.
+    fn set_cap(&mut self, cap: usize) {
+        self.cap = cap.max(1);
+        while self.order.len() > self.cap {
+            if let Some(old) = self.order.pop_front() {
+                self.kinds.remove(&old);
+            }
+        }
+    }
+
     fn len(&self) -> usize {
         self.kinds.len().max(self.order.len())
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct RetiredData {
+    cap: usize,
+    ids: Vec<(RequestId, RetiredKind)>,
+}
+
+impl From<Retired> for RetiredData {
+    fn from(r: Retired) -> Self {
+        let Retired {
+            order,
+            mut kinds,
+            cap,
+        } = r;
+        Self {
+            cap,
+            ids: order
+                .into_iter()
+                .filter_map(|id| kinds.remove(&id).map(|k| (id, k)))
+                .collect(),
+        }
+    }
+}
+
+impl TryFrom<RetiredData> for Retired {
+    type Error = &'static str;
+
+    fn try_from(data: RetiredData) -> Result<Self, Self::Error> {
+        let mut retired = Retired::new(data.cap);
+        for (id, kind) in data.ids {
+            if retired.kinds.contains_key(&id) {
+                return Err("a retired id is listed twice");
+            }
+            retired.insert(id, kind);
+        }
+        Ok(retired)
     }
 }
 
@@ -382,23 +435,39 @@ pub struct Footprint {
 ///
 /// A `handle_*` method that returns `Err` changed nothing; the error says what the
 /// driver should log, and [`SessionError::to_response`] what (if anything) to answer.
-#[derive(Debug)]
+///
+/// # Serialization
+///
+/// A session serializes (serde) to plain data between two inputs, so that a driver can
+/// keep it in a shared store and feed its next message in another process: serialize
+/// after draining [`poll_event`](Self::poll_event), deserialize, then
+/// [`restore`](Self::restore) the driver's [`Config`] and the discover result. See
+/// [`crate::snapshot`] for what is left out and why.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Session {
+    #[serde(rename = "id_prefix", with = "snapshot::id_prefix")]
     config: Config,
     state: SessionState,
+    #[serde(with = "snapshot::revision")]
     revision: Option<&'static Revision>,
     client_info: Option<Value>,
     legacy_capabilities: Value,
     client_capabilities: Value,
     log_level: Option<String>,
+    #[serde(skip)]
     discover: Option<Arc<Value>>,
     init: Option<PendingInit>,
     initialized_notified: bool,
+    #[serde(with = "snapshot::pairs")]
     calls: HashMap<RequestId, Call>,
+    #[serde(with = "snapshot::pairs")]
     live: HashMap<RequestId, Live>,
+    #[serde(with = "snapshot::pairs")]
     upstream: HashMap<RequestId, UpstreamEntry>,
     retired_live: Retired,
     retired_upstream: Retired,
+    #[serde(with = "snapshot::pairs")]
     batches: HashMap<BatchId, Batch>,
     subscriptions: BTreeSet<String>,
     standalone_open: bool,
@@ -406,13 +475,23 @@ pub struct Session {
     ping: Option<RequestId>,
     /// `x-mcp-header` parameters of the upstream's tools, by tool name, as learned from
     /// the `tools/list` results that passed through.
+    #[serde(with = "snapshot::sorted")]
     tool_headers: HashMap<String, Vec<ParamHeader>>,
     next_upstream: u64,
     next_live: u64,
     next_elicitation: u64,
     next_batch: u64,
     next_seq: u64,
+    #[serde(skip)]
     events: VecDeque<Event>,
+}
+
+impl Default for Session {
+    /// A session with the default [`Config`]; what a snapshot's missing fields start
+    /// from.
+    fn default() -> Self {
+        Self::new(Config::default())
+    }
 }
 
 impl Session {
@@ -450,7 +529,28 @@ impl Session {
         }
     }
 
+    /// Re-attaches what a serialized session leaves out (see [`crate::snapshot`]): the
+    /// driver's `config` (the session keeps its own `id_prefix`) and the shared
+    /// `server/discover` result it was started from ([`Session::discover`]).
+    pub fn restore(mut self, config: Config, discover: Option<Arc<Value>>) -> Self {
+        let id_prefix = std::mem::take(&mut self.config.id_prefix);
+        self.retired_live.set_cap(config.retired_ids);
+        self.retired_upstream.set_cap(config.retired_ids);
+        self.config = Config {
+            id_prefix,
+            ..config
+        };
+        self.discover = discover;
+        self
+    }
+
     // ----- introspection -------------------------------------------------------------
+
+    /// The `server/discover` result the session answers `initialize` from and reads the
+    /// upstream's capabilities in, shared (a serialized session leaves it out).
+    pub fn discover(&self) -> Option<&Arc<Value>> {
+        self.discover.as_ref()
+    }
 
     /// Where the session is in its lifecycle.
     pub fn state(&self) -> SessionState {

@@ -1,6 +1,7 @@
 //! Driver-supplied time: the session machine never reads a clock, so every input that
 //! can start or check a timer carries a [`Timestamp`] handed in by the driver.
 
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// A point in time, in milliseconds on a monotonic clock the driver chooses.
@@ -9,7 +10,10 @@ use std::time::Duration;
 /// up to the driver (a typical driver keeps one `std::time::Instant` taken at start-up
 /// and passes `start.elapsed()` as milliseconds). Timestamps handed to one session must
 /// never go backwards. Transcript vectors use plain numbers starting at `0`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
 pub struct Timestamp(u64);
 
 impl Timestamp {

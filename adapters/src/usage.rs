@@ -275,7 +275,9 @@ pub fn needs(used: impl IntoIterator<Item = Feature>) -> Vec<String> {
 }
 
 /// The kind of a live request the gateway sent a host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum LiveKind {
     /// `elicitation/create`, form mode.
     ElicitationForm,

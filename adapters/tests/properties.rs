@@ -223,7 +223,7 @@ fn params_for(method: &str, id: u8) -> Value {
         "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
             json!({"uri": format!("file:///r/{}", id % 3)})
         }
-        "logging/setLevel" => json!({"level": if id % 2 == 0 { "debug" } else { "loud" }}),
+        "logging/setLevel" => json!({"level": if id.is_multiple_of(2) { "debug" } else { "loud" }}),
         "initialize" => json!({"protocolVersion": "2025-11-25", "capabilities": {}}),
         _ => json!({}),
     }

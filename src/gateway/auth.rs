@@ -85,6 +85,12 @@ impl BindingKey {
         Self(h.finalize().into())
     }
 
+    /// The key as hex, for a store shared between replicas (the digest, never the
+    /// credential).
+    pub(super) fn to_hex(self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
     /// Constant-time comparison.
     pub(super) fn matches(&self, other: &Self) -> bool {
         self.0

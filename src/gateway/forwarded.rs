@@ -105,6 +105,31 @@ impl Forwarded {
     pub fn headers(&self) -> &[(HeaderName, HeaderValue)] {
         &self.headers
     }
+
+    /// The headers as text pairs, for a session kept outside the process (a shared
+    /// session's record).
+    pub fn to_pairs(&self) -> Vec<(String, String)> {
+        self.headers
+            .iter()
+            .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+            .collect()
+    }
+
+    /// The headers [`Forwarded::to_pairs`] wrote; pairs that are not valid header
+    /// names and values are dropped.
+    pub fn from_pairs(pairs: &[(String, String)]) -> Self {
+        Self {
+            headers: pairs
+                .iter()
+                .filter_map(|(n, v)| {
+                    Some((
+                        HeaderName::from_bytes(n.as_bytes()).ok()?,
+                        HeaderValue::from_str(v).ok()?,
+                    ))
+                })
+                .collect(),
+        }
+    }
 }
 
 #[cfg(test)]

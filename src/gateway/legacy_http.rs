@@ -12,6 +12,7 @@
 
 use super::auth::{fingerprint, BindingKey};
 use super::forwarded::Forwarded;
+use super::session_store::{Lookup, SessionStore, StoreError};
 use super::telemetry::{SessionTelemetry, WIRE_HTTP};
 use super::trace::TraceContext;
 use super::upstream::{Denial, OnBehalf, UpstreamError};
@@ -45,24 +46,24 @@ use tokio::sync::Notify;
 use tracing::{debug, info, warn, Instrument};
 
 /// Messages queued towards one live SSE connection before it counts as stalled.
-const STREAM_QUEUE: usize = 256;
+pub(super) const STREAM_QUEUE: usize = 256;
 /// Finished streams whose events are kept for resumption, per session.
-const FINISHED_KEPT: usize = 16;
+pub(super) const FINISHED_KEPT: usize = 16;
 /// How long a request's POST waits for a first message before it opens an SSE stream.
-const FIRST_MESSAGE_WAIT: Duration = Duration::from_secs(1);
+pub(super) const FIRST_MESSAGE_WAIT: Duration = Duration::from_secs(1);
 /// How long an `initialize` may wait for the upstream's discover.
-const INIT_WAIT: Duration = Duration::from_secs(30);
+pub(super) const INIT_WAIT: Duration = Duration::from_secs(30);
 /// How long a POST waits for the upstream to accept (or refuse, 401/403) the exchange
 /// it caused before committing to a response: the refusal must reach the host as
 /// HTTP, so no SSE stream is opened before the upstream's response head.
-const HEAD_WAIT: Duration = Duration::from_secs(30);
+pub(super) const HEAD_WAIT: Duration = Duration::from_secs(30);
 
 fn epoch() -> Instant {
     static START: OnceLock<Instant> = OnceLock::new();
     *START.get_or_init(Instant::now)
 }
 
-fn now() -> Timestamp {
+pub(super) fn now() -> Timestamp {
     Timestamp::from_millis(u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX))
 }
 
@@ -92,21 +93,10 @@ enum Refused {
 
 impl Sessions {
     pub(super) fn new(config: &GatewayConfig) -> Self {
-        let mut machine = MachineConfig::default();
-        machine.max_in_flight = config.max_in_flight;
-        machine.max_rounds = config.max_rounds;
-        machine.retry_pause = config.retry_pause;
-        machine.live_timeout = config.live_request_timeout;
-        machine.live_timeout_max = config.live_request_timeout_max;
-        if let Some(v) = &config.legacy_versions {
-            machine.legacy_versions = v.clone();
-        }
-        machine.max_live = config.max_live_requests;
-        machine.max_upstream_message = config.upstream_max_body_bytes;
         Self {
             map: DashMap::new(),
             per_caller: DashMap::new(),
-            machine,
+            machine: machine_config(config),
             max_sessions: config.max_sessions,
             max_per_caller: config.max_sessions_per_caller,
         }
@@ -192,6 +182,23 @@ impl Sessions {
     }
 }
 
+/// The session machine's bounds and timings from the gateway's config: the same for
+/// every driver (in memory, shared through Redis).
+pub(super) fn machine_config(config: &GatewayConfig) -> MachineConfig {
+    let mut machine = MachineConfig::default();
+    machine.max_in_flight = config.max_in_flight;
+    machine.max_rounds = config.max_rounds;
+    machine.retry_pause = config.retry_pause;
+    machine.live_timeout = config.live_request_timeout;
+    machine.live_timeout_max = config.live_request_timeout_max;
+    if let Some(v) = &config.legacy_versions {
+        machine.legacy_versions = v.clone();
+    }
+    machine.max_live = config.max_live_requests;
+    machine.max_upstream_message = config.upstream_max_body_bytes;
+    machine
+}
+
 /// One stream towards the peer.
 #[derive(Debug)]
 struct StreamState {
@@ -258,7 +265,7 @@ enum InlineSlot {
 /// Whether the upstream accepted an exchange a host request is waiting on, or refused
 /// its credentials. Locked after the session lock, never before.
 #[derive(Debug, Default)]
-struct HeadWatch(Mutex<Head>);
+pub(super) struct HeadWatch(Mutex<Head>);
 
 #[derive(Debug, Default)]
 enum Head {
@@ -271,7 +278,7 @@ enum Head {
 }
 
 impl HeadWatch {
-    fn accepted(&self) {
+    pub(super) fn accepted(&self) {
         if let Ok(mut h) = self.0.lock() {
             if matches!(*h, Head::Waiting) {
                 *h = Head::Accepted;
@@ -280,7 +287,7 @@ impl HeadWatch {
     }
 
     /// Hands a refusal to the waiting host request; false if it stopped waiting.
-    fn offer(&self, denial: &Denial) -> bool {
+    pub(super) fn offer(&self, denial: &Denial) -> bool {
         match self.0.lock() {
             Ok(mut h) if matches!(*h, Head::Waiting) => {
                 *h = Head::Denied(Box::new(denial.clone()));
@@ -290,16 +297,16 @@ impl HeadWatch {
         }
     }
 
-    fn settled(&self) -> bool {
+    pub(super) fn settled(&self) -> bool {
         self.0.lock().is_ok_and(|h| !matches!(*h, Head::Waiting))
     }
 
-    fn denied(&self) -> bool {
+    pub(super) fn denied(&self) -> bool {
         self.0.lock().is_ok_and(|h| matches!(*h, Head::Denied(_)))
     }
 
     /// Stops waiting; the refusal, if one came.
-    fn finish(&self) -> Option<Box<Denial>> {
+    pub(super) fn finish(&self) -> Option<Box<Denial>> {
         let mut h = self.0.lock().ok()?;
         match std::mem::replace(&mut *h, Head::Abandoned) {
             Head::Denied(d) => Some(d),
@@ -390,13 +397,13 @@ impl SessionHandle {
     }
 }
 
-fn mint_session_id() -> Option<String> {
+pub(super) fn mint_session_id() -> Option<String> {
     let mut bytes = [0u8; 24];
     getrandom::fill(&mut bytes).ok()?;
     Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn rpc_error(
+pub(super) fn rpc_error(
     status: StatusCode,
     id: Option<RequestId>,
     code: ErrorCode,
@@ -412,16 +419,31 @@ fn rpc_error(
     r
 }
 
-fn with_session_header(mut r: Response<GatewayBody>, id: &str) -> Response<GatewayBody> {
+pub(super) fn with_session_header(mut r: Response<GatewayBody>, id: &str) -> Response<GatewayBody> {
     if let Ok(v) = HeaderValue::from_str(id) {
         r.headers_mut().insert("mcp-session-id", v);
     }
     r
 }
 
-/// Handles one legacy request (POST, GET or DELETE on `/mcp`).
+/// Handles one legacy request (POST, GET or DELETE on `/mcp`), in whichever store
+/// holds the gateway's sessions.
 pub(super) async fn handle(
     gw: &Gateway,
+    req: Request<Incoming>,
+    forwarded: Forwarded,
+) -> Response<GatewayBody> {
+    match gw.shared.as_ref() {
+        Some(shared) => front(gw, &shared.clone(), req, forwarded).await,
+        None => front(gw, &gw.legacy, req, forwarded).await,
+    }
+}
+
+/// What every store shares: header checks, the session lookup and its binding, the
+/// body, the envelope, and the dispatch to the store's operation.
+async fn front<S: SessionStore>(
+    gw: &Gateway,
+    store: &S,
     req: Request<Incoming>,
     forwarded: Forwarded,
 ) -> Response<GatewayBody> {
@@ -450,35 +472,21 @@ pub(super) async fn handle(
     let auth = super::auth::credentials(req.headers());
     let existing = match &session_header {
         None => None,
-        Some(id) => match gw.legacy.map.get(id).map(|e| e.value().clone()) {
-            // Another principal, or no credentials on a session opened with some: 404,
-            // never 401 (DESIGN.md, "Remote upstreams"), so the id gives nothing away.
-            Some(h)
-                if h.binding
-                    .matches(&BindingKey::of(gw.config.session_binding, auth.as_ref())) =>
-            {
-                Some(h)
+        Some(id) => match store.find(gw, id, auth.as_ref()).await {
+            Ok(Lookup::Found(h)) => Some(h),
+            Ok(Lookup::NotFound { anonymous }) => {
+                return session_missing(gw, auth.as_ref(), anonymous).await
             }
-            found => {
-                let opened_with_credentials = found.as_ref().is_none_or(|h| !h.anonymous);
-                if auth.is_none() && opened_with_credentials {
-                    if let Some(denial) = super::auth::upstream_denial(gw, None).await {
-                        return denial.response();
-                    }
-                }
-                return rpc_error(
-                    StatusCode::NOT_FOUND,
-                    None,
-                    ErrorCode::INVALID_REQUEST,
-                    "Session not found: it ended, expired, or belongs to another caller; send initialize again".into(),
-                );
-            }
+            Err(e) => return store_unavailable(None, &e),
         },
     };
     match *req.method() {
-        Method::POST => post(gw, req, existing, auth, forwarded).await,
+        Method::POST => post(gw, store, req, existing, auth, forwarded).await,
         Method::GET => match existing {
-            Some(h) => get(gw, &h, req.headers(), auth).await,
+            Some(h) => {
+                let headers = req.headers().clone();
+                store.stream(gw, &h, &headers, auth).await
+            }
             None => rpc_error(
                 StatusCode::BAD_REQUEST,
                 None,
@@ -487,14 +495,7 @@ pub(super) async fn handle(
             ),
         },
         Method::DELETE => match existing {
-            Some(h) => {
-                gw.legacy.remove(&h.id);
-                h.close();
-                info!(session = %h.tag, "session deleted by the peer");
-                let mut r = Response::new(empty());
-                *r.status_mut() = StatusCode::OK;
-                r
-            }
+            Some(h) => store.delete(gw, &h).await,
             None => rpc_error(
                 StatusCode::BAD_REQUEST,
                 None,
@@ -511,10 +512,75 @@ pub(super) async fn handle(
     }
 }
 
-async fn post(
+/// The answer to a session id that is unknown, ended, expired or another caller's:
+/// 404, never 401 (DESIGN.md, "Remote upstreams"), so the id gives nothing away —
+/// except that a request without credentials naming a session opened with some (or an
+/// unknown one) gets the upstream's own challenge when it demands credentials: a host
+/// whose token expired may drop it and must learn to authorize again.
+pub(super) async fn session_missing(
     gw: &Gateway,
+    auth: Option<&HeaderValue>,
+    anonymous: bool,
+) -> Response<GatewayBody> {
+    if auth.is_none() && !anonymous {
+        if let Some(denial) = super::auth::upstream_denial(gw, None).await {
+            return denial.response();
+        }
+    }
+    rpc_error(
+        StatusCode::NOT_FOUND,
+        None,
+        ErrorCode::INVALID_REQUEST,
+        "Session not found: it ended, expired, or belongs to another caller; send initialize again"
+            .into(),
+    )
+}
+
+/// The shared session store could not be used: `-32603` with
+/// `data.reason = "sessionStoreUnavailable"`, HTTP 503 with `Retry-After`. The cause
+/// is logged, never sent (it may name the store's address).
+pub(super) fn store_unavailable(
+    id: Option<RequestId>,
+    error: &StoreError,
+) -> Response<GatewayBody> {
+    warn!(error = %error, "session store unavailable; request refused");
+    let body = Message::Response(RpcResponse::error(
+        id,
+        ErrorObject::new(
+            ErrorCode::INTERNAL_ERROR,
+            "The session store is unavailable; try again shortly",
+        )
+        .with_data(serde_json::json!({ "reason": "sessionStoreUnavailable" })),
+    ))
+    .to_vec();
+    let mut r = Response::new(full(body));
+    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from_static(RETRY_AFTER_SECS),
+    );
+    r
+}
+
+/// What a POST carries besides its body, for the store's operation.
+pub(super) struct PostContext {
+    /// The request's `Authorization`.
+    pub(super) auth: Option<HeaderValue>,
+    /// Forwarded headers for the upstream (kept per session from `initialize`).
+    pub(super) forwarded: Forwarded,
+    /// The request's W3C trace context.
+    pub(super) trace: Option<Arc<TraceContext>>,
+}
+
+async fn post<S: SessionStore>(
+    gw: &Gateway,
+    store: &S,
     req: Request<Incoming>,
-    existing: Option<Arc<SessionHandle>>,
+    existing: Option<S::Session>,
     auth: Option<HeaderValue>,
     forwarded: Forwarded,
 ) -> Response<GatewayBody> {
@@ -544,62 +610,156 @@ async fn post(
             return r;
         }
     };
-    let handle = match existing {
-        Some(h) => h,
-        None => {
-            let is_initialize =
-                matches!(&parsed, Parsed::Single(Message::Request(r)) if r.method == "initialize");
-            if !is_initialize {
-                return rpc_error(
-                    StatusCode::BAD_REQUEST,
-                    None,
-                    ErrorCode::INVALID_REQUEST,
-                    "Bad Request: Mcp-Session-Id header is required (or send initialize to start a session)".into(),
-                );
-            }
-            return initialize(gw, parsed, auth, forwarded, trace).await;
-        }
+    let cx = PostContext {
+        auth,
+        forwarded,
+        trace,
     };
-    handle.touch();
+    let Some(handle) = existing else {
+        return match parsed {
+            Parsed::Single(Message::Request(r)) if r.method == "initialize" => {
+                store.initialize(gw, r, cx).await
+            }
+            _ => rpc_error(
+                StatusCode::BAD_REQUEST,
+                None,
+                ErrorCode::INVALID_REQUEST,
+                "Bad Request: Mcp-Session-Id header is required (or send initialize to start a session)".into(),
+            ),
+        };
+    };
     match parsed {
-        Parsed::Single(Message::Request(r)) => request(gw, &handle, r, auth, trace).await,
-        Parsed::Single(other) => {
-            let watch = Arc::new(HeadWatch::default());
-            let (result, mut inline) = {
-                let Ok(mut s) = handle.shared.lock() else {
-                    return internal();
-                };
-                s.feeding = auth;
-                s.inline = InlineSlot::Open(watch.clone());
-                let r = s.machine.handle_peer_message(other, now());
-                route(gw, &handle, &mut s);
-                rearm(&handle, &s);
-                (r, Detachable::take(&mut s))
-            };
-            // An answer that completes a round starts the upstream retry on behalf of
-            // this POST: a 401/403 for it answers this POST, and the round waits for
-            // the answer again.
-            if inline.0.is_some() {
-                wait_head(&watch, &mut inline).await;
+        Parsed::Single(Message::Request(r)) => store.request(gw, &handle, r, cx).await,
+        Parsed::Single(other) => store.message(gw, &handle, other, cx.auth).await,
+        Parsed::Batch(items) => store.batch(gw, &handle, items, cx).await,
+    }
+}
+
+impl SessionStore for Sessions {
+    type Session = Arc<SessionHandle>;
+
+    async fn find(
+        &self,
+        gw: &Gateway,
+        id: &str,
+        authorization: Option<&HeaderValue>,
+    ) -> Result<Lookup<Arc<SessionHandle>>, StoreError> {
+        Ok(match self.map.get(id).map(|e| e.value().clone()) {
+            // Another principal, or no credentials on a session opened with some: 404.
+            Some(h)
+                if h.binding
+                    .matches(&BindingKey::of(gw.config.session_binding, authorization)) =>
+            {
+                Lookup::Found(h)
             }
-            drop(inline);
-            if let Some(denial) = watch.finish() {
-                return denial.response();
-            }
-            match result {
-                Ok(()) => accepted(),
-                // A reply to a live request the gateway gave up on: accepted, dropped.
-                Err(e) if e.is_dropped() => {
-                    debug!(session = %handle.tag, error = %e, "late or duplicate reply dropped");
-                    accepted()
-                }
-                Err(e) => {
-                    warn!(session = %handle.tag, error = %e, "peer message refused");
-                    refusal(None, &e)
-                }
-            }
+            found => Lookup::NotFound {
+                anonymous: found.is_some_and(|h| h.anonymous),
+            },
+        })
+    }
+
+    async fn initialize(
+        &self,
+        gw: &Gateway,
+        init: dualera_adapters::Request,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        initialize(gw, init, cx.auth, cx.forwarded, cx.trace).await
+    }
+
+    async fn request(
+        &self,
+        gw: &Gateway,
+        handle: &Arc<SessionHandle>,
+        r: dualera_adapters::Request,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        handle.touch();
+        request(gw, handle, r, cx.auth, cx.trace).await
+    }
+
+    async fn message(
+        &self,
+        gw: &Gateway,
+        handle: &Arc<SessionHandle>,
+        other: Message,
+        auth: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        handle.touch();
+        message(gw, handle, other, auth).await
+    }
+
+    async fn batch(
+        &self,
+        gw: &Gateway,
+        handle: &Arc<SessionHandle>,
+        items: Vec<Result<Message, jsonrpc::EnvelopeError>>,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        handle.touch();
+        batch(gw, handle, items, cx.auth, cx.trace)
+    }
+
+    async fn stream(
+        &self,
+        gw: &Gateway,
+        handle: &Arc<SessionHandle>,
+        headers: &http::HeaderMap,
+        auth: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        get(gw, handle, headers, auth).await
+    }
+
+    async fn delete(&self, _gw: &Gateway, h: &Arc<SessionHandle>) -> Response<GatewayBody> {
+        self.remove(&h.id);
+        h.close();
+        info!(session = %h.tag, "session deleted by the peer");
+        let mut r = Response::new(empty());
+        *r.status_mut() = StatusCode::OK;
+        r
+    }
+}
+
+/// A notification or a reply to a live request on an in-memory session.
+async fn message(
+    gw: &Gateway,
+    handle: &Arc<SessionHandle>,
+    other: Message,
+    auth: Option<HeaderValue>,
+) -> Response<GatewayBody> {
+    let watch = Arc::new(HeadWatch::default());
+    let (result, mut inline) = {
+        let Ok(mut s) = handle.shared.lock() else {
+            return internal();
+        };
+        s.feeding = auth;
+        s.inline = InlineSlot::Open(watch.clone());
+        let r = s.machine.handle_peer_message(other, now());
+        route(gw, handle, &mut s);
+        rearm(handle, &s);
+        (r, Detachable::take(&mut s))
+    };
+    // An answer that completes a round starts the upstream retry on behalf of
+    // this POST: a 401/403 for it answers this POST, and the round waits for
+    // the answer again.
+    if inline.0.is_some() {
+        wait_head(&watch, &mut inline).await;
+    }
+    drop(inline);
+    if let Some(denial) = watch.finish() {
+        return denial.response();
+    }
+    match result {
+        Ok(()) => accepted(),
+        // A reply to a live request the gateway gave up on: accepted, dropped.
+        Err(e) if e.is_dropped() => {
+            debug!(session = %handle.tag, error = %e, "late or duplicate reply dropped");
+            accepted()
         }
-        Parsed::Batch(items) => batch(gw, &handle, items, auth, trace),
+        Err(e) => {
+            warn!(session = %handle.tag, error = %e, "peer message refused");
+            refusal(None, &e)
+        }
     }
 }
 
@@ -626,7 +786,10 @@ async fn wait_head(watch: &HeadWatch, inline: &mut Detachable) {
 /// JSON-RPC error when it has one, else a generic `-32600`. Overload is `429` with
 /// `Retry-After` (before any SSE is committed: the request was never started), a
 /// request the upstream could not take `413`, anything else `400`.
-fn refusal(id: Option<RequestId>, e: &dualera_adapters::SessionError) -> Response<GatewayBody> {
+pub(super) fn refusal(
+    id: Option<RequestId>,
+    e: &dualera_adapters::SessionError,
+) -> Response<GatewayBody> {
     use dualera_adapters::SessionError as E;
     let resp = e.to_response().unwrap_or_else(|| {
         RpcResponse::error(
@@ -654,16 +817,43 @@ fn refusal(id: Option<RequestId>, e: &dualera_adapters::SessionError) -> Respons
     r
 }
 
+/// The answer to an `initialize` refused because a session bound is reached and every
+/// session that could make room is busy: `503` for `max_sessions`, `429` for the
+/// caller's `max_sessions_per_caller`, both with `Retry-After`. Both stores use it.
+pub(super) fn sessions_refused(
+    id: Option<RequestId>,
+    status: StatusCode,
+    limit: usize,
+) -> Response<GatewayBody> {
+    let what = if status == StatusCode::TOO_MANY_REQUESTS {
+        "Too many sessions for this caller, all of them busy; end one or try again later (limit"
+    } else {
+        "Too many sessions, all of them busy; try again later (limit"
+    };
+    warn!(limit, status = status.as_u16(), "session limit reached");
+    let mut r = rpc_error(
+        status,
+        id,
+        ErrorCode::INTERNAL_ERROR,
+        format!("{what} {limit})"),
+    );
+    r.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from_static(RETRY_AFTER_SECS),
+    );
+    r
+}
+
 /// `Retry-After` on overload refusals, in seconds.
 const RETRY_AFTER_SECS: &str = "1";
 
-fn accepted() -> Response<GatewayBody> {
+pub(super) fn accepted() -> Response<GatewayBody> {
     let mut r = Response::new(empty());
     *r.status_mut() = StatusCode::ACCEPTED;
     r
 }
 
-fn internal() -> Response<GatewayBody> {
+pub(super) fn internal() -> Response<GatewayBody> {
     rpc_error(
         StatusCode::INTERNAL_SERVER_ERROR,
         None,
@@ -674,40 +864,25 @@ fn internal() -> Response<GatewayBody> {
 
 async fn initialize(
     gw: &Gateway,
-    parsed: Parsed,
+    init: dualera_adapters::Request,
     auth: Option<HeaderValue>,
     forwarded: Forwarded,
     trace: Option<Arc<TraceContext>>,
 ) -> Response<GatewayBody> {
-    let Parsed::Single(Message::Request(init)) = parsed else {
-        return internal();
-    };
     let binding = BindingKey::of(gw.config.session_binding, auth.as_ref());
     if let Err(refused) = gw.legacy.admit(&binding) {
-        let (status, limit, what) = match refused {
-            Refused::Full => (
+        return match refused {
+            Refused::Full => sessions_refused(
+                Some(init.id),
                 StatusCode::SERVICE_UNAVAILABLE,
                 gw.config.max_sessions,
-                "Too many sessions, all of them busy; try again later (limit",
             ),
-            Refused::CallerFull => (
+            Refused::CallerFull => sessions_refused(
+                Some(init.id),
                 StatusCode::TOO_MANY_REQUESTS,
                 gw.config.max_sessions_per_caller,
-                "Too many sessions for this caller, all of them busy; end one or try again later (limit",
             ),
         };
-        warn!(limit, ?refused, "session limit reached");
-        let mut r = rpc_error(
-            status,
-            Some(init.id),
-            ErrorCode::INTERNAL_ERROR,
-            format!("{what} {limit})"),
-        );
-        r.headers_mut().insert(
-            header::RETRY_AFTER,
-            HeaderValue::from_static(RETRY_AFTER_SECS),
-        );
-        return r;
     }
     let Some(id) = mint_session_id() else {
         return internal();
@@ -1107,6 +1282,18 @@ async fn get(
     response
 }
 
+/// A GET's `Last-Event-ID` as (stream number, sequence number): the event ids this
+/// gateway mints are `N.SEQ`, unique across the streams of a session (2025-11-25
+/// `basic/transports.mdx`, Resumability). Anything else is no resumption.
+pub(super) fn last_event_id(headers: &http::HeaderMap) -> Option<(u64, u64)> {
+    let (a, b) = headers
+        .get("last-event-id")?
+        .to_str()
+        .ok()?
+        .split_once('.')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
 /// Attaches a GET to a stream: a resumed one (`Last-Event-ID`) or the standalone one.
 fn open_get(
     gw: &Gateway,
@@ -1116,12 +1303,7 @@ fn open_get(
     auth: Option<HeaderValue>,
     watch: &Arc<HeadWatch>,
 ) -> Response<GatewayBody> {
-    let last = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once('.'))
-        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
-    let body = if let Some((number, after)) = last {
+    let body = if let Some((number, after)) = last_event_id(headers) {
         let Some(stream) = s.by_number.get(&number).cloned() else {
             return rpc_error(
                 StatusCode::NOT_FOUND,
@@ -1186,7 +1368,7 @@ fn open_get(
 /// keepalive. Holding a sender keeps the body open, so the watch lets go once the
 /// stream is no longer this one or the session ended.
 fn watch_standalone(gw: Gateway, handle: Arc<SessionHandle>, watch: MeteredSender) {
-    let span = tracing::debug_span!("standalone", session = %handle.id);
+    let span = tracing::debug_span!("standalone", session = %handle.tag);
     tokio::spawn(
         async move {
             let is_current = |s: &Shared| {

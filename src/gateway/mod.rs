@@ -24,8 +24,10 @@ pub mod metrics;
 pub mod passthrough;
 mod pipe;
 pub mod readiness;
+mod replicas;
 pub mod report;
 pub mod routes;
+pub mod session_store;
 pub mod telemetry;
 pub mod trace;
 pub mod upstream;
@@ -96,6 +98,8 @@ pub struct GatewayConfig {
     pub replay_buffer_bytes: usize,
     /// Legacy sessions one caller may hold.
     pub max_sessions_per_caller: usize,
+    /// Where legacy Streamable HTTP sessions live (`session_store`).
+    pub session_store: session_store::SessionStoreConfig,
 }
 
 impl Default for GatewayConfig {
@@ -122,6 +126,7 @@ impl Default for GatewayConfig {
             max_buffered_bytes: 4 * 1024 * 1024,
             replay_buffer_bytes: 1024 * 1024,
             max_sessions_per_caller: 1000,
+            session_store: session_store::SessionStoreConfig::Memory,
         }
     }
 }
@@ -166,6 +171,7 @@ impl GatewayConfig {
                 .map_or(d.idle_timeout, Duration::from_secs),
             session_binding: s.session_binding.unwrap_or(d.session_binding),
             cache: d.cache,
+            session_store: d.session_store,
         }
     }
 
@@ -188,6 +194,30 @@ impl GatewayConfig {
         c
     }
 
+    /// Reads `[gateway] session_store` (or the `--session-store` flag, which wins)
+    /// with the replica settings.
+    pub fn with_session_store(
+        mut self,
+        s: &crate::config::GatewaySection,
+        flag: Option<&str>,
+    ) -> Result<Self, String> {
+        let Some(store) = flag.or(s.session_store.as_deref()) else {
+            return Ok(self);
+        };
+        let parsed = session_store::SessionStoreConfig::parse(
+            store,
+            s.replica_id.as_deref(),
+            s.session_key_prefix.as_deref(),
+            s.upstream_lease_ms.map(Duration::from_millis),
+            s.session_store_timeout_ms.map(Duration::from_millis),
+        )?;
+        if let session_store::SessionStoreConfig::Redis(r) = &parsed {
+            replicas::redis::check_url(&r.url)?;
+        }
+        self.session_store = parsed;
+        Ok(self)
+    }
+
     /// Defaults overridden by a config file's `[gateway]` and `[cache]` sections.
     pub fn from_config(c: &crate::config::Config) -> Self {
         Self {
@@ -208,6 +238,8 @@ pub struct Route {
     upstream: Arc<UpstreamPool>,
     /// Its legacy Streamable HTTP sessions.
     legacy: legacy_http::Sessions,
+    /// Its legacy Streamable HTTP sessions shared through Redis, when configured.
+    shared: Option<Arc<replicas::SharedSessions>>,
     /// Its HTTP+SSE (2024-11-05) sessions.
     sse: Arc<http_sse::SseSessions>,
     /// Its response cache (keys carry the route).
@@ -225,6 +257,27 @@ impl Route {
     /// The upstream's instances.
     pub fn upstream(&self) -> &Arc<UpstreamPool> {
         &self.upstream
+    }
+}
+
+/// A route's shared sessions when `session_store` is Redis: every route's keys under
+/// the configured prefix, the routes other than `/mcp` each under a prefix of its own
+/// (a session id is only ever found on the route that minted it).
+fn shared_sessions(path: &str, config: &GatewayConfig) -> Option<Arc<replicas::SharedSessions>> {
+    let session_store::SessionStoreConfig::Redis(r) = &config.session_store else {
+        return None;
+    };
+    let mut r = r.clone();
+    if path != routes::DEFAULT_ROUTE {
+        r.key_prefix = format!("{}{path}:", r.key_prefix);
+    }
+    match replicas::SharedSessions::new(&r, config) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            // The URL was checked when the config was read.
+            tracing::error!(error = %e, route = %path, "session store cannot be opened");
+            None
+        }
     }
 }
 
@@ -319,6 +372,7 @@ impl Gateway {
             path: Arc<str>,
             upstream: Arc<UpstreamPool>,
             cache: Arc<cache::ResponseCache>,
+            shared: Option<Arc<replicas::SharedSessions>>,
             config: GatewayConfig,
         }
         let built: Vec<Parts> = specs
@@ -328,10 +382,12 @@ impl Gateway {
                 let upstream = Arc::new(spec.upstream);
                 let cache = Arc::new(cache::ResponseCache::new(spec.config.cache.clone(), &path));
                 cache.attach(upstream.clone());
+                let shared = shared_sessions(&path, &spec.config);
                 Parts {
                     path,
                     upstream,
                     cache,
+                    shared,
                     config: spec.config,
                 }
             })
@@ -347,6 +403,10 @@ impl Gateway {
         let readiness = Arc::new(readiness::Readiness::new(
             built.iter().map(|b| b.path.clone()).collect(),
         ));
+        if let Some(shared) = built.iter().find_map(|b| b.shared.clone()) {
+            // One store for every route (one `session_store`): its line in /readyz.
+            readiness.watch_store(move || shared.ready());
+        }
         let list: Vec<Arc<Route>> = built
             .into_iter()
             .map(|b| {
@@ -358,6 +418,7 @@ impl Gateway {
                         readiness.clone(),
                     )),
                     legacy: legacy_http::Sessions::new(&b.config),
+                    shared: b.shared,
                     sse: Arc::default(),
                     path: b.path,
                     config: b.config,
@@ -411,6 +472,17 @@ impl Gateway {
         }
     }
 
+    /// Whether the shared session store is reachable (`None` when sessions are kept
+    /// in memory): what a readiness probe reports.
+    pub fn session_store_ready(&self) -> Option<bool> {
+        self.shared.as_ref().map(|s| s.ready())
+    }
+
+    /// This replica's name in the shared session store, if one is used.
+    pub fn replica_id(&self) -> Option<&str> {
+        self.shared.as_ref().map(|s| s.replica())
+    }
+
     /// This handle's route's response cache (its counters:
     /// [`cache::ResponseCache::stats`]).
     pub fn cache(&self) -> &Arc<cache::ResponseCache> {
@@ -443,6 +515,12 @@ impl Gateway {
         let reapers: Vec<_> = (0..self.table.list.len())
             .map(|i| tokio::spawn(legacy_http::reap(self.on(i))))
             .collect();
+        for route in 0..self.table.list.len() {
+            let on = self.on(route);
+            if let Some(shared) = &on.shared {
+                shared.start(&on);
+            }
+        }
         let flusher = tokio::spawn(report::flush_loop(self.telemetry.report().clone()));
         let hook = Connections(telemetry::ConnectionsOpen::new(&self.telemetry, "gateway"));
         let gw = self.clone();
@@ -474,6 +552,9 @@ impl Gateway {
                     "cache counters"
                 );
                 route.legacy.close_all();
+                if let Some(shared) = &route.shared {
+                    shared.stop();
+                }
                 route.sse.close_all();
             }
         })

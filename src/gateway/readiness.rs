@@ -12,6 +12,10 @@
 //! one answers, and `/readyz` lists the others under it. The answers also feed the
 //! pool's health, so an instance that came back is in the rotation again without
 //! waiting for a request to try it.
+//!
+//! With a shared session store (`session_store = "redis://…"`), the store is a line of
+//! its own: not ready while the last command to it failed (requests of shared sessions
+//! then fail with `sessionStoreUnavailable`; pass-through still works).
 
 use super::upstream::{UpstreamError, UpstreamPool};
 use super::Gateway;
@@ -49,11 +53,24 @@ struct RouteState {
     instances: Mutex<Vec<String>>,
 }
 
+/// Whether the shared session store answered its last command.
+type StoreCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// Every route's readiness.
-#[derive(Debug)]
 pub struct Readiness {
     routes: Vec<RouteState>,
     interval: AtomicU64,
+    store: OnceLock<StoreCheck>,
+}
+
+impl std::fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Readiness")
+            .field("routes", &self.routes)
+            .field("interval", &self.interval)
+            .field("store", &self.store.get().is_some())
+            .finish()
+    }
 }
 
 /// The answer to `/readyz`.
@@ -81,7 +98,14 @@ impl Readiness {
                 })
                 .collect(),
             interval: AtomicU64::new(5000),
+            store: OnceLock::new(),
         }
+    }
+
+    /// Makes the shared session store part of readiness (`check`: whether it answered
+    /// its last command; it is pinged every second).
+    pub(super) fn watch_store(&self, check: impl Fn() -> bool + Send + Sync + 'static) {
+        let _ = self.store.set(Arc::new(check));
     }
 
     fn record(&self, index: usize, outcome: Result<(), String>, instances: Vec<String>) {
@@ -147,6 +171,17 @@ impl Readiness {
                 for d in down.iter() {
                     let _ = writeln!(text, "  {d}");
                 }
+            }
+        }
+        if let Some(check) = self.store.get() {
+            if check() {
+                let _ = writeln!(text, "session store: ready");
+            } else {
+                ready = false;
+                let _ = writeln!(
+                    text,
+                    "session store: not ready: unreachable (sessionStoreUnavailable); pass-through still served"
+                );
             }
         }
         Verdict { ready, text }

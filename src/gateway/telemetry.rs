@@ -91,7 +91,26 @@ impl Telemetry {
             revision: "",
             opened: None,
             started: HashMap::new(),
+            shared: false,
         }
+    }
+
+    /// A recorder for one step of a session kept in a shared store (Redis): the host's
+    /// report record is looked up from the machine, nothing is kept between steps (so
+    /// no request durations), and the open-sessions gauge is left alone (a shared
+    /// session ends on no particular replica).
+    pub(super) fn shared_session(
+        self: &Arc<Self>,
+        wire: &'static str,
+        machine: &Session,
+    ) -> SessionTelemetry {
+        let mut t = self.session(wire);
+        t.shared = true;
+        if let Some(revision) = machine.revision() {
+            let key = HostKey::legacy(&self.route, machine.client_info(), revision.version, wire);
+            t.host = Some(self.report.host(key));
+        }
+        t
     }
 
     /// An upstream exchange failed without an MCP answer.
@@ -284,6 +303,8 @@ pub struct SessionTelemetry {
     revision: &'static str,
     opened: Option<Instant>,
     started: HashMap<RequestId, Instant>,
+    /// A shared session's step (see [`Telemetry::shared_session`]).
+    shared: bool,
 }
 
 impl SessionTelemetry {
@@ -303,7 +324,7 @@ impl SessionTelemetry {
                 let key = HostKey::legacy(&t.route, machine.client_info(), revision, self.wire);
                 let host = t.report.host(key);
                 host.session();
-                if self.opened.is_none() {
+                if self.opened.is_none() && !self.shared {
                     t.metrics.session(&t.route, revision, self.wire, None);
                     self.opened = Some(Instant::now());
                     self.revision = revision;

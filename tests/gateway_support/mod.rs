@@ -14,6 +14,7 @@
 //! Each test file uses a different subset of these helpers.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod replicas;
 pub mod schema;
 
 use bytes::Bytes;
@@ -243,8 +244,12 @@ impl Proc {
         Self::spawn_command(cmd, &[script], marker)
     }
 
-    fn spawn_command(mut cmd: Command, args: &[&str], marker: &str) -> Self {
+    fn spawn_command(cmd: Command, args: &[&str], marker: &str) -> Self {
         let level = std::env::var("DUALERA_TEST_LOG").unwrap_or_else(|_| "warn".into());
+        Self::spawn_logging(cmd, args, marker, &level)
+    }
+
+    fn spawn_logging(mut cmd: Command, args: &[&str], marker: &str, level: &str) -> Self {
         let mut child = cmd
             .env("DUALERA_LOG", level)
             .stdin(Stdio::null())
@@ -312,23 +317,7 @@ impl Proc {
     /// [`Self::gateway`] with extra arguments.
     pub fn gateway_with(upstream: &str, ws: &Workspace, extra: &[&str]) -> Self {
         let config = ws.config.display().to_string();
-        let mut args: Vec<String> = [
-            "gateway",
-            "--upstream",
-            upstream,
-            "--config",
-            &config,
-            "--listen",
-            "127.0.0.1:0",
-        ]
-        .map(String::from)
-        .to_vec();
-        args.extend(listener_tls_args());
-        if tls() {
-            args.push("--upstream-ca".into());
-            args.push(pki().ca.display().to_string());
-        }
-        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let args = gateway_args(upstream, &config, extra);
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         Self::spawn(&refs, "gateway listening on")
     }
@@ -352,6 +341,17 @@ impl Proc {
             std::thread::sleep(Duration::from_millis(20));
         }
         false
+    }
+
+    /// [`Proc::gateway`] logging at `level` (`DUALERA_LOG`), for tests that read its log,
+    /// with an admin listener ([`admin_url`]).
+    pub fn gateway_logging(upstream: &str, ws: &Workspace, level: &str) -> Self {
+        let config = ws.config.display().to_string();
+        let args = gateway_args(upstream, &config, &["--admin", "127.0.0.1:0"]);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dualera"));
+        cmd.args(&refs);
+        Self::spawn_logging(cmd, &refs, "gateway listening on", level)
     }
 
     /// What the process wrote on stderr so far.
@@ -724,10 +724,15 @@ struct UpState {
     violations: Mutex<Vec<String>>,
     down: AtomicBool,
     validated: AtomicUsize,
+    /// A pause before the recording hop forwards a request (chosen per request).
+    delay: Mutex<Option<Delay>>,
     connections: AtomicUsize,
     raw: Mutex<Vec<u8>>,
     conn_tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
 }
+
+/// Picks the pause before the recording hop forwards a request, if any.
+type Delay = Arc<dyn Fn(&Seen) -> Option<Duration> + Send + Sync>;
 
 /// An accepted socket that keeps a copy of the first bytes it reads.
 struct Recorded {
@@ -1021,6 +1026,11 @@ impl Upstream {
         self.push(id, Value::Null);
     }
 
+    /// Makes the recording hop pause before forwarding the requests `delay` picks.
+    pub fn set_delay(&self, delay: impl Fn(&Seen) -> Option<Duration> + Send + Sync + 'static) {
+        *self.state.delay.lock().unwrap() = Some(Arc::new(delay));
+    }
+
     /// While down, every connection is dropped without an answer.
     pub fn set_down(&self, down: bool) {
         self.state.down.store(down, Ordering::SeqCst);
@@ -1126,6 +1136,10 @@ async fn serve_one(
         answer: None,
     };
     if let Some(target) = target {
+        let delay = st.delay.lock().unwrap().clone();
+        if let Some(pause) = delay.and_then(|d| d(&seen)) {
+            tokio::time::sleep(pause).await;
+        }
         let mut b = Request::builder().method(Method::POST).uri(target.clone());
         for (k, v) in &parts.headers {
             if k != header::HOST {
@@ -1953,6 +1967,29 @@ impl Scripted {
     pub fn legacy(&self) -> Legacy {
         Legacy::new(&self.gateway.url)
     }
+}
+
+/// `dualera gateway` arguments for `upstream` with this config (in the TLS run: a TLS
+/// listener and `--upstream-ca` with the test CA), then `extra`.
+fn gateway_args(upstream: &str, config: &str, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "gateway",
+        "--upstream",
+        upstream,
+        "--config",
+        config,
+        "--listen",
+        "127.0.0.1:0",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(listener_tls_args());
+    if tls() {
+        args.push("--upstream-ca".into());
+        args.push(pki().ca.display().to_string());
+    }
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args
 }
 
 /// The admin listener's URL a gateway printed.

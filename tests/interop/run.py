@@ -61,6 +61,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from wiretap import Wiretap  # noqa: E402
 from instances import Instances  # noqa: E402
+from replicas import Replicas  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -210,6 +211,8 @@ HTTP, SSE, STDIO = "streamable-http", "sse", "stdio"
 ROUND_SCENARIOS = ("delete_accept", "delete_decline_cancel", "summarize", "sibling_failure")
 # The instances columns: (scenario, checkpoint) at which the second instance is killed.
 KILL_AT = {"delete_decline_cancel": "after_decline"}
+# What the replicas columns run: 2-4 and the two interleaved sessions (8).
+REPLICA_SCENARIOS = ("delete_accept", "delete_decline_cancel", "summarize", "interleave")
 
 
 @dataclass
@@ -220,6 +223,8 @@ class ClientKind:
     era: str  # "legacy" or "modern"
     wire: str
     scenarios: tuple[str, ...] | None = None  # None: every scenario
+    # "up": one `dualera up`; "replicas": three gateways sharing Redis behind HAProxy.
+    backend: str = "up"
     tls: bool = False  # the gateway on https:// (`dualera up --tls`), the client trusting its CA
     # "up": one `dualera up`; "instances": a gateway in front of two instances on PostgreSQL.
     backend: str = "up"
@@ -234,6 +239,8 @@ class ClientKind:
             return "pass-through"
         if self.backend == "instances":
             return "2 instances, postgres"
+        if self.backend == "replicas":
+            return "3 replicas + haproxy"
         label = {HTTP: "streamable http", SSE: "http+sse 2024-11-05", STDIO: "stdio"}[self.wire]
         return f"{label} + TLS" if self.tls else label
 
@@ -253,6 +260,8 @@ CLIENTS = [
     ClientKind("typescript-legacy/tls", TS_LEGACY, "legacy", HTTP, ROUND_SCENARIOS, tls=True),
     ClientKind("python-legacy/instances", PY_LEGACY, "legacy", HTTP, ROUND_SCENARIOS, backend="instances"),
     ClientKind("typescript-legacy/instances", TS_LEGACY, "legacy", HTTP, ROUND_SCENARIOS, backend="instances"),
+    ClientKind("python-legacy/replicas", PY_LEGACY, "legacy", HTTP, REPLICA_SCENARIOS, backend="replicas"),
+    ClientKind("typescript-legacy/replicas", TS_LEGACY, "legacy", HTTP, REPLICA_SCENARIOS, backend="replicas"),
 ]
 
 
@@ -756,6 +765,20 @@ def check_instances(up: Instances, scenario: str) -> str:
     expect(bool(same), f"no round ran on the survivor after instance {up.killed} was killed: {rounds}")
     return (f"{len(split)} retries on the other instance, then instance {up.killed[0]} killed: "
             f"{len(same)} rounds on the survivor")
+def check_spread(up: Replicas) -> str:
+    """Every session's requests were served by more than one replica, and consecutive
+    requests mostly by different ones (round-robin, no stickiness), per the logs."""
+    spread = up.spread()
+    expect(spread, "the gateways logged no session at all")
+    changes = pairs = 0
+    for sid, replicas in spread.items():
+        expect(len(set(replicas)) >= 2,
+               f"session {sid[:8]}…: all {len(replicas)} requests were served by {replicas[0]}")
+        pairs += len(replicas) - 1
+        changes += sum(1 for a, b in zip(replicas, replicas[1:]) if a != b)
+    expect(changes * 2 >= pairs,
+           f"only {changes} of {pairs} consecutive requests changed replica: {spread}")
+    return f"{len(spread)} session(s), {changes}/{pairs} consecutive requests on another replica"
 
 
 REFUSAL = {"code": -32603, "message": "the host's model is unavailable [refusal-marker-51c2]"}
@@ -896,7 +919,8 @@ def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct:
         elif client.backend == "instances":
             up = Instances(binary, workdir)
         else:
-            up = Dualera(binary, workdir, tls=client.tls)
+            up = (Replicas(binary, workdir) if client.backend == "replicas"
+                  else Dualera(binary, workdir, tls=client.tls))
         direct = direct or shared is not None
         wire = {"wire": client.wire}
         if client.wire == STDIO:
@@ -941,6 +965,8 @@ def run_case(binary: Path, client: ClientKind, sc: Scenario, keep: bool, direct:
         sc.check(cx)
         if isinstance(up, Instances):
             cx.detail += "; " + check_instances(up, sc.name)
+        if client.backend == "replicas":
+            cx.detail += "; " + check_spread(up)
         return True, cx.detail, ""
     except Exception as e:  # noqa: BLE001 - every failure becomes a report
         reason = str(e) if isinstance(e, Fail) else traceback.format_exc()

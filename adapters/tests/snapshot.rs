@@ -1,0 +1,439 @@
+//! Round trips of the session machine's serialized state (`adapters::snapshot`): a
+//! session is driven through random inputs — every legacy revision, forwarded requests,
+//! MRTR rounds with elicitation, sampling and roots, replies, errors, cancellations,
+//! progress, batches, subscriptions, timers, closing — and after every input its state
+//! is serialized, deserialized and restored. The restored copy must serialize to the
+//! same bytes and answer the next input with exactly the same events as the original,
+//! so nothing the machine remembers is lost between two messages.
+
+use dualera_adapters::jsonrpc::EnvelopeError;
+use dualera_adapters::{
+    Config, Event, Message, Notification, ProtocolVersion, Request, RequestId, Response, Session,
+    Timestamp,
+};
+use proptest::prelude::*;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn discover() -> Value {
+    json!({"resultType": "complete", "supportedVersions": ["2026-07-28"],
+           "capabilities": {"tools": {"listChanged": true}, "resources": {"subscribe": true, "listChanged": true}},
+           "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "up", "version": "1"}}})
+}
+
+fn config() -> Config {
+    let mut c = Config::default();
+    c.max_in_flight = 4;
+    c.max_rounds = 3;
+    c.retired_ids = 8;
+    c.live_timeout = Duration::from_millis(500);
+    c.live_timeout_max = Duration::from_millis(1500);
+    c.retry_pause = Duration::from_millis(50);
+    c.listen_retry_pause = Duration::from_millis(100);
+    c.id_prefix = "p7".into();
+    c
+}
+
+/// One input, abstract: indices pick among what is outstanding when it is applied.
+#[derive(Debug, Clone)]
+enum Action {
+    Initialize { revision: usize, caps: u8 },
+    CachedDiscover,
+    Initialized,
+    Call { method: usize, with_progress: bool },
+    LocalRequest { which: usize },
+    Upstream { pick: usize, answer: usize },
+    UpstreamLost { pick: usize },
+    UpstreamProgress { pick: usize },
+    Reply { pick: usize, error: bool },
+    Cancel { pick: usize },
+    Progress { pick: usize },
+    Batch { len: usize },
+    Standalone { open: bool },
+    Ping,
+    Advance { ms: u64 },
+    Close,
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        2 => (0usize..4, any::<u8>()).prop_map(|(revision, caps)| Action::Initialize { revision, caps }),
+        1 => Just(Action::CachedDiscover),
+        1 => Just(Action::Initialized),
+        6 => (0usize..4, any::<bool>()).prop_map(|(method, with_progress)| Action::Call { method, with_progress }),
+        2 => (0usize..5).prop_map(|which| Action::LocalRequest { which }),
+        8 => (any::<usize>(), 0usize..8).prop_map(|(pick, answer)| Action::Upstream { pick, answer }),
+        1 => any::<usize>().prop_map(|pick| Action::UpstreamLost { pick }),
+        1 => any::<usize>().prop_map(|pick| Action::UpstreamProgress { pick }),
+        6 => (any::<usize>(), prop::bool::weighted(0.15)).prop_map(|(pick, error)| Action::Reply { pick, error }),
+        1 => any::<usize>().prop_map(|pick| Action::Cancel { pick }),
+        1 => any::<usize>().prop_map(|pick| Action::Progress { pick }),
+        1 => (1usize..4).prop_map(|len| Action::Batch { len }),
+        1 => any::<bool>().prop_map(|open| Action::Standalone { open }),
+        1 => Just(Action::Ping),
+        2 => (1u64..900).prop_map(|ms| Action::Advance { ms }),
+        1 => Just(Action::Close),
+    ]
+}
+
+/// What the harness knows from the events so far.
+#[derive(Default)]
+struct Seen {
+    upstream: Vec<RequestId>,
+    live: Vec<RequestId>,
+    legacy: Vec<RequestId>,
+    next_id: i64,
+    now: u64,
+}
+
+impl Seen {
+    fn learn(&mut self, events: &[Event]) {
+        for e in events {
+            match e {
+                Event::ToUpstream { request, .. } => self.upstream.push(request.id.clone()),
+                Event::ToPeer {
+                    message: Message::Request(r),
+                    ..
+                } => self.live.push(r.id.clone()),
+                _ => {}
+            }
+        }
+    }
+}
+
+fn pick<T: Clone>(items: &[T], i: usize) -> Option<T> {
+    (!items.is_empty()).then(|| items[i % items.len()].clone())
+}
+
+fn request(id: RequestId, method: &str, params: Value) -> Message {
+    Message::Request(Request {
+        id,
+        method: method.into(),
+        params: Some(params),
+    })
+}
+
+fn notification(method: &str, params: Value) -> Message {
+    Message::Notification(Notification {
+        method: method.into(),
+        params: Some(params),
+    })
+}
+
+fn upstream_answer(id: &RequestId, answer: usize) -> Message {
+    let result = match answer {
+        0 | 1 => json!({"resultType": "complete", "content": [{"type": "text", "text": "done"}],
+                        "ttlMs": 5, "_meta": {"x": 1}}),
+        2 => json!({"resultType": "input_required", "requestState": "s\u{e9}t==",
+            "inputRequests": {"form": {"method": "elicitation/create", "params": {"mode": "form",
+                "message": "ok?", "requestedSchema": {"type": "object", "properties": {}}}}}}),
+        3 => json!({"resultType": "input_required", "requestState": "two",
+            "inputRequests": {
+                "pick": {"method": "sampling/createMessage", "params": {"messages": [], "maxTokens": 5}},
+                "roots": {"method": "roots/list"}}}),
+        4 => json!({"resultType": "input_required", "requestState": "only-state"}),
+        5 => json!({"resultType": "input_required", "inputRequests": {"u": {"method":
+            "elicitation/create", "params": {"mode": "url", "message": "go", "url": "https://x.example/a",
+            "elicitationId": "up-1"}}}}),
+        6 => json!({"resultType": "complete", "tools": [
+            {"name": "t", "inputSchema": {"type": "object", "properties": {
+                "region": {"type": "string", "x-mcp-header": "Region"}}}},
+            {"name": "bad", "inputSchema": {"type": "object", "properties": {
+                "r": {"type": "string", "x-mcp-header": "bad name"}}}}]}),
+        _ => {
+            return Message::Response(Response::error(
+                Some(id.clone()),
+                dualera_adapters::ErrorObject::new(dualera_adapters::ErrorCode(-32020), "headers"),
+            ))
+        }
+    };
+    Message::Response(Response::result(id.clone(), result))
+}
+
+/// Applies one action; errors are part of the behaviour compared, so they are returned.
+fn apply(s: &mut Session, seen: &mut Seen, a: &Action) -> Vec<String> {
+    let now = Timestamp::from_millis(seen.now);
+    let mut out = Vec::new();
+    let mut note = |r: Result<(), dualera_adapters::SessionError>| {
+        if let Err(e) = r {
+            out.push(e.to_string());
+        }
+    };
+    match a {
+        Action::Initialize { revision, caps } => {
+            let version = ProtocolVersion::LEGACY[*revision % ProtocolVersion::LEGACY.len()];
+            let mut c = serde_json::Map::new();
+            if caps & 1 != 0 {
+                c.insert("elicitation".into(), json!({"form": {}, "url": {}}));
+            }
+            if caps & 2 != 0 {
+                c.insert("sampling".into(), json!({}));
+            }
+            if caps & 4 != 0 {
+                c.insert("roots".into(), json!({"listChanged": true}));
+            }
+            seen.next_id += 1;
+            note(s.handle_peer_message(
+                request(
+                    RequestId::Number(seen.next_id),
+                    "initialize",
+                    json!({"protocolVersion": version, "capabilities": c,
+                           "clientInfo": {"name": "host", "version": "1.0"}}),
+                ),
+                now,
+            ));
+        }
+        Action::CachedDiscover => note(s.handle_discover_shared(Arc::new(discover()))),
+        Action::Initialized => {
+            note(s.handle_peer_message(notification("notifications/initialized", json!({})), now))
+        }
+        Action::Call {
+            method,
+            with_progress,
+        } => {
+            seen.next_id += 1;
+            let id = if seen.next_id % 3 == 0 {
+                RequestId::String(format!("r{}", seen.next_id))
+            } else {
+                RequestId::Number(seen.next_id)
+            };
+            seen.legacy.push(id.clone());
+            let (m, params) = match method {
+                0 => (
+                    "tools/call",
+                    json!({"name": "t", "arguments": {"region": "eu"}}),
+                ),
+                1 => ("prompts/get", json!({"name": "p"})),
+                2 => ("resources/read", json!({"uri": "file:///x"})),
+                _ => ("tools/list", json!({})),
+            };
+            let mut params = params;
+            if *with_progress {
+                params["_meta"] = json!({"progressToken": format!("tok{}", seen.next_id)});
+            }
+            note(s.handle_peer_message(request(id, m, params), now));
+        }
+        Action::LocalRequest { which } => {
+            seen.next_id += 1;
+            let id = RequestId::Number(seen.next_id);
+            let (m, params) = match which {
+                0 => ("logging/setLevel", json!({"level": "warning"})),
+                1 => (
+                    "resources/subscribe",
+                    json!({"uri": format!("file:///r{}", seen.next_id % 3)}),
+                ),
+                2 => ("resources/unsubscribe", json!({"uri": "file:///r1"})),
+                3 => ("ping", json!({})),
+                _ => ("server/discover", json!({})),
+            };
+            note(s.handle_peer_message(request(id, m, params), now));
+        }
+        Action::Upstream { pick: p, answer } => {
+            if let Some(id) = pick(&seen.upstream, *p) {
+                let message = if id_is_discover(s, &id) && *answer < 7 {
+                    Message::Response(Response::result(id.clone(), discover()))
+                } else {
+                    upstream_answer(&id, *answer)
+                };
+                note(s.handle_upstream_message(Some(id), message, now));
+            }
+        }
+        Action::UpstreamLost { pick: p } => {
+            if let Some(id) = pick(&seen.upstream, *p) {
+                note(s.handle_upstream_lost(&id, now));
+            }
+        }
+        Action::UpstreamProgress { pick: p } => {
+            if let Some(id) = pick(&seen.upstream, *p) {
+                note(s.handle_upstream_message(
+                    Some(id),
+                    notification(
+                        "notifications/progress",
+                        json!({"progressToken": "tok1", "progress": 1}),
+                    ),
+                    now,
+                ));
+            }
+        }
+        Action::Reply { pick: p, error } => {
+            if let Some(id) = pick(&seen.live, *p) {
+                let message = if *error {
+                    Message::Response(Response::error(
+                        Some(id),
+                        dualera_adapters::ErrorObject::new(
+                            dualera_adapters::ErrorCode(-1),
+                            "user refused",
+                        ),
+                    ))
+                } else {
+                    Message::Response(Response::result(
+                        id,
+                        json!({"action": "accept", "content": {}, "roots": [], "role": "assistant",
+                               "content_text": "x", "model": "m"}),
+                    ))
+                };
+                note(s.handle_peer_message(message, now));
+            }
+        }
+        Action::Cancel { pick: p } => {
+            if let Some(id) = pick(&seen.legacy, *p) {
+                note(s.handle_peer_message(
+                    notification(
+                        "notifications/cancelled",
+                        json!({"requestId": id.to_value(), "reason": "stop"}),
+                    ),
+                    now,
+                ));
+            }
+        }
+        Action::Progress { pick: p } => {
+            if let Some(id) = pick(&seen.live, *p) {
+                note(s.handle_peer_message(
+                    notification(
+                        "notifications/progress",
+                        json!({"progressToken": id.to_value(), "progress": 1}),
+                    ),
+                    now,
+                ));
+            }
+        }
+        Action::Batch { len } => {
+            let mut items: Vec<Result<Message, EnvelopeError>> = Vec::new();
+            for i in 0..*len {
+                seen.next_id += 1;
+                let id = RequestId::Number(seen.next_id);
+                seen.legacy.push(id.clone());
+                items.push(Ok(if i == 1 {
+                    request(id, "ping", json!({}))
+                } else {
+                    request(id, "tools/call", json!({"name": "t"}))
+                }));
+            }
+            match s.handle_peer_batch(items, now) {
+                Ok(outcome) => out.extend(outcome.refused.iter().map(ToString::to_string)),
+                Err(e) => out.push(e.to_string()),
+            }
+        }
+        Action::Standalone { open } => note(if *open {
+            s.handle_standalone_opened()
+        } else {
+            s.handle_standalone_closed()
+        }),
+        Action::Ping => {
+            if let Some(id) = s.ping_peer() {
+                out.push(format!("ping {id}"));
+            }
+        }
+        Action::Advance { ms } => {
+            seen.now += ms;
+            s.handle_timeout(Timestamp::from_millis(seen.now));
+        }
+        Action::Close => s.close(),
+    }
+    out
+}
+
+fn id_is_discover(s: &Session, _id: &RequestId) -> bool {
+    s.state() == dualera_adapters::SessionState::Initializing
+}
+
+fn drain(s: &mut Session) -> Vec<Event> {
+    std::iter::from_fn(|| s.poll_event()).collect()
+}
+
+fn round_trip(s: &Session) -> (Vec<u8>, Session) {
+    let bytes = serde_json::to_vec(s).expect("a session serializes");
+    let back: Session = serde_json::from_slice(&bytes).expect("and deserializes");
+    (bytes, back.restore(config(), s.discover().cloned()))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn restored_sessions_serialize_and_behave_the_same(actions in prop::collection::vec(action(), 1..60)) {
+        let mut original = Session::new(config());
+        let mut seen = Seen::default();
+        for a in &actions {
+            let (bytes, mut restored) = round_trip(&original);
+            let (again, _) = round_trip(&restored);
+            prop_assert_eq!(&bytes, &again, "a restored session serializes differently");
+            let mut seen_restored = Seen { now: seen.now, next_id: seen.next_id, ..Seen::default() };
+            seen_restored.upstream.clone_from(&seen.upstream);
+            seen_restored.live.clone_from(&seen.live);
+            seen_restored.legacy.clone_from(&seen.legacy);
+            let errors = apply(&mut original, &mut seen, a);
+            let events = drain(&mut original);
+            let errors_restored = apply(&mut restored, &mut seen_restored, a);
+            let events_restored = drain(&mut restored);
+            prop_assert_eq!(&errors, &errors_restored, "errors differ after {:?}", a);
+            prop_assert_eq!(&events, &events_restored, "events differ after {:?}", a);
+            prop_assert_eq!(original.poll_timeout(), restored.poll_timeout());
+            prop_assert_eq!(original.state(), restored.state());
+            seen.learn(&events);
+        }
+    }
+}
+
+#[test]
+fn a_snapshot_leaves_out_config_and_discover_and_keeps_its_prefix() {
+    let mut s = Session::new(config());
+    s.handle_discover(discover()).unwrap();
+    s.handle_peer_message(
+        request(
+            RequestId::Number(0),
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "h", "version": "1"}}),
+        ),
+        Timestamp::from_millis(0),
+    )
+    .unwrap();
+    drain(&mut s);
+    let text = serde_json::to_string(&s).unwrap();
+    assert!(text.contains("\"id_prefix\":\"p7\""), "{text}");
+    assert!(
+        !text.contains("supportedVersions"),
+        "the discover result is shared, not copied: {text}"
+    );
+    assert!(
+        !text.contains("max_in_flight"),
+        "the config is the driver's: {text}"
+    );
+    let back: Session = serde_json::from_str(&text).unwrap();
+    let mut other = config();
+    other.id_prefix = "someone-else".into();
+    let mut back = back.restore(other, s.discover().cloned());
+    back.handle_peer_message(
+        request(RequestId::Number(1), "tools/call", json!({"name": "t"})),
+        Timestamp::from_millis(1),
+    )
+    .unwrap();
+    let minted = drain(&mut back).into_iter().find_map(|e| match e {
+        Event::ToUpstream { request, .. } => Some(request.id),
+        _ => None,
+    });
+    assert_eq!(minted, Some(RequestId::String("p7-u1".into())));
+}
+
+#[test]
+fn corrupt_snapshots_are_refused() {
+    for bad in [
+        r#"{"revision": "1999-01-01"}"#,
+        r#"{"calls": {"1": {}}}"#,
+        r#"{"retired_live": {"cap": 4, "ids": [[1, "Answered"], [1, "Answered"]]}}"#,
+        r#"{"upstream": [[null, {"seq": 1, "role": "Discover"}]]}"#,
+        r#"{"live": [["a", {}], ["a", {}]]}"#,
+    ] {
+        assert!(
+            serde_json::from_str::<Session>(bad).is_err(),
+            "accepted {bad}"
+        );
+    }
+    let empty: Session = serde_json::from_str("{}").unwrap();
+    assert_eq!(
+        empty.state(),
+        dualera_adapters::SessionState::AwaitingInitialize
+    );
+}

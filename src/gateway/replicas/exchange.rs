@@ -1,0 +1,371 @@
+//! Upstream exchanges of shared sessions, their leases, and the sweeper.
+//!
+//! The replica whose step emitted an upstream request runs it: every message the
+//! upstream sends back is fed to the session as a step of its own, and the step that
+//! feeds the response drops the exchange's lease in the same transaction. While it
+//! runs, the lease (owner + deadline) is renewed at a third of its length; a replica
+//! that dies stops renewing, and once the deadline passed any replica's sweeper takes
+//! the lease over and sends the same request again (the upstream sees it at least once,
+//! at most once per lease holder). A renewal that finds the lease gone (the request was
+//! cancelled, or answered through a replica that took over) aborts the exchange.
+//!
+//! The sweeper also fires the machines' timers: every replica claims due sessions from
+//! a shared sorted set (moving them a few seconds ahead, so a replica that dies while
+//! handling one leaves it to another) and feeds `handle_timeout`.
+
+use super::stored::{LeaseRecord, Record};
+use super::{wall_ms, Ctx, SharedSessions, Start, StepError};
+use crate::digest::log_tag;
+use crate::gateway::auth::fingerprint;
+use crate::gateway::forwarded::Forwarded;
+use crate::gateway::trace::TraceContext;
+use crate::gateway::upstream::{OnBehalf, UpstreamError};
+use crate::gateway::{cache, Gateway};
+use dualera_adapters::session::Denied;
+use dualera_adapters::{Message, PeerStream, RequestId, UpstreamRole};
+use futures_util::future::abortable;
+use http::header::HeaderValue;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{debug, info, warn, Instrument};
+
+/// How often due timers are looked for.
+const TIMER_PERIOD: Duration = Duration::from_millis(100);
+/// How often leases past their deadline are looked for.
+const LEASE_PERIOD: Duration = Duration::from_millis(250);
+/// Timers claimed per look.
+const TIMERS_AT_ONCE: usize = 32;
+/// Leases taken over per look.
+const LEASES_AT_ONCE: usize = 8;
+/// How long a claimed timer is left to its claimer.
+const TIMER_CLAIM: Duration = Duration::from_secs(5);
+
+impl SharedSessions {
+    /// Runs one upstream exchange to its end, feeding what comes back.
+    pub(super) async fn run_exchange(self: Arc<Self>, gw: Gateway, sid: String, start: Start) {
+        let id = start.request.id.clone();
+        let span = tracing::debug_span!("upstream", session = %log_tag(&sid), rpc.id = %id, role = ?start.role, replica = %self.replica);
+        let (work, handle) = abortable(self.clone().exchange(gw, sid.clone(), start));
+        self.exchanges.insert((sid.clone(), id.clone()), handle);
+        let _ = work.instrument(span).await;
+        self.exchanges.remove(&(sid, id));
+    }
+
+    async fn exchange(self: Arc<Self>, gw: Gateway, sid: String, start: Start) {
+        // Subscribed while it runs: a cancellation from another replica arrives here.
+        let _waiter = self.wakes.watch(&sid, false).await;
+        let id = start.request.id.clone();
+        let auth = start
+            .auth
+            .as_deref()
+            .and_then(|a| HeaderValue::from_str(a).ok());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Message>();
+        let message = Message::Request(start.request.clone());
+        let head = start.head.clone();
+        let call = async {
+            let outcome = cache::legacy::exchange(
+                &gw,
+                &start.role,
+                &message,
+                OnBehalf {
+                    authorization: auth.as_ref(),
+                    forwarded: Some(&start.forwarded),
+                    trace: start.trace.as_deref(),
+                },
+                &start.headers,
+                || {
+                    if let Some(h) = &head {
+                        h.accepted();
+                    }
+                },
+                |m| {
+                    let _ = tx.send(m);
+                },
+            )
+            .await;
+            drop(tx);
+            outcome
+        };
+        let feed = async {
+            let mut answered = false;
+            while let Some(m) = rx.recv().await {
+                let last = matches!(m, Message::Response(_));
+                answered |= last;
+                self.feed_upstream(&gw, &sid, &id, m, last).await;
+            }
+            answered
+        };
+        let renew = self.renew(&sid, start.lease.as_deref());
+        tokio::select! {
+            (outcome, answered) = async { tokio::join!(call, feed) } => match outcome {
+                Ok(()) => {}
+                Err(UpstreamError::Denied(denial)) => {
+                    gw.telemetry.upstream_error(&UpstreamError::Denied(denial.clone()));
+                    let credential = fingerprint(auth.as_ref());
+                    // The host request that caused this call is still waiting: it gets
+                    // the upstream's status and challenge, and the machine says nothing.
+                    if start.head.as_ref().is_some_and(|h| h.offer(&denial)) {
+                        info!(status = denial.status.as_u16(), %credential, "upstream refused the credentials; relayed to the host request");
+                        self.denied_upstream(&gw, &sid, &id).await;
+                    } else {
+                        info!(status = denial.status.as_u16(), %credential, "upstream refused the credentials; no host request waits for it");
+                        self.lost_upstream(&gw, &sid, &id, None).await;
+                    }
+                }
+                Err(e) => {
+                    gw.telemetry.upstream_error(&e);
+                    warn!(error = %e, "upstream exchange failed");
+                    if !answered {
+                        self.lost_upstream(&gw, &sid, &id, e.refusal()).await;
+                    }
+                }
+            },
+            () = renew => {
+                info!("lease lost; exchange abandoned");
+            }
+        }
+    }
+
+    /// Renews the lease until it is lost (never returns while it is held).
+    async fn renew(&self, sid: &str, lease: Option<&str>) {
+        let Some(lease) = lease else {
+            return std::future::pending().await;
+        };
+        let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
+        let every = self.lease / 3;
+        let session = self.keys.session(sid);
+        let zset = self.keys.leases();
+        let mut failures = 0u32;
+        loop {
+            tokio::time::sleep(every).await;
+            match self
+                .redis
+                .renew_lease(
+                    lease,
+                    &zset,
+                    &session,
+                    &self.replica,
+                    wall_ms() + self.lease_ms(),
+                    ttl,
+                )
+                .await
+            {
+                Ok(true) => failures = 0,
+                Ok(false) => return,
+                Err(e) => {
+                    // Past the deadline another replica may take it over; until then
+                    // this one keeps going.
+                    failures += 1;
+                    debug!(error = %e, "lease renewal failed");
+                    if failures >= 3 {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn feed_upstream(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        sid: &str,
+        id: &RequestId,
+        message: Message,
+        last: bool,
+    ) {
+        let ctx = Ctx {
+            done_upstream: last.then(|| id.clone()),
+            ..Ctx::default()
+        };
+        let fed = self
+            .step(gw, sid, &ctx, |record, now| {
+                record
+                    .machine
+                    .handle_upstream_message(Some(id.clone()), message.clone(), now)
+            })
+            .await;
+        match fed {
+            Ok(()) => {}
+            Err(StepError::Refused(e)) => debug!(error = %e, "upstream message refused"),
+            Err(StepError::NotFound { .. }) => debug!("session gone; upstream message dropped"),
+            Err(StepError::Store(e)) => {
+                // The lease survives: past its deadline a replica redoes the exchange.
+                warn!(error = %e, "upstream message not stored; the lease will redo it");
+            }
+        }
+    }
+
+    /// The exchange ended without an answer: lost (`refusal` `None`: the machine
+    /// retries or fails the request as it does in memory), or refused for a reason of
+    /// its own (too large for the upstream, a TLS refusal …: the legacy request fails
+    /// with it).
+    async fn lost_upstream(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        sid: &str,
+        id: &RequestId,
+        refusal: Option<(&'static str, String)>,
+    ) {
+        let ctx = Ctx {
+            done_upstream: Some(id.clone()),
+            ..Ctx::default()
+        };
+        let fed = self
+            .step(gw, sid, &ctx, |record, now| match &refusal {
+                Some((reason, message)) => {
+                    record
+                        .machine
+                        .handle_upstream_refused(id, reason, message.clone(), now)
+                }
+                None => record.machine.handle_upstream_lost(id, now),
+            })
+            .await;
+        if let Err(StepError::Store(e)) = fed {
+            warn!(error = %e, "lost upstream request not stored");
+        }
+    }
+
+    /// The upstream refused the credentials of a call whose host request answers
+    /// with that refusal: the machine forgets a first attempt (and its stream) or
+    /// parks the round until the answer is sent again.
+    async fn denied_upstream(self: &Arc<Self>, gw: &Gateway, sid: &str, id: &RequestId) {
+        let ctx = Ctx {
+            done_upstream: Some(id.clone()),
+            ..Ctx::default()
+        };
+        let fed = self
+            .step(gw, sid, &ctx, |record, now| {
+                let outcome = record.machine.handle_upstream_denied(id, now)?;
+                if let Denied::Request { legacy } = &outcome {
+                    record.forget(&PeerStream::Request(legacy.clone()));
+                    record.set_auth(Some(legacy.clone()), None);
+                }
+                Ok::<_, dualera_adapters::SessionError>(outcome)
+            })
+            .await;
+        match fed {
+            Ok(Denied::Round { legacy, live }) => {
+                debug!(rpc.id = %legacy, live = %live, "round parked until the answer is sent again");
+            }
+            Ok(_) => {}
+            Err(StepError::Store(e)) => warn!(error = %e, "refused upstream request not stored"),
+            Err(_) => {}
+        }
+    }
+
+    /// Fires one session's due timers.
+    async fn fire_timers(self: Arc<Self>, gw: Gateway, sid: String) {
+        let fed = self
+            .step(&gw, &sid, &Ctx::default(), |record, now| {
+                record.machine.handle_timeout(now);
+                Ok::<(), ()>(())
+            })
+            .await;
+        match fed {
+            Ok(()) => {}
+            Err(StepError::NotFound { .. }) => {
+                let _ = self.redis.delete(&[], &self.keys.timers(), &[sid]).await;
+            }
+            Err(StepError::Store(e)) => debug!(error = %e, "timer not fired"),
+            Err(StepError::Refused(())) => {}
+        }
+    }
+
+    /// Drops a lease that cannot be redone (unreadable, or its session is gone).
+    async fn drop_lease(&self, lease: &str) {
+        let lease = [lease.to_owned()];
+        let _ = self.redis.delete(&lease, &self.keys.leases(), &lease).await;
+    }
+
+    /// Redoes an exchange whose lease this replica just took over.
+    async fn take_over(
+        self: Arc<Self>,
+        gw: Gateway,
+        lease: String,
+        record: Vec<u8>,
+        previous: String,
+    ) {
+        let Ok(rec) = serde_json::from_slice::<LeaseRecord>(&record) else {
+            warn!("unreadable lease dropped");
+            self.drop_lease(&lease).await;
+            return;
+        };
+        let Ok(Message::Request(request)) = Message::from_value(rec.request) else {
+            self.drop_lease(&lease).await;
+            return;
+        };
+        let session: Option<Record> = match self.redis.load(&self.keys.session(&rec.sid)).await {
+            Ok(super::redis::Loaded::Found { state, .. }) => self.decode(&state).await.ok(),
+            Ok(_) => None,
+            Err(e) => {
+                debug!(error = %e, "lease not taken over now");
+                return;
+            }
+        };
+        let Some(session) = session else {
+            self.drop_lease(&lease).await;
+            return;
+        };
+        let role = rec.role;
+        let auth = match &role {
+            UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
+                session.auth_for(Some(legacy)).map(str::to_owned)
+            }
+            UpstreamRole::Listen => session.auth_for(None).map(str::to_owned),
+            UpstreamRole::Discover => None,
+        };
+        info!(session = %log_tag(&rec.sid), rpc.id = %request.id, from = %previous, replica = %self.replica, "lease taken over; upstream request sent again");
+        let trace = match &role {
+            UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
+                session.trace_for(legacy)
+            }
+            _ => None,
+        }
+        .or_else(|| TraceContext::from_meta(request.params.as_ref()).map(Arc::new));
+        let start = Start {
+            role,
+            request,
+            headers: rec.headers,
+            auth,
+            lease: Some(lease),
+            head: None,
+            forwarded: Forwarded::from_pairs(&session.forwarded),
+            trace,
+        };
+        let sid = rec.sid;
+        self.run_exchange(gw, sid, start).await;
+    }
+}
+
+/// The sweeper: due timers and leases past their deadline, forever (aborted at stop).
+pub(super) async fn sweep(sessions: Arc<SharedSessions>, gw: Gateway) {
+    let mut timers = tokio::time::interval(TIMER_PERIOD);
+    let mut leases = tokio::time::interval(LEASE_PERIOD);
+    let claim = u64::try_from(TIMER_CLAIM.as_millis()).unwrap_or(u64::MAX);
+    loop {
+        tokio::select! {
+            _ = timers.tick() => {
+                let now = wall_ms();
+                match sessions.redis.claim_timers(&sessions.keys.timers(), now, TIMERS_AT_ONCE, now + claim).await {
+                    Ok(due) => {
+                        for sid in due {
+                            tokio::spawn(sessions.clone().fire_timers(gw.clone(), sid));
+                        }
+                    }
+                    Err(e) => debug!(error = %e, "timers not swept"),
+                }
+            }
+            _ = leases.tick() => {
+                let now = wall_ms();
+                match sessions.redis.claim_leases(&sessions.keys.leases(), now, LEASES_AT_ONCE, &sessions.replica, now + sessions.lease_ms()).await {
+                    Ok(taken) => {
+                        for (lease, record, previous) in taken {
+                            tokio::spawn(sessions.clone().take_over(gw.clone(), lease, record, previous));
+                        }
+                    }
+                    Err(e) => debug!(error = %e, "leases not swept"),
+                }
+            }
+        }
+    }
+}

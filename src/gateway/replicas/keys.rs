@@ -1,0 +1,104 @@
+//! The key and channel layout in Redis; every name starts with the configured prefix
+//! (`dualera:` by default). Per-session names carry the session id in braces, so all
+//! of one session's keys hash to one slot.
+//!
+//! | name | type | what | TTL |
+//! |---|---|---|---|
+//! | `P s:{SID}` | hash: `v` version, `d` state (JSON), `gone` tombstone | the record and the machine | idle TTL, refreshed by every step, open stream and lease |
+//! | `P x:{SID}:N` | stream, entry ids `0-SEQ`, fields `m` message, `e` end | SSE stream N (event ids `N.SEQ`) | idle TTL from its last entry |
+//! | `P h:{SID}:N` / `:g` | string: a connection token | the live connection relaying stream N / the GET stream | a few seconds, renewed while it relays |
+//! | `P l:{SID}:UPID` | hash: `owner`, `deadline`, `rec` | the lease of a running upstream exchange | idle TTL |
+//! | `P d:DIGEST` | string | a `server/discover` result shared by sessions | idle TTL, refreshed by steps |
+//! | `P timers` | zset SID → due ms | the machines' next deadlines | none (members removed by steps) |
+//! | `P leases` | zset lease key → deadline ms | leases to take over when due | none |
+//! | `P sessions` | zset SID → last use ms | the session count (`max_sessions`), idlest first for eviction | none (pruned by age) |
+//! | `P c:BINDING` | zset SID → last use ms | one caller's sessions (`max_sessions_per_caller`) | none (pruned by age) |
+//! | `P busy` | set of SID | sessions with requests in flight (never evicted) | none (members removed by steps) |
+//! | channel `P w:SID` | pub/sub | "a stream of SID has new entries" / "cancel upstream X" | – |
+
+/// Builds every key and channel name from the prefix.
+#[derive(Debug, Clone)]
+pub(super) struct Keys {
+    prefix: String,
+}
+
+/// Whether `id` has the shape of a session id this gateway mints (48 lowercase hex
+/// digits): anything else is refused before it is used in a key name.
+pub(super) fn valid_session_id(id: &str) -> bool {
+    id.len() == 48 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+impl Keys {
+    pub(super) fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    pub(super) fn session(&self, sid: &str) -> String {
+        format!("{}s:{{{sid}}}", self.prefix)
+    }
+
+    pub(super) fn stream(&self, sid: &str, number: u64) -> String {
+        format!("{}x:{{{sid}}}:{number}", self.prefix)
+    }
+
+    /// The holder of stream `number`'s connection; the standalone (GET) stream has one
+    /// holder key whatever its number.
+    pub(super) fn holder(&self, sid: &str, number: Option<u64>) -> String {
+        match number {
+            Some(n) => format!("{}h:{{{sid}}}:{n}", self.prefix),
+            None => format!("{}h:{{{sid}}}:g", self.prefix),
+        }
+    }
+
+    pub(super) fn lease(&self, sid: &str, upstream_id: &str) -> String {
+        format!("{}l:{{{sid}}}:{upstream_id}", self.prefix)
+    }
+
+    pub(super) fn discover(&self, digest: &str) -> String {
+        format!("{}d:{digest}", self.prefix)
+    }
+
+    pub(super) fn timers(&self) -> String {
+        format!("{}timers", self.prefix)
+    }
+
+    pub(super) fn leases(&self) -> String {
+        format!("{}leases", self.prefix)
+    }
+
+    pub(super) fn sessions(&self) -> String {
+        format!("{}sessions", self.prefix)
+    }
+
+    /// One caller's sessions, by its binding key (hex).
+    pub(super) fn caller(&self, binding: &str) -> String {
+        format!("{}c:{binding}", self.prefix)
+    }
+
+    pub(super) fn busy(&self) -> String {
+        format!("{}busy", self.prefix)
+    }
+
+    /// What a session key is around its id: `(before, after)`.
+    pub(super) fn session_parts(&self) -> (String, String) {
+        (format!("{}s:{{", self.prefix), "}".to_owned())
+    }
+
+    /// The wake channels' common prefix.
+    pub(super) fn wake_prefix(&self) -> String {
+        format!("{}w:", self.prefix)
+    }
+
+    pub(super) fn wake(&self, sid: &str) -> String {
+        format!("{}w:{sid}", self.prefix)
+    }
+
+    /// The session id a wake channel names.
+    pub(super) fn sid_of_wake<'a>(&self, channel: &'a str) -> Option<&'a str> {
+        channel
+            .strip_prefix(self.prefix.as_str())
+            .and_then(|c| c.strip_prefix("w:"))
+    }
+}

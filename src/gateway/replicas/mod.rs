@@ -1,0 +1,1721 @@
+//! Legacy Streamable HTTP sessions shared through Redis (`session_store =
+//! "redis://…"`): the second driver of the adapters' session machine, beside the
+//! in-memory one (`legacy_http`), so that any replica behind a plain, non-sticky load
+//! balancer serves any request of any session.
+//!
+//! One request is one *step*: load the session's record and machine, feed one input,
+//! drain the machine's events into effects, and store the new state together with
+//! those effects in one compare-and-set script (version check; a conflict returns the
+//! current state and the step is fed again from it). Only once stored does the replica
+//! perform what the machine asked: start upstream exchanges, answer the host.
+//!
+//! ```text
+//!  host ─► LB ─► replica A: load ─► feed ─► CAS{state, XADD, lease, timer, PUBLISH} ─► exchange ─► upstream
+//!                replica B: SSE relay ◄── pub/sub wake-up ◄────────────┘ (then XRANGE: the data is in the stream)
+//!                replica C: sweeper ─► due timers, leases past their deadline (redo the exchange)
+//! ```
+//!
+//! - Every SSE stream is a Redis Stream; event ids `N.SEQ` are unique within the
+//!   session (stream N, its SEQth entry), and `GET` with `Last-Event-ID` on any replica
+//!   replays that stream only, then keeps relaying it.
+//! - The replica that receives a round's last answer runs the retry itself, under a
+//!   lease (owner + deadline, renewed at a third of it); when that replica dies, a
+//!   sweeper elsewhere takes the lease over after its deadline and sends the same
+//!   request again: upstream calls are at-least-once across a replica death.
+//! - Timers (live-request deadlines, paused rounds, subscription retries) sit in a
+//!   shared sorted set that every replica's sweeper claims from.
+//! - Nothing is served from a copy: when Redis cannot be reached, requests of shared
+//!   sessions fail with `-32603` and `data.reason = "sessionStoreUnavailable"`.
+
+mod exchange;
+pub(super) mod keys;
+pub(super) mod redis;
+mod relay;
+mod stored;
+mod wake;
+
+use self::keys::{valid_session_id, Keys};
+use self::redis::{Loaded, Redis, Stored as CasResult};
+use self::stored::{Append, LeaseRecord, NewLease, Ops, Record};
+use self::wake::{Wake, Wakes};
+use super::auth::BindingKey;
+use super::forwarded::Forwarded;
+use super::legacy_http::{
+    self, accepted, mint_session_id, refusal, rpc_error, session_missing, store_unavailable,
+    with_session_header, HeadWatch, PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT,
+    INIT_WAIT,
+};
+use super::session_store::{Lookup, RedisStoreConfig, SessionStore, StoreError};
+use super::telemetry::WIRE_HTTP;
+use super::trace::TraceContext;
+use super::upstream::{Denial, OnBehalf, UpstreamError};
+use super::{cache, Gateway, GatewayConfig};
+use crate::body::{empty, full, GatewayBody};
+use crate::digest::log_tag;
+use dashmap::DashMap;
+use dualera_adapters::jsonrpc::EnvelopeError;
+use dualera_adapters::usage::{Feature, Observation};
+use dualera_adapters::{
+    Config as MachineConfig, ErrorCode, Event, Message, PeerStream, Request, RequestId, Session,
+    SessionError, SessionState, Timestamp, UpstreamRole,
+};
+use http::header::{self, HeaderValue};
+use http::{HeaderMap, Response, StatusCode};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::Notify;
+use tracing::{debug, info, warn};
+
+/// How often a stream's relay renews its hold and checks its connection.
+const HOLD_TICK: Duration = Duration::from_secs(2);
+/// A relay's hold lasts this long without renewal.
+const HOLD: Duration = Duration::from_secs(8);
+/// Compare-and-set attempts before a step gives up.
+const MAX_ATTEMPTS: u32 = 32;
+/// Discover results kept decoded, by digest.
+const DISCOVERS_KEPT: usize = 64;
+/// Sessions whose last stored version a replica remembers, to try its next step's
+/// compare-and-set without reading first.
+const VERSIONS_KEPT: usize = 4096;
+/// Finished ids a shared session remembers (the machine's `retired_ids`): every step
+/// reads and writes the whole record, and ids older than this are still told apart
+/// from unknown ones by their shape.
+const RETIRED_IDS: usize = 16;
+
+/// Milliseconds since the Unix epoch: the machine's clock in a shared session, so that
+/// its deadlines mean the same on every replica (their clocks must agree to well under
+/// a second).
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// A shared session as the front found it: its id and the caller's binding. Whether
+/// it exists is learned by the operation (one read, not two).
+#[derive(Debug)]
+pub(super) struct SharedSession {
+    id: String,
+    binding: String,
+    /// The request carries no credentials.
+    anonymous: bool,
+}
+
+/// Whether a POST answers with JSON or opens an SSE stream, decided by the first
+/// message for its stream: one final response within the first second is JSON (and
+/// never stored in Redis); anything else is SSE, relayed from the stream.
+#[derive(Debug)]
+struct Decider {
+    state: Mutex<Decision>,
+    notify: Notify,
+    /// The token its relay will hold the stream with.
+    token: String,
+    /// The messages the deciding step appended, with their sequence numbers: the
+    /// relay sends them without reading them back (the step also took the hold).
+    handed: Mutex<Vec<Handed>>,
+}
+
+impl Default for Decider {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(Decision::Deciding),
+            notify: Notify::new(),
+            token: connection_token(),
+            handed: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+enum Decision {
+    #[default]
+    Deciding,
+    /// A step holds the answer and is storing the state without it.
+    Claimed,
+    /// Stored: answer with this JSON.
+    Json(Vec<u8>),
+    /// Relay the stream.
+    Streaming,
+}
+
+impl Decider {
+    fn set(&self, to: Decision) {
+        if let Ok(mut s) = self.state.lock() {
+            *s = to;
+        }
+        self.notify.notify_waiters();
+    }
+}
+
+/// Whether the upstream accepted an exchange a host request waits on, or refused its
+/// credentials (which then answer that request).
+#[derive(Debug, Default)]
+struct Head {
+    watch: HeadWatch,
+    notify: Notify,
+}
+
+impl Head {
+    fn accepted(&self) {
+        self.watch.accepted();
+        self.notify.notify_waiters();
+    }
+
+    fn offer(&self, denial: &Denial) -> bool {
+        let taken = self.watch.offer(denial);
+        self.notify.notify_waiters();
+        taken
+    }
+
+    /// Waits until the upstream accepted or refused, up to `limit`.
+    async fn settle(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.watch.settled() {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// What a replica remembers of a session it stepped: the version and state it stored
+/// (or read), and the decoded record, taken by the next step (steps of one session
+/// on one replica are serialized) so that it is not decoded again.
+struct Remembered {
+    version: String,
+    state: Arc<Vec<u8>>,
+    record: Option<Record>,
+}
+
+fn remember(version: String, state: Vec<u8>, record: Option<Record>) -> Arc<Mutex<Remembered>> {
+    Arc::new(Mutex::new(Remembered {
+        version,
+        state: Arc::new(state),
+        record,
+    }))
+}
+
+/// Why a step did not store anything.
+#[derive(Debug)]
+enum StepError<R> {
+    /// No such session for this caller (or it ended); `anonymous` when one of that
+    /// id exists and was opened without credentials.
+    NotFound { anonymous: bool },
+    /// The store failed.
+    Store(StoreError),
+    /// The input was refused; nothing changed.
+    Refused(R),
+}
+
+impl<R> From<StoreError> for StepError<R> {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+/// Who fed a step.
+#[derive(Debug, Default)]
+struct Ctx {
+    /// The caller's binding; `None` for the replica's own inputs (timers, exchanges).
+    binding: Option<String>,
+    /// The `Authorization` of the host request in hand.
+    auth: Option<String>,
+    /// The step ends the session (DELETE).
+    tomb: bool,
+    /// The step feeds the end of this upstream exchange (its lease goes).
+    done_upstream: Option<RequestId>,
+    /// The host request waiting on the first exchange the step starts.
+    head: Option<Arc<Head>>,
+    /// Where that first exchange is left for the host request's handler to drive
+    /// itself (no hand-off to a task and back on the common path), when it asks.
+    inline: Option<Mutex<Option<Start>>>,
+}
+
+/// One upstream exchange, driven by whoever holds it.
+type Exchange = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// An upstream exchange to run once a step is stored.
+#[derive(Debug)]
+struct Start {
+    role: UpstreamRole,
+    request: Request,
+    headers: Vec<(String, String)>,
+    auth: Option<String>,
+    lease: Option<String>,
+    head: Option<Arc<Head>>,
+    /// The forwarded headers of the request that opened the session.
+    forwarded: Forwarded,
+    /// The trace context of the HTTP request that carried the legacy request.
+    trace: Option<Arc<TraceContext>>,
+}
+
+/// A message a step appended and handed to its POST's relay: sequence number, bytes,
+/// whether it ends the stream.
+type Handed = (u64, Vec<u8>, bool);
+
+/// One stream's messages in a step: the stream, its messages with "is last", and
+/// whether it was closed without a last message.
+type Group = (PeerStream, Vec<(Vec<u8>, bool)>, bool);
+
+/// What a stored step leaves to do.
+#[derive(Default)]
+struct After {
+    starts: Vec<Start>,
+    cancels: Vec<RequestId>,
+    logs: Vec<Event>,
+    json: Vec<(Arc<Decider>, Vec<u8>)>,
+    streaming: Vec<(Arc<Decider>, Vec<Handed>)>,
+    /// What the step script receives after its effects, by `ARGV` index.
+    payloads: Vec<Vec<u8>>,
+    appended: bool,
+    /// The machine's observations, recorded once the step is stored.
+    observed: Vec<Observation>,
+}
+
+impl After {
+    /// The step was not stored: deciders it claimed go back to deciding.
+    fn revert(&self) {
+        for (d, _) in &self.json {
+            d.set(Decision::Deciding);
+        }
+        for (d, _) in &self.streaming {
+            d.set(Decision::Deciding);
+        }
+    }
+}
+
+/// The shared sessions of one replica.
+pub(in crate::gateway) struct SharedSessions {
+    redis: Arc<Redis>,
+    keys: Keys,
+    replica: String,
+    lease: Duration,
+    machine: MachineConfig,
+    idle_ttl: Duration,
+    keepalive: Duration,
+    replay: usize,
+    max_sessions: usize,
+    max_per_caller: usize,
+    /// Bytes queued toward one host connection before it counts as not reading.
+    max_buffered: usize,
+    wakes: Arc<Wakes>,
+    deciders: DashMap<(String, PeerStream), Arc<Decider>>,
+    exchanges: DashMap<(String, RequestId), futures_util::future::AbortHandle>,
+    locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// The last version and state this replica stored or read per session: a step
+    /// starts from it and the compare-and-set says whether it is still current (a
+    /// conflict returns the current state in the same round trip). Never used to
+    /// answer anything on its own.
+    versions: quick_cache::sync::Cache<String, Arc<Mutex<Remembered>>>,
+    discovers: Mutex<Vec<(String, Arc<Value>)>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for SharedSessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedSessions")
+            .field("replica", &self.replica)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SharedSessions {
+    pub(in crate::gateway) fn new(
+        store: &RedisStoreConfig,
+        config: &GatewayConfig,
+    ) -> Result<Arc<Self>, StoreError> {
+        let keys = Keys::new(&store.key_prefix);
+        let wakes = Wakes::new(keys.clone());
+        let sink = wakes.clone();
+        let redis = Redis::open(&store.url, store.timeout, move |info: ::redis::PushInfo| {
+            sink.push(info);
+            Ok::<(), ::redis::aio::SendError>(())
+        })
+        .map_err(|source| StoreError::Unreachable { source })?;
+        let mut machine = legacy_http::machine_config(config);
+        machine.retired_ids = RETIRED_IDS;
+        Ok(Arc::new(Self {
+            redis: Arc::new(redis),
+            keys,
+            replica: store.replica_id.clone(),
+            lease: store.lease,
+            machine,
+            idle_ttl: config.session_idle_ttl,
+            keepalive: config.keepalive,
+            replay: config.replay_buffer.max(1),
+            max_sessions: config.max_sessions,
+            max_per_caller: config.max_sessions_per_caller,
+            max_buffered: config.max_buffered_bytes,
+            wakes,
+            deciders: DashMap::new(),
+            exchanges: DashMap::new(),
+            locks: DashMap::new(),
+            versions: quick_cache::sync::Cache::new(VERSIONS_KEPT),
+            discovers: Mutex::new(Vec::new()),
+            tasks: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// This replica's name.
+    pub(in crate::gateway) fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    /// Whether the store answered the last command.
+    pub(in crate::gateway) fn ready(&self) -> bool {
+        self.redis.is_up()
+    }
+
+    /// Starts the background tasks: subscriptions, the sweeper, cancellations.
+    pub(in crate::gateway) fn start(self: &Arc<Self>, gw: &Gateway) {
+        let (cancel_tx, mut cancel_rx) = tokio::sync::mpsc::unbounded_channel();
+        self.wakes.on_cancel(cancel_tx);
+        let me = self.clone();
+        let cancels = tokio::spawn(async move {
+            while let Some((sid, id)) = cancel_rx.recv().await {
+                if let Some((_, h)) = me.exchanges.remove(&(sid, id.clone())) {
+                    debug!(rpc.id = %id, "upstream request cancelled by another replica");
+                    h.abort();
+                }
+            }
+        });
+        let subs = tokio::spawn(self.wakes.clone().run(self.redis.clone()));
+        let sweeper = tokio::spawn(exchange::sweep(self.clone(), gw.clone()));
+        let me = self.clone();
+        let probe = tokio::spawn(async move {
+            // Keeps readiness current while no traffic flows.
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let _ = me.redis.ping().await;
+            }
+        });
+        if let Ok(mut t) = self.tasks.lock() {
+            t.extend([cancels, subs, sweeper, probe]);
+        }
+        info!(replica = %self.replica, "shared session store in use");
+    }
+
+    /// Stops the background tasks and the exchanges this replica runs (their leases
+    /// let another replica finish them).
+    pub(in crate::gateway) fn stop(&self) {
+        if let Ok(mut t) = self.tasks.lock() {
+            for h in t.drain(..) {
+                h.abort();
+            }
+        }
+        for e in self.exchanges.iter() {
+            e.value().abort();
+        }
+        self.exchanges.clear();
+    }
+
+    fn machine_config(&self, sid: &str) -> MachineConfig {
+        let mut c = self.machine.clone();
+        c.id_prefix = format!("dualera-{}", &sid[..8]);
+        c
+    }
+
+    // ----- discover results -------------------------------------------------------
+
+    fn discover_digest(value: &Value) -> String {
+        let bytes = serde_json::to_vec(value).unwrap_or_default();
+        hex(&Sha256::digest(&bytes))
+    }
+
+    async fn discover(&self, digest: &str) -> Result<Option<Arc<Value>>, StoreError> {
+        if let Ok(d) = self.discovers.lock() {
+            if let Some((_, v)) = d.iter().find(|(k, _)| k == digest) {
+                return Ok(Some(v.clone()));
+            }
+        }
+        let Some(bytes) = self.redis.get(&self.keys.discover(digest)).await? else {
+            return Ok(None);
+        };
+        let value: Value = serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
+            reason: format!("discover result: {e}"),
+        })?;
+        let value = Arc::new(value);
+        self.remember_discover(digest, &value);
+        Ok(Some(value))
+    }
+
+    fn remember_discover(&self, digest: &str, value: &Arc<Value>) {
+        if let Ok(mut d) = self.discovers.lock() {
+            if !d.iter().any(|(k, _)| k == digest) {
+                if d.len() >= DISCOVERS_KEPT {
+                    d.remove(0);
+                }
+                d.push((digest.to_owned(), value.clone()));
+            }
+        }
+    }
+
+    // ----- steps ------------------------------------------------------------------
+
+    async fn decode(&self, state: &[u8]) -> Result<Record, StoreError> {
+        let mut record: Record =
+            serde_json::from_slice(state).map_err(|e| StoreError::Corrupt {
+                reason: format!("session record: {e}"),
+            })?;
+        let discover = match &record.discover {
+            Some(digest) => self.discover(digest).await?,
+            None => None,
+        };
+        let machine = std::mem::take(&mut record.machine);
+        let sid_prefix = self.machine.clone();
+        record.machine = machine.restore(sid_prefix, discover);
+        Ok(record)
+    }
+
+    /// Reads a session without changing it.
+    async fn read(&self, sid: &str, binding: &str) -> Result<Result<Record, bool>, StoreError> {
+        match self.redis.load(&self.keys.session(sid)).await? {
+            Loaded::Found { state, .. } => {
+                let record = self.decode(&state).await?;
+                Ok(if same(&record.binding, binding) {
+                    Ok(record)
+                } else {
+                    Err(record.anonymous)
+                })
+            }
+            Loaded::Missing | Loaded::Gone => Ok(Err(false)),
+        }
+    }
+
+    /// One step: load, `feed`, store with compare-and-set (again from the current state
+    /// on conflict), then perform. `feed` may run several times; an `Err` from it
+    /// stores nothing.
+    async fn step<T, R>(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        sid: &str,
+        ctx: &Ctx,
+        mut feed: impl FnMut(&mut Record, Timestamp) -> Result<T, R>,
+    ) -> Result<T, StepError<R>> {
+        let lock = self
+            .locks
+            .entry(sid.to_owned())
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+            .clone();
+        let outcome = {
+            let _held = lock.lock().await;
+            self.step_locked(gw, sid, ctx, &mut feed).await
+        };
+        drop(lock);
+        self.locks.remove_if(sid, |_, l| Arc::strong_count(l) == 1);
+        outcome
+    }
+
+    async fn step_locked<T, R>(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        sid: &str,
+        ctx: &Ctx,
+        feed: &mut impl FnMut(&mut Record, Timestamp) -> Result<T, R>,
+    ) -> Result<T, StepError<R>> {
+        let key = self.keys.session(sid);
+        let cached = self.versions.get(sid).and_then(|slot| {
+            let mut r = slot.lock().ok()?;
+            Some((r.version.clone(), r.state.clone(), r.record.take()))
+        });
+        let (mut version, mut state, mut remembered, mut decoded) = match cached {
+            Some((v, s, record)) => (v, s, true, record),
+            None => match self.redis.load(&key).await? {
+                Loaded::Found { version, state } => (version, Arc::new(state), false, None),
+                Loaded::Missing | Loaded::Gone => {
+                    return Err(StepError::NotFound { anonymous: false })
+                }
+            },
+        };
+        for _ in 0..MAX_ATTEMPTS {
+            let mut record = match decoded.take() {
+                Some(r) => r,
+                None => self.decode(&state).await?,
+            };
+            if let Some(b) = &ctx.binding {
+                if !same(&record.binding, b) {
+                    return Err(StepError::NotFound {
+                        anonymous: record.anonymous,
+                    });
+                }
+            }
+            let now = wall_ms();
+            let value = match feed(&mut record, Timestamp::from_millis(now)) {
+                Ok(v) => v,
+                Err(r) => {
+                    if remembered {
+                        // Refused by a remembered state: it stands only if that state
+                        // is still the current one.
+                        remembered = false;
+                        match self.redis.load(&key).await? {
+                            Loaded::Found {
+                                version: v,
+                                state: s,
+                            } if v != version => {
+                                version = v;
+                                state = Arc::new(s);
+                                continue;
+                            }
+                            Loaded::Found { .. } => {}
+                            Loaded::Missing | Loaded::Gone => {
+                                self.versions.remove(sid);
+                                return Err(StepError::NotFound { anonymous: false });
+                            }
+                        }
+                    }
+                    return Err(StepError::Refused(r));
+                }
+            };
+            let (ops, mut after) = self.plan(sid, &mut record, now, ctx);
+            let blob = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt {
+                reason: format!("session record: {e}"),
+            })?;
+            let nothing = after.starts.is_empty()
+                && after.cancels.is_empty()
+                && ops.xadd.is_empty()
+                && !ctx.tomb
+                && ctx.done_upstream.is_none()
+                && blob == *state;
+            if nothing {
+                after.revert();
+                if remembered {
+                    // Nothing to store, but the answer came from a remembered state:
+                    // it stands only if that state is still the current one.
+                    remembered = false;
+                    match self.redis.load(&key).await? {
+                        Loaded::Found {
+                            version: v,
+                            state: s,
+                        } => {
+                            if v != version {
+                                version = v;
+                                state = Arc::new(s);
+                                continue;
+                            }
+                        }
+                        Loaded::Missing | Loaded::Gone => {
+                            self.versions.remove(sid);
+                            return Err(StepError::NotFound { anonymous: false });
+                        }
+                    }
+                }
+                return Ok(value);
+            }
+            let ops_json = serde_json::to_vec(&ops).map_err(|e| StoreError::Corrupt {
+                reason: format!("step effects: {e}"),
+            })?;
+            match self
+                .redis
+                .step(&key, &version, &blob, &ops_json, &after.payloads)
+                .await
+            {
+                Ok(CasResult::Committed { version: v }) => {
+                    self.observe(gw, &record.machine, std::mem::take(&mut after.observed));
+                    if ctx.tomb {
+                        self.versions.remove(sid);
+                    } else {
+                        self.versions
+                            .insert(sid.to_owned(), remember(v, blob, Some(record)));
+                    }
+                    self.perform(gw, sid, after, ctx);
+                    return Ok(value);
+                }
+                Ok(CasResult::Conflict {
+                    version: v,
+                    state: s,
+                }) => {
+                    after.revert();
+                    version = v;
+                    state = Arc::new(s);
+                    remembered = false;
+                }
+                Ok(CasResult::Missing | CasResult::Gone) => {
+                    after.revert();
+                    self.versions.remove(sid);
+                    return Err(StepError::NotFound { anonymous: false });
+                }
+                Err(e) => {
+                    after.revert();
+                    return Err(StepError::Store(e));
+                }
+            }
+        }
+        Err(StepError::Store(StoreError::Contention {
+            attempts: MAX_ATTEMPTS,
+        }))
+    }
+
+    /// Drains the machine's events into the script's effects and what to do after.
+    fn plan(&self, sid: &str, record: &mut Record, now: u64, ctx: &Ctx) -> (Ops, After) {
+        let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
+        let mut ops = Ops {
+            ttl: ttl.to_string(),
+            sid: sid.to_owned(),
+            now: now.to_string(),
+            keep: self.replay.to_string(),
+            timers: self.keys.timers(),
+            leases: self.keys.leases(),
+            sessions: self.keys.sessions(),
+            caller: self.keys.caller(&record.binding),
+            busyk: self.keys.busy(),
+            disc: record.discover.as_ref().map(|d| self.keys.discover(d)),
+            ..Ops::default()
+        };
+        let mut after = After::default();
+        // Messages per stream, in the order streams first appear: (stream, messages
+        // with "is last", closed without a last message).
+        let mut groups: Vec<Group> = Vec::new();
+        fn group<'a>(groups: &'a mut Vec<Group>, stream: &PeerStream) -> &'a mut Group {
+            let i = match groups.iter().position(|g| &g.0 == stream) {
+                Some(i) => i,
+                None => {
+                    groups.push((stream.clone(), Vec::new(), false));
+                    groups.len() - 1
+                }
+            };
+            &mut groups[i]
+        }
+        while let Some(event) = record.machine.poll_event() {
+            match event {
+                Event::ToPeer { stream, message } => {
+                    let last = matches!(&message, Message::Response(r) if matches!(&stream, PeerStream::Request(id) if r.id.as_ref() == Some(id)));
+                    group(&mut groups, &stream).1.push((message.to_vec(), last));
+                }
+                Event::ToPeerBatch { stream, messages } => {
+                    let values: Vec<Value> = messages.iter().map(Message::to_value).collect();
+                    let bytes = serde_json::to_vec(&Value::Array(values)).unwrap_or_default();
+                    group(&mut groups, &stream).1.push((bytes, true));
+                }
+                Event::CloseStream { stream } => group(&mut groups, &stream).2 = true,
+                Event::ToUpstream { role, request } => {
+                    let headers = record.machine.upstream_headers(&request);
+                    let auth = match &role {
+                        UpstreamRole::Call { legacy, .. }
+                        | UpstreamRole::ToolsRefresh { legacy } => {
+                            if ctx.auth.is_some() {
+                                record.set_auth(Some(legacy.clone()), ctx.auth.clone());
+                            }
+                            record.auth_for(Some(legacy)).map(str::to_owned)
+                        }
+                        UpstreamRole::Listen => record.auth_for(None).map(str::to_owned),
+                        UpstreamRole::Discover => ctx.auth.clone(),
+                    };
+                    let lease = (!matches!(role, UpstreamRole::Discover)).then(|| {
+                        let k = self.keys.lease(sid, &id_text(&request.id));
+                        let rec = LeaseRecord {
+                            sid: sid.to_owned(),
+                            request: Message::Request(request.clone()).to_value(),
+                            headers: headers.clone(),
+                            role: role.clone(),
+                        };
+                        ops.lease_new.push(NewLease {
+                            k: k.clone(),
+                            o: self.replica.clone(),
+                            d: (now + self.lease_ms()).to_string(),
+                            r: payload(
+                                &mut after.payloads,
+                                serde_json::to_vec(&rec).unwrap_or_default(),
+                            ),
+                        });
+                        k
+                    });
+                    let head = if after.starts.is_empty() {
+                        ctx.head.clone()
+                    } else {
+                        None
+                    };
+                    let trace = match &role {
+                        UpstreamRole::Call { legacy, .. }
+                        | UpstreamRole::ToolsRefresh { legacy } => record.trace_for(legacy),
+                        _ => None,
+                    }
+                    .or_else(|| TraceContext::from_meta(request.params.as_ref()).map(Arc::new));
+                    after.starts.push(Start {
+                        role,
+                        request,
+                        headers,
+                        auth,
+                        lease,
+                        head,
+                        forwarded: Forwarded::from_pairs(&record.forwarded),
+                        trace,
+                    });
+                }
+                Event::CancelUpstream { id, reason } => {
+                    debug!(session = %log_tag(sid), rpc.id = %id, reason, "upstream request cancelled");
+                    ops.lease_del.push(self.keys.lease(sid, &id_text(&id)));
+                    ops.publish.push((
+                        self.keys.wake(sid),
+                        wake::payload(&Wake::Cancel(id.clone())),
+                    ));
+                    after.cancels.push(id);
+                }
+                other @ (Event::RequestFailed { .. } | Event::ToolRejected { .. }) => {
+                    after.logs.push(other);
+                }
+                Event::Observed(o) => after.observed.push(o),
+                _ => {}
+            }
+        }
+        if let Some(id) = &ctx.done_upstream {
+            ops.lease_del.push(self.keys.lease(sid, &id_text(id)));
+        }
+        for (peer, messages, closed) in groups {
+            let decider = self
+                .deciders
+                .get(&(sid.to_owned(), peer.clone()))
+                .map(|d| d.value().clone());
+            let mut handing: Option<Arc<Decider>> = None;
+            if let Some(d) = decider {
+                let single_final = !closed && messages.len() == 1 && messages[0].1;
+                let mut state = d
+                    .state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if matches!(*state, Decision::Deciding) {
+                    if single_final {
+                        *state = Decision::Claimed;
+                        drop(state);
+                        after.json.push((d, messages[0].0.clone()));
+                        record.forget(&peer);
+                        continue;
+                    }
+                    *state = Decision::Streaming;
+                    drop(state);
+                    handing = Some(d);
+                }
+            }
+            if record.stream(&peer).is_none() {
+                // A stream the peer has not opened (the GET stream before any GET):
+                // its messages are kept for a later resumption.
+                record.open_stream(peer.clone());
+            }
+            let Some(meta) = record.stream_mut(&peer) else {
+                continue;
+            };
+            let key = self.keys.stream(sid, meta.number);
+            let was_finished = meta.finished;
+            let mut handed = Vec::new();
+            for (bytes, last) in messages {
+                meta.seq += 1;
+                let index = payload(&mut after.payloads, bytes.clone());
+                ops.xadd.push(Append {
+                    k: key.clone(),
+                    s: meta.seq.to_string(),
+                    m: Some(index),
+                    e: last,
+                });
+                meta.finished |= last;
+                if handing.is_some() {
+                    handed.push((meta.seq, bytes, last));
+                }
+            }
+            if let Some(d) = handing {
+                // The POST's own relay starts after these, holding the stream from
+                // this very transaction.
+                ops.hold.push((
+                    self.keys.holder(sid, Some(meta.number)),
+                    d.token.clone(),
+                    hold_ms().to_string(),
+                ));
+                after.streaming.push((d, handed));
+            }
+            if closed && !meta.finished {
+                meta.seq += 1;
+                ops.xadd.push(Append {
+                    k: key,
+                    s: meta.seq.to_string(),
+                    m: None,
+                    e: true,
+                });
+                meta.finished = true;
+            }
+            if meta.finished && !was_finished {
+                let n = meta.number;
+                record.finished.push_back(n);
+            }
+        }
+        while record.finished.len() > FINISHED_KEPT {
+            if let Some(n) = record.finished.pop_front() {
+                record.streams.retain(|s| s.number != n);
+                ops.del.push(self.keys.stream(sid, n));
+                ops.del.push(self.keys.holder(sid, Some(n)));
+            }
+        }
+        // Credentials of requests that ended are dropped.
+        let machine = &record.machine;
+        record
+            .auth
+            .retain(|(k, _)| k.as_ref().is_none_or(|id| machine.has_call(id)));
+        if !ops.xadd.is_empty() {
+            after.appended = true;
+            ops.publish
+                .push((self.keys.wake(sid), wake::payload(&Wake::Streams)));
+        }
+        ops.busy = record.machine.in_flight() > 0;
+        ops.due = record
+            .machine
+            .poll_timeout()
+            .map(|t| t.as_millis().to_string());
+        if ctx.tomb {
+            ops.tomb = Some(ttl.min(60_000).to_string());
+            for s in &record.streams {
+                ops.del.push(self.keys.stream(sid, s.number));
+                ops.del.push(self.keys.holder(sid, Some(s.number)));
+            }
+            ops.del.push(self.keys.holder(sid, None));
+            ops.publish
+                .push((self.keys.wake(sid), wake::payload(&Wake::Streams)));
+        }
+        (ops, after)
+    }
+
+    /// Records a stored step's observations (metrics, migration report).
+    fn observe(&self, gw: &Gateway, machine: &Session, observed: Vec<Observation>) {
+        if observed.is_empty() {
+            return;
+        }
+        let mut t = gw.telemetry.shared_session(WIRE_HTTP, machine);
+        for o in observed {
+            t.observe(o, machine);
+        }
+    }
+
+    /// Records a feature only the driver sees (the GET stream, a resumption).
+    fn feature(gw: &Gateway, machine: &Session, feature: Feature) {
+        gw.telemetry
+            .shared_session(WIRE_HTTP, machine)
+            .feature(feature);
+    }
+
+    fn lease_ms(&self) -> u64 {
+        u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Carries out a stored step.
+    fn perform(self: &Arc<Self>, gw: &Gateway, sid: &str, after: After, ctx: &Ctx) {
+        for (d, bytes) in after.json {
+            d.set(Decision::Json(bytes));
+        }
+        for (d, handed) in after.streaming {
+            if let Ok(mut h) = d.handed.lock() {
+                *h = handed;
+            }
+            d.notify.notify_waiters();
+        }
+        if after.appended {
+            self.wakes.wake(sid);
+        }
+        for id in after.cancels {
+            if let Some((_, h)) = self.exchanges.remove(&(sid.to_owned(), id)) {
+                h.abort();
+            }
+        }
+        for event in after.logs {
+            match event {
+                Event::RequestFailed { legacy, failure } => {
+                    info!(session = %log_tag(sid), rpc.id = %legacy, failure = %failure, "legacy request failed");
+                }
+                Event::ToolRejected { tool, reason } => {
+                    warn!(session = %log_tag(sid), tool, reason, "upstream tool left out of tools/list");
+                }
+                _ => {}
+            }
+        }
+        let mut starts = after.starts.into_iter();
+        if let Some(slot) = &ctx.inline {
+            if let (Ok(mut slot), Some(first)) = (slot.lock(), starts.next()) {
+                *slot = Some(first);
+            }
+        }
+        for start in starts {
+            let me = self.clone();
+            let gw = gw.clone();
+            let sid = sid.to_owned();
+            tokio::spawn(async move { me.run_exchange(gw, sid, start).await });
+        }
+    }
+
+    /// The exchange a step left for its caller to drive ([`Ctx::inline`]).
+    fn inline_exchange(self: &Arc<Self>, gw: &Gateway, sid: &str, ctx: &Ctx) -> Option<Exchange> {
+        let start = ctx.inline.as_ref()?.lock().ok()?.take()?;
+        let me = self.clone();
+        let gw = gw.clone();
+        let sid = sid.to_owned();
+        Some(Box::pin(
+            async move { me.run_exchange(gw, sid, start).await },
+        ))
+    }
+
+    // ----- operations -------------------------------------------------------------
+
+    /// The 404 (or the upstream's challenge, see `legacy_http::session_missing`) for a
+    /// session this caller cannot use.
+    async fn missing(
+        gw: &Gateway,
+        auth: Option<&HeaderValue>,
+        anonymous: bool,
+    ) -> Response<GatewayBody> {
+        session_missing(gw, auth, anonymous).await
+    }
+
+    async fn initialize(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        init: Request,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        let PostContext {
+            auth,
+            forwarded,
+            trace,
+        } = cx;
+        let init_id = init.id.clone();
+        let Some(sid) = mint_session_id() else {
+            return legacy_http::internal();
+        };
+        let mut machine = dualera_adapters::Session::new(self.machine_config(&sid));
+        if let Some(d) = cache::legacy::discover_for_initialize(&gw.cache, auth.as_ref()) {
+            let _ = machine.handle_discover_shared(d);
+        }
+        if let Err(e) = machine.handle_peer_message(Message::Request(init), wall_ms_ts()) {
+            return rpc_error(
+                StatusCode::BAD_REQUEST,
+                Some(init_id),
+                ErrorCode::INVALID_REQUEST,
+                format!("Invalid request: {e}"),
+            );
+        }
+        // The session exists only once `initialize` succeeded: until then it lives
+        // here, and its discover exchange is driven inline.
+        let mut observed = Vec::new();
+        let answer = tokio::time::timeout(INIT_WAIT, async {
+            loop {
+                let mut answer = None;
+                let mut pending = Vec::new();
+                while let Some(event) = machine.poll_event() {
+                    match event {
+                        Event::ToPeer {
+                            message: Message::Response(r),
+                            ..
+                        } => answer = Some(Message::Response(r).to_vec()),
+                        Event::ToUpstream { role, request } => pending.push((role, request)),
+                        Event::Observed(o) => observed.push(o),
+                        _ => {}
+                    }
+                }
+                if let Some(a) = answer {
+                    return Ok(Some(a));
+                }
+                let Some((role, request)) = pending.into_iter().next() else {
+                    return Ok(None);
+                };
+                let id = request.id.clone();
+                let mut got = Vec::new();
+                let result = cache::legacy::exchange(
+                    gw,
+                    &role,
+                    &Message::Request(request),
+                    OnBehalf {
+                        authorization: auth.as_ref(),
+                        forwarded: Some(&forwarded),
+                        trace: trace.as_deref(),
+                    },
+                    &[],
+                    || {},
+                    |m| got.push(m),
+                )
+                .await;
+                let now = wall_ms_ts();
+                for m in got {
+                    let _ = machine.handle_upstream_message(Some(id.clone()), m, now);
+                }
+                match result {
+                    Ok(()) => {}
+                    // The upstream refused the caller's credentials: its status and
+                    // challenge go back as they are, and no session is minted.
+                    Err(UpstreamError::Denied(d)) => return Err(d),
+                    Err(e) => {
+                        gw.telemetry.upstream_error(&e);
+                        let _ = match e.refusal() {
+                            Some((reason, message)) => {
+                                machine.handle_upstream_refused(&id, reason, message, now)
+                            }
+                            None => machine.handle_upstream_lost(&id, now),
+                        };
+                    }
+                }
+            }
+        })
+        .await;
+        let body = match answer {
+            Ok(Ok(Some(body))) => body,
+            Ok(Err(denial)) => {
+                info!(
+                    status = denial.status.as_u16(),
+                    "initialize refused by the upstream"
+                );
+                return denial.response();
+            }
+            Ok(Ok(None)) | Err(_) => {
+                return rpc_error(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    Some(init_id),
+                    ErrorCode::INTERNAL_ERROR,
+                    "the upstream server did not answer in time".into(),
+                )
+            }
+        };
+        let mut response = Response::new(full(body));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if machine.state() != SessionState::Ready {
+            return response;
+        }
+        while let Some(event) = machine.poll_event() {
+            if let Event::Observed(o) = event {
+                observed.push(o);
+            }
+        }
+        let discover = machine.discover().cloned();
+        let digest = discover.as_deref().map(Self::discover_digest);
+        if let (Some(d), Some(v)) = (&digest, &discover) {
+            self.remember_discover(d, v);
+        }
+        let binding = BindingKey::of(gw.config.session_binding, auth.as_ref()).to_hex();
+        let caller = self.keys.caller(&binding);
+        let record = Record {
+            binding,
+            anonymous: auth.is_none(),
+            discover: digest.clone(),
+            streams: Vec::new(),
+            finished: Default::default(),
+            next_stream: 0,
+            auth: Vec::new(),
+            forwarded: forwarded.to_pairs(),
+            machine,
+        };
+        let Ok(blob) = serde_json::to_vec(&record) else {
+            return legacy_http::internal();
+        };
+        let now = wall_ms();
+        let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
+        let (sk1, sk2) = self.keys.session_parts();
+        let ops = serde_json::json!({
+            "ttl": ttl.to_string(),
+            "sid": sid,
+            "now": now.to_string(),
+            "sessions": self.keys.sessions(),
+            "caller": caller,
+            "busyk": self.keys.busy(),
+            "timers": self.keys.timers(),
+            "cutoff": now.saturating_sub(ttl).to_string(),
+            "max": self.max_sessions.to_string(),
+            "maxc": self.max_per_caller.to_string(),
+            "sk1": sk1,
+            "sk2": sk2,
+            "tomb": ttl.min(60_000).to_string(),
+            "wk": self.keys.wake_prefix(),
+            "wp": wake::payload(&Wake::Streams),
+            "disc": digest.as_ref().map(|d| self.keys.discover(d)),
+            "dv": discover.as_deref().map(|v| serde_json::to_string(v).unwrap_or_default()),
+        });
+        let ops = serde_json::to_vec(&ops).unwrap_or_default();
+        match self
+            .redis
+            .create(&self.keys.session(&sid), &blob, &ops)
+            .await
+        {
+            Ok(1) => {}
+            Ok(n @ 2..) => {
+                info!(evicted = n - 1, "idle session evicted to make room");
+            }
+            Ok(-1) => {
+                return legacy_http::sessions_refused(
+                    Some(init_id),
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    self.max_sessions,
+                )
+            }
+            Ok(-2) => {
+                return legacy_http::sessions_refused(
+                    Some(init_id),
+                    StatusCode::TOO_MANY_REQUESTS,
+                    self.max_per_caller,
+                )
+            }
+            Ok(_) => return legacy_http::internal(),
+            Err(e) => return store_unavailable(Some(init_id), &e),
+        }
+        self.observe(gw, &record.machine, observed);
+        info!(session = %log_tag(&sid), replica = %self.replica, "legacy session opened");
+        with_session_header(response, &sid)
+    }
+
+    fn deciding(&self, sid: &str, peer: &PeerStream) -> DeciderGuard<'_> {
+        let decider = Arc::new(Decider::default());
+        self.deciders
+            .insert((sid.to_owned(), peer.clone()), decider.clone());
+        DeciderGuard {
+            sessions: self,
+            keys: vec![(sid.to_owned(), peer.clone())],
+            decider,
+        }
+    }
+
+    fn ctx(s: &SharedSession, auth: Option<&HeaderValue>, head: Option<Arc<Head>>) -> Ctx {
+        Ctx {
+            binding: Some(s.binding.clone()),
+            auth: auth_text(auth),
+            inline: head.is_some().then(|| Mutex::new(None)),
+            head,
+            ..Ctx::default()
+        }
+    }
+
+    async fn request(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        s: &SharedSession,
+        r: Request,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        let PostContext { auth, trace, .. } = cx;
+        let id = r.id.clone();
+        let peer = PeerStream::Request(id.clone());
+        let guard = self.deciding(&s.id, &peer);
+        let head = Arc::new(Head::default());
+        let ctx = Self::ctx(s, auth.as_ref(), Some(head.clone()));
+        let fed = self
+            .step(gw, &s.id, &ctx, |record, now| {
+                if record.stream(&peer).is_some_and(|st| !st.finished) {
+                    return Err(None);
+                }
+                let n = record.open_stream(peer.clone());
+                record.set_trace(&peer, trace.as_deref());
+                if let Some(a) = &ctx.auth {
+                    record.set_auth(Some(id.clone()), Some(a.clone()));
+                }
+                match record
+                    .machine
+                    .handle_peer_message(Message::Request(r.clone()), now)
+                {
+                    Ok(()) => Ok((n, record.machine.has_call(&id))),
+                    Err(e) => Err(Some(e)),
+                }
+            })
+            .await;
+        info!(session = %log_tag(&s.id), replica = %self.replica, rpc.id = %id, method = %r.method, "legacy request served");
+        let (number, forwarded) = match fed {
+            Ok(n) => n,
+            Err(StepError::NotFound { anonymous }) => {
+                return Self::missing(gw, auth.as_ref(), anonymous).await
+            }
+            Err(StepError::Store(e)) => return store_unavailable(Some(id), &e),
+            Err(StepError::Refused(None)) => {
+                // Refused before the machine sees it (its stream must survive), in the
+                // machine's own words, as every other wire says it.
+                let e = SessionError::DuplicateRequestId { id: id.clone() };
+                return refusal(Some(id), &e);
+            }
+            Err(StepError::Refused(Some(e))) => return refusal(Some(id), &e),
+        };
+        let exchange = self.inline_exchange(gw, &s.id, &ctx);
+        drop(ctx);
+        let decision = drive(
+            guard.decide(FIRST_MESSAGE_WAIT, forwarded.then_some(&*head)),
+            exchange,
+        )
+        .await;
+        // Nothing is committed before the upstream accepted the exchange: its 401/403
+        // reaches the host as HTTP on this POST.
+        if let Some(denial) = head.watch.finish() {
+            return denial.response();
+        }
+        match decision {
+            Decision::Json(body) => json_body(body),
+            _ => self.post_relay(&s.id, number, &guard.decider).await,
+        }
+    }
+
+    async fn message(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        s: &SharedSession,
+        message: Message,
+        auth: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        let head = Arc::new(Head::default());
+        let ctx = Self::ctx(s, auth.as_ref(), Some(head.clone()));
+        let kind = match &message {
+            Message::Response(_) => "reply",
+            _ => "notification",
+        };
+        let fed = self
+            .step(gw, &s.id, &ctx, |record, now| {
+                record.machine.handle_peer_message(message.clone(), now)
+            })
+            .await;
+        let exchange = self.inline_exchange(gw, &s.id, &ctx);
+        drop(ctx);
+        info!(session = %log_tag(&s.id), replica = %self.replica, method = kind, "legacy message served");
+        match fed {
+            // A reply to a live request the gateway gave up on: accepted, dropped (the
+            // step stored its observation).
+            Err(StepError::Refused(e)) if e.is_dropped() => {
+                debug!(session = %log_tag(&s.id), error = %e, "late or duplicate reply dropped");
+                accepted()
+            }
+            Ok(()) => {
+                // An answer that completes a round starts the retry on behalf of this
+                // POST (the exchange holds the head): a 401/403 for it answers this
+                // POST, and the round waits for the answer again.
+                if Arc::strong_count(&head) > 1 || exchange.is_some() {
+                    drive(head.settle(HEAD_WAIT), exchange).await;
+                }
+                match head.watch.finish() {
+                    Some(denial) => denial.response(),
+                    None => accepted(),
+                }
+            }
+            Err(StepError::NotFound { anonymous }) => {
+                Self::missing(gw, auth.as_ref(), anonymous).await
+            }
+            Err(StepError::Store(e)) => store_unavailable(None, &e),
+            Err(StepError::Refused(e)) => {
+                warn!(session = %log_tag(&s.id), error = %e, "peer message refused");
+                refusal(None, &e)
+            }
+        }
+    }
+
+    async fn batch(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        s: &SharedSession,
+        items: Vec<Result<Message, EnvelopeError>>,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        let PostContext { auth, trace, .. } = cx;
+        // A batch's upstream calls carry its token; a 401/403 for one of them reaches
+        // the peer as that element's error in the batch's response.
+        let ctx = Self::ctx(s, auth.as_ref(), None);
+        let decider = Arc::new(Decider::default());
+        let mut registered: Vec<(String, PeerStream)> = Vec::new();
+        let fed = self
+            .step(gw, &s.id, &ctx, |record, now| {
+                let outcome = record.machine.handle_peer_batch(clone_items(&items), now)?;
+                let stream = outcome.batch.map(|b| {
+                    let peer = PeerStream::Batch(b);
+                    let n = record.open_stream(peer.clone());
+                    record.set_trace(&peer, trace.as_deref());
+                    self.deciders
+                        .insert((s.id.clone(), peer.clone()), decider.clone());
+                    registered.push((s.id.clone(), peer));
+                    n
+                });
+                Ok::<_, SessionError>((stream, outcome.refused))
+            })
+            .await;
+        let guard = DeciderGuard {
+            sessions: self,
+            keys: registered,
+            decider,
+        };
+        let (stream, refused) = match fed {
+            Ok(v) => v,
+            Err(StepError::NotFound { anonymous }) => {
+                return Self::missing(gw, auth.as_ref(), anonymous).await
+            }
+            Err(StepError::Store(e)) => return store_unavailable(None, &e),
+            Err(StepError::Refused(e)) => return refusal(None, &e),
+        };
+        for e in &refused {
+            warn!(session = %log_tag(&s.id), error = %e, "batch element refused");
+        }
+        let Some(number) = stream else {
+            return accepted();
+        };
+        match guard.decide(FIRST_MESSAGE_WAIT, None).await {
+            Decision::Json(body) => json_body(body),
+            _ => self.post_relay(&s.id, number, &guard.decider).await,
+        }
+    }
+
+    async fn stream(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        s: &SharedSession,
+        headers: &HeaderMap,
+        auth: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        if let Some((number, after)) = legacy_http::last_event_id(headers) {
+            let record = match self.read(&s.id, &s.binding).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(anonymous)) => return Self::missing(gw, auth.as_ref(), anonymous).await,
+                Err(e) => return store_unavailable(None, &e),
+            };
+            let Some(meta) = record.by_number(number) else {
+                return rpc_error(
+                    StatusCode::NOT_FOUND,
+                    None,
+                    ErrorCode::INVALID_REQUEST,
+                    "Unknown Last-Event-ID: that stream can no longer be resumed".into(),
+                );
+            };
+            let standalone = meta.peer == PeerStream::Standalone;
+            let holder = (!standalone).then_some(number);
+            Self::feature(gw, &record.machine, Feature::Resumption);
+            info!(session = %log_tag(&s.id), replica = %self.replica, stream = number, after, "stream resumed");
+            return self
+                .open_relay(&s.id, number, after, holder, standalone, false)
+                .await;
+        }
+        // The standalone stream: one connection at a time.
+        let token = connection_token();
+        let holder_key = self.keys.holder(&s.id, None);
+        match self.redis.hold(&holder_key, &token, hold_ms(), true).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return rpc_error(
+                    StatusCode::CONFLICT,
+                    None,
+                    ErrorCode::INVALID_REQUEST,
+                    "Conflict: this session already has a GET stream open".into(),
+                )
+            }
+            Err(e) => return store_unavailable(None, &e),
+        }
+        let head = Arc::new(Head::default());
+        let ctx = Self::ctx(s, auth.as_ref(), Some(head.clone()));
+        let opened = self
+            .step(gw, &s.id, &ctx, |record, _now| {
+                let meta = match record.stream(&PeerStream::Standalone) {
+                    Some(m) => (m.number, m.seq),
+                    None => (record.open_stream(PeerStream::Standalone), 0),
+                };
+                // Kept only while this GET is open: `subscriptions/listen` runs on its
+                // behalf.
+                record.set_auth(None, ctx.auth.clone());
+                record.machine.handle_standalone_opened().map(|()| meta)
+            })
+            .await;
+        let (number, seq) = match opened {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = self.redis.release_holder(&holder_key, &token).await;
+                return match e {
+                    StepError::NotFound { anonymous } => {
+                        Self::missing(gw, auth.as_ref(), anonymous).await
+                    }
+                    StepError::Store(e) => store_unavailable(None, &e),
+                    StepError::Refused(e) => refusal(None, &e),
+                };
+            }
+        };
+        // Opening the stream may start `subscriptions/listen` with this GET's token:
+        // its 401/403 answers the GET, and the stream is closed again. Without one,
+        // the upstream is asked about the token all the same (a bound session only).
+        let exchange = self.inline_exchange(gw, &s.id, &ctx);
+        drop(ctx);
+        let mut denied = None;
+        if Arc::strong_count(&head) > 1 || exchange.is_some() {
+            drive(head.settle(HEAD_WAIT), exchange).await;
+        } else if auth.is_some() && !s.anonymous {
+            denied = super::auth::upstream_denial(gw, auth.as_ref())
+                .await
+                .map(Box::new);
+        }
+        if let Some(denial) = head.watch.finish().or(denied) {
+            let _ = self.redis.release_holder(&holder_key, &token).await;
+            let closed = self
+                .step(gw, &s.id, &Ctx::default(), |record, _now| {
+                    record.set_auth(None, None);
+                    record.machine.handle_standalone_closed()
+                })
+                .await;
+            if let Err(StepError::Store(e)) = closed {
+                warn!(error = %e, "standalone stream close not recorded");
+            }
+            return denial.response();
+        }
+        info!(session = %log_tag(&s.id), replica = %self.replica, stream = number, "standalone stream opened");
+        self.relay_with(gw, &s.id, number, seq, None, true, token, true)
+    }
+
+    async fn delete(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        s: &SharedSession,
+        auth: Option<&HeaderValue>,
+    ) -> Response<GatewayBody> {
+        let ctx = Ctx {
+            binding: Some(s.binding.clone()),
+            tomb: true,
+            ..Ctx::default()
+        };
+        let closed = self
+            .step(gw, &s.id, &ctx, |record, _now| {
+                record.machine.close();
+                Ok::<(), ()>(())
+            })
+            .await;
+        match closed {
+            Ok(()) => {
+                info!(session = %log_tag(&s.id), replica = %self.replica, "session deleted by the peer");
+                let mut r = Response::new(empty());
+                *r.status_mut() = StatusCode::OK;
+                r
+            }
+            Err(StepError::NotFound { anonymous }) => Self::missing(gw, auth, anonymous).await,
+            Err(StepError::Store(e)) => store_unavailable(None, &e),
+            Err(StepError::Refused(())) => legacy_http::internal(),
+        }
+    }
+}
+
+/// Adds a payload for the step script; its `ARGV` index (the first four are the
+/// version, the state and the effects: payloads start at 4).
+fn payload(payloads: &mut Vec<Vec<u8>>, bytes: Vec<u8>) -> String {
+    payloads.push(bytes);
+    (payloads.len() + 3).to_string()
+}
+
+/// Awaits `wait` while driving `exchange`; if the exchange is not done by then, the
+/// rest of it runs as a task (a host request that stops waiting never cancels
+/// upstream work).
+async fn drive<T>(wait: impl std::future::Future<Output = T>, exchange: Option<Exchange>) -> T {
+    let Some(mut exchange) = exchange else {
+        return wait.await;
+    };
+    tokio::pin!(wait);
+    let mut done = false;
+    let out = loop {
+        tokio::select! {
+            biased;
+            out = &mut wait => break out,
+            () = &mut exchange, if !done => done = true,
+        }
+    };
+    if !done {
+        tokio::spawn(exchange);
+    }
+    out
+}
+
+fn json_body(body: Vec<u8>) -> Response<GatewayBody> {
+    let mut r = Response::new(full(body));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Removes a POST's deciders when it is answered.
+struct DeciderGuard<'a> {
+    sessions: &'a SharedSessions,
+    keys: Vec<(String, PeerStream)>,
+    decider: Arc<Decider>,
+}
+
+impl DeciderGuard<'_> {
+    /// Waits up to `limit` for the first message: JSON if it is the only, final one,
+    /// else a stream to relay. A claim in progress is waited for; with `head`, no
+    /// stream is committed before the upstream accepted (or refused) the exchange, up
+    /// to `HEAD_WAIT`.
+    async fn decide(&self, limit: Duration, head: Option<&Head>) -> Decision {
+        let start = tokio::time::Instant::now();
+        let deadline = start + limit;
+        let head_deadline = start + HEAD_WAIT;
+        loop {
+            let notified = self.decider.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let head_notified = head.map(|h| h.notify.notified());
+            let mut head_notified = std::pin::pin!(head_notified);
+            if let Some(h) = head_notified.as_mut().as_pin_mut() {
+                h.enable();
+            }
+            let denied = head.is_some_and(|h| h.watch.denied());
+            let settled = head.is_none_or(|h| h.watch.settled());
+            let now = tokio::time::Instant::now();
+            {
+                let Ok(mut state) = self.decider.state.lock() else {
+                    return Decision::Streaming;
+                };
+                if denied {
+                    return Decision::Deciding;
+                }
+                match &*state {
+                    Decision::Json(_) => return state.clone(),
+                    Decision::Streaming if settled || now >= head_deadline => {
+                        return Decision::Streaming
+                    }
+                    Decision::Deciding if now >= deadline && (settled || now >= head_deadline) => {
+                        *state = Decision::Streaming;
+                        return Decision::Streaming;
+                    }
+                    _ => {}
+                }
+            }
+            let until = if now < deadline {
+                deadline
+            } else {
+                head_deadline
+            };
+            let head_wait = async {
+                match head_notified.as_mut().as_pin_mut() {
+                    Some(h) => h.await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = &mut notified => {}
+                () = head_wait => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+}
+
+impl Drop for DeciderGuard<'_> {
+    fn drop(&mut self) {
+        for k in self.keys.drain(..) {
+            self.sessions
+                .deciders
+                .remove_if(&k, |_, d| Arc::ptr_eq(d, &self.decider));
+        }
+    }
+}
+
+fn clone_items(items: &[Result<Message, EnvelopeError>]) -> Vec<Result<Message, EnvelopeError>> {
+    items
+        .iter()
+        .map(|i| match i {
+            Ok(m) => Ok(m.clone()),
+            Err(e) => Err(e.clone()),
+        })
+        .collect()
+}
+
+fn wall_ms_ts() -> Timestamp {
+    Timestamp::from_millis(wall_ms())
+}
+
+fn hold_ms() -> u64 {
+    u64::try_from(HOLD.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn connection_token() -> String {
+    let mut bytes = [0u8; 12];
+    let _ = getrandom::fill(&mut bytes);
+    hex(&bytes)
+}
+
+fn auth_text(auth: Option<&HeaderValue>) -> Option<String> {
+    auth.and_then(|a| a.to_str().ok()).map(str::to_owned)
+}
+
+fn id_text(id: &RequestId) -> String {
+    match id {
+        RequestId::String(s) => s.clone(),
+        RequestId::Number(n) => n.to_string(),
+    }
+}
+
+impl SessionStore for Arc<SharedSessions> {
+    type Session = SharedSession;
+
+    async fn find(
+        &self,
+        gw: &Gateway,
+        id: &str,
+        authorization: Option<&HeaderValue>,
+    ) -> Result<Lookup<SharedSession>, StoreError> {
+        if !valid_session_id(id) {
+            return Ok(Lookup::NotFound { anonymous: false });
+        }
+        Ok(Lookup::Found(SharedSession {
+            id: id.to_owned(),
+            binding: BindingKey::of(gw.config.session_binding, authorization).to_hex(),
+            anonymous: authorization.is_none(),
+        }))
+    }
+
+    async fn initialize(
+        &self,
+        gw: &Gateway,
+        init: Request,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        SharedSessions::initialize(self, gw, init, cx).await
+    }
+
+    async fn request(
+        &self,
+        gw: &Gateway,
+        session: &SharedSession,
+        request: Request,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        SharedSessions::request(self, gw, session, request, cx).await
+    }
+
+    async fn message(
+        &self,
+        gw: &Gateway,
+        session: &SharedSession,
+        message: Message,
+        authorization: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        SharedSessions::message(self, gw, session, message, authorization).await
+    }
+
+    async fn batch(
+        &self,
+        gw: &Gateway,
+        session: &SharedSession,
+        items: Vec<Result<Message, EnvelopeError>>,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        SharedSessions::batch(self, gw, session, items, cx).await
+    }
+
+    async fn stream(
+        &self,
+        gw: &Gateway,
+        session: &SharedSession,
+        headers: &HeaderMap,
+        authorization: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        SharedSessions::stream(self, gw, session, headers, authorization).await
+    }
+
+    async fn delete(&self, gw: &Gateway, session: &SharedSession) -> Response<GatewayBody> {
+        let auth = (!session.anonymous).then(|| HeaderValue::from_static("present"));
+        SharedSessions::delete(self, gw, session, auth.as_ref()).await
+    }
+}

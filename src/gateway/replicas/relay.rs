@@ -1,0 +1,315 @@
+//! Relaying one SSE stream of a shared session to the host connection this replica
+//! holds: read the stream's Redis Stream after the last event sent, send, then wait
+//! for a wake-up (pub/sub, or this replica's own step) and read again. The connection
+//! is the stream's *holder* (a key with a token, renewed while it relays): a
+//! `Last-Event-ID` resumption on any replica takes the stream over, and the previous
+//! relay stops at its next read, so a message goes out on one connection only.
+
+use super::{hold_ms, Ctx, Decider, SharedSessions, StepError, HOLD_TICK};
+use crate::body::{ChannelBody, GatewayBody, MeteredSender, SendError};
+use crate::digest::log_tag;
+use crate::gateway::legacy_http::STREAM_QUEUE;
+use crate::gateway::Gateway;
+use crate::sse;
+use bytes::Bytes;
+use http::Response;
+use std::sync::Arc;
+use tracing::{debug, info, warn, Instrument};
+
+/// Entries read at once.
+const BATCH: usize = 64;
+
+/// How a relay begins.
+pub(super) enum Opening {
+    /// The priming event, then the stream; the hold is taken with the first read.
+    PrimeAndTakeOver,
+    /// The stream (a resumption); the hold is taken with the first read.
+    TakeOver,
+    /// The priming event, then the stream; the hold is already this relay's.
+    Prime,
+    /// The stream; the hold is already this relay's.
+    Held,
+    /// The priming event and these events a step handed over (it took the hold),
+    /// then the stream after them, unless they ended it.
+    Preface { preface: Vec<Bytes>, ended: bool },
+}
+
+impl SharedSessions {
+    /// Takes over stream `number`'s connection and relays it from after `after`.
+    pub(super) async fn open_relay(
+        self: &Arc<Self>,
+        sid: &str,
+        number: u64,
+        after: u64,
+        holder: Option<u64>,
+        standalone: bool,
+        prime: bool,
+    ) -> Response<GatewayBody> {
+        // The hold is taken in the same round trip as the first read.
+        let token = super::connection_token();
+        let start = if prime {
+            Opening::PrimeAndTakeOver
+        } else {
+            Opening::TakeOver
+        };
+        self.relay_body(None, sid, number, after, holder, standalone, token, start)
+    }
+
+    /// The SSE stream of a POST: what its deciding step handed over (that step also
+    /// took the hold for it), then the stream from there on; or, when the POST
+    /// stopped waiting before any message, the stream from its start.
+    pub(super) async fn post_relay(
+        self: &Arc<Self>,
+        sid: &str,
+        number: u64,
+        decider: &Decider,
+    ) -> Response<GatewayBody> {
+        let handed = decider
+            .handed
+            .lock()
+            .map(|mut h| std::mem::take(&mut *h))
+            .unwrap_or_default();
+        if handed.is_empty() {
+            return self
+                .open_relay(sid, number, 0, Some(number), false, true)
+                .await;
+        }
+        let after = handed.last().map_or(0, |h| h.0);
+        let ended = handed.iter().any(|h| h.2);
+        let preface = handed
+            .into_iter()
+            .map(|(seq, m, _)| sse::encode(Some(&format!("{number}.{seq}")), &m))
+            .collect();
+        self.relay_body(
+            None,
+            sid,
+            number,
+            after,
+            Some(number),
+            false,
+            decider.token.clone(),
+            Opening::Preface { preface, ended },
+        )
+    }
+
+    /// The relay of a standalone stream whose hold `token` already has.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn relay_with(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        sid: &str,
+        number: u64,
+        after: u64,
+        holder: Option<u64>,
+        standalone: bool,
+        token: String,
+        prime: bool,
+    ) -> Response<GatewayBody> {
+        let start = if prime { Opening::Prime } else { Opening::Held };
+        self.relay_body(
+            Some(gw.clone()),
+            sid,
+            number,
+            after,
+            holder,
+            standalone,
+            token,
+            start,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn relay_body(
+        self: &Arc<Self>,
+        gw: Option<Gateway>,
+        sid: &str,
+        number: u64,
+        after: u64,
+        holder: Option<u64>,
+        standalone: bool,
+        token: String,
+        start: Opening,
+    ) -> Response<GatewayBody> {
+        // Byte-bounded like an in-memory stream's connection: a host that does not read
+        // is cut off (the events stay in the stream, for Last-Event-ID), and the relay
+        // never holds more than this for it.
+        let (tx, body) = ChannelBody::metered(Vec::new(), STREAM_QUEUE, self.max_buffered);
+        let take_over = matches!(start, Opening::TakeOver | Opening::PrimeAndTakeOver);
+        match start {
+            Opening::Prime | Opening::PrimeAndTakeOver => {
+                // Priming event: lets the host resume this stream from here.
+                let _ = tx.try_send(sse::prime(&format!("{number}.{after}")));
+            }
+            Opening::Preface { preface, ended } => {
+                let _ = tx.try_send(sse::prime(&format!("{number}.0")));
+                for event in preface {
+                    let _ = tx.try_send(event);
+                }
+                if ended {
+                    return crate::body::sse_response(body);
+                }
+            }
+            Opening::TakeOver | Opening::Held => {}
+        }
+        let me = self.clone();
+        let sid = sid.to_owned();
+        let span = tracing::debug_span!("relay", session = %log_tag(&sid), stream = number);
+        tokio::spawn(
+            async move {
+                let holder_key = me.keys.holder(&sid, holder);
+                let finished = me
+                    .relay(&sid, number, after, &holder_key, &token, &tx, take_over)
+                    .await;
+                // The host sees the end of the stream now, not after the bookkeeping.
+                drop(tx);
+                if finished {
+                    // A finished stream's hold just expires.
+                    return;
+                }
+                let released = me
+                    .redis
+                    .release_holder(&holder_key, &token)
+                    .await
+                    .unwrap_or(false);
+                if standalone && released {
+                    if let Some(gw) = gw {
+                        let ctx = Ctx::default();
+                        let closed = me
+                            .step(&gw, &sid, &ctx, |record, _now| {
+                                record.set_auth(None, None);
+                                record.machine.handle_standalone_closed()
+                            })
+                            .await;
+                        if let Err(StepError::Store(e)) = closed {
+                            warn!(error = %e, "standalone stream close not recorded");
+                        }
+                    }
+                }
+            }
+            .instrument(span),
+        );
+        crate::body::sse_response(body)
+    }
+
+    /// Sends what the stream holds after `after`, then what arrives, until it ends
+    /// (true), the host goes away, or another connection takes the stream over. With
+    /// `take_over`, the first read first makes this connection the stream's holder.
+    #[allow(clippy::too_many_arguments)]
+    async fn relay(
+        self: &Arc<Self>,
+        sid: &str,
+        number: u64,
+        mut after: u64,
+        holder_key: &str,
+        token: &str,
+        tx: &MeteredSender,
+        mut take_over: bool,
+    ) -> bool {
+        let mut waiter = self.wakes.watch(sid, true).await;
+        let key = self.keys.stream(sid, number);
+        let session = self.keys.session(sid);
+        let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
+        let mut next_keepalive = tokio::time::Instant::now() + self.keepalive;
+        let mut tick = tokio::time::interval(HOLD_TICK);
+        tick.tick().await;
+        loop {
+            waiter.rx.borrow_and_update();
+            let hold = take_over.then(|| (token, hold_ms()));
+            take_over = false;
+            let (entries, current) =
+                match self.redis.read(&key, after, BATCH, holder_key, hold).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // The host resumes with Last-Event-ID once the store is back.
+                        warn!(error = %e, "stream relay stopped: session store unavailable");
+                        return false;
+                    }
+                };
+            if current.as_deref() != Some(token) {
+                debug!("stream taken over or ended; relay stops");
+                return false;
+            }
+            let full = entries.len() == BATCH;
+            for entry in entries {
+                after = entry.seq;
+                if let Some(m) = &entry.message {
+                    let event = sse::encode(Some(&format!("{number}.{}", entry.seq)), m);
+                    if !send(tx, event).await {
+                        return false;
+                    }
+                }
+                if entry.end {
+                    debug!("stream finished");
+                    return true;
+                }
+            }
+            if full {
+                continue;
+            }
+            tokio::select! {
+                    changed = waiter.rx.changed() => {
+                        if changed.is_err() {
+                            return false;
+                        }
+                    }
+                    _ = tick.tick() => {
+                        if tokio::time::Instant::now() >= next_keepalive {
+                            next_keepalive = tokio::time::Instant::now() + self.keepalive;
+                            match tx.try_send(sse::keepalive()) {
+                                Err(SendError::Closed) => return false,
+                                Err(SendError::Stalled) => {
+                                    warn!(queued = tx.queued(), limit = self.max_buffered, "host not reading its SSE stream: closed; events kept for resumption");
+                                    tx.cut();
+                                    return false;
+                                }
+                                Ok(()) => {}
+                            }
+                        }
+                        match self.redis.renew_holder(holder_key, &session, token, super::hold_ms(), ttl).await {
+                            Ok(true) => {}
+                            Ok(false) => {
+                                info!("stream taken over by another connection");
+                                return false;
+                            }
+                            Err(e) => {
+                                warn!(error = %e, "stream relay stopped: session store unavailable");
+                                return false;
+                            }
+                        }
+                        // A missed wake-up costs at most one tick.
+                    }
+                    () = tx.closed() => return false,
+            }
+        }
+    }
+}
+
+/// Sends one event, waiting (briefly) while the connection's queue is full of frames
+/// but under its byte bound; a host whose unread bytes exceed the bound is cut off.
+async fn send(tx: &MeteredSender, event: Bytes) -> bool {
+    for _ in 0..50 {
+        match tx.try_send(event.clone()) {
+            Ok(()) => return true,
+            Err(SendError::Closed) => return false,
+            Err(SendError::Stalled)
+                if tx.queued() > 0 && tx.queued() + event.len() > tx.max_bytes() =>
+            {
+                warn!(
+                    queued = tx.queued(),
+                    "host not reading its SSE stream: closed; events kept for resumption"
+                );
+                tx.cut();
+                return false;
+            }
+            // The frame queue is full but the bytes are within bounds: the host reads
+            // slowly; give it a moment.
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+        }
+    }
+    warn!(
+        queued = tx.queued(),
+        "host not reading its SSE stream: closed; events kept for resumption"
+    );
+    tx.cut();
+    false
+}

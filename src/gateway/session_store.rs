@@ -1,0 +1,225 @@
+//! Where legacy Streamable HTTP sessions live, behind one trait: [`SessionStore`].
+//!
+//! Two drivers of the same sans-IO session machine implement it:
+//!
+//! - in memory (`legacy_http::Sessions`, the embedded default): one process owns each
+//!   session; its machine and SSE streams sit behind one lock;
+//! - in Redis (`replicas::SharedSessions`, `session_store = "redis://…"`): any replica
+//!   behind a plain load balancer serves any request of any session. A replica loads
+//!   the session's state, feeds it one message, stores it back with compare-and-set on
+//!   a version, and only then performs what the machine asked for.
+//!
+//! ```text
+//!   legacy_http::handle ──► Origin/version checks, body, parse, binding
+//!        │                    │
+//!        ▼                    ▼
+//!   SessionStore::{initialize, request, message, batch, stream, delete}
+//!        ├─ legacy_http::Sessions     (memory: lock, feed, route)
+//!        └─ replicas::SharedSessions  (Redis: load, feed, CAS, perform)
+//! ```
+//!
+//! The single-channel wires (stdio, WebSocket, 2024-11-05 HTTP+SSE) hold one
+//! connection per session, which cannot move between processes: they stay in memory
+//! whatever the store (`pipe`).
+
+use super::legacy_http::PostContext;
+use crate::body::GatewayBody;
+use crate::gateway::Gateway;
+use dualera_adapters::jsonrpc::EnvelopeError;
+use dualera_adapters::{Message, Request};
+use http::header::HeaderValue;
+use http::{HeaderMap, Response};
+use std::future::Future;
+use std::time::Duration;
+
+/// Which store holds legacy Streamable HTTP sessions (`[gateway] session_store`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SessionStoreConfig {
+    /// In this process (the default, and what `dualera up` uses).
+    #[default]
+    Memory,
+    /// In Redis, shared by every replica that names the same server and prefix.
+    Redis(RedisStoreConfig),
+}
+
+/// The shared store's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisStoreConfig {
+    /// `redis://HOST:PORT/DB`.
+    pub url: String,
+    /// This replica's name (leases and logs).
+    pub replica_id: String,
+    /// Prefix of every key and channel.
+    pub key_prefix: String,
+    /// A running upstream exchange's lease, renewed at a third of it.
+    pub lease: Duration,
+    /// Bound on one store command.
+    pub timeout: Duration,
+}
+
+impl SessionStoreConfig {
+    /// Reads `session_store` (`"memory"` or a `redis://` URL) with the replica settings.
+    pub fn parse(
+        store: &str,
+        replica_id: Option<&str>,
+        key_prefix: Option<&str>,
+        lease: Option<Duration>,
+        timeout: Option<Duration>,
+    ) -> Result<Self, String> {
+        if store == "memory" {
+            return Ok(Self::Memory);
+        }
+        if !store.starts_with("redis://") {
+            return Err(format!(
+                "session_store must be \"memory\" or a redis://HOST:PORT/DB URL, not {store:?}"
+            ));
+        }
+        if let Some(id) = replica_id {
+            if id.is_empty()
+                || id.len() > 64
+                || !id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            {
+                return Err("replica_id must be 1-64 characters of [A-Za-z0-9._-]".into());
+            }
+        }
+        let key_prefix = key_prefix.unwrap_or("dualera:");
+        if key_prefix.len() > 64 || key_prefix.bytes().any(|b| b.is_ascii_whitespace()) {
+            return Err("session_key_prefix must be at most 64 characters, no spaces".into());
+        }
+        let lease = lease.unwrap_or(Duration::from_secs(10));
+        if lease < Duration::from_millis(300) {
+            return Err("upstream_lease_ms must be at least 300".into());
+        }
+        Ok(Self::Redis(RedisStoreConfig {
+            url: store.to_owned(),
+            replica_id: replica_id.map_or_else(random_replica_id, str::to_owned),
+            key_prefix: key_prefix.to_owned(),
+            lease,
+            timeout: timeout.unwrap_or(Duration::from_secs(2)),
+        }))
+    }
+}
+
+fn random_replica_id() -> String {
+    let mut bytes = [0u8; 6];
+    if getrandom::fill(&mut bytes).is_err() {
+        return format!("replica-{}", std::process::id());
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("replica-{hex}")
+}
+
+/// The store could not be used; requests of shared sessions fail with `-32603` and
+/// `data.reason = "sessionStoreUnavailable"`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Redis refused or dropped the command, or could not be reached.
+    #[error("session store unreachable: {source}")]
+    Unreachable {
+        /// What the client said.
+        source: redis::RedisError,
+    },
+    /// A command took longer than `session_store_timeout_ms`.
+    #[error("session store did not answer within {timeout:?}")]
+    Timeout {
+        /// The bound.
+        timeout: Duration,
+    },
+    /// Stored data that does not decode (another build, or corruption).
+    #[error("session store holds unreadable data: {reason}")]
+    Corrupt {
+        /// What did not decode.
+        reason: String,
+    },
+    /// Other replicas kept changing the session while this one tried to store it.
+    #[error("session store contention: {attempts} compare-and-set attempts failed")]
+    Contention {
+        /// How many were made.
+        attempts: u32,
+    },
+}
+
+/// What looking a session up found.
+#[derive(Debug)]
+pub(super) enum Lookup<H> {
+    /// The session, bound to this caller (or a handle whose operations check).
+    Found(H),
+    /// None for this caller; `anonymous` when a session of that id exists and was
+    /// opened without credentials (see `legacy_http::session_missing`).
+    NotFound {
+        /// The session found was opened without credentials.
+        anonymous: bool,
+    },
+}
+
+/// One legacy HTTP operation's inputs, as the front (`legacy_http::handle`) hands them
+/// to a store once the headers, body and envelope were checked. A POST's
+/// [`PostContext`] carries its `Authorization`, forwarded headers and trace context.
+pub(super) trait SessionStore: Send + Sync {
+    /// A session found for a caller (what the operations below act on).
+    type Session: Send + Sync;
+
+    /// The session `id`, if it exists and is bound to `authorization`'s caller.
+    /// `NotFound` becomes 404. A store that checks existence inside each operation
+    /// (one read, not two) may return a handle without looking.
+    fn find(
+        &self,
+        gw: &Gateway,
+        id: &str,
+        authorization: Option<&HeaderValue>,
+    ) -> impl Future<Output = Result<Lookup<Self::Session>, StoreError>> + Send;
+
+    /// `initialize` without a session: start one.
+    fn initialize(
+        &self,
+        gw: &Gateway,
+        init: Request,
+        cx: PostContext,
+    ) -> impl Future<Output = Response<GatewayBody>> + Send;
+
+    /// A request on a session: JSON when answered at once, else an SSE stream.
+    fn request(
+        &self,
+        gw: &Gateway,
+        session: &Self::Session,
+        request: Request,
+        cx: PostContext,
+    ) -> impl Future<Output = Response<GatewayBody>> + Send;
+
+    /// A notification or a reply to a live request: 202, or 400 when refused.
+    fn message(
+        &self,
+        gw: &Gateway,
+        session: &Self::Session,
+        message: Message,
+        authorization: Option<HeaderValue>,
+    ) -> impl Future<Output = Response<GatewayBody>> + Send;
+
+    /// A JSON-RPC batch (2025-03-26).
+    fn batch(
+        &self,
+        gw: &Gateway,
+        session: &Self::Session,
+        items: Vec<Result<Message, EnvelopeError>>,
+        cx: PostContext,
+    ) -> impl Future<Output = Response<GatewayBody>> + Send;
+
+    /// `GET`: the standalone stream, or the resumption of a stream by `Last-Event-ID`.
+    fn stream(
+        &self,
+        gw: &Gateway,
+        session: &Self::Session,
+        headers: &HeaderMap,
+        authorization: Option<HeaderValue>,
+    ) -> impl Future<Output = Response<GatewayBody>> + Send;
+
+    /// `DELETE`: the session ends.
+    fn delete(
+        &self,
+        gw: &Gateway,
+        session: &Self::Session,
+    ) -> impl Future<Output = Response<GatewayBody>> + Send;
+}

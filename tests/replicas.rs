@@ -1,0 +1,547 @@
+//! Legacy sessions shared through a real Redis by several `dualera gateway` replicas
+//! behind a real HAProxy (round-robin, no stickiness), in front of one `dualera serve`:
+//! any replica serves any request of a session, a stream survives the death of the
+//! replica holding it, a retry survives the death of the replica running it, and Redis
+//! trouble gives a clear error and heals by itself.
+
+mod gateway_support;
+
+use gateway_support::replicas::{field, Cluster};
+use gateway_support::*;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const REV: &str = "2025-11-25";
+
+fn caps() -> Value {
+    json!({"elicitation": {}})
+}
+
+async fn seed_tps(c: &Cluster, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        ids.push(seed_note(&c.server.url, &c.ws, "TPS report", &format!("draft {i}")).await);
+    }
+    ids
+}
+
+fn delete_args(c: &Cluster) -> Value {
+    json!({"name": "notes_delete", "arguments": {"workspaceUri": c.ws.notes_uri, "title": "TPS report"}})
+}
+
+fn accept(live: &Value) -> Value {
+    let pick = live["params"]["requestedSchema"]["properties"]["note_id"]["enum"][0].clone();
+    json!({"jsonrpc": "2.0", "id": live["id"], "result": {"action": "accept",
+        "content": {"note_id": pick, "confirm": true}}})
+}
+
+/// The session id (logs name it by `dualera::digest::log_tag`).
+fn sid(host: &Legacy) -> String {
+    host.session.clone().expect("a session")
+}
+
+/// Reads the stream until `elicitation/create`; returns it and its event id.
+async fn until_elicitation(stream: &mut SseReader) -> (Value, String) {
+    loop {
+        let (id, msg) = stream
+            .next_message_item()
+            .await
+            .expect("the stream ended before elicitation/create");
+        if msg["method"] == "elicitation/create" {
+            return (msg, id.expect("an event id"));
+        }
+    }
+}
+
+/// Reads the stream until the response to `id`.
+async fn until_response(stream: &mut SseReader, id: &Value) -> Value {
+    loop {
+        let msg = stream
+            .next_message()
+            .await
+            .expect("the stream ended before the response");
+        if &msg["id"] == id && msg.get("method").is_none() {
+            return msg;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_replica_serves_any_request_of_a_session() {
+    let c = Cluster::start(3, &[]).await;
+    seed_tps(&c, 3).await;
+    let (a, b, cc) = (c.url(0), c.url(1), c.url(2));
+    let mut host = Legacy::new(&a);
+    host.initialize(REV, caps()).await;
+    let session = sid(&host);
+
+    // tools/call on B: its SSE stream carries the live request.
+    host.url = b.clone();
+    let call = host.mint();
+    let reply = host
+        .request_with_id(call.clone(), "tools/call", delete_args(&c))
+        .await;
+    assert_eq!(reply.status, 200);
+    let mut stream = reply.sse();
+    let (live, event) = until_elicitation(&mut stream).await;
+    assert!(event.contains('.'), "event ids are <stream>.<seq>: {event}");
+
+    // The answer on A, the result on B's stream.
+    host.url = a.clone();
+    let answered = host.post(&accept(&live)).await;
+    assert_eq!(answered.status, 202);
+    let result = until_response(&mut stream, &call).await;
+    assert!(
+        result["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("Deleted"),
+        "{result}"
+    );
+    assert_eq!(count_notes(&c.server.url, &c.ws, "TPS report").await, 2);
+
+    // A second call on C, cancelled from A: its stream ends, nothing is deleted, and
+    // the upstream attempt is abandoned.
+    host.url = cc.clone();
+    let second = host.mint();
+    let reply = host
+        .request_with_id(second.clone(), "tools/call", delete_args(&c))
+        .await;
+    let mut stream2 = reply.sse();
+    let (_live2, _) = until_elicitation(&mut stream2).await;
+    host.url = a.clone();
+    let st = host
+        .notify(
+            "notifications/cancelled",
+            json!({"requestId": second, "reason": "changed my mind"}),
+        )
+        .await;
+    assert_eq!(st, 202);
+    let rest = stream2.drain().await;
+    assert!(
+        rest.iter().all(|m| m.get("result").is_none()),
+        "a cancelled request gets no response: {rest:?}"
+    );
+    assert_eq!(count_notes(&c.server.url, &c.ws, "TPS report").await, 2);
+
+    // Each replica served requests of this one session.
+    let served = c.served_by(&session, "legacy");
+    assert_eq!(served, vec![0, 1, 2], "replicas that logged the session");
+
+    // DELETE on A, then a request on B: 404.
+    host.url = a.clone();
+    let del = host.send(http::Method::DELETE, None, &[]).await;
+    assert_eq!(del.status, 200);
+    host.url = b.clone();
+    let gone = host
+        .post(&json!({"jsonrpc": "2.0", "id": 99, "method": "tools/list"}))
+        .await;
+    assert_eq!(
+        gone.status, 404,
+        "a deleted session is gone on every replica"
+    );
+    host.url = cc;
+    let gone = host.send(http::Method::GET, None, &[]).await;
+    assert_eq!(gone.status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_resumes_through_the_balancer_after_its_replica_dies() {
+    let mut c = Cluster::start(3, &[]).await;
+    seed_tps(&c, 2).await;
+    let mut host = Legacy::new(&c.lb.url());
+    host.initialize(REV, caps()).await;
+    // The call lands on replica 1, whose connection then dies with it.
+    host.url = c.url(1);
+    let call = host.mint();
+    let mut stream = host
+        .request_with_id(call.clone(), "tools/call", delete_args(&c))
+        .await
+        .sse();
+    let (live, event) = until_elicitation(&mut stream).await;
+    c.kill9(1);
+    drop(stream);
+
+    // Resume through the balancer with the last event id, answer, get the result.
+    host.url = c.lb.url();
+    let resumed = host
+        .send(
+            http::Method::GET,
+            None,
+            &[
+                ("last-event-id", event.as_str()),
+                ("accept", "text/event-stream"),
+            ],
+        )
+        .await;
+    assert_eq!(resumed.status, 200, "resumption through the balancer");
+    let mut resumed = resumed.sse();
+    let answered = host.post(&accept(&live)).await;
+    assert_eq!(answered.status, 202);
+    let result = until_response(&mut resumed, &call).await;
+    assert!(
+        result["result"]["structuredContent"]["deleted"].is_string(),
+        "{result}"
+    );
+    assert_eq!(
+        count_notes(&c.server.url, &c.ws, "TPS report").await,
+        1,
+        "deleted exactly once"
+    );
+    // The live request was not replayed: the stream resumed after it.
+    assert_eq!(
+        c.hop
+            .seen_method("tools/call")
+            .iter()
+            .filter(|s| s.params().get("inputResponses").is_some())
+            .count(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_is_taken_over_when_its_replica_dies() {
+    let mut c = Cluster::start(3, &[]).await;
+    seed_tps(&c, 2).await;
+    let retries = Arc::new(AtomicUsize::new(0));
+    let counted = retries.clone();
+    // The first retry is held upstream long enough to kill the replica running it.
+    c.hop.set_delay(move |seen| {
+        if seen.method == "tools/call" && seen.params().get("inputResponses").is_some() {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            return (n == 0).then_some(Duration::from_secs(4));
+        }
+        None
+    });
+    let mut host = Legacy::new(&c.url(0));
+    host.initialize(REV, caps()).await;
+    let call = host.mint();
+    let mut stream = host
+        .request_with_id(call.clone(), "tools/call", delete_args(&c))
+        .await
+        .sse();
+    let (live, _) = until_elicitation(&mut stream).await;
+    // The answer reaches replica 2, which runs the retry. Its POST waits for the
+    // retry's response head (a 401 would answer it), so it is sent from a task: the
+    // replica dies while it waits.
+    host.url = c.url(2);
+    let runner = c.replica_id(2).await;
+    let answer = accept(&live);
+    let mut answering = Legacy::new(&host.url);
+    answering.version = host.version.clone();
+    answering.session = host.session.clone();
+    let posted = tokio::spawn(async move {
+        let _ = tokio::time::timeout(WAIT, answering.post(&answer)).await;
+    });
+    eventually(WAIT, "the retry to reach the upstream", || {
+        (retries.load(Ordering::SeqCst) >= 1).then_some(())
+    })
+    .await;
+    c.kill9(2);
+    posted.abort();
+    // Another replica takes the lease over and completes the round.
+    let result = until_response(&mut stream, &call).await;
+    assert!(
+        result["result"]["structuredContent"]["deleted"].is_string(),
+        "{result}"
+    );
+    let seen = retries.load(Ordering::SeqCst);
+    assert!((1..=2).contains(&seen), "the upstream saw {seen} retries");
+    assert_eq!(
+        seen, 2,
+        "the retry was sent again by the replica that took over"
+    );
+    assert_eq!(
+        count_notes(&c.server.url, &c.ws, "TPS report").await,
+        1,
+        "one delete"
+    );
+    let took_over: Vec<String> = c
+        .gateways
+        .iter()
+        .flatten()
+        .flat_map(|g| g.log())
+        .filter(|l| l.contains("lease taken over"))
+        .collect();
+    assert_eq!(took_over.len(), 1, "{took_over:?}");
+    assert_eq!(
+        field(&took_over[0], "from").as_deref(),
+        Some(runner.as_str())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_trouble_gives_a_clear_error_and_heals_by_itself() {
+    let mut c = Cluster::start(2, &[("session_store_timeout_ms", "500")]).await;
+    let mut host = Legacy::new(&c.url(0));
+    host.initialize(REV, caps()).await;
+    let admin = c.admin(0);
+    readyz_until(&admin, 200, "session store: ready").await;
+    c.redis.stop();
+
+    let reply = host
+        .post(&json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}))
+        .await;
+    assert_eq!(reply.status, 503);
+    let body = reply.json();
+    assert_eq!(body["error"]["code"], -32603, "{body}");
+    assert_eq!(
+        body["error"]["data"]["reason"], "sessionStoreUnavailable",
+        "{body}"
+    );
+    assert_eq!(body["id"], 5);
+    let mut fresh = Legacy::new(&c.url(1));
+    let (reply, response) = fresh.initialize(REV, caps()).await;
+    assert_eq!(reply.status, 503);
+    assert_eq!(
+        response["error"]["data"]["reason"],
+        "sessionStoreUnavailable"
+    );
+    // Pass-through needs no session store.
+    let direct = modern_tool(
+        &c.url(1),
+        "notes_list",
+        json!({"workspaceUri": c.ws.notes_uri}),
+    )
+    .await;
+    assert!(direct.get("structuredContent").is_some(), "{direct}");
+    // `/readyz` says why (the store is pinged every second, also without traffic).
+    readyz_until(&admin, 503, "session store: not ready").await;
+
+    // Redis back (empty: persistence is off): new sessions work on every replica
+    // without restarting any, and the lost session is a clean 404.
+    c.redis.restart();
+    for i in 0..2 {
+        let mut again = Legacy::new(&c.url(i));
+        let response = eventually_initialize(&mut again).await;
+        assert!(response.get("result").is_some(), "replica {i}: {response}");
+        let (_, reply) = again.request("tools/list", json!({})).await;
+        assert_eq!(reply.status, 200);
+    }
+    let reply = host
+        .post(&json!({"jsonrpc": "2.0", "id": 6, "method": "tools/list"}))
+        .await;
+    assert_eq!(reply.status, 404);
+    readyz_until(&admin, 200, "session store: ready").await;
+}
+
+/// Polls `/readyz` until it answers `status` with a body containing `text`.
+async fn readyz_until(admin: &str, status: u16, text: &str) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let r = raw(
+            &http_client(),
+            http::Method::GET,
+            &format!("{admin}/readyz"),
+            &[],
+            "",
+        )
+        .await;
+        let body = String::from_utf8_lossy(&r.body).into_owned();
+        if r.status.as_u16() == status && body.contains(text) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/readyz still {} {body:?}, waiting for {status} {text:?}",
+            r.status
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `initialize` until the replica's connection to Redis is back (it reconnects on
+/// its own, with a short backoff).
+async fn eventually_initialize(host: &mut Legacy) -> Value {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (reply, response) = host.initialize(REV, caps()).await;
+        if reply.status == 200 {
+            return response;
+        }
+        assert!(std::time::Instant::now() < deadline, "still {response}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_expire_bound_and_leave_a_tombstone() {
+    let c = Cluster::start(2, &[("session_idle_ttl_secs", "2"), ("max_sessions", "3")]).await;
+    // The session bound across replicas: another caller's token gets 404 on either.
+    let mut host = Legacy::new(&c.url(0));
+    host.initialize(REV, caps()).await;
+    let session = sid(&host);
+    let key = format!("dualera:s:{{{session}}}");
+    assert_eq!(c.redis.int(&["EXISTS", &key]), 1);
+    let ttl = c.redis.int(&["PTTL", &key]);
+    assert!(
+        (1..=2000).contains(&ttl),
+        "the record's TTL is the idle TTL: {ttl}"
+    );
+    let mut stranger = Legacy::new(&c.url(1));
+    stranger.session = host.session.clone();
+    stranger.version = host.version.clone();
+    stranger.auth = Some("Bearer someone-else".into());
+    let r = stranger
+        .post(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+        .await;
+    assert_eq!(r.status, 404, "another caller's session is not found");
+
+    // max_sessions counts every replica's sessions; at the bound, the longest-idle
+    // session without a request in flight is ended to make room (as in memory), on
+    // whichever replica it lives.
+    let mut second = Legacy::new(&c.url(1));
+    second.initialize(REV, caps()).await;
+    let mut third = Legacy::new(&c.url(0));
+    third.initialize(REV, caps()).await;
+    assert_eq!(c.redis.int(&["ZCARD", "dualera:sessions"]), 3);
+    let mut fourth = Legacy::new(&c.url(1));
+    let (reply, _) = fourth.initialize(REV, caps()).await;
+    assert_eq!(reply.status, 200, "the fourth session makes room");
+    assert_eq!(c.redis.int(&["ZCARD", "dualera:sessions"]), 3);
+    let r = host
+        .post(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
+        .await;
+    assert_eq!(r.status, 404, "the longest-idle session was evicted");
+    assert_eq!(
+        c.redis.command(&["HGET", &key, "gone"]).trim_end(),
+        "$1\r\n1",
+        "an evicted session leaves a tombstone"
+    );
+
+    // DELETE leaves a tombstone: the id is never served again.
+    let fourth_key = format!("dualera:s:{{{}}}", sid(&fourth));
+    fourth.url = c.url(0);
+    assert_eq!(
+        fourth.send(http::Method::DELETE, None, &[]).await.status,
+        200
+    );
+    assert_eq!(
+        c.redis.command(&["HGET", &fourth_key, "gone"]).trim_end(),
+        "$1\r\n1",
+        "a tombstone"
+    );
+    assert_eq!(
+        c.redis.int(&["HEXISTS", &fourth_key, "d"]),
+        0,
+        "no state left"
+    );
+    let r = fourth
+        .post(&json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}))
+        .await;
+    assert_eq!(r.status, 404, "a deleted session is not served again");
+
+    // Idle sessions expire as in memory: used ones are kept alive, idle ones go.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (_, r) = second.request("tools/list", json!({})).await;
+        assert_eq!(r.status, 200, "a session in use does not expire");
+    }
+    let r = third
+        .post(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list"}))
+        .await;
+    assert_eq!(r.status, 404, "an idle session expired");
+    let third_key = format!("dualera:s:{{{}}}", sid(&third));
+    assert_eq!(
+        c.redis.int(&["EXISTS", &third_key]),
+        0,
+        "and its record is gone"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_get_stream_per_session_across_replicas() {
+    let c = Cluster::start(2, &[]).await;
+    let mut host = Legacy::new(&c.url(0));
+    host.initialize(REV, caps()).await;
+    let get = host
+        .send(http::Method::GET, None, &[("accept", "text/event-stream")])
+        .await;
+    assert_eq!(get.status, 200);
+    let mut stream = get.sse();
+    host.url = c.url(1);
+    let second = host
+        .send(http::Method::GET, None, &[("accept", "text/event-stream")])
+        .await;
+    assert_eq!(
+        second.status, 409,
+        "a second GET stream, on another replica"
+    );
+    // The open stream's priming event names it; resuming it on the other replica
+    // takes it over, and the first connection ends.
+    let first = match stream.next_within(WAIT).await {
+        Next::Item(item) => item.id.expect("a priming event id"),
+        other => panic!("no priming event: {other:?}"),
+    };
+    let resumed = host
+        .send(
+            http::Method::GET,
+            None,
+            &[
+                ("last-event-id", first.as_str()),
+                ("accept", "text/event-stream"),
+            ],
+        )
+        .await;
+    assert_eq!(resumed.status, 200);
+    let rest = tokio::time::timeout(WAIT, stream.drain()).await;
+    assert!(rest.is_ok(), "the taken-over connection ended");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hardening_bounds_hold_for_shared_sessions() {
+    let c = Cluster::start(
+        2,
+        &[("max_in_flight", "1"), ("max_sessions_per_caller", "1")],
+    )
+    .await;
+    seed_tps(&c, 1).await;
+    let mut host = Legacy::new(&c.url(0));
+    host.initialize(REV, caps()).await;
+    host.url = c.url(1);
+    let call = host.mint();
+    let reply = host
+        .request_with_id(call.clone(), "tools/call", delete_args(&c))
+        .await;
+    let mut stream = reply.sse();
+    let (live, _) = until_elicitation(&mut stream).await;
+
+    // max_in_flight, on the other replica: 429 with Retry-After, nothing started.
+    host.url = c.url(0);
+    let over = host
+        .post(&json!({"jsonrpc": "2.0", "id": 50, "method": "tools/list"}))
+        .await;
+    assert_eq!(over.status, 429);
+    assert!(over.headers.contains_key("retry-after"));
+
+    // max_sessions_per_caller over every replica: the caller's only session is busy,
+    // so a new one is refused (429 + Retry-After), not made room for.
+    let mut another = Legacy::new(&c.url(1));
+    let (refused, _) = another.initialize(REV, caps()).await;
+    assert_eq!(refused.status, 429);
+    assert!(refused.headers.contains_key("retry-after"));
+
+    // The answer on A, then the same answer again on B: a duplicate reply is
+    // accepted (202) and dropped; the note is deleted once.
+    let answered = host.post(&accept(&live)).await;
+    assert_eq!(answered.status, 202);
+    let result = until_response(&mut stream, &call).await;
+    assert!(result.get("result").is_some(), "{result}");
+    host.url = c.url(1);
+    let again = host.post(&accept(&live)).await;
+    assert_eq!(again.status, 202, "a late or duplicate reply is accepted");
+    assert_eq!(count_notes(&c.server.url, &c.ws, "TPS report").await, 0);
+
+    // Now idle: the caller's next session takes the old one's place.
+    let (made, _) = another.initialize(REV, caps()).await;
+    assert_eq!(made.status, 200);
+    let gone = host
+        .post(&json!({"jsonrpc": "2.0", "id": 51, "method": "tools/list"}))
+        .await;
+    assert_eq!(
+        gone.status, 404,
+        "the idle session was evicted for the new one"
+    );
+}
