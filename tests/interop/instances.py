@@ -22,12 +22,12 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
+
+from procs import free_port, wait_line
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -39,29 +39,11 @@ ANSWERED = re.compile(r"call answered(?P<fields>.*)$")
 FIELD = re.compile(r'(state_in|state_out|result)="?([0-9a-z_]+)"?')
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(cmd: list[str], **kw) -> str:
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180, **kw)
     if p.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` exited {p.returncode}:\n{(p.stdout + p.stderr)[-3000:]}")
     return p.stdout
-
-
-def wait_line(path: Path, pattern: str, proc: subprocess.Popen, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in path.read_text(errors="replace").splitlines():
-            if pattern in line:
-                return line
-        if proc.poll() is not None:
-            break
-        time.sleep(0.02)
-    raise RuntimeError(f"{proc.args[:2]} did not print {pattern!r}:\n{path.read_text(errors='replace')[-3000:]}")
 
 
 class PgCluster:

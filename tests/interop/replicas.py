@@ -26,16 +26,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+from procs import free_port, wait_line
+
 REPLICAS = 3
 # What a gateway logs once per request it serves of a shared session.
 SERVED = re.compile(r"^(\S+)\s+INFO\s.*?(legacy session opened|legacy request served|legacy message served|"
                     r"standalone stream opened|stream resumed).*?session=(\w+).*?replica=(\S+)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def program(name: str) -> str:
@@ -56,18 +52,6 @@ def wait_port(port: int, what: str, proc: subprocess.Popen, timeout: float = 30)
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{what} did not listen on port {port}")
             time.sleep(0.02)
-
-
-def wait_line(path: Path, pattern: str, proc: subprocess.Popen, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in path.read_text(errors="replace").splitlines():
-            if pattern in line:
-                return line
-        if proc.poll() is not None:
-            break
-        time.sleep(0.02)
-    raise RuntimeError(f"{proc.args[:2]} did not print {pattern!r}:\n{path.read_text(errors='replace')[-3000:]}")
 
 
 class Replicas:
