@@ -52,7 +52,7 @@ impl SqliteStore {
         };
         conn.busy_timeout(Duration::from_secs(10))?;
         if path != ":memory:" {
-            conn.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))?;
+            wal(&conn)?;
         }
         migrate(&mut conn)?;
         Ok(Self {
@@ -66,6 +66,25 @@ impl SqliteStore {
     ) -> Result<T, StoreError> {
         let mut conn = self.conn.lock().map_err(|_| StoreError::Poisoned)?;
         f(&mut conn)
+    }
+}
+
+/// Switches the database to WAL. Changing the journal mode needs the database to
+/// itself, and SQLite answers `SQLITE_BUSY` at once (without calling the busy handler)
+/// when another process is opening the same file: retried, bounded like the busy
+/// timeout.
+fn wal(conn: &Connection) -> Result<(), StoreError> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match conn.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(())) {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return other.map_err(StoreError::from),
+        }
     }
 }
 
