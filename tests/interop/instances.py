@@ -17,7 +17,6 @@ as a crashed machine would, while the case goes on.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import re
 import shutil
@@ -27,7 +26,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from procs import free_port, wait_line
+from procs import free_port, modern_call, wait_line
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -185,16 +184,8 @@ class Instances:
         return notes
 
     def upstream_call(self, method: str, params: dict | None = None) -> dict:
-        """A raw 2026-07-28 request straight to the first instance (the reference answer)."""
-        params = dict(params or {})
-        params["_meta"] = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                           "io.modelcontextprotocol/clientCapabilities": {}}
-        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
-        req = urllib.request.Request(self.upstream, data=body, method="POST", headers={
-            "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read().decode())
+        """A raw 2026-07-28 request straight to the modern server (the reference answer)."""
+        return modern_call(self.upstream, method, params)
 
     def kill(self, i: int) -> None:
         """Stops instance `i` at once (SIGKILL: no graceful shutdown, as on a crash)."""

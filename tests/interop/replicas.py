@@ -14,7 +14,6 @@ session landed on different replicas.
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import re
@@ -26,7 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from procs import free_port, wait_line
+from procs import free_port, modern_call, wait_line
 
 REPLICAS = 3
 # What a gateway logs once per request it serves of a shared session.
@@ -123,15 +122,8 @@ class Replicas:
         return {f"note-{r[0]}": {"workspace": r[1], "title": r[2], "body": r[3]} for r in rows}
 
     def upstream_call(self, method: str, params: dict | None = None) -> dict:
-        params = dict(params or {})
-        params["_meta"] = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                           "io.modelcontextprotocol/clientCapabilities": {}}
-        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
-        req = urllib.request.Request(self.upstream, data=body, method="POST", headers={
-            "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read().decode())
+        """A raw 2026-07-28 request straight to the modern server (the reference answer)."""
+        return modern_call(self.upstream, method, params)
 
     def spread(self) -> dict[str, list[str]]:
         """Session id -> the replicas that served its requests, in time order."""

@@ -63,6 +63,8 @@ from wiretap import Wiretap  # noqa: E402
 from instances import Instances  # noqa: E402
 from replicas import Replicas  # noqa: E402
 
+from procs import modern_call  # beside this file
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 CACHE = ROOT / ".cache" / "interop"
@@ -366,24 +368,7 @@ class Dualera:
 
     def upstream_call(self, method: str, params: dict | None = None) -> dict:
         """A raw 2026-07-28 request straight to the modern server (the reference answer)."""
-        params = dict(params or {})
-        params["_meta"] = {
-            "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
-            "io.modelcontextprotocol/clientCapabilities": {},
-        }
-        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
-        req = urllib.request.Request(self.upstream, data=body, method="POST", headers={
-            "Content-Type": "application/json",
-            "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": MODERN_VERSION,
-            "Mcp-Method": method,
-        })
-        with urllib.request.urlopen(req, timeout=10) as r:
-            text = r.read().decode()
-            if "text/event-stream" in r.headers.get("Content-Type", ""):
-                data = [ln[5:].strip() for ln in text.splitlines() if ln.startswith("data:")]
-                text = data[-1]
-        return json.loads(text)
+        return modern_call(self.upstream, method, params)
 
     def log_tail(self, n: int = LOG_TAIL) -> str:
         self.log.flush()
