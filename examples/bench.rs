@@ -148,6 +148,10 @@ struct Opts {
     no_build: bool,
     dualera: Option<PathBuf>,
     tls: bool,
+    /// The cache scenario's request kinds to run (default all three).
+    cache_requests: Option<Vec<String>>,
+    /// Round-trip time added to every packet to and from the modern server (netem).
+    upstream_rtt_ms: Option<f64>,
 }
 
 fn usage() -> ! {
@@ -157,7 +161,9 @@ fn usage() -> ! {
          \x20            [--pending N] [--pending-sessions N] [--replica-sessions N] [--replica-hosts N]\n\
          \x20            [--profile perf|callgrind|massif] [--no-build]\n\
          \x20            [--dualera PATH (another build of the binary, e.g. to compare before/after)]\n\
-         \x20            [--tls (the modern server on HTTPS; enables the h2 scenario)]"
+         \x20            [--tls (the modern server on HTTPS; enables the h2 scenario)]\n\
+         \x20            [--cache-requests tools/list,server/discover,mixed]\n\
+         \x20            [--upstream-rtt-ms MS (the modern server MS round trip away, behind a delaying relay)]"
     );
     std::process::exit(2)
 }
@@ -183,6 +189,8 @@ fn parse_opts() -> Opts {
         no_build: false,
         dualera: None,
         tls: false,
+        upstream_rtt_ms: None,
+        cache_requests: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -216,6 +224,23 @@ fn parse_opts() -> Opts {
             "--no-build" => o.no_build = true,
             "--dualera" => o.dualera = Some(PathBuf::from(val())),
             "--tls" => o.tls = true,
+            "--cache-requests" => {
+                let wanted: Vec<String> = list(&val());
+                if wanted
+                    .iter()
+                    .any(|w| !["tools/list", "server/discover", "mixed"].contains(&w.as_str()))
+                {
+                    usage()
+                }
+                o.cache_requests = Some(wanted);
+            }
+            "--upstream-rtt-ms" => {
+                let ms: f64 = val().parse().unwrap_or_else(|_| usage());
+                if !(ms > 0.0 && ms <= 1000.0) {
+                    usage()
+                }
+                o.upstream_rtt_ms = Some(ms);
+            }
             _ => usage(),
         }
     }
@@ -228,6 +253,65 @@ fn parse_opts() -> Opts {
 // ---------------------------------------------------------------------------------
 // Processes.
 // ---------------------------------------------------------------------------------
+
+/// `bench relay ONE_WAY_US UPSTREAM`: a TCP relay in front of the modern server that
+/// holds every chunk `ONE_WAY_US` before passing it on, in each direction, so that the
+/// server sits a round trip away from all its clients — direct, and the proxies — the
+/// way a remote upstream does, while the driver reaches the proxies without delay.
+/// (Loopback has no `netem` on every kernel; this needs nothing.) Blocking threads, so
+/// that a delay is slept precisely rather than on a millisecond timer wheel; each
+/// direction's queue is bounded, a full one stops reading.
+fn relay_main(args: &[String]) -> Res<()> {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let [one_way, upstream] = args else {
+        return Err("usage: bench relay ONE_WAY_US UPSTREAM_ADDR".into());
+    };
+    let one_way = Duration::from_micros(one_way.parse()?);
+    let upstream: SocketAddr = upstream.parse()?;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    eprintln!("relay listening on http://{}/mcp", listener.local_addr()?);
+    let pass = move |mut from: TcpStream, mut to: TcpStream| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(Instant, Vec<u8>)>(1024);
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            while let Ok(n @ 1..) = from.read(&mut buf) {
+                if tx
+                    .send((Instant::now() + one_way, buf[..n].to_vec()))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        std::thread::spawn(move || {
+            for (at, bytes) in rx {
+                let now = Instant::now();
+                if at > now {
+                    std::thread::sleep(at - now);
+                }
+                if to.write_all(&bytes).is_err() {
+                    break;
+                }
+            }
+            let _ = to.shutdown(Shutdown::Write);
+        });
+    };
+    for down in listener.incoming() {
+        let Ok(down) = down else { continue };
+        let Ok(up) = TcpStream::connect(upstream) else {
+            continue;
+        };
+        let _ = down.set_nodelay(true);
+        let _ = up.set_nodelay(true);
+        let (Ok(down2), Ok(up2)) = (down.try_clone(), up.try_clone()) else {
+            continue;
+        };
+        pass(down, up2);
+        pass(up, down2);
+    }
+    Ok(())
+}
 
 /// A child process this benchmark started; terminated (SIGTERM, then SIGKILL) on drop.
 struct Proc {
@@ -1012,9 +1096,9 @@ async fn passthrough(env: &Env, opts: &Opts, server: &Proc, report: &mut Report)
     );
     let _ = writeln!(
         md,
-        "| request | conc | variant | req/s | p50 µs | p99 µs | errors |"
+        "| request | conc | variant | req/s | p50 µs | p99 µs | errors | CPU µs/req: upstream | proxy | driver | all |"
     );
-    let _ = writeln!(md, "|---|---:|---|---:|---:|---:|---:|");
+    let _ = writeln!(md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut json_rows = Vec::new();
     for (ci, &conc) in opts.concurrency.iter().enumerate() {
         for (ki, (kind, _)) in kinds.iter().enumerate() {
@@ -1166,6 +1250,13 @@ async fn cache(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Re
         ),
         ("mixed", Arc::new(mixed)),
     ];
+    let kinds: Vec<_> = match &opts.cache_requests {
+        Some(wanted) => kinds
+            .into_iter()
+            .filter(|(n, _)| wanted.iter().any(|w| w == n))
+            .collect(),
+        None => kinds,
+    };
     // One cached gateway per kind: its counters then belong to that kind alone.
     let mut gateways = Vec::new();
     for (kind, _) in &kinds {
@@ -1203,6 +1294,8 @@ async fn cache(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Re
     type CacheRatios = Vec<(f64, f64, f64)>;
     let mut ratios: BTreeMap<(usize, usize), CacheRatios> = BTreeMap::new();
     let mut served = vec![0usize; kinds.len()];
+    // Per (concurrency, kind, variant): CPU seconds of [upstream, proxy, driver], requests.
+    let mut cpu: BTreeMap<(usize, usize, usize), ([f64; 3], usize)> = BTreeMap::new();
     for (ci, &conc) in opts.concurrency.iter().enumerate() {
         for (ki, (kind, specs)) in kinds.iter().enumerate() {
             let addrs = [server.addr, bare.addr, gateways[ki].1.addr];
@@ -1210,7 +1303,23 @@ async fn cache(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Re
                 let mut this = [None; 3];
                 for k in 0..3 {
                     let v = (round + k) % 3;
+                    // CPU of the upstream, the proxy in the path (if any) and this driver.
+                    let pids = [
+                        server.pid(),
+                        [0, bare.pid(), gateways[ki].1.pid()][v],
+                        std::process::id(),
+                    ];
+                    let before = pids.map(cpu_of);
                     let s = load_mix(addrs[v], specs.clone(), conc, 0.2, opts.secs).await?;
+                    let after = pids.map(cpu_of);
+                    let e = cpu.entry((ci, ki, v)).or_insert(([0.0; 3], 0));
+                    for p in 0..3 {
+                        if pids[p] != 0 {
+                            e.0[p] += after[p] - before[p];
+                        }
+                    }
+                    // Warm-up requests used CPU too: count them at the measured rate.
+                    e.1 += s.n + (s.rps * 0.2) as usize;
                     if v == 2 {
                         served[ki] += s.n + (s.rps * 0.2) as usize;
                     }
@@ -1263,15 +1372,28 @@ async fn cache(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Re
                 let p50 = median(&s.iter().map(|x| x.p50_us).collect::<Vec<_>>());
                 let p99 = median(&s.iter().map(|x| x.p99_us).collect::<Vec<_>>());
                 let errors: usize = s.iter().map(|x| x.errors).sum();
+                let (secs, n) = cpu.get(&(ci, ki, v)).copied().unwrap_or(([0.0; 3], 0));
+                let per = secs.map(|c| c * 1e6 / n.max(1) as f64);
+                let proxy = if v == 0 {
+                    "–".to_owned()
+                } else {
+                    fmt_f(per[1], 1)
+                };
                 let _ = writeln!(
                     md,
-                    "| {kind} | {conc} | {name} | {} | {} | {} | {errors} |",
+                    "| {kind} | {conc} | {name} | {} | {} | {} | {errors} | {} | {proxy} | {} | {} |",
                     fmt_f(rps, 0),
                     fmt_f(p50, 1),
-                    fmt_f(p99, 1)
+                    fmt_f(p99, 1),
+                    fmt_f(per[0], 1),
+                    fmt_f(per[2], 1),
+                    fmt_f(per.iter().sum::<f64>(), 1),
                 );
-                json_rows.push(json!({"request": kind, "concurrency": conc, "variant": name,
-                    "rps_median": rps, "p50_us_median": p50, "p99_us_median": p99, "errors": errors}));
+                json_rows.push(
+                    json!({"request": kind, "concurrency": conc, "variant": name,
+                    "rps_median": rps, "p50_us_median": p50, "p99_us_median": p99, "errors": errors,
+                    "cpu_us_per_request": {"upstream": per[0], "proxy": per[1], "driver": per[2]}}),
+                );
             }
         }
     }
@@ -3170,6 +3292,10 @@ fn setup(opts: &Opts) -> Res<Env> {
 }
 
 fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("relay") {
+        return relay_main(&args[1..]);
+    }
     let opts = parse_opts();
     let mut env = setup(&opts)?;
     if opts.profile == Some(Profile::Perf)
@@ -3205,7 +3331,35 @@ fn main() -> Res<()> {
     let started = Instant::now();
     let mut report = Report::default();
     let result = runtime.block_on(async {
-        let server = env.server()?;
+        let mut server = env.server()?;
+        // With a round trip to add, every client of the server reaches it through the
+        // delaying relay; its CPU is the network's, not counted as the server's.
+        let _relay = match opts.upstream_rtt_ms {
+            Some(ms) => {
+                let mut c = Command::new(std::env::current_exe()?);
+                c.arg("relay")
+                    .arg(((ms * 500.0).round() as u64).to_string())
+                    .arg(server.addr.to_string());
+                let relay = Proc::spawn(
+                    "relay",
+                    c,
+                    &env.results.join("logs/relay.log"),
+                    Duration::from_secs(10),
+                )?;
+                if let Some(t) = &env.tls {
+                    if let Ok(mut targets) = TLS_TARGETS.lock() {
+                        targets.push((relay.addr, t.client.clone()));
+                    }
+                }
+                eprintln!(
+                    "bench: the modern server is {ms} ms round trip away, behind a relay at {}",
+                    relay.addr
+                );
+                server.addr = relay.addr;
+                Some(relay)
+            }
+            None => None,
+        };
         for s in &opts.scenarios {
             match s.as_str() {
                 "passthrough" => passthrough(&env, &opts, &server, &mut report).await?,
@@ -3234,8 +3388,12 @@ fn main() -> Res<()> {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let commit = git(&["rev-parse", "--short", "HEAD"]);
     let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    let rtt = opts
+        .upstream_rtt_ms
+        .map(|ms| format!(", the modern server {ms} ms round trip away (a delaying relay)"))
+        .unwrap_or_default();
     let mut md = format!(
-        "## Benchmark results ({}){}\n\ncommit {commit}{}, binary {}, {cpus} CPUs, load average {load_start} at start / {} at end, {:.0} s, scenarios: {}{}\n\n",
+        "## Benchmark results ({}){}{rtt}\n\ncommit {commit}{}, binary {}, {cpus} CPUs, load average {load_start} at start / {} at end, {:.0} s, scenarios: {}{}\n\n",
         env.stamp,
         if env.tls.is_some() { " — upstream over TLS" } else { "" },
         if dirty { " + local changes" } else { "" },
@@ -3259,7 +3417,7 @@ fn main() -> Res<()> {
         let _ = writeln!(md, "**The run failed:** {e}");
     }
     let js = json!({
-        "stamp": env.stamp, "tls": env.tls.is_some(), "commit": commit, "dirty": dirty, "binary": env.bin.display().to_string(), "cpus": cpus,
+        "stamp": env.stamp, "tls": env.tls.is_some(), "upstream_rtt_ms": opts.upstream_rtt_ms, "commit": commit, "dirty": dirty, "binary": env.bin.display().to_string(), "cpus": cpus,
         "load_start": load_start, "load_end": load_avg(),
         "options": {"rounds": opts.rounds, "secs": opts.secs, "concurrency": opts.concurrency,
                     "sessions": opts.session_levels, "pending": opts.pending, "pending_sessions": opts.pending_sessions},

@@ -264,14 +264,15 @@ async fn forward_http(
     if declared.is_some_and(|n| n > limit) {
         return status_only(StatusCode::PAYLOAD_TOO_LARGE);
     }
+    // Cacheable methods (known from `Mcp-Method` alone) go through the cache (which
+    // adds the forwarded headers only to what it sends upstream); every other request
+    // stays unparsed.
+    if let Some(method) = gateway.cache.cacheable(req.headers()) {
+        return cache::passthrough::forward(gateway, connection, req, method, forwarded).await;
+    }
     let (mut parts, body) = req.into_parts();
     forwarded.apply(&mut parts.headers);
     let req = Request::from_parts(parts, body);
-    // Cacheable methods (known from `Mcp-Method` alone) go through the cache; every
-    // other request stays unparsed.
-    if let Some(method) = gateway.cache.cacheable(req.headers()) {
-        return cache::passthrough::forward(gateway, connection, req, method).await;
-    }
     let tool_call = cache::passthrough::ToolCall::watch(&gateway.cache, req.headers());
     let (parts, body) = req.into_parts();
     if parts

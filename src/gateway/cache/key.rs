@@ -7,7 +7,9 @@
 //! would let a request be keyed differently from how the upstream reads it: a duplicate
 //! member anywhere (`{"uri":"a","uri":"b"}`) makes the request uncacheable rather than
 //! picking one of the values, and so do requests carrying `inputResponses` or
-//! `requestState` (caching.mdx: results of MRTR retries MUST NOT be cached).
+//! `requestState` (caching.mdx: results of MRTR retries MUST NOT be cached), and
+//! numbers the parser cannot hold exactly (a fraction, an exponent, an integer beyond
+//! 64 bits: two such literals may read as one value the upstream tells apart).
 
 use http::header::HeaderValue;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -15,7 +17,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::BTreeSet;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -107,7 +110,8 @@ impl AuthContext {
 
     /// The one context shared by callers that present no credentials.
     pub fn anonymous() -> Self {
-        Self::digest(b"dualera-cache-anonymous\0", &[])
+        static ANONYMOUS: std::sync::OnceLock<AuthContext> = std::sync::OnceLock::new();
+        *ANONYMOUS.get_or_init(|| Self::digest(b"dualera-cache-anonymous\0", &[]))
     }
 }
 
@@ -224,7 +228,12 @@ impl Hash for RequestKey {
 }
 
 impl RequestKey {
-    fn new(route: &Arc<str>, method: Cacheable, version: &str, params: &Canonical) -> Arc<Self> {
+    fn new(
+        route: &Arc<str>,
+        method: Cacheable,
+        version: &str,
+        params: &Canonical<'_>,
+    ) -> Arc<Self> {
         let mut text = String::with_capacity(64);
         let uri = match params {
             Canonical::Object(m) => {
@@ -243,9 +252,9 @@ impl RequestKey {
                     v.write(&mut text);
                 }
                 text.push('}');
-                match m.get("uri") {
+                match params.get("uri") {
                     Some(Canonical::String(u)) if method == Cacheable::ResourcesRead => {
-                        Some(u.clone().into_boxed_str())
+                        Some(u.as_ref().into())
                     }
                     _ => None,
                 }
@@ -279,8 +288,8 @@ impl RequestKey {
         params: Option<&Value>,
     ) -> Option<Arc<Self>> {
         let canonical = match params {
-            None => Canonical::Object(BTreeMap::new()),
-            Some(v) => Canonical::from_value(v),
+            None => Canonical::Object(Vec::new()),
+            Some(v) => Canonical::from_value(v)?,
         };
         if uncacheable_params(&canonical) {
             return None;
@@ -296,9 +305,11 @@ impl RequestKey {
 
 /// Params that must never be cached or served from the cache: MRTR retries
 /// (caching.mdx, "Cache Key") and anything that is not an object.
-fn uncacheable_params(params: &Canonical) -> bool {
+fn uncacheable_params(params: &Canonical<'_>) -> bool {
     match params {
-        Canonical::Object(m) => m.contains_key("inputResponses") || m.contains_key("requestState"),
+        Canonical::Object(_) => {
+            params.get("inputResponses").is_some() || params.get("requestState").is_some()
+        }
         _ => true,
     }
 }
@@ -326,8 +337,8 @@ pub(super) fn parse_request(
     version: &str,
 ) -> Option<ParsedRequest> {
     let envelope: Envelope<'_> = serde_json::from_slice(body).ok()?;
-    if envelope.jsonrpc.as_deref() != Some("2.0")
-        || envelope.method.as_deref() != Some(method.as_str())
+    if envelope.jsonrpc.as_ref().map(|s| &*s.0) != Some("2.0")
+        || envelope.method.as_ref().map(|s| &*s.0) != Some(method.as_str())
     {
         return None;
     }
@@ -343,12 +354,10 @@ pub(super) fn parse_request(
     if uncacheable_params(&params) {
         return None;
     }
-    let Canonical::Object(m) = &params else {
+    let meta = params.get("_meta")?;
+    if !matches!(meta, Canonical::Object(_)) {
         return None;
-    };
-    let Some(Canonical::Object(meta)) = m.get("_meta") else {
-        return None;
-    };
+    }
     match meta.get("io.modelcontextprotocol/protocolVersion") {
         Some(Canonical::String(v)) if v == version => {}
         _ => return None,
@@ -372,10 +381,10 @@ pub(super) fn parse_request(
 
 /// The request envelope, strict about duplicates.
 struct Envelope<'a> {
-    jsonrpc: Option<String>,
-    method: Option<String>,
+    jsonrpc: Option<Str<'a>>,
+    method: Option<Str<'a>>,
     id: Option<&'a RawValue>,
-    params: Option<Canonical>,
+    params: Option<Canonical<'a>>,
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Envelope<'a> {
@@ -393,17 +402,21 @@ impl<'de: 'a, 'a> Deserialize<'de> for Envelope<'a> {
                     id: None,
                     params: None,
                 };
-                let mut seen = BTreeMap::new();
-                while let Some(k) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    if seen.insert(k.to_string(), ()).is_some() {
-                        return Err(de::Error::custom("duplicate member"));
-                    }
+                // The four members the cache reads are tracked by presence; any other
+                // member only needs to be unique.
+                let mut others: BTreeSet<Cow<'de, str>> = BTreeSet::new();
+                let duplicate = || de::Error::custom("duplicate member");
+                while let Some(Str(k)) = map.next_key::<Str<'de>>()? {
                     match &*k {
-                        "jsonrpc" => e.jsonrpc = Some(map.next_value()?),
-                        "method" => e.method = Some(map.next_value()?),
-                        "id" => e.id = Some(map.next_value()?),
-                        "params" => e.params = Some(map.next_value()?),
+                        "jsonrpc" if e.jsonrpc.is_none() => e.jsonrpc = Some(map.next_value()?),
+                        "method" if e.method.is_none() => e.method = Some(map.next_value()?),
+                        "id" if e.id.is_none() => e.id = Some(map.next_value()?),
+                        "params" if e.params.is_none() => e.params = Some(map.next_value()?),
+                        "jsonrpc" | "method" | "id" | "params" => return Err(duplicate()),
                         _ => {
+                            if !others.insert(k) {
+                                return Err(duplicate());
+                            }
                             map.next_value::<IgnoredAny>()?;
                         }
                     }
@@ -415,40 +428,93 @@ impl<'de: 'a, 'a> Deserialize<'de> for Envelope<'a> {
     }
 }
 
+/// A JSON string, borrowed from the body when it has no escapes.
+struct Str<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Str<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Str<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Str<'de>, E> {
+                Ok(Str(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Str<'de>, E> {
+                Ok(Str(Cow::Owned(s.to_owned())))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Str<'de>, E> {
+                Ok(Str(Cow::Owned(s)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
 /// A JSON value whose objects refused duplicate members while parsing, written back
-/// with sorted members and serde_json's string escaping.
+/// with sorted members and serde_json's string escaping. Strings borrow from the
+/// request body where they can: a key is built for every cacheable request, hit or not.
 #[derive(Debug, Clone, PartialEq)]
-enum Canonical {
+enum Canonical<'a> {
     Null,
     Bool(bool),
     Number(serde_json::Number),
-    String(String),
-    Array(Vec<Canonical>),
-    Object(BTreeMap<String, Canonical>),
+    String(Cow<'a, str>),
+    Array(Vec<Canonical<'a>>),
+    /// Members sorted by name, each name once.
+    Object(Vec<(Cow<'a, str>, Canonical<'a>)>),
 }
 
-impl Canonical {
-    fn from_value(v: &Value) -> Self {
-        match v {
+/// Why a number makes a request uncacheable: serde_json reads a fraction, an exponent
+/// or an integer beyond 64 bits as an `f64`, which does not keep every literal apart
+/// (two integers of 25 digits can read as one double, and an upstream with exact
+/// numbers tells them apart), and the key must tell apart every two requests the
+/// upstream may (caching.mdx, "Cache Key"). Such params are rare in the cacheable
+/// methods (cursors and URIs are strings); they go upstream every time.
+const INEXACT: &str = "a number the key cannot hold exactly";
+
+impl<'a> Canonical<'a> {
+    /// `None` for params holding a number the key cannot hold exactly ([`INEXACT`]).
+    fn from_value(v: &'a Value) -> Option<Self> {
+        Some(match v {
             Value::Null => Self::Null,
             Value::Bool(b) => Self::Bool(*b),
+            Value::Number(n) if n.is_f64() => return None,
             Value::Number(n) => Self::Number(n.clone()),
-            Value::String(s) => Self::String(s.clone()),
-            Value::Array(a) => Self::Array(a.iter().map(Self::from_value).collect()),
-            Value::Object(m) => Self::Object(
-                m.iter()
+            Value::String(s) => Self::String(Cow::Borrowed(s)),
+            Value::Array(a) => Self::Array(a.iter().map(Self::from_value).collect::<Option<_>>()?),
+            Value::Object(m) => {
+                let mut members = m
+                    .iter()
                     .filter(|(k, _)| k.as_str() != "_meta")
-                    .map(|(k, v)| (k.clone(), Self::from_value(v)))
-                    .collect(),
-            ),
-        }
+                    .map(|(k, v)| Some((Cow::Borrowed(k.as_str()), Self::from_value(v)?)))
+                    .collect::<Option<Vec<_>>>()?;
+                members.sort_by(|a, b| a.0.cmp(&b.0));
+                Self::Object(members)
+            }
+        })
+    }
+
+    /// The member `name` of an object.
+    fn get(&self, name: &str) -> Option<&Canonical<'a>> {
+        let Self::Object(m) = self else {
+            return None;
+        };
+        m.binary_search_by(|(k, _)| (**k).cmp(name))
+            .ok()
+            .map(|i| &m[i].1)
     }
 
     fn write(&self, out: &mut String) {
         match self {
             Self::Null => out.push_str("null"),
             Self::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Self::Number(n) => out.push_str(&n.to_string()),
+            Self::Number(n) => {
+                use std::fmt::Write as _;
+                let _ = write!(out, "{n}");
+            }
             Self::String(s) => write_string(out, s),
             Self::Array(a) => {
                 out.push('[');
@@ -476,56 +542,66 @@ impl Canonical {
     }
 }
 
+/// `s` as serde_json writes it: quoted, with `"`, the backslash and control characters escaped
+/// (nothing else is).
 fn write_string(out: &mut String, s: &str) {
-    // serde_json's escaping of a string cannot fail.
-    out.push_str(&serde_json::to_string(s).unwrap_or_default());
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else {
+        // serde_json's escaping of a string cannot fail.
+        out.push_str(&serde_json::to_string(s).unwrap_or_default());
+    }
 }
 
-impl<'de> Deserialize<'de> for Canonical {
+impl<'de> Deserialize<'de> for Canonical<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = Canonical;
+            type Value = Canonical<'de>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a JSON value")
             }
-            fn visit_unit<E>(self) -> Result<Canonical, E> {
+            fn visit_unit<E>(self) -> Result<Canonical<'de>, E> {
                 Ok(Canonical::Null)
             }
-            fn visit_bool<E>(self, b: bool) -> Result<Canonical, E> {
+            fn visit_bool<E>(self, b: bool) -> Result<Canonical<'de>, E> {
                 Ok(Canonical::Bool(b))
             }
-            fn visit_i64<E>(self, n: i64) -> Result<Canonical, E> {
+            fn visit_i64<E>(self, n: i64) -> Result<Canonical<'de>, E> {
                 Ok(Canonical::Number(n.into()))
             }
-            fn visit_u64<E>(self, n: u64) -> Result<Canonical, E> {
+            fn visit_u64<E>(self, n: u64) -> Result<Canonical<'de>, E> {
                 Ok(Canonical::Number(n.into()))
             }
-            fn visit_f64<E: de::Error>(self, n: f64) -> Result<Canonical, E> {
-                serde_json::Number::from_f64(n)
-                    .map(Canonical::Number)
-                    .ok_or_else(|| E::custom("not a JSON number"))
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Canonical<'de>, E> {
+                Err(E::custom(INEXACT))
             }
-            fn visit_str<E>(self, s: &str) -> Result<Canonical, E> {
-                Ok(Canonical::String(s.to_owned()))
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Canonical<'de>, E> {
+                Ok(Canonical::String(Cow::Borrowed(s)))
             }
-            fn visit_string<E>(self, s: String) -> Result<Canonical, E> {
-                Ok(Canonical::String(s))
+            fn visit_str<E>(self, s: &str) -> Result<Canonical<'de>, E> {
+                Ok(Canonical::String(Cow::Owned(s.to_owned())))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Canonical, A::Error> {
+            fn visit_string<E>(self, s: String) -> Result<Canonical<'de>, E> {
+                Ok(Canonical::String(Cow::Owned(s)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Canonical<'de>, A::Error> {
                 let mut v = Vec::new();
                 while let Some(x) = seq.next_element()? {
                     v.push(x);
                 }
                 Ok(Canonical::Array(v))
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Canonical, A::Error> {
-                let mut m = BTreeMap::new();
-                while let Some(k) = map.next_key::<String>()? {
-                    let v = map.next_value()?;
-                    if m.insert(k, v).is_some() {
-                        return Err(de::Error::custom("duplicate member"));
-                    }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Canonical<'de>, A::Error> {
+                let mut m = Vec::new();
+                while let Some(Str(k)) = map.next_key::<Str<'de>>()? {
+                    m.push((k, map.next_value()?));
+                }
+                m.sort_by(|a: &(Cow<'de, str>, _), b| a.0.cmp(&b.0));
+                if m.windows(2).any(|w| w[0].0 == w[1].0) {
+                    return Err(de::Error::custom("duplicate member"));
                 }
                 Ok(Canonical::Object(m))
             }
@@ -612,6 +688,146 @@ mod tests {
             Some(&retry)
         )
         .is_none());
+    }
+
+    /// Any JSON value, with names and strings that need escaping (quotes, backslashes,
+    /// control characters) and that do not (ASCII, non-ASCII), never `_meta`.
+    fn json_value() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let text = "[a-z\"\\\\\u{0}-\u{1f}\u{7f}é😀 ]{0,6}";
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            text.prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                proptest::collection::btree_map(text, inner, 0..5)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn has_float(v: &Value) -> bool {
+        match v {
+            Value::Number(n) => n.is_f64(),
+            Value::Array(a) => a.iter().any(has_float),
+            Value::Object(m) => m.values().any(has_float),
+            _ => false,
+        }
+    }
+
+    #[test]
+    fn numbers_the_key_cannot_hold_exactly_are_uncacheable() {
+        let r = route();
+        let m = Cacheable::ToolsList;
+        for n in ["1.5", "1e2", "12345678901234567890123", "-0.0"] {
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{{META},"n":{n}}}}}"#
+            );
+            assert!(
+                parse_request(body.as_bytes(), &r, m, "2026-07-28").is_none(),
+                "{n}"
+            );
+        }
+        for n in ["0", "-9223372036854775808", "18446744073709551615"] {
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{{META},"n":{n}}}}}"#
+            );
+            let p = parse_request(body.as_bytes(), &r, m, "2026-07-28").expect(n);
+            assert_eq!(p.key.params(), format!(r#"{{"n":{n}}}"#));
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
+
+        /// The key's params are serde_json's own canonical form of the params without
+        /// `_meta` (sorted members, its escaping), whatever the member order of the
+        /// body, and a legacy session's params (a `Value`) key the same way.
+        #[test]
+        fn key_is_the_canonical_json_of_the_params(
+            members in proptest::collection::btree_map("[a-z\"\\\\é]{0,4}", json_value(), 0..5),
+            reverse in proptest::prelude::any::<bool>(),
+        ) {
+            let params: serde_json::Map<String, Value> = members.into_iter().collect();
+            let expected = serde_json::to_string(&Value::Object(params.clone())).unwrap();
+            let mut written: Vec<String> = params
+                .iter()
+                .map(|(k, v)| format!("{}:{}", serde_json::to_string(k).unwrap(), v))
+                .collect();
+            written.push(META.to_owned());
+            if reverse {
+                written.reverse();
+            }
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{{}}}}}"#,
+                written.join(",")
+            );
+            let parsed = parse_request(body.as_bytes(), &route(), Cacheable::ToolsList, "2026-07-28");
+            let mut with_meta = params.clone();
+            with_meta.insert("_meta".into(), serde_json::json!({}));
+            let built = RequestKey::from_params(
+                &route(),
+                Cacheable::ToolsList,
+                "2026-07-28",
+                Some(&Value::Object(with_meta)),
+            );
+            if has_float(&Value::Object(params)) {
+                proptest::prop_assert!(parsed.is_none(), "a float in the params: uncacheable");
+                proptest::prop_assert!(built.is_none());
+            } else {
+                let parsed = parsed.expect("a well-formed request is cacheable");
+                proptest::prop_assert_eq!(parsed.key.params(), expected.as_str());
+                proptest::prop_assert_eq!(built.as_deref(), Some(&*parsed.key));
+            }
+        }
+    }
+
+    #[test]
+    fn duplicate_members_anywhere_are_uncacheable() {
+        let r = route();
+        let m = Cacheable::ToolsList;
+        for params in [
+            format!(r#"{{{META},"a":1,"a":1}}"#),
+            format!(r#"{{{META},"a":{{"b":1,"c":2,"b":1}}}}"#),
+            format!(r#"{{{META},"a":[{{"x":1,"x":2}}]}}"#),
+            format!(r#"{{{META},"a\u0062":1,"ab":1}}"#),
+            format!(r#"{{{META},{META}}}"#),
+        ] {
+            let body =
+                format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{params}}}"#);
+            assert!(
+                parse_request(body.as_bytes(), &r, m, "2026-07-28").is_none(),
+                "{params}"
+            );
+        }
+        for envelope in [
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/list","params":{{{META}}}}}"#
+            ),
+            format!(
+                r#"{{"jsonrpc":"2.0","x":1,"x":1,"id":1,"method":"tools/list","params":{{{META}}}}}"#
+            ),
+            format!(
+                r#"{{"jsonrpc":"2.0","jsonrpc":"2.0","id":1,"method":"tools/list","params":{{{META}}}}}"#
+            ),
+        ] {
+            assert!(
+                parse_request(envelope.as_bytes(), &r, m, "2026-07-28").is_none(),
+                "{envelope}"
+            );
+        }
+        let other_members = format!(
+            r#"{{"jsonrpc":"2.0","x":1,"y":1,"id":1,"method":"tools/list","params":{{{META}}}}}"#
+        );
+        assert!(parse_request(other_members.as_bytes(), &r, m, "2026-07-28").is_some());
     }
 
     #[test]

@@ -11,6 +11,7 @@
 use super::key::{self, Cacheable, Caller};
 use super::{Begin, Fetch, ResponseCache};
 use crate::body::{full, BoxError, GatewayBody};
+use crate::gateway::forwarded::Forwarded;
 use crate::gateway::passthrough::{downstream, read_body, send, unavailable, upstream_failed};
 use crate::gateway::telemetry::ConnectionTelemetry;
 use crate::gateway::upstream::{encode_header_value, UpstreamError};
@@ -34,9 +35,10 @@ pub(in crate::gateway) async fn forward(
     connection: &ConnectionTelemetry,
     req: Request<Incoming>,
     method: Cacheable,
+    forwarded: &Forwarded,
 ) -> Response<GatewayBody> {
     let limit = gw.config.max_body_bytes;
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let bytes = match read_body(body, limit).await {
         Ok(b) => b,
         Err(too_large) => return too_large,
@@ -57,6 +59,7 @@ pub(in crate::gateway) async fn forward(
         .filter(|p| servable(&parts.headers, p));
     let Some(parsed) = parsed else {
         // Not provably the request an entry answers: the upstream has its say.
+        forwarded.apply(&mut parts.headers);
         return relay(send(gw, parts, full(bytes)).await);
     };
     let caller = Caller::from_authorization(parts.headers.get(header::AUTHORIZATION));
@@ -64,6 +67,7 @@ pub(in crate::gateway) async fn forward(
     match cache.begin(parsed.key, caller, true).await {
         Begin::Hit(entry) => answer(entry.with_id(&id)),
         Begin::Fetch(fetch) => {
+            forwarded.apply(&mut parts.headers);
             let sent = send(gw, parts, full(bytes)).await;
             fetched(cache, sent, fetch, &id, limit)
         }
