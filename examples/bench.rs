@@ -511,6 +511,16 @@ impl BenchTls {
 }
 
 impl Env {
+    /// With `--tls`, connections to `addr` verify the modern server's certificate
+    /// against the run's CA.
+    fn trust_server_at(&self, addr: SocketAddr) {
+        if let Some(t) = &self.tls {
+            if let Ok(mut targets) = TLS_TARGETS.lock() {
+                targets.push((addr, t.client.clone()));
+            }
+        }
+    }
+
     fn server(&self) -> Res<Proc> {
         let mut c = Command::new(&self.bin);
         c.args(["serve", "--listen", "127.0.0.1:0", "--config"])
@@ -528,11 +538,7 @@ impl Env {
             &self.results.join("logs/server.log"),
             Duration::from_secs(30),
         )?;
-        if let Some(t) = &self.tls {
-            if let Ok(mut targets) = TLS_TARGETS.lock() {
-                targets.push((p.addr, t.client.clone()));
-            }
-        }
+        self.trust_server_at(p.addr);
         Ok(p)
     }
 
@@ -3351,11 +3357,7 @@ fn main() -> Res<()> {
                     &env.results.join("logs/relay.log"),
                     Duration::from_secs(10),
                 )?;
-                if let Some(t) = &env.tls {
-                    if let Ok(mut targets) = TLS_TARGETS.lock() {
-                        targets.push((relay.addr, t.client.clone()));
-                    }
-                }
+                env.trust_server_at(relay.addr);
                 eprintln!(
                     "bench: the modern server is {ms} ms round trip away, behind a relay at {}",
                     relay.addr
