@@ -45,6 +45,8 @@ pub struct ChannelBody {
 struct Meter {
     queued: AtomicUsize,
     cut: AtomicBool,
+    /// Woken when the reader took a frame or went away ([`MeteredSender::ready`]).
+    drained: tokio::sync::Notify,
 }
 
 /// Why a [`MeteredSender`] refused a frame.
@@ -88,6 +90,32 @@ impl MeteredSender {
                 mpsc::error::TrySendError::Full(_) => SendError::Stalled,
             }
         })
+    }
+
+    /// Waits, up to `limit`, until the queue is at or below half its bounds (bytes and
+    /// frames) or the reader is gone: the producer then has room for what one more
+    /// message may add. Returns false when the reader took too little in that time
+    /// (it is not reading).
+    pub async fn ready(&self, limit: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let drained = self.meter.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if self.has_room() {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, drained).await.is_err() {
+                return self.has_room();
+            }
+        }
+    }
+
+    fn has_room(&self) -> bool {
+        self.tx.is_closed()
+            || self.meter.cut.load(Ordering::Acquire)
+            || (self.meter.queued.load(Ordering::Acquire) <= self.max_bytes / 2
+                && self.tx.capacity() >= self.tx.max_capacity() / 2)
     }
 
     /// Whether the reader is gone.
@@ -184,8 +212,19 @@ impl Body for ChannelBody {
         let polled = self.rx.poll_recv(cx);
         if let (Poll::Ready(Some(b)), Some(meter)) = (&polled, &self.meter) {
             meter.queued.fetch_sub(b.len(), Ordering::AcqRel);
+            meter.drained.notify_waiters();
         }
         polled.map(|m| m.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+impl Drop for ChannelBody {
+    fn drop(&mut self) {
+        // A producer waiting for room learns that nobody will read.
+        self.rx.close();
+        if let Some(meter) = &self.meter {
+            meter.drained.notify_waiters();
+        }
     }
 }
 

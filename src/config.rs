@@ -222,6 +222,10 @@ pub struct GatewaySection {
     /// Bytes queued toward one host SSE connection that is not reading before the
     /// gateway closes it (default 4 MiB); the session and its replay ring survive.
     pub max_buffered_bytes: Option<usize>,
+    /// Seconds the gateway waits for a host that is slow to read its SSE stream before
+    /// it closes that connection (default 30). Meanwhile the upstream is read no faster
+    /// than the host reads: nothing is dropped.
+    pub stalled_reader_timeout_secs: Option<u64>,
     /// Bytes of events kept per stream for Last-Event-ID resumption (default 1 MiB;
     /// the newest event is always kept).
     pub replay_buffer_bytes: Option<usize>,

@@ -404,13 +404,15 @@ async fn what_the_upstream_cannot_take_is_refused_naming_the_limit() {
     assert_eq!(rig.count("Big").await, 1);
 }
 
-/// A host that does not read its SSE stream is cut off once `max_buffered_bytes` is
-/// queued; the session survives and the host resumes from its last event id.
+/// A host that does not read its SSE stream is cut off once half of
+/// `max_buffered_bytes` stayed queued for `stalled_reader_timeout_secs`; the session
+/// survives and the host resumes from its last event id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_that_does_not_read_is_cut_off_and_resumes() {
     let rig = Scripted::new(
         &[
             ("max_buffered_bytes", "65536"),
+            ("stalled_reader_timeout_secs", "1"),
             ("replay_buffer", "4096"),
             ("replay_buffer_bytes", "67108864"),
         ],

@@ -189,7 +189,8 @@ pub(super) async fn upstream_denial(
         authorization,
         ..OnBehalf::default()
     };
-    let asked = gw.upstream.exchange(&probe, on_behalf, &[], |_| {});
+    // The head decides: a 401/403 comes before any message.
+    let asked = gw.upstream.exchange(&probe, on_behalf, &[]);
     match tokio::time::timeout(PROBE_WAIT, asked).await {
         Ok(Err(UpstreamError::Denied(d))) => Some(*d),
         _ => None,

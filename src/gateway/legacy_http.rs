@@ -1643,23 +1643,20 @@ async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, attempt: Attempt
         return;
     };
     let id = r.id.clone();
-    let accepted = || {
+    let on_behalf = OnBehalf {
+        authorization: auth.as_ref(),
+        forwarded: Some(&handle.forwarded),
+        trace: trace.as_deref(),
+    };
+    let result = async {
+        let mut exchange =
+            cache::legacy::exchange(&gw, &role, &request, on_behalf, &params).await?;
         if let Some(w) = &watch {
             w.accepted();
         }
-    };
-    let result = cache::legacy::exchange(
-        &gw,
-        &role,
-        &request,
-        OnBehalf {
-            authorization: auth.as_ref(),
-            forwarded: Some(&handle.forwarded),
-            trace: trace.as_deref(),
-        },
-        &params,
-        accepted,
-        |msg| {
+        while let Some(item) = exchange.next().await {
+            let msg = item?;
+            room(&gw, &handle, &role).await;
             if let Ok(mut s) = handle.shared.lock() {
                 if let Err(e) = s
                     .machine
@@ -1670,8 +1667,9 @@ async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, attempt: Attempt
                 route(&gw, &handle, &mut s);
                 rearm(&handle, &s);
             }
-        },
-    )
+        }
+        Ok(())
+    }
     .await;
     if let Ok(mut s) = handle.shared.lock() {
         s.upstream_tasks.remove(&id);
@@ -1709,6 +1707,62 @@ async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, attempt: Attempt
             }
         }
         rearm(&handle, &s);
+    }
+}
+
+/// Messages a POST handler's stream may gather before the handler attaches its
+/// connection (it does so as soon as the first one arrives).
+const PENDING_MAX: usize = 64;
+
+/// Waits until the host connection that an exchange's next message goes to can take
+/// it: the upstream is read no faster than the host reads (DESIGN.md, "The runtime":
+/// a slow host slows the upstream read; nothing is dropped). A connection that takes
+/// nothing for `stalled_reader_timeout` is closed as not reading; its events stay in
+/// the replay ring for `Last-Event-ID`. Streams with no connection (the host went
+/// away, or has not opened its GET) keep events for resumption, bounded by the ring.
+async fn room(gw: &Gateway, handle: &SessionHandle, role: &UpstreamRole) {
+    let stream = match role {
+        UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
+            let Ok(s) = handle.shared.lock() else { return };
+            match s.machine.request_stream(legacy) {
+                Some(stream) => stream.clone(),
+                None => return,
+            }
+        }
+        UpstreamRole::Listen => PeerStream::Standalone,
+        _ => return,
+    };
+    let deadline = tokio::time::Instant::now() + HEAD_WAIT;
+    let tx = loop {
+        let (tx, gathering) = {
+            let Ok(s) = handle.shared.lock() else { return };
+            let Some(st) = s.streams.get(&stream) else {
+                return;
+            };
+            let gathering = st.pending.as_ref().is_some_and(|p| p.len() >= PENDING_MAX);
+            (st.tx.clone(), gathering)
+        };
+        match tx {
+            Some(tx) => break tx,
+            // The POST handler is about to attach its connection: let it.
+            None if gathering && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            None => return,
+        }
+    };
+    if tx.ready(gw.config.stalled_reader_timeout).await {
+        return;
+    }
+    let Ok(mut s) = handle.shared.lock() else {
+        return;
+    };
+    if let Some(st) = s.streams.get_mut(&stream) {
+        if st.tx.as_ref().is_some_and(|cur| cur.same_channel(&tx)) {
+            warn!(session = %handle.tag, stream = st.number, queued = tx.queued(), limit = handle.max_buffered, "host not reading its SSE stream: closed; events kept for resumption");
+            tx.cut();
+            st.tx = None;
+        }
     }
 }
 

@@ -94,6 +94,9 @@ pub struct GatewayConfig {
     pub upstream_max_body_bytes: usize,
     /// Bytes queued toward a host SSE connection that does not read before it is closed.
     pub max_buffered_bytes: usize,
+    /// How long the upstream read waits for a host SSE connection with half of
+    /// `max_buffered_bytes` queued to drain before the connection counts as not reading.
+    pub stalled_reader_timeout: Duration,
     /// Bytes of events kept per stream for `Last-Event-ID` resumption.
     pub replay_buffer_bytes: usize,
     /// Legacy sessions one caller may hold.
@@ -124,6 +127,7 @@ impl Default for GatewayConfig {
             max_live_requests: 128,
             upstream_max_body_bytes: 1024 * 1024,
             max_buffered_bytes: 4 * 1024 * 1024,
+            stalled_reader_timeout: Duration::from_secs(30),
             replay_buffer_bytes: 1024 * 1024,
             max_sessions_per_caller: 1000,
             session_store: session_store::SessionStoreConfig::Memory,
@@ -161,6 +165,9 @@ impl GatewayConfig {
                 .upstream_max_body_bytes
                 .unwrap_or(d.upstream_max_body_bytes),
             max_buffered_bytes: s.max_buffered_bytes.unwrap_or(d.max_buffered_bytes),
+            stalled_reader_timeout: s
+                .stalled_reader_timeout_secs
+                .map_or(d.stalled_reader_timeout, Duration::from_secs),
             replay_buffer_bytes: s.replay_buffer_bytes.unwrap_or(d.replay_buffer_bytes),
             max_sessions_per_caller: s
                 .max_sessions_per_caller

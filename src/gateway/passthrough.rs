@@ -18,7 +18,6 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use std::time::Instant;
-use tokio::sync::mpsc;
 use tracing::Instrument;
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
@@ -160,27 +159,11 @@ async fn forward_stdio(
             return r;
         }
     };
-    let (tx, mut rx) = mpsc::channel::<Message>(64);
-    let upstream = upstream.clone();
-    let mut task = tokio::spawn(async move {
-        let res = upstream
-            .exchange(&msg, |m| {
-                let _ = tx.try_send(m);
-            })
-            .await;
-        res.is_ok()
-    });
-    let first = tokio::select! {
-        m = rx.recv() => m,
-        ok = &mut task => {
-            if !matches!(ok, Ok(true)) {
-                return unavailable();
-            }
-            rx.recv().await
-        }
+    let Ok(mut exchange) = upstream.exchange(&msg).await else {
+        return unavailable();
     };
-    match first {
-        Some(m @ Message::Response(_)) => {
+    match exchange.next().await {
+        Some(Ok(m @ Message::Response(_))) => {
             let status = status_for(&m);
             let mut r = Response::new(full(m.to_vec()));
             *r.status_mut() = status;
@@ -190,21 +173,21 @@ async fn forward_stdio(
             );
             r
         }
-        Some(first) => {
+        Some(Ok(first)) => {
+            // Each event waits for room in the body: a client that reads slowly slows
+            // the read from the child's pipe; dropping the body cancels the exchange.
             let (out, body) = ChannelBody::channel(64);
             tokio::spawn(async move {
-                let _keep = task;
                 let _ = out.send(sse::encode(None, &first.to_vec())).await;
-                while let Some(m) = rx.recv().await {
-                    let last = matches!(m, Message::Response(_));
-                    if out.send(sse::encode(None, &m.to_vec())).await.is_err() || last {
+                while let Some(Ok(m)) = exchange.next().await {
+                    if out.send(sse::encode(None, &m.to_vec())).await.is_err() {
                         break;
                     }
                 }
             });
             crate::body::sse_response(body)
         }
-        None => unavailable(),
+        Some(Err(_)) | None => unavailable(),
     }
 }
 

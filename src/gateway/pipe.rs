@@ -6,7 +6,7 @@
 use super::forwarded::Forwarded;
 use super::telemetry::SessionTelemetry;
 use super::trace::TraceContext;
-use super::upstream::OnBehalf;
+use super::upstream::{OnBehalf, UpstreamError};
 use super::Gateway;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
 use dualera_adapters::{Event, Message, RequestId, Session, SessionState, Timestamp};
@@ -203,26 +203,27 @@ async fn route(
                 let task = tokio::spawn(
                     async move {
                         let msg = Message::Request(request);
-                        let relay = tx.clone();
-                        let rid = task_id.clone();
-                        let result = super::cache::legacy::exchange(
-                            &gw,
-                            &role,
-                            &msg,
-                            OnBehalf {
-                                authorization: auth.as_ref(),
-                                forwarded: Some(&fwd),
-                                trace: trace.as_ref(),
-                            },
-                            &params,
-                            || {},
-                            |m| {
-                                // Bounded: a flood from the upstream waits here.
-                                let _ = relay.try_send(FromUpstream::Message(rid.clone(), m));
-                            },
-                        )
-                        .await;
-                        let last = match result {
+                        let on_behalf = OnBehalf {
+                            authorization: auth.as_ref(),
+                            forwarded: Some(&fwd),
+                            trace: trace.as_ref(),
+                        };
+                        // Each message waits for room in the session's queue: a host
+                        // that reads slowly slows the read from the upstream.
+                        let relayed = async {
+                            let mut exchange = super::cache::legacy::exchange(
+                                &gw, &role, &msg, on_behalf, &params,
+                            )
+                            .await?;
+                            while let Some(item) = exchange.next().await {
+                                let m = FromUpstream::Message(task_id.clone(), item?);
+                                if tx.send(m).await.is_err() {
+                                    break;
+                                }
+                            }
+                            Ok::<(), UpstreamError>(())
+                        };
+                        let last = match relayed.await {
                             Ok(()) => FromUpstream::Done(task_id),
                             Err(e) => {
                                 gw.telemetry.upstream_error(&e);

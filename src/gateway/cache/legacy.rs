@@ -11,11 +11,11 @@
 //! serves the machine's `tools/list` refresh after a `-32020`: its point is a fresh list.
 
 use super::key::{Cacheable, Caller, RequestKey};
-use super::{Begin, ResponseCache};
-use crate::gateway::upstream::{OnBehalf, UpstreamError};
+use super::{Begin, Fetch, ResponseCache};
+use crate::gateway::upstream::{Exchange, Item, OnBehalf, UpstreamError};
 use crate::gateway::Gateway;
 use bytes::Bytes;
-use dualera_adapters::{ErrorCode, Message, ProtocolVersion, Response, UpstreamRole};
+use dualera_adapters::{ErrorCode, Message, ProtocolVersion, RequestId, Response, UpstreamRole};
 use http::header::HeaderValue;
 use serde_json::Value;
 use std::sync::Arc;
@@ -38,18 +38,17 @@ pub(in crate::gateway) fn discover_for_initialize(
     cache.peek(&key, &Caller::anonymous()).map(|e| e.value())
 }
 
-/// One upstream exchange of a legacy session, through the cache where it may be.
-/// Same contract as [`Upstream::exchange_observed`](crate::gateway::Upstream::exchange_observed)
-/// (a cache hit counts as accepted).
+/// One upstream exchange of a legacy session, through the cache where it may be: the
+/// route's pool's [`Exchange`] (a cache hit is an exchange already answered, and
+/// counts as accepted), with the cache's layer on it (store on complete, a stale entry
+/// when the upstream fails).
 pub(in crate::gateway) async fn exchange(
     gw: &Gateway,
     role: &UpstreamRole,
     request: &Message,
     on_behalf: OnBehalf<'_>,
     params: &[(String, String)],
-    on_head: impl FnOnce(),
-    mut on_message: impl FnMut(Message),
-) -> Result<(), UpstreamError> {
+) -> Result<Exchange, UpstreamError> {
     let cache = &gw.cache;
     let r = match request {
         Message::Request(r) if cache.enabled() && !matches!(role, UpstreamRole::Listen) => Some(r),
@@ -65,13 +64,11 @@ pub(in crate::gateway) async fn exchange(
         )
     });
     let (Some(r), Some(key)) = (r, key) else {
-        if r.is_some_and(|r| r.method == "tools/call") {
-            return tool_call(gw, request, on_behalf, params, on_head, on_message).await;
-        }
-        return gw
-            .upstream
-            .exchange_observed(request, on_behalf, params, on_head, on_message)
-            .await;
+        let exchange = gw.upstream.exchange(request, on_behalf, params).await?;
+        return Ok(match r.filter(|r| r.method == "tools/call") {
+            Some(r) => watch_tool_call(cache, r, exchange),
+            None => exchange,
+        });
     };
     let caller = Caller::from_authorization(on_behalf.authorization);
     let fetch = match role {
@@ -79,52 +76,86 @@ pub(in crate::gateway) async fn exchange(
         UpstreamRole::ToolsRefresh { .. } => cache.revalidate(key, caller),
         _ => match cache.begin(key, caller, false).await {
             Begin::Hit(entry) => {
-                on_head();
-                on_message(Message::Response(Response::result(
+                return Ok(Exchange::answered(Message::Response(Response::result(
                     r.id.clone(),
                     (*entry.value()).clone(),
-                )));
-                return Ok(());
+                ))));
             }
             Begin::Fetch(f) => f,
         },
     };
-    let mut notified = false;
-    let mut last = None;
-    let outcome = gw
-        .upstream
-        .exchange_observed(request, on_behalf, params, on_head, |m| match m {
-            Message::Response(resp) => last = Some(resp),
-            other => {
-                notified = true;
-                on_message(other);
+    let mut layer = Fill {
+        cache: cache.clone(),
+        fetch,
+        id: r.id.clone(),
+        notified: false,
+    };
+    match gw.upstream.exchange(request, on_behalf, params).await {
+        Ok(exchange) => Ok(exchange.map(move |item| layer.pass(item))),
+        Err(e) => match layer.stale(&e) {
+            Some(stale) => Ok(Exchange::answered(stale)),
+            None => Err(e),
+        },
+    }
+}
+
+/// The cache's layer on one fetched exchange: the response is stored when it may be
+/// (and nothing streamed before it), and a failure is answered with the stale entry
+/// when there is one.
+struct Fill {
+    cache: Arc<ResponseCache>,
+    fetch: Fetch,
+    id: RequestId,
+    notified: bool,
+}
+
+impl Fill {
+    fn pass(&mut self, item: Item) -> Item {
+        match item {
+            Ok(Message::Response(resp)) => {
+                let failed = matches!(&resp.outcome, Err(e) if e.code == ErrorCode::INTERNAL_ERROR);
+                if failed {
+                    if let Some(stale) = self.stale_entry() {
+                        return Ok(stale);
+                    }
+                }
+                if let (Ok(result), false) = (&resp.outcome, self.notified) {
+                    self.cache.store(&self.fetch, frame(result), false);
+                }
+                Ok(Message::Response(resp))
             }
-        })
-        .await;
-    // A refusal of the caller's credentials (401/403) is the upstream's verdict, never
-    // a failure to paper over with a stale entry.
-    let failed = outcome
-        .as_ref()
-        .is_err_and(|e| !matches!(e, UpstreamError::Denied(_)))
-        || matches!(&last, Some(Response { outcome: Err(e), .. }) if e.code == ErrorCode::INTERNAL_ERROR);
-    if failed && !notified {
-        if let Some(stale) = &fetch.stale {
-            cache.served_stale();
-            tracing::info!("upstream failed; stale cache entry served");
-            on_message(Message::Response(Response::result(
-                r.id.clone(),
-                (*stale.value()).clone(),
-            )));
-            return Ok(());
+            Ok(other) => {
+                self.notified = true;
+                Ok(other)
+            }
+            Err(e) => match self.stale(&e) {
+                Some(stale) => Ok(stale),
+                None => Err(e),
+            },
         }
     }
-    if let Some(resp) = last {
-        if let (Ok(result), false) = (&resp.outcome, notified) {
-            cache.store(&fetch, frame(result), false);
+
+    /// The stale entry for a failed exchange. A refusal of the caller's credentials
+    /// (401/403) is the upstream's verdict, never a failure to paper over.
+    fn stale(&self, e: &UpstreamError) -> Option<Message> {
+        if matches!(e, UpstreamError::Denied(_)) {
+            return None;
         }
-        on_message(Message::Response(resp));
+        self.stale_entry()
     }
-    outcome
+
+    fn stale_entry(&self) -> Option<Message> {
+        if self.notified {
+            return None;
+        }
+        let stale = self.fetch.stale.as_ref()?;
+        self.cache.served_stale();
+        tracing::info!("upstream failed; stale cache entry served");
+        Some(Message::Response(Response::result(
+            self.id.clone(),
+            (*stale.value()).clone(),
+        )))
+    }
 }
 
 /// A response around `result` in the shape [`ResponseCache::store`] reads.
@@ -139,38 +170,27 @@ fn frame(result: &Value) -> Bytes {
 }
 
 /// A `tools/call`, watched for the error that invalidates a cached `tools/list`.
-async fn tool_call(
-    gw: &Gateway,
-    request: &Message,
-    on_behalf: OnBehalf<'_>,
-    params: &[(String, String)],
-    on_head: impl FnOnce(),
-    mut on_message: impl FnMut(Message),
-) -> Result<(), UpstreamError> {
-    let tool = match request {
-        Message::Request(r) => r
-            .params
-            .as_ref()
-            .and_then(|p| p.get("name"))
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-        _ => None,
+fn watch_tool_call(
+    cache: &Arc<ResponseCache>,
+    request: &dualera_adapters::Request,
+    exchange: Exchange,
+) -> Exchange {
+    let Some(tool) = request
+        .params
+        .as_ref()
+        .and_then(|p| p.get("name"))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+    else {
+        return exchange;
     };
-    let mut failed_code = None;
-    let outcome = gw
-        .upstream
-        .exchange_observed(request, on_behalf, params, on_head, |m| {
-            if let Message::Response(Response {
-                outcome: Err(e), ..
-            }) = &m
-            {
-                failed_code = Some(e.code.0);
-            }
-            on_message(m);
-        })
-        .await;
-    if let (Some(tool), Some(code)) = (tool, failed_code) {
-        gw.cache.tool_call_failed(&tool, code);
-    }
-    outcome
+    let cache = cache.clone();
+    exchange.inspect(move |m| {
+        if let Message::Response(Response {
+            outcome: Err(e), ..
+        }) = m
+        {
+            cache.tool_call_failed(&tool, e.code.0);
+        }
+    })
 }

@@ -15,7 +15,7 @@
 //! closed only once the new one is acknowledged, so lists are never unwatched.
 
 use super::{Cacheable, Invalidate, ResponseCache};
-use crate::gateway::upstream::{OnBehalf, UpstreamPool};
+use crate::gateway::upstream::{OnBehalf, UpstreamError, UpstreamPool};
 use dualera_adapters::{Message, ProtocolVersion, Request, RequestId};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -208,22 +208,20 @@ async fn run(cache: Arc<ResponseCache>, upstream: Arc<UpstreamPool>) {
 }
 
 async fn discover(upstream: &UpstreamPool) -> Option<Value> {
-    let mut result = None;
-    let outcome = upstream
-        .exchange(
-            &request("server/discover", None),
-            OnBehalf::default(),
-            &[],
-            |m| {
-                if let Message::Response(r) = m {
-                    result = r.outcome.ok();
-                }
-            },
-        )
-        .await;
-    if let Err(e) = outcome {
-        debug!(error = %e, "cache listener: server/discover failed");
-    }
+    let outcome = match upstream
+        .exchange(&request("server/discover", None), OnBehalf::default(), &[])
+        .await
+    {
+        Ok(exchange) => exchange.response().await,
+        Err(e) => Err(e),
+    };
+    let result = match outcome {
+        Ok(r) => r.outcome.ok(),
+        Err(e) => {
+            debug!(error = %e, "cache listener: server/discover failed");
+            None
+        }
+    };
     result
 }
 
@@ -299,17 +297,18 @@ async fn listen_one(
 ) {
     let mut ack = Some(ack);
     let msg = request("subscriptions/listen", Some(("notifications", filter)));
-    let outcome = upstream
-        .exchange(&msg, OnBehalf::default(), &[], |m| {
-            let Message::Notification(n) = m else {
-                return;
+    let outcome = async {
+        let mut exchange = upstream.exchange(&msg, OnBehalf::default(), &[]).await?;
+        while let Some(item) = exchange.next().await {
+            let Message::Notification(n) = item? else {
+                continue;
             };
             let dropped = match n.method.as_str() {
                 "notifications/subscriptions/acknowledged" => {
                     if let Some(tx) = ack.take() {
                         let _ = tx.send(());
                     }
-                    return;
+                    continue;
                 }
                 "notifications/tools/list_changed" => {
                     cache.invalidate(Invalidate::Methods(&[Cacheable::ToolsList]))
@@ -329,14 +328,16 @@ async fn listen_one(
                         .and_then(Value::as_str)
                     {
                         Some(uri) => cache.invalidate(Invalidate::Resource(uri)),
-                        None => return,
+                        None => continue,
                     }
                 }
-                _ => return,
+                _ => continue,
             };
             debug!(notification = %n.method, dropped, "cache entries invalidated");
-        })
-        .await;
+        }
+        Ok::<(), UpstreamError>(())
+    }
+    .await;
     if let Err(e) = outcome {
         debug!(error = %e, "cache listener: subscriptions/listen ended");
     }

@@ -59,11 +59,11 @@ impl SharedSessions {
             .auth
             .as_deref()
             .and_then(|a| HeaderValue::from_str(a).ok());
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Message>();
         let message = Message::Request(start.request.clone());
-        let head = start.head.clone();
+        // Each message is fed (and stored) before the next is read from the upstream.
+        let mut answered = false;
         let call = async {
-            let outcome = cache::legacy::exchange(
+            let mut exchange = cache::legacy::exchange(
                 &gw,
                 &start.role,
                 &message,
@@ -73,31 +73,22 @@ impl SharedSessions {
                     trace: start.trace.as_deref(),
                 },
                 &start.headers,
-                || {
-                    if let Some(h) = &head {
-                        h.accepted();
-                    }
-                },
-                |m| {
-                    let _ = tx.send(m);
-                },
             )
-            .await;
-            drop(tx);
-            outcome
-        };
-        let feed = async {
-            let mut answered = false;
-            while let Some(m) = rx.recv().await {
+            .await?;
+            if let Some(h) = &start.head {
+                h.accepted();
+            }
+            while let Some(item) = exchange.next().await {
+                let m = item?;
                 let last = matches!(m, Message::Response(_));
                 answered |= last;
                 self.feed_upstream(&gw, &sid, &id, m, last).await;
             }
-            answered
+            Ok::<(), UpstreamError>(())
         };
         let renew = self.renew(&sid, start.lease.as_deref());
         tokio::select! {
-            (outcome, answered) = async { tokio::join!(call, feed) } => match outcome {
+            outcome = call => match outcome {
                 Ok(()) => {}
                 Err(UpstreamError::Denied(denial)) => {
                     gw.telemetry.upstream_error(&UpstreamError::Denied(denial.clone()));

@@ -318,6 +318,8 @@ pub(in crate::gateway) struct SharedSessions {
     max_per_caller: usize,
     /// Bytes queued toward one host connection before it counts as not reading.
     max_buffered: usize,
+    /// How long a relay waits for a slow host to take what is queued.
+    stalled_reader_timeout: std::time::Duration,
     wakes: Arc<Wakes>,
     deciders: DashMap<(String, PeerStream), Arc<Decider>>,
     exchanges: DashMap<(String, RequestId), futures_util::future::AbortHandle>,
@@ -366,6 +368,7 @@ impl SharedSessions {
             max_sessions: config.max_sessions,
             max_per_caller: config.max_sessions_per_caller,
             max_buffered: config.max_buffered_bytes,
+            stalled_reader_timeout: config.stalled_reader_timeout,
             wakes,
             deciders: DashMap::new(),
             exchanges: DashMap::new(),
@@ -1031,8 +1034,7 @@ impl SharedSessions {
                     return Ok(None);
                 };
                 let id = request.id.clone();
-                let mut got = Vec::new();
-                let result = cache::legacy::exchange(
+                let exchanged = cache::legacy::exchange(
                     gw,
                     &role,
                     &Message::Request(request),
@@ -1042,10 +1044,13 @@ impl SharedSessions {
                         trace: trace.as_deref(),
                     },
                     &[],
-                    || {},
-                    |m| got.push(m),
                 )
                 .await;
+                // The discover's answer, fed whole (its notifications, if any, first).
+                let (got, result) = match exchanged {
+                    Ok(exchange) => exchange.collect().await,
+                    Err(e) => (Vec::new(), Err(e)),
+                };
                 let now = wall_ms_ts();
                 for m in got {
                     let _ = machine.handle_upstream_message(Some(id.clone()), m, now);

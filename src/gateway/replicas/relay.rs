@@ -234,7 +234,7 @@ impl SharedSessions {
                 after = entry.seq;
                 if let Some(m) = &entry.message {
                     let event = sse::encode(Some(&format!("{number}.{}", entry.seq)), m);
-                    if !send(tx, event).await {
+                    if !send(tx, event, self.stalled_reader_timeout).await {
                         return false;
                     }
                 }
@@ -284,32 +284,21 @@ impl SharedSessions {
     }
 }
 
-/// Sends one event, waiting (briefly) while the connection's queue is full of frames
-/// but under its byte bound; a host whose unread bytes exceed the bound is cut off.
-async fn send(tx: &MeteredSender, event: Bytes) -> bool {
-    for _ in 0..50 {
-        match tx.try_send(event.clone()) {
-            Ok(()) => return true,
-            Err(SendError::Closed) => return false,
-            Err(SendError::Stalled)
-                if tx.queued() > 0 && tx.queued() + event.len() > tx.max_bytes() =>
-            {
-                warn!(
-                    queued = tx.queued(),
-                    "host not reading its SSE stream: closed; events kept for resumption"
-                );
-                tx.cut();
-                return false;
-            }
-            // The frame queue is full but the bytes are within bounds: the host reads
-            // slowly; give it a moment.
-            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+/// Sends one event once the connection has room, waiting up to `stall` for a host
+/// that reads slowly; a host that takes nothing in that time is cut off (its events
+/// stay in the session's stream for `Last-Event-ID`).
+async fn send(tx: &MeteredSender, event: Bytes, stall: std::time::Duration) -> bool {
+    let ready = tx.ready(stall).await;
+    match tx.try_send(event) {
+        Ok(()) if ready => true,
+        Err(SendError::Closed) => false,
+        _ => {
+            warn!(
+                queued = tx.queued(),
+                "host not reading its SSE stream: closed; events kept for resumption"
+            );
+            tx.cut();
+            false
         }
     }
-    warn!(
-        queued = tx.queued(),
-        "host not reading its SSE stream: closed; events kept for resumption"
-    );
-    tx.cut();
-    false
 }

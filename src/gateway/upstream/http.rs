@@ -1,6 +1,7 @@
 //! A modern (2026-07-28) upstream over HTTP or HTTPS, reached through one pooled client.
 //! Pass-through uses the raw client; the legacy path uses [`HttpUpstream::exchange`],
-//! which sends one JSON-RPC request and streams back what the upstream says about it.
+//! which sends one JSON-RPC request and hands back what the upstream says about it as
+//! an [`Exchange`] pulled frame by frame.
 //!
 //! HTTPS is rustls (ring) through hyper-rustls, with the roots of [`crate::tls::client_config`];
 //! SNI is the URL's host. When the upstream offers `h2` by ALPN (and `upstream_http2`
@@ -12,8 +13,8 @@
 //! upstream with several instances holds one [`HttpUpstream`] per instance URL, all
 //! cloned from one client.
 
-use super::OnBehalf;
 use super::{Denial, UpstreamError};
+use super::{Exchange, Item, OnBehalf};
 use crate::body::{full, GatewayBody};
 use crate::config::UpstreamHttp2;
 use crate::sse;
@@ -31,6 +32,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -138,18 +140,16 @@ impl HttpUpstream {
         self.client.client()
     }
 
-    /// Sends one modern request (with the 2026-07-28 mirrored headers) and calls
-    /// `on_message` for every message the upstream sends about it: notifications as
-    /// they stream, then the response. Dropping the future closes the upstream stream,
-    /// which is how 2026-07-28 cancels a request over HTTP.
+    /// Sends one modern request (with the 2026-07-28 mirrored headers); once the
+    /// upstream accepted it, the messages it sends about it, read from the response
+    /// body only as the caller pulls them ([`Exchange`]). Dropping the exchange closes
+    /// the upstream stream, which is how 2026-07-28 cancels a request over HTTP.
     pub async fn exchange(
         &self,
         request: &Message,
         on_behalf: OnBehalf<'_>,
         params: &[(String, String)],
-        on_head: impl FnOnce(),
-        mut on_message: impl FnMut(Message),
-    ) -> Result<(), UpstreamError> {
+    ) -> Result<Exchange, UpstreamError> {
         let Message::Request(r) = request else {
             return Err(UpstreamError::Protocol {
                 detail: "only requests are exchanged".into(),
@@ -196,60 +196,110 @@ impl HttpUpstream {
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
             return Err(self.denial(resp).await);
         }
-        on_head();
         let is_sse = resp
             .headers()
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
-        let mut body = resp.into_body();
+        let body = resp.into_body();
         if is_sse {
-            let mut decoder = sse::Decoder::new(self.max_message);
-            while let Some(frame) = body.frame().await {
-                let frame = frame.map_err(|e| UpstreamError::Unreachable {
+            return Ok(Exchange::new(
+                SseMessages::new(body, self.max_message).into_stream(),
+            ));
+        }
+        let max = self.max_message;
+        Ok(Exchange::new(futures_util::stream::once(async move {
+            let bytes = http_body_util::Limited::new(body, max)
+                .collect()
+                .await
+                .map_err(|e| UpstreamError::Unreachable {
                     detail: e.to_string(),
-                })?;
-                let Some(data) = frame.data_ref() else {
-                    continue;
-                };
-                let events = decoder.feed(data).map_err(|e| UpstreamError::Protocol {
-                    detail: e.to_string(),
-                })?;
-                for ev in events {
-                    if ev.data.trim().is_empty() {
-                        continue;
-                    }
-                    let msg = jsonrpc::parse(ev.data.as_bytes()).map_err(|e| {
-                        UpstreamError::Protocol {
+                })?
+                .to_bytes();
+            match jsonrpc::parse(&bytes) {
+                Ok(msg @ Message::Response(_)) => Ok(msg),
+                _ => Err(UpstreamError::Status {
+                    status: status.as_u16(),
+                }),
+            }
+        })))
+    }
+}
+
+/// An upstream SSE response body decoded into messages, one body frame at a time:
+/// the next frame is read only once every message of the last one was taken.
+struct SseMessages {
+    body: hyper::body::Incoming,
+    decoder: sse::Decoder,
+    /// Decoded from the last frame and not yet taken; an error, if any, is last.
+    ready: VecDeque<Item>,
+    /// A response or an error is queued: nothing more is read.
+    ended: bool,
+}
+
+impl SseMessages {
+    fn new(body: hyper::body::Incoming, max_message: usize) -> Self {
+        Self {
+            body,
+            decoder: sse::Decoder::new(max_message),
+            ready: VecDeque::new(),
+            ended: false,
+        }
+    }
+
+    fn into_stream(self) -> impl futures_util::Stream<Item = Item> + Send + 'static {
+        futures_util::stream::unfold(self, |mut s| async move {
+            loop {
+                if let Some(item) = s.ready.pop_front() {
+                    return Some((item, s));
+                }
+                if s.ended {
+                    return None;
+                }
+                match s.body.frame().await {
+                    None => return None,
+                    Some(Err(e)) => {
+                        s.end(Err(UpstreamError::Unreachable {
                             detail: e.to_string(),
+                        }));
+                    }
+                    Some(Ok(frame)) => {
+                        if let Some(data) = frame.data_ref() {
+                            s.decode(data);
                         }
-                    })?;
-                    let done = matches!(msg, Message::Response(_));
-                    on_message(msg);
-                    if done {
-                        return Ok(());
                     }
                 }
             }
-            return Err(UpstreamError::Protocol {
-                detail: "the SSE stream ended without a response".into(),
-            });
-        }
-        let bytes = http_body_util::Limited::new(body, self.max_message)
-            .collect()
-            .await
-            .map_err(|e| UpstreamError::Unreachable {
-                detail: e.to_string(),
-            })?
-            .to_bytes();
-        match jsonrpc::parse(&bytes) {
-            Ok(msg @ Message::Response(_)) => {
-                on_message(msg);
-                Ok(())
+        })
+    }
+
+    fn end(&mut self, last: Item) {
+        self.ready.push_back(last);
+        self.ended = true;
+    }
+
+    fn decode(&mut self, data: &[u8]) {
+        let events = match self.decoder.feed(data) {
+            Ok(events) => events,
+            Err(e) => {
+                return self.end(Err(UpstreamError::Protocol {
+                    detail: e.to_string(),
+                }))
             }
-            _ => Err(UpstreamError::Status {
-                status: status.as_u16(),
-            }),
+        };
+        for ev in events {
+            if ev.data.trim().is_empty() {
+                continue;
+            }
+            match jsonrpc::parse(ev.data.as_bytes()) {
+                Ok(msg @ Message::Response(_)) => return self.end(Ok(msg)),
+                Ok(msg) => self.ready.push_back(Ok(msg)),
+                Err(e) => {
+                    return self.end(Err(UpstreamError::Protocol {
+                        detail: e.to_string(),
+                    }))
+                }
+            }
         }
     }
 }

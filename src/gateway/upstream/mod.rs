@@ -2,10 +2,12 @@
 //! spawns and speaks to over stdio. One closed enum, one file per variant.
 
 pub mod balance;
+mod exchange;
 mod http;
 mod pool;
 mod stdio;
 
+pub use self::exchange::{Exchange, Item};
 pub use self::http::{
     encode_header_value, Connector, HttpUpstream, UpstreamClient, UpstreamOptions,
 };
@@ -76,6 +78,13 @@ pub enum UpstreamError {
 }
 
 impl UpstreamError {
+    /// The upstream's stream ended before the response.
+    pub fn ended() -> Self {
+        Self::Protocol {
+            detail: "the upstream's stream ended without a response".into(),
+        }
+    }
+
     /// Whether nothing reached the upstream: no connection could be made (refused,
     /// timed out, or the TLS handshake failed).
     pub fn is_connect(&self) -> bool {
@@ -148,10 +157,10 @@ pub enum Upstream {
 }
 
 impl Upstream {
-    /// Sends one modern request and calls `on_message` for every message the upstream
-    /// sends about it: notifications as they arrive, then the response. Dropping the
-    /// future cancels the request upstream (HTTP: the stream closes; stdio:
-    /// `notifications/cancelled`).
+    /// Sends one modern request; once the upstream accepted it (HTTP: a response head
+    /// that is not a 401/403; stdio: once written), the messages it sends about it,
+    /// pulled by the caller ([`Exchange`]). Dropping the exchange cancels the request
+    /// upstream (HTTP: the stream closes; stdio: `notifications/cancelled`).
     ///
     /// `params` are the request's `Mcp-Param-*` headers (name, plain value), from
     /// [`Session::upstream_headers`](dualera_adapters::Session::upstream_headers); the
@@ -161,40 +170,23 @@ impl Upstream {
         request: &Message,
         on_behalf: OnBehalf<'_>,
         params: &[(String, String)],
-        on_message: impl FnMut(Message),
-    ) -> Result<(), UpstreamError> {
-        self.exchange_observed(request, on_behalf, params, || {}, on_message)
-            .await
-    }
-
-    /// [`Upstream::exchange`], calling `on_head` once the upstream accepted the request
-    /// (HTTP: a response head that is not a 401/403; stdio: once written), before any
-    /// message. A driver that must answer a host with the upstream's 401/403 waits for
-    /// this before it commits to a response.
-    pub async fn exchange_observed(
-        &self,
-        request: &Message,
-        on_behalf: OnBehalf<'_>,
-        params: &[(String, String)],
-        on_head: impl FnOnce(),
-        mut on_message: impl FnMut(Message),
-    ) -> Result<(), UpstreamError> {
+    ) -> Result<Exchange, UpstreamError> {
         // Message bodies (never headers, so never credentials) at trace level, opt-in:
         // `DUALERA_LOG=dualera::wire=trace` prints the gateway→upstream transcript.
-        tracing::trace!(target: "dualera::wire", direction = "to-upstream", body = %String::from_utf8_lossy(&request.to_vec()));
-        let on_message = |m: Message| {
-            tracing::trace!(target: "dualera::wire", direction = "from-upstream", body = %String::from_utf8_lossy(&m.to_vec()));
-            on_message(m);
-        };
-        match self {
-            Self::Http(h) => {
-                h.exchange(request, on_behalf, params, on_head, on_message)
-                    .await
-            }
-            Self::Stdio(s) => {
-                on_head();
-                s.exchange(request, on_message).await
-            }
+        let wire = tracing::enabled!(target: "dualera::wire", tracing::Level::TRACE);
+        if wire {
+            tracing::trace!(target: "dualera::wire", direction = "to-upstream", body = %String::from_utf8_lossy(&request.to_vec()));
         }
+        let exchange = match self {
+            Self::Http(h) => h.exchange(request, on_behalf, params).await?,
+            Self::Stdio(s) => s.exchange(request).await?,
+        };
+        Ok(if wire {
+            exchange.inspect(|m| {
+                tracing::trace!(target: "dualera::wire", direction = "from-upstream", body = %String::from_utf8_lossy(&m.to_vec()));
+            })
+        } else {
+            exchange
+        })
     }
 }

@@ -24,11 +24,12 @@
 //! its requests to the route's pool.
 
 use super::balance::{Backoff, Pick, RoundMemory, Selector, State};
-use super::{HttpUpstream, OnBehalf, StdioUpstream, Upstream, UpstreamError};
+use super::{Exchange, HttpUpstream, OnBehalf, StdioUpstream, Upstream, UpstreamError};
 use dualera_adapters::Message;
 use serde_json::Value;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::watch;
 use tracing::{debug, warn};
@@ -68,7 +69,7 @@ struct Instance {
 pub struct UpstreamPool {
     instances: Box<[Instance]>,
     selector: Selector,
-    rounds: RoundMemory,
+    rounds: Arc<RoundMemory>,
     epoch: Instant,
     /// Requests sent on to another instance after one could not be reached.
     failovers: AtomicU64,
@@ -112,7 +113,7 @@ impl UpstreamPool {
         Ok(Self {
             instances,
             selector,
-            rounds: RoundMemory::default(),
+            rounds: Arc::default(),
             epoch: Instant::now(),
             failovers: AtomicU64::new(0),
         })
@@ -128,7 +129,7 @@ impl UpstreamPool {
                 gone: watch::channel(0).0,
             }]),
             selector,
-            rounds: RoundMemory::default(),
+            rounds: Arc::default(),
             epoch: Instant::now(),
             failovers: AtomicU64::new(0),
         }
@@ -206,30 +207,17 @@ impl UpstreamPool {
         self.selector.succeeded(i);
     }
 
-    /// Sends one modern request and calls `on_message` for what the upstream says
-    /// about it (see [`Upstream::exchange`]), on the next healthy instance; one that
-    /// cannot be reached is skipped for the next.
+    /// Sends one modern request to the next healthy instance (see
+    /// [`Upstream::exchange`]); one that cannot be reached is skipped for the next.
+    /// The instance that accepted it answers the rest of the exchange; with several
+    /// instances, the `requestState` it issues is remembered so that the round's retry
+    /// goes back to it, and a listen on it ends when it is found down.
     pub async fn exchange(
         &self,
         request: &Message,
         on_behalf: OnBehalf<'_>,
         params: &[(String, String)],
-        on_message: impl FnMut(Message),
-    ) -> Result<(), UpstreamError> {
-        self.exchange_observed(request, on_behalf, params, || {}, on_message)
-            .await
-    }
-
-    /// [`UpstreamPool::exchange`] with [`Upstream::exchange_observed`]'s `on_head`
-    /// (called once, by the instance that accepted the request).
-    pub async fn exchange_observed(
-        &self,
-        request: &Message,
-        on_behalf: OnBehalf<'_>,
-        params: &[(String, String)],
-        on_head: impl FnOnce(),
-        mut on_message: impl FnMut(Message),
-    ) -> Result<(), UpstreamError> {
+    ) -> Result<Exchange, UpstreamError> {
         let (listen, after) = match request {
             Message::Request(r) if self.instances.len() > 1 => (
                 r.method == "subscriptions/listen",
@@ -242,7 +230,6 @@ impl UpstreamPool {
             _ => (false, None),
         };
         let mut plan = self.selector.plan(self.now(), after);
-        let mut on_head = Some(on_head);
         let mut last = None;
         while let Some(pick) = plan.next() {
             let i = pick.index();
@@ -250,51 +237,37 @@ impl UpstreamPool {
                 self.failovers.fetch_add(1, Ordering::Relaxed);
             }
             let inst = &self.instances[i];
-            let mut gone = listen.then(|| inst.gone.subscribe());
-            let rounds = &self.rounds;
-            let many = self.instances.len() > 1;
-            let exchange = inst.upstream.exchange_observed(
-                request,
-                on_behalf,
-                params,
-                || {
-                    if let Some(h) = on_head.take() {
-                        h();
-                    }
-                },
-                |m| {
-                    if many {
-                        if let Some(state) = issued_state(&m) {
-                            rounds.remember(state, i);
-                        }
-                    }
-                    on_message(m);
-                },
-            );
-            let outcome = match gone.as_mut() {
-                None => exchange.await,
-                Some(gone) => {
-                    tokio::pin!(exchange);
-                    tokio::select! {
-                        r = &mut exchange => r,
-                        _ = gone.changed() => Err(UpstreamError::Unreachable {
-                            detail: format!("instance {} went away", inst.label),
-                        }),
-                    }
-                }
-            };
-            match outcome {
+            let gone = listen.then(|| inst.gone.subscribe());
+            match inst.upstream.exchange(request, on_behalf, params).await {
                 Err(e) if e.is_connect() => {
                     self.mark_down(i, &e);
                     last = Some(e);
                 }
                 Err(e @ UpstreamError::Unreachable { .. }) => return Err(e),
-                other => {
+                outcome => {
                     self.answered(i);
                     if matches!(pick, Pick::Trial(_) | Pick::Desperate(_)) {
                         debug!(instance = %inst.label, "upstream instance back after a trial");
                     }
-                    return other;
+                    let mut exchange = outcome?;
+                    if self.instances.len() > 1 {
+                        let rounds = self.rounds.clone();
+                        exchange = exchange.inspect(move |m| {
+                            if let Some(state) = issued_state(m) {
+                                rounds.remember(state, i);
+                            }
+                        });
+                    }
+                    if let Some(mut gone) = gone {
+                        let label = inst.label.clone();
+                        exchange = exchange.until(async move {
+                            let _ = gone.changed().await;
+                            UpstreamError::Unreachable {
+                                detail: format!("instance {label} went away"),
+                            }
+                        });
+                    }
+                    return Ok(exchange);
                 }
             }
         }
@@ -355,14 +328,16 @@ impl UpstreamPool {
     )> {
         let mut out = Vec::with_capacity(self.instances.len());
         for (i, inst) in self.instances.iter().enumerate() {
-            let mut answer = None;
-            let exchange = inst
-                .upstream
-                .exchange(request, OnBehalf::default(), &[], |m| {
-                    if let Message::Response(r) = m {
-                        answer = Some(r);
-                    }
-                });
+            let exchange = async {
+                match inst
+                    .upstream
+                    .exchange(request, OnBehalf::default(), &[])
+                    .await
+                {
+                    Ok(ex) => ex.response().await.map(Some),
+                    Err(e) => Err(e),
+                }
+            };
             let outcome = match tokio::time::timeout(timeout, exchange).await {
                 Err(_) => Err(UpstreamError::Connect {
                     detail: format!(
@@ -373,7 +348,7 @@ impl UpstreamPool {
                 Ok(r) => r,
             };
             let outcome = match outcome {
-                Ok(()) => {
+                Ok(answer) => {
                     self.answered(i);
                     Ok(answer)
                 }

@@ -3,7 +3,7 @@
 //! back by id, progress notifications by progress token. A child that dies fails what
 //! was in flight and is restarted with backoff.
 
-use super::UpstreamError;
+use super::{Exchange, UpstreamError};
 use dualera_adapters::jsonrpc::{self, Message, Notification, Request, RequestId};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -66,12 +66,10 @@ impl StdioUpstream {
         Self { shared }
     }
 
-    /// Sends one request and calls `on_message` for its notifications and response.
-    pub async fn exchange(
-        &self,
-        request: &Message,
-        mut on_message: impl FnMut(Message),
-    ) -> Result<(), UpstreamError> {
+    /// Sends one request; once written, its notifications and response as the
+    /// caller pulls them ([`Exchange`]). The pipe's reader waits on this exchange's
+    /// bounded queue: a caller that does not pull holds the child's stdout.
+    pub async fn exchange(&self, request: &Message) -> Result<Exchange, UpstreamError> {
         let Message::Request(r) = request else {
             return Err(UpstreamError::Protocol {
                 detail: "only requests are exchanged".into(),
@@ -91,8 +89,8 @@ impl StdioUpstream {
         .to_vec();
         // Removes the entry, and cancels upstream if the caller gave up early.
         let mut guard = Guard {
-            shared: &self.shared,
-            wire_id: wire_id.clone(),
+            shared: self.shared.clone(),
+            wire_id,
             done: false,
         };
         // A child that just died may still be published for a moment; a request that
@@ -104,7 +102,7 @@ impl StdioUpstream {
             let (tx, new_rx) = mpsc::channel(PER_REQUEST_QUEUE);
             if let Ok(mut t) = self.shared.table.lock() {
                 t.pending.insert(
-                    wire_id.clone(),
+                    guard.wire_id.clone(),
                     Pending {
                         tx,
                         progress_token: progress_token.clone(),
@@ -121,39 +119,50 @@ impl StdioUpstream {
                 }
             }
         }
-        let Some(mut rx) = rx else {
+        let Some(rx) = rx else {
             guard.done = true;
             return Err(UpstreamError::Unreachable {
                 detail: "the stdio upstream is restarting".into(),
             });
         };
-        while let Some(msg) = rx.recv().await {
-            match msg {
-                Message::Response(mut resp) => {
+        let caller_id = r.id.clone();
+        let state = Some((rx, guard, caller_id));
+        Ok(Exchange::new(futures_util::stream::unfold(
+            state,
+            |state| async move {
+                let (mut rx, mut guard, caller_id) = state?;
+                let Some(msg) = rx.recv().await else {
                     guard.done = true;
-                    resp.id = Some(r.id.clone());
-                    on_message(Message::Response(resp));
-                    return Ok(());
-                }
-                Message::Notification(mut n) => {
-                    // A listen stream's notifications name the wire id; give the
-                    // caller its own id back.
-                    if let Some(sub) = n.params.as_mut().and_then(|p| {
-                        p.pointer_mut("/_meta/io.modelcontextprotocol~1subscriptionId")
-                    }) {
-                        if sub.as_str() == Some(wire_id.as_str()) {
-                            *sub = r.id.to_value();
-                        }
+                    return Some((
+                        Err(UpstreamError::Unreachable {
+                            detail: "the stdio upstream exited before answering".into(),
+                        }),
+                        None,
+                    ));
+                };
+                let msg = match msg {
+                    Message::Response(mut resp) => {
+                        guard.done = true;
+                        resp.id = Some(caller_id.clone());
+                        Message::Response(resp)
                     }
-                    on_message(Message::Notification(n));
-                }
-                other => on_message(other),
-            }
-        }
-        guard.done = true;
-        Err(UpstreamError::Unreachable {
-            detail: "the stdio upstream exited before answering".into(),
-        })
+                    Message::Notification(mut n) => {
+                        // A listen stream's notifications name the wire id; give the
+                        // caller its own id back.
+                        if let Some(sub) = n.params.as_mut().and_then(|p| {
+                            p.pointer_mut("/_meta/io.modelcontextprotocol~1subscriptionId")
+                        }) {
+                            if sub.as_str() == Some(guard.wire_id.as_str()) {
+                                *sub = caller_id.to_value();
+                            }
+                        }
+                        Message::Notification(n)
+                    }
+                    other => other,
+                };
+                Some((Ok(msg), Some((rx, guard, caller_id))))
+            },
+        )))
     }
 
     async fn writer(&self) -> Result<mpsc::Sender<Vec<u8>>, UpstreamError> {
@@ -175,13 +184,13 @@ impl StdioUpstream {
     }
 }
 
-struct Guard<'a> {
-    shared: &'a Shared,
+struct Guard {
+    shared: Arc<Shared>,
     wire_id: String,
     done: bool,
 }
 
-impl Drop for Guard<'_> {
+impl Drop for Guard {
     fn drop(&mut self) {
         if let Ok(mut t) = self.shared.table.lock() {
             t.pending.remove(&self.wire_id);
@@ -258,7 +267,7 @@ async fn run_child(shared: &Arc<Shared>, child: &mut tokio::process::Child) {
         let mut buf = Vec::new();
         loop {
             match crate::framing::read_bounded_line(&mut reader, &mut buf, MAX_LINE).await {
-                Ok(Some(Ok(()))) => route(shared, &buf),
+                Ok(Some(Ok(()))) => route(shared, &buf).await,
                 Ok(Some(Err(()))) => warn!("stdio upstream sent an over-long line; dropped"),
                 Ok(None) | Err(_) => break,
             }
@@ -274,7 +283,9 @@ async fn run_child(shared: &Arc<Shared>, child: &mut tokio::process::Child) {
     }
 }
 
-fn route(shared: &Shared, line: &[u8]) {
+/// Hands one line of the child to the exchange it belongs to, waiting while that
+/// exchange's queue is full: the pipe is read no faster than its readers take.
+async fn route(shared: &Shared, line: &[u8]) {
     let msg = match jsonrpc::parse(line) {
         Ok(m) => m,
         Err(e) => {
@@ -282,34 +293,34 @@ fn route(shared: &Shared, line: &[u8]) {
             return;
         }
     };
-    let Ok(t) = shared.table.lock() else { return };
-    let target = match &msg {
-        Message::Response(r) => match &r.id {
-            Some(RequestId::String(id)) => t.pending.get(id),
-            _ => None,
-        },
-        Message::Notification(n) => {
-            let params = n.params.as_ref();
-            let subscription = params
-                .and_then(|p| p.pointer("/_meta/io.modelcontextprotocol~1subscriptionId"))
-                .and_then(Value::as_str);
-            let token = params.and_then(|p| p.get("progressToken"));
-            subscription.and_then(|id| t.pending.get(id)).or_else(|| {
-                token.and_then(|tok| {
-                    t.pending
-                        .values()
-                        .find(|p| p.progress_token.as_ref() == Some(tok))
+    let target = {
+        let Ok(t) = shared.table.lock() else { return };
+        let target = match &msg {
+            Message::Response(r) => match &r.id {
+                Some(RequestId::String(id)) => t.pending.get(id),
+                _ => None,
+            },
+            Message::Notification(n) => {
+                let params = n.params.as_ref();
+                let subscription = params
+                    .and_then(|p| p.pointer("/_meta/io.modelcontextprotocol~1subscriptionId"))
+                    .and_then(Value::as_str);
+                let token = params.and_then(|p| p.get("progressToken"));
+                subscription.and_then(|id| t.pending.get(id)).or_else(|| {
+                    token.and_then(|tok| {
+                        t.pending
+                            .values()
+                            .find(|p| p.progress_token.as_ref() == Some(tok))
+                    })
                 })
-            })
-        }
-        Message::Request(_) => None,
+            }
+            Message::Request(_) => None,
+        };
+        target.map(|p| p.tx.clone())
     };
     match target {
-        Some(p) => {
-            if p.tx.try_send(msg).is_err() {
-                debug!("a waiting request fell behind; message dropped");
-            }
-        }
+        // A receiver gone meanwhile gave up on the exchange (its cancel is sent).
+        Some(tx) => drop(tx.send(msg).await),
         None => debug!("uncorrelated message from the stdio upstream dropped"),
     }
 }
