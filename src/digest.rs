@@ -13,11 +13,30 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         == 0
 }
 
+/// Lower-case hex of `bytes` (digests, random ids, log tags): the one encoder both
+/// programs use.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
+}
+
+/// The short tag a secret or attacker-chosen string is logged under: the first
+/// `bytes` bytes of its SHA-256, as hex. Enough to tell values apart in a log; nothing
+/// to replay.
+pub fn short_digest(value: &[u8], bytes: usize) -> String {
+    let d = Sha256::digest(value);
+    hex(&d[..bytes.min(d.len())])
+}
+
 /// The tag a secret identifier (a session id) is logged under: the first 8 hex digits
-/// of its SHA-256. Enough to tell sessions apart in a log; nothing to replay.
+/// of its SHA-256.
 pub fn log_tag(secret: &str) -> String {
-    let d = Sha256::digest(secret.as_bytes());
-    d[..4].iter().map(|b| format!("{b:02x}")).collect()
+    short_digest(secret.as_bytes(), 4)
 }
 
 #[cfg(test)]
@@ -33,5 +52,7 @@ mod tests {
         assert_eq!(tag.len(), 8);
         assert!(!"0123456789abcdef".contains(&tag));
         assert_eq!(tag, log_tag("0123456789abcdef"));
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        assert_eq!(short_digest(b"abc", 3), "ba7816");
     }
 }

@@ -26,7 +26,6 @@ use crate::listener::{ConnInfo, ListenerConfig};
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,13 +70,6 @@ impl AdminSettings {
     }
 }
 
-fn digest(token: &[u8]) -> [u8; 32] {
-    let mut h = Sha256::new();
-    h.update(b"dualera-admin-token\0");
-    h.update(token);
-    h.finalize().into()
-}
-
 /// Whether the request carries the token: both sides hashed to the same length, then
 /// compared without an early exit.
 fn authorized(req: &Request<Incoming>, token: &str) -> bool {
@@ -86,12 +78,7 @@ fn authorized(req: &Request<Incoming>, token: &str) -> bool {
         .get(header::AUTHORIZATION)
         .and_then(crate::bearer::token)
         .unwrap_or("");
-    let (a, b) = (digest(presented.as_bytes()), digest(token.as_bytes()));
-    let differ = a
-        .iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    differ == 0 && !presented.is_empty()
+    crate::digest::constant_time_eq(presented.as_bytes(), token.as_bytes()) && !presented.is_empty()
 }
 
 /// Refuses a non-loopback admin address without a token.

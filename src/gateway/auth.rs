@@ -88,16 +88,12 @@ impl BindingKey {
     /// The key as hex, for a store shared between replicas (the digest, never the
     /// credential).
     pub(super) fn to_hex(self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        crate::digest::hex(&self.0)
     }
 
     /// Constant-time comparison.
     pub(super) fn matches(&self, other: &Self) -> bool {
-        self.0
-            .iter()
-            .zip(other.0.iter())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
+        crate::digest::constant_time_eq(&self.0, &other.0)
     }
 }
 
@@ -133,10 +129,7 @@ pub(super) fn credentials(headers: &http::HeaderMap) -> Option<HeaderValue> {
 pub(super) fn fingerprint(authorization: Option<&HeaderValue>) -> String {
     match authorization {
         None => "none".to_owned(),
-        Some(a) => {
-            let d = Sha256::digest(a.as_bytes());
-            format!("{:02x}{:02x}{:02x}{:02x}", d[0], d[1], d[2], d[3])
-        }
+        Some(a) => crate::digest::short_digest(a.as_bytes(), 4),
     }
 }
 

@@ -69,7 +69,7 @@ pub(super) fn open(
     if getrandom::fill(&mut raw).is_err() {
         return status(StatusCode::INTERNAL_SERVER_ERROR, "no randomness\n");
     }
-    let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let id = crate::digest::hex(&raw);
     let auth = super::auth::credentials(req.headers());
     let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(64);
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(256);

@@ -400,7 +400,7 @@ impl SessionHandle {
 pub(super) fn mint_session_id() -> Option<String> {
     let mut bytes = [0u8; 24];
     getrandom::fill(&mut bytes).ok()?;
-    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Some(crate::digest::hex(&bytes))
 }
 
 pub(super) fn rpc_error(

@@ -107,8 +107,7 @@ fn random_replica_id() -> String {
     if getrandom::fill(&mut bytes).is_err() {
         return format!("replica-{}", std::process::id());
     }
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("replica-{hex}")
+    format!("replica-{}", crate::digest::hex(&bytes))
 }
 
 /// The store could not be used; requests of shared sessions fail with `-32603` and

@@ -5,7 +5,7 @@
 //! The payload names its key id, so keys rotate: the newest signs, every listed key
 //! verifies. The tag is checked (in constant time) before any field is trusted.
 
-use crate::digest::constant_time_eq;
+use crate::digest::{constant_time_eq, hex};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use hmac::{Hmac, Mac};
@@ -327,11 +327,6 @@ fn write_canonical(v: &Value, out: &mut String) {
         }
         other => out.push_str(&other.to_string()),
     }
-}
-
-/// Lower-case hex.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

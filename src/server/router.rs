@@ -536,11 +536,7 @@ impl Server {
 
 /// A short digest of a `requestState`, for logs.
 fn state_digest(state: &str) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(state.as_bytes())[..6]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::digest::short_digest(state.as_bytes(), 6)
 }
 
 fn no_cursor(params: &Map<String, Value>) -> Result<(), ServerError> {

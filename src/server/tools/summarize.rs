@@ -2,8 +2,8 @@
 //! directory, then two sampling rounds through MRTR (pick files, then summarize).
 
 use super::{text_result, CallContext, Outcome, Tool};
+use crate::digest::hex;
 use crate::server::error::ServerError;
-use crate::server::request_state::hex;
 use crate::server::scope::Scope;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
