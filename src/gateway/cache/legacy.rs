@@ -14,7 +14,6 @@ use super::key::{Cacheable, Caller, RequestKey};
 use super::{Begin, Fetch, ResponseCache};
 use crate::gateway::upstream::{Exchange, Item, OnBehalf, UpstreamError};
 use crate::gateway::Gateway;
-use bytes::Bytes;
 use dualera_adapters::{ErrorCode, Message, ProtocolVersion, RequestId, Response, UpstreamRole};
 use http::header::HeaderValue;
 use serde_json::Value;
@@ -120,7 +119,7 @@ impl Fill {
                     }
                 }
                 if let (Ok(result), false) = (&resp.outcome, self.notified) {
-                    self.cache.store(&self.fetch, frame(result), false);
+                    self.cache.store_result(&self.fetch, result);
                 }
                 Ok(Message::Response(resp))
             }
@@ -156,17 +155,6 @@ impl Fill {
             (*stale.value()).clone(),
         )))
     }
-}
-
-/// A response around `result` in the shape [`ResponseCache::store`] reads.
-fn frame(result: &Value) -> Bytes {
-    let mut out = Vec::with_capacity(256);
-    out.extend_from_slice(br#"{"id":0,"jsonrpc":"2.0","result":"#);
-    if serde_json::to_writer(&mut out, result).is_err() {
-        return Bytes::new();
-    }
-    out.push(b'}');
-    Bytes::from(out)
 }
 
 /// A `tools/call`, watched for the error that invalidates a cached `tools/list`.

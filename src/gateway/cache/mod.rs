@@ -588,6 +588,48 @@ impl ResponseCache {
         let Ok(hints) = serde_json::from_slice::<Hints>(&body[result.clone()]) else {
             return false;
         };
+        self.insert(fetch, hints, body, (id, result), verbatim, OnceLock::new())
+    }
+
+    /// [`ResponseCache::store`] for a result the legacy path already holds parsed: the
+    /// hints are read from the value, the entry's body is written once (for the
+    /// pass-through hits it may serve) and the value is kept as the entry's parse.
+    pub(crate) fn store_result(self: &Arc<Self>, fetch: &Fetch, result: &Value) -> bool {
+        let Ok(hints) = Hints::deserialize(result) else {
+            return false;
+        };
+        if hints.result_type.as_deref() != Some("complete") {
+            return false;
+        }
+        const HEAD: &[u8] = br#"{"id":0,"jsonrpc":"2.0","result":"#;
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(HEAD);
+        if serde_json::to_writer(&mut out, result).is_err() {
+            return false;
+        }
+        let end = out.len();
+        out.push(b'}');
+        let id = 6..7;
+        let parsed = OnceLock::from(Arc::new(result.clone()));
+        self.insert(
+            fetch,
+            hints,
+            Bytes::from(out),
+            (id, HEAD.len()..end),
+            false,
+            parsed,
+        )
+    }
+
+    fn insert(
+        self: &Arc<Self>,
+        fetch: &Fetch,
+        hints: Hints,
+        body: Bytes,
+        (id, result): (Range<usize>, Range<usize>),
+        verbatim: bool,
+        parsed: OnceLock<Arc<Value>>,
+    ) -> bool {
         if hints.result_type.as_deref() != Some("complete") {
             return false;
         }
@@ -624,7 +666,7 @@ impl ResponseCache {
             } else {
                 Box::default()
             },
-            parsed: OnceLock::new(),
+            parsed,
             body,
         };
         let key = Key {

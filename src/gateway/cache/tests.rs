@@ -335,3 +335,30 @@ async fn bounded_in_entries_and_bytes() {
     let huge = json!({"resultType": "complete", "contents": "x".repeat(1 << 20), "ttlMs": 1000, "cacheScope": "public"});
     assert!(!c.store(&f, body(huge), true));
 }
+
+#[tokio::test]
+async fn a_parsed_legacy_result_is_stored_as_it_would_be_framed() {
+    let (c, _) = cache(CacheConfig::default());
+    let k = key(&c, Cacheable::ToolsList, json!({}));
+    let Begin::Fetch(f) = c.begin(k.clone(), Caller::anonymous(), false).await else {
+        panic!()
+    };
+    let result = tools(json!(5000), "public");
+    assert!(c.store_result(&f, &result));
+    drop(f);
+    let Begin::Hit(e) = c.begin(k, Caller::anonymous(), false).await else {
+        panic!("a stored legacy result is a hit")
+    };
+    assert_eq!(*e.value(), result);
+    let served: Value = serde_json::from_slice(&e.with_id(b"\"x-1\"")).unwrap();
+    assert_eq!(
+        served,
+        json!({"jsonrpc": "2.0", "id": "x-1", "result": result})
+    );
+    // Interim results stay uncached on this path too.
+    let k = key(&c, Cacheable::PromptsList, json!({}));
+    let Begin::Fetch(f) = c.begin(k, Caller::anonymous(), false).await else {
+        panic!()
+    };
+    assert!(!c.store_result(&f, &json!({"resultType": "input_required", "ttlMs": 5000})));
+}
