@@ -446,8 +446,13 @@ pub struct Footprint {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Session {
-    #[serde(rename = "id_prefix", with = "snapshot::id_prefix")]
-    config: Config,
+    /// The driver's bounds and timings, shared by every session it runs (not part of
+    /// a snapshot: [`Session::restore`] hands it back).
+    #[serde(skip)]
+    config: Arc<Config>,
+    /// The prefix of every id this session mints (its own, unlike the rest of the
+    /// config).
+    id_prefix: Box<str>,
     state: SessionState,
     #[serde(with = "snapshot::revision")]
     revision: Option<&'static Revision>,
@@ -497,9 +502,17 @@ impl Default for Session {
 impl Session {
     /// A new session waiting for `initialize`.
     pub fn new(config: Config) -> Self {
+        let id_prefix = config.id_prefix.clone().into_boxed_str();
+        Self::with_shared_config(Arc::new(config), id_prefix)
+    }
+
+    /// A session on a configuration shared with the driver's other sessions, minting
+    /// ids under `id_prefix` (instead of [`Config::id_prefix`]).
+    pub fn with_shared_config(config: Arc<Config>, id_prefix: impl Into<Box<str>>) -> Self {
         let retired = config.retired_ids;
         Self {
             config,
+            id_prefix: id_prefix.into(),
             state: SessionState::AwaitingInitialize,
             revision: None,
             client_info: None,
@@ -532,14 +545,11 @@ impl Session {
     /// Re-attaches what a serialized session leaves out (see [`crate::snapshot`]): the
     /// driver's `config` (the session keeps its own `id_prefix`) and the shared
     /// `server/discover` result it was started from ([`Session::discover`]).
-    pub fn restore(mut self, config: Config, discover: Option<Arc<Value>>) -> Self {
-        let id_prefix = std::mem::take(&mut self.config.id_prefix);
+    pub fn restore(mut self, config: impl Into<Arc<Config>>, discover: Option<Arc<Value>>) -> Self {
+        let config = config.into();
         self.retired_live.set_cap(config.retired_ids);
         self.retired_upstream.set_cap(config.retired_ids);
-        self.config = Config {
-            id_prefix,
-            ..config
-        };
+        self.config = config;
         self.discover = discover;
         self
     }
@@ -2307,17 +2317,17 @@ impl Session {
 
     fn mint_upstream(&mut self) -> RequestId {
         self.next_upstream += 1;
-        RequestId::String(format!("{}-u{}", self.config.id_prefix, self.next_upstream))
+        RequestId::String(format!("{}-u{}", self.id_prefix, self.next_upstream))
     }
 
     fn mint_live(&mut self) -> RequestId {
         self.next_live += 1;
-        RequestId::String(format!("{}-l{}", self.config.id_prefix, self.next_live))
+        RequestId::String(format!("{}-l{}", self.id_prefix, self.next_live))
     }
 
     fn mint_elicitation(&mut self) -> String {
         self.next_elicitation += 1;
-        format!("{}-e{}", self.config.id_prefix, self.next_elicitation)
+        format!("{}-e{}", self.id_prefix, self.next_elicitation)
     }
 
     /// Whether `id` has the shape of an id this session minted with `tag` (so a reply
@@ -2327,7 +2337,7 @@ impl Session {
             return false;
         };
         let Some(rest) = s
-            .strip_prefix(self.config.id_prefix.as_str())
+            .strip_prefix(&*self.id_prefix)
             .and_then(|r| r.strip_prefix('-'))
             .and_then(|r| r.strip_prefix(tag))
         else {

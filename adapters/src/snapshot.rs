@@ -27,7 +27,6 @@
 
 use crate::jsonrpc::{Message, RequestId};
 use crate::revision::Revision;
-use crate::session::Config;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::HashMap;
@@ -142,28 +141,5 @@ pub(crate) mod revision {
                 .map(Some)
                 .ok_or_else(|| D::Error::custom(format!("unknown legacy revision {v:?}"))),
         }
-    }
-}
-
-/// A session's [`Config`]: only its `id_prefix` is the session's own; the rest comes
-/// from the driver on [`Session::restore`](crate::Session::restore).
-pub(crate) mod id_prefix {
-    use super::*;
-
-    pub(crate) fn serialize<S: Serializer>(
-        config: &Config,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&config.id_prefix)
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Config, D::Error> {
-        let id_prefix = String::deserialize(deserializer)?;
-        Ok(Config {
-            id_prefix,
-            ..Config::default()
-        })
     }
 }

@@ -77,7 +77,8 @@ pub(super) struct Sessions {
     map: DashMap<String, Arc<SessionHandle>>,
     /// Sessions per binding (kept with `map`, so admission never scans for it).
     per_caller: DashMap<Binding, usize>,
-    machine: MachineConfig,
+    /// The machine's bounds and timings, shared by every session.
+    machine: Arc<MachineConfig>,
     max_sessions: usize,
     max_per_caller: usize,
 }
@@ -96,7 +97,7 @@ impl Sessions {
         Self {
             map: DashMap::new(),
             per_caller: DashMap::new(),
-            machine: machine_config(config),
+            machine: Arc::new(machine_config(config)),
             max_sessions: config.max_sessions,
             max_per_caller: config.max_sessions_per_caller,
         }
@@ -165,15 +166,14 @@ impl Sessions {
         Some(handle.tag.clone())
     }
 
-    /// The machine configuration for a new session on `transport`, with ids of its own.
-    pub(super) fn machine_config(&self, transport: &str) -> MachineConfig {
+    /// A machine for a new session on `transport`, with ids of its own.
+    pub(super) fn new_machine(&self, transport: &str) -> Session {
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let mut c = self.machine.clone();
-        c.id_prefix = format!(
+        let prefix = format!(
             "dualera-{transport}{}",
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
-        c
+        Session::with_shared_config(self.machine.clone(), prefix)
     }
 
     /// How many sessions are live.
@@ -888,9 +888,8 @@ async fn initialize(
         return internal();
     };
     let tag = crate::digest::log_tag(&id);
-    let mut machine_config = gw.legacy.machine.clone();
-    machine_config.id_prefix = format!("dualera-{tag}");
-    let mut machine = Session::new(machine_config);
+    let mut machine =
+        Session::with_shared_config(gw.legacy.machine.clone(), format!("dualera-{tag}"));
     if let Some(d) = cache::legacy::discover_for_initialize(&gw.cache, auth.as_ref()) {
         let _ = machine.handle_discover_shared(d);
     }

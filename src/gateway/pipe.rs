@@ -38,7 +38,7 @@ pub(super) async fn run_session(
     let start = Instant::now();
     let now =
         || Timestamp::from_millis(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
-    let mut machine = Session::new(gw.legacy.machine_config(transport));
+    let mut machine = gw.legacy.new_machine(transport);
     let mut telemetry = gw.telemetry.session(transport);
     if let Some(d) =
         super::cache::legacy::discover_for_initialize(&gw.cache, authorization.as_ref())

@@ -304,7 +304,7 @@ pub(in crate::gateway) struct SharedSessions {
     keys: Keys,
     replica: String,
     lease: Duration,
-    machine: MachineConfig,
+    machine: Arc<MachineConfig>,
     idle_ttl: Duration,
     keepalive: Duration,
     replay: usize,
@@ -350,6 +350,7 @@ impl SharedSessions {
         .map_err(|source| StoreError::Unreachable { source })?;
         let mut machine = legacy_http::machine_config(config);
         machine.retired_ids = RETIRED_IDS;
+        let machine = Arc::new(machine);
         Ok(Arc::new(Self {
             redis: Arc::new(redis),
             keys,
@@ -426,10 +427,8 @@ impl SharedSessions {
         self.exchanges.clear();
     }
 
-    fn machine_config(&self, sid: &str) -> MachineConfig {
-        let mut c = self.machine.clone();
-        c.id_prefix = format!("dualera-{}", &sid[..8]);
-        c
+    fn new_machine(&self, sid: &str) -> Session {
+        Session::with_shared_config(self.machine.clone(), format!("dualera-{}", &sid[..8]))
     }
 
     // ----- discover results -------------------------------------------------------
@@ -479,8 +478,7 @@ impl SharedSessions {
             None => None,
         };
         let machine = std::mem::take(&mut record.machine);
-        let sid_prefix = self.machine.clone();
-        record.machine = machine.restore(sid_prefix, discover);
+        record.machine = machine.restore(self.machine.clone(), discover);
         Ok(record)
     }
 
@@ -991,7 +989,7 @@ impl SharedSessions {
         let Some(sid) = mint_session_id() else {
             return legacy_http::internal();
         };
-        let mut machine = dualera_adapters::Session::new(self.machine_config(&sid));
+        let mut machine = self.new_machine(&sid);
         if let Some(d) = cache::legacy::discover_for_initialize(&gw.cache, auth.as_ref()) {
             let _ = machine.handle_discover_shared(d);
         }
