@@ -18,21 +18,22 @@
 //! Memory bound: the gateway's VmRSS (`/proc/PID/status`), sampled every
 //! [`RSS_EVERY`] during the flood, stays under its RSS after the host's `initialize`
 //! (or, for pass-through, before any request) plus [`RSS_HEADROOM`] = 24 MiB. Measured
-//! on this machine (2 cores, debug build, the seven tests at once): baseline 23–34
-//! MiB, peak at most baseline + 7.3 MiB on every wire, both where the gateway drops
-//! the flood (the code before issue 24) and where it carries all of it
-//! (pass-through over HTTP, hyper's body streaming). The headroom is three times
-//! that; the flood itself is [`COUNT`] × [`PAD`] ≈ 41 MB of padding, so a gateway that
-//! held the backlog in memory instead of slowing its upstream crosses the bound.
+//! on this machine (2 cores, debug build): baseline 23–34 MiB; peak at most 7.5 MiB
+//! above baseline on every wire, both with the gateway before issue 24 (which drops
+//! most of the flood) and with the pulled upstream streams (which carry all of it).
+//! The headroom is three times that; the flood itself is [`COUNT`] × [`PAD`] ≈ 41 MB
+//! of padding, so a gateway that held the backlog in memory instead of slowing its
+//! upstream crosses the bound.
 //!
-//! Runtime: the tests mostly wait (the stall, the paced reads: about 17 s of CPU for
-//! all seven), so they can run at once. A passing test takes about 8 s. A lost
-//! message shows as [`SILENCE`] after the stall with nothing arriving (about 17 s),
-//! or as the wire closing.
+//! Runtime: the tests mostly wait (the stall, the paced reads), so they can run at
+//! once. A passing flood takes 6–15 s (the whole file about 47 s at the harness's
+//! default of two tests at a time on 2 cores). A lost message shows as [`SILENCE`]
+//! after the stall with nothing arriving (about 17 s), or as the wire closing.
 
 mod gateway_support;
 
 use bytes::Bytes;
+use dualera::framing::read_bounded_line;
 use dualera::sse;
 use futures_util::{SinkExt, StreamExt};
 use gateway_support::{modern_headers, modern_request, Proc};
@@ -46,7 +47,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -70,7 +71,7 @@ const RSS_HEADROOM: u64 = 24 * 1024 * 1024;
 const RSS_EVERY: Duration = Duration::from_millis(50);
 /// The progress token of the flood call.
 const TOKEN: &str = "flood";
-/// Most bytes of one SSE event the host accepts.
+/// Most bytes of one SSE event or stdio line the host accepts.
 const MAX_EVENT: usize = 1 << 20;
 
 // ---------------------------------------------------------------------------------
@@ -99,18 +100,17 @@ fn fixture_bin() -> PathBuf {
         // Without the variables cargo sets for a test process: build scripts that
         // watch one (ring watches CARGO_MANIFEST_DIR) would rebuild the whole tree
         // here, and again on the next plain `cargo build`.
+        const SET_FOR_TESTS: [&str; 6] = [
+            "CARGO_MANIFEST_",
+            "CARGO_PKG_",
+            "CARGO_BIN_",
+            "CARGO_CRATE_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+        ];
         for (key, _) in std::env::vars_os() {
             let key = key.to_string_lossy();
-            if [
-                "CARGO_MANIFEST_",
-                "CARGO_PKG_",
-                "CARGO_BIN_",
-                "CARGO_CRATE_NAME",
-            ]
-            .iter()
-            .chain(&["CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR"])
-            .any(|p| key.starts_with(p))
-            {
+            if SET_FOR_TESTS.iter().any(|p| key.starts_with(p)) {
                 cmd.env_remove(&*key);
             }
         }
@@ -513,7 +513,7 @@ fn stdio(upstream: &str) -> (Host, u32) {
     let (tx, mut outgoing) = mpsc::channel::<Value>(8);
     let (out, inbox) = mpsc::channel(16);
     let mut host = Host::new(tx, inbox, Pace::default());
-    let mut lines = tokio::io::BufReader::new(Slow::new(stdout, &host.pace)).lines();
+    let mut reader = tokio::io::BufReader::with_capacity(CHUNK, Slow::new(stdout, &host.pace));
     tokio::spawn(async move {
         while let Some(m) = outgoing.recv().await {
             let mut line = m.to_string().into_bytes();
@@ -524,8 +524,12 @@ fn stdio(upstream: &str) -> (Host, u32) {
         }
     });
     tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+        let mut line = Vec::new();
+        while let Ok(Some(read)) = read_bounded_line(&mut reader, &mut line, MAX_EVENT).await {
+            if read.is_err() {
+                return;
+            }
+            if let Ok(v) = serde_json::from_slice::<Value>(&line) {
                 if out.send(v).await.is_err() {
                     return;
                 }
