@@ -26,7 +26,7 @@
 //! upstream crosses the bound.
 //!
 //! Runtime: the tests mostly wait (the stall, the paced reads), so they can run at
-//! once. A passing flood takes 6–15 s (the whole file about 47 s at the harness's
+//! once. A passing flood takes about 7 s (the whole file about 40 s at the harness's
 //! default of two tests at a time on 2 cores). A lost message shows as [`SILENCE`]
 //! after the stall with nothing arriving (about 17 s), or as the wire closing.
 
