@@ -15,6 +15,7 @@
 //! ```sh
 //! cargo run --example conformance_upstream -- --listen 127.0.0.1:0
 //! # stderr: listening on http://127.0.0.1:PORT/mcp
+//! cargo run --example conformance_upstream -- --stdio   # JSON-RPC lines on stdin/stdout
 //! ```
 
 use dualera::config::Config;
@@ -22,7 +23,8 @@ use dualera::server::catalog::{
     CacheHints, Catalog, CompletionProvider, PromptProvider, ResourceProvider,
 };
 use dualera::server::tools::{text_result, CallContext, Outcome, Tool, ToolRegistry};
-use dualera::server::{http, Server, ServerError};
+use dualera::server::{http, stdio, Server, ServerError};
+use dualera_adapters::{Message, Notification};
 use serde_json::{json, Map, Value};
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -462,6 +464,136 @@ fn trigger_prompt_change(cx: &CallContext<'_>) -> Result<Outcome, ServerError> {
 }
 
 // ---------------------------------------------------------------------------------
+// Floods, for the gateway's backpressure tests (`tests/backpressure.rs`): many
+// messages, each numbered, as fast as the transport takes them.
+
+/// Most messages one flood sends.
+const FLOOD_MAX_COUNT: u64 = 100_000;
+/// Most padding bytes per flooded message.
+const FLOOD_MAX_BYTES: u64 = 64 * 1024;
+/// Announced changes not yet taken by every listen stream before `flood_changes`
+/// waits (the fan-out channel holds 256 and drops the oldest beyond that).
+const FLOOD_CHANGES_QUEUED: usize = 128;
+/// How long `flood_changes` waits for a listen stream to appear, or for one queued
+/// change to be taken.
+const FLOOD_WAIT: Duration = Duration::from_secs(60);
+/// The `_meta` key (and the list-change params key) carrying a flood's padding.
+const FLOOD_PAD: &str = "dualera.test/pad";
+
+/// `count` (1..=100,000) and `bytes` (0..=65,536) of a flood call.
+fn flood_args(cx: &CallContext<'_>) -> Result<(u64, String), ServerError> {
+    cx.only_args(&["count", "bytes"])?;
+    let int = |key: &str, min: u64, max: u64| match cx.arguments.get(key) {
+        None if min == 0 => Ok(0),
+        Some(v) => v
+            .as_u64()
+            .filter(|n| (min..=max).contains(n))
+            .ok_or_else(|| {
+                ServerError::params(format!(
+                    "argument {key} must be an integer in {min}..={max}"
+                ))
+            }),
+        None => Err(ServerError::params(format!("argument {key} is required"))),
+    };
+    let count = int("count", 1, FLOOD_MAX_COUNT)?;
+    let bytes = int("bytes", 0, FLOOD_MAX_BYTES)?;
+    Ok((count, "x".repeat(usize::try_from(bytes).unwrap_or(0))))
+}
+
+/// The result naming how many messages a flood sent.
+fn flooded(count: u64) -> Result<Outcome, ServerError> {
+    Ok(Outcome::Complete(text_result(
+        format!("flooded {count}"),
+        Some(json!({ "count": count })),
+        false,
+    )))
+}
+
+/// Sends `count` `notifications/progress` on the request's own stream (progress
+/// 1..=count, the sequence number; `total` = count; padding in `_meta`), then the
+/// result. The transport's send waits while its queue is full, so nothing is dropped
+/// here: a slow reader slows this loop.
+fn flood(cx: &CallContext<'_>) -> Result<Outcome, ServerError> {
+    let (count, pad) = flood_args(cx)?;
+    let token = cx
+        .meta
+        .progress_token
+        .clone()
+        .ok_or_else(|| ServerError::params("flood needs _meta.progressToken"))?;
+    for seq in 1..=count {
+        if cx.is_cancelled() {
+            return Err(ServerError::params("cancelled"));
+        }
+        (cx.sink.notify)(Message::Notification(Notification {
+            method: "notifications/progress".into(),
+            params: Some(json!({
+                "progressToken": token,
+                "progress": seq,
+                "total": count,
+                "_meta": { FLOOD_PAD: pad },
+            })),
+        }));
+    }
+    flooded(count)
+}
+
+/// Announces `count` `notifications/resources/list_changed` (params `seq` 1..=count and
+/// padding) to the `subscriptions/listen` streams, then one
+/// `notifications/tools/list_changed` naming `count`, then answers. It first waits for
+/// a listen stream, and never lets the fan-out channel overflow (which would drop
+/// changes): it waits while a stream has not taken the queued ones.
+fn flood_changes(cx: &CallContext<'_>) -> Result<Outcome, ServerError> {
+    let (count, pad) = flood_args(cx)?;
+    let changes = &cx.services.changes;
+    let wait = |ready: &dyn Fn() -> bool, what: &str| {
+        let start = std::time::Instant::now();
+        while !ready() {
+            if cx.is_cancelled() {
+                return Err(ServerError::params("cancelled"));
+            }
+            if start.elapsed() > FLOOD_WAIT {
+                return Err(ServerError::params(format!(
+                    "flood_changes: waited {}s {what}",
+                    FLOOD_WAIT.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    };
+    wait(
+        &|| changes.receiver_count() > 0,
+        "for a subscriptions/listen stream",
+    )?;
+    let announce = |method: &str, params: Value| {
+        changes
+            .send(json!({ "method": method, "params": params }))
+            .map_err(|_| {
+                ServerError::params("flood_changes: every subscriptions/listen stream closed")
+            })
+    };
+    for seq in 1..=count {
+        wait(
+            &|| changes.len() < FLOOD_CHANGES_QUEUED,
+            "for a listen stream to read",
+        )?;
+        announce(
+            "notifications/resources/list_changed",
+            json!({ "seq": seq, FLOOD_PAD: pad }),
+        )?;
+    }
+    wait(
+        &|| changes.len() < FLOOD_CHANGES_QUEUED,
+        "for a listen stream to read",
+    )?;
+    announce(
+        "notifications/tools/list_changed",
+        json!({ "count": count }),
+    )?;
+    flooded(count)
+}
+
+// ---------------------------------------------------------------------------------
 // 2026-07-28 MRTR tools (FIXTURE §6).
 
 const NAME_QUESTION: &str = "What is your name?";
@@ -841,6 +973,24 @@ fn tools() -> ToolRegistry {
         needs: None,
         run: |cx| text(format!("ok: {}", Value::Object(cx.arguments.clone()))),
     });
+    let flood_schema = json!({
+        "count": { "type": "integer", "minimum": 1, "maximum": FLOOD_MAX_COUNT },
+        "bytes": { "type": "integer", "minimum": 0, "maximum": FLOOD_MAX_BYTES },
+    });
+    add(tool(
+        "flood",
+        "Streams `count` numbered progress notifications (each padded with `bytes`), then the result",
+        flood_schema.clone(),
+        &["count"],
+        flood,
+    ));
+    add(tool(
+        "flood_changes",
+        "Announces `count` numbered resources/list_changed (each padded with `bytes`) to the listen streams, then tools/list_changed, then answers",
+        flood_schema,
+        &["count"],
+        flood_changes,
+    ));
     for (name, description, run) in [
         (
             "test_input_required_result_elicitation",
@@ -1126,22 +1276,29 @@ fn catalog() -> Catalog {
 // ---------------------------------------------------------------------------------
 // Program.
 
-fn parse_listen() -> Result<SocketAddr, String> {
+/// Where to serve: an HTTP listener, or newline-delimited JSON-RPC on stdin/stdout.
+enum Serve {
+    Listen(SocketAddr),
+    Stdio,
+}
+
+fn parse_args() -> Result<Serve, String> {
     let mut args = std::env::args().skip(1);
-    let mut listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut serve = Serve::Listen(SocketAddr::from(([127, 0, 0, 1], 0)));
     while let Some(a) = args.next() {
         match a.as_str() {
             "--listen" => {
                 let v = args.next().ok_or("--listen needs an address")?;
-                listen = v.parse().map_err(|e| format!("--listen {v}: {e}"))?;
+                serve = Serve::Listen(v.parse().map_err(|e| format!("--listen {v}: {e}"))?);
             }
+            "--stdio" => serve = Serve::Stdio,
             "-h" | "--help" => {
-                return Err("usage: conformance_upstream [--listen 127.0.0.1:0]".into());
+                return Err("usage: conformance_upstream [--listen 127.0.0.1:0 | --stdio]".into());
             }
             other => return Err(format!("unknown argument {other}")),
         }
     }
-    Ok(listen)
+    Ok(serve)
 }
 
 async fn shutdown() {
@@ -1168,8 +1325,8 @@ async fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let addr = match parse_listen() {
-        Ok(a) => a,
+    let serve = match parse_args() {
+        Ok(s) => s,
         Err(e) => {
             eprintln!("conformance_upstream: {e}");
             return ExitCode::from(2);
@@ -1181,6 +1338,20 @@ async fn main() -> ExitCode {
         Err(e) => {
             eprintln!("conformance_upstream: {e}");
             return ExitCode::FAILURE;
+        }
+    };
+    let addr = match serve {
+        Serve::Listen(addr) => addr,
+        Serve::Stdio => {
+            // The principal `dualera serve --stdio` uses by default (stdio has no tokens).
+            let stdin = tokio::io::BufReader::new(tokio::io::stdin());
+            return match stdio::serve(server, "local".into(), stdin, tokio::io::stdout()).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("conformance_upstream: {e}");
+                    ExitCode::FAILURE
+                }
+            };
         }
     };
     let listener = match http::bind(addr).await {
