@@ -105,11 +105,23 @@ pub struct ReportSection {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthSection {
+    /// The identity provider whose token shape fills the defaults of `token_types`,
+    /// `scope_claims`, `principal_claim` and `required_claims` (every one can still be
+    /// set here); none: the strict RFC 9068 profile.
+    #[serde(default)]
+    pub provider: Option<IdentityProvider>,
     /// The authorization server's issuer identifier (the `iss` every token must carry).
+    /// May be left out when `[[auth.issuers]]` names every issuer.
+    #[serde(default)]
     pub issuer: String,
     /// This resource's canonical URI (RFC 8707): the `aud` tokens must name. Behind the
-    /// gateway: the gateway's public URL, e.g. `https://gateway.example/mcp`.
+    /// gateway: the gateway's public URL, e.g. `https://gateway.example/mcp`. It stays
+    /// first among the accepted audiences and is the metadata's `resource`.
     pub audience: String,
+    /// Further accepted audiences, for providers that cannot issue the canonical URI
+    /// (Entra ID: the application's GUID, `api://…`).
+    #[serde(default)]
+    pub audiences: Vec<String>,
     /// A JWK Set file (relative paths: against the config file's folder).
     #[serde(default)]
     pub jwks_file: Option<PathBuf>,
@@ -118,15 +130,31 @@ pub struct AuthSection {
     #[serde(default)]
     pub jwks_uri: Option<String>,
     /// The claim that names the principal in `[[grants]]` (default `sub`).
-    #[serde(default = "default_principal_claim")]
-    pub principal_claim: String,
+    #[serde(default)]
+    pub principal_claim: Option<String>,
+    /// Accepted JOSE `typ` values (default `["at+jwt", "application/at+jwt"]`, RFC 9068
+    /// §4); `""` accepts a token without `typ`.
+    #[serde(default)]
+    pub token_types: Option<Vec<String>>,
+    /// Claims scopes are read from, each a space-separated string or an array of strings
+    /// (default `["scope"]`).
+    #[serde(default)]
+    pub scope_claims: Option<Vec<String>>,
+    /// Claim -> allowed values: a token must carry each claim with one of them (a
+    /// string, or an array holding one), e.g. `azp = ["my-client"]`.
+    #[serde(default)]
+    pub required_claims: Option<std::collections::BTreeMap<String, Vec<String>>>,
+    /// Further issuers, each with its own keys and, optionally, its own token shape.
+    #[serde(default)]
+    pub issuers: Vec<IssuerSection>,
     /// Accepted signature algorithms (default RS256, ES256, EdDSA).
     #[serde(default = "default_algorithms")]
     pub algorithms: Vec<String>,
     /// Clock skew allowed on `exp`/`nbf`, in seconds (default 30).
     #[serde(default = "default_clock_skew")]
     pub clock_skew_secs: u64,
-    /// Authorization servers listed in the Protected Resource Metadata (default: the issuer).
+    /// Authorization servers listed in the Protected Resource Metadata (default: the
+    /// issuers).
     #[serde(default)]
     pub authorization_servers: Vec<String>,
     /// Least seconds between two `jwks_uri` fetches prompted by an unknown `kid`
@@ -138,9 +166,53 @@ pub struct AuthSection {
     pub scopes: std::collections::BTreeMap<String, Vec<String>>,
 }
 
-fn default_principal_claim() -> String {
-    "sub".to_owned()
+/// One more issuer of `[auth]` (`[[auth.issuers]]`): its keys, and the token shape
+/// fields, each falling back to this issuer's `provider`, then to `[auth]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IssuerSection {
+    /// The `iss` its tokens carry.
+    pub issuer: String,
+    /// As `[auth] provider`, for this issuer.
+    #[serde(default)]
+    pub provider: Option<IdentityProvider>,
+    /// As `[auth] jwks_file`.
+    #[serde(default)]
+    pub jwks_file: Option<PathBuf>,
+    /// As `[auth] jwks_uri`.
+    #[serde(default)]
+    pub jwks_uri: Option<String>,
+    /// As `[auth] audiences` (the canonical `[auth] audience` is always accepted).
+    #[serde(default)]
+    pub audiences: Option<Vec<String>>,
+    /// As `[auth] principal_claim`.
+    #[serde(default)]
+    pub principal_claim: Option<String>,
+    /// As `[auth] token_types`.
+    #[serde(default)]
+    pub token_types: Option<Vec<String>>,
+    /// As `[auth] scope_claims`.
+    #[serde(default)]
+    pub scope_claims: Option<Vec<String>>,
+    /// As `[auth] required_claims`.
+    #[serde(default)]
+    pub required_claims: Option<std::collections::BTreeMap<String, Vec<String>>>,
 }
+
+/// The identity providers whose access token shape `[auth] provider` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdentityProvider {
+    /// Keycloak.
+    Keycloak,
+    /// Microsoft Entra ID.
+    Entra,
+    /// Auth0.
+    Auth0,
+    /// Okta.
+    Okta,
+}
+
 fn default_algorithms() -> Vec<String> {
     ["RS256", "ES256", "EdDSA"].map(str::to_owned).to_vec()
 }
@@ -663,7 +735,9 @@ impl Config {
             }
         }
         if let (Some(auth), Some(dir)) = (config.auth.as_mut(), path.parent()) {
-            if let Some(file) = auth.jwks_file.as_mut().filter(|f| f.is_relative()) {
+            let files = std::iter::once(&mut auth.jwks_file)
+                .chain(auth.issuers.iter_mut().map(|i| &mut i.jwks_file));
+            for file in files.flatten().filter(|f| f.is_relative()) {
                 *file = dir.join(&*file);
             }
         }
