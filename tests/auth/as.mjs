@@ -4,7 +4,13 @@
 //   node as.mjs <config.json>
 //
 // config.json: { "resources": [canonical URIs], "ttl": seconds, "tokens": path,
-//                "clients": [{ "id", "secret", "scope" }] }
+//                "clients": [{ "id", "secret", "scope", "shape"? }] }
+//
+// A client's "shape" makes its tokens look like those of another identity provider
+// (the tokens stay signed by this server's keys, published at <issuer>/jwks):
+//   "typ": header typ ("JWT"; null: no typ at all)   "iss": suffix of the issuer
+//   "aud": audience instead of the resource          "scope_claim": claim scopes go in
+//   "scope_array": scopes as an array of strings      "claims": extra claims
 //
 // Client-credentials grant only, resource indicators (RFC 8707) required, JWT access
 // tokens (RFC 9068) signed RS256 with the given lifetime. Every access token issued is
@@ -34,8 +40,25 @@ function signingKey(alg = 'RS256') {
   return { ...privateKey.export({ format: 'jwk' }), kid: randomUUID(), alg, use: 'sig' };
 }
 
+// Rewrites an access token to a client's shape (see the header of this file).
+function shaped(issuer, token, jwt) {
+  const client = config.clients.find((c) => c.id === token.clientId);
+  const shape = client && client.shape;
+  if (!shape) return;
+  if ('typ' in shape) jwt.header = { typ: shape.typ === null ? undefined : shape.typ };
+  if (shape.iss) jwt.payload.iss = issuer + shape.iss;
+  if (shape.aud) jwt.payload.aud = shape.aud;
+  if (shape.scope_claim) {
+    const scope = jwt.payload.scope || '';
+    delete jwt.payload.scope;
+    jwt.payload[shape.scope_claim] = shape.scope_array ? scope.split(' ').filter(Boolean) : scope;
+  }
+  Object.assign(jwt.payload, shape.claims || {});
+}
+
 function provider(issuer, keys) {
   const p = new Provider(issuer, {
+    formats: { customizers: { jwt: (ctx, token, jwt) => shaped(issuer, token, jwt) } },
     clients: config.clients.map((c) => ({
       client_id: c.id,
       client_secret: c.secret,

@@ -57,6 +57,34 @@ CLIENTS = [
     {"id": "host-b", "secret": "host-b-secret", "scope": "notes:read notes:write"},
     {"id": "reader", "secret": "reader-secret", "scope": "notes:read"},
 ]
+# Clients whose tokens take the shape of another identity provider's (as.mjs "shape"):
+# header typ, issuer form, audience form, the claim scopes are in. Values as each
+# provider issues them (README, "Tokens from your identity provider").
+TENANT_A = "7c1e3b9a-2f4d-4e8a-9b1c-5d6e7f8a9b0c"
+TENANT_B = "2b7d9e41-6a3c-4f58-8d2e-0a1b2c3d4e5f"
+API_GUID = "0c8a5b2e-5f4d-4a53-9d0e-1b2c3d4e5f60"
+SHAPES = {
+    # Keycloak: typ JWT, realm issuer, scope string, payload typ "Bearer", azp.
+    "keycloak": {"typ": "JWT", "iss": "/realms/notes", "claims": {"typ": "Bearer", "azp": "keycloak"}},
+    # Entra ID v2, application permission: typ JWT, tenant issuer, GUID audience,
+    # roles array, oid.
+    "entra": {"typ": "JWT", "iss": f"/{TENANT_A}/v2.0", "aud": API_GUID, "scope_claim": "roles",
+              "scope_array": True, "claims": {"oid": "oid-of-entra", "tid": TENANT_A, "azp": "entra", "ver": "2.0"}},
+    # Entra ID, another tenant, delegated: api:// audience, scp string.
+    "entra-b": {"typ": "JWT", "iss": f"/{TENANT_B}/v2.0", "aud": "api://notes", "scope_claim": "scp",
+                "claims": {"oid": "oid-of-entra-b", "tid": TENANT_B, "ver": "2.0"}},
+    # Auth0, default token profile: typ JWT, issuer with a trailing slash, sub <id>@clients.
+    "auth0": {"typ": "JWT", "iss": "/", "claims": {"sub": "auth0@clients", "gty": "client-credentials",
+                                                   "azp": "auth0"}},
+    # Okta custom authorization server: no typ, /oauth2/default issuer, api://default,
+    # scp array, cid.
+    "okta": {"typ": None, "iss": "/oauth2/default", "aud": "api://default", "scope_claim": "scp",
+             "scope_array": True, "claims": {"cid": "okta"}},
+}
+CLIENTS += [{"id": name, "secret": f"{name}-secret", "scope": "notes:read notes:write", "shape": shape}
+            for name, shape in SHAPES.items()]
+# The principal each shape's tokens name (principal_claim of the preset).
+SHAPE_PRINCIPALS = ["keycloak", "oid-of-entra", "oid-of-entra-b", "auth0@clients", "okta"]
 SECRETS = {c["id"]: c["secret"] for c in CLIENTS}
 
 
@@ -145,7 +173,9 @@ class Stack:
 
     def __init__(self, binary: Path, work: Path, node: list[str]):
         self.work = work
+        self.binary = binary
         self.procs: list[Proc] = []
+        self.extra_logs: list[Path] = []
         self.tokens_file = work / "issued-tokens.txt"
         self.tokens_file.write_text("")
         self.ws_dir = work / "workspace"
@@ -164,6 +194,7 @@ class Stack:
             self.procs.append(self.auth)
             self.issuer = self.auth.ready_line.split()[-1]
             env = dict(os.environ, DUALERA_LOG="info,dualera=debug,dualera::wire=trace", NO_COLOR="1")
+            self.env = env
             self.db = work / "notes.db"
             grants = "".join(
                 f'[[grants]]\nprincipal = "{c["id"]}"\nworkspaces = ["{self.workspace}"]\n\n' for c in CLIENTS)
@@ -208,6 +239,33 @@ summarize_repo = ["notes:read"]
     def stop(self) -> None:
         for p in reversed(self.procs):
             p.stop()
+
+    def serve(self, tag: str, auth: str, issuers: list[dict]) -> Proc:
+        """A `dualera serve` of its own (own store) with `auth` as the top of [auth] and
+        one [[auth.issuers]] per entry of `issuers` (keys from this AS's JWKS)."""
+        principals = [c["id"] for c in CLIENTS] + SHAPE_PRINCIPALS
+        grants = "".join(f'[[grants]]\nprincipal = "{p}"\nworkspaces = ["{self.workspace}"]\n\n'
+                         for p in principals)
+        sections = "".join(
+            f'[[auth.issuers]]\njwks_uri = "{self.issuer}/jwks"\n'
+            + "".join(f"{k} = {json.dumps(v)}\n" for k, v in i.items()) for i in issuers)
+        cfg = self.work / f"server-{tag}.toml"
+        cfg.write_text(f"""[store]
+path = "{self.work / f'notes-{tag}.db'}"
+
+{grants}[auth]
+audience = "{self.gw}"
+authorization_servers = ["{self.issuer}"]
+{auth}
+[auth.scopes]
+notes_create = ["notes:write"]
+notes_list = ["notes:read"]
+
+{sections}""")
+        log = self.work / f"server-{tag}.log"
+        self.extra_logs.append(log)
+        return Proc(f"server {tag}", [str(self.binary), "serve", "--config", str(cfg), "--listen", "127.0.0.1:0"],
+                    log, "listening on http", env=self.env)
 
     def notes(self) -> dict[int, tuple[str, str]]:
         con = sqlite3.connect(str(self.db), timeout=10)
@@ -608,6 +666,131 @@ def case_key_rotation(stack: Stack) -> str:
     return f"new kids accepted after a JWKS fetch each: {', '.join(seen)}"
 
 
+def tool_call(url: str, token: str, name: str, args: dict):
+    return modern_call(url, token, "tools/call", {"name": name, "arguments": args}, name=name)
+
+
+def description(h: http.client.HTTPMessage) -> str:
+    c = " ".join(challenge(h))
+    return c[c.find("error_description="):] if "error_description=" in c else c
+
+
+def check_shape(stack: Stack, tag: str, token: str, auth: str, issuers: list[dict], want: str) -> str:
+    """One `dualera serve` configured by `auth`/`issuers` and what it does with `token`:
+    "accept" (discover, notes_create, notes_list all succeed, the note is stored),
+    "401 <setting>" (refused, error_description naming the setting) or "403 <setting>"
+    (notes_create refused for scope, the description naming the setting)."""
+    server = stack.serve(tag, auth, issuers)
+    try:
+        url = server.ready_line.split()[-1]
+        st, h, body = modern_call(url, token, "server/discover")
+        if want.startswith("401"):
+            setting = want.split()[1]
+            d = description(h)
+            expect(st == 401 and 'error="invalid_token"' in " ".join(challenge(h)), f"{tag}: discover answered {st}")
+            expect(setting in d, f"{tag}: the refusal does not name {setting}: {d}")
+            expect(token.split(".")[-1] not in d and token.split(".")[1] not in d, f"{tag}: the refusal echoes the token")
+            return f"401 {d}"
+        expect(st == 200, f"{tag}: discover answered {st}: {description(h)} {body[:200]!r}")
+        args = {"workspaceUri": stack.workspace, "title": f"{tag} note", "body": tag}
+        st, h, body = tool_call(url, token, "notes_create", args)
+        if want.startswith("403"):
+            setting = want.split()[1]
+            d = description(h)
+            expect(st == 403 and 'error="insufficient_scope"' in " ".join(challenge(h)),
+                   f"{tag}: notes_create answered {st}: {body[:200]!r}")
+            expect(setting in d, f"{tag}: the refusal does not name {setting}: {d}")
+            return f"403 {d}"
+        expect(st == 200, f"{tag}: notes_create answered {st}: {description(h)}")
+        r = rpc_body(body, h.get("Content-Type", ""))
+        expect("result" in r and not r["result"].get("isError"), f"{tag}: notes_create failed: {r}")
+        st, h, body = tool_call(url, token, "notes_list", {"workspaceUri": stack.workspace})
+        expect(st == 200 and f"{tag} note" in body.decode(), f"{tag}: notes_list answered {st}: {body[:300]!r}")
+        con = sqlite3.connect(str(stack.work / f"notes-{tag}.db"), timeout=10)
+        try:
+            titles = [t for (t,) in con.execute("SELECT title FROM notes")]
+        finally:
+            con.close()
+        expect(titles == [f"{tag} note"], f"{tag}: the store holds {titles}")
+        return "accepted"
+    finally:
+        server.stop()
+
+
+def check_provider(stack: Stack, client: str, issuers: list[dict], variants: list[tuple[str, str, str]],
+                   resource: str | None = None) -> str:
+    """The token of a provider-shaped client against each variant of `dualera serve`:
+    (tag, extra [auth] lines, expectation). The preset variant ("provider = ...") must
+    also say at start-up that it accepts a typ other than at+jwt."""
+    token = stack.token(client, resource or stack.gw)
+    out = []
+    for tag, auth, want in variants:
+        out.append(f"{tag}: {check_shape(stack, f'{client}-{tag}', token, auth, issuers, want)}")
+        if tag == "preset":
+            log = (stack.work / f"server-{client}-{tag}.log").read_text()
+            expect("typ is not at+jwt are accepted" in log, f"{client}: the preset said nothing at start-up")
+    return "; ".join(out)
+
+
+def case_provider_keycloak(stack: Stack) -> str:
+    """A Keycloak-shaped token (typ JWT, realm issuer, payload typ Bearer): accepted with
+    provider = "keycloak", refused by the strict default naming token_types; the preset's
+    azp allow-list (required_claims) refuses another client."""
+    issuers = [{"issuer": stack.issuer + "/realms/notes"}]
+    return check_provider(stack, "keycloak", issuers, [
+        ("preset", 'provider = "keycloak"', "accept"),
+        ("strict", "", "401 token_types"),
+        ("azp-allow-list", 'provider = "keycloak"\n[auth.required_claims]\nazp = ["another-client"]',
+         "401 required_claims"),
+    ])
+
+
+def case_provider_entra(stack: Stack) -> str:
+    """Entra ID-shaped tokens from two tenants (typ JWT, tenant issuers, a GUID and an
+    api:// audience, roles array / scp string, oid): accepted with provider = "entra"
+    and the audiences listed; refused by the strict default naming token_types, then
+    audiences, then scope_claims as each is relaxed in turn."""
+    issuers = [{"issuer": f"{stack.issuer}/{TENANT_A}/v2.0", "audiences": [API_GUID]},
+               {"issuer": f"{stack.issuer}/{TENANT_B}/v2.0", "audiences": ["api://notes"]}]
+    no_aud = [{"issuer": i["issuer"]} for i in issuers]
+    a = check_provider(stack, "entra", issuers, [
+        ("preset", 'provider = "entra"', "accept"),
+        ("strict", "", "401 token_types"),
+        ("typ-only", 'token_types = ["JWT"]\nprincipal_claim = "oid"', "403 scope_claims"),
+    ])
+    b = check_provider(stack, "entra", no_aud, [
+        ("no-audiences", 'provider = "entra"', "401 audiences"),
+    ])
+    c = check_provider(stack, "entra-b", issuers, [
+        ("preset", 'provider = "entra"', "accept"),
+        ("strict", 'token_types = ["JWT"]\nprincipal_claim = "oid"', "403 scope_claims"),
+    ])
+    return f"tenant A: {a}; {b}; tenant B: {c}"
+
+
+def case_provider_auth0(stack: Stack) -> str:
+    """An Auth0-shaped token (default profile: typ JWT, issuer with a trailing slash,
+    sub <client>@clients): accepted with provider = "auth0", refused strictly naming
+    token_types."""
+    issuers = [{"issuer": stack.issuer + "/"}]
+    return check_provider(stack, "auth0", issuers, [
+        ("preset", 'provider = "auth0"', "accept"),
+        ("strict", "", "401 token_types"),
+    ])
+
+
+def case_provider_okta(stack: Stack) -> str:
+    """An Okta-shaped token (no typ, /oauth2/default issuer, api://default audience, scp
+    array): accepted with provider = "okta" and audiences = ["api://default"]; refused
+    strictly naming token_types, then scope_claims."""
+    issuers = [{"issuer": stack.issuer + "/oauth2/default", "audiences": ["api://default"]}]
+    return check_provider(stack, "okta", issuers, [
+        ("preset", 'provider = "okta"', "accept"),
+        ("strict", "", "401 token_types"),
+        ("typ-only", 'token_types = [""]', "403 scope_claims"),
+    ])
+
+
 def run_sdk_host(stack: Stack, kind: str) -> dict:
     cfg = {"url": stack.gw, "issuer": stack.issuer, "client_id": "host-a", "client_secret": SECRETS["host-a"],
            "workspace": stack.workspace, "title": f"{TITLE} ({kind})", "expiry": EXPIRY + SKEW + 1.5}
@@ -656,7 +839,7 @@ def case_no_token_in_logs(stack: Stack) -> str:
     server (debug level and wire traces on)."""
     tokens = [t for t in stack.tokens_file.read_text().split() if t]
     expect(len(tokens) >= 10, f"only {len(tokens)} tokens were issued during the run")
-    logs = [stack.gateway.log_path, stack.gateway2.log_path, stack.server.log_path]
+    logs = [stack.gateway.log_path, stack.gateway2.log_path, stack.server.log_path, *stack.extra_logs]
     total = 0
     for log in logs:
         lines = log.read_text(errors="replace").splitlines()
@@ -706,7 +889,8 @@ def short(text: str) -> str:
 
 CASES = [case_conformance_authorization_server, case_metadata_relayed, case_initialize_unauthorized, case_passthrough_verbatim, case_wrong_audience,
          case_insufficient_scope, case_binding, case_expiry_mid_round, case_parked_round_times_out,
-         case_get_stream, case_key_rotation, case_python_sdk, case_typescript_sdk, case_no_token_in_logs]
+         case_get_stream, case_key_rotation, case_provider_keycloak, case_provider_entra, case_provider_auth0,
+         case_provider_okta, case_python_sdk, case_typescript_sdk, case_no_token_in_logs]
 
 
 def main() -> int:
