@@ -819,6 +819,27 @@ mod tests {
         assert!(c.gateway.routes[1].upstream_cmd.is_some());
     }
 
+    /// The commented `[auth]` example, once uncommented, is a valid configuration.
+    #[test]
+    fn example_auth_parses() {
+        let text = include_str!("../examples/dualera.toml");
+        let start = text.find("# [auth]\n").expect("an [auth] example");
+        let out: String = text[start..]
+            .lines()
+            .map_while(|l| l.strip_prefix("# "))
+            .filter(|l| !l.starts_with(' '))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let c = Config::parse(&out).unwrap_or_else(|e| panic!("{e}:\n{out}"));
+        let auth = c.auth.expect("[auth]");
+        assert_eq!(auth.provider, Some(IdentityProvider::Keycloak));
+        assert_eq!(auth.audiences, ["api://notes-gateway"]);
+        assert!(auth.required_claims.is_some_and(|r| r.contains_key("azp")));
+        assert_eq!(auth.issuers.len(), 1);
+        assert_eq!(auth.issuers[0].provider, Some(IdentityProvider::Entra));
+        assert_eq!(auth.scopes.len(), 4);
+    }
+
     #[test]
     fn upstreams_and_routes() {
         let c = Config::parse(
