@@ -401,6 +401,55 @@ pub struct RouteSection {
     pub retry_pause_ms: Option<u64>,
     /// Idle legacy sessions are evicted after this many seconds.
     pub session_idle_ttl_secs: Option<u64>,
+    /// This route's URL as hosts reach it, e.g. `https://gateway.example/notes/mcp`:
+    /// the `resource` of a rewritten metadata document and the base of the gateway's
+    /// own challenges. Needed by `resource_metadata = "rewrite"` and `token_exchange`.
+    pub public_url: Option<String>,
+    /// `relay` (default): the upstream's Protected Resource Metadata verbatim;
+    /// `rewrite`: its `resource` set to `public_url`, for an upstream that names its
+    /// own URL and cannot be told otherwise.
+    pub resource_metadata: Option<ResourceMetadata>,
+    /// Exchange the host's token for one whose audience is the upstream (RFC 8693).
+    pub token_exchange: Option<TokenExchangeSection>,
+}
+
+/// `[[gateway.routes]] resource_metadata`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResourceMetadata {
+    /// The upstream's document, byte for byte.
+    #[default]
+    Relay,
+    /// The upstream's document with `resource` set to the route's `public_url`.
+    Rewrite,
+}
+
+/// `[gateway.routes.token_exchange]`: RFC 8693 at the authorization server, the
+/// gateway authenticating as a confidential client (`client_secret_basic`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenExchangeSection {
+    /// The authorization server's token endpoint (https; http only to loopback).
+    pub token_endpoint: String,
+    /// The gateway's client id at the authorization server.
+    pub client_id: String,
+    /// Its secret, inline…
+    #[serde(default)]
+    pub client_secret: Option<String>,
+    /// …or from this environment variable.
+    #[serde(default)]
+    pub client_secret_env: Option<String>,
+    /// The upstream's canonical URI: the `resource` (RFC 8707) the new token is for.
+    pub resource: String,
+    /// An RFC 8693 `audience` as well, for authorization servers that want one.
+    #[serde(default)]
+    pub audience: Option<String>,
+    /// The `scope` to ask for (default: none, the authorization server decides).
+    #[serde(default)]
+    pub scope: Option<String>,
+    /// Most exchanged tokens cached (default 1024).
+    #[serde(default)]
+    pub max_cached: Option<usize>,
 }
 
 /// A non-empty list of known legacy revisions.

@@ -27,7 +27,6 @@ use http::Uri;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{json, Map, Value};
@@ -473,7 +472,7 @@ impl Keys {
                 }
                 Ok(Keys::Remote(Box::new(RemoteKeys {
                     uri,
-                    client: key_client(),
+                    client: crate::tls::webpki_client(),
                     refetch: Duration::from_secs(refetch_secs),
                     cache: tokio::sync::Mutex::new((None, None)),
                 })))
@@ -510,16 +509,6 @@ impl RemoteKeys {
         debug!(bytes = body.len(), "JWK Set received");
         parse_jwks(&body)
     }
-}
-
-/// A client for `jwks_uri`: TLS with the webpki roots, certificates always verified.
-fn key_client() -> KeyClient {
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_webpki_roots()
-        .https_or_http()
-        .enable_http1()
-        .build();
-    Client::builder(TokioExecutor::new()).build(connector)
 }
 
 /// A JWK Set, keeping the keys this crate can use and skipping the others (an
