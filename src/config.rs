@@ -842,7 +842,10 @@ mod tests {
         let mut inside = false;
         for line in text.lines() {
             let rest = line.strip_prefix("# ").unwrap_or("");
-            if rest.starts_with("[[gateway.upstreams]]") || rest.starts_with("[[gateway.routes]]") {
+            if rest.starts_with("[[gateway.upstreams]]")
+                || rest.starts_with("[[gateway.routes]]")
+                || rest.starts_with("[gateway.routes.token_exchange]")
+            {
                 inside = true;
             } else if !(inside
                 && rest.split_once(" = ").is_some_and(|(k, _)| {
@@ -858,7 +861,14 @@ mod tests {
         }
         let c = Config::parse(&out).unwrap_or_else(|e| panic!("{e}:\n{out}"));
         assert_eq!(c.gateway.upstreams.len(), 2, "{out}");
-        assert_eq!(c.gateway.routes.len(), 2, "{out}");
+        assert_eq!(c.gateway.routes.len(), 3, "{out}");
+        let vendor = &c.gateway.routes[2];
+        assert_eq!(vendor.resource_metadata, Some(ResourceMetadata::Rewrite));
+        assert!(vendor.public_url.is_some());
+        assert_eq!(
+            vendor.token_exchange.as_ref().map(|t| t.max_cached),
+            Some(Some(1024))
+        );
         assert_eq!(
             c.gateway.routes[0].upstream_http2,
             Some(UpstreamHttp2::Never)

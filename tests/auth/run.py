@@ -208,13 +208,8 @@ class Stack:
             env = dict(os.environ, DUALERA_LOG="info,dualera=debug,dualera::wire=trace", NO_COLOR="1")
             self.env = env
             self.db = work / "notes.db"
-            grants = "".join(
-                f'[[grants]]\nprincipal = "{c["id"]}"\nworkspaces = ["{self.workspace}"]\n\n' for c in CLIENTS)
             server_cfg = work / "server.toml"
-            server_cfg.write_text(f"""[store]
-path = "{self.db}"
-
-{grants}[auth]
+            server_cfg.write_text(f"""{self.store_and_grants(self.db)}[auth]
 issuer = "{self.issuer}"
 audience = "{self.gw}"
 jwks_uri = "{self.issuer}/jwks"
@@ -252,6 +247,14 @@ summarize_repo = ["notes:read"]
         for p in reversed(self.procs):
             p.stop()
 
+    def store_and_grants(self, db: Path, more: list[str] | None = None) -> str:
+        """The top of a `dualera serve` config: its store, and a grant of the workspace to
+        every client (and to the principals in `more`)."""
+        principals = [c["id"] for c in CLIENTS] + (more or [])
+        grants = "".join(f'[[grants]]\nprincipal = "{p}"\nworkspaces = ["{self.workspace}"]\n\n'
+                         for p in principals)
+        return f'[store]\npath = "{db}"\n\n{grants}'
+
     def third_party(self) -> dict:
         """Started on first use: the upstream `own` (`dualera serve` whose resource is its
         own URL and which takes only tokens the gateway got by exchange: aud = its URL,
@@ -259,13 +262,8 @@ summarize_repo = ["notes:read"]
         `gwx` with resource_metadata = "rewrite" and token_exchange."""
         if self.third:
             return self.third
-        grants = "".join(f'[[grants]]\nprincipal = "{c["id"]}"\nworkspaces = ["{self.workspace}"]\n\n'
-                         for c in CLIENTS)
         cfg = self.work / "server-own.toml"
-        cfg.write_text(f"""[store]
-path = "{self.work / 'notes-own.db'}"
-
-{grants}[auth]
+        cfg.write_text(f"""{self.store_and_grants(self.work / 'notes-own.db')}[auth]
 issuer = "{self.issuer}"
 audience = "{self.own}"
 jwks_uri = "{self.issuer}/jwks"
@@ -319,17 +317,11 @@ resource = "{self.own}"
     def serve(self, tag: str, auth: str, issuers: list[dict]) -> Proc:
         """A `dualera serve` of its own (own store) with `auth` as the top of [auth] and
         one [[auth.issuers]] per entry of `issuers` (keys from this AS's JWKS)."""
-        principals = [c["id"] for c in CLIENTS] + SHAPE_PRINCIPALS
-        grants = "".join(f'[[grants]]\nprincipal = "{p}"\nworkspaces = ["{self.workspace}"]\n\n'
-                         for p in principals)
         sections = "".join(
             f'[[auth.issuers]]\njwks_uri = "{self.issuer}/jwks"\n'
             + "".join(f"{k} = {json.dumps(v)}\n" for k, v in i.items()) for i in issuers)
         cfg = self.work / f"server-{tag}.toml"
-        cfg.write_text(f"""[store]
-path = "{self.work / f'notes-{tag}.db'}"
-
-{grants}[auth]
+        cfg.write_text(f"""{self.store_and_grants(self.work / f'notes-{tag}.db', SHAPE_PRINCIPALS)}[auth]
 audience = "{self.gw}"
 authorization_servers = ["{self.issuer}"]
 {auth}
