@@ -8,8 +8,9 @@
 //! (subject token, audience: the gateway) for one whose audience is the upstream, and
 //! sends only that one upstream.
 //!
-//! - One exchange per subject token and lifetime: the result is cached, keyed by the
-//!   subject token's SHA-256, for the `expires_in` the authorization server gave (a
+//! - One exchange per subject token and lifetime: concurrent requests carrying the same
+//!   subject token share one exchange (single flight), and the result is cached, keyed
+//!   by the subject token's SHA-256, for the `expires_in` the authorization server gave (a
 //!   tenth off, at most 5 s), never past the subject token's own `exp` (a JWT's,
 //!   read only to shorten the cache: the authorization server verified it). The cache
 //!   is bounded (`max_cached`).
@@ -40,7 +41,7 @@ use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// RFC 8693 §2.1 `grant_type`.
@@ -71,7 +72,13 @@ pub struct TokenExchanger {
     max_cached: usize,
     client: ExchangeClient,
     cache: Mutex<HashMap<[u8; 32], Cached>>,
+    /// Exchanges under way, by cache key, shared by the requests that wait for them
+    /// (at most `max_cached`; beyond that a request exchanges on its own).
+    in_flight: Mutex<HashMap<[u8; 32], Arc<Flight>>>,
 }
+
+/// One exchange, awaited by every request carrying its subject token.
+type Flight = tokio::sync::OnceCell<Result<(HeaderValue, Duration), ExchangeError>>;
 
 impl std::fmt::Debug for TokenExchanger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -206,6 +213,7 @@ impl TokenExchanger {
             max_cached: section.max_cached.unwrap_or(DEFAULT_MAX_CACHED).max(1),
             client: crate::tls::webpki_client(),
             cache: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new(HashMap::new()),
         })
     }
 
@@ -225,7 +233,7 @@ impl TokenExchanger {
             tracing::debug!(cache = "hit", "token exchange");
             return Ok(Some(hit));
         }
-        let (authorization, lifetime) = self.exchange(subject).await?;
+        let (authorization, lifetime) = self.shared_exchange(key, subject).await?;
         let lifetime = match subject_expiry(subject) {
             Some(left) => lifetime.min(left),
             None => lifetime,
@@ -240,6 +248,36 @@ impl TokenExchanger {
             self.remember(key, authorization.clone(), Instant::now() + keep);
         }
         Ok(Some(authorization))
+    }
+
+    /// [`Self::exchange`], run once for all the requests that carry `subject` at the
+    /// same time.
+    async fn shared_exchange(
+        &self,
+        key: [u8; 32],
+        subject: &str,
+    ) -> Result<(HeaderValue, Duration), ExchangeError> {
+        let flight = {
+            let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+            match in_flight.get(&key) {
+                Some(f) => Some(f.clone()),
+                None if in_flight.len() < self.max_cached => {
+                    let f = Arc::new(Flight::new());
+                    in_flight.insert(key, f.clone());
+                    Some(f)
+                }
+                None => None,
+            }
+        };
+        let Some(flight) = flight else {
+            return self.exchange(subject).await;
+        };
+        let outcome = flight.get_or_init(|| self.exchange(subject)).await.clone();
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        if in_flight.get(&key).is_some_and(|f| Arc::ptr_eq(f, &flight)) {
+            in_flight.remove(&key);
+        }
+        outcome
     }
 
     fn cached(&self, key: &[u8; 32]) -> Option<HeaderValue> {
@@ -534,6 +572,100 @@ mod tests {
             x.cached(&cache_key("d")).is_none(),
             "expired entries are not served"
         );
+    }
+
+    /// A token endpoint on a loopback socket that answers slowly and counts requests:
+    /// concurrent requests with one subject token share one exchange, the cache answers
+    /// the next, another subject token gets its own; a refusal is relayed.
+    #[tokio::test]
+    async fn one_exchange_per_subject_token_over_a_real_socket() {
+        use hyper::service::service_fn;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let count = Arc::new(AtomicUsize::new(0));
+        let served = count.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let served = served.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let served = served.clone();
+                        async move {
+                            let basic = req.headers()[header::AUTHORIZATION].clone();
+                            let form = req.into_body().collect().await.unwrap().to_bytes();
+                            let form = String::from_utf8_lossy(&form).into_owned();
+                            let n = served.fetch_add(1, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            assert!(basic.to_str().unwrap().starts_with("Basic "));
+                            assert!(form.contains("grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant%2Dtype%3Atoken%2Dexchange"));
+                            let (status, body) = if form.contains("subject_token=bad") {
+                                (400, r#"{"error":"invalid_grant"}"#.to_owned())
+                            } else {
+                                (
+                                    200,
+                                    format!(
+                                        r#"{{"access_token":"exchanged-{n}","token_type":"Bearer","expires_in":60}}"#
+                                    ),
+                                )
+                            };
+                            Ok::<_, std::convert::Infallible>(
+                                http::Response::builder()
+                                    .status(status)
+                                    .header(header::CONTENT_TYPE, "application/json")
+                                    .body(Full::new(Bytes::from(body)))
+                                    .unwrap(),
+                            )
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        let mut s = section();
+        s.token_endpoint = format!("http://{addr}/token");
+        let x = Arc::new(TokenExchanger::from_config(&s).unwrap());
+        let host = HeaderValue::from_static("Bearer subject-1");
+        let asks = (0..5).map(|_| {
+            let (x, host) = (x.clone(), host.clone());
+            tokio::spawn(async move { x.authorization_for(Some(&host)).await })
+        });
+        for a in asks {
+            assert_eq!(a.await.unwrap().unwrap().unwrap(), "Bearer exchanged-0");
+        }
+        assert_eq!(
+            count.load(Ordering::SeqCst),
+            1,
+            "one exchange for five requests"
+        );
+        let again = x.authorization_for(Some(&host)).await.unwrap().unwrap();
+        assert_eq!(again, "Bearer exchanged-0");
+        assert_eq!(count.load(Ordering::SeqCst), 1, "the cache answered");
+        let other = HeaderValue::from_static("Bearer subject-2");
+        assert_eq!(
+            x.authorization_for(Some(&other)).await.unwrap().unwrap(),
+            "Bearer exchanged-1"
+        );
+        let bad = HeaderValue::from_static("Bearer bad");
+        assert_eq!(
+            x.authorization_for(Some(&bad)).await,
+            Err(ExchangeError::Refused {
+                status: 400,
+                code: "invalid_grant".into()
+            })
+        );
+        assert_eq!(x.authorization_for(None).await, Ok(None));
+        assert_eq!(
+            x.authorization_for(Some(&HeaderValue::from_static("Basic eA==")))
+                .await,
+            Err(ExchangeError::NotBearer)
+        );
+        assert!(x.in_flight.lock().unwrap().is_empty());
     }
 
     #[test]
