@@ -22,7 +22,11 @@
 //! - Neither token is ever logged: logs carry the authorization server's error code,
 //!   statuses and whether the cache answered.
 //!
-//! Spec: RFC 8693 §2.1 (request: `grant_type`, `subject_token`, `subject_token_type`,
+//! Spec: 2025-11-25 `basic/authorization.mdx`, "Access Token Privilege Restriction":
+//! servers MUST only accept tokens issued for themselves, and a server acting as a
+//! client toward an upstream uses a separate token for it and MUST NOT pass through the
+//! one it received — which is what this module does for a route whose upstream is not
+//! the gateway's own resource. RFC 8693 §2.1 (request: `grant_type`, `subject_token`, `subject_token_type`,
 //! `resource`, `audience`, `scope`, `requested_token_type`), §2.2.1 (response:
 //! `access_token`, `issued_token_type`, `token_type`, `expires_in`), §2.2.2 (errors as
 //! RFC 6749 §5.2); RFC 6749 §2.3.1 (`client_secret_basic`, id and secret

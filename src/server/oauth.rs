@@ -340,10 +340,12 @@ impl ResourceServer {
         let profile = &issuer.profile;
         if !profile.accepts_type(header.typ.as_deref()) {
             return Err(TokenError::TokenType {
-                found: header
-                    .typ
-                    .as_deref()
-                    .map_or("(none)".into(), |t| quoted(t).chars().take(32).collect()),
+                found: header.typ.as_deref().map_or("(none)".into(), |t| {
+                    t.chars()
+                        .filter(|c| c.is_ascii_graphic() && !matches!(c, '"' | '\\'))
+                        .take(32)
+                        .collect()
+                }),
                 accepted: profile
                     .token_types
                     .iter()
