@@ -105,11 +105,23 @@ pub struct ReportSection {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthSection {
+    /// The identity provider whose token shape fills the defaults of `token_types`,
+    /// `scope_claims`, `principal_claim` and `required_claims` (every one can still be
+    /// set here); none: the strict RFC 9068 profile.
+    #[serde(default)]
+    pub provider: Option<IdentityProvider>,
     /// The authorization server's issuer identifier (the `iss` every token must carry).
+    /// May be left out when `[[auth.issuers]]` names every issuer.
+    #[serde(default)]
     pub issuer: String,
     /// This resource's canonical URI (RFC 8707): the `aud` tokens must name. Behind the
-    /// gateway: the gateway's public URL, e.g. `https://gateway.example/mcp`.
+    /// gateway: the gateway's public URL, e.g. `https://gateway.example/mcp`. It stays
+    /// first among the accepted audiences and is the metadata's `resource`.
     pub audience: String,
+    /// Further accepted audiences, for providers that cannot issue the canonical URI
+    /// (Entra ID: the application's GUID, `api://…`).
+    #[serde(default)]
+    pub audiences: Vec<String>,
     /// A JWK Set file (relative paths: against the config file's folder).
     #[serde(default)]
     pub jwks_file: Option<PathBuf>,
@@ -118,15 +130,31 @@ pub struct AuthSection {
     #[serde(default)]
     pub jwks_uri: Option<String>,
     /// The claim that names the principal in `[[grants]]` (default `sub`).
-    #[serde(default = "default_principal_claim")]
-    pub principal_claim: String,
+    #[serde(default)]
+    pub principal_claim: Option<String>,
+    /// Accepted JOSE `typ` values (default `["at+jwt", "application/at+jwt"]`, RFC 9068
+    /// §4); `""` accepts a token without `typ`.
+    #[serde(default)]
+    pub token_types: Option<Vec<String>>,
+    /// Claims scopes are read from, each a space-separated string or an array of strings
+    /// (default `["scope"]`).
+    #[serde(default)]
+    pub scope_claims: Option<Vec<String>>,
+    /// Claim -> allowed values: a token must carry each claim with one of them (a
+    /// string, or an array holding one), e.g. `azp = ["my-client"]`.
+    #[serde(default)]
+    pub required_claims: Option<std::collections::BTreeMap<String, Vec<String>>>,
+    /// Further issuers, each with its own keys and, optionally, its own token shape.
+    #[serde(default)]
+    pub issuers: Vec<IssuerSection>,
     /// Accepted signature algorithms (default RS256, ES256, EdDSA).
     #[serde(default = "default_algorithms")]
     pub algorithms: Vec<String>,
     /// Clock skew allowed on `exp`/`nbf`, in seconds (default 30).
     #[serde(default = "default_clock_skew")]
     pub clock_skew_secs: u64,
-    /// Authorization servers listed in the Protected Resource Metadata (default: the issuer).
+    /// Authorization servers listed in the Protected Resource Metadata (default: the
+    /// issuers).
     #[serde(default)]
     pub authorization_servers: Vec<String>,
     /// Least seconds between two `jwks_uri` fetches prompted by an unknown `kid`
@@ -138,9 +166,53 @@ pub struct AuthSection {
     pub scopes: std::collections::BTreeMap<String, Vec<String>>,
 }
 
-fn default_principal_claim() -> String {
-    "sub".to_owned()
+/// One more issuer of `[auth]` (`[[auth.issuers]]`): its keys, and the token shape
+/// fields, each falling back to this issuer's `provider`, then to `[auth]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IssuerSection {
+    /// The `iss` its tokens carry.
+    pub issuer: String,
+    /// As `[auth] provider`, for this issuer.
+    #[serde(default)]
+    pub provider: Option<IdentityProvider>,
+    /// As `[auth] jwks_file`.
+    #[serde(default)]
+    pub jwks_file: Option<PathBuf>,
+    /// As `[auth] jwks_uri`.
+    #[serde(default)]
+    pub jwks_uri: Option<String>,
+    /// As `[auth] audiences` (the canonical `[auth] audience` is always accepted).
+    #[serde(default)]
+    pub audiences: Option<Vec<String>>,
+    /// As `[auth] principal_claim`.
+    #[serde(default)]
+    pub principal_claim: Option<String>,
+    /// As `[auth] token_types`.
+    #[serde(default)]
+    pub token_types: Option<Vec<String>>,
+    /// As `[auth] scope_claims`.
+    #[serde(default)]
+    pub scope_claims: Option<Vec<String>>,
+    /// As `[auth] required_claims`.
+    #[serde(default)]
+    pub required_claims: Option<std::collections::BTreeMap<String, Vec<String>>>,
 }
+
+/// The identity providers whose access token shape `[auth] provider` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdentityProvider {
+    /// Keycloak.
+    Keycloak,
+    /// Microsoft Entra ID.
+    Entra,
+    /// Auth0.
+    Auth0,
+    /// Okta.
+    Okta,
+}
+
 fn default_algorithms() -> Vec<String> {
     ["RS256", "ES256", "EdDSA"].map(str::to_owned).to_vec()
 }
@@ -333,6 +405,55 @@ pub struct RouteSection {
     pub retry_pause_ms: Option<u64>,
     /// Idle legacy sessions are evicted after this many seconds.
     pub session_idle_ttl_secs: Option<u64>,
+    /// This route's URL as hosts reach it, e.g. `https://gateway.example/notes/mcp`:
+    /// the `resource` of a rewritten metadata document and the base of the gateway's
+    /// own challenges. Needed by `resource_metadata = "rewrite"` and `token_exchange`.
+    pub public_url: Option<String>,
+    /// `relay` (default): the upstream's Protected Resource Metadata verbatim;
+    /// `rewrite`: its `resource` set to `public_url`, for an upstream that names its
+    /// own URL and cannot be told otherwise.
+    pub resource_metadata: Option<ResourceMetadata>,
+    /// Exchange the host's token for one whose audience is the upstream (RFC 8693).
+    pub token_exchange: Option<TokenExchangeSection>,
+}
+
+/// `[[gateway.routes]] resource_metadata`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResourceMetadata {
+    /// The upstream's document, byte for byte.
+    #[default]
+    Relay,
+    /// The upstream's document with `resource` set to the route's `public_url`.
+    Rewrite,
+}
+
+/// `[gateway.routes.token_exchange]`: RFC 8693 at the authorization server, the
+/// gateway authenticating as a confidential client (`client_secret_basic`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenExchangeSection {
+    /// The authorization server's token endpoint (https; http only to loopback).
+    pub token_endpoint: String,
+    /// The gateway's client id at the authorization server.
+    pub client_id: String,
+    /// Its secret, inline…
+    #[serde(default)]
+    pub client_secret: Option<String>,
+    /// …or from this environment variable.
+    #[serde(default)]
+    pub client_secret_env: Option<String>,
+    /// The upstream's canonical URI: the `resource` (RFC 8707) the new token is for.
+    pub resource: String,
+    /// An RFC 8693 `audience` as well, for authorization servers that want one.
+    #[serde(default)]
+    pub audience: Option<String>,
+    /// The `scope` to ask for (default: none, the authorization server decides).
+    #[serde(default)]
+    pub scope: Option<String>,
+    /// Most exchanged tokens cached (default 1024).
+    #[serde(default)]
+    pub max_cached: Option<usize>,
 }
 
 /// A non-empty list of known legacy revisions.
@@ -667,7 +788,9 @@ impl Config {
             }
         }
         if let (Some(auth), Some(dir)) = (config.auth.as_mut(), path.parent()) {
-            if let Some(file) = auth.jwks_file.as_mut().filter(|f| f.is_relative()) {
+            let files = std::iter::once(&mut auth.jwks_file)
+                .chain(auth.issuers.iter_mut().map(|i| &mut i.jwks_file));
+            for file in files.flatten().filter(|f| f.is_relative()) {
                 *file = dir.join(&*file);
             }
         }
@@ -723,7 +846,10 @@ mod tests {
         let mut inside = false;
         for line in text.lines() {
             let rest = line.strip_prefix("# ").unwrap_or("");
-            if rest.starts_with("[[gateway.upstreams]]") || rest.starts_with("[[gateway.routes]]") {
+            if rest.starts_with("[[gateway.upstreams]]")
+                || rest.starts_with("[[gateway.routes]]")
+                || rest.starts_with("[gateway.routes.token_exchange]")
+            {
                 inside = true;
             } else if !(inside
                 && rest.split_once(" = ").is_some_and(|(k, _)| {
@@ -739,7 +865,14 @@ mod tests {
         }
         let c = Config::parse(&out).unwrap_or_else(|e| panic!("{e}:\n{out}"));
         assert_eq!(c.gateway.upstreams.len(), 2, "{out}");
-        assert_eq!(c.gateway.routes.len(), 2, "{out}");
+        assert_eq!(c.gateway.routes.len(), 3, "{out}");
+        let vendor = &c.gateway.routes[2];
+        assert_eq!(vendor.resource_metadata, Some(ResourceMetadata::Rewrite));
+        assert!(vendor.public_url.is_some());
+        assert_eq!(
+            vendor.token_exchange.as_ref().map(|t| t.max_cached),
+            Some(Some(1024))
+        );
         assert_eq!(
             c.gateway.routes[0].upstream_http2,
             Some(UpstreamHttp2::Never)
@@ -747,6 +880,27 @@ mod tests {
         assert!(c.gateway.routes[0].upstream_ca.is_some());
         assert_eq!(c.gateway.routes[0].max_rounds, Some(8));
         assert!(c.gateway.routes[1].upstream_cmd.is_some());
+    }
+
+    /// The commented `[auth]` example, once uncommented, is a valid configuration.
+    #[test]
+    fn example_auth_parses() {
+        let text = include_str!("../examples/dualera.toml");
+        let start = text.find("# [auth]\n").expect("an [auth] example");
+        let out: String = text[start..]
+            .lines()
+            .map_while(|l| l.strip_prefix("# "))
+            .filter(|l| !l.starts_with(' '))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let c = Config::parse(&out).unwrap_or_else(|e| panic!("{e}:\n{out}"));
+        let auth = c.auth.expect("[auth]");
+        assert_eq!(auth.provider, Some(IdentityProvider::Keycloak));
+        assert_eq!(auth.audiences, ["api://notes-gateway"]);
+        assert!(auth.required_claims.is_some_and(|r| r.contains_key("azp")));
+        assert_eq!(auth.issuers.len(), 1);
+        assert_eq!(auth.issuers[0].provider, Some(IdentityProvider::Entra));
+        assert_eq!(auth.scopes.len(), 4);
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! - [`client_config`]: what the gateway trusts upstream: the system roots, the webpki
 //!   roots, and an optional extra CA bundle. Certificates are always verified; there
 //!   is deliberately no way to turn that off.
+//! - [`webpki_client`]: an HTTP client for the authorization server's endpoints (JWK
+//!   Sets, token exchange): the webpki roots, certificates always verified.
 //! - [`TlsFailure`]: why a handshake with the upstream failed, found in an error's
 //!   source chain, so logs and legacy hosts get a cause ("unknown issuer", "name
 //!   mismatch", "expired") instead of "connection error".
@@ -43,6 +45,26 @@ pub enum TlsError {
     /// rustls refused the configuration.
     #[error("TLS configuration refused: {0}")]
     Config(#[from] rustls::Error),
+}
+
+/// An HTTP/1.1 client for an authorization server's endpoints (the modern server's
+/// `jwks_uri`, the gateway's token exchange): TLS with the webpki roots, certificates
+/// always verified; plain http only where the caller allowed it (loopback).
+pub fn webpki_client<B>() -> hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    B,
+>
+where
+    B: hyper::body::Body + Send,
+    B::Data: Send,
+{
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_http1()
+        .build();
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(connector)
 }
 
 /// The crypto provider every TLS configuration here uses.

@@ -23,12 +23,14 @@ mod legacy_http;
 pub mod metrics;
 pub mod passthrough;
 mod pipe;
+pub mod public_resource;
 pub mod readiness;
 mod replicas;
 pub mod report;
 pub mod routes;
 pub mod session_store;
 pub mod telemetry;
+pub mod token_exchange;
 pub mod trace;
 pub mod upstream;
 pub mod websocket;
@@ -103,6 +105,9 @@ pub struct GatewayConfig {
     pub max_sessions_per_caller: usize,
     /// Where legacy Streamable HTTP sessions live (`session_store`).
     pub session_store: session_store::SessionStoreConfig,
+    /// The route's own public identity (metadata rewrite, token exchange); `None`:
+    /// the transparent relay.
+    pub public_resource: Option<Arc<public_resource::PublicResource>>,
 }
 
 impl Default for GatewayConfig {
@@ -131,6 +136,7 @@ impl Default for GatewayConfig {
             replay_buffer_bytes: 1024 * 1024,
             max_sessions_per_caller: 1000,
             session_store: session_store::SessionStoreConfig::Memory,
+            public_resource: None,
         }
     }
 }
@@ -179,6 +185,7 @@ impl GatewayConfig {
             session_binding: s.session_binding.unwrap_or(d.session_binding),
             cache: d.cache,
             session_store: d.session_store,
+            public_resource: None,
         }
     }
 
@@ -656,6 +663,27 @@ impl Gateway {
                 "POST bodies must be Content-Type: application/json\n",
             );
         }
+        let Some(public) = &gw.config.public_resource else {
+            return gw.serve_endpoint(connection, endpoint, req, conn).await;
+        };
+        if endpoint == routes::Endpoint::Metadata {
+            return public.metadata(auth::relay_metadata(gw, req).await).await;
+        }
+        match public.prepare(req).await {
+            Ok(req) => public.finish(gw.serve_endpoint(connection, endpoint, req, conn).await),
+            Err(refused) => refused,
+        }
+    }
+
+    /// Serves a request on this route's endpoint `endpoint`.
+    async fn serve_endpoint(
+        &self,
+        connection: &Connection,
+        endpoint: routes::Endpoint,
+        req: Request<Incoming>,
+        conn: &ConnInfo,
+    ) -> Response<GatewayBody> {
+        let gw = self;
         let fwd = Forwarded::new(gw.config.forwarded, conn, &req);
         match endpoint {
             routes::Endpoint::Mcp => {}

@@ -22,6 +22,7 @@
 //! each `[[gateway.routes]]` entry is one more, with its own instances, TLS options and
 //! limits.
 
+use super::public_resource::PublicResource;
 use super::upstream::{HttpUpstream, StdioUpstream, Upstream, UpstreamClient, UpstreamOptions};
 use super::{GatewayConfig, RouteSpec, UpstreamPool};
 use crate::config::{Config, RouteSection};
@@ -141,7 +142,10 @@ pub fn from_config(
     };
     if let Some(source) = source {
         let options = options_for(entry, default_ca.clone(), g.upstream_http2);
-        let config = entry.map_or_else(|| base.clone(), |e| base.for_route(e));
+        let config = match entry {
+            Some(e) => with_public_resource(base.for_route(e), e)?,
+            None => base.clone(),
+        };
         specs.push(spec(DEFAULT_ROUTE, source, &options, config)?);
     }
     for r in &g.routes {
@@ -159,12 +163,28 @@ pub fn from_config(
             }
         };
         let options = options_for(Some(r), default_ca.clone(), g.upstream_http2);
-        specs.push(spec(&r.path, source, &options, base.for_route(r))?);
+        let config = with_public_resource(base.for_route(r), r)?;
+        specs.push(spec(&r.path, source, &options, config)?);
     }
     if specs.is_empty() {
         return Err(RouteError::Empty);
     }
     Ok(specs)
+}
+
+/// A route's settings with its public identity (`public_url`, `resource_metadata`,
+/// `token_exchange`), when it has one.
+fn with_public_resource(
+    mut config: GatewayConfig,
+    r: &RouteSection,
+) -> Result<GatewayConfig, RouteError> {
+    config.public_resource = PublicResource::from_route(r)
+        .map_err(|e| RouteError::Upstream {
+            route: r.path.clone(),
+            reason: e.to_string(),
+        })?
+        .map(std::sync::Arc::new);
+    Ok(config)
 }
 
 /// Where a route's instances come from.

@@ -29,6 +29,9 @@ pub struct Caller {
     /// The token's scopes; `None` for a static token or with authentication off
     /// (scopes are an OAuth notion: those callers may call every tool).
     pub scopes: Option<BTreeSet<String>>,
+    /// Why the token's scopes may be missing (scopes only in claims `scope_claims`
+    /// does not read), for a 403's description.
+    pub scope_hint: Option<String>,
 }
 
 /// A refused request: the HTTP status, its `WWW-Authenticate` challenge, and why.
@@ -122,6 +125,7 @@ impl Access {
             return Ok(Caller {
                 principal: p.to_owned(),
                 scopes: None,
+                scope_hint: None,
             });
         }
         let Some(oauth) = &self.oauth else {
@@ -131,6 +135,7 @@ impl Access {
             Ok(v) => Ok(Caller {
                 principal: v.principal,
                 scopes: Some(v.scopes),
+                scope_hint: v.scope_hint,
             }),
             Err(e) => {
                 tracing::info!(reason = %e, "access token refused");
@@ -151,11 +156,15 @@ impl Access {
             return Ok(());
         }
         let scope = needed.join(" ");
+        let description = match &caller.scope_hint {
+            Some(hint) => format!("{tool} needs scope {scope}; {hint}"),
+            None => format!("{tool} needs scope {scope}"),
+        };
         Err(Denied {
             status: StatusCode::FORBIDDEN,
             challenge: oauth.challenge(
                 Some("insufficient_scope"),
-                Some(&format!("{tool} needs scope {scope}")),
+                Some(&description),
                 Some(&scope),
             ),
             reason: format!("insufficient scope: {tool} needs {scope}"),

@@ -24,6 +24,7 @@ mod router;
 pub mod scope;
 pub mod stdio;
 pub mod store;
+pub mod token_profile;
 pub mod tools;
 
 pub use access::Access;

@@ -1,5 +1,6 @@
-//! The modern server as an OAuth 2.1 resource server: JWT access tokens from one
-//! authorization server, checked on every request, and the Protected Resource Metadata
+//! The modern server as an OAuth 2.1 resource server: JWT access tokens from one or
+//! more issuers (each with its keys and its token shape, see `token_profile`), checked
+//! on every request, and the Protected Resource Metadata
 //! document (RFC 9728) that tells a client where to get them.
 //!
 //! Why here and not in `access`: `access` knows principals and grants; this module
@@ -12,16 +13,20 @@
 //! validate that tokens were issued for them as the audience per RFC 8707 §2, and
 //! invalid or expired tokens MUST receive 401; "Authorization Server Location": the
 //! metadata document MUST list `authorization_servers`; "Error Handling": 403 for
-//! insufficient scopes), RFC 9068 §4 (JWT access tokens: `typ` MUST be `at+jwt`).
+//! insufficient scopes), RFC 9068 §4 (JWT access tokens: `typ` MUST be `at+jwt`; other
+//! types only when configured, and said so at start-up).
+//!
+//! Every refusal names the check that failed and the setting that governs it, and
+//! never repeats the token.
 
-use crate::config::{AuthSection, ConfigError};
+use super::token_profile::TokenProfile;
+use crate::config::{AuthSection, ConfigError, IssuerSection};
 use bytes::Bytes;
 use http::header::HeaderValue;
 use http::Uri;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{json, Map, Value};
@@ -39,42 +44,58 @@ const MAX_JWKS_BYTES: usize = 256 * 1024;
 const JWKS_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most keys kept from one JWK Set.
 const MAX_KEYS: usize = 64;
+/// Most issuers one `[auth]` may name.
+const MAX_ISSUERS: usize = 16;
 
-/// Why a token was refused. The text goes into `error_description`: it never repeats
-/// the token.
+/// Why a token was refused. The text goes into `error_description`: it names the check
+/// and the setting, and never repeats the token.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TokenError {
     /// Not a JWS compact serialization, or not one this server accepts.
     #[error("the access token is malformed")]
     Malformed,
-    /// `typ` is not `at+jwt` (RFC 9068 §4).
-    #[error("the token is not a JWT access token (typ must be at+jwt)")]
-    NotAccessToken,
+    /// `typ` is not one of `token_types` (RFC 9068 §4 asks for `at+jwt`).
+    #[error("the token's typ {found} is not accepted (token_types: {accepted})")]
+    TokenType {
+        /// The header's `typ` (printable, shortened) or "(none)".
+        found: String,
+        /// The accepted values.
+        accepted: String,
+    },
     /// The header's `alg` is not one of the accepted algorithms.
-    #[error("the token's signature algorithm is not accepted")]
+    #[error("the token's signature algorithm is not accepted (algorithms)")]
     Algorithm,
     /// No key of the JWK Set verifies it.
-    #[error("the token is not signed by a known key")]
+    #[error("the token is not signed by a known key (no key of its issuer's JWK Set has its kid)")]
     UnknownKey,
     /// Signature check failed.
     #[error("the token's signature is invalid")]
     Signature,
     /// Past `exp` (plus the allowed skew).
-    #[error("the access token expired")]
+    #[error("the access token expired (exp)")]
     Expired,
     /// Before `nbf`.
-    #[error("the access token is not yet valid")]
+    #[error("the access token is not yet valid (nbf)")]
     NotYetValid,
-    /// `iss` is not the configured issuer.
-    #[error("the token was issued by another authorization server")]
+    /// `iss` is not a configured issuer.
+    #[error("the token's issuer (iss) is not one this server accepts (issuer, [[auth.issuers]])")]
     Issuer,
     /// `aud` does not name this resource.
-    #[error("the token was issued for another resource (audience)")]
+    #[error("the token's audience (aud) is not this resource (audience, audiences)")]
     Audience,
+    /// A required claim is missing or has a value not allowed.
+    #[error("the token's {claim} claim is missing or not allowed (required_claims)")]
+    RequiredClaim {
+        /// The claim's name.
+        claim: String,
+    },
     /// The principal claim is missing or not a string.
-    #[error("the token has no usable principal claim")]
-    NoPrincipal,
+    #[error("the token has no usable {claim} claim (principal_claim)")]
+    NoPrincipal {
+        /// The claim's name.
+        claim: String,
+    },
     /// The keys could not be had.
     #[error("the authorization server's keys are unavailable")]
     KeysUnavailable,
@@ -85,22 +106,33 @@ pub enum TokenError {
 pub struct Verified {
     /// The principal named by the configured claim.
     pub principal: String,
-    /// The token's scopes (`scope`, space-separated, RFC 9068 §2.2.3).
+    /// The token's scopes (the profile's `scope_claims`; `scope`, space-separated, in
+    /// RFC 9068 §2.2.3).
     pub scopes: BTreeSet<String>,
+    /// When the token carries scopes only in claims the profile does not read: a
+    /// sentence saying so, for a 403's description.
+    pub scope_hint: Option<String>,
 }
 
-/// JWT checking for one issuer and one audience.
+/// JWT checking for this resource's issuers and audiences.
 #[derive(Debug)]
 pub struct ResourceServer {
-    issuer: String,
-    audience: String,
+    issuers: Vec<Issuer>,
     metadata_url: String,
     metadata: Bytes,
     algorithms: Vec<Algorithm>,
     leeway: u64,
-    principal_claim: String,
     scopes: BTreeMap<String, Vec<String>>,
+}
+
+/// One issuer: its identifier, keys, accepted audiences (the canonical one first) and
+/// token shape.
+#[derive(Debug)]
+struct Issuer {
+    id: String,
     keys: Keys,
+    audiences: Vec<String>,
+    profile: TokenProfile,
 }
 
 #[derive(Debug)]
@@ -129,8 +161,8 @@ impl ResourceServer {
         let invalid = |reason: String| ConfigError::Invalid {
             reason: format!("[auth]: {reason}"),
         };
-        if section.issuer.is_empty() || section.audience.is_empty() {
-            return Err(invalid("issuer and audience must be set".into()));
+        if section.audience.is_empty() {
+            return Err(invalid("audience must be set".into()));
         }
         let audience: Uri = section
             .audience
@@ -160,40 +192,66 @@ impl ResourceServer {
         if algorithms.is_empty() {
             return Err(invalid("algorithms must not be empty".into()));
         }
-        let keys = match (&section.jwks_file, &section.jwks_uri) {
-            (Some(file), None) => {
-                let text = std::fs::read(file).map_err(|e| {
-                    invalid(format!("cannot read jwks_file {}: {e}", file.display()))
-                })?;
-                Keys::Static(Arc::new(parse_jwks(&text).map_err(|e| {
-                    invalid(format!("jwks_file {}: {e}", file.display()))
-                })?))
+        let top = (!section.issuer.is_empty()).then(|| IssuerSection {
+            issuer: section.issuer.clone(),
+            jwks_file: section.jwks_file.clone(),
+            jwks_uri: section.jwks_uri.clone(),
+            ..IssuerSection::default()
+        });
+        if top.is_none() && (section.jwks_file.is_some() || section.jwks_uri.is_some()) {
+            return Err(invalid(
+                "jwks_file/jwks_uri without issuer: give issuer too, or move them to [[auth.issuers]]"
+                    .into(),
+            ));
+        }
+        let mut issuers = Vec::new();
+        for (i, own) in top
+            .iter()
+            .map(|t| (t, None))
+            .chain(section.issuers.iter().map(|i| (i, Some(i))))
+        {
+            if i.issuer.is_empty() {
+                return Err(invalid("every [[auth.issuers]] needs an issuer".into()));
             }
-            (None, Some(uri)) => {
-                let uri: Uri = uri
-                    .parse()
-                    .map_err(|e| invalid(format!("jwks_uri {uri:?}: {e}")))?;
-                let loopback = uri.host().is_some_and(is_loopback_host);
-                match uri.scheme_str() {
-                    Some("https") => {}
-                    Some("http") if loopback => {}
-                    _ => {
-                        return Err(invalid(
-                            "jwks_uri must be https (plain http only to a loopback address)".into(),
-                        ))
-                    }
-                }
-                Keys::Remote(Box::new(RemoteKeys {
-                    uri,
-                    client: key_client()?,
-                    refetch: Duration::from_secs(section.jwks_refresh_secs),
-                    cache: tokio::sync::Mutex::new((None, None)),
-                }))
+            if issuers.iter().any(|known: &Issuer| known.id == i.issuer) {
+                return Err(invalid(format!("issuer {:?} is given twice", i.issuer)));
             }
-            _ => return Err(invalid("give exactly one of jwks_file or jwks_uri".into())),
-        };
+            let profile = TokenProfile::resolve(section, own);
+            if profile.token_types.is_empty() || profile.scope_claims.is_empty() {
+                return Err(invalid(format!(
+                    "issuer {:?}: token_types and scope_claims must not be empty",
+                    i.issuer
+                )));
+            }
+            if let Some(extra) = profile.relaxed_types() {
+                // Nothing gets weaker silently: RFC 9068 §4 asks for `at+jwt` so that an
+                // ID token of the same issuer and audience is not taken for an access
+                // token.
+                warn!(
+                    issuer = %i.issuer,
+                    accepted = %extra,
+                    "access tokens whose typ is not at+jwt are accepted (token_types)"
+                );
+            }
+            let audiences = std::iter::once(section.audience.clone())
+                .chain(profile.audiences.iter().cloned())
+                .collect();
+            issuers.push(Issuer {
+                id: i.issuer.clone(),
+                keys: Keys::from_config(i, section.jwks_refresh_secs)
+                    .map_err(|reason| invalid(format!("issuer {:?}: {reason}", i.issuer)))?,
+                audiences,
+                profile,
+            });
+        }
+        if issuers.is_empty() {
+            return Err(invalid("issuer (or [[auth.issuers]]) must be set".into()));
+        }
+        if issuers.len() > MAX_ISSUERS {
+            return Err(invalid(format!("at most {MAX_ISSUERS} issuers")));
+        }
         let servers = if section.authorization_servers.is_empty() {
-            vec![section.issuer.clone()]
+            issuers.iter().map(|i| i.id.clone()).collect()
         } else {
             section.authorization_servers.clone()
         };
@@ -208,15 +266,12 @@ impl ResourceServer {
             "resource_name": server_name,
         });
         Ok(Self {
-            issuer: section.issuer.clone(),
-            audience: section.audience.clone(),
+            issuers,
             metadata_url,
             metadata: Bytes::from(serde_json::to_vec(&metadata).unwrap_or_default()),
             algorithms,
             leeway: section.clock_skew_secs,
-            principal_claim: section.principal_claim.clone(),
             scopes: section.scopes.clone(),
-            keys,
         })
     }
 
@@ -267,24 +322,47 @@ impl ResourceServer {
         HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static("Bearer"))
     }
 
-    /// Verifies a JWT access token: signature (JWKS), `typ`, `iss`, `aud`, `exp`/`nbf`.
+    /// Verifies a JWT access token: its issuer among the configured ones, then with
+    /// that issuer's profile and keys: `typ`, signature (JWKS), `iss`, `aud`,
+    /// `exp`/`nbf`, required claims, principal and scopes.
     pub async fn verify(&self, token: &str) -> Result<Verified, TokenError> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| TokenError::Malformed)?;
-        let typ_ok = header.typ.as_deref().is_some_and(|t| {
-            t.eq_ignore_ascii_case("at+jwt") || t.eq_ignore_ascii_case("application/at+jwt")
-        });
-        if !typ_ok {
-            return Err(TokenError::NotAccessToken);
+        // The issuer picks the keys and the profile; its claim is trusted only once the
+        // signature by its keys and `iss` itself are checked below.
+        let unverified = jsonwebtoken::dangerous::insecure_decode::<Map<String, Value>>(token)
+            .map_err(|_| TokenError::Malformed)?;
+        let issuer = unverified
+            .claims
+            .get("iss")
+            .and_then(Value::as_str)
+            .and_then(|iss| self.issuers.iter().find(|i| i.id == iss))
+            .ok_or(TokenError::Issuer)?;
+        let profile = &issuer.profile;
+        if !profile.accepts_type(header.typ.as_deref()) {
+            return Err(TokenError::TokenType {
+                found: header.typ.as_deref().map_or("(none)".into(), |t| {
+                    t.chars()
+                        .filter(|c| c.is_ascii_graphic() && !matches!(c, '"' | '\\'))
+                        .take(32)
+                        .collect()
+                }),
+                accepted: profile
+                    .token_types
+                    .iter()
+                    .map(|t| if t.is_empty() { "\"\"" } else { t })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
         }
         if !self.algorithms.contains(&header.alg) {
             return Err(TokenError::Algorithm);
         }
-        let key = self.key_for(header.kid.as_deref(), header.alg).await?;
+        let key = issuer.key_for(header.kid.as_deref(), header.alg).await?;
         let mut validation = Validation::new(header.alg);
         validation.leeway = self.leeway;
         validation.validate_nbf = true;
-        validation.set_issuer(&[&self.issuer]);
-        validation.set_audience(&[&self.audience]);
+        validation.set_issuer(&[&issuer.id]);
+        validation.set_audience(&issuer.audiences);
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         let data =
             jsonwebtoken::decode::<Map<String, Value>>(token, &key, &validation).map_err(|e| {
@@ -302,25 +380,29 @@ impl ResourceServer {
                 }
             })?;
         let claims = data.claims;
+        if let Some(claim) = profile.missing_claim(&claims) {
+            return Err(TokenError::RequiredClaim {
+                claim: claim.to_owned(),
+            });
+        }
         let principal = claims
-            .get(&self.principal_claim)
+            .get(&profile.principal_claim)
             .and_then(Value::as_str)
             .filter(|p| !p.is_empty())
-            .ok_or(TokenError::NoPrincipal)?
+            .ok_or_else(|| TokenError::NoPrincipal {
+                claim: profile.principal_claim.clone(),
+            })?
             .to_owned();
-        let scopes = claims
-            .get("scope")
-            .and_then(Value::as_str)
-            .map(|s| {
-                s.split(' ')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default();
-        Ok(Verified { principal, scopes })
+        let (scopes, scope_hint) = profile.scopes(&claims);
+        Ok(Verified {
+            principal,
+            scopes,
+            scope_hint,
+        })
     }
+}
 
+impl Issuer {
     async fn key_for(&self, kid: Option<&str>, alg: Algorithm) -> Result<DecodingKey, TokenError> {
         let pick = |set: &JwkSet| -> Option<DecodingKey> {
             let jwk = match kid {
@@ -367,6 +449,41 @@ impl ResourceServer {
     }
 }
 
+impl Keys {
+    /// The keys of one issuer: `jwks_file` read now, `jwks_uri` fetched on first use.
+    fn from_config(issuer: &IssuerSection, refetch_secs: u64) -> Result<Self, String> {
+        match (&issuer.jwks_file, &issuer.jwks_uri) {
+            (Some(file), None) => {
+                let text = std::fs::read(file)
+                    .map_err(|e| format!("cannot read jwks_file {}: {e}", file.display()))?;
+                Ok(Keys::Static(Arc::new(parse_jwks(&text).map_err(|e| {
+                    format!("jwks_file {}: {e}", file.display())
+                })?)))
+            }
+            (None, Some(uri)) => {
+                let uri: Uri = uri.parse().map_err(|e| format!("jwks_uri {uri:?}: {e}"))?;
+                let loopback = uri.host().is_some_and(is_loopback_host);
+                match uri.scheme_str() {
+                    Some("https") => {}
+                    Some("http") if loopback => {}
+                    _ => {
+                        return Err(
+                            "jwks_uri must be https (plain http only to a loopback address)".into(),
+                        )
+                    }
+                }
+                Ok(Keys::Remote(Box::new(RemoteKeys {
+                    uri,
+                    client: crate::tls::webpki_client(),
+                    refetch: Duration::from_secs(refetch_secs),
+                    cache: tokio::sync::Mutex::new((None, None)),
+                })))
+            }
+            _ => Err("give exactly one of jwks_file or jwks_uri".into()),
+        }
+    }
+}
+
 impl RemoteKeys {
     async fn fetch(&self) -> Result<JwkSet, String> {
         let req = http::Request::get(self.uri.clone())
@@ -394,16 +511,6 @@ impl RemoteKeys {
         debug!(bytes = body.len(), "JWK Set received");
         parse_jwks(&body)
     }
-}
-
-/// A client for `jwks_uri`: TLS with the webpki roots, certificates always verified.
-fn key_client() -> Result<KeyClient, ConfigError> {
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_webpki_roots()
-        .https_or_http()
-        .enable_http1()
-        .build();
-    Ok(Client::builder(TokioExecutor::new()).build(connector))
 }
 
 /// A JWK Set, keeping the keys this crate can use and skipping the others (an
@@ -474,11 +581,17 @@ mod tests {
 
     fn section(audience: &str, jwks: &std::path::Path) -> AuthSection {
         AuthSection {
+            provider: None,
             issuer: "https://auth.example".into(),
             audience: audience.into(),
+            audiences: Vec::new(),
             jwks_file: Some(jwks.to_owned()),
             jwks_uri: None,
-            principal_claim: "sub".into(),
+            principal_claim: None,
+            token_types: None,
+            scope_claims: None,
+            required_claims: None,
+            issuers: Vec::new(),
             algorithms: vec!["RS256".into(), "ES256".into(), "EdDSA".into()],
             clock_skew_secs: 30,
             jwks_refresh_secs: 10,
@@ -569,19 +682,180 @@ mod tests {
         );
     }
 
+    /// A token signed by the Ed25519 key of RFC 8037 §A.1 (the public half is `k1` of
+    /// [`jwks_file`]).
+    fn signed(typ: Option<&str>, claims: Value) -> String {
+        let mut der = hex_bytes("302e020100300506032b657004220420");
+        der.extend(hex_bytes(
+            "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
+        ));
+        let mut header = jsonwebtoken::Header::new(Algorithm::EdDSA);
+        header.typ = typ.map(str::to_owned);
+        header.kid = Some("k1".into());
+        let key = jsonwebtoken::EncodingKey::from_ed_der(&der);
+        jsonwebtoken::encode(&header, &claims, &key).unwrap()
+    }
+
+    fn hex_bytes(hex: &str) -> Vec<u8> {
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    fn claims(extra: Value) -> Value {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let mut c = json!({"iss": "https://auth.example", "aud": "https://gw.example/mcp",
+                           "sub": "alice", "exp": now + 300, "scope": "notes:write"});
+        for (k, v) in extra.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        c
+    }
+
     #[tokio::test]
     async fn malformed_and_unknown_tokens_are_refused() {
         let rs = ResourceServer::from_config(&section("https://gw.example/mcp", &jwks_file()), "n")
             .unwrap();
         assert_eq!(rs.verify("not-a-jwt").await, Err(TokenError::Malformed));
-        // {"alg":"EdDSA","typ":"JWT","kid":"k1"} . {} . sig
-        let plain_jwt = "eyJhbGciOiJFZERTQSIsInR5cCI6IkpXVCIsImtpZCI6ImsxIn0.e30.AAAA";
-        assert_eq!(rs.verify(plain_jwt).await, Err(TokenError::NotAccessToken));
-        // {"alg":"EdDSA","typ":"at+jwt","kid":"nope"}
-        let unknown = "eyJhbGciOiJFZERTQSIsInR5cCI6ImF0K2p3dCIsImtpZCI6Im5vcGUifQ.e30.AAAA";
-        assert_eq!(rs.verify(unknown).await, Err(TokenError::UnknownKey));
-        // {"alg":"EdDSA","typ":"at+jwt","kid":"k1"}, bad signature
-        let forged = "eyJhbGciOiJFZERTQSIsInR5cCI6ImF0K2p3dCIsImtpZCI6ImsxIn0.e30.AAAA";
+        // {"alg":"EdDSA","typ":"at+jwt","kid":"k1"} . {"iss":"https://auth.example"} . sig
+        let forged = "eyJhbGciOiJFZERTQSIsInR5cCI6ImF0K2p3dCIsImtpZCI6ImsxIn0.eyJpc3MiOiJodHRwczovL2F1dGguZXhhbXBsZSJ9.AAAA";
         assert!(rs.verify(forged).await.is_err());
+        // The same with "kid":"nope".
+        let unknown = "eyJhbGciOiJFZERTQSIsInR5cCI6ImF0K2p3dCIsImtpZCI6Im5vcGUifQ.eyJpc3MiOiJodHRwczovL2F1dGguZXhhbXBsZSJ9.AAAA";
+        assert_eq!(rs.verify(unknown).await, Err(TokenError::UnknownKey));
+        let ok = rs
+            .verify(&signed(Some("at+jwt"), claims(json!({}))))
+            .await
+            .unwrap();
+        assert_eq!(ok.principal, "alice");
+        assert!(ok.scopes.contains("notes:write"));
+    }
+
+    /// Each refusal names its check and setting, and never carries the token.
+    #[tokio::test]
+    async fn refusals_name_the_check_and_the_setting() {
+        let rs = ResourceServer::from_config(&section("https://gw.example/mcp", &jwks_file()), "n")
+            .unwrap();
+        let cases = [
+            (
+                signed(Some("JWT"), claims(json!({}))),
+                "the token's typ JWT is not accepted (token_types: at+jwt, application/at+jwt)",
+            ),
+            (
+                signed(None, claims(json!({}))),
+                "the token's typ (none) is not accepted (token_types: at+jwt, application/at+jwt)",
+            ),
+            (
+                signed(Some("at+jwt"), claims(json!({"aud": "api://notes"}))),
+                "the token's audience (aud) is not this resource (audience, audiences)",
+            ),
+            (
+                signed(Some("at+jwt"), claims(json!({"iss": "https://other.example"}))),
+                "the token's issuer (iss) is not one this server accepts (issuer, [[auth.issuers]])",
+            ),
+            (
+                signed(Some("at+jwt"), claims(json!({"exp": 1_000_000}))),
+                "the access token expired (exp)",
+            ),
+            (
+                signed(Some("at+jwt"), claims(json!({"sub": 7}))),
+                "the token has no usable sub claim (principal_claim)",
+            ),
+        ];
+        for (token, want) in cases {
+            let e = rs.verify(&token).await.unwrap_err();
+            assert_eq!(e.to_string(), want);
+            let sig = token.rsplit('.').next().unwrap();
+            assert!(!e.to_string().contains(sig));
+        }
+    }
+
+    /// An Entra ID shaped token: refused by the strict default, accepted by the preset
+    /// once its audience is listed.
+    #[tokio::test]
+    async fn entra_tokens_need_the_preset_and_the_audience() {
+        let jwks = jwks_file();
+        let token = signed(
+            Some("JWT"),
+            claims(
+                json!({"aud": "0c8a5b2e-5f4d-4a53-9d0e-1b2c3d4e5f60", "scp": "notes:write",
+                          "oid": "9f1e", "scope": null}),
+            ),
+        );
+        let mut s = section("https://gw.example/mcp", &jwks);
+        s.provider = Some(crate::config::IdentityProvider::Entra);
+        let rs = ResourceServer::from_config(&s, "n").unwrap();
+        assert_eq!(rs.verify(&token).await, Err(TokenError::Audience));
+        s.audiences = vec!["0c8a5b2e-5f4d-4a53-9d0e-1b2c3d4e5f60".into()];
+        let rs = ResourceServer::from_config(&s, "n").unwrap();
+        let v = rs.verify(&token).await.unwrap();
+        assert_eq!(v.principal, "9f1e");
+        assert!(v.scopes.contains("notes:write") && v.scope_hint.is_none());
+        // Strict, once typ is allowed: the scopes are in a claim it does not read.
+        s.provider = None;
+        s.token_types = Some(vec!["JWT".into()]);
+        s.principal_claim = Some("oid".into());
+        let v = ResourceServer::from_config(&s, "n")
+            .unwrap()
+            .verify(&token)
+            .await
+            .unwrap();
+        assert!(v.scopes.is_empty());
+        assert_eq!(
+            v.scope_hint.as_deref(),
+            Some("the token carries scopes in scp, which scope_claims (scope) does not read")
+        );
+    }
+
+    /// Several issuers (tenants), each with its own keys and shape; the metadata lists
+    /// them all.
+    #[tokio::test]
+    async fn several_issuers_each_with_its_profile() {
+        let jwks = jwks_file();
+        let mut s = section("https://gw.example/mcp", &jwks);
+        s.issuers = vec![IssuerSection {
+            issuer: "https://login.example/tenant-b/v2.0".into(),
+            provider: Some(crate::config::IdentityProvider::Okta),
+            jwks_file: Some(jwks.clone()),
+            required_claims: Some([("cid".to_owned(), vec!["app-1".to_owned()])].into()),
+            ..IssuerSection::default()
+        }];
+        let rs = ResourceServer::from_config(&s, "n").unwrap();
+        let doc: Value = serde_json::from_slice(&rs.metadata()).unwrap();
+        assert_eq!(
+            doc["authorization_servers"],
+            json!([
+                "https://auth.example",
+                "https://login.example/tenant-b/v2.0"
+            ])
+        );
+        let tenant_b = |extra: Value| {
+            let mut c = claims(json!({"iss": "https://login.example/tenant-b/v2.0",
+                                      "scp": ["notes:read"], "scope": null}));
+            for (k, v) in extra.as_object().unwrap() {
+                c[k] = v.clone();
+            }
+            signed(None, c)
+        };
+        let v = rs.verify(&tenant_b(json!({"cid": "app-1"}))).await.unwrap();
+        assert!(v.scopes.contains("notes:read"));
+        assert_eq!(
+            rs.verify(&tenant_b(json!({"cid": "app-2"})))
+                .await
+                .unwrap_err()
+                .to_string(),
+            "the token's cid claim is missing or not allowed (required_claims)"
+        );
+        // The first issuer keeps the strict profile.
+        assert!(matches!(
+            rs.verify(&signed(None, claims(json!({})))).await,
+            Err(TokenError::TokenType { .. })
+        ));
+        s.issuers.push(s.issuers[0].clone());
+        assert!(ResourceServer::from_config(&s, "n").is_err(), "twice");
     }
 }

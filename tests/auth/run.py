@@ -57,7 +57,36 @@ CLIENTS = [
     {"id": "host-b", "secret": "host-b-secret", "scope": "notes:read notes:write"},
     {"id": "reader", "secret": "reader-secret", "scope": "notes:read"},
 ]
+# Clients whose tokens take the shape of another identity provider's (as.mjs "shape"):
+# header typ, issuer form, audience form, the claim scopes are in. Values as each
+# provider issues them (README, "Tokens from your identity provider").
+TENANT_A = "7c1e3b9a-2f4d-4e8a-9b1c-5d6e7f8a9b0c"
+TENANT_B = "2b7d9e41-6a3c-4f58-8d2e-0a1b2c3d4e5f"
+API_GUID = "0c8a5b2e-5f4d-4a53-9d0e-1b2c3d4e5f60"
+SHAPES = {
+    # Keycloak: typ JWT, realm issuer, scope string, payload typ "Bearer", azp.
+    "keycloak": {"typ": "JWT", "iss": "/realms/notes", "claims": {"typ": "Bearer", "azp": "keycloak"}},
+    # Entra ID v2, application permission: typ JWT, tenant issuer, GUID audience,
+    # roles array, oid.
+    "entra": {"typ": "JWT", "iss": f"/{TENANT_A}/v2.0", "aud": API_GUID, "scope_claim": "roles",
+              "scope_array": True, "claims": {"oid": "oid-of-entra", "tid": TENANT_A, "azp": "entra", "ver": "2.0"}},
+    # Entra ID, another tenant, delegated: api:// audience, scp string.
+    "entra-b": {"typ": "JWT", "iss": f"/{TENANT_B}/v2.0", "aud": "api://notes", "scope_claim": "scp",
+                "claims": {"oid": "oid-of-entra-b", "tid": TENANT_B, "ver": "2.0"}},
+    # Auth0, default token profile: typ JWT, issuer with a trailing slash, sub <id>@clients.
+    "auth0": {"typ": "JWT", "iss": "/", "claims": {"sub": "auth0@clients", "gty": "client-credentials",
+                                                   "azp": "auth0"}},
+    # Okta custom authorization server: no typ, /oauth2/default issuer, api://default,
+    # scp array, cid.
+    "okta": {"typ": None, "iss": "/oauth2/default", "aud": "api://default", "scope_claim": "scp",
+             "scope_array": True, "claims": {"cid": "okta"}},
+}
+CLIENTS += [{"id": name, "secret": f"{name}-secret", "scope": "notes:read notes:write", "shape": shape}
+            for name, shape in SHAPES.items()]
+# The principal each shape's tokens name (principal_claim of the preset).
+SHAPE_PRINCIPALS = ["keycloak", "oid-of-entra", "oid-of-entra-b", "auth0@clients", "okta"]
 SECRETS = {c["id"]: c["secret"] for c in CLIENTS}
+EXCHANGE_SECRET = "gateway-exchange-secret"
 
 
 class Fail(AssertionError):
@@ -145,7 +174,9 @@ class Stack:
 
     def __init__(self, binary: Path, work: Path, node: list[str]):
         self.work = work
+        self.binary = binary
         self.procs: list[Proc] = []
+        self.extra_logs: list[Path] = []
         self.tokens_file = work / "issued-tokens.txt"
         self.tokens_file.write_text("")
         self.ws_dir = work / "workspace"
@@ -155,23 +186,30 @@ class Stack:
         self.gw = f"http://127.0.0.1:{gw_port}/mcp"
         self.gw2 = f"http://127.0.0.1:{gw2_port}/mcp"
         self.other_resource = "https://elsewhere.example/mcp"
+        # A third-party upstream that names its own URL as its resource, a gateway that
+        # relays it (today's behaviour) and one that rewrites and exchanges.
+        self.own = f"http://127.0.0.1:{free_port()}/mcp"
+        self.gwr = f"http://127.0.0.1:{free_port()}/mcp"
+        self.gwx = f"http://127.0.0.1:{free_port()}/mcp"
+        self.exchanged_file = work / "exchanged-tokens.txt"
+        self.exchanged_file.write_text("")
+        self.third: dict | None = None
         as_cfg = work / "as.json"
-        as_cfg.write_text(json.dumps({"resources": [self.gw, self.other_resource], "ttl": EXPIRY,
-                                      "tokens": str(self.tokens_file), "clients": CLIENTS}))
+        as_cfg.write_text(json.dumps({
+            "resources": [self.gw, self.other_resource, self.own, self.gwr, self.gwx], "ttl": EXPIRY,
+            "tokens": str(self.tokens_file), "clients": CLIENTS,
+            "exchange": {"client": "gateway", "secret": EXCHANGE_SECRET, "from": [self.gwx], "to": [self.own],
+                         "log": str(self.exchanged_file)}}))
         try:
             self.auth = Proc("authorization server", node + [str(HERE / "as.mjs"), str(as_cfg)],
                              work / "as.log", "issuer ", stdin=subprocess.PIPE)
             self.procs.append(self.auth)
             self.issuer = self.auth.ready_line.split()[-1]
             env = dict(os.environ, DUALERA_LOG="info,dualera=debug,dualera::wire=trace", NO_COLOR="1")
+            self.env = env
             self.db = work / "notes.db"
-            grants = "".join(
-                f'[[grants]]\nprincipal = "{c["id"]}"\nworkspaces = ["{self.workspace}"]\n\n' for c in CLIENTS)
             server_cfg = work / "server.toml"
-            server_cfg.write_text(f"""[store]
-path = "{self.db}"
-
-{grants}[auth]
+            server_cfg.write_text(f"""{self.store_and_grants(self.db)}[auth]
 issuer = "{self.issuer}"
 audience = "{self.gw}"
 jwks_uri = "{self.issuer}/jwks"
@@ -208,6 +246,94 @@ summarize_repo = ["notes:read"]
     def stop(self) -> None:
         for p in reversed(self.procs):
             p.stop()
+
+    def store_and_grants(self, db: Path, more: list[str] | None = None) -> str:
+        """The top of a `dualera serve` config: its store, and a grant of the workspace to
+        every client (and to the principals in `more`)."""
+        principals = [c["id"] for c in CLIENTS] + (more or [])
+        grants = "".join(f'[[grants]]\nprincipal = "{p}"\nworkspaces = ["{self.workspace}"]\n\n'
+                         for p in principals)
+        return f'[store]\npath = "{db}"\n\n{grants}'
+
+    def third_party(self) -> dict:
+        """Started on first use: the upstream `own` (`dualera serve` whose resource is its
+        own URL and which takes only tokens the gateway got by exchange: aud = its URL,
+        client_id = "gateway"), the gateway `gwr` relaying it as today, and the gateway
+        `gwx` with resource_metadata = "rewrite" and token_exchange."""
+        if self.third:
+            return self.third
+        cfg = self.work / "server-own.toml"
+        cfg.write_text(f"""{self.store_and_grants(self.work / 'notes-own.db')}[auth]
+issuer = "{self.issuer}"
+audience = "{self.own}"
+jwks_uri = "{self.issuer}/jwks"
+clock_skew_secs = {SKEW}
+required_claims = {{ client_id = ["gateway"] }}
+
+[auth.scopes]
+notes_delete = ["notes:write"]
+notes_create = ["notes:write"]
+notes_list = ["notes:read"]
+""")
+        own_port = urlsplit(self.own).port
+        up = Proc("third-party upstream", [str(self.binary), "serve", "--config", str(cfg),
+                                           "--listen", f"127.0.0.1:{own_port}"],
+                  self.work / "server-own.log", "listening on http", env=self.env)
+        self.procs.append(up)
+        gwr = Proc("gateway (relay)", [str(self.binary), "gateway", "--upstream", self.own,
+                                       "--listen", f"127.0.0.1:{urlsplit(self.gwr).port}"],
+                   self.work / "gateway-relay.log", "listening on http", env=self.env)
+        self.procs.append(gwr)
+        gx_cfg = self.work / "gateway-exchange.toml"
+        gx_cfg.write_text(f"""[[gateway.routes]]
+path = "/mcp"
+upstream = "{self.own}"
+public_url = "{self.gwx}"
+resource_metadata = "rewrite"
+
+[gateway.routes.token_exchange]
+token_endpoint = "{self.issuer}/token"
+client_id = "gateway"
+client_secret_env = "DUALERA_EXCHANGE_SECRET"
+resource = "{self.own}"
+""")
+        gwx = Proc("gateway (rewrite + exchange)",
+                   [str(self.binary), "gateway", "--config", str(gx_cfg),
+                    "--listen", f"127.0.0.1:{urlsplit(self.gwx).port}"],
+                   self.work / "gateway-exchange.log", "listening on http",
+                   env=dict(self.env, DUALERA_EXCHANGE_SECRET=EXCHANGE_SECRET))
+        self.procs.append(gwx)
+        self.extra_logs += [up.log_path, gwr.log_path, gwx.log_path]
+        self.third = {"upstream": up, "relay": gwr, "exchange": gwx}
+        return self.third
+
+    def own_notes(self, title: str) -> list[int]:
+        con = sqlite3.connect(str(self.work / "notes-own.db"), timeout=10)
+        try:
+            return [r[0] for r in con.execute("SELECT id FROM notes WHERE title = ?", (title,))]
+        finally:
+            con.close()
+
+    def serve(self, tag: str, auth: str, issuers: list[dict]) -> Proc:
+        """A `dualera serve` of its own (own store) with `auth` as the top of [auth] and
+        one [[auth.issuers]] per entry of `issuers` (keys from this AS's JWKS)."""
+        sections = "".join(
+            f'[[auth.issuers]]\njwks_uri = "{self.issuer}/jwks"\n'
+            + "".join(f"{k} = {json.dumps(v)}\n" for k, v in i.items()) for i in issuers)
+        cfg = self.work / f"server-{tag}.toml"
+        cfg.write_text(f"""{self.store_and_grants(self.work / f'notes-{tag}.db', SHAPE_PRINCIPALS)}[auth]
+audience = "{self.gw}"
+authorization_servers = ["{self.issuer}"]
+{auth}
+[auth.scopes]
+notes_create = ["notes:write"]
+notes_list = ["notes:read"]
+
+{sections}""")
+        log = self.work / f"server-{tag}.log"
+        self.extra_logs.append(log)
+        return Proc(f"server {tag}", [str(self.binary), "serve", "--config", str(cfg), "--listen", "127.0.0.1:0"],
+                    log, "listening on http", env=self.env)
 
     def notes(self) -> dict[int, tuple[str, str]]:
         con = sqlite3.connect(str(self.db), timeout=10)
@@ -608,20 +734,151 @@ def case_key_rotation(stack: Stack) -> str:
     return f"new kids accepted after a JWKS fetch each: {', '.join(seen)}"
 
 
-def run_sdk_host(stack: Stack, kind: str) -> dict:
-    cfg = {"url": stack.gw, "issuer": stack.issuer, "client_id": "host-a", "client_secret": SECRETS["host-a"],
-           "workspace": stack.workspace, "title": f"{TITLE} ({kind})", "expiry": EXPIRY + SKEW + 1.5}
+def tool_call(url: str, token: str, name: str, args: dict):
+    return modern_call(url, token, "tools/call", {"name": name, "arguments": args}, name=name)
+
+
+def description(h: http.client.HTTPMessage) -> str:
+    c = " ".join(challenge(h))
+    return c[c.find("error_description="):] if "error_description=" in c else c
+
+
+def check_shape(stack: Stack, tag: str, token: str, auth: str, issuers: list[dict], want: str) -> str:
+    """One `dualera serve` configured by `auth`/`issuers` and what it does with `token`:
+    "accept" (discover, notes_create, notes_list all succeed, the note is stored),
+    "401 <setting>" (refused, error_description naming the setting) or "403 <setting>"
+    (notes_create refused for scope, the description naming the setting)."""
+    server = stack.serve(tag, auth, issuers)
+    try:
+        url = server.ready_line.split()[-1]
+        st, h, body = modern_call(url, token, "server/discover")
+        if want.startswith("401"):
+            setting = want.split()[1]
+            d = description(h)
+            expect(st == 401 and 'error="invalid_token"' in " ".join(challenge(h)), f"{tag}: discover answered {st}")
+            expect(setting in d, f"{tag}: the refusal does not name {setting}: {d}")
+            expect(token.split(".")[-1] not in d and token.split(".")[1] not in d, f"{tag}: the refusal echoes the token")
+            return f"401 {d}"
+        expect(st == 200, f"{tag}: discover answered {st}: {description(h)} {body[:200]!r}")
+        args = {"workspaceUri": stack.workspace, "title": f"{tag} note", "body": tag}
+        st, h, body = tool_call(url, token, "notes_create", args)
+        if want.startswith("403"):
+            setting = want.split()[1]
+            d = description(h)
+            expect(st == 403 and 'error="insufficient_scope"' in " ".join(challenge(h)),
+                   f"{tag}: notes_create answered {st}: {body[:200]!r}")
+            expect(setting in d, f"{tag}: the refusal does not name {setting}: {d}")
+            return f"403 {d}"
+        expect(st == 200, f"{tag}: notes_create answered {st}: {description(h)}")
+        r = rpc_body(body, h.get("Content-Type", ""))
+        expect("result" in r and not r["result"].get("isError"), f"{tag}: notes_create failed: {r}")
+        st, h, body = tool_call(url, token, "notes_list", {"workspaceUri": stack.workspace})
+        expect(st == 200 and f"{tag} note" in body.decode(), f"{tag}: notes_list answered {st}: {body[:300]!r}")
+        con = sqlite3.connect(str(stack.work / f"notes-{tag}.db"), timeout=10)
+        try:
+            titles = [t for (t,) in con.execute("SELECT title FROM notes")]
+        finally:
+            con.close()
+        expect(titles == [f"{tag} note"], f"{tag}: the store holds {titles}")
+        return "accepted"
+    finally:
+        server.stop()
+
+
+def check_provider(stack: Stack, client: str, issuers: list[dict], variants: list[tuple[str, str, str]],
+                   resource: str | None = None) -> str:
+    """The token of a provider-shaped client against each variant of `dualera serve`:
+    (tag, extra [auth] lines, expectation). The preset variant ("provider = ...") must
+    also say at start-up that it accepts a typ other than at+jwt."""
+    token = stack.token(client, resource or stack.gw)
+    out = []
+    for tag, auth, want in variants:
+        out.append(f"{tag}: {check_shape(stack, f'{client}-{tag}', token, auth, issuers, want)}")
+        if tag == "preset":
+            log = (stack.work / f"server-{client}-{tag}.log").read_text()
+            expect("typ is not at+jwt are accepted" in log, f"{client}: the preset said nothing at start-up")
+    return "; ".join(out)
+
+
+def case_provider_keycloak(stack: Stack) -> str:
+    """A Keycloak-shaped token (typ JWT, realm issuer, payload typ Bearer): accepted with
+    provider = "keycloak", refused by the strict default naming token_types; the preset's
+    azp allow-list (required_claims) refuses another client."""
+    issuers = [{"issuer": stack.issuer + "/realms/notes"}]
+    return check_provider(stack, "keycloak", issuers, [
+        ("preset", 'provider = "keycloak"', "accept"),
+        ("strict", "", "401 token_types"),
+        ("azp-allow-list", 'provider = "keycloak"\n[auth.required_claims]\nazp = ["another-client"]',
+         "401 required_claims"),
+    ])
+
+
+def case_provider_entra(stack: Stack) -> str:
+    """Entra ID-shaped tokens from two tenants (typ JWT, tenant issuers, a GUID and an
+    api:// audience, roles array / scp string, oid): accepted with provider = "entra"
+    and the audiences listed; refused by the strict default naming token_types, then
+    audiences, then scope_claims as each is relaxed in turn."""
+    issuers = [{"issuer": f"{stack.issuer}/{TENANT_A}/v2.0", "audiences": [API_GUID]},
+               {"issuer": f"{stack.issuer}/{TENANT_B}/v2.0", "audiences": ["api://notes"]}]
+    no_aud = [{"issuer": i["issuer"]} for i in issuers]
+    a = check_provider(stack, "entra", issuers, [
+        ("preset", 'provider = "entra"', "accept"),
+        ("strict", "", "401 token_types"),
+        ("typ-only", 'token_types = ["JWT"]\nprincipal_claim = "oid"', "403 scope_claims"),
+    ])
+    b = check_provider(stack, "entra", no_aud, [
+        ("no-audiences", 'provider = "entra"', "401 audiences"),
+    ])
+    c = check_provider(stack, "entra-b", issuers, [
+        ("preset", 'provider = "entra"', "accept"),
+        ("strict", 'token_types = ["JWT"]\nprincipal_claim = "oid"', "403 scope_claims"),
+    ])
+    return f"tenant A: {a}; {b}; tenant B: {c}"
+
+
+def case_provider_auth0(stack: Stack) -> str:
+    """An Auth0-shaped token (default profile: typ JWT, issuer with a trailing slash,
+    sub <client>@clients): accepted with provider = "auth0", refused strictly naming
+    token_types."""
+    issuers = [{"issuer": stack.issuer + "/"}]
+    return check_provider(stack, "auth0", issuers, [
+        ("preset", 'provider = "auth0"', "accept"),
+        ("strict", "", "401 token_types"),
+    ])
+
+
+def case_provider_okta(stack: Stack) -> str:
+    """An Okta-shaped token (no typ, /oauth2/default issuer, api://default audience, scp
+    array): accepted with provider = "okta" and audiences = ["api://default"]; refused
+    strictly naming token_types, then scope_claims."""
+    issuers = [{"issuer": stack.issuer + "/oauth2/default", "audiences": ["api://default"]}]
+    return check_provider(stack, "okta", issuers, [
+        ("preset", 'provider = "okta"', "accept"),
+        ("strict", "", "401 token_types"),
+        ("typ-only", 'token_types = [""]', "403 scope_claims"),
+    ])
+
+
+def sdk_process(stack: Stack, kind: str, url: str, title: str) -> tuple[int, str, str]:
+    """One run of an SDK host against `url`: exit status, stdout, stderr."""
+    cfg = {"url": url, "issuer": stack.issuer, "client_id": "host-a", "client_secret": SECRETS["host-a"],
+           "workspace": stack.workspace, "title": title, "expiry": EXPIRY + SKEW + 1.5}
     if kind == "python":
         cmd = interop.PY_LEGACY.install() + [str(HERE / "py_host.py"), json.dumps(cfg)]
     else:
         cmd = interop.ensure_ts() + [str(interop.TS_DIR / "auth_host.mjs"), json.dumps(cfg)]
-    err = stack.work / f"{kind}-host.stderr"
+    err = stack.work / f"{kind}-host-{urlsplit(url).port}.stderr"
     with open(err, "w") as e:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=e, text=True, timeout=180)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    expect(p.returncode == 0 and lines, f"the {kind} host exited {p.returncode}:\n{p.stdout[-2000:]}\n"
-           f"{err.read_text()[-3000:]}")
-    return json.loads(lines[-1]) | {"_title": cfg["title"]}
+    return p.returncode, p.stdout, err.read_text()
+
+
+def run_sdk_host(stack: Stack, kind: str, url: str | None = None) -> dict:
+    title = f"{TITLE} ({kind}{', exchanged' if url else ''})"
+    code, stdout, stderr = sdk_process(stack, kind, url or stack.gw, title)
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    expect(code == 0 and lines, f"the {kind} host exited {code}:\n{stdout[-2000:]}\n{stderr[-3000:]}")
+    return json.loads(lines[-1]) | {"_title": title}
 
 
 def check_sdk(stack: Stack, kind: str) -> str:
@@ -651,12 +908,107 @@ def case_typescript_sdk(stack: Stack) -> str:
     return check_sdk(stack, "typescript")
 
 
+def case_third_party_relayed_is_refused(stack: Stack) -> str:
+    """Both SDK hosts through a gateway that relays (today's behaviour) an upstream whose
+    metadata names its own URL: each refuses the metadata (its resource check), and the
+    upstream refuses a token for the gateway's URL anyway."""
+    third = stack.third_party()
+    st, _, body = request("GET", f"http://{urlsplit(stack.gwr).netloc}/.well-known/oauth-protected-resource/mcp")
+    expect(st == 200 and json.loads(body)["resource"] == stack.own, f"relayed metadata {st} {body[:200]!r}")
+    host_token = stack.token("host-a", stack.gwr)
+    st, _, _ = modern_call(stack.own, host_token, "server/discover")
+    expect(st == 401, f"the upstream accepted a token for the gateway's URL ({st})")
+    out = []
+    for kind in ("python", "typescript"):
+        code, stdout, stderr = sdk_process(stack, kind, stack.gwr, f"{TITLE} ({kind}, relayed)")
+        said = stdout + stderr
+        expect(code != 0, f"the {kind} host got through a relayed foreign resource:\n{stdout[-1000:]}")
+        expect(stack.own in said and stack.gwr in said and "match" in said,
+               f"the {kind} host failed for another reason:\n{said[-3000:]}")
+        line = next(ln for ln in said.splitlines() if "match" in ln and stack.own in ln)
+        out.append(f"{kind}: {line.strip()[:160]}")
+    expect(not stack.own_notes(f"{TITLE} (python, relayed)"), "a note was created through the relay")
+    return "; ".join(out)
+
+
+def case_third_party_rewrite_and_exchange(stack: Stack) -> str:
+    """The gateway with resource_metadata = "rewrite" and token_exchange, raw: its
+    metadata is the upstream's with resource = the gateway's URL; a challenge points at
+    it; a host token is exchanged (the upstream accepts the request, and would refuse the
+    host token itself); a token the authorization server will not exchange gets a 401
+    from the gateway naming the refusal, with a challenge for the gateway's metadata;
+    the exchanged token is cached for its lifetime."""
+    stack.third_party()
+    gx = urlsplit(stack.gwx).netloc
+    st, _, mine = request("GET", f"http://{gx}/.well-known/oauth-protected-resource/mcp")
+    st2, _, theirs = request("GET", f"http://{urlsplit(stack.own).netloc}/.well-known/oauth-protected-resource/mcp")
+    mine, theirs = json.loads(mine), json.loads(theirs)
+    expect(st == st2 == 200 and mine["resource"] == stack.gwx, f"rewritten metadata {st}: {mine}")
+    expect({k: v for k, v in mine.items() if k != "resource"} == {k: v for k, v in theirs.items() if k != "resource"},
+           f"the rest of the document changed: {mine} / {theirs}")
+    gw_metadata = f"http://{gx}/.well-known/oauth-protected-resource/mcp"
+    st, h, _ = request("POST", stack.gwx, json.dumps(INIT).encode(), legacy_headers(None))
+    expect(st == 401 and f'resource_metadata="{gw_metadata}"' in " ".join(challenge(h)),
+           f"initialize without a token: {st} {challenge(h)}")
+    before = len(stack.exchanged_file.read_text().split())
+    tok = stack.token("host-a", stack.gwx)
+    st, _, _ = modern_call(stack.own, tok, "server/discover")
+    expect(st == 401, f"the upstream accepts the host's own token ({st})")
+    for _ in range(3):
+        st, h, body = modern_call(stack.gwx, tok, "server/discover")
+        expect(st == 200, f"discover through the exchange answered {st} {challenge(h)} {body[:200]!r}")
+    exchanged = len(stack.exchanged_file.read_text().split()) - before
+    expect(exchanged == 1, f"{exchanged} exchanges for three requests with one token (cache)")
+    bad = stack.token("host-a", stack.gw)  # a real token, for another resource: not exchangeable
+    st, h, _ = modern_call(stack.gwx, bad, "server/discover")
+    c = " ".join(challenge(h))
+    expect(st == 401 and f'resource_metadata="{gw_metadata}"' in c and 'error="invalid_token"' in c
+           and "invalid_grant" in c, f"an unexchangeable token answered {st} {c}")
+    expect(bad.split(".")[-1] not in c, "the refusal echoes the token")
+    return f"metadata rewritten, challenge pointed at {gw_metadata}, 1 exchange for 3 requests, refusal: {c[c.find('error='):]}"
+
+
+def check_exchange_sdk(stack: Stack, kind: str) -> str:
+    """An SDK host through the rewriting, exchanging gateway: scenario 2 across two token
+    expiries; every token the upstream took was an exchanged one, and it refused none."""
+    third = stack.third_party()
+    up_log = third["upstream"].log_path
+    refused_before = up_log.read_text().count("access token refused")
+    exchanged_before = len(stack.exchanged_file.read_text().split())
+    issued_before = len(stack.tokens_file.read_text().split())
+    out = run_sdk_host(stack, kind, stack.gwx)
+    ids = out["session_ids"]
+    expect(len(ids) == 4 and ids[0] and len(set(ids)) == 1, f"Mcp-Session-Id changed: {ids}")
+    expect(len(out["elicitations"]) == 1, f"{len(out['elicitations'])} elicitations")
+    expect(not out["deleted"].get("isError"), f"notes_delete failed: {out['deleted']}")
+    left = stack.own_notes(out["_title"])
+    expect(len(left) == 1, f"the upstream's store has {len(left)} notes titled {out['_title']!r}, expected 1 of 2")
+    exchanged = len(stack.exchanged_file.read_text().split()) - exchanged_before
+    issued = len(stack.tokens_file.read_text().split()) - issued_before - exchanged
+    expect(issued >= 3 and exchanged >= issued, f"{issued} host tokens, {exchanged} exchanges")
+    refused = up_log.read_text().count("access token refused") - refused_before
+    expect(refused == 0, f"the upstream refused {refused} tokens: a host token reached it")
+    return (f"{issued} host tokens, {exchanged} exchanged; the upstream took only exchanged tokens "
+            f"(aud = its URL, client_id = gateway) and refused none; one session id; one of two notes deleted")
+
+
+def case_third_party_python_sdk(stack: Stack) -> str:
+    """mcp 1.30.0 + ClientCredentialsOAuthProvider through rewrite + token exchange."""
+    return check_exchange_sdk(stack, "python")
+
+
+def case_third_party_typescript_sdk(stack: Stack) -> str:
+    """@modelcontextprotocol/sdk 1.32.2 + ClientCredentialsProvider through rewrite +
+    token exchange."""
+    return check_exchange_sdk(stack, "typescript")
+
+
 def case_no_token_in_logs(stack: Stack) -> str:
     """No access token issued during the run appears in any log line of the gateway or the
     server (debug level and wire traces on)."""
     tokens = [t for t in stack.tokens_file.read_text().split() if t]
     expect(len(tokens) >= 10, f"only {len(tokens)} tokens were issued during the run")
-    logs = [stack.gateway.log_path, stack.gateway2.log_path, stack.server.log_path]
+    logs = [stack.gateway.log_path, stack.gateway2.log_path, stack.server.log_path, *stack.extra_logs]
     total = 0
     for log in logs:
         lines = log.read_text(errors="replace").splitlines()
@@ -706,7 +1058,10 @@ def short(text: str) -> str:
 
 CASES = [case_conformance_authorization_server, case_metadata_relayed, case_initialize_unauthorized, case_passthrough_verbatim, case_wrong_audience,
          case_insufficient_scope, case_binding, case_expiry_mid_round, case_parked_round_times_out,
-         case_get_stream, case_key_rotation, case_python_sdk, case_typescript_sdk, case_no_token_in_logs]
+         case_get_stream, case_key_rotation, case_provider_keycloak, case_provider_entra, case_provider_auth0,
+         case_provider_okta, case_python_sdk, case_typescript_sdk, case_third_party_relayed_is_refused,
+         case_third_party_rewrite_and_exchange, case_third_party_python_sdk, case_third_party_typescript_sdk,
+         case_no_token_in_logs]
 
 
 def main() -> int:
