@@ -2115,6 +2115,8 @@ async fn mrtr(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res
     counter += 1;
     modern_flow(&mut proxied, &ws, &format!("flow-{counter}")).await?;
     let mut gw_cpu = (0.0f64, 0usize);
+    let mut bare_cpu = (0.0f64, 0usize);
+    let mut legacy_over_bare = Vec::new();
     let mut gw_switches = 0u64;
     // Flows alternate one by one (which variant goes first rotates every turn), so all
     // variants see the same machine: a neighbour's burst or a slow second lands on
@@ -2124,6 +2126,7 @@ async fn mrtr(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res
         let mut n = [0usize; 3];
         let mut ns: [Vec<f64>; 3] = Default::default();
         let cpu0 = cpu_of(gateway.pid());
+        let bare0 = cpu_of(bare.pid());
         let sw0 = switches_of(gateway.pid());
         let end = Instant::now() + Duration::from_secs_f64(secs * 3.0);
         let mut turn = 0usize;
@@ -2150,7 +2153,11 @@ async fn mrtr(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res
         gw_cpu.0 += cpu_of(gateway.pid()) - cpu0;
         gw_switches += switches_of(gateway.pid()) - sw0;
         gw_cpu.1 += n[0];
+        // Likewise the bare proxy only works during the proxied modern flows.
+        bare_cpu.0 += cpu_of(bare.pid()) - bare0;
+        bare_cpu.1 += n[2];
         let this = [0, 1, 2].map(|v| n[v] as f64 / busy[v].max(1e-9));
+        legacy_over_bare.push(this[0] / this[2]);
         for v in 0..3 {
             rates[v].push(this[v]);
             lats[v].push(median(&ns[v]));
@@ -2194,6 +2201,8 @@ async fn mrtr(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res
         );
     }
     let gw_cpu_us = gw_cpu.0 * 1e6 / gw_cpu.1.max(1) as f64;
+    let bare_cpu_us = bare_cpu.0 * 1e6 / bare_cpu.1.max(1) as f64;
+    let legacy_over_bare = median(&legacy_over_bare);
     let gw_sw = gw_switches as f64 / gw_cpu.1.max(1) as f64;
     let _ = writeln!(
         md,
@@ -2201,6 +2210,13 @@ async fn mrtr(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res
         fmt_f(ratio, 3),
         fmt_f(gw_cpu_us, 0),
         fmt_f(gw_sw, 1)
+    );
+    let _ = writeln!(
+        md,
+        "\nAgainst the one-hop reference: legacy flow / modern flow through the bare proxy **{}** (target ≥ 1.0); gateway CPU per legacy flow {} µs (target ≤ 500) beside the bare proxy's CPU per modern flow {} µs.",
+        fmt_f(legacy_over_bare, 3),
+        fmt_f(gw_cpu_us, 0),
+        fmt_f(bare_cpu_us, 0)
     );
     let _ = writeln!(
         md,
@@ -2213,6 +2229,7 @@ async fn mrtr(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res
         json!({"legacy_flows_per_s": rate[0], "modern_flows_per_s": rate[1], "bare_proxy_flows_per_s": rate[2],
                "ratio": ratio, "bare_proxy_ratio": floor_ratio,
                "gateway_cpu_us_per_flow": gw_cpu_us, "gateway_context_switches_per_flow": gw_sw,
+               "bare_proxy_cpu_us_per_flow": bare_cpu_us, "legacy_over_bare_proxy": legacy_over_bare,
                "per_round_legacy": rates[0], "per_round_modern": rates[1], "per_round_bare_proxy": rates[2],
                "median_flow_us_legacy": median(&lats[0]), "median_flow_us_modern": median(&lats[1]),
                "median_flow_us_bare_proxy": median(&lats[2])}),

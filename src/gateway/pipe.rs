@@ -58,7 +58,7 @@ pub(super) async fn run_session(
     };
     info!(transport, "legacy session opened");
     loop {
-        route(&links, &mut machine, &mut telemetry, &mut tasks).await;
+        perform(&links, &mut machine, &mut telemetry, &mut tasks).await;
         if machine.state() == SessionState::Closed {
             break;
         }
@@ -139,7 +139,7 @@ pub(super) async fn run_session(
         }
     }
     machine.close();
-    route(&links, &mut machine, &mut telemetry, &mut tasks).await;
+    perform(&links, &mut machine, &mut telemetry, &mut tasks).await;
     for (_, t) in tasks.drain() {
         t.abort();
     }
@@ -147,7 +147,7 @@ pub(super) async fn run_session(
     info!(transport, "legacy session closed");
 }
 
-/// What routing a session's events reaches, fixed for the session's life.
+/// What performing a session's events reaches, fixed for the session's life.
 struct Links<'a> {
     gw: &'a Gateway,
     outgoing: &'a mpsc::Sender<Vec<u8>>,
@@ -158,7 +158,9 @@ struct Links<'a> {
     forwarded: &'a Arc<Forwarded>,
 }
 
-async fn route(
+/// Carries out every event the machine emitted (sends to the peer, starts and cancels
+/// upstream exchanges, records observations), in order.
+async fn perform(
     links: &Links<'_>,
     machine: &mut Session,
     telemetry: &mut SessionTelemetry,
