@@ -457,7 +457,8 @@ pub struct Session {
     #[serde(with = "snapshot::revision")]
     revision: Option<&'static Revision>,
     client_info: Option<Value>,
-    legacy_capabilities: Value,
+    /// What the peer declared in `initialize`, mapped to the modern form (the legacy
+    /// form itself is not kept: nothing after `initialize` reads it).
     client_capabilities: Value,
     log_level: Option<String>,
     #[serde(skip)]
@@ -516,7 +517,6 @@ impl Session {
             state: SessionState::AwaitingInitialize,
             revision: None,
             client_info: None,
-            legacy_capabilities: Value::Object(Map::new()),
             client_capabilities: Value::Object(Map::new()),
             log_level: None,
             discover: None,
@@ -575,11 +575,6 @@ impl Session {
     /// The peer's `clientInfo`, as sent in `initialize`.
     pub fn client_info(&self) -> Option<&Value> {
         self.client_info.as_ref()
-    }
-
-    /// The peer's `capabilities`, as sent in `initialize`.
-    pub fn legacy_capabilities(&self) -> &Value {
-        &self.legacy_capabilities
     }
 
     /// The modern `clientCapabilities` sent upstream, mapped from the peer's.
@@ -1429,13 +1424,12 @@ impl Session {
             .unwrap_or(Revision::all()[0]);
         self.revision = Some(revision);
         self.client_info = params.get("clientInfo").and_then(implementation);
-        self.legacy_capabilities = params
+        let none = Value::Object(Map::new());
+        let declared = params
             .get("capabilities")
             .filter(|v| v.is_object())
-            .cloned()
-            .unwrap_or_else(|| json!({}));
-        self.client_capabilities =
-            capabilities::client_to_modern(revision, &self.legacy_capabilities);
+            .unwrap_or(&none);
+        self.client_capabilities = capabilities::client_to_modern(revision, declared);
         self.state = SessionState::Initializing;
         self.init = Some(PendingInit {
             id: request.id,

@@ -338,6 +338,10 @@ impl SessionTelemetry {
                 rounds,
             } => {
                 let elapsed = self.started.remove(&id).map(|s| s.elapsed());
+                if self.started.is_empty() {
+                    // An idle session keeps no table sized for its busiest moment.
+                    self.started.shrink_to_fit();
+                }
                 t.metrics.request(
                     &t.route,
                     Era::Legacy,
