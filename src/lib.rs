@@ -23,6 +23,7 @@ pub mod endpoint;
 pub mod framing;
 pub mod gateway;
 pub mod guard;
+pub mod inbound;
 pub mod listener;
 pub mod server;
 pub mod sse;

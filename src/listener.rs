@@ -10,6 +10,10 @@
 //! - **Header read timeout**: a connection must deliver a request's head (and, over
 //!   TLS, finish its handshake) within `header_read_timeout` from its first byte (or
 //!   from being accepted); otherwise it is dropped.
+//! - **Body deadline** ([`crate::inbound`]): a request body must keep coming (no gap
+//!   over `body_idle_timeout`) and be complete within `body_read_timeout`, and one peer
+//!   address may have only `max_slow_bodies_per_peer` slow bodies in progress;
+//!   otherwise the request gets 408 and the connection is closed.
 //! - **Idle timeout**: a connection with no request in progress and no bytes moving
 //!   either way for `idle_timeout` is closed gracefully. A streaming response (SSE)
 //!   writes keepalives, so it is never idle while it carries them.
@@ -35,6 +39,7 @@
 //! off at most one header timeout late, and the common path never wakes anything.
 
 use crate::body::GatewayBody;
+use crate::inbound::{BodyLimits, RequestBody, SlowBodies};
 use crate::tls::ServerTls;
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -75,6 +80,8 @@ pub struct ListenerConfig {
     pub idle_timeout: Duration,
     /// Most connections open at once (upgraded ones included).
     pub max_connections: usize,
+    /// Deadlines of request bodies.
+    pub body: BodyLimits,
     /// Serve TLS with this certificate.
     pub tls: Option<Arc<ServerTls>>,
     /// How long in-flight requests may finish after shutdown begins.
@@ -87,6 +94,7 @@ impl Default for ListenerConfig {
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            body: BodyLimits::default(),
             tls: None,
             grace: Duration::from_secs(10),
         }
@@ -95,14 +103,31 @@ impl Default for ListenerConfig {
 
 impl ListenerConfig {
     /// Defaults overridden by a config section's listener keys
-    /// (`header_read_timeout_secs`, `idle_timeout_secs`, `max_connections`).
+    /// (`header_read_timeout_secs`, `idle_timeout_secs`, `max_connections`, and the
+    /// body keys in [`BodyKeys`]).
     pub fn from_keys(
         header_read_timeout_secs: Option<u64>,
         idle_timeout_secs: Option<u64>,
         max_connections: Option<usize>,
+        body: BodyKeys,
     ) -> Self {
         let d = Self::default();
+        let floor = Duration::from_millis(100);
         Self {
+            body: BodyLimits {
+                idle: body
+                    .body_idle_timeout_secs
+                    .map_or(d.body.idle, Duration::from_secs)
+                    .max(floor),
+                total: body
+                    .body_read_timeout_secs
+                    .map_or(d.body.total, Duration::from_secs)
+                    .max(floor),
+                max_slow_per_peer: body
+                    .max_slow_bodies_per_peer
+                    .unwrap_or(d.body.max_slow_per_peer)
+                    .max(1),
+            },
             header_read_timeout: header_read_timeout_secs
                 .map_or(d.header_read_timeout, Duration::from_secs)
                 .max(Duration::from_millis(100)),
@@ -120,6 +145,11 @@ impl ListenerConfig {
             s.header_read_timeout_secs,
             s.idle_timeout_secs,
             s.max_connections,
+            BodyKeys {
+                body_idle_timeout_secs: s.body_idle_timeout_secs,
+                body_read_timeout_secs: s.body_read_timeout_secs,
+                max_slow_bodies_per_peer: s.max_slow_bodies_per_peer,
+            },
         )
     }
 
@@ -129,8 +159,24 @@ impl ListenerConfig {
             s.header_read_timeout_secs,
             s.idle_timeout_secs,
             s.max_connections,
+            BodyKeys {
+                body_idle_timeout_secs: s.body_idle_timeout_secs,
+                body_read_timeout_secs: s.body_read_timeout_secs,
+                max_slow_bodies_per_peer: s.max_slow_bodies_per_peer,
+            },
         )
     }
+}
+
+/// A config section's body keys (`None`: the default).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BodyKeys {
+    /// Seconds allowed between two pieces of a request body (default 10).
+    pub body_idle_timeout_secs: Option<u64>,
+    /// Seconds a whole request body may take (default 30).
+    pub body_read_timeout_secs: Option<u64>,
+    /// Slow bodies one peer address may have in progress (default 64).
+    pub max_slow_bodies_per_peer: Option<usize>,
 }
 
 /// What a service knows about the connection a request came on.
@@ -361,7 +407,7 @@ pub async fn serve<S, F>(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()>
 where
-    S: Fn(Request<Incoming>, &ConnInfo) -> F + Clone + Send + Sync + 'static,
+    S: Fn(Request<RequestBody>, &ConnInfo) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<GatewayBody>> + Send + 'static,
 {
     let service = move |req, info: &ConnInfo, _: &Arc<()>| service(req, info);
@@ -378,12 +424,13 @@ pub async fn serve_hooked<H, S, F>(
 ) -> io::Result<()>
 where
     H: ConnHook,
-    S: Fn(Request<Incoming>, &ConnInfo, &Arc<H::State>) -> F + Clone + Send + Sync + 'static,
+    S: Fn(Request<RequestBody>, &ConnInfo, &Arc<H::State>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<GatewayBody>> + Send + 'static,
 {
     let local = listener.local_addr()?;
     let config = Arc::new(config);
     let slots = Arc::new(Semaphore::new(config.max_connections));
+    let slow = Arc::new(SlowBodies::default());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();
     let mut failures: u64 = 0;
@@ -477,7 +524,7 @@ where
             connection(
                 io,
                 state,
-                (info, hooked),
+                (info, hooked, slow.clone()),
                 config.clone(),
                 service.clone(),
                 stop_rx.clone(),
@@ -494,8 +541,8 @@ where
     Ok(())
 }
 
-/// A connection's [`ConnInfo`] and its [`ConnHook`] state.
-type Conn<T> = (ConnInfo, Arc<T>);
+/// A connection's [`ConnInfo`], its [`ConnHook`] state and its listener's slow bodies.
+type Conn<T> = (ConnInfo, Arc<T>, Arc<SlowBodies>);
 
 async fn connection<T, S, F>(
     io: Watched,
@@ -506,7 +553,7 @@ async fn connection<T, S, F>(
     stop: tokio::sync::watch::Receiver<bool>,
 ) where
     T: Send + Sync + 'static,
-    S: Fn(Request<Incoming>, &ConnInfo, &Arc<T>) -> F + Clone + Send + Sync + 'static,
+    S: Fn(Request<RequestBody>, &ConnInfo, &Arc<T>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<GatewayBody>> + Send + 'static,
 {
     match &config.tls {
@@ -526,17 +573,18 @@ async fn connection<T, S, F>(
 async fn drive<IO, T, S, F>(
     io: IO,
     state: Arc<ConnState>,
-    (info, hooked): Conn<T>,
+    (info, hooked, slow): Conn<T>,
     config: &ListenerConfig,
     service: S,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     T: Send + Sync + 'static,
-    S: Fn(Request<Incoming>, &ConnInfo, &Arc<T>) -> F + Clone + Send + Sync + 'static,
+    S: Fn(Request<RequestBody>, &ConnInfo, &Arc<T>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<GatewayBody>> + Send + 'static,
 {
     let svc_state = state.clone();
+    let body_limits = config.body;
     let svc = service_fn(move |req: Request<Incoming>| {
         let st = &svc_state;
         st.in_service.fetch_add(1, Ordering::Relaxed);
@@ -545,9 +593,24 @@ async fn drive<IO, T, S, F>(
             st.multiplexed.store(true, Ordering::Relaxed);
         }
         let guard = InService(st.clone());
-        let fut = service(req, &info, &hooked);
+        let version = req.version();
+        let (parts, incoming) = req.into_parts();
+        let (body, clock) = RequestBody::new(incoming);
+        let fut = service(Request::from_parts(parts, body), &info, &hooked);
+        let (limits, slow, peer) = (body_limits, slow.clone(), info.peer.ip());
         async move {
-            let response = fut.await;
+            tokio::pin!(fut);
+            let response = tokio::select! {
+                r = &mut fut => r,
+                () = clock.expired(&limits, &slow, peer) => {
+                    debug!(
+                        %peer,
+                        total_ms = u64::try_from(limits.total.as_millis()).unwrap_or(u64::MAX),
+                        "request body not received in time; 408 and the connection closed"
+                    );
+                    body_timeout(version)
+                }
+            };
             drop(guard);
             Ok::<_, Infallible>(response)
         }
@@ -597,4 +660,24 @@ async fn drive<IO, T, S, F>(
             }
         }
     }
+}
+
+/// The answer to a request whose body did not arrive in time: 408, and over HTTP/1
+/// `Connection: close` so the connection ends once it is written (HTTP/2 ends only
+/// that stream).
+fn body_timeout(version: http::Version) -> Response<GatewayBody> {
+    let mut r = Response::new(crate::body::full("request body not received in time\n"));
+    *r.status_mut() = http::StatusCode::REQUEST_TIMEOUT;
+    let h = r.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if version != http::Version::HTTP_2 {
+        h.insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    r
 }

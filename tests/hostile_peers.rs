@@ -553,3 +553,88 @@ async fn full_tables_evict_the_idlest_and_callers_are_bounded() {
         .contains("limit 1"));
     assert_eq!(y.call("ping", json!({})).await["result"], json!({}));
 }
+
+/// Sends a request head announcing a 4 MB body to `url`, then one body byte every
+/// `every` until the gateway answers or closes; returns the status line's code (0 when
+/// closed without one) and how long the connection lived.
+async fn trickle(url: &str, every: Duration) -> (u16, Duration) {
+    let u: http::Uri = url.parse().expect("gateway URL");
+    let authority = u.authority().expect("authority").to_string();
+    let started = std::time::Instant::now();
+    let mut s = tokio::net::TcpStream::connect(&authority)
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: 4000000\r\n\r\n",
+        u.path()
+    );
+    s.write_all(head.as_bytes()).await.expect("head");
+    let (mut rd, mut wr) = s.into_split();
+    let writer = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            if wr.write_all(b" ").await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::io::AsyncReadExt::read_to_end(&mut rd, &mut answer),
+    )
+    .await;
+    writer.abort();
+    let code = std::str::from_utf8(answer.get(9..12).unwrap_or_default())
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, started.elapsed())
+}
+
+/// 200 connections that announce a 4 MB body and trickle it one byte a second are
+/// answered 408 and closed within the body deadline (3 s here); the ones beyond the
+/// address's slow-body budget at once; meanwhile a real host opens a session and is
+/// served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trickling_bodies_are_cut_off_while_hosts_are_served() {
+    let rig = two_input_upstream(&[
+        ("body_read_timeout_secs", "3"),
+        ("max_slow_bodies_per_peer", "50"),
+    ])
+    .await;
+    let url = rig.gateway.url.clone();
+    let trickles: Vec<_> = (0..200)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { trickle(&url, Duration::from_secs(1)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let served = std::time::Instant::now();
+    let mut host = rig.legacy();
+    host.open("2025-11-25", json!({})).await;
+    assert_eq!(host.call("ping", json!({})).await["result"], json!({}));
+    assert!(
+        served.elapsed() < Duration::from_secs(2),
+        "the host waited {:?}",
+        served.elapsed()
+    );
+    let mut quick = 0;
+    for t in trickles {
+        let (code, lived) = t.await.expect("trickler");
+        assert_eq!(code, 408, "a trickled body's answer");
+        assert!(lived < Duration::from_secs(5), "open for {lived:?}");
+        if lived < Duration::from_millis(2500) {
+            quick += 1;
+        }
+    }
+    // Over the budget of 50: refused as soon as they became slow.
+    assert!(quick >= 150, "{quick} refused before the deadline");
+    // A trickled body is cut by the idle gap as well as by the total deadline.
+    let rig = two_input_upstream(&[("body_idle_timeout_secs", "1")]).await;
+    let (code, lived) = trickle(&rig.gateway.url, Duration::from_secs(3)).await;
+    assert_eq!(code, 408);
+    assert!(lived < Duration::from_millis(2500), "open for {lived:?}");
+}

@@ -24,6 +24,7 @@ use super::upstream::{Denial, OnBehalf, UpstreamError};
 use super::{text, Gateway};
 use crate::body::{empty, full, BoxError, GatewayBody};
 use crate::config::SessionBinding;
+use crate::inbound::RequestBody;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use dualera_adapters::session::{
@@ -33,7 +34,6 @@ use dualera_adapters::{Message, ProtocolVersion, Request as RpcRequest, RequestI
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -202,7 +202,10 @@ const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Relays `GET`/`HEAD`/`OPTIONS` on a metadata path to the upstream verbatim (status,
 /// headers but hop-by-hop ones, body). The endpoint suffix maps to the upstream's own
 /// endpoint path, so the document is the one the upstream publishes for itself.
-pub(super) async fn relay_metadata(gw: &Gateway, req: Request<Incoming>) -> Response<GatewayBody> {
+pub(super) async fn relay_metadata(
+    gw: &Gateway,
+    req: Request<RequestBody>,
+) -> Response<GatewayBody> {
     if !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
         let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");
         r.headers_mut().insert(

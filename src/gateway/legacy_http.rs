@@ -18,6 +18,7 @@ use super::trace::TraceContext;
 use super::upstream::{Denial, OnBehalf, UpstreamError};
 use super::{cache, text, Gateway, GatewayConfig};
 use crate::body::{empty, full, ChannelBody, GatewayBody, MeteredSender, SendError};
+use crate::inbound::RequestBody;
 use crate::sse;
 use bytes::Bytes;
 use dashmap::DashMap;
@@ -33,7 +34,6 @@ use futures_util::future::{abortable, AbortHandle};
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -430,7 +430,7 @@ pub(super) fn with_session_header(mut r: Response<GatewayBody>, id: &str) -> Res
 /// holds the gateway's sessions.
 pub(super) async fn handle(
     gw: &Gateway,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     forwarded: Forwarded,
 ) -> Response<GatewayBody> {
     match gw.shared.as_ref() {
@@ -444,7 +444,7 @@ pub(super) async fn handle(
 async fn front<S: SessionStore>(
     gw: &Gateway,
     store: &S,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     forwarded: Forwarded,
 ) -> Response<GatewayBody> {
     let session_header = req
@@ -579,7 +579,7 @@ pub(super) struct PostContext {
 async fn post<S: SessionStore>(
     gw: &Gateway,
     store: &S,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     existing: Option<S::Session>,
     auth: Option<HeaderValue>,
     forwarded: Forwarded,
