@@ -638,3 +638,32 @@ async fn trickling_bodies_are_cut_off_while_hosts_are_served() {
     assert_eq!(code, 408);
     assert!(lived < Duration::from_millis(2500), "open for {lived:?}");
 }
+
+/// A session is bound to the token, not to the header's spelling: the scheme is
+/// case-insensitive (RFC 9110 §11.1) and the spaces after it are not part of the
+/// credential, so `bearer T`, `BEARER T` and `Bearer  T` reach the session opened with
+/// `Bearer T`, and count as the same caller; another token does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_binds_the_session_not_its_spelling() {
+    let rig = two_input_upstream(&[("max_sessions_per_caller", "1")]).await;
+    let mut host = rig.legacy();
+    host.auth = Some("Bearer T-1".into());
+    host.open("2025-11-25", json!({})).await;
+    for spelling in ["bearer T-1", "BEARER T-1", "Bearer  T-1", "Bearer T-1"] {
+        host.auth = Some(spelling.into());
+        assert_eq!(
+            host.call("ping", json!({})).await["result"],
+            json!({}),
+            "{spelling:?}"
+        );
+    }
+    host.auth = Some("Bearer T-2".into());
+    let ping = json!({"jsonrpc": "2.0", "id": 7, "method": "ping"});
+    assert_eq!(host.post(&ping).await.status, StatusCode::NOT_FOUND);
+    // One caller: a second session under another spelling takes the first one's place.
+    let mut again = rig.legacy();
+    again.auth = Some("BEARER  T-1".into());
+    again.open("2025-11-25", json!({})).await;
+    host.auth = Some("Bearer T-1".into());
+    assert_gone(&host).await;
+}

@@ -61,7 +61,9 @@ impl std::fmt::Debug for BindingKey {
 impl BindingKey {
     /// The key of a request's `Authorization` header. With `Subject` and a bearer JWT
     /// whose payload has string `iss` and `sub`, the principal (a refreshed token of
-    /// the same principal gives the same key); otherwise the whole header's digest.
+    /// the same principal gives the same key); otherwise the digest of the credential
+    /// itself ([`crate::bearer::canonical`]: the scheme's case and the spaces after it
+    /// do not make another caller).
     /// No header at all has a key of its own, so a session opened with a token is not
     /// found without one.
     pub(super) fn of(mode: SessionBinding, authorization: Option<&HeaderValue>) -> Self {
@@ -78,7 +80,7 @@ impl BindingKey {
                 }
                 _ => {
                     h.update(b"token\0");
-                    h.update(auth.as_bytes());
+                    h.update(crate::bearer::canonical(auth));
                 }
             },
         }
@@ -134,7 +136,7 @@ pub(super) fn fingerprint(authorization: Option<&HeaderValue>) -> String {
     match authorization {
         None => "none".to_owned(),
         Some(a) => {
-            let d = Sha256::digest(a.as_bytes());
+            let d = Sha256::digest(crate::bearer::canonical(a));
             format!("{:02x}{:02x}{:02x}{:02x}", d[0], d[1], d[2], d[3])
         }
     }

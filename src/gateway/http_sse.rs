@@ -44,7 +44,7 @@ fn credential(auth: Option<&HeaderValue>) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(b"dualera-sse-credential\0");
     if let Some(a) = auth {
-        h.update(a.as_bytes());
+        h.update(crate::bearer::canonical(a));
     }
     h.finalize().into()
 }
