@@ -667,3 +667,51 @@ async fn the_token_binds_the_session_not_its_spelling() {
     host.auth = Some("Bearer T-1".into());
     assert_gone(&host).await;
 }
+
+/// One echo rule for every peer string, headers included: a 300 KB
+/// `MCP-Protocol-Version` on a session gets an error body under 1 KiB stating the
+/// header's length; a 10 KB method name is not found in under 1 KiB, from the modern
+/// server and through the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echoed_headers_and_methods_stay_under_a_kibibyte() {
+    let rig = Rig::new(&[]).await;
+    let mut host = rig.legacy();
+    host.open("2025-11-25", full_caps("2025-11-25")).await;
+    let version = "9".repeat(300 * 1024);
+    let ping = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"});
+    let r = host
+        .send(
+            http::Method::POST,
+            Some(&ping),
+            &[("mcp-protocol-version", &version)],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    let Body::Json(v) = &r.body else {
+        panic!("{:?}", r.body)
+    };
+    let text = v.to_string();
+    assert!(text.len() <= 1024, "error body of {} bytes", text.len());
+    assert!(text.contains("truncated, 307200 bytes"), "{text}");
+    assert_eq!(v["error"]["code"], -32600);
+
+    let client = http_client();
+    let method = "m".repeat(10 * 1024);
+    let call = modern_request(json!(2), &method, json!({}), json!({}));
+    for url in [&rig.server.url, &rig.gateway.url] {
+        let r = modern_post(&client, url, &call).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{url}");
+        assert!(
+            r.body.len() <= 1024,
+            "{url}: error body of {}",
+            r.body.len()
+        );
+        assert_eq!(r.json()["error"]["code"], -32601);
+        let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+        assert!(message.contains("truncated, 10240 bytes"), "{message}");
+    }
+    let longest = rig.gateway.log().iter().map(String::len).max().unwrap_or(0);
+    assert!(longest < 2048, "a gateway log line of {longest} bytes");
+    let longest = rig.server.log().iter().map(String::len).max().unwrap_or(0);
+    assert!(longest < 2048, "a server log line of {longest} bytes");
+}

@@ -462,8 +462,8 @@ async fn front<S: SessionStore>(
                 None,
                 ErrorCode::INVALID_REQUEST,
                 format!(
-                    "Bad Request: unsupported MCP-Protocol-Version {:?}; supported: {}",
-                    v.to_str().unwrap_or("?"),
+                    "Bad Request: unsupported MCP-Protocol-Version {}; supported: {}",
+                    dualera_adapters::echo::echo_bytes(v.as_bytes()),
                     ProtocolVersion::LEGACY.join(", ")
                 ),
             );

@@ -1227,7 +1227,7 @@ impl SharedSessions {
                 }
             })
             .await;
-        info!(session = %log_tag(&s.id), replica = %self.replica, rpc.id = %id, method = %r.method, "legacy request served");
+        info!(session = %log_tag(&s.id), replica = %self.replica, rpc.id = %id, method = %dualera_adapters::echo::echo(&r.method), "legacy request served");
         let (number, forwarded) = match fed {
             Ok(n) => n,
             Err(StepError::NotFound { anonymous }) => {
