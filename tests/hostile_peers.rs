@@ -14,7 +14,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// A scripted upstream whose `tools/call` asks two `roots/list` in one round, and
 /// completes once answered; `held` tools are held open instead (a stream that only
-/// ends when the gateway closes it).
+/// ends when the gateway closes it), `slow` ones answered after 20 s.
 async fn two_input_upstream(gateway: &[(&str, &str)]) -> Scripted {
     // Every rig has an admin listener: the metrics count what these peers did.
     let admin = "[admin]\nlisten = \"127.0.0.1:0\"\n";
@@ -22,6 +22,13 @@ async fn two_input_upstream(gateway: &[(&str, &str)]) -> Scripted {
         let name = s.params()["name"].as_str().unwrap_or_default().to_owned();
         if name == "held" {
             return Script::Stream(vec![]);
+        }
+        if name == "slow" {
+            let done = complete(
+                &s.id,
+                json!({"content": [{"type": "text", "text": "late"}]}),
+            );
+            return Script::Delayed(Duration::from_secs(20), Box::new(Script::Json(done)));
         }
         if s.params().get("inputResponses").is_some() {
             return Script::Json(complete(
@@ -714,4 +721,79 @@ async fn echoed_headers_and_methods_stay_under_a_kibibyte() {
     assert!(longest < 2048, "a gateway log line of {longest} bytes");
     let longest = rig.server.log().iter().map(String::len).max().unwrap_or(0);
     assert!(longest < 2048, "a server log line of {longest} bytes");
+}
+
+/// A request the host cancels ends its POST stream as soon as the cancel is processed
+/// (well within a second), rather than at the next keepalive or idle timeout: while the
+/// upstream holds it, and while the host owes it answers to live requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_request_s_stream_ends_at_once() {
+    let rig = two_input_upstream(&[("keepalive_secs", "30")]).await;
+    let mut host = rig.legacy();
+    host.open("2025-11-25", json!({"roots": {}})).await;
+    for name in ["held", "asks"] {
+        let (id, reply) = host
+            .request("tools/call", json!({"name": name, "arguments": {}}))
+            .await;
+        let mut stream = reply.sse();
+        if name == "asks" {
+            let live = stream.next_message().await.expect("a live request");
+            assert_eq!(live["method"], "roots/list");
+        } else {
+            // The upstream has the call.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": id, "reason": "changed my mind"}});
+        assert_eq!(host.post(&cancel).await.status, StatusCode::ACCEPTED);
+        let cancelled = std::time::Instant::now();
+        loop {
+            match stream.next_within(Duration::from_secs(1)).await {
+                Next::End => break,
+                Next::Item(item) => assert!(
+                    item.data
+                        .as_ref()
+                        .is_none_or(|m| m["method"] == "roots/list"
+                            || m["method"] == "notifications/cancelled"),
+                    "{item:?}"
+                ),
+                Next::Timeout => panic!("{name}: the stream is open a second after the cancel"),
+            }
+        }
+        assert!(cancelled.elapsed() < Duration::from_secs(1), "{name}");
+        assert_eq!(host.call("ping", json!({})).await["result"], json!({}));
+    } // The upstream is silent for 20 s: the host's POST has no answer yet when the
+      // cancel comes on another connection.
+    let mut other = rig.legacy();
+    other.session = host.session.clone();
+    other.version = host.version.clone();
+    let slow = tokio::spawn(async move {
+        let reply = host
+            .request_with_id(
+                json!("slow-1"),
+                "tools/call",
+                json!({"name": "slow", "arguments": {}}),
+            )
+            .await;
+        if let Body::Sse(mut stream) = reply.body {
+            while let Next::Item(_) = stream.next_within(Duration::from_secs(30)).await {}
+        }
+        std::time::Instant::now()
+    });
+    while !rig.up.seen().iter().any(|s| s.params()["name"] == "slow") {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": "slow-1"}});
+    assert_eq!(other.post(&cancel).await.status, StatusCode::ACCEPTED);
+    let cancelled = std::time::Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(5), slow)
+        .await
+        .expect("the slow request's POST is still open 5 s after the cancel")
+        .expect("host task");
+    assert!(
+        ended.duration_since(cancelled) < Duration::from_secs(1),
+        "ended {:?} after the cancel",
+        ended.duration_since(cancelled)
+    );
 }
