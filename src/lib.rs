@@ -27,4 +27,5 @@ pub mod inbound;
 pub mod listener;
 pub mod server;
 pub mod sse;
+pub mod throttle;
 pub mod tls;

@@ -179,7 +179,13 @@ pub struct BodyKeys {
     pub max_slow_bodies_per_peer: Option<usize>,
 }
 
-/// What a service knows about the connection a request came on.
+/// The peer address of a request a listener handed its service.
+pub fn peer_of<B>(req: &Request<B>) -> Option<std::net::IpAddr> {
+    req.extensions().get::<ConnInfo>().map(|c| c.peer.ip())
+}
+
+/// What a service knows about the connection a request came on (also in each
+/// request's extensions).
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
     /// The peer's address.
@@ -594,7 +600,8 @@ async fn drive<IO, T, S, F>(
         }
         let guard = InService(st.clone());
         let version = req.version();
-        let (parts, incoming) = req.into_parts();
+        let (mut parts, incoming) = req.into_parts();
+        parts.extensions.insert(info.clone());
         let (body, clock) = RequestBody::new(incoming);
         let fut = service(Request::from_parts(parts, body), &info, &hooked);
         let (limits, slow, peer) = (body_limits, slow.clone(), info.peer.ip());

@@ -797,3 +797,87 @@ async fn a_cancelled_request_s_stream_ends_at_once() {
         ended.duration_since(cancelled)
     );
 }
+
+/// An `initialize` without credentials from `source` (another loopback address: another
+/// local host), over a fresh connection; returns the HTTP status.
+async fn initialize_from(source: &str, url: &str) -> u16 {
+    let u: http::Uri = url.parse().expect("gateway URL");
+    let authority = u.authority().expect("authority").to_string();
+    let target: std::net::SocketAddr = authority.parse().expect("an IP gateway address");
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(format!("{source}:0").parse().unwrap())
+        .expect("bind the source address");
+    let mut s = socket.connect(target).await.expect("connect");
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "flood", "version": "1"}}})
+    .to_string();
+    let req = format!(
+        "POST {} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nConnection: close\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        u.path(),
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.expect("request");
+    let mut head = [0u8; 12];
+    tokio::io::AsyncReadExt::read_exact(&mut s, &mut head)
+        .await
+        .expect("status line");
+    std::str::from_utf8(&head[9..12]).unwrap().parse().unwrap()
+}
+
+/// Local hosts without credentials are told apart by address: one local host's flood
+/// of `initialize` costs its own idle sessions, never another local host's idle one —
+/// at its own bound, and at the table's (the caller holding the most gives way). When
+/// the flood is refused, the refusals are logged once, with a count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_flood_does_not_evict_another_local_host_s_session() {
+    for (max, per_caller) in [("100", "3"), ("4", "100")] {
+        let rig = two_input_upstream(&[
+            ("max_sessions", max),
+            ("max_sessions_per_caller", per_caller),
+        ])
+        .await;
+        let mut b = rig.legacy();
+        b.open("2025-11-25", json!({})).await;
+        for _ in 0..20 {
+            assert_eq!(initialize_from("127.0.0.2", &rig.gateway.url).await, 200);
+        }
+        assert_eq!(
+            b.call("ping", json!({})).await["result"],
+            json!({}),
+            "max_sessions {max}, per caller {per_caller}"
+        );
+    }
+
+    // Refused 200 times: one log line says so, with the count.
+    let rig = two_input_upstream(&[("max_sessions_per_caller", "1")]).await;
+    let mut busy = rig.legacy();
+    busy.open("2025-11-25", json!({})).await;
+    let _held = hold(&mut busy).await;
+    for _ in 0..200 {
+        let (reply, _) = rig.legacy().initialize("2025-11-25", json!({})).await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    }
+    let lines: Vec<String> = rig
+        .gateway
+        .log()
+        .into_iter()
+        .filter(|l| l.contains("session limit reached"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    // The line without its terminal colours.
+    let mut plain = String::new();
+    let mut in_escape = false;
+    for c in lines[0].chars() {
+        match (in_escape, c) {
+            (false, '\u{1b}') => in_escape = true,
+            (false, c) => plain.push(c),
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+        }
+    }
+    assert!(plain.contains("refused=1"), "{plain}");
+}

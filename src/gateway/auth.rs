@@ -87,6 +87,21 @@ impl BindingKey {
         Self(h.finalize().into())
     }
 
+    /// Who a session with this binding counts against for `max_sessions_per_caller`:
+    /// the binding itself, except for a caller without credentials, whose peer address
+    /// is added (every local host would otherwise share the one "none" caller, and one
+    /// host's flood of `initialize` would take the others' sessions).
+    pub(super) fn caller(self, anonymous: bool, peer: Option<std::net::IpAddr>) -> Self {
+        let (true, Some(ip)) = (anonymous, peer) else {
+            return self;
+        };
+        let mut h = Sha256::new();
+        h.update(b"dualera-session-caller\0");
+        h.update(self.0);
+        h.update(ip.to_string().as_bytes());
+        Self(h.finalize().into())
+    }
+
     /// The key as hex, for a store shared between replicas (the digest, never the
     /// credential).
     pub(super) fn to_hex(self) -> String {

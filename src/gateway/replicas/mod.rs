@@ -985,10 +985,13 @@ impl SharedSessions {
         init: Request,
         cx: PostContext,
     ) -> Response<GatewayBody> {
+        // Counted by binding across replicas (a caller without credentials is not
+        // told apart by its address here: the shared record has no field for it).
         let PostContext {
             auth,
             forwarded,
             trace,
+            ..
         } = cx;
         let init_id = init.id.clone();
         let Some(sid) = mint_session_id() else {
