@@ -240,6 +240,9 @@ pub struct GatewaySection {
     /// Request bodies one peer address may have in progress for over a second
     /// (default 64).
     pub max_slow_bodies_per_peer: Option<usize>,
+    /// Response bytes the process may hold unwritten (hosts not reading their answers)
+    /// before new requests get 503 + Retry-After (default 256 MiB).
+    pub max_pending_write_bytes: Option<usize>,
     /// Serve TLS on the listener (the `--tls-cert`/`--tls-key` flags win).
     pub tls: Option<TlsSection>,
     /// An extra CA bundle (PEM) trusted for HTTPS upstreams, besides the system and
@@ -426,6 +429,10 @@ pub struct ServerSection {
     /// (default 64).
     #[serde(default)]
     pub max_slow_bodies_per_peer: Option<usize>,
+    /// Response bytes the process may hold unwritten (hosts not reading their answers)
+    /// before new requests get 503 + Retry-After (default 256 MiB).
+    #[serde(default)]
+    pub max_pending_write_bytes: Option<usize>,
     /// Serve TLS on the listener (the `--tls-cert`/`--tls-key` flags win).
     #[serde(default)]
     pub tls: Option<TlsSection>,
@@ -443,6 +450,7 @@ impl Default for ServerSection {
             body_idle_timeout_secs: None,
             body_read_timeout_secs: None,
             max_slow_bodies_per_peer: None,
+            max_pending_write_bytes: None,
             tls: None,
         }
     }

@@ -25,6 +25,7 @@ pub mod gateway;
 pub mod guard;
 pub mod inbound;
 pub mod listener;
+pub mod outbound;
 pub mod server;
 pub mod sse;
 pub mod throttle;

@@ -40,6 +40,7 @@
 
 use crate::body::GatewayBody;
 use crate::inbound::{BodyLimits, RequestBody, SlowBodies};
+use crate::outbound::{self, ConnMeter};
 use crate::tls::ServerTls;
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -82,6 +83,9 @@ pub struct ListenerConfig {
     pub max_connections: usize,
     /// Deadlines of request bodies.
     pub body: BodyLimits,
+    /// Response bytes the whole process may hold unwritten before new requests get
+    /// 503 ([`crate::outbound`]).
+    pub max_pending_write_bytes: usize,
     /// Serve TLS with this certificate.
     pub tls: Option<Arc<ServerTls>>,
     /// How long in-flight requests may finish after shutdown begins.
@@ -95,6 +99,7 @@ impl Default for ListenerConfig {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             body: BodyLimits::default(),
+            max_pending_write_bytes: outbound::DEFAULT_MAX_PENDING,
             tls: None,
             grace: Duration::from_secs(10),
         }
@@ -128,6 +133,9 @@ impl ListenerConfig {
                     .unwrap_or(d.body.max_slow_per_peer)
                     .max(1),
             },
+            max_pending_write_bytes: body
+                .max_pending_write_bytes
+                .unwrap_or(d.max_pending_write_bytes),
             header_read_timeout: header_read_timeout_secs
                 .map_or(d.header_read_timeout, Duration::from_secs)
                 .max(Duration::from_millis(100)),
@@ -149,6 +157,7 @@ impl ListenerConfig {
                 body_idle_timeout_secs: s.body_idle_timeout_secs,
                 body_read_timeout_secs: s.body_read_timeout_secs,
                 max_slow_bodies_per_peer: s.max_slow_bodies_per_peer,
+                max_pending_write_bytes: s.max_pending_write_bytes,
             },
         )
     }
@@ -163,6 +172,7 @@ impl ListenerConfig {
                 body_idle_timeout_secs: s.body_idle_timeout_secs,
                 body_read_timeout_secs: s.body_read_timeout_secs,
                 max_slow_bodies_per_peer: s.max_slow_bodies_per_peer,
+                max_pending_write_bytes: s.max_pending_write_bytes,
             },
         )
     }
@@ -177,6 +187,8 @@ pub struct BodyKeys {
     pub body_read_timeout_secs: Option<u64>,
     /// Slow bodies one peer address may have in progress (default 64).
     pub max_slow_bodies_per_peer: Option<usize>,
+    /// Unwritten response bytes the process may hold (default 256 MiB).
+    pub max_pending_write_bytes: Option<usize>,
 }
 
 /// The peer address of a request a listener handed its service.
@@ -255,6 +267,8 @@ struct ConnState {
     /// HTTP/2: many requests share the connection; bytes between them are frames,
     /// not the start of a head.
     multiplexed: AtomicBool,
+    /// Response bytes taken from the service and not yet written.
+    out: Arc<ConnMeter>,
     /// The [`ConnHook`]'s state, kept as long as the socket (upgrades included).
     _hooked: Arc<dyn Any + Send + Sync>,
     _permit: OwnedSemaphorePermit,
@@ -274,6 +288,7 @@ impl ConnState {
             head_since: AtomicU64::new(now),
             last_activity: AtomicU64::new(now),
             multiplexed: AtomicBool::new(false),
+            out: Arc::default(),
             _hooked: hooked,
             _permit: permit,
         }
@@ -290,8 +305,9 @@ impl ConnState {
         }
     }
 
-    fn on_write(&self) {
+    fn on_write(&self, n: usize) {
         self.last_activity.store(clock(), Ordering::Relaxed);
+        self.out.written(n);
     }
 
     fn verdict(&self, config: &ListenerConfig) -> Verdict {
@@ -364,8 +380,8 @@ impl AsyncWrite for Watched {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.state.on_write();
+        if let Poll::Ready(Ok(n @ 1..)) = r {
+            self.state.on_write(n);
         }
         r
     }
@@ -376,8 +392,8 @@ impl AsyncWrite for Watched {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.state.on_write();
+        if let Poll::Ready(Ok(n @ 1..)) = r {
+            self.state.on_write(n);
         }
         r
     }
@@ -591,6 +607,7 @@ async fn drive<IO, T, S, F>(
 {
     let svc_state = state.clone();
     let body_limits = config.body;
+    let max_pending = config.max_pending_write_bytes;
     let svc = service_fn(move |req: Request<Incoming>| {
         let st = &svc_state;
         st.in_service.fetch_add(1, Ordering::Relaxed);
@@ -605,7 +622,13 @@ async fn drive<IO, T, S, F>(
         let (body, clock) = RequestBody::new(incoming);
         let fut = service(Request::from_parts(parts, body), &info, &hooked);
         let (limits, slow, peer) = (body_limits, slow.clone(), info.peer.ip());
+        let meter = st.out.clone();
+        let busy = outbound::pending() > max_pending;
         async move {
+            if busy {
+                drop((fut, guard));
+                return Ok::<_, Infallible>(outbound::over_budget());
+            }
             tokio::pin!(fut);
             let response = tokio::select! {
                 r = &mut fut => r,
@@ -619,7 +642,7 @@ async fn drive<IO, T, S, F>(
                 }
             };
             drop(guard);
-            Ok::<_, Infallible>(response)
+            Ok::<_, Infallible>(response.map(|b| outbound::metered(b, meter)))
         }
     });
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());

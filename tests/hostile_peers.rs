@@ -14,7 +14,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// A scripted upstream whose `tools/call` asks two `roots/list` in one round, and
 /// completes once answered; `held` tools are held open instead (a stream that only
-/// ends when the gateway closes it), `slow` ones answered after 20 s.
+/// ends when the gateway closes it), `slow` ones answered after 20 s, `big` ones with
+/// 8 MiB of text.
 async fn two_input_upstream(gateway: &[(&str, &str)]) -> Scripted {
     // Every rig has an admin listener: the metrics count what these peers did.
     let admin = "[admin]\nlisten = \"127.0.0.1:0\"\n";
@@ -22,6 +23,13 @@ async fn two_input_upstream(gateway: &[(&str, &str)]) -> Scripted {
         let name = s.params()["name"].as_str().unwrap_or_default().to_owned();
         if name == "held" {
             return Script::Stream(vec![]);
+        }
+        if name == "big" {
+            let text = "b".repeat(8 * 1024 * 1024);
+            return Script::Json(complete(
+                &s.id,
+                json!({"content": [{"type": "text", "text": text}]}),
+            ));
         }
         if name == "slow" {
             let done = complete(
@@ -982,4 +990,73 @@ async fn unread_answers_to_large_ids_do_not_keep_memory() {
         mib(after),
         mib(baseline)
     );
+}
+
+/// Sends a `tools/call` of `big` on the session of `host` from a socket with a small
+/// receive buffer, and never reads: of the 8 MiB answer, what the kernel's send buffer
+/// (4 MiB at most) does not take waits in the gateway.
+async fn unread_big_answer(host: &Legacy) -> tokio::net::TcpStream {
+    let u: http::Uri = host.url.parse().expect("gateway URL");
+    let authority = u.authority().expect("authority").to_string();
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let mut s = socket
+        .connect(authority.parse().expect("an IP address"))
+        .await
+        .expect("connect");
+    let body = json!({"jsonrpc": "2.0", "id": "big", "method": "tools/call",
+        "params": {"name": "big", "arguments": {}}})
+    .to_string();
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMcp-Session-Id: {}\r\n\
+         MCP-Protocol-Version: {}\r\nContent-Length: {}\r\n\r\n{body}",
+        u.path(),
+        host.session.as_deref().expect("a session"),
+        host.version.as_deref().expect("a version"),
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.expect("request");
+    s
+}
+
+/// Answers nobody reads are bounded process-wide: past `max_pending_write_bytes`
+/// (1 MB here), new requests get 503 with `Retry-After`; once the readers that do not
+/// read are gone, requests are served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unwritten_answers_are_bounded_process_wide() {
+    let rig = two_input_upstream(&[
+        ("max_pending_write_bytes", "1000000"),
+        ("max_body_bytes", "20000000"),
+    ])
+    .await;
+    let mut host = rig.legacy();
+    host.open("2025-11-25", json!({})).await;
+    let ping = json!({"jsonrpc": "2.0", "id": "p", "method": "ping"});
+    let mut unread = vec![unread_big_answer(&host).await];
+    let refused = loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let r = host.post(&ping).await;
+        if r.status != StatusCode::OK || unread.len() == 4 {
+            break r;
+        }
+        unread.push(unread_big_answer(&host).await);
+    };
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "after {} unread answers",
+        unread.len()
+    );
+    assert_eq!(refused.headers.get("retry-after").unwrap(), "1");
+    drop(unread);
+    let mut served = false;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if host.post(&ping).await.status == StatusCode::OK {
+            served = true;
+            break;
+        }
+    }
+    assert!(served, "still refused after the readers left");
 }
