@@ -15,13 +15,14 @@
 //! `max_slow_bodies_per_peer` of them gets 408 at once, so one address cannot hold
 //! the connection limit with trickled bodies.
 
+use crate::clock::now_ms;
 use bytes::Bytes;
 use dashmap::DashMap;
 use hyper::body::{Body, Frame, SizeHint};
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -41,12 +42,6 @@ pub enum BodyError {
     /// The connection failed while the body was read.
     #[error("reading the request body failed: {0}")]
     Read(#[from] hyper::Error),
-}
-
-fn now_ms() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    let start = *START.get_or_init(Instant::now);
-    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// One request body's progress, shared by the body and the listener's race.

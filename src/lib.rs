@@ -16,6 +16,7 @@
 
 pub mod bearer;
 pub mod body;
+pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod digest;

@@ -39,6 +39,7 @@
 //! off at most one header timeout late, and the common path never wakes anything.
 
 use crate::body::GatewayBody;
+use crate::clock::now_ms as clock;
 use crate::inbound::{BodyLimits, RequestBody, SlowBodies};
 use crate::outbound::{self, ConnMeter};
 use crate::tls::ServerTls;
@@ -53,7 +54,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -247,12 +248,6 @@ pub fn warn_if_clear_text(addr: SocketAddr, config: &ListenerConfig, what: &'sta
              answers cross the network in clear text; give --tls-cert/--tls-key"
         );
     }
-}
-
-fn clock() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    let start = *START.get_or_init(Instant::now);
-    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// What one connection's watchdog reads; written by its IO wrapper and its service.

@@ -2,15 +2,8 @@
 //! first occurrence is logged, then at most one line per interval stating how many
 //! occurred since the last one, so 10,000 refusals cost a few lines, not megabytes.
 
+use crate::clock::now_ms;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
-use std::time::Instant;
-
-fn now_ms() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    let start = *START.get_or_init(Instant::now);
-    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
 
 /// One kind of repeated event's log budget: a line at most every `interval_ms`.
 #[derive(Debug)]

@@ -900,18 +900,19 @@ fn rss_of(pid: u32) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// Sends `tools/list` on the session of `host` with a 3.9 MB string id over a fresh
-/// connection, and never reads the answer; the connection is returned open.
-async fn unread_large_id(host: &Legacy) -> tokio::net::TcpStream {
+/// Connects to the gateway of `host` from `socket` and POSTs `body` on its session,
+/// raw (a peer the HTTP client cannot play); returns the connection, open, unread.
+async fn raw_session_post(
+    host: &Legacy,
+    socket: tokio::net::TcpSocket,
+    body: &str,
+) -> tokio::net::TcpStream {
     let u: http::Uri = host.url.parse().expect("gateway URL");
     let authority = u.authority().expect("authority").to_string();
-    let mut s = tokio::net::TcpStream::connect(&authority)
+    let mut s = socket
+        .connect(authority.parse().expect("an IP address"))
         .await
         .expect("connect");
-    let body = format!(
-        r#"{{"jsonrpc":"2.0","id":"{}","method":"tools/list"}}"#,
-        "i".repeat(3_900_000)
-    );
     let head = format!(
         "POST {} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
          Accept: application/json, text/event-stream\r\nMcp-Session-Id: {}\r\n\
@@ -924,6 +925,17 @@ async fn unread_large_id(host: &Legacy) -> tokio::net::TcpStream {
     s.write_all(head.as_bytes()).await.expect("head");
     s.write_all(body.as_bytes()).await.expect("body");
     s
+}
+
+/// Sends `tools/list` on the session of `host` with a 3.9 MB string id over a fresh
+/// connection, and never reads the answer; the connection is returned open.
+async fn unread_large_id(host: &Legacy) -> tokio::net::TcpStream {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":"{}","method":"tools/list"}}"#,
+        "i".repeat(3_900_000)
+    );
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    raw_session_post(host, socket, &body).await
 }
 
 /// 100 hosts that send a 3.9 MB id and never read the answer: the id is refused
@@ -996,28 +1008,11 @@ async fn unread_answers_to_large_ids_do_not_keep_memory() {
 /// receive buffer, and never reads: of the 8 MiB answer, what the kernel's send buffer
 /// (4 MiB at most) does not take waits in the gateway.
 async fn unread_big_answer(host: &Legacy) -> tokio::net::TcpStream {
-    let u: http::Uri = host.url.parse().expect("gateway URL");
-    let authority = u.authority().expect("authority").to_string();
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
-    let mut s = socket
-        .connect(authority.parse().expect("an IP address"))
-        .await
-        .expect("connect");
     let body = json!({"jsonrpc": "2.0", "id": "big", "method": "tools/call",
-        "params": {"name": "big", "arguments": {}}})
-    .to_string();
-    let head = format!(
-        "POST {} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
-         Accept: application/json, text/event-stream\r\nMcp-Session-Id: {}\r\n\
-         MCP-Protocol-Version: {}\r\nContent-Length: {}\r\n\r\n{body}",
-        u.path(),
-        host.session.as_deref().expect("a session"),
-        host.version.as_deref().expect("a version"),
-        body.len()
-    );
-    s.write_all(head.as_bytes()).await.expect("request");
-    s
+        "params": {"name": "big", "arguments": {}}});
+    raw_session_post(host, socket, &body.to_string()).await
 }
 
 /// Answers nobody reads are bounded process-wide: past `max_pending_write_bytes`
