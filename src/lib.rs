@@ -6,7 +6,8 @@
 //! without sockets lives in the sans-IO crate `dualera-adapters`.
 //!
 //! Pieces both programs use (and that neither may borrow from the other) sit at the
-//! top level: [`body`], [`digest`], [`endpoint`], [`framing`], [`guard`], [`sse`].
+//! top level: [`body`], [`digest`], [`endpoint`], [`framing`], [`guard`], [`sse`],
+//! [`inbound`], [`outbound`], [`throttle`], [`clock`].
 //!
 //! ```text
 //!  legacy host ──► gateway (src/, drives adapters' session machine) ──► modern server
