@@ -615,15 +615,16 @@ async fn drive<IO, T, S, F>(
         let (mut parts, incoming) = req.into_parts();
         parts.extensions.insert(info.clone());
         let (body, clock) = RequestBody::new(incoming);
-        let fut = service(Request::from_parts(parts, body), &info, &hooked);
+        // Over the process's budget of unwritten answers, the service is not asked.
+        let fut = (outbound::pending() <= max_pending)
+            .then(|| service(Request::from_parts(parts, body), &info, &hooked));
         let (limits, slow, peer) = (body_limits, slow.clone(), info.peer.ip());
         let meter = st.out.clone();
-        let busy = outbound::pending() > max_pending;
         async move {
-            if busy {
-                drop((fut, guard));
+            let Some(fut) = fut else {
+                drop(guard);
                 return Ok::<_, Infallible>(outbound::over_budget());
-            }
+            };
             tokio::pin!(fut);
             let response = tokio::select! {
                 r = &mut fut => r,
