@@ -24,7 +24,10 @@
 //! mid-round and resumes with `Last-Event-ID`, or not), and `summarize_repo` with two
 //! sampling rounds. Meanwhile the chaos loop restarts the HTTP upstream, kills the stdio
 //! upstream's child, and opens bursts of half-open connections (request headers never
-//! finished), each held until the gateway's header read timeout closes it.
+//! finished), each held until the gateway's header read timeout closes it, of
+//! trickling bodies (a head announcing 4 MB, then a byte every 2 s), each held until
+//! the gateway's body deadline closes it, and of requests with a 3.9 MB id whose
+//! answer is left unread for 5 s (refused with 400 when finally read).
 //!
 //! At the end it prints and checks: every note deleted had an accepted confirmation and
 //! every note with none is still there (read from the store itself); every request a
@@ -299,23 +302,63 @@ struct HalfOpen {
     not_closed: AtomicU64,
     /// The longest a gateway took to close one, in milliseconds.
     slowest_ms: AtomicU64,
+    /// Of the closed ones, those that trickled a body (head complete, one body byte
+    /// every 2 s) until the gateway's body deadline answered 408 and closed them.
+    trickled: AtomicU64,
+    /// Requests with a 3.9 MB id whose answer was left unread for 5 s.
+    large_sent: AtomicU64,
+    /// Of those, answered 400 when finally read (the id is refused, not repeated).
+    large_refused: AtomicU64,
+}
+
+/// What one connection of a burst does.
+#[derive(Debug, Clone, Copy)]
+enum Abuse {
+    /// Starts a request head and never finishes it.
+    HalfHead,
+    /// Sends a head announcing 4 MB, then one body byte every 2 s.
+    Trickle,
+    /// Sends a request with a 3.9 MB id and does not read the answer for 5 s.
+    LargeId,
 }
 
 impl HalfOpen {
-    /// Sends the start of a request head on `s` and waits for the gateway to close it.
-    async fn hold(&self, mut s: tokio::net::TcpStream) {
+    /// Abuses `s` as `abuse` says; a half head or a trickled body is held until the
+    /// gateway closes it, an unread large-id request for 5 s.
+    async fn hold(&self, mut s: tokio::net::TcpStream, abuse: Abuse) {
         let opened = Instant::now();
-        let _ = s
-            .write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
-            .await;
+        match abuse {
+            Abuse::HalfHead => {
+                let _ = s
+                    .write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+                    .await;
+            }
+            Abuse::Trickle => {
+                let _ = s
+                    .write_all(
+                        b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+                          Accept: application/json, text/event-stream\r\nContent-Length: 4000000\r\n\r\n",
+                    )
+                    .await;
+            }
+            Abuse::LargeId => return self.unread_large_id(s).await,
+        }
+        let (mut rd, mut wr) = s.into_split();
         let closed = tokio::time::timeout(HALF_OPEN_WAIT, async {
             let mut buf = [0u8; 1024];
+            let mut tick = tokio::time::interval(Duration::from_secs(2));
+            tick.tick().await;
             // Whatever the gateway says before closing (a 408, nothing) is read and
             // ignored; end of stream or a reset is the close.
             loop {
-                match tokio::io::AsyncReadExt::read(&mut s, &mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
+                tokio::select! {
+                    r = tokio::io::AsyncReadExt::read(&mut rd, &mut buf) => match r {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    },
+                    _ = tick.tick(), if matches!(abuse, Abuse::Trickle) => {
+                        let _ = wr.write_all(b" ").await;
+                    }
                 }
             }
         })
@@ -323,11 +366,47 @@ impl HalfOpen {
         match closed {
             Ok(()) => {
                 self.closed.fetch_add(1, Ordering::Relaxed);
+                if matches!(abuse, Abuse::Trickle) {
+                    self.trickled.fetch_add(1, Ordering::Relaxed);
+                }
                 let ms = u64::try_from(opened.elapsed().as_millis()).unwrap_or(u64::MAX);
                 self.slowest_ms.fetch_max(ms, Ordering::Relaxed);
             }
             Err(_) => {
                 self.not_closed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Sends `tools/list` with a 3.9 MB id, leaves the answer unread for 5 s, then reads
+    /// its status line and lets go.
+    async fn unread_large_id(&self, mut s: tokio::net::TcpStream) {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":"{}","method":"tools/list"}}"#,
+            "i".repeat(3_900_000)
+        );
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        self.large_sent.fetch_add(1, Ordering::Relaxed);
+        let sent = tokio::time::timeout(HALF_OPEN_WAIT, async {
+            s.write_all(head.as_bytes()).await?;
+            s.write_all(body.as_bytes()).await
+        })
+        .await;
+        if matches!(sent, Ok(Ok(()))) {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let mut status = [0u8; 12];
+            let read = tokio::time::timeout(
+                Duration::from_secs(5),
+                tokio::io::AsyncReadExt::read_exact(&mut s, &mut status),
+            )
+            .await;
+            if matches!(read, Ok(Ok(_))) && status.starts_with(b"HTTP/1.1 400") {
+                self.large_refused.fetch_add(1, Ordering::Relaxed);
             }
         }
         self.open.fetch_sub(1, Ordering::Relaxed);
@@ -1366,16 +1445,24 @@ async fn chaos_loop(
     }
 }
 
-/// Opens `n` half-open connections to each of `targets`, each held (in its own task)
-/// until the gateway closes it.
+/// Opens `n` half-open connections to each of `targets`, `n / 2` that trickle a body
+/// (each held, in its own task, until the gateway closes it) and `n / 10` that leave
+/// the answer to a 3.9 MB id unread.
 async fn half_open_burst(ledger: &Arc<Ledger>, targets: &[SocketAddr], n: usize) {
+    let mix = [
+        (Abuse::HalfHead, n, "half-open connections opened"),
+        (Abuse::Trickle, n / 2, "trickling bodies opened"),
+        (Abuse::LargeId, n / 10, "unread large-id requests opened"),
+    ];
     for addr in targets {
-        for _ in 0..n {
-            if let Ok(s) = tokio::net::TcpStream::connect(addr).await {
-                ledger.half_open.open.fetch_add(1, Ordering::Relaxed);
-                ledger.chaos("half-open connections opened");
-                let ledger = ledger.clone();
-                tokio::spawn(async move { ledger.half_open.hold(s).await });
+        for (abuse, count, what) in mix {
+            for _ in 0..count {
+                if let Ok(s) = tokio::net::TcpStream::connect(addr).await {
+                    ledger.half_open.open.fetch_add(1, Ordering::Relaxed);
+                    ledger.chaos(what);
+                    let ledger = ledger.clone();
+                    tokio::spawn(async move { ledger.half_open.hold(s, abuse).await });
+                }
             }
         }
     }
@@ -1521,7 +1608,8 @@ async fn run(o: Opts) -> Res<bool> {
         &gw_config,
         format!(
             "[gateway]\nlive_request_timeout_secs = 60\nkeepalive_secs = 5\n\
-             header_read_timeout_secs = {}\n",
+             header_read_timeout_secs = {}\nbody_read_timeout_secs = {}\n",
+            HEADER_TIMEOUT.as_secs(),
             HEADER_TIMEOUT.as_secs()
         ),
     )?;
@@ -1804,13 +1892,20 @@ async fn run(o: Opts) -> Res<bool> {
     let ho = &ledger.half_open;
     let _ = writeln!(
         out,
-        "half-open connections: {} closed by the gateways' header timeout ({} s), the slowest after {:.1} s; {} not closed within {} s; the last gone {:.1} s after the sessions ended",
+        "half-open connections: {} closed by the gateways' header or body timeout ({} s; {} of them trickling a body), the slowest after {:.1} s; {} not closed within {} s; the last gone {:.1} s after the sessions ended",
         ho.closed.load(Ordering::Relaxed),
         HEADER_TIMEOUT.as_secs(),
+        ho.trickled.load(Ordering::Relaxed),
         ho.slowest_ms.load(Ordering::Relaxed) as f64 / 1000.0,
         ho.not_closed.load(Ordering::Relaxed),
         HALF_OPEN_WAIT.as_secs(),
         half_open_wait.as_secs_f64()
+    );
+    let _ = writeln!(
+        out,
+        "unread large-id requests: {} sent, {} answered 400 when read 5 s later",
+        ho.large_sent.load(Ordering::Relaxed),
+        ho.large_refused.load(Ordering::Relaxed)
     );
     let _ = writeln!(out, "hosts: {} requests sent, {} answered, {} cancelled by the host after a late reply ({} late replies), {} abandoned by the host (dropped, not resumed), {} streams resumed with Last-Event-ID",
         ledger.sent.load(Ordering::Relaxed), ledger.answered.load(Ordering::Relaxed), ledger.cancelled_by_host.load(Ordering::Relaxed),
@@ -1892,7 +1987,16 @@ async fn run(o: Opts) -> Res<bool> {
             format!("{broken:?}"),
         ),
         (
-            "every half-open connection closed by the header timeout",
+            "every unread large-id request refused (400)",
+            ho.large_refused.load(Ordering::Relaxed) == ho.large_sent.load(Ordering::Relaxed),
+            format!(
+                "{} of {} refused",
+                ho.large_refused.load(Ordering::Relaxed),
+                ho.large_sent.load(Ordering::Relaxed)
+            ),
+        ),
+        (
+            "every half-open connection closed by the header or body timeout",
             warm_half_open_gone
                 && half_open_gone
                 && ho.not_closed.load(Ordering::Relaxed) == 0

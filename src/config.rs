@@ -309,6 +309,16 @@ pub struct GatewaySection {
     pub idle_timeout_secs: Option<u64>,
     /// Most connections open at once (default 8192).
     pub max_connections: Option<usize>,
+    /// Seconds allowed between two pieces of a request body (default 10).
+    pub body_idle_timeout_secs: Option<u64>,
+    /// Seconds a whole request body may take (default 30).
+    pub body_read_timeout_secs: Option<u64>,
+    /// Request bodies one peer address may have in progress for over a second
+    /// (default 64).
+    pub max_slow_bodies_per_peer: Option<usize>,
+    /// Response bytes the process may hold unwritten (hosts not reading their answers)
+    /// before new requests get 503 + Retry-After (default 256 MiB).
+    pub max_pending_write_bytes: Option<usize>,
     /// Serve TLS on the listener (the `--tls-cert`/`--tls-key` flags win).
     pub tls: Option<TlsSection>,
     /// An extra CA bundle (PEM) trusted for HTTPS upstreams, besides the system and
@@ -534,6 +544,20 @@ pub struct ServerSection {
     /// Most connections open at once (default 8192).
     #[serde(default)]
     pub max_connections: Option<usize>,
+    /// Seconds allowed between two pieces of a request body (default 10).
+    #[serde(default)]
+    pub body_idle_timeout_secs: Option<u64>,
+    /// Seconds a whole request body may take (default 30).
+    #[serde(default)]
+    pub body_read_timeout_secs: Option<u64>,
+    /// Request bodies one peer address may have in progress for over a second
+    /// (default 64).
+    #[serde(default)]
+    pub max_slow_bodies_per_peer: Option<usize>,
+    /// Response bytes the process may hold unwritten (hosts not reading their answers)
+    /// before new requests get 503 + Retry-After (default 256 MiB).
+    #[serde(default)]
+    pub max_pending_write_bytes: Option<usize>,
     /// Serve TLS on the listener (the `--tls-cert`/`--tls-key` flags win).
     #[serde(default)]
     pub tls: Option<TlsSection>,
@@ -548,6 +572,10 @@ impl Default for ServerSection {
             header_read_timeout_secs: None,
             idle_timeout_secs: None,
             max_connections: None,
+            body_idle_timeout_secs: None,
+            body_read_timeout_secs: None,
+            max_slow_bodies_per_peer: None,
+            max_pending_write_bytes: None,
             tls: None,
         }
     }

@@ -6,7 +6,8 @@
 //! without sockets lives in the sans-IO crate `dualera-adapters`.
 //!
 //! Pieces both programs use (and that neither may borrow from the other) sit at the
-//! top level: [`body`], [`digest`], [`endpoint`], [`framing`], [`guard`], [`sse`].
+//! top level: [`body`], [`digest`], [`endpoint`], [`framing`], [`guard`], [`sse`],
+//! [`inbound`], [`outbound`], [`throttle`], [`clock`].
 //!
 //! ```text
 //!  legacy host ──► gateway (src/, drives adapters' session machine) ──► modern server
@@ -16,6 +17,7 @@
 
 pub mod bearer;
 pub mod body;
+pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod digest;
@@ -23,7 +25,10 @@ pub mod endpoint;
 pub mod framing;
 pub mod gateway;
 pub mod guard;
+pub mod inbound;
 pub mod listener;
+pub mod outbound;
 pub mod server;
 pub mod sse;
+pub mod throttle;
 pub mod tls;

@@ -10,6 +10,10 @@
 //! - **Header read timeout**: a connection must deliver a request's head (and, over
 //!   TLS, finish its handshake) within `header_read_timeout` from its first byte (or
 //!   from being accepted); otherwise it is dropped.
+//! - **Body deadline** ([`crate::inbound`]): a request body must keep coming (no gap
+//!   over `body_idle_timeout`) and be complete within `body_read_timeout`, and one peer
+//!   address may have only `max_slow_bodies_per_peer` slow bodies in progress;
+//!   otherwise the request gets 408 and the connection is closed.
 //! - **Idle timeout**: a connection with no request in progress and no bytes moving
 //!   either way for `idle_timeout` is closed gracefully. A streaming response (SSE)
 //!   writes keepalives, so it is never idle while it carries them.
@@ -35,6 +39,9 @@
 //! off at most one header timeout late, and the common path never wakes anything.
 
 use crate::body::GatewayBody;
+use crate::clock::now_ms as clock;
+use crate::inbound::{BodyLimits, RequestBody, SlowBodies};
+use crate::outbound::{self, ConnMeter};
 use crate::tls::ServerTls;
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -47,7 +54,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -75,6 +82,11 @@ pub struct ListenerConfig {
     pub idle_timeout: Duration,
     /// Most connections open at once (upgraded ones included).
     pub max_connections: usize,
+    /// Deadlines of request bodies.
+    pub body: BodyLimits,
+    /// Response bytes the whole process may hold unwritten before new requests get
+    /// 503 ([`crate::outbound`]).
+    pub max_pending_write_bytes: usize,
     /// Serve TLS with this certificate.
     pub tls: Option<Arc<ServerTls>>,
     /// How long in-flight requests may finish after shutdown begins.
@@ -87,6 +99,8 @@ impl Default for ListenerConfig {
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            body: BodyLimits::default(),
+            max_pending_write_bytes: outbound::DEFAULT_MAX_PENDING,
             tls: None,
             grace: Duration::from_secs(10),
         }
@@ -95,14 +109,34 @@ impl Default for ListenerConfig {
 
 impl ListenerConfig {
     /// Defaults overridden by a config section's listener keys
-    /// (`header_read_timeout_secs`, `idle_timeout_secs`, `max_connections`).
+    /// (`header_read_timeout_secs`, `idle_timeout_secs`, `max_connections`, and the
+    /// body keys in [`BodyKeys`]).
     pub fn from_keys(
         header_read_timeout_secs: Option<u64>,
         idle_timeout_secs: Option<u64>,
         max_connections: Option<usize>,
+        body: BodyKeys,
     ) -> Self {
         let d = Self::default();
+        let floor = Duration::from_millis(100);
         Self {
+            body: BodyLimits {
+                idle: body
+                    .body_idle_timeout_secs
+                    .map_or(d.body.idle, Duration::from_secs)
+                    .max(floor),
+                total: body
+                    .body_read_timeout_secs
+                    .map_or(d.body.total, Duration::from_secs)
+                    .max(floor),
+                max_slow_per_peer: body
+                    .max_slow_bodies_per_peer
+                    .unwrap_or(d.body.max_slow_per_peer)
+                    .max(1),
+            },
+            max_pending_write_bytes: body
+                .max_pending_write_bytes
+                .unwrap_or(d.max_pending_write_bytes),
             header_read_timeout: header_read_timeout_secs
                 .map_or(d.header_read_timeout, Duration::from_secs)
                 .max(Duration::from_millis(100)),
@@ -120,6 +154,12 @@ impl ListenerConfig {
             s.header_read_timeout_secs,
             s.idle_timeout_secs,
             s.max_connections,
+            BodyKeys {
+                body_idle_timeout_secs: s.body_idle_timeout_secs,
+                body_read_timeout_secs: s.body_read_timeout_secs,
+                max_slow_bodies_per_peer: s.max_slow_bodies_per_peer,
+                max_pending_write_bytes: s.max_pending_write_bytes,
+            },
         )
     }
 
@@ -129,11 +169,36 @@ impl ListenerConfig {
             s.header_read_timeout_secs,
             s.idle_timeout_secs,
             s.max_connections,
+            BodyKeys {
+                body_idle_timeout_secs: s.body_idle_timeout_secs,
+                body_read_timeout_secs: s.body_read_timeout_secs,
+                max_slow_bodies_per_peer: s.max_slow_bodies_per_peer,
+                max_pending_write_bytes: s.max_pending_write_bytes,
+            },
         )
     }
 }
 
-/// What a service knows about the connection a request came on.
+/// A config section's body keys (`None`: the default).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BodyKeys {
+    /// Seconds allowed between two pieces of a request body (default 10).
+    pub body_idle_timeout_secs: Option<u64>,
+    /// Seconds a whole request body may take (default 30).
+    pub body_read_timeout_secs: Option<u64>,
+    /// Slow bodies one peer address may have in progress (default 64).
+    pub max_slow_bodies_per_peer: Option<usize>,
+    /// Unwritten response bytes the process may hold (default 256 MiB).
+    pub max_pending_write_bytes: Option<usize>,
+}
+
+/// The peer address of a request a listener handed its service.
+pub fn peer_of<B>(req: &Request<B>) -> Option<std::net::IpAddr> {
+    req.extensions().get::<ConnInfo>().map(|c| c.peer.ip())
+}
+
+/// What a service knows about the connection a request came on (also in each
+/// request's extensions).
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
     /// The peer's address.
@@ -185,12 +250,6 @@ pub fn warn_if_clear_text(addr: SocketAddr, config: &ListenerConfig, what: &'sta
     }
 }
 
-fn clock() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    let start = *START.get_or_init(Instant::now);
-    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
-
 /// What one connection's watchdog reads; written by its IO wrapper and its service.
 #[derive(Debug)]
 struct ConnState {
@@ -203,6 +262,8 @@ struct ConnState {
     /// HTTP/2: many requests share the connection; bytes between them are frames,
     /// not the start of a head.
     multiplexed: AtomicBool,
+    /// Response bytes taken from the service and not yet written.
+    out: Arc<ConnMeter>,
     /// The [`ConnHook`]'s state, kept as long as the socket (upgrades included).
     _hooked: Arc<dyn Any + Send + Sync>,
     _permit: OwnedSemaphorePermit,
@@ -222,6 +283,7 @@ impl ConnState {
             head_since: AtomicU64::new(now),
             last_activity: AtomicU64::new(now),
             multiplexed: AtomicBool::new(false),
+            out: Arc::default(),
             _hooked: hooked,
             _permit: permit,
         }
@@ -238,8 +300,9 @@ impl ConnState {
         }
     }
 
-    fn on_write(&self) {
+    fn on_write(&self, n: usize) {
         self.last_activity.store(clock(), Ordering::Relaxed);
+        self.out.written(n);
     }
 
     fn verdict(&self, config: &ListenerConfig) -> Verdict {
@@ -312,8 +375,8 @@ impl AsyncWrite for Watched {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.state.on_write();
+        if let Poll::Ready(Ok(n @ 1..)) = r {
+            self.state.on_write(n);
         }
         r
     }
@@ -324,8 +387,8 @@ impl AsyncWrite for Watched {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.state.on_write();
+        if let Poll::Ready(Ok(n @ 1..)) = r {
+            self.state.on_write(n);
         }
         r
     }
@@ -361,7 +424,7 @@ pub async fn serve<S, F>(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()>
 where
-    S: Fn(Request<Incoming>, &ConnInfo) -> F + Clone + Send + Sync + 'static,
+    S: Fn(Request<RequestBody>, &ConnInfo) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<GatewayBody>> + Send + 'static,
 {
     let service = move |req, info: &ConnInfo, _: &Arc<()>| service(req, info);
@@ -378,12 +441,13 @@ pub async fn serve_hooked<H, S, F>(
 ) -> io::Result<()>
 where
     H: ConnHook,
-    S: Fn(Request<Incoming>, &ConnInfo, &Arc<H::State>) -> F + Clone + Send + Sync + 'static,
+    S: Fn(Request<RequestBody>, &ConnInfo, &Arc<H::State>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<GatewayBody>> + Send + 'static,
 {
     let local = listener.local_addr()?;
     let config = Arc::new(config);
     let slots = Arc::new(Semaphore::new(config.max_connections));
+    let slow = Arc::new(SlowBodies::default());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();
     let mut failures: u64 = 0;
@@ -477,7 +541,7 @@ where
             connection(
                 io,
                 state,
-                (info, hooked),
+                (info, hooked, slow.clone()),
                 config.clone(),
                 service.clone(),
                 stop_rx.clone(),
@@ -494,8 +558,8 @@ where
     Ok(())
 }
 
-/// A connection's [`ConnInfo`] and its [`ConnHook`] state.
-type Conn<T> = (ConnInfo, Arc<T>);
+/// A connection's [`ConnInfo`], its [`ConnHook`] state and its listener's slow bodies.
+type Conn<T> = (ConnInfo, Arc<T>, Arc<SlowBodies>);
 
 async fn connection<T, S, F>(
     io: Watched,
@@ -506,7 +570,7 @@ async fn connection<T, S, F>(
     stop: tokio::sync::watch::Receiver<bool>,
 ) where
     T: Send + Sync + 'static,
-    S: Fn(Request<Incoming>, &ConnInfo, &Arc<T>) -> F + Clone + Send + Sync + 'static,
+    S: Fn(Request<RequestBody>, &ConnInfo, &Arc<T>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<GatewayBody>> + Send + 'static,
 {
     match &config.tls {
@@ -526,17 +590,19 @@ async fn connection<T, S, F>(
 async fn drive<IO, T, S, F>(
     io: IO,
     state: Arc<ConnState>,
-    (info, hooked): Conn<T>,
+    (info, hooked, slow): Conn<T>,
     config: &ListenerConfig,
     service: S,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     T: Send + Sync + 'static,
-    S: Fn(Request<Incoming>, &ConnInfo, &Arc<T>) -> F + Clone + Send + Sync + 'static,
+    S: Fn(Request<RequestBody>, &ConnInfo, &Arc<T>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<GatewayBody>> + Send + 'static,
 {
     let svc_state = state.clone();
+    let body_limits = config.body;
+    let max_pending = config.max_pending_write_bytes;
     let svc = service_fn(move |req: Request<Incoming>| {
         let st = &svc_state;
         st.in_service.fetch_add(1, Ordering::Relaxed);
@@ -545,11 +611,34 @@ async fn drive<IO, T, S, F>(
             st.multiplexed.store(true, Ordering::Relaxed);
         }
         let guard = InService(st.clone());
-        let fut = service(req, &info, &hooked);
+        let version = req.version();
+        let (mut parts, incoming) = req.into_parts();
+        parts.extensions.insert(info.clone());
+        let (body, clock) = RequestBody::new(incoming);
+        // Over the process's budget of unwritten answers, the service is not asked.
+        let fut = (outbound::pending() <= max_pending)
+            .then(|| service(Request::from_parts(parts, body), &info, &hooked));
+        let (limits, slow, peer) = (body_limits, slow.clone(), info.peer.ip());
+        let meter = st.out.clone();
         async move {
-            let response = fut.await;
+            let Some(fut) = fut else {
+                drop(guard);
+                return Ok::<_, Infallible>(outbound::over_budget());
+            };
+            tokio::pin!(fut);
+            let response = tokio::select! {
+                r = &mut fut => r,
+                () = clock.expired(&limits, &slow, peer) => {
+                    debug!(
+                        %peer,
+                        total_ms = u64::try_from(limits.total.as_millis()).unwrap_or(u64::MAX),
+                        "request body not received in time; 408 and the connection closed"
+                    );
+                    body_timeout(version)
+                }
+            };
             drop(guard);
-            Ok::<_, Infallible>(response)
+            Ok::<_, Infallible>(response.map(|b| outbound::metered(b, meter)))
         }
     });
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -597,4 +686,24 @@ async fn drive<IO, T, S, F>(
             }
         }
     }
+}
+
+/// The answer to a request whose body did not arrive in time: 408, and over HTTP/1
+/// `Connection: close` so the connection ends once it is written (HTTP/2 ends only
+/// that stream).
+fn body_timeout(version: http::Version) -> Response<GatewayBody> {
+    let mut r = Response::new(crate::body::full("request body not received in time\n"));
+    *r.status_mut() = http::StatusCode::REQUEST_TIMEOUT;
+    let h = r.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if version != http::Version::HTTP_2 {
+        h.insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    r
 }

@@ -300,6 +300,13 @@ fn invalid(id: Option<RequestId>, detail: impl Into<String>) -> EnvelopeError {
     }
 }
 
+/// Longest string id accepted, in bytes. JSON-RPC requires a response to repeat its
+/// request's id, so a peer choosing a megabyte id would have every answer (and every
+/// answer a host does not read) cost a megabyte; a longer id is refused as an invalid
+/// request whose id is not repeated. Room is left for an intermediary that prefixes
+/// the ids it forwards.
+pub const MAX_ID_BYTES: usize = 1024;
+
 impl Message {
     /// Checks a JSON value against the envelope rules.
     pub fn from_value(value: Value) -> Result<Self, EnvelopeError> {
@@ -307,6 +314,17 @@ impl Message {
             return Err(invalid(None, "a message must be a JSON object"));
         };
         let raw_id = obj.remove("id");
+        if let Some(Value::String(long)) = &raw_id {
+            if long.len() > MAX_ID_BYTES {
+                return Err(invalid(
+                    None,
+                    format!(
+                        "`id` longer than {MAX_ID_BYTES} bytes: {}",
+                        crate::echo::echo_quoted(long)
+                    ),
+                ));
+            }
+        }
         let id = match &raw_id {
             None => None,
             Some(v) => match RequestId::from_value(v) {
@@ -471,6 +489,29 @@ impl From<Response> for Message {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_id_is_refused_without_being_repeated() {
+        let ok = format!(
+            r#"{{"jsonrpc":"2.0","id":"{}","method":"x"}}"#,
+            "i".repeat(MAX_ID_BYTES)
+        );
+        assert!(matches!(parse(ok.as_bytes()), Ok(Message::Request(_))));
+        let long = format!(
+            r#"{{"jsonrpc":"2.0","id":"{}","method":"x"}}"#,
+            "i".repeat(MAX_ID_BYTES + 1)
+        );
+        let Err(e @ EnvelopeError::Invalid { id: None, .. }) = parse(long.as_bytes()) else {
+            panic!("a long id was accepted or repeated");
+        };
+        let r = e.to_response();
+        assert_eq!(r.id, None);
+        assert_eq!(
+            r.outcome.as_ref().err().map(|e| e.code),
+            Some(ErrorCode::INVALID_REQUEST)
+        );
+        assert!(Message::Response(r).to_vec().len() < 600);
+    }
 
     #[test]
     fn classifies() {

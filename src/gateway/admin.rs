@@ -22,10 +22,10 @@ use super::telemetry::ConnectionsOpen;
 use super::Gateway;
 use crate::body::{full, GatewayBody};
 use crate::guard;
+use crate::inbound::RequestBody;
 use crate::listener::{ConnInfo, ListenerConfig};
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,7 +72,7 @@ impl AdminSettings {
 
 /// Whether the request carries the token: both sides hashed to the same length, then
 /// compared without an early exit.
-fn authorized(req: &Request<Incoming>, token: &str) -> bool {
+fn authorized(req: &Request<RequestBody>, token: &str) -> bool {
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -115,7 +115,7 @@ pub async fn serve(
     ));
     let hook = ConnectionsOpen::new(&gateway.telemetry, "admin");
     let settings = Arc::new(settings);
-    let service = move |req: Request<Incoming>, conn: &ConnInfo, _: &Arc<_>| {
+    let service = move |req: Request<RequestBody>, conn: &ConnInfo, _: &Arc<_>| {
         let loopback = conn.local.ip().is_loopback();
         let response = handle(&gateway, &settings, loopback, &req);
         async move { response }
@@ -157,7 +157,7 @@ fn handle(
     gw: &Gateway,
     settings: &AdminSettings,
     loopback: bool,
-    req: &Request<Incoming>,
+    req: &Request<RequestBody>,
 ) -> Response<GatewayBody> {
     if let Some(refused) = guard::refusal(req, loopback, &gw.config.allowed_origins) {
         return plain(StatusCode::FORBIDDEN, refused.text());

@@ -24,6 +24,7 @@ use super::upstream::{Denial, OnBehalf, UpstreamError};
 use super::{text, Gateway};
 use crate::body::{empty, full, BoxError, GatewayBody};
 use crate::config::SessionBinding;
+use crate::inbound::RequestBody;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use dualera_adapters::session::{
@@ -33,7 +34,6 @@ use dualera_adapters::{Message, ProtocolVersion, Request as RpcRequest, RequestI
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -61,7 +61,9 @@ impl std::fmt::Debug for BindingKey {
 impl BindingKey {
     /// The key of a request's `Authorization` header. With `Subject` and a bearer JWT
     /// whose payload has string `iss` and `sub`, the principal (a refreshed token of
-    /// the same principal gives the same key); otherwise the whole header's digest.
+    /// the same principal gives the same key); otherwise the digest of the credential
+    /// itself ([`crate::bearer::canonical`]: the scheme's case and the spaces after it
+    /// do not make another caller).
     /// No header at all has a key of its own, so a session opened with a token is not
     /// found without one.
     pub(super) fn of(mode: SessionBinding, authorization: Option<&HeaderValue>) -> Self {
@@ -78,10 +80,25 @@ impl BindingKey {
                 }
                 _ => {
                     h.update(b"token\0");
-                    h.update(auth.as_bytes());
+                    h.update(crate::bearer::canonical(auth));
                 }
             },
         }
+        Self(h.finalize().into())
+    }
+
+    /// Who a session with this binding counts against for `max_sessions_per_caller`:
+    /// the binding itself, except for a caller without credentials, whose peer address
+    /// is added (every local host would otherwise share the one "none" caller, and one
+    /// host's flood of `initialize` would take the others' sessions).
+    pub(super) fn caller(self, anonymous: bool, peer: Option<std::net::IpAddr>) -> Self {
+        let (true, Some(ip)) = (anonymous, peer) else {
+            return self;
+        };
+        let mut h = Sha256::new();
+        h.update(b"dualera-session-caller\0");
+        h.update(self.0);
+        h.update(ip.to_string().as_bytes());
         Self(h.finalize().into())
     }
 
@@ -129,7 +146,7 @@ pub(super) fn credentials(headers: &http::HeaderMap) -> Option<HeaderValue> {
 pub(super) fn fingerprint(authorization: Option<&HeaderValue>) -> String {
     match authorization {
         None => "none".to_owned(),
-        Some(a) => crate::digest::short_digest(a.as_bytes(), 4),
+        Some(a) => crate::digest::short_digest(&crate::bearer::canonical(a), 4),
     }
 }
 
@@ -196,7 +213,10 @@ const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Relays `GET`/`HEAD`/`OPTIONS` on a metadata path to the upstream verbatim (status,
 /// headers but hop-by-hop ones, body). The endpoint suffix maps to the upstream's own
 /// endpoint path, so the document is the one the upstream publishes for itself.
-pub(super) async fn relay_metadata(gw: &Gateway, req: Request<Incoming>) -> Response<GatewayBody> {
+pub(super) async fn relay_metadata(
+    gw: &Gateway,
+    req: Request<RequestBody>,
+) -> Response<GatewayBody> {
     if !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
         let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");
         r.headers_mut().insert(

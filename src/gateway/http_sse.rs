@@ -7,13 +7,13 @@
 use super::forwarded::Forwarded;
 use super::{pipe, Gateway};
 use crate::body::{empty, ChannelBody, GatewayBody};
+use crate::inbound::RequestBody;
 use crate::sse;
 use bytes::Bytes;
 use dashmap::DashMap;
 use http::header::HeaderValue;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -44,7 +44,7 @@ fn credential(auth: Option<&HeaderValue>) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(b"dualera-sse-credential\0");
     if let Some(a) = auth {
-        h.update(a.as_bytes());
+        h.update(crate::bearer::canonical(a));
     }
     h.finalize().into()
 }
@@ -56,7 +56,7 @@ fn status(code: StatusCode, msg: &'static str) -> Response<GatewayBody> {
 /// `GET /sse`: opens a session.
 pub(super) fn open(
     gw: &Gateway,
-    req: &Request<Incoming>,
+    req: &Request<RequestBody>,
     forwarded: Forwarded,
 ) -> Response<GatewayBody> {
     if req.method() != http::Method::GET {
@@ -130,7 +130,7 @@ pub(super) fn open(
 }
 
 /// `POST /messages?sessionId=…`: one message into a session.
-pub(super) async fn post(gw: &Gateway, req: Request<Incoming>) -> Response<GatewayBody> {
+pub(super) async fn post(gw: &Gateway, req: Request<RequestBody>) -> Response<GatewayBody> {
     if req.method() != http::Method::POST {
         return status(StatusCode::METHOD_NOT_ALLOWED, "POST messages here\n");
     }

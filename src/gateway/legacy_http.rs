@@ -18,6 +18,7 @@ use super::trace::TraceContext;
 use super::upstream::{Denial, OnBehalf, UpstreamError};
 use super::{cache, text, Gateway, GatewayConfig};
 use crate::body::{empty, full, ChannelBody, GatewayBody, MeteredSender, SendError};
+use crate::inbound::RequestBody;
 use crate::sse;
 use bytes::Bytes;
 use dashmap::DashMap;
@@ -33,7 +34,6 @@ use futures_util::future::{abortable, AbortHandle};
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -67,15 +67,16 @@ pub(super) fn now() -> Timestamp {
     Timestamp::from_millis(u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX))
 }
 
-/// What binds a session to its caller (its principal, or its token's digest: see
-/// [`BindingKey`]); the per-caller session bound counts by it.
+/// Who a session counts against for `max_sessions_per_caller`: its binding, and for a
+/// caller without credentials also its peer address ([`BindingKey::caller`]), so that
+/// local hosts do not share one bound.
 pub(super) type Binding = BindingKey;
 
 /// Live legacy sessions.
 #[derive(Debug)]
 pub(super) struct Sessions {
     map: DashMap<String, Arc<SessionHandle>>,
-    /// Sessions per binding (kept with `map`, so admission never scans for it).
+    /// Sessions per caller (kept with `map`, so admission never scans for it).
     per_caller: DashMap<Binding, usize>,
     /// The machine's bounds and timings, shared by every session.
     machine: Arc<MachineConfig>,
@@ -113,14 +114,14 @@ impl Sessions {
     }
 
     fn insert(&self, handle: Arc<SessionHandle>) {
-        *self.per_caller.entry(handle.binding).or_insert(0) += 1;
+        *self.per_caller.entry(handle.caller).or_insert(0) += 1;
         self.map.insert(handle.id.clone(), handle);
     }
 
     /// Removes a session from the table (the caller closes it).
     fn remove(&self, id: &str) -> Option<Arc<SessionHandle>> {
         let (_, handle) = self.map.remove(id)?;
-        if let dashmap::Entry::Occupied(mut e) = self.per_caller.entry(handle.binding) {
+        if let dashmap::Entry::Occupied(mut e) = self.per_caller.entry(handle.caller) {
             *e.get_mut() -= 1;
             if *e.get() == 0 {
                 e.remove();
@@ -131,8 +132,10 @@ impl Sessions {
 
     /// Makes room for one more session of `caller`: the one place that applies
     /// `max_sessions` and `max_sessions_per_caller`. When a bound is reached, the
-    /// longest-idle session with no request in flight (of that caller, for its own
-    /// bound) is evicted; only when every candidate is busy is the new one refused.
+    /// longest-idle session with no request in flight is evicted — of that caller, for
+    /// its own bound; of the caller holding the most sessions, for the table's — so a
+    /// caller's flood costs its own sessions, never an idle one of a smaller caller.
+    /// Only when every candidate is busy is the new one refused.
     fn admit(&self, caller: &Binding) -> Result<(), Refused> {
         let held = self.per_caller.get(caller).map_or(0, |c| *c);
         if held >= self.max_per_caller {
@@ -145,12 +148,13 @@ impl Sessions {
     }
 
     /// Evicts the longest-idle session without a request in flight (of `caller` only,
-    /// when given); returns its log tag.
+    /// when given; else of the caller holding the most); returns its log tag.
     fn evict_idlest(&self, caller: Option<&Binding>) -> Option<String> {
+        let held = |c: &Binding| self.per_caller.get(c).map_or(0, |n| *n);
         let victim = self
             .map
             .iter()
-            .filter(|e| caller.is_none_or(|c| e.value().binding.matches(c)))
+            .filter(|e| caller.is_none_or(|c| e.value().caller.matches(c)))
             .filter(|e| {
                 // A session whose lock is taken is being used right now: not idle.
                 e.value()
@@ -158,7 +162,13 @@ impl Sessions {
                     .try_lock()
                     .is_ok_and(|s| s.machine.in_flight() == 0)
             })
-            .min_by_key(|e| e.value().last_used.load(Ordering::Relaxed))
+            .min_by_key(|e| {
+                let h = e.value();
+                (
+                    std::cmp::Reverse(held(&h.caller)),
+                    h.last_used.load(Ordering::Relaxed),
+                )
+            })
             .map(|e| e.key().clone())?;
         let handle = self.remove(&victim)?;
         handle.close();
@@ -360,6 +370,8 @@ pub(super) struct SessionHandle {
     tag: String,
     /// The principal (or token digest) the session is bound to.
     binding: BindingKey,
+    /// Who it counts against for `max_sessions_per_caller` ([`Binding`]).
+    caller: BindingKey,
     /// Opened without credentials: its discover result may be shared.
     anonymous: bool,
     /// Forwarded headers of the request that opened the session.
@@ -430,7 +442,7 @@ pub(super) fn with_session_header(mut r: Response<GatewayBody>, id: &str) -> Res
 /// holds the gateway's sessions.
 pub(super) async fn handle(
     gw: &Gateway,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     forwarded: Forwarded,
 ) -> Response<GatewayBody> {
     match gw.shared.as_ref() {
@@ -444,7 +456,7 @@ pub(super) async fn handle(
 async fn front<S: SessionStore>(
     gw: &Gateway,
     store: &S,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     forwarded: Forwarded,
 ) -> Response<GatewayBody> {
     let session_header = req
@@ -462,8 +474,8 @@ async fn front<S: SessionStore>(
                 None,
                 ErrorCode::INVALID_REQUEST,
                 format!(
-                    "Bad Request: unsupported MCP-Protocol-Version {:?}; supported: {}",
-                    v.to_str().unwrap_or("?"),
+                    "Bad Request: unsupported MCP-Protocol-Version {}; supported: {}",
+                    dualera_adapters::echo::echo_bytes(v.as_bytes()),
                     ProtocolVersion::LEGACY.join(", ")
                 ),
             );
@@ -574,18 +586,21 @@ pub(super) struct PostContext {
     pub(super) forwarded: Forwarded,
     /// The request's W3C trace context.
     pub(super) trace: Option<Arc<TraceContext>>,
+    /// The peer's address (a caller without credentials is counted by it).
+    pub(super) peer: Option<std::net::IpAddr>,
 }
 
 async fn post<S: SessionStore>(
     gw: &Gateway,
     store: &S,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     existing: Option<S::Session>,
     auth: Option<HeaderValue>,
     forwarded: Forwarded,
 ) -> Response<GatewayBody> {
     let limit = gw.config.max_body_bytes;
     let trace = TraceContext::from_headers(req.headers()).map(Arc::new);
+    let peer = crate::listener::peer_of(&req);
     let body = match Limited::new(req.into_body(), limit).collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => {
@@ -614,6 +629,7 @@ async fn post<S: SessionStore>(
         auth,
         forwarded,
         trace,
+        peer,
     };
     let Some(handle) = existing else {
         return match parsed {
@@ -664,7 +680,9 @@ impl SessionStore for Sessions {
         init: dualera_adapters::Request,
         cx: PostContext,
     ) -> Response<GatewayBody> {
-        initialize(gw, init, cx.auth, cx.forwarded, cx.trace).await
+        let caller = BindingKey::of(gw.config.session_binding, cx.auth.as_ref())
+            .caller(cx.auth.is_none(), cx.peer);
+        initialize(gw, init, cx.auth, cx.forwarded, cx.trace, caller).await
     }
 
     async fn request(
@@ -830,7 +848,16 @@ pub(super) fn sessions_refused(
     } else {
         "Too many sessions, all of them busy; try again later (limit"
     };
-    warn!(limit, status = status.as_u16(), "session limit reached");
+    // A peer can ask again and again: one line per interval, with the count.
+    static REFUSED: crate::throttle::Throttle = crate::throttle::Throttle::per_secs(10);
+    if let Some(refused) = REFUSED.hit() {
+        warn!(
+            limit,
+            status = status.as_u16(),
+            refused,
+            "session limit reached; initialize refused (count since the last such line)"
+        );
+    }
     let mut r = rpc_error(
         status,
         id,
@@ -868,9 +895,10 @@ async fn initialize(
     auth: Option<HeaderValue>,
     forwarded: Forwarded,
     trace: Option<Arc<TraceContext>>,
+    caller: BindingKey,
 ) -> Response<GatewayBody> {
     let binding = BindingKey::of(gw.config.session_binding, auth.as_ref());
-    if let Err(refused) = gw.legacy.admit(&binding) {
+    if let Err(refused) = gw.legacy.admit(&caller) {
         return match refused {
             Refused::Full => sessions_refused(
                 Some(init.id),
@@ -897,6 +925,7 @@ async fn initialize(
         id: id.clone(),
         tag: tag.clone(),
         binding,
+        caller,
         anonymous: auth.is_none(),
         forwarded,
         shared: Mutex::new(Shared {

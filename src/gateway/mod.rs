@@ -38,12 +38,12 @@ pub mod websocket;
 use crate::body::{self, GatewayBody};
 use crate::config::ForwardedHeaders;
 use crate::guard;
+use crate::inbound::RequestBody;
 use crate::listener::{ConnHook, ConnInfo, ListenerConfig};
 use dualera_adapters::version::is_modern_or_later;
 use dualera_adapters::ProtocolVersion;
 use forwarded::Forwarded;
 use http::{header, Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 pub use routes::RouteError;
 use std::future::Future;
 use std::sync::Arc;
@@ -538,7 +538,7 @@ impl Gateway {
         let flusher = tokio::spawn(report::flush_loop(self.telemetry.report().clone()));
         let hook = Connections(telemetry::ConnectionsOpen::new(&self.telemetry, "gateway"));
         let gw = self.clone();
-        let service = move |req: Request<Incoming>, conn: &ConnInfo, state: &Arc<Connection>| {
+        let service = move |req: Request<RequestBody>, conn: &ConnInfo, state: &Arc<Connection>| {
             let gw = gw.clone();
             let conn = conn.clone();
             let state = state.clone();
@@ -637,7 +637,7 @@ impl Gateway {
         &self,
         conn: &ConnInfo,
         connection: &Connection,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
     ) -> Response<GatewayBody> {
         let loopback = conn.local.ip().is_loopback();
         if let Some(refused) = guard::refusal(&req, loopback, &self.config.allowed_origins) {
@@ -680,7 +680,7 @@ impl Gateway {
         &self,
         connection: &Connection,
         endpoint: routes::Endpoint,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         conn: &ConnInfo,
     ) -> Response<GatewayBody> {
         let gw = self;

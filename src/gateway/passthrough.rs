@@ -8,6 +8,7 @@ use super::trace::TraceContext;
 use super::upstream::{HttpUpstream, StdioUpstream, UpstreamError};
 use super::{cache, Gateway};
 use crate::body::{full, BoxError, ChannelBody, GatewayBody};
+use crate::inbound::RequestBody;
 use crate::sse;
 use bytes::Bytes;
 use dualera_adapters::jsonrpc::{self, Message};
@@ -78,7 +79,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 pub(super) async fn forward(
     gateway: &Gateway,
     connection: &ConnectionTelemetry,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     forwarded: &Forwarded,
 ) -> Response<GatewayBody> {
     let started = Instant::now();
@@ -135,7 +136,7 @@ async fn forward_stdio(
     gateway: &Gateway,
     connection: &ConnectionTelemetry,
     upstream: &StdioUpstream,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
 ) -> Response<GatewayBody> {
     let (parts, body) = req.into_parts();
     let body = match read_body(body, gateway.config.max_body_bytes).await {
@@ -235,7 +236,7 @@ fn bad_gateway(body: Bytes) -> Response<GatewayBody> {
 async fn forward_http(
     gateway: &Gateway,
     connection: &ConnectionTelemetry,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     forwarded: &Forwarded,
 ) -> Response<GatewayBody> {
     let limit = gateway.config.max_body_bytes;
@@ -419,7 +420,7 @@ pub(super) fn downstream(resp: Response<Incoming>) -> Response<GatewayBody> {
 
 /// A request body read whole, or the 413 for one over `limit` bytes.
 pub(super) async fn read_body(
-    body: Incoming,
+    body: RequestBody,
     limit: usize,
 ) -> Result<Bytes, Response<GatewayBody>> {
     Limited::new(body, limit)

@@ -14,10 +14,10 @@
 use super::forwarded::Forwarded;
 use super::{pipe, text, Gateway};
 use crate::body::{empty, GatewayBody};
+use crate::inbound::RequestBody;
 use futures_util::{SinkExt, StreamExt};
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -46,7 +46,7 @@ fn close_code(e: &WsError) -> (CloseCode, &'static str) {
     }
 }
 
-fn header_has(req: &Request<Incoming>, name: header::HeaderName, token: &str) -> bool {
+fn header_has(req: &Request<RequestBody>, name: header::HeaderName, token: &str) -> bool {
     req.headers().get_all(name).iter().any(|v| {
         v.to_str()
             .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
@@ -56,7 +56,7 @@ fn header_has(req: &Request<Incoming>, name: header::HeaderName, token: &str) ->
 /// Answers the upgrade and runs the session on the upgraded connection.
 pub(super) async fn upgrade(
     gw: &Gateway,
-    mut req: Request<Incoming>,
+    mut req: Request<RequestBody>,
     forwarded: Forwarded,
 ) -> Response<GatewayBody> {
     if req.method() != http::Method::GET

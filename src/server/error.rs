@@ -27,10 +27,21 @@ pub enum ServerError {
         detail: String,
     },
     /// No such method.
-    #[error("Method not found: {method}")]
+    #[error("Method not found: {}", echo::echo_quoted(method))]
     MethodNotFound {
         /// The method asked for.
         method: String,
+    },
+    /// A legacy, session-based method (`initialize`, …) sent to this modern server.
+    #[error(
+        "Method not found: {method} (a legacy, session-based method; this server speaks \
+         only protocol version {}: use server/discover, or put the dualera gateway in front \
+         of it for legacy hosts)",
+        ProtocolVersion::MODERN.join(", ")
+    )]
+    LegacyMethod {
+        /// Which one (from the server's own list, not the peer's string).
+        method: &'static str,
     },
     /// The params are wrong (unknown tool, bad arguments, bad `_meta`, bad state).
     #[error("Invalid params: {reason}")]
@@ -39,13 +50,13 @@ pub enum ServerError {
         reason: String,
     },
     /// `resources/read` of a URI the server does not have (`-32602`, `data.uri`).
-    #[error("Resource not found: {uri}")]
+    #[error("Resource not found: {}", echo::echo_quoted(uri))]
     ResourceNotFound {
         /// The URI asked for.
         uri: String,
     },
     /// The requested protocol version is not one this server speaks.
-    #[error("Unsupported protocol version: {requested}")]
+    #[error("Unsupported protocol version: {}", echo::echo_quoted(requested))]
     UnsupportedVersion {
         /// What the client asked for.
         requested: String,
@@ -121,7 +132,7 @@ impl ServerError {
                 StatusCode::BAD_REQUEST,
                 ErrorObject::new(ErrorCode::INVALID_REQUEST, message),
             ),
-            Self::MethodNotFound { .. } => (
+            Self::MethodNotFound { .. } | Self::LegacyMethod { .. } => (
                 StatusCode::NOT_FOUND,
                 ErrorObject::new(ErrorCode::METHOD_NOT_FOUND, message),
             ),

@@ -8,12 +8,12 @@ use super::router::{Handled, Listen, MirroredHeaders};
 use super::{Server, Sink};
 use crate::body::{empty, full, ChannelBody, GatewayBody};
 use crate::guard;
+use crate::inbound::RequestBody;
 use crate::listener::{ConnInfo, ListenerConfig};
 use bytes::Bytes;
 use dualera_adapters::Message;
 use http::{header, HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,7 +48,7 @@ pub async fn serve_with(
 ) -> std::io::Result<()> {
     let loopback = listener.local_addr()?.ip().is_loopback();
     let service =
-        move |req: Request<Incoming>, _conn: &ConnInfo| handle(server.clone(), loopback, req);
+        move |req: Request<RequestBody>, _conn: &ConnInfo| handle(server.clone(), loopback, req);
     crate::listener::serve(listener, config, service, async move {
         shutdown.await;
         info!("shutting down; waiting for in-flight requests");
@@ -125,7 +125,7 @@ fn refused(denied: Denied) -> Response<GatewayBody> {
 /// at the well-known path of the MCP endpoint (the 2025-11-25 authorization page,
 /// "Protected Resource Metadata Discovery Requirements", lets clients try both). It is
 /// public: no token, CORS open, like the discovery documents of authorization servers.
-fn metadata(server: &Server, req: &Request<Incoming>) -> Option<Response<GatewayBody>> {
+fn metadata(server: &Server, req: &Request<RequestBody>) -> Option<Response<GatewayBody>> {
     let path = req.uri().path();
     let rest = path.strip_prefix(METADATA_PATH)?;
     let oauth = server.services().access.oauth()?;
@@ -170,7 +170,11 @@ fn metadata(server: &Server, req: &Request<Incoming>) -> Option<Response<Gateway
     Some(r)
 }
 
-async fn handle(server: Server, loopback: bool, req: Request<Incoming>) -> Response<GatewayBody> {
+async fn handle(
+    server: Server,
+    loopback: bool,
+    req: Request<RequestBody>,
+) -> Response<GatewayBody> {
     if let Some(r) = metadata(&server, &req) {
         return r;
     }

@@ -12,6 +12,7 @@ use super::tools::{CallContext, Outcome, Sink};
 use super::{now_ms, Server};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
+use dualera_adapters::echo::{echo, echo_quoted};
 use dualera_adapters::jsonrpc::{self, Message, Notification, Request, RequestId, Response};
 use dualera_adapters::param_headers::ParamHeader;
 use dualera_adapters::ProtocolVersion;
@@ -178,7 +179,7 @@ impl Server {
         headers: Option<&MirroredHeaders>,
         sink: &Sink<'_>,
     ) -> Handled {
-        let span = info_span!("request", rpc.id = %req.id, method = %req.method, principal);
+        let span = info_span!("request", rpc.id = %req.id, method = %echo(&req.method), principal);
         let _enter = span.enter();
         let id = req.id.clone();
         match self.dispatch(principal, req, headers, sink) {
@@ -216,9 +217,9 @@ impl Server {
             if h.protocol_version.as_deref() != Some(meta.version.as_str()) {
                 return Err(ServerError::HeaderMismatch {
                     reason: format!(
-                        "MCP-Protocol-Version header {:?} does not match _meta protocolVersion {:?}",
-                        h.protocol_version.as_deref().unwrap_or_default(),
-                        meta.version
+                        "MCP-Protocol-Version header {} does not match _meta protocolVersion {}",
+                        echo_quoted(h.protocol_version.as_deref().unwrap_or_default()),
+                        echo_quoted(&meta.version)
                     ),
                 });
             }
@@ -435,10 +436,9 @@ impl Server {
             Some(_) => return Err(ServerError::params("params.requestState must be a string")),
         };
         let tool = if method == "tools/call" {
-            let tool = catalog
-                .tools
-                .get(target)
-                .ok_or_else(|| ServerError::params(format!("Unknown tool: {target}")))?;
+            let tool = catalog.tools.get(target).ok_or_else(|| {
+                ServerError::params(format!("Unknown tool: {}", echo_quoted(target)))
+            })?;
             if let Some(h) = headers {
                 check_param_headers(h, catalog.tools.param_headers(target), arguments)?;
             }
@@ -542,7 +542,10 @@ fn state_digest(state: &str) -> String {
 fn no_cursor(params: &Map<String, Value>) -> Result<(), ServerError> {
     match params.get("cursor") {
         // One page holds everything, so no cursor was ever issued.
-        Some(c) if !c.is_null() => Err(ServerError::params(format!("unknown cursor {c}"))),
+        Some(c) if !c.is_null() => Err(ServerError::params(format!(
+            "unknown cursor {}",
+            echo(&c.to_string())
+        ))),
         _ => Ok(()),
     }
 }
@@ -565,14 +568,12 @@ fn is_legacy_shaped(req: &Request, headers: Option<&MirroredHeaders>) -> bool {
 }
 
 fn legacy_method(method: &str) -> ServerError {
-    ServerError::MethodNotFound {
-        method: format!(
-            "{method} (a legacy, session-based method; this server speaks only protocol \
-             version {}: use server/discover, or put the dualera gateway in front of it \
-             for legacy hosts)",
-            ProtocolVersion::MODERN.join(", ")
-        ),
-    }
+    let method = LEGACY_METHODS
+        .iter()
+        .copied()
+        .find(|m| *m == method)
+        .unwrap_or("a legacy method");
+    ServerError::LegacyMethod { method }
 }
 
 fn check_mirrored(h: &MirroredHeaders, req: &Request) -> Result<(), ServerError> {
@@ -585,8 +586,9 @@ fn check_mirrored(h: &MirroredHeaders, req: &Request) -> Result<(), ServerError>
         Some(m) if m != req.method => {
             return Err(ServerError::HeaderMismatch {
                 reason: format!(
-                    "Mcp-Method header {m:?} does not match body method {:?}",
-                    req.method
+                    "Mcp-Method header {} does not match body method {}",
+                    echo_quoted(m),
+                    echo_quoted(&req.method)
                 ),
             })
         }
@@ -616,8 +618,9 @@ fn check_mirrored(h: &MirroredHeaders, req: &Request) -> Result<(), ServerError>
         if body != Some(header.as_str()) {
             return Err(ServerError::HeaderMismatch {
                 reason: format!(
-                    "Mcp-Name header {header:?} does not match body {field} {:?}",
-                    body.unwrap_or_default()
+                    "Mcp-Name header {} does not match body {field} {}",
+                    echo_quoted(&header),
+                    echo_quoted(body.unwrap_or_default())
                 ),
             });
         }
@@ -677,7 +680,8 @@ fn check_param_headers(
         };
         if !matches {
             return Err(mismatch(format!(
-                "{header} header {decoded:?} does not match arguments.{at}"
+                "{header} header {} does not match arguments.{at}",
+                echo_quoted(&decoded)
             )));
         }
     }

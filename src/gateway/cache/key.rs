@@ -96,7 +96,10 @@ impl AuthContext {
 
     /// The context of a caller presenting this `Authorization` header value.
     pub fn from_authorization(value: &HeaderValue) -> Self {
-        Self::digest(b"dualera-cache-authorization\0", &[value.as_bytes()])
+        Self::digest(
+            b"dualera-cache-authorization\0",
+            &[&crate::bearer::canonical(value)],
+        )
     }
 
     /// The context of an authenticated principal (e.g. a JWT's `iss` and `sub`), for

@@ -16,6 +16,7 @@ use crate::gateway::passthrough::{downstream, read_body, send, unavailable, upst
 use crate::gateway::telemetry::ConnectionTelemetry;
 use crate::gateway::upstream::{encode_header_value, UpstreamError};
 use crate::gateway::Gateway;
+use crate::inbound::RequestBody;
 use crate::sse;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
@@ -33,7 +34,7 @@ const ERROR_BODY_LIMIT: usize = 64 * 1024;
 pub(in crate::gateway) async fn forward(
     gw: &Gateway,
     connection: &ConnectionTelemetry,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     method: Cacheable,
     forwarded: &Forwarded,
 ) -> Response<GatewayBody> {

@@ -980,10 +980,13 @@ impl SharedSessions {
         init: Request,
         cx: PostContext,
     ) -> Response<GatewayBody> {
+        // Counted by binding across replicas (a caller without credentials is not
+        // told apart by its address here: the shared record has no field for it).
         let PostContext {
             auth,
             forwarded,
             trace,
+            ..
         } = cx;
         let init_id = init.id.clone();
         let Some(sid) = mint_session_id() else {
@@ -1224,7 +1227,7 @@ impl SharedSessions {
                 }
             })
             .await;
-        info!(session = %log_tag(&s.id), replica = %self.replica, rpc.id = %id, method = %r.method, "legacy request served");
+        info!(session = %log_tag(&s.id), replica = %self.replica, rpc.id = %id, method = %dualera_adapters::echo::echo(&r.method), "legacy request served");
         let (number, forwarded) = match fed {
             Ok(n) => n,
             Err(StepError::NotFound { anonymous }) => {
