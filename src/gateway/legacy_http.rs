@@ -4,7 +4,7 @@
 //!
 //! Locking: each session's machine and stream table sit behind one `std` mutex that
 //! is never held across an `.await`; upstream exchanges and timers take the lock only
-//! to feed a message and route the resulting events.
+//! to feed a message and perform the resulting events.
 //!
 //! A request's first upstream exchange runs inside its own POST handler (no task
 //! hand-off each way on the hot path) and is detached into a task of its own when the
@@ -239,16 +239,13 @@ struct Shared {
     finished_order: VecDeque<PeerStream>,
     next_stream: u64,
     upstream_tasks: HashMap<RequestId, AbortHandle>,
-    /// Where `route` leaves the first upstream exchange it starts for the POST handler
+    /// Where `perform` leaves the first upstream exchange it starts for the POST handler
     /// that is feeding the machine, instead of spawning it.
     inline: InlineSlot,
     /// Metrics and report of this session.
     telemetry: SessionTelemetry,
     /// The trace context of the `initialize` POST (for the discover it may cause).
     init_trace: Option<Arc<TraceContext>>,
-    /// The `Authorization` of the host request feeding the machine right now: the
-    /// upstream calls it causes carry it.
-    feeding: Option<HeaderValue>,
     /// The `Authorization` of the latest host request of each legacy request still in
     /// flight, for the upstream calls no host request causes (a state-only retry after
     /// its pause, a `tools/list` refresh); dropped when the request ends.
@@ -345,7 +342,7 @@ impl std::fmt::Debug for InlineSlot {
 struct Detachable(Option<Exchange>);
 
 impl Detachable {
-    /// Closes the inline slot, taking the exchange `route` left there, if any.
+    /// Closes the inline slot, taking the exchange `perform` left there, if any.
     fn take(s: &mut Shared) -> Self {
         match std::mem::replace(&mut s.inline, InlineSlot::Closed) {
             InlineSlot::Taken(exchange) => Self(Some(exchange)),
@@ -750,10 +747,9 @@ async fn message(
         let Ok(mut s) = handle.shared.lock() else {
             return internal();
         };
-        s.feeding = auth;
         s.inline = InlineSlot::Open(watch.clone());
         let r = s.machine.handle_peer_message(other, now());
-        route(gw, handle, &mut s);
+        perform(gw, handle, &mut s, auth.as_ref());
         rearm(handle, &s);
         (r, Detachable::take(&mut s))
     };
@@ -938,7 +934,6 @@ async fn initialize(
             inline: InlineSlot::Closed,
             telemetry: gw.telemetry.session(WIRE_HTTP),
             init_trace: trace,
-            feeding: None,
             call_auth: HashMap::new(),
             standalone_auth: None,
         }),
@@ -956,7 +951,6 @@ async fn initialize(
         let Ok(mut s) = handle.shared.lock() else {
             return internal();
         };
-        s.feeding = auth;
         open_pending(&handle, &mut s, stream.clone());
         s.telemetry.request_started(&init.id);
         if let Err(e) = s.machine.handle_peer_message(Message::Request(init), now()) {
@@ -968,7 +962,7 @@ async fn initialize(
             );
         }
         s.inline = InlineSlot::Open(watch.clone());
-        route(gw, &handle, &mut s);
+        perform(gw, &handle, &mut s, auth.as_ref());
         Detachable::take(&mut s)
     };
     let outcome = wait_pending(&handle, &stream, INIT_WAIT, &mut inline, &watch).await;
@@ -1173,17 +1167,15 @@ fn feed_request(
         st.trace = trace;
     }
     s.telemetry.request_started(&id);
-    s.feeding = auth;
     if let Err(e) = s.machine.handle_peer_message(Message::Request(r), now()) {
-        s.feeding = None;
         forget_stream(&mut s, stream);
         // Nothing changed but the observation of the refusal (an overload counts).
-        route(gw, handle, &mut s);
+        perform(gw, handle, &mut s, None);
         info!(session = %handle.tag, error = %e, "request refused");
         return Err(Box::new(refusal(Some(id), &e)));
     }
     s.inline = InlineSlot::Open(watch.clone());
-    route(gw, handle, &mut s);
+    perform(gw, handle, &mut s, auth.as_ref());
     rearm(handle, &s);
     Ok(Detachable::take(&mut s))
 }
@@ -1205,22 +1197,18 @@ fn batch(
     }
     // A batch's upstream calls carry its token; a 401/403 for one of them reaches the
     // peer as that element's error in the batch's response (one HTTP answer for many).
-    s.feeding = auth;
     // The stream id of the batch is known only after feeding; buffer by peeking the
     // next batch id is not possible, so feed and then adopt whatever the batch emitted.
     let outcome = s.machine.handle_peer_batch(items, now());
     let outcome = match outcome {
         Ok(o) => o,
-        Err(e) => {
-            s.feeding = None;
-            return refusal(None, &e);
-        }
+        Err(e) => return refusal(None, &e),
     };
     for refused in &outcome.refused {
         warn!(session = %handle.tag, error = %refused, "batch element refused");
     }
     let Some(batch) = outcome.batch else {
-        route(gw, handle, &mut s);
+        perform(gw, handle, &mut s, auth.as_ref());
         return accepted();
     };
     let stream = PeerStream::Batch(batch);
@@ -1228,7 +1216,7 @@ fn batch(
     if let Some(st) = s.streams.get_mut(&stream) {
         st.trace = trace;
     }
-    route(gw, handle, &mut s);
+    perform(gw, handle, &mut s, auth.as_ref());
     rearm(handle, &s);
     respond_on(handle, &mut s, &stream)
 }
@@ -1303,7 +1291,7 @@ async fn get(
             }
             s.standalone_auth = None;
             let _ = s.machine.handle_standalone_closed();
-            route(gw, handle, &mut s);
+            perform(gw, handle, &mut s, None);
         }
         return denial.response();
     }
@@ -1385,7 +1373,7 @@ fn open_get(
         s.standalone_auth = auth;
         s.inline = InlineSlot::Open(watch.clone());
         let _ = s.machine.handle_standalone_opened();
-        route(gw, handle, s);
+        perform(gw, handle, s, None);
         body
     };
     crate::body::sse_response(body)
@@ -1426,7 +1414,7 @@ fn watch_standalone(gw: Gateway, handle: Arc<SessionHandle>, watch: MeteredSende
             }
             debug!("standalone stream closed by the peer");
             let _ = s.machine.handle_standalone_closed();
-            route(&gw, &handle, &mut s);
+            perform(&gw, &handle, &mut s, None);
             rearm(&handle, &s);
         }
         .instrument(span),
@@ -1434,9 +1422,14 @@ fn watch_standalone(gw: Gateway, handle: Arc<SessionHandle>, watch: MeteredSende
 }
 
 /// Carries out everything the machine asked for. Called with the session lock held;
-/// never awaits.
-fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
-    let feeding = s.feeding.take();
+/// never awaits. `feeding` is the `Authorization` of the host request whose message
+/// was just fed, if one was: the upstream calls it causes carry it.
+fn perform(
+    gw: &Gateway,
+    handle: &Arc<SessionHandle>,
+    s: &mut Shared,
+    feeding: Option<&HeaderValue>,
+) {
     while let Some(event) = s.machine.poll_event() {
         match event {
             Event::ToPeer { stream, message } => {
@@ -1468,7 +1461,7 @@ fn route(gw: &Gateway, handle: &Arc<SessionHandle>, s: &mut Shared) {
                     ?role,
                     trace_id = trace.as_ref().map_or("", |t| t.trace_id()),
                 );
-                let auth = upstream_credentials(s, &role, feeding.as_ref());
+                let auth = upstream_credentials(s, &role, feeding);
                 let watch = match &s.inline {
                     InlineSlot::Open(w) => Some(w.clone()),
                     _ => None,
@@ -1692,7 +1685,7 @@ async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, attempt: Attempt
                 {
                     debug!(session = %handle.tag, error = %e, "upstream message refused");
                 }
-                route(&gw, &handle, &mut s);
+                perform(&gw, &handle, &mut s, None);
                 rearm(&handle, &s);
             }
         }
@@ -1719,7 +1712,7 @@ async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, attempt: Attempt
                     info!(session = %handle.tag, rpc.id = %id, status = denial.status.as_u16(), %credential, "upstream refused the credentials; no host request waits for it");
                     let _ = s.machine.handle_upstream_lost(&id, now());
                 }
-                route(&gw, &handle, &mut s);
+                perform(&gw, &handle, &mut s, None);
             }
             Err(e) => {
                 gw.telemetry.upstream_error(&e);
@@ -1731,7 +1724,7 @@ async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, attempt: Attempt
                     }
                     None => s.machine.handle_upstream_lost(&id, now()),
                 };
-                route(&gw, &handle, &mut s);
+                perform(&gw, &handle, &mut s, None);
             }
         }
         rearm(&handle, &s);
@@ -1844,7 +1837,7 @@ async fn timer_loop(gw: Gateway, handle: Arc<SessionHandle>) {
         };
         if machine_at.is_some_and(|m| m <= tokio::time::Instant::now()) {
             s.machine.handle_timeout(now());
-            route(&gw, &handle, &mut s);
+            perform(&gw, &handle, &mut s, None);
         }
         if tokio::time::Instant::now() >= next_keepalive {
             next_keepalive = tokio::time::Instant::now() + keepalive;
@@ -1866,7 +1859,7 @@ async fn timer_loop(gw: Gateway, handle: Arc<SessionHandle>) {
             if lost_standalone {
                 s.standalone_auth = None;
                 let _ = s.machine.handle_standalone_closed();
-                route(&gw, &handle, &mut s);
+                perform(&gw, &handle, &mut s, None);
             }
         }
     }
