@@ -39,9 +39,9 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::Notify;
 use tracing::{debug, info, warn, Instrument};
 
@@ -58,13 +58,9 @@ pub(super) const INIT_WAIT: Duration = Duration::from_secs(30);
 /// HTTP, so no SSE stream is opened before the upstream's response head.
 pub(super) const HEAD_WAIT: Duration = Duration::from_secs(30);
 
-fn epoch() -> Instant {
-    static START: OnceLock<Instant> = OnceLock::new();
-    *START.get_or_init(Instant::now)
-}
-
+/// The machine's clock: the process's monotonic milliseconds ([`crate::clock`]).
 pub(super) fn now() -> Timestamp {
-    Timestamp::from_millis(u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX))
+    Timestamp::from_millis(crate::clock::now_ms())
 }
 
 /// Who a session counts against for `max_sessions_per_caller`: its binding, and for a
@@ -1742,29 +1738,29 @@ const PENDING_MAX: usize = 64;
 /// the replay ring for `Last-Event-ID`. Streams with no connection (the host went
 /// away, or has not opened its GET) keep events for resumption, bounded by the ring.
 async fn room(gw: &Gateway, handle: &SessionHandle, role: &UpstreamRole) {
-    let stream = match role {
-        UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
-            let Ok(s) = handle.shared.lock() else { return };
-            match s.machine.request_stream(legacy) {
-                Some(stream) => stream.clone(),
-                None => return,
-            }
-        }
-        UpstreamRole::Listen => PeerStream::Standalone,
-        _ => return,
-    };
     let deadline = tokio::time::Instant::now() + HEAD_WAIT;
-    let tx = loop {
-        let (tx, gathering) = {
+    let (stream, tx) = loop {
+        // One look under the lock: the stream the message goes to, and its connection.
+        let (stream, tx, gathering) = {
             let Ok(s) = handle.shared.lock() else { return };
+            let stream = match role {
+                UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
+                    match s.machine.request_stream(legacy) {
+                        Some(stream) => stream.clone(),
+                        None => return,
+                    }
+                }
+                UpstreamRole::Listen => PeerStream::Standalone,
+                _ => return,
+            };
             let Some(st) = s.streams.get(&stream) else {
                 return;
             };
             let gathering = st.pending.as_ref().is_some_and(|p| p.len() >= PENDING_MAX);
-            (st.tx.clone(), gathering)
+            (stream, st.tx.clone(), gathering)
         };
         match tx {
-            Some(tx) => break tx,
+            Some(tx) => break (stream, tx),
             // The POST handler is about to attach its connection: let it.
             None if gathering && tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(1)).await;

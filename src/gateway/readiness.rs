@@ -27,16 +27,9 @@ use serde_json::{json, Value};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-fn epoch() -> Instant {
-    static START: OnceLock<Instant> = OnceLock::new();
-    *START.get_or_init(Instant::now)
-}
-
-fn now_ms() -> u64 {
-    u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX)
-}
+use crate::clock::now_ms;
 
 /// One route's probe results.
 #[derive(Debug)]
@@ -85,7 +78,7 @@ pub struct Verdict {
 impl Readiness {
     /// Readiness for these routes, none probed yet.
     pub fn new(routes: Vec<Arc<str>>) -> Self {
-        let _ = epoch();
+        let _ = now_ms();
         Self {
             routes: routes
                 .into_iter()
