@@ -117,7 +117,16 @@ impl BindingKey {
 /// `iss` and `sub` of a bearer token that is a JWS compact serialization. Not
 /// verified: it is only a key; the upstream verifies every call that uses the token.
 fn jwt_subject(auth: &HeaderValue) -> Option<(String, String)> {
-    let token = crate::bearer::token(auth)?;
+    let claims = unverified_claims(crate::bearer::token(auth)?)?;
+    let iss = claims.get("iss")?.as_str()?;
+    let sub = claims.get("sub")?.as_str()?;
+    Some((iss.to_owned(), sub.to_owned()))
+}
+
+/// The claims of a JWS compact serialization, decoded but **not verified**: only ever
+/// a key (the session binding) or a bound on a cache lifetime, never a reason to trust
+/// the token. `None` for anything else, or a payload over [`MAX_PAYLOAD`].
+pub(super) fn unverified_claims(token: &str) -> Option<Value> {
     let mut parts = token.split('.');
     let (_, payload, _, None) = (parts.next()?, parts.next()?, parts.next()?, parts.next()) else {
         return None;
@@ -126,10 +135,7 @@ fn jwt_subject(auth: &HeaderValue) -> Option<(String, String)> {
         return None;
     }
     let bytes = URL_SAFE_NO_PAD.decode(payload).ok()?;
-    let claims: Value = serde_json::from_slice(&bytes).ok()?;
-    let iss = claims.get("iss")?.as_str()?;
-    let sub = claims.get("sub")?.as_str()?;
-    Some((iss.to_owned(), sub.to_owned()))
+    serde_json::from_slice(&bytes).ok()
 }
 
 /// A request's `Authorization`, marked sensitive: `Debug` prints no token (the session

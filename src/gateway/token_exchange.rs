@@ -33,7 +33,7 @@
 //! form-encoded first).
 
 use crate::config::{resolve_secret, ConfigError, TokenExchangeSection};
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -60,8 +60,6 @@ const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 const DEFAULT_MAX_CACHED: usize = 1024;
 /// Most of a token lifetime taken off before the cache forgets it.
 const MAX_MARGIN: Duration = Duration::from_secs(5);
-/// Longest JWT payload read for its `exp`.
-const MAX_PAYLOAD: usize = 8 * 1024;
 
 type ExchangeClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
@@ -439,12 +437,9 @@ fn cache_key(subject: &str) -> [u8; 32] {
 /// How long a JWT subject token has left by its `exp` (not verified: only to keep the
 /// cache from outliving it). `None` for an opaque token or one without `exp`.
 fn subject_expiry(subject: &str) -> Option<Duration> {
-    let payload = subject.split('.').nth(1)?;
-    if payload.len() > MAX_PAYLOAD {
-        return None;
-    }
-    let claims: Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload).ok()?).ok()?;
-    let exp = claims.get("exp")?.as_u64()?;
+    let exp = super::auth::unverified_claims(subject)?
+        .get("exp")?
+        .as_u64()?;
     let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_secs();
     Some(Duration::from_secs(exp.saturating_sub(now)))
 }
@@ -452,6 +447,7 @@ fn subject_expiry(subject: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
     fn section() -> TokenExchangeSection {
         TokenExchangeSection {
