@@ -205,14 +205,14 @@ fn status_for(m: &Message) -> StatusCode {
     }
 }
 
-pub(super) fn unavailable() -> Response<GatewayBody> {
+fn unavailable() -> Response<GatewayBody> {
     bad_gateway(Bytes::from_static(
         br#"{"jsonrpc":"2.0","error":{"code":-32603,"message":"Upstream unavailable"}}"#,
     ))
 }
 
 /// 502 naming why the upstream could not be reached (`data.reason`), when it is known.
-pub(super) fn upstream_failed(e: &UpstreamError) -> Response<GatewayBody> {
+fn upstream_failed(e: &UpstreamError) -> Response<GatewayBody> {
     let Some((reason, message)) = e.refusal() else {
         return unavailable();
     };
@@ -248,24 +248,17 @@ async fn forward_http(
     if declared.is_some_and(|n| n > limit) {
         return status_only(StatusCode::PAYLOAD_TOO_LARGE);
     }
-    // Cacheable methods (known from `Mcp-Method` alone) go through the cache (which
-    // adds the forwarded headers only to what it sends upstream); every other request
-    // stays unparsed.
-    if let Some(method) = gateway.cache.cacheable(req.headers()) {
-        return cache::passthrough::forward(gateway, connection, req, method, forwarded).await;
-    }
     let (mut parts, body) = req.into_parts();
     forwarded.apply(&mut parts.headers);
-    let req = Request::from_parts(parts, body);
-    let tool_call = cache::passthrough::ToolCall::watch(&gateway.cache, req.headers());
-    let (parts, body) = req.into_parts();
-    if parts
+    // Cacheable methods (known from `Mcp-Method` alone) are looked up in the cache, and
+    // a `server/discover` (a modern client's first request) names the client for the
+    // report: both are small and read whole. Every other request stays unparsed.
+    let cacheable = gateway.cache.cacheable(&parts.headers);
+    let discover = parts
         .headers
         .get("mcp-method")
-        .is_some_and(|m| m == "server/discover")
-    {
-        // A modern client's first request, small: read to learn who the client is
-        // (with the cache on, the cache reads it).
+        .is_some_and(|m| m == "server/discover");
+    if cacheable.is_some() || discover {
         let bytes = match read_body(body, limit).await {
             Ok(b) => b,
             Err(too_large) => return too_large,
@@ -273,11 +266,33 @@ async fn forward_http(
         gateway
             .telemetry
             .identify(connection, revision_of(&parts.headers), &bytes);
-        return match send(gateway, parts, full(bytes)).await {
+        let keep = match cacheable {
+            Some(method) => {
+                match cache::passthrough::lookup(
+                    &gateway.cache,
+                    &parts.headers,
+                    &bytes,
+                    method,
+                    limit,
+                )
+                .await
+                {
+                    cache::passthrough::Lookup::Hit(resp) => return resp,
+                    cache::passthrough::Lookup::Miss(keep) => keep,
+                }
+            }
+            None => None,
+        };
+        let resp = match send(gateway, parts, full(bytes)).await {
             Ok(resp) => downstream(resp),
             Err(e) => upstream_failed(&e),
         };
+        return match keep {
+            Some(keep) => keep.fetched(resp),
+            None => resp,
+        };
     }
+    let tool_call = cache::passthrough::ToolCall::watch(&gateway.cache, &parts.headers);
     let body: GatewayBody = Limited::new(body, limit)
         .map_err(|e| -> BoxError { e })
         .boxed();
@@ -295,7 +310,7 @@ async fn forward_http(
 /// sent, and the request (its body, unread, taken back) goes to the next instance. A
 /// request that gets no response is counted as an upstream error (of its kind: `tls`
 /// names a refused certificate, else `unreachable`) and logged.
-pub(super) async fn send(
+async fn send(
     gateway: &Gateway,
     mut parts: http::request::Parts,
     body: GatewayBody,
@@ -411,7 +426,7 @@ impl Drop for Reclaim {
 
 /// The upstream's response as the caller gets it: hop-by-hop headers stripped, the
 /// body streamed.
-pub(super) fn downstream(resp: Response<Incoming>) -> Response<GatewayBody> {
+fn downstream(resp: Response<Incoming>) -> Response<GatewayBody> {
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.version = http::Version::HTTP_11;
@@ -419,7 +434,7 @@ pub(super) fn downstream(resp: Response<Incoming>) -> Response<GatewayBody> {
 }
 
 /// A request body read whole, or the 413 for one over `limit` bytes.
-pub(super) async fn read_body(
+async fn read_body(
     body: RequestBody,
     limit: usize,
 ) -> Result<Bytes, Response<GatewayBody>> {
@@ -430,7 +445,7 @@ pub(super) async fn read_body(
         .map_err(|_| status_only(StatusCode::PAYLOAD_TOO_LARGE))
 }
 
-pub(super) fn status_only(status: StatusCode) -> Response<GatewayBody> {
+fn status_only(status: StatusCode) -> Response<GatewayBody> {
     let mut r = Response::new(super::body::empty());
     *r.status_mut() = status;
     r

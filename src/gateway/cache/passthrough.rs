@@ -1,8 +1,10 @@
-//! The cache on the modern pass-through path. Only requests whose `Mcp-Method` names a
-//! cacheable operation come here (the small body is read to build the key); a hit is
-//! the cached response with the caller's JSON-RPC id spliced in — the result bytes are
-//! the upstream's own, never re-serialized — and a miss is forwarded as usual while
-//! its response streams to the caller and is kept on the way if it may be cached.
+//! The cache on the modern pass-through path, as a layer the pass-through handler
+//! drives: it never sends anything itself. Only requests whose `Mcp-Method` names a
+//! cacheable operation are looked up (the handler reads the small body, the key is
+//! built from it); a hit is the cached response with the caller's JSON-RPC id spliced
+//! in — the result bytes are the upstream's own, never re-serialized — and a miss is
+//! forwarded by the handler as usual, its response handed back here to be kept on the
+//! way to the caller if it may be cached.
 //!
 //! The one other request this module looks at is a `tools/call` answered with HTTP
 //! 400/404 (how a JSON-RPC error reaches a modern client): only then is the small
@@ -11,18 +13,13 @@
 use super::key::{self, Cacheable, Caller};
 use super::{Begin, Fetch, ResponseCache};
 use crate::body::{full, BoxError, GatewayBody};
-use crate::gateway::forwarded::Forwarded;
-use crate::gateway::passthrough::{downstream, read_body, send, unavailable, upstream_failed};
-use crate::gateway::telemetry::ConnectionTelemetry;
-use crate::gateway::upstream::{encode_header_value, UpstreamError};
-use crate::gateway::Gateway;
-use crate::inbound::RequestBody;
+use crate::gateway::upstream::encode_header_value;
 use crate::sse;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{Request, Response, StatusCode};
+use http::{Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -30,49 +27,54 @@ use std::task::{Context, Poll};
 /// Largest error body read after a failed `tools/call`.
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
-/// Serves a cacheable pass-through request from the cache, or forwards it.
-pub(in crate::gateway) async fn forward(
-    gw: &Gateway,
-    connection: &ConnectionTelemetry,
-    req: Request<RequestBody>,
+/// What the cache makes of a cacheable pass-through request whose body is in hand.
+pub(in crate::gateway) enum Lookup {
+    /// Answered from the cache: send this, not the request.
+    Hit(Response<GatewayBody>),
+    /// Send the request; when it is `Some`, hand the upstream's response to [`Keep`].
+    Miss(Option<Keep>),
+}
+
+/// Looks a cacheable pass-through request up (its `method` known from `Mcp-Method`,
+/// its `body` read whole by the caller, at most `limit` bytes). A request that is not
+/// provably the one an entry answers is a miss the cache does not keep: the upstream
+/// has its say.
+pub(in crate::gateway) async fn lookup(
+    cache: &Arc<ResponseCache>,
+    headers: &HeaderMap,
+    body: &Bytes,
     method: Cacheable,
-    forwarded: &Forwarded,
-) -> Response<GatewayBody> {
-    let limit = gw.config.max_body_bytes;
-    let (mut parts, body) = req.into_parts();
-    let bytes = match read_body(body, limit).await {
-        Ok(b) => b,
-        Err(too_large) => return too_large,
-    };
-    // The body is in hand: its clientInfo names the client for the migration report.
-    let revision = parts
-        .headers
+    limit: usize,
+) -> Lookup {
+    let parsed = headers
         .get("mcp-protocol-version")
         .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    gw.telemetry().identify(connection, revision, &bytes);
-    let cache = &gw.cache;
-    let parsed = parts
-        .headers
-        .get("mcp-protocol-version")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|version| key::parse_request(&bytes, cache.route(), method, version))
-        .filter(|p| servable(&parts.headers, p));
+        .and_then(|version| key::parse_request(body, cache.route(), method, version))
+        .filter(|p| servable(headers, p));
     let Some(parsed) = parsed else {
-        // Not provably the request an entry answers: the upstream has its say.
-        forwarded.apply(&mut parts.headers);
-        return relay(send(gw, parts, full(bytes)).await);
+        return Lookup::Miss(None);
     };
-    let caller = Caller::from_authorization(parts.headers.get(header::AUTHORIZATION));
-    let id = bytes.slice(parsed.id.clone());
+    let caller = Caller::from_authorization(headers.get(header::AUTHORIZATION));
+    let id = body.slice(parsed.id.clone());
     match cache.begin(parsed.key, caller, true).await {
-        Begin::Hit(entry) => answer(entry.with_id(&id)),
-        Begin::Fetch(fetch) => {
-            forwarded.apply(&mut parts.headers);
-            let sent = send(gw, parts, full(bytes)).await;
-            fetched(cache, sent, fetch, &id, limit)
-        }
+        Begin::Hit(entry) => Lookup::Hit(answer(entry.with_id(&id))),
+        Begin::Fetch(fetch) => Lookup::Miss(Some(Keep {
+            cache: cache.clone(),
+            fetch,
+            id,
+            limit,
+        })),
     }
+}
+
+/// A miss the cache waits on: the upstream's response, once the caller has it, goes
+/// through [`Keep::fetched`].
+pub(in crate::gateway) struct Keep {
+    cache: Arc<ResponseCache>,
+    fetch: Fetch,
+    /// The caller's JSON-RPC id, spliced into a stale entry served instead.
+    id: Bytes,
+    limit: usize,
 }
 
 /// Checks the headers the upstream would check against the body and the cache cannot
@@ -95,13 +97,6 @@ fn servable(headers: &HeaderMap, parsed: &key::ParsedRequest) -> bool {
     accept && name_ok
 }
 
-fn relay(sent: Result<Response<Incoming>, UpstreamError>) -> Response<GatewayBody> {
-    match sent {
-        Ok(resp) => downstream(resp),
-        Err(e) => upstream_failed(&e),
-    }
-}
-
 /// A cached response, as JSON.
 fn answer(body: Bytes) -> Response<GatewayBody> {
     let mut r = Response::new(full(body));
@@ -112,55 +107,51 @@ fn answer(body: Bytes) -> Response<GatewayBody> {
     r
 }
 
-/// The upstream answered a miss: serve a stale entry if it failed and one may be
-/// served, else relay it, keeping the response for the cache as it streams by.
-fn fetched(
-    cache: &Arc<ResponseCache>,
-    sent: Result<Response<Incoming>, UpstreamError>,
-    fetch: Fetch,
-    id: &[u8],
-    limit: usize,
-) -> Response<GatewayBody> {
-    let failed = match &sent {
-        Err(_) => true,
-        Ok(r) => r.status().is_server_error(),
-    };
-    if failed {
-        if let Some(stale) = &fetch.stale {
-            cache.served_stale();
-            tracing::info!("upstream failed; stale cache entry served");
-            return answer(stale.with_id(id));
-        }
-        return relay(sent);
-    }
-    let Ok(resp) = sent else {
-        return unavailable();
-    };
-    if resp.status() != StatusCode::OK {
-        return downstream(resp);
-    }
-    let is_sse = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
-    let (parts, body) = downstream(resp).into_parts();
-    let cache = cache.clone();
-    let captured = Capture::new(
-        body,
-        limit.min(usize::try_from(cache.max_item).unwrap_or(usize::MAX)),
-        Box::new(move |bytes: Bytes| {
-            let body = if is_sse {
-                only_response(&bytes, limit)
-            } else {
-                Some(bytes)
-            };
-            if let Some(body) = body {
-                cache.store(&fetch, body, true);
+impl Keep {
+    /// The upstream answered the miss (`resp`, or the gateway's own 5xx when it could
+    /// not be reached): a stale entry is served instead of a server error when one may
+    /// be, a 200 is relayed and kept for the cache as it streams by, anything else is
+    /// relayed untouched.
+    pub(in crate::gateway) fn fetched(self, resp: Response<GatewayBody>) -> Response<GatewayBody> {
+        let Self {
+            cache,
+            fetch,
+            id,
+            limit,
+        } = self;
+        if resp.status().is_server_error() {
+            if let Some(stale) = &fetch.stale {
+                cache.served_stale();
+                tracing::info!("upstream failed; stale cache entry served");
+                return answer(stale.with_id(&id));
             }
-        }),
-    );
-    Response::from_parts(parts, captured.boxed())
+            return resp;
+        }
+        if resp.status() != StatusCode::OK {
+            return resp;
+        }
+        let is_sse = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let (parts, body) = resp.into_parts();
+        let captured = Capture::new(
+            body,
+            limit.min(usize::try_from(cache.max_item).unwrap_or(usize::MAX)),
+            Box::new(move |bytes: Bytes| {
+                let body = if is_sse {
+                    only_response(&bytes, limit)
+                } else {
+                    Some(bytes)
+                };
+                if let Some(body) = body {
+                    cache.store(&fetch, body, true);
+                }
+            }),
+        );
+        Response::from_parts(parts, captured.boxed())
+    }
 }
 
 /// The data of an SSE body that carried exactly one message, the response; `None`
