@@ -1666,8 +1666,7 @@ async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, attempt: Attempt
         trace: trace.as_deref(),
     };
     let result = async {
-        let mut exchange =
-            cache::legacy::exchange(&gw, &role, &request, on_behalf, &params).await?;
+        let mut exchange = gw.exchange(&role, &request, on_behalf, &params).await?;
         if let Some(w) = &watch {
             w.accepted();
         }

@@ -272,6 +272,27 @@ impl Route {
     pub fn upstream(&self) -> &Arc<UpstreamPool> {
         &self.upstream
     }
+
+    /// One upstream exchange of a legacy session: the route's upstream stack, the
+    /// response cache's layer over the pool's failover over the transport. Every
+    /// legacy driver reaches the upstream through here.
+    pub(crate) async fn exchange(
+        &self,
+        role: &dualera_adapters::UpstreamRole,
+        request: &dualera_adapters::Message,
+        on_behalf: upstream::OnBehalf<'_>,
+        params: &[(String, String)],
+    ) -> Result<upstream::Exchange, upstream::UpstreamError> {
+        cache::legacy::exchange(
+            &self.cache,
+            &self.upstream,
+            role,
+            request,
+            on_behalf,
+            params,
+        )
+        .await
+    }
 }
 
 /// A route's shared sessions when `session_store` is Redis: every route's keys under

@@ -434,10 +434,7 @@ fn downstream(resp: Response<Incoming>) -> Response<GatewayBody> {
 }
 
 /// A request body read whole, or the 413 for one over `limit` bytes.
-async fn read_body(
-    body: RequestBody,
-    limit: usize,
-) -> Result<Bytes, Response<GatewayBody>> {
+async fn read_body(body: RequestBody, limit: usize) -> Result<Bytes, Response<GatewayBody>> {
     Limited::new(body, limit)
         .collect()
         .await

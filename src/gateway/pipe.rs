@@ -213,10 +213,7 @@ async fn perform(
                         // Each message waits for room in the session's queue: a host
                         // that reads slowly slows the read from the upstream.
                         let relayed = async {
-                            let mut exchange = super::cache::legacy::exchange(
-                                &gw, &role, &msg, on_behalf, &params,
-                            )
-                            .await?;
+                            let mut exchange = gw.exchange(&role, &msg, on_behalf, &params).await?;
                             while let Some(item) = exchange.next().await {
                                 let m = FromUpstream::Message(task_id.clone(), item?);
                                 if tx.send(m).await.is_err() {

@@ -12,8 +12,7 @@
 
 use super::key::{Cacheable, Caller, RequestKey};
 use super::{Begin, Fetch, ResponseCache};
-use crate::gateway::upstream::{Exchange, Item, OnBehalf, UpstreamError};
-use crate::gateway::Gateway;
+use crate::gateway::upstream::{Exchange, Item, OnBehalf, UpstreamError, UpstreamPool};
 use dualera_adapters::{ErrorCode, Message, ProtocolVersion, RequestId, Response, UpstreamRole};
 use http::header::HeaderValue;
 use serde_json::Value;
@@ -42,13 +41,13 @@ pub(in crate::gateway) fn discover_for_initialize(
 /// counts as accepted), with the cache's layer on it (store on complete, a stale entry
 /// when the upstream fails).
 pub(in crate::gateway) async fn exchange(
-    gw: &Gateway,
+    cache: &Arc<ResponseCache>,
+    upstream: &UpstreamPool,
     role: &UpstreamRole,
     request: &Message,
     on_behalf: OnBehalf<'_>,
     params: &[(String, String)],
 ) -> Result<Exchange, UpstreamError> {
-    let cache = &gw.cache;
     let r = match request {
         Message::Request(r) if cache.enabled() && !matches!(role, UpstreamRole::Listen) => Some(r),
         _ => None,
@@ -63,7 +62,7 @@ pub(in crate::gateway) async fn exchange(
         )
     });
     let (Some(r), Some(key)) = (r, key) else {
-        let exchange = gw.upstream.exchange(request, on_behalf, params).await?;
+        let exchange = upstream.exchange(request, on_behalf, params).await?;
         return Ok(match r.filter(|r| r.method == "tools/call") {
             Some(r) => watch_tool_call(cache, r, exchange),
             None => exchange,
@@ -89,7 +88,7 @@ pub(in crate::gateway) async fn exchange(
         id: r.id.clone(),
         notified: false,
     };
-    match gw.upstream.exchange(request, on_behalf, params).await {
+    match upstream.exchange(request, on_behalf, params).await {
         Ok(exchange) => Ok(exchange.map(move |item| layer.pass(item))),
         Err(e) => match layer.stale(&e) {
             Some(stale) => Ok(Exchange::answered(stale)),

@@ -20,7 +20,7 @@ use crate::gateway::auth::fingerprint;
 use crate::gateway::forwarded::Forwarded;
 use crate::gateway::trace::TraceContext;
 use crate::gateway::upstream::{OnBehalf, UpstreamError};
-use crate::gateway::{cache, Gateway};
+use crate::gateway::Gateway;
 use dualera_adapters::session::Denied;
 use dualera_adapters::{Message, PeerStream, RequestId, UpstreamRole};
 use futures_util::future::abortable;
@@ -63,18 +63,18 @@ impl SharedSessions {
         // Each message is fed (and stored) before the next is read from the upstream.
         let mut answered = false;
         let call = async {
-            let mut exchange = cache::legacy::exchange(
-                &gw,
-                &start.role,
-                &message,
-                OnBehalf {
-                    authorization: auth.as_ref(),
-                    forwarded: Some(&start.forwarded),
-                    trace: start.trace.as_deref(),
-                },
-                &start.headers,
-            )
-            .await?;
+            let mut exchange = gw
+                .exchange(
+                    &start.role,
+                    &message,
+                    OnBehalf {
+                        authorization: auth.as_ref(),
+                        forwarded: Some(&start.forwarded),
+                        trace: start.trace.as_deref(),
+                    },
+                    &start.headers,
+                )
+                .await?;
             if let Some(h) = &start.head {
                 h.accepted();
             }

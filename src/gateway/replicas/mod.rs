@@ -1029,18 +1029,18 @@ impl SharedSessions {
                     return Ok(None);
                 };
                 let id = request.id.clone();
-                let exchanged = cache::legacy::exchange(
-                    gw,
-                    &role,
-                    &Message::Request(request),
-                    OnBehalf {
-                        authorization: auth.as_ref(),
-                        forwarded: Some(&forwarded),
-                        trace: trace.as_deref(),
-                    },
-                    &[],
-                )
-                .await;
+                let exchanged = gw
+                    .exchange(
+                        &role,
+                        &Message::Request(request),
+                        OnBehalf {
+                            authorization: auth.as_ref(),
+                            forwarded: Some(&forwarded),
+                            trace: trace.as_deref(),
+                        },
+                        &[],
+                    )
+                    .await;
                 // The discover's answer, fed whole (its notifications, if any, first).
                 let (got, result) = match exchanged {
                     Ok(exchange) => exchange.collect().await,
