@@ -17,6 +17,10 @@
 //! - `passthrough`: `tools/list` and `tools/call notes_list`, concurrency 1/16/64, against
 //!   the modern server directly, through the gateway, and through `bare_proxy`. Variants
 //!   are interleaved (rotating order) for `--rounds` rounds of `--secs` each; medians.
+//! - `legacy-call`: gateway CPU per plain legacy `tools/call notes_list` (an initialized
+//!   2025-11-25 session per connection, answered with JSON) against the same call passed
+//!   through from a modern client, at concurrency 1 and 16, one gateway (cache off),
+//!   interleaved: what the session machine adds per request to the proxy path.
 //! - `cache`: the response cache. `tools/list`, `server/discover` and a mixed workload
 //!   (90 % `tools/call notes_list`, 10 % `tools/list`) at concurrency 1/16/64 against
 //!   the modern server directly, through `bare_proxy`, and through the gateway with its
@@ -92,8 +96,9 @@ const LEGACY: &str = "2025-11-25";
 const PV: &str = "io.modelcontextprotocol/protocolVersion";
 const CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
 const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
-const ALL_SCENARIOS: [&str; 9] = [
+const ALL_SCENARIOS: [&str; 10] = [
     "passthrough",
+    "legacy-call",
     "cache",
     "mrtr",
     "memory",
@@ -104,8 +109,9 @@ const ALL_SCENARIOS: [&str; 9] = [
     "h2",
 ];
 /// What runs without `--scenarios` (`h2` needs `--tls`).
-const DEFAULT_SCENARIOS: [&str; 8] = [
+const DEFAULT_SCENARIOS: [&str; 9] = [
     "passthrough",
+    "legacy-call",
     "cache",
     "mrtr",
     "memory",
@@ -156,7 +162,7 @@ struct Opts {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench [--scenarios passthrough,cache,mrtr,memory,pending,store,instances,replicas,h2] [--rounds N] [--secs S]\n\
+        "usage: bench [--scenarios passthrough,legacy-call,cache,mrtr,memory,pending,store,instances,replicas,h2] [--rounds N] [--secs S]\n\
          \x20            [--concurrency 1,16,64] [--sessions 1000,10000,100000]\n\
          \x20            [--pending N] [--pending-sessions N] [--replica-sessions N] [--replica-hosts N]\n\
          \x20            [--profile perf|callgrind|massif] [--no-build]\n\
@@ -928,16 +934,27 @@ async fn load_mix(
     warm: f64,
     secs: f64,
 ) -> Res<Sample> {
-    const MAX_PER_WORKER: usize = 400_000;
-    let mut conns = Vec::with_capacity(conc);
-    for _ in 0..conc {
-        conns.push(Conn::open(addr).await?);
+    let mut workers: Vec<Worker> = Vec::with_capacity(conc);
+    for w in 0..conc {
+        let specs = specs.clone();
+        // Offset per connection, so a mix is mixed at every instant.
+        let next = Box::new(move |sent: usize| specs[(sent + w) % specs.len()].clone());
+        workers.push((Conn::open(addr).await?, next));
     }
+    run_load(workers, warm, secs).await
+}
+
+/// One load connection and what it posts: its `n`th request (from 0).
+type Worker = (Conn, Box<dyn FnMut(usize) -> Arc<Spec> + Send>);
+
+/// Each worker posting back to back on its connection; after `warm`, counts what
+/// completes with HTTP 200 within `secs`.
+async fn run_load(workers: Vec<Worker>, warm: f64, secs: f64) -> Res<Sample> {
+    const MAX_PER_WORKER: usize = 400_000;
     let start = Instant::now() + Duration::from_secs_f64(warm);
     let end = start + Duration::from_secs_f64(secs);
     let mut tasks = tokio::task::JoinSet::new();
-    for (w, mut c) in conns.into_iter().enumerate() {
-        let specs = specs.clone();
+    for (mut c, mut next) in workers {
         tasks.spawn(async move {
             let mut lat: Vec<u64> = Vec::with_capacity(16_384);
             let mut errors = 0usize;
@@ -948,8 +965,7 @@ async fn load_mix(
                 if t0 >= end || sent >= MAX_PER_WORKER {
                     break;
                 }
-                // Offset per connection, so a mix is mixed at every instant.
-                let spec = &specs[(sent + w) % specs.len()];
+                let spec = next(sent);
                 sent += 1;
                 let ok = match c.post(&spec.headers, spec.body.clone()).await {
                     Ok(resp) => {
@@ -1206,6 +1222,116 @@ async fn passthrough(env: &Env, opts: &Opts, server: &Proc, report: &mut Report)
         md,
         json!({"rows": json_rows, "ratios": json_ratios, "cpu_per_request": json_cpu, "gateway_rss_bytes": rss}),
     );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Scenario 1a: a plain legacy call against the same call passed through.
+// ---------------------------------------------------------------------------------
+
+/// Gateway CPU per plain legacy `tools/call notes_list` (no elicitation; an initialized
+/// 2025-11-25 session per connection, each call a POST answered with JSON) against the
+/// same call from a modern client passed through, at concurrency 1 and 16, through one
+/// gateway with the cache off, interleaved round by round. What the session machine
+/// costs per request beyond the proxy path.
+async fn legacy_call(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
+    let gateway = env.gateway_with(server, "legacy-call", &env.nocache_config, "warn")?;
+    let _perf = PerfGuard::start(env, gateway.pid(), "legacy-call");
+    eprintln!("bench: legacy-call (load {})", load_avg());
+    let modern = passthrough_kinds(env)
+        .into_iter()
+        .find(|(k, _)| *k == "tools/call notes_list")
+        .map(|(_, spec)| spec)
+        .ok_or("no tools/call spec")?;
+    let args = json!({"name": "notes_list", "arguments": {"workspaceUri": env.notes_uri}});
+    // Correctness first: both paths give the same answer.
+    {
+        let mut c = Conn::open(gateway.addr).await?;
+        let (st, msgs) = c.exchange(&modern.headers, modern.body.clone()).await?;
+        let through = result_of(st, &msgs)?;
+        let mut l = LegacyClient::open(gateway.addr).await?;
+        let legacy = l.tool("notes_list", args["arguments"].clone()).await?;
+        if legacy.get("content") != through.get("content") {
+            return Err("legacy-call: the legacy and the modern answers differ".into());
+        }
+    }
+    const CONCS: [usize; 2] = [1, 16];
+    let mut rows = Vec::new();
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "### Plain legacy call vs pass-through ({} rounds × {} s per variant, interleaved)\n",
+        opts.rounds, opts.secs
+    );
+    let _ = writeln!(
+        md,
+        "| conc | legacy calls/s | pass-through req/s | gateway CPU per legacy call µs | gateway CPU per pass-through request µs | legacy / pass-through CPU |"
+    );
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|");
+    for conc in CONCS {
+        // [legacy, pass-through]: CPU seconds, requests answered, req/s per round.
+        let mut cpu = [(0.0f64, 0usize); 2];
+        let mut rates: [Vec<f64>; 2] = Default::default();
+        for round in 0..opts.rounds {
+            for k in 0..2 {
+                let v = (round + k) % 2;
+                let mut workers: Vec<Worker> = Vec::with_capacity(conc);
+                for _ in 0..conc {
+                    let mut c = Conn::open(gateway.addr).await?;
+                    let next: Box<dyn FnMut(usize) -> Arc<Spec> + Send> = if v == 0 {
+                        let headers = legacy_headers(&legacy_open(&mut c).await?);
+                        let args = args.clone();
+                        // Each call its own id: a session never reuses one.
+                        Box::new(move |n: usize| {
+                            Arc::new(Spec {
+                                headers: headers.clone(),
+                                body: rpc(n as u64 + 1, "tools/call", args.clone()),
+                            })
+                        })
+                    } else {
+                        let spec = modern.clone();
+                        Box::new(move |_| spec.clone())
+                    };
+                    workers.push((c, next));
+                }
+                let before = cpu_of(gateway.pid());
+                let s = run_load(workers, 0.2, opts.secs).await?;
+                cpu[v].0 += cpu_of(gateway.pid()) - before;
+                cpu[v].1 += s.total;
+                if s.errors > 0 {
+                    return Err(format!("legacy-call c={conc}: {} errors", s.errors).into());
+                }
+                rates[v].push(s.rps);
+            }
+        }
+        let per = |v: usize| cpu[v].0 * 1e6 / cpu[v].1.max(1) as f64;
+        let ratio = per(0) / per(1);
+        let _ = writeln!(
+            md,
+            "| {conc} | {} | {} | {} | {} | **{}** |",
+            fmt_f(median(&rates[0]), 0),
+            fmt_f(median(&rates[1]), 0),
+            fmt_f(per(0), 1),
+            fmt_f(per(1), 1),
+            fmt_f(ratio, 3)
+        );
+        eprintln!(
+            "  c={conc:<3} gateway CPU per legacy call {:.1} µs, per pass-through request {:.1} µs: {ratio:.3}",
+            per(0),
+            per(1)
+        );
+        rows.push(
+            json!({"concurrency": conc, "legacy_calls_per_s": median(&rates[0]),
+            "passthrough_per_s": median(&rates[1]), "gateway_cpu_us_per_legacy_call": per(0),
+            "gateway_cpu_us_per_passthrough": per(1), "legacy_over_passthrough_cpu": ratio}),
+        );
+        report.legacy_call.push((conc, ratio));
+    }
+    let _ = writeln!(
+        md,
+        "\nCPU is the gateway process's (from /proc/PID/stat) over the whole of each variant's rounds, the warm-up and the session opening included; the client runs on the same two cores."
+    );
+    report.add("legacy-call", md, json!({"rows": rows}));
     Ok(())
 }
 
@@ -2203,6 +2329,7 @@ async fn mrtr(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res
     let gw_cpu_us = gw_cpu.0 * 1e6 / gw_cpu.1.max(1) as f64;
     let bare_cpu_us = bare_cpu.0 * 1e6 / bare_cpu.1.max(1) as f64;
     let legacy_over_bare = median(&legacy_over_bare);
+    report.mrtr_one_hop = Some((legacy_over_bare, gw_cpu_us));
     let gw_sw = gw_switches as f64 / gw_cpu.1.max(1) as f64;
     let _ = writeln!(
         md,
@@ -3046,6 +3173,11 @@ struct Report {
     /// sessions.
     replicas: Option<(f64, f64, usize, usize, f64)>,
     bytes_per_session: Option<(usize, f64)>,
+    /// Gateway CPU per plain legacy call over per pass-through request, by concurrency.
+    legacy_call: Vec<(usize, f64)>,
+    /// Legacy flow over the modern flow through the bare proxy, and the gateway's CPU
+    /// per legacy flow (µs).
+    mrtr_one_hop: Option<(f64, f64)>,
     pending_ok: Option<bool>,
 }
 
@@ -3166,11 +3298,35 @@ impl Report {
                 Some(format!("{} (modern flow proxied)", fmt_f(bare, 3))),
             );
         }
+        if let Some((legacy_over_bare, cpu)) = self.mrtr_one_hop {
+            row(
+                "legacy MRTR flow ≥ 1.0× the modern flow through the bare proxy",
+                fmt_f(legacy_over_bare, 3),
+                Some(legacy_over_bare >= 1.0),
+                None,
+            );
+            row(
+                "gateway CPU per legacy MRTR flow ≤ 500 µs",
+                format!("{} µs", fmt_f(cpu, 0)),
+                Some(cpu <= 500.0),
+                None,
+            );
+        }
+        for (conc, ratio) in &self.legacy_call {
+            row(
+                &format!(
+                    "gateway CPU per plain legacy call ≤ 1.2× per pass-through request (c={conc})"
+                ),
+                fmt_f(*ratio, 3),
+                Some(*ratio <= 1.2),
+                None,
+            );
+        }
         if let Some((n, b)) = self.bytes_per_session {
             row(
-                &format!("≤ 8 KiB per idle legacy session (at {n})"),
+                &format!("≤ 4 KiB per idle legacy session (at {n})"),
                 format!("{} B", fmt_f(b, 0)),
-                Some(b <= 8192.0),
+                Some(b <= 4096.0),
                 None,
             );
         }
@@ -3387,6 +3543,7 @@ fn main() -> Res<()> {
         for s in &opts.scenarios {
             match s.as_str() {
                 "passthrough" => passthrough(&env, &opts, &server, &mut report).await?,
+                "legacy-call" => legacy_call(&env, &opts, &server, &mut report).await?,
                 "cache" => cache(&env, &opts, &server, &mut report).await?,
                 "mrtr" => mrtr(&env, &opts, &server, &mut report).await?,
                 "memory" => memory(&env, &opts, &server, &mut report).await?,
