@@ -211,3 +211,55 @@ mod tests {
         assert!(matches!(parse(b"{"), Err(JsonError::Syntax { .. })));
     }
 }
+
+/// A JSON value a long-lived object keeps as its compact text, parsed again where it is
+/// read.
+///
+/// A legacy session holds its peer's `clientInfo` and mapped capabilities for its
+/// whole life and reads them once per upstream request. As `Value` trees they cost a
+/// B-tree node per object (over 600 bytes each, most of an idle session); as text, a
+/// few dozen bytes, for a parse of a small object per read. Serialized (the shared
+/// store's snapshot, which is JSON), it is the value itself, unchanged on the wire.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct JsonText(Box<serde_json::value::RawValue>);
+
+impl JsonText {
+    /// The compact text of `value`.
+    pub fn new(value: &Value) -> Self {
+        // A `Value` always serializes (its map keys are strings): the fallback is never
+        // taken.
+        serde_json::value::to_raw_value(value)
+            .map_or_else(|_| Self(serde_json::value::RawValue::NULL.to_owned()), Self)
+    }
+
+    /// The value, parsed from the text (valid JSON: it was written from a `Value` or
+    /// read by serde_json).
+    pub fn value(&self) -> Value {
+        serde_json::from_str(self.0.get()).unwrap_or(Value::Null)
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl Default for JsonText {
+    /// An empty object.
+    fn default() -> Self {
+        Self::new(&Value::Object(Map::new()))
+    }
+}
+
+impl fmt::Debug for JsonText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq for JsonText {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}

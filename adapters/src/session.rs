@@ -7,6 +7,7 @@ use crate::capabilities::{self, InputCheck};
 use crate::downgrade;
 use crate::error::{failure_response, Failure, SessionError};
 use crate::event::{BatchId, Event, PeerStream, UpstreamRole};
+use crate::json::JsonText;
 use crate::jsonrpc::{
     EnvelopeError, ErrorCode, ErrorObject, Message, Notification, Request, RequestId, Response,
 };
@@ -456,10 +457,11 @@ pub struct Session {
     state: SessionState,
     #[serde(with = "snapshot::revision")]
     revision: Option<&'static Revision>,
-    client_info: Option<Value>,
+    /// Kept as compact text, like the capabilities: see [`JsonText`].
+    client_info: Option<JsonText>,
     /// What the peer declared in `initialize`, mapped to the modern form (the legacy
     /// form itself is not kept: nothing after `initialize` reads it).
-    client_capabilities: Value,
+    client_capabilities: JsonText,
     log_level: Option<String>,
     #[serde(skip)]
     discover: Option<Arc<Value>>,
@@ -517,7 +519,7 @@ impl Session {
             state: SessionState::AwaitingInitialize,
             revision: None,
             client_info: None,
-            client_capabilities: Value::Object(Map::new()),
+            client_capabilities: JsonText::default(),
             log_level: None,
             discover: None,
             init: None,
@@ -572,14 +574,14 @@ impl Session {
         self.revision
     }
 
-    /// The peer's `clientInfo`, as sent in `initialize`.
-    pub fn client_info(&self) -> Option<&Value> {
-        self.client_info.as_ref()
+    /// The peer's `clientInfo`, as sent in `initialize` (its implementation fields).
+    pub fn client_info(&self) -> Option<Value> {
+        self.client_info.as_ref().map(JsonText::value)
     }
 
     /// The modern `clientCapabilities` sent upstream, mapped from the peer's.
-    pub fn client_capabilities(&self) -> &Value {
-        &self.client_capabilities
+    pub fn client_capabilities(&self) -> Value {
+        self.client_capabilities.value()
     }
 
     /// The log level set with `logging/setLevel`, if any.
@@ -1423,13 +1425,17 @@ impl Session {
             .or_else(|| offered.first().copied())
             .unwrap_or(Revision::all()[0]);
         self.revision = Some(revision);
-        self.client_info = params.get("clientInfo").and_then(implementation);
+        self.client_info = params
+            .get("clientInfo")
+            .and_then(implementation)
+            .map(|info| JsonText::new(&info));
         let none = Value::Object(Map::new());
         let declared = params
             .get("capabilities")
             .filter(|v| v.is_object())
             .unwrap_or(&none);
-        self.client_capabilities = capabilities::client_to_modern(revision, declared);
+        self.client_capabilities =
+            JsonText::new(&capabilities::client_to_modern(revision, declared));
         self.state = SessionState::Initializing;
         self.init = Some(PendingInit {
             id: request.id,
@@ -1855,12 +1861,9 @@ impl Session {
             return self.fail_call(legacy, call, Failure::TooManyLive { limit }, "");
         }
         let mut missing = Vec::new();
+        let declared = self.client_capabilities.value();
         for (key, request) in &parsed.requests {
-            match capabilities::check_input_request(
-                &self.client_capabilities,
-                &request.method,
-                &request.params,
-            ) {
+            match capabilities::check_input_request(&declared, &request.method, &request.params) {
                 InputCheck::Covered => {}
                 InputCheck::Missing(capability) => missing.push(capabilities::MissingCapability {
                     input_key: key.clone(),
@@ -2173,10 +2176,10 @@ impl Session {
         );
         meta.insert(
             META_CLIENT_CAPABILITIES.into(),
-            self.client_capabilities.clone(),
+            self.client_capabilities.value(),
         );
         if let Some(info) = &self.client_info {
-            meta.insert(META_CLIENT_INFO.into(), info.clone());
+            meta.insert(META_CLIENT_INFO.into(), info.value());
         }
         if with_log_level {
             if let Some(level) = &self.log_level {

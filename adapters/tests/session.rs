@@ -694,7 +694,7 @@ fn client_info_is_forwarded_only_in_the_implementation_shape() {
         )
         .unwrap();
         drain(&mut s);
-        assert_eq!(s.client_info(), kept.as_ref());
+        assert_eq!(s.client_info(), kept);
         s.handle_peer_message(request(1, "tools/list", json!({})), T0)
             .unwrap();
         let up = upstream(&drain(&mut s));

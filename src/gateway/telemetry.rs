@@ -107,7 +107,12 @@ impl Telemetry {
         let mut t = self.session(wire);
         t.shared = true;
         if let Some(revision) = machine.revision() {
-            let key = HostKey::legacy(&self.route, machine.client_info(), revision.version, wire);
+            let key = HostKey::legacy(
+                &self.route,
+                machine.client_info().as_ref(),
+                revision.version,
+                wire,
+            );
             t.host = Some(self.report.host(key));
         }
         t
@@ -321,7 +326,12 @@ impl SessionTelemetry {
         match observation {
             Observation::SessionReady => {
                 let revision = machine.revision().map_or("", |r| r.version);
-                let key = HostKey::legacy(&t.route, machine.client_info(), revision, self.wire);
+                let key = HostKey::legacy(
+                    &t.route,
+                    machine.client_info().as_ref(),
+                    revision,
+                    self.wire,
+                );
                 let host = t.report.host(key);
                 host.session();
                 if self.opened.is_none() && !self.shared {
