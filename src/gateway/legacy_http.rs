@@ -746,7 +746,6 @@ async fn message(
         s.inline = InlineSlot::Open(watch.clone());
         let r = s.machine.handle_peer_message(other, now());
         perform(gw, handle, &mut s, auth.as_ref());
-        rearm(handle, &s);
         (r, Detachable::take(&mut s))
     };
     // An answer that completes a round starts the upstream retry on behalf of
@@ -1002,11 +1001,6 @@ async fn initialize(
     // must not make the new session look idle before the peer could use it.
     handle.touch();
     gw.legacy.insert(handle.clone());
-    let timer = tokio::spawn(
-        timer_loop(gw.clone(), handle.clone())
-            .instrument(tracing::info_span!("session", session = %tag)),
-    );
-    drop(timer);
     info!(session = %tag, sessions = gw.legacy.len(), "legacy session opened");
     with_session_header(r, &id)
 }
@@ -1134,7 +1128,7 @@ async fn request(
         forget_stream(&mut s, &stream);
         return denial.response();
     }
-    respond_on(handle, &mut s, &stream)
+    respond_on(gw, handle, &mut s, &stream)
 }
 
 /// Feeds a request to the machine; returns the first upstream exchange it started,
@@ -1172,7 +1166,6 @@ fn feed_request(
     }
     s.inline = InlineSlot::Open(watch.clone());
     perform(gw, handle, &mut s, auth.as_ref());
-    rearm(handle, &s);
     Ok(Detachable::take(&mut s))
 }
 
@@ -1213,14 +1206,14 @@ fn batch(
         st.trace = trace;
     }
     perform(gw, handle, &mut s, auth.as_ref());
-    rearm(handle, &s);
-    respond_on(handle, &mut s, &stream)
+    respond_on(gw, handle, &mut s, &stream)
 }
 
 /// After feeding a request: JSON when it was answered at once, else an SSE stream
 /// carrying what was produced so far and everything that follows.
 fn respond_on(
-    handle: &SessionHandle,
+    gw: &Gateway,
+    handle: &Arc<SessionHandle>,
     s: &mut Shared,
     stream: &PeerStream,
 ) -> Response<GatewayBody> {
@@ -1245,10 +1238,12 @@ fn respond_on(
         .chain(st.ring.iter().cloned())
         .collect();
     let (tx, body) = ChannelBody::metered(backlog, STREAM_QUEUE, handle.max_buffered);
+    let number = st.number;
     if !st.finished {
         st.tx = Some(tx);
+        rearm(gw, handle, s);
     }
-    debug!(session = %handle.tag, stream = st.number, "SSE stream opened");
+    debug!(session = %handle.tag, stream = number, "SSE stream opened");
     crate::body::sse_response(body)
 }
 
@@ -1334,6 +1329,7 @@ fn open_get(
         let (tx, body) = ChannelBody::metered(backlog, STREAM_QUEUE, handle.max_buffered);
         if !st.finished {
             st.tx = Some(tx);
+            rearm(gw, handle, s);
         }
         s.telemetry.feature(Feature::Resumption);
         debug!(session = %handle.tag, stream = number, after, "stream resumed");
@@ -1411,7 +1407,6 @@ fn watch_standalone(gw: Gateway, handle: Arc<SessionHandle>, watch: MeteredSende
             debug!("standalone stream closed by the peer");
             let _ = s.machine.handle_standalone_closed();
             perform(&gw, &handle, &mut s, None);
-            rearm(&handle, &s);
         }
         .instrument(span),
     );
@@ -1508,6 +1503,7 @@ fn perform(
         let machine = &s.machine;
         s.call_auth.retain(|id, _| machine.has_call(id));
     }
+    rearm(gw, handle, s);
 }
 
 /// The `Authorization` an upstream call carries: the host request's that caused it
@@ -1681,7 +1677,6 @@ async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, attempt: Attempt
                     debug!(session = %handle.tag, error = %e, "upstream message refused");
                 }
                 perform(&gw, &handle, &mut s, None);
-                rearm(&handle, &s);
             }
         }
         Ok(())
@@ -1722,7 +1717,6 @@ async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, attempt: Attempt
                 perform(&gw, &handle, &mut s, None);
             }
         }
-        rearm(&handle, &s);
     }
 }
 
@@ -1782,16 +1776,41 @@ async fn room(gw: &Gateway, handle: &SessionHandle, role: &UpstreamRole) {
     }
 }
 
-/// Wakes the timer task only if the machine now needs it before it would wake anyway
-/// (or the session closed). Called with the session lock held, after feeding the
-/// machine: waking it after every message costs a task switch per message.
-fn rearm(handle: &SessionHandle, s: &Shared) {
+/// Keeps the session's timer task in step with what it has to time. Called with the
+/// session lock held, after feeding the machine and when a stream gets a connection.
+///
+/// An idle session (no machine deadline, no connected stream) has no timer task at
+/// all: at 100k idle sessions a task each is memory and wake-ups for nothing. The
+/// task is spawned when there is something to time, and ends itself when there is
+/// nothing left; both decisions are taken under the session lock, through
+/// `timer_at` (0: no task). A running task is woken only if the machine now needs it
+/// before it would wake anyway (or the session closed): waking it after every message
+/// costs a task switch per message.
+fn rearm(gw: &Gateway, handle: &Arc<SessionHandle>, s: &Shared) {
+    let at = handle.timer_at.load(Ordering::Relaxed);
+    if at == 0 {
+        if s.machine.state() != SessionState::Closed && needs_timer(s) {
+            // A time already past: nothing waits for this task to wake before it
+            // publishes its own.
+            handle.timer_at.store(1, Ordering::Relaxed);
+            let timer = tokio::spawn(
+                timer_loop(gw.clone(), handle.clone())
+                    .instrument(tracing::info_span!("session", session = %handle.tag)),
+            );
+            drop(timer);
+        }
+        return;
+    }
     let due = s.machine.poll_timeout().map(Timestamp::as_millis);
-    if due.is_some_and(|t| t < handle.timer_at.load(Ordering::Relaxed))
-        || s.machine.state() == SessionState::Closed
-    {
+    if due.is_some_and(|t| t < at) || s.machine.state() == SessionState::Closed {
         handle.wake.notify_one();
     }
+}
+
+/// Whether the session has anything to time: a machine deadline, or a stream with a
+/// connection (its keepalives).
+fn needs_timer(s: &Shared) -> bool {
+    s.machine.poll_timeout().is_some() || s.streams.values().any(|st| st.tx.is_some())
 }
 
 /// Per-session timers: the machine's deadlines and SSE keepalives.
@@ -1803,7 +1822,10 @@ async fn timer_loop(gw: Gateway, handle: Arc<SessionHandle>) {
             let Ok(s) = handle.shared.lock() else {
                 return;
             };
-            if s.machine.state() == SessionState::Closed {
+            if s.machine.state() == SessionState::Closed || !needs_timer(&s) {
+                // Nothing left to time: the next `rearm` that finds something spawns
+                // a task again.
+                handle.timer_at.store(0, Ordering::Relaxed);
                 return;
             }
             let machine_at = s.machine.poll_timeout().map(|t| {
@@ -1815,10 +1837,12 @@ async fn timer_loop(gw: Gateway, handle: Arc<SessionHandle>) {
             let in_ms = at
                 .saturating_duration_since(tokio::time::Instant::now())
                 .as_millis();
+            // Never 0, which says there is no task.
             handle.timer_at.store(
                 now()
                     .as_millis()
-                    .saturating_add(u64::try_from(in_ms).unwrap_or(u64::MAX)),
+                    .saturating_add(u64::try_from(in_ms).unwrap_or(u64::MAX))
+                    .max(1),
                 Ordering::Relaxed,
             );
             (machine_at, at)
