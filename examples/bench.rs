@@ -1265,12 +1265,14 @@ async fn legacy_call(env: &Env, opts: &Opts, server: &Proc, report: &mut Report)
     );
     let _ = writeln!(
         md,
-        "| conc | legacy calls/s | pass-through req/s | gateway CPU per legacy call µs | gateway CPU per pass-through request µs | legacy / pass-through CPU |"
+        "| conc | legacy calls/s | pass-through req/s | gateway CPU per legacy call µs | gateway CPU per pass-through request µs | context switches per legacy call / per pass-through request | legacy / pass-through CPU |"
     );
-    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|");
     for conc in CONCS {
-        // [legacy, pass-through]: CPU seconds, requests answered, req/s per round.
+        // [legacy, pass-through]: CPU seconds, requests answered, req/s per round,
+        // context switches.
         let mut cpu = [(0.0f64, 0usize); 2];
+        let mut switches = [0u64; 2];
         let mut rates: [Vec<f64>; 2] = Default::default();
         for round in 0..opts.rounds {
             for k in 0..2 {
@@ -1295,8 +1297,10 @@ async fn legacy_call(env: &Env, opts: &Opts, server: &Proc, report: &mut Report)
                     workers.push((c, next));
                 }
                 let before = cpu_of(gateway.pid());
+                let switched = switches_of(gateway.pid());
                 let s = run_load(workers, 0.2, opts.secs).await?;
                 cpu[v].0 += cpu_of(gateway.pid()) - before;
+                switches[v] += switches_of(gateway.pid()).saturating_sub(switched);
                 cpu[v].1 += s.total;
                 if s.errors > 0 {
                     return Err(format!("legacy-call c={conc}: {} errors", s.errors).into());
@@ -1305,14 +1309,17 @@ async fn legacy_call(env: &Env, opts: &Opts, server: &Proc, report: &mut Report)
             }
         }
         let per = |v: usize| cpu[v].0 * 1e6 / cpu[v].1.max(1) as f64;
+        let switched = |v: usize| switches[v] as f64 / cpu[v].1.max(1) as f64;
         let ratio = per(0) / per(1);
         let _ = writeln!(
             md,
-            "| {conc} | {} | {} | {} | {} | **{}** |",
+            "| {conc} | {} | {} | {} | {} | {} / {} | **{}** |",
             fmt_f(median(&rates[0]), 0),
             fmt_f(median(&rates[1]), 0),
             fmt_f(per(0), 1),
             fmt_f(per(1), 1),
+            fmt_f(switched(0), 2),
+            fmt_f(switched(1), 2),
             fmt_f(ratio, 3)
         );
         eprintln!(
