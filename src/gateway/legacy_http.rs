@@ -266,12 +266,14 @@ enum InlineSlot {
 }
 
 /// Whether the upstream accepted an exchange a host request is waiting on, or refused
-/// its credentials. Locked after the session lock, never before.
-#[derive(Debug, Default)]
-pub(super) struct HeadWatch(Mutex<Head>);
+/// its credentials: one `tokio::sync::watch` cell, for the in-memory driver (which
+/// polls it while driving the exchange inline) and the Redis one (which waits on it
+/// with [`HeadWatch::settle`]). Its lock is taken after the session lock, never before.
+#[derive(Debug)]
+pub(super) struct HeadWatch(tokio::sync::watch::Sender<HeadState>);
 
 #[derive(Debug, Default)]
-enum Head {
+pub(super) enum HeadState {
     #[default]
     Waiting,
     Accepted,
@@ -280,45 +282,67 @@ enum Head {
     Abandoned,
 }
 
+impl Default for HeadWatch {
+    fn default() -> Self {
+        Self(tokio::sync::watch::Sender::new(HeadState::Waiting))
+    }
+}
+
 impl HeadWatch {
     pub(super) fn accepted(&self) {
-        if let Ok(mut h) = self.0.lock() {
-            if matches!(*h, Head::Waiting) {
-                *h = Head::Accepted;
+        self.0.send_if_modified(|h| {
+            let waiting = matches!(h, HeadState::Waiting);
+            if waiting {
+                *h = HeadState::Accepted;
             }
-        }
+            waiting
+        });
     }
 
     /// Hands a refusal to the waiting host request; false if it stopped waiting.
     pub(super) fn offer(&self, denial: &Denial) -> bool {
-        match self.0.lock() {
-            Ok(mut h) if matches!(*h, Head::Waiting) => {
-                *h = Head::Denied(Box::new(denial.clone()));
-                true
+        self.0.send_if_modified(|h| {
+            let waiting = matches!(h, HeadState::Waiting);
+            if waiting {
+                *h = HeadState::Denied(Box::new(denial.clone()));
             }
-            _ => false,
-        }
+            waiting
+        })
     }
 
     pub(super) fn settled(&self) -> bool {
-        self.0.lock().is_ok_and(|h| !matches!(*h, Head::Waiting))
+        !matches!(*self.0.borrow(), HeadState::Waiting)
     }
 
     pub(super) fn denied(&self) -> bool {
-        self.0.lock().is_ok_and(|h| matches!(*h, Head::Denied(_)))
+        matches!(*self.0.borrow(), HeadState::Denied(_))
+    }
+
+    /// A receiver told of every change from now on.
+    pub(super) fn subscribe(&self) -> tokio::sync::watch::Receiver<HeadState> {
+        self.0.subscribe()
+    }
+
+    /// Waits until the upstream accepted or refused, up to `limit`.
+    pub(super) async fn settle(&self, limit: Duration) {
+        let mut rx = self.0.subscribe();
+        let settled = rx.wait_for(|h| !matches!(h, HeadState::Waiting));
+        let _ = tokio::time::timeout(limit, settled).await;
     }
 
     /// Stops waiting; the refusal, if one came.
     pub(super) fn finish(&self) -> Option<Box<Denial>> {
-        let mut h = self.0.lock().ok()?;
-        match std::mem::replace(&mut *h, Head::Abandoned) {
-            Head::Denied(d) => Some(d),
-            Head::Accepted => {
-                *h = Head::Accepted;
-                None
+        let mut refusal = None;
+        self.0.send_if_modified(|h| {
+            match std::mem::replace(h, HeadState::Abandoned) {
+                HeadState::Denied(d) => refusal = Some(d),
+                HeadState::Accepted => *h = HeadState::Accepted,
+                HeadState::Waiting | HeadState::Abandoned => {}
             }
-            Head::Waiting | Head::Abandoned => None,
-        }
+            // Nobody waits past this point: no one to notify.
+            false
+        });
+        refusal
     }
 }
 

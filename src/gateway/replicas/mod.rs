@@ -48,7 +48,7 @@ use super::legacy_http::{
 use super::session_store::{Lookup, RedisStoreConfig, SessionStore, StoreError};
 use super::telemetry::WIRE_HTTP;
 use super::trace::TraceContext;
-use super::upstream::{Denial, OnBehalf, UpstreamError};
+use super::upstream::{OnBehalf, UpstreamError};
 use super::{cache, Gateway, GatewayConfig};
 use crate::body::{empty, full, GatewayBody};
 use crate::digest::log_tag;
@@ -155,43 +155,6 @@ impl Decider {
     }
 }
 
-/// Whether the upstream accepted an exchange a host request waits on, or refused its
-/// credentials (which then answer that request).
-#[derive(Debug, Default)]
-struct Head {
-    watch: HeadWatch,
-    notify: Notify,
-}
-
-impl Head {
-    fn accepted(&self) {
-        self.watch.accepted();
-        self.notify.notify_waiters();
-    }
-
-    fn offer(&self, denial: &Denial) -> bool {
-        let taken = self.watch.offer(denial);
-        self.notify.notify_waiters();
-        taken
-    }
-
-    /// Waits until the upstream accepted or refused, up to `limit`.
-    async fn settle(&self, limit: Duration) {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.watch.settled() {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return;
-            }
-        }
-    }
-}
-
 /// What a replica remembers of a session it stepped: the version and state it stored
 /// (or read), and the decoded record, taken by the next step (steps of one session
 /// on one replica are serialized) so that it is not decoded again.
@@ -239,7 +202,7 @@ struct Ctx {
     /// The step feeds the end of this upstream exchange (its lease goes).
     done_upstream: Option<RequestId>,
     /// The host request waiting on the first exchange the step starts.
-    head: Option<Arc<Head>>,
+    head: Option<Arc<HeadWatch>>,
     /// Where that first exchange is left for the host request's handler to drive
     /// itself (no hand-off to a task and back on the common path), when it asks.
     inline: Option<Mutex<Option<Start>>>,
@@ -256,7 +219,7 @@ struct Start {
     headers: Vec<(String, String)>,
     auth: Option<String>,
     lease: Option<String>,
-    head: Option<Arc<Head>>,
+    head: Option<Arc<HeadWatch>>,
     /// The forwarded headers of the request that opened the session.
     forwarded: Forwarded,
     /// The trace context of the HTTP request that carried the legacy request.
@@ -1185,7 +1148,7 @@ impl SharedSessions {
         }
     }
 
-    fn ctx(s: &SharedSession, auth: Option<&HeaderValue>, head: Option<Arc<Head>>) -> Ctx {
+    fn ctx(s: &SharedSession, auth: Option<&HeaderValue>, head: Option<Arc<HeadWatch>>) -> Ctx {
         Ctx {
             binding: Some(s.binding.clone()),
             auth: auth_text(auth),
@@ -1206,7 +1169,7 @@ impl SharedSessions {
         let id = r.id.clone();
         let peer = PeerStream::Request(id.clone());
         let guard = self.deciding(&s.id, &peer);
-        let head = Arc::new(Head::default());
+        let head = Arc::new(HeadWatch::default());
         let ctx = Self::ctx(s, auth.as_ref(), Some(head.clone()));
         let fed = self
             .step(gw, &s.id, &ctx, |record, now| {
@@ -1251,7 +1214,7 @@ impl SharedSessions {
         .await;
         // Nothing is committed before the upstream accepted the exchange: its 401/403
         // reaches the host as HTTP on this POST.
-        if let Some(denial) = head.watch.finish() {
+        if let Some(denial) = head.finish() {
             return denial.response();
         }
         match decision {
@@ -1267,7 +1230,7 @@ impl SharedSessions {
         message: Message,
         auth: Option<HeaderValue>,
     ) -> Response<GatewayBody> {
-        let head = Arc::new(Head::default());
+        let head = Arc::new(HeadWatch::default());
         let ctx = Self::ctx(s, auth.as_ref(), Some(head.clone()));
         let kind = match &message {
             Message::Response(_) => "reply",
@@ -1295,7 +1258,7 @@ impl SharedSessions {
                 if Arc::strong_count(&head) > 1 || exchange.is_some() {
                     drive(head.settle(HEAD_WAIT), exchange).await;
                 }
-                match head.watch.finish() {
+                match head.finish() {
                     Some(denial) => denial.response(),
                     None => accepted(),
                 }
@@ -1408,7 +1371,7 @@ impl SharedSessions {
             }
             Err(e) => return store_unavailable(None, &e),
         }
-        let head = Arc::new(Head::default());
+        let head = Arc::new(HeadWatch::default());
         let ctx = Self::ctx(s, auth.as_ref(), Some(head.clone()));
         let opened = self
             .step(gw, &s.id, &ctx, |record, _now| {
@@ -1448,7 +1411,7 @@ impl SharedSessions {
                 .await
                 .map(Box::new);
         }
-        if let Some(denial) = head.watch.finish().or(denied) {
+        if let Some(denial) = head.finish().or(denied) {
             let _ = self.redis.release_holder(&holder_key, &token).await;
             let closed = self
                 .step(gw, &s.id, &Ctx::default(), |record, _now| {
@@ -1546,21 +1509,18 @@ impl DeciderGuard<'_> {
     /// else a stream to relay. A claim in progress is waited for; with `head`, no
     /// stream is committed before the upstream accepted (or refused) the exchange, up
     /// to `HEAD_WAIT`.
-    async fn decide(&self, limit: Duration, head: Option<&Head>) -> Decision {
+    async fn decide(&self, limit: Duration, head: Option<&HeadWatch>) -> Decision {
         let start = tokio::time::Instant::now();
         let deadline = start + limit;
         let head_deadline = start + HEAD_WAIT;
+        // Subscribed before the first look: a change after it is never missed.
+        let mut head_changes = head.map(HeadWatch::subscribe);
         loop {
             let notified = self.decider.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let head_notified = head.map(|h| h.notify.notified());
-            let mut head_notified = std::pin::pin!(head_notified);
-            if let Some(h) = head_notified.as_mut().as_pin_mut() {
-                h.enable();
-            }
-            let denied = head.is_some_and(|h| h.watch.denied());
-            let settled = head.is_none_or(|h| h.watch.settled());
+            let denied = head.is_some_and(|h| h.denied());
+            let settled = head.is_none_or(|h| h.settled());
             let now = tokio::time::Instant::now();
             {
                 let Ok(mut state) = self.decider.state.lock() else {
@@ -1587,9 +1547,13 @@ impl DeciderGuard<'_> {
                 head_deadline
             };
             let head_wait = async {
-                match head_notified.as_mut().as_pin_mut() {
-                    Some(h) => h.await,
-                    None => std::future::pending().await,
+                let changed = match head_changes.as_mut() {
+                    Some(rx) => rx.changed().await.is_ok(),
+                    None => false,
+                };
+                // No watch, or a closed one (dropped), never changes again.
+                if !changed {
+                    std::future::pending::<()>().await;
                 }
             };
             tokio::select! {
