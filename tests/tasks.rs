@@ -8,61 +8,12 @@
 
 mod common;
 
+use common::tasks::*;
 use common::*;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
-
-const TASKS: &str = "io.modelcontextprotocol/tasks";
-const WAIT: Duration = Duration::from_secs(20);
-
-fn task_caps() -> Value {
-    json!({"sampling": {}, "extensions": {TASKS: {}}})
-}
-
-fn summarize_args(fx: &Fixture) -> Value {
-    json!({"directory": fx.repo_dir.display().to_string(), "audience": "developer"})
-}
-
-fn task_call(srv: &Server, method: &str, params: Value) -> Reply {
-    srv.send(&rpc(srv.next_id(), method, task_caps(), params))
-}
-
-fn get(srv: &Server, id: &str) -> Value {
-    task_call(srv, "tasks/get", json!({"taskId": id}))
-        .result()
-        .clone()
-}
-
-/// Polls `tasks/get` until the task is in `status` (or terminal); bounded.
-fn wait_status(srv: &Server, id: &str, status: &str) -> Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let t = get(srv, id);
-        let now = t["status"].as_str().unwrap_or_default().to_owned();
-        if now == status || ["completed", "failed", "cancelled"].contains(&now.as_str()) {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "task never became {status}: {t}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Starts `summarize_repo` as a task; returns its id.
-fn start_summary(srv: &Server) -> String {
-    let r = srv.call("summarize_repo", summarize_args(&srv.fixture), task_caps());
-    let created = r.result();
-    assert_eq!(created["resultType"], "task", "{created}");
-    assert_eq!(created["status"], "working");
-    assert!(created.get("requestState").is_none() && created.get("result").is_none());
-    assert!(created["ttlMs"].as_u64().unwrap() > 0);
-    assert!(created["pollIntervalMs"].as_u64().unwrap() > 0);
-    assert!(created["createdAt"].as_str().unwrap().ends_with('Z'));
-    let id = created["taskId"].as_str().unwrap().to_owned();
-    assert!(id.len() >= 40, "task ids are unguessable: {id}");
-    id
-}
 
 /// The task's status as the store file holds it (read beside the server, not through
 /// it).
@@ -141,7 +92,7 @@ fn summarize_repo_as_a_task_with_two_sampling_rounds() {
     );
 
     // The next round runs on the server by itself: watch the store, not the server.
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + TASK_WAIT;
     while stored_status(&fx, &id).as_deref() != Some("input_required") {
         assert!(Instant::now() < deadline, "the second round never ran");
         std::thread::sleep(Duration::from_millis(25));
@@ -306,7 +257,7 @@ fn listen(srv: &Server) -> (TcpStream, String) {
     )
     .to_string();
     let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.set_read_timeout(Some(TASK_WAIT)).unwrap();
     write!(
         s,
         "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\

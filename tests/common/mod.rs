@@ -8,6 +8,7 @@
 
 pub(crate) mod pg_cluster;
 pub(crate) mod schema;
+pub(crate) mod tasks;
 
 use serde_json::{json, Map, Value};
 use std::io::{BufRead, BufReader, Read, Write};
