@@ -409,7 +409,7 @@ impl TaskStore for PostgresStore {
         let mut tx = conn.transaction()?;
         tx.execute(
             "DELETE FROM tasks WHERE id IN
-               (SELECT id FROM tasks WHERE expires_ms < $1 LIMIT $2)",
+               (SELECT id FROM tasks WHERE expires_ms < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
             &[&to_i64(now_ms), &TASK_PURGE_BATCH],
         )?;
         // Count and insert under a per-principal lock, so that instances creating

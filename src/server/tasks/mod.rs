@@ -434,15 +434,18 @@ impl Server {
             d.input_requests = Map::new();
             d.input_responses = Map::new();
             d.status_message = None;
-            if matches!(end, RoundEnd::Cancelled)
-                || d.cancel_requested
-                || flag.is_some_and(|f| f.load(Ordering::Relaxed))
-            {
-                d.status = Status::Cancelled;
-                d.request_state = None;
-                return true;
-            }
+            let cancelled = d.cancel_requested || flag.is_some_and(|f| f.load(Ordering::Relaxed));
             match end {
+                // Cooperative cancel: whatever the round produced, a cancel asked
+                // before it was written wins.
+                _ if cancelled => {
+                    d.status = Status::Cancelled;
+                    d.request_state = None;
+                }
+                RoundEnd::Cancelled => {
+                    d.status = Status::Cancelled;
+                    d.request_state = None;
+                }
                 RoundEnd::Outcome(Outcome::Complete(result)) => {
                     let mut result = result.clone();
                     if let Value::Object(m) = &mut result {
@@ -465,7 +468,6 @@ impl Server {
                         d.input_requests.clone_from(input_requests);
                     }
                 }
-                RoundEnd::Cancelled => unreachable!("handled above"),
                 RoundEnd::Error(e) => {
                     if matches!(e, ServerError::Store(_) | ServerError::Internal { .. }) {
                         warn!(error = %e, "task failed");
