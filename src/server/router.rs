@@ -477,6 +477,7 @@ impl Server {
             Some(Value::String(s)) => Some(s.as_str()),
             Some(_) => return Err(ServerError::params("params.requestState must be a string")),
         };
+        let mut task = false;
         let tool = if method == "tools/call" {
             let tool = catalog.tools.get(target).ok_or_else(|| {
                 ServerError::params(format!("Unknown tool: {}", echo_quoted(target)))
@@ -504,30 +505,7 @@ impl Server {
                     || input_responses.is_some()
                     || request_state.is_some())
             {
-                if let Some(state) = request_state {
-                    let cx = CallContext {
-                        principal,
-                        method,
-                        sink,
-                        meta,
-                        arguments,
-                        input_responses,
-                        request_state: Some(state),
-                        services: &self.inner.services,
-                        now_ms: now_ms(),
-                    };
-                    cx.open_state(target)?;
-                }
-                return self.create_task(
-                    principal,
-                    meta,
-                    &NewTask {
-                        tool: tool.name(),
-                        arguments,
-                        input_responses,
-                        request_state,
-                    },
-                );
+                task = true;
             }
             Some(tool)
         } else {
@@ -549,6 +527,18 @@ impl Server {
         // use one: a state replayed elsewhere is -32602, never silently ignored.
         if request_state.is_some() {
             cx.open_state(target)?;
+        }
+        if let (true, Some(tool)) = (task, tool) {
+            return self.create_task(
+                principal,
+                meta,
+                &NewTask {
+                    tool: tool.name(),
+                    arguments,
+                    input_responses,
+                    request_state,
+                },
+            );
         }
         let span = info_span!("call", target, round = request_state.is_some());
         let _enter = span.enter();

@@ -18,7 +18,7 @@
 
 mod record;
 
-pub use record::{iso8601, Status, Task, TaskDoc};
+pub use record::{Status, Task, TaskDoc};
 
 use super::error::ServerError;
 use super::meta::{RequestMeta, SERVER_INFO};

@@ -4,6 +4,7 @@
 //! read in one place.
 
 use crate::server::store::TaskRow;
+use crate::timestamp::rfc3339;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -126,8 +127,8 @@ impl Task {
         if let Some(msg) = &d.status_message {
             m.insert("statusMessage".into(), json!(msg));
         }
-        m.insert("createdAt".into(), json!(iso8601(d.created_ms)));
-        m.insert("lastUpdatedAt".into(), json!(iso8601(d.updated_ms)));
+        m.insert("createdAt".into(), json!(rfc3339(d.created_ms)));
+        m.insert("lastUpdatedAt".into(), json!(rfc3339(d.updated_ms)));
         m.insert("ttlMs".into(), json!(d.ttl_ms));
         m.insert("pollIntervalMs".into(), json!(d.poll_interval_ms));
         m
@@ -154,42 +155,5 @@ impl Task {
             Status::Working | Status::Cancelled => {}
         }
         m
-    }
-}
-
-/// Milliseconds since the Unix epoch as an ISO 8601 UTC timestamp
-/// (`2026-07-28T12:00:00.000Z`).
-pub fn iso8601(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (proleptic Gregorian).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60,
-        ms % 1000
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::iso8601;
-
-    #[test]
-    fn timestamps() {
-        assert_eq!(iso8601(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(iso8601(951_782_400_123), "2000-02-29T00:00:00.123Z");
-        assert_eq!(iso8601(1_785_240_000_000), "2026-07-28T12:00:00.000Z");
     }
 }
