@@ -76,7 +76,22 @@ impl TaskSupport {
 #[derive(Debug)]
 pub struct Tasks {
     config: TasksSection,
-    running: Mutex<HashMap<String, Arc<AtomicBool>>>,
+    running: Mutex<Running>,
+}
+
+/// The rounds running on this instance: per task, the round's generation and its
+/// cancellation flag.
+#[derive(Debug, Default)]
+struct Running {
+    rounds: HashMap<String, (u64, Arc<AtomicBool>)>,
+    next: u64,
+}
+
+/// A registered round: which one (its generation) and the flag its tool polls.
+#[derive(Debug, Clone)]
+struct Slot {
+    generation: u64,
+    flag: Arc<AtomicBool>,
 }
 
 impl Tasks {
@@ -84,7 +99,7 @@ impl Tasks {
     pub fn new(config: TasksSection) -> Self {
         Self {
             config,
-            running: Mutex::new(HashMap::new()),
+            running: Mutex::new(Running::default()),
         }
     }
 
@@ -94,26 +109,46 @@ impl Tasks {
     }
 
     /// Registers a round of `id` about to run here; `None` when `max_running` rounds
-    /// already run or this task's round already does.
-    fn start(&self, id: &str) -> Option<Arc<AtomicBool>> {
+    /// already run. A round of the same task still registered is one that has written
+    /// its end and is leaving (a new round only starts from a state the old one
+    /// wrote): the new one takes its place.
+    fn start(&self, id: &str) -> Option<Slot> {
         let mut running = self.running.lock().ok()?;
-        if running.len() >= self.config.max_running || running.contains_key(id) {
+        if running.rounds.len() >= self.config.max_running && !running.rounds.contains_key(id) {
             return None;
         }
-        let flag = Arc::new(AtomicBool::new(false));
-        running.insert(id.to_owned(), flag.clone());
-        Some(flag)
+        running.next += 1;
+        let slot = Slot {
+            generation: running.next,
+            flag: Arc::new(AtomicBool::new(false)),
+        };
+        running
+            .rounds
+            .insert(id.to_owned(), (slot.generation, slot.flag.clone()));
+        Some(slot)
     }
 
-    fn finish(&self, id: &str) {
+    /// Unregisters the round `generation` of `id` (not a newer one).
+    fn finish(&self, id: &str, generation: u64) {
         if let Ok(mut running) = self.running.lock() {
-            running.remove(id);
+            if running
+                .rounds
+                .get(id)
+                .is_some_and(|(g, _)| *g == generation)
+            {
+                running.rounds.remove(id);
+            }
         }
     }
 
     /// Asks the round of `id` running here, if any, to stop.
     fn cancel_local(&self, id: &str) {
-        if let Some(flag) = self.running.lock().ok().and_then(|r| r.get(id).cloned()) {
+        if let Some((_, flag)) = self
+            .running
+            .lock()
+            .ok()
+            .and_then(|r| r.rounds.get(id).cloned())
+        {
             flag.store(true, Ordering::Relaxed);
         }
     }
@@ -123,11 +158,12 @@ impl Tasks {
 struct RoundGuard<'a> {
     tasks: &'a Tasks,
     id: String,
+    generation: u64,
 }
 
 impl Drop for RoundGuard<'_> {
     fn drop(&mut self) {
-        self.tasks.finish(&self.id);
+        self.tasks.finish(&self.id, self.generation);
     }
 }
 
@@ -198,10 +234,11 @@ impl Server {
         let config = self.tasks().config().clone();
         let id = new_task_id()?;
         let now = now_ms();
-        let flag = self.tasks().start(&id).ok_or_else(busy)?;
+        let slot = self.tasks().start(&id).ok_or_else(busy)?;
         let guard = RoundGuard {
             tasks: self.tasks(),
             id: id.clone(),
+            generation: slot.generation,
         };
         let doc = TaskDoc {
             status: Status::Working,
@@ -248,22 +285,23 @@ impl Server {
         result.insert("resultType".into(), json!("task"));
         result.insert("_meta".into(), self.meta_value());
         std::mem::forget(guard);
-        self.spawn_rounds(id, flag);
+        self.spawn_rounds(id, slot);
         Ok(Value::Object(result))
     }
 
     /// Runs the task's rounds on a thread of this instance (registered already).
-    fn spawn_rounds(&self, id: String, flag: Arc<AtomicBool>) {
+    fn spawn_rounds(&self, id: String, slot: Slot) {
         let server = self.clone();
         let spawned = std::thread::Builder::new()
             .name("dualera-task".into())
             .spawn({
                 let id = id.clone();
-                move || server.run_rounds(&id, &flag)
+                let slot = slot.clone();
+                move || server.run_rounds(&id, &slot)
             });
         if let Err(e) = spawned {
             warn!(error = %e, "cannot start a task thread");
-            self.tasks().finish(&id);
+            self.tasks().finish(&id, slot.generation);
             let error = ServerError::Internal {
                 detail: "cannot start the task".into(),
             };
@@ -337,11 +375,13 @@ impl Server {
 
     /// The round loop of one task on this instance: call the tool, write what it
     /// answered, and go on while it asks nothing of the client.
-    fn run_rounds(&self, id: &str, flag: &AtomicBool) {
+    fn run_rounds(&self, id: &str, slot: &Slot) {
         let _guard = RoundGuard {
             tasks: self.tasks(),
             id: id.to_owned(),
+            generation: slot.generation,
         };
+        let flag = &*slot.flag;
         let max_rounds = self.services().limits.max_rounds.saturating_add(2);
         loop {
             let task = match self.load(id) {
@@ -543,10 +583,11 @@ impl Server {
         let id = task.row.id.clone();
         // The slot for the next round is taken before the last answer is written, so
         // a task never waits in `working` with no round to run it.
-        let flag = self.tasks().start(&id).ok_or_else(busy)?;
+        let slot = self.tasks().start(&id).ok_or_else(busy)?;
         let guard = RoundGuard {
             tasks: self.tasks(),
             id: id.clone(),
+            generation: slot.generation,
         };
         let written = self.modify(&id, |t| {
             if t.doc.status != Status::InputRequired {
@@ -568,7 +609,7 @@ impl Server {
         if let Some((t, true)) = written {
             if t.doc.status == Status::Working {
                 std::mem::forget(guard);
-                self.spawn_rounds(id, flag);
+                self.spawn_rounds(id, slot);
             }
         }
         Ok(())
