@@ -265,7 +265,7 @@ fn store_url_from_the_environment_and_newer_schemas_refused() {
     assert_eq!(
         pg.psql("envurl", "SELECT version FROM dualera_schema")
             .unwrap(),
-        "2",
+        "3",
         "the schema was created and migrated in PostgreSQL"
     );
     assert!(!fx.store_path.exists(), "the SQLite file was not used");
