@@ -159,11 +159,30 @@ struct RoundGuard<'a> {
     tasks: &'a Tasks,
     id: String,
     generation: u64,
+    armed: bool,
+}
+
+impl<'a> RoundGuard<'a> {
+    fn new(tasks: &'a Tasks, id: &str, slot: &Slot) -> Self {
+        Self {
+            tasks,
+            id: id.to_owned(),
+            generation: slot.generation,
+            armed: true,
+        }
+    }
+
+    /// The round's thread takes the registration over (its own guard ends it).
+    fn hand_over(mut self) {
+        self.armed = false;
+    }
 }
 
 impl Drop for RoundGuard<'_> {
     fn drop(&mut self) {
-        self.tasks.finish(&self.id, self.generation);
+        if self.armed {
+            self.tasks.finish(&self.id, self.generation);
+        }
     }
 }
 
@@ -235,11 +254,7 @@ impl Server {
         let id = new_task_id()?;
         let now = now_ms();
         let slot = self.tasks().start(&id).ok_or_else(busy)?;
-        let guard = RoundGuard {
-            tasks: self.tasks(),
-            id: id.clone(),
-            generation: slot.generation,
-        };
+        let guard = RoundGuard::new(self.tasks(), &id, &slot);
         let doc = TaskDoc {
             status: Status::Working,
             status_message: None,
@@ -284,7 +299,7 @@ impl Server {
         let mut result = task.envelope();
         result.insert("resultType".into(), json!("task"));
         result.insert("_meta".into(), self.meta_value());
-        std::mem::forget(guard);
+        guard.hand_over();
         self.spawn_rounds(id, slot);
         Ok(Value::Object(result))
     }
@@ -376,11 +391,7 @@ impl Server {
     /// The round loop of one task on this instance: call the tool, write what it
     /// answered, and go on while it asks nothing of the client.
     fn run_rounds(&self, id: &str, slot: &Slot) {
-        let _guard = RoundGuard {
-            tasks: self.tasks(),
-            id: id.to_owned(),
-            generation: slot.generation,
-        };
+        let _guard = RoundGuard::new(self.tasks(), id, slot);
         let flag = &*slot.flag;
         let max_rounds = self.services().limits.max_rounds.saturating_add(2);
         loop {
@@ -584,11 +595,7 @@ impl Server {
         // The slot for the next round is taken before the last answer is written, so
         // a task never waits in `working` with no round to run it.
         let slot = self.tasks().start(&id).ok_or_else(busy)?;
-        let guard = RoundGuard {
-            tasks: self.tasks(),
-            id: id.clone(),
-            generation: slot.generation,
-        };
+        let guard = RoundGuard::new(self.tasks(), &id, &slot);
         let written = self.modify(&id, |t| {
             if t.doc.status != Status::InputRequired {
                 return false;
@@ -608,7 +615,7 @@ impl Server {
         })?;
         if let Some((t, true)) = written {
             if t.doc.status == Status::Working {
-                std::mem::forget(guard);
+                guard.hand_over();
                 self.spawn_rounds(id, slot);
             }
         }
