@@ -406,6 +406,14 @@ impl Server {
             if task.doc.status != Status::Working {
                 return;
             }
+            // The id is a capability: logs carry a short digest of it.
+            let span = tracing::info_span!(
+                "task",
+                task = %crate::digest::short_digest(id.as_bytes(), 6),
+                tool = %task.doc.tool,
+                round = task.doc.rounds + 1,
+            );
+            let _enter = span.enter();
             let end = if task.doc.rounds >= max_rounds {
                 RoundEnd::Error(ServerError::params(format!(
                     "the task took more than {max_rounds} rounds"
