@@ -48,6 +48,38 @@ struct FnTool {
     run: fn(&CallContext<'_>) -> Result<Outcome, ServerError>,
 }
 
+/// A task-supporting tool: its descriptor declares `execution.taskSupport`, and with
+/// `after_input` its first MRTR round answers synchronously (the task is created by
+/// the request that brings the answers).
+struct TaskTool {
+    inner: FnTool,
+    after_input: bool,
+}
+
+impl std::fmt::Debug for TaskTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl Tool for TaskTool {
+    fn name(&self) -> &'static str {
+        self.inner.name
+    }
+
+    fn descriptor(&self) -> Value {
+        self.inner.descriptor.clone()
+    }
+
+    fn task_after_input(&self) -> bool {
+        self.after_input
+    }
+
+    fn call(&self, cx: &CallContext<'_>) -> Result<Outcome, ServerError> {
+        (self.inner.run)(cx)
+    }
+}
+
 impl std::fmt::Debug for FnTool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FnTool").field("name", &self.name).finish()
@@ -1035,7 +1067,241 @@ fn tools() -> ToolRegistry {
     ] {
         add(tool(name, description, none.clone(), &[], run));
     }
+    add_task_tools(&mut r);
     r
+}
+
+// ---------------------------------------------------------------------------------
+// Tasks (the io.modelcontextprotocol/tasks extension, SEP-2663): the tools the suite's
+// tasks-* scenarios call. The server framework decides task or not from each tool's
+// `execution.taskSupport` and the request's capabilities; these are plain MRTR tools.
+
+/// Longest `slow_compute` sleep, in seconds.
+const SLOW_MAX_SECONDS: u64 = 300;
+
+fn task_tool(
+    name: &'static str,
+    description: &str,
+    properties: Value,
+    support: &str,
+    after_input: bool,
+    run: fn(&CallContext<'_>) -> Result<Outcome, ServerError>,
+) -> TaskTool {
+    let mut descriptor = descriptor(name, description, properties, &[]);
+    descriptor["execution"] = json!({ "taskSupport": support });
+    TaskTool {
+        inner: FnTool {
+            name,
+            descriptor,
+            needs: None,
+            run,
+        },
+        after_input,
+    }
+}
+
+fn greet(cx: &CallContext<'_>) -> Result<Outcome, ServerError> {
+    let name = cx.optional_string_arg("name", 256)?.unwrap_or("World");
+    text(format!("Hello, {name}!"))
+}
+
+/// Sleeps `seconds` (checking for cancellation every step), then answers.
+fn slow_compute(cx: &CallContext<'_>) -> Result<Outcome, ServerError> {
+    let seconds = match cx.arguments.get("seconds") {
+        None | Some(Value::Null) => 1,
+        Some(v) => v
+            .as_u64()
+            .filter(|s| *s <= SLOW_MAX_SECONDS)
+            .ok_or_else(|| {
+                ServerError::params(format!(
+                    "argument seconds must be an integer from 0 to {SLOW_MAX_SECONDS}"
+                ))
+            })?,
+    };
+    let label = cx.optional_string_arg("label", 256)?.unwrap_or("compute");
+    let deadline = std::time::Instant::now() + Duration::from_secs(seconds);
+    while std::time::Instant::now() < deadline {
+        if cx.is_cancelled() {
+            return text(format!("{label}: cancelled"));
+        }
+        std::thread::sleep(STEP);
+    }
+    text(format!("{label}: computed after {seconds}s"))
+}
+
+fn failing_job(_: &CallContext<'_>) -> Result<Outcome, ServerError> {
+    std::thread::sleep(Duration::from_millis(500));
+    Ok(Outcome::Complete(text_result(
+        "the job failed: simulated tool error",
+        None,
+        true,
+    )))
+}
+
+fn protocol_error_job(_: &CallContext<'_>) -> Result<Outcome, ServerError> {
+    std::thread::sleep(Duration::from_millis(200));
+    Err(ServerError::Internal {
+        detail: "protocol_error_job: simulated internal failure".into(),
+    })
+}
+
+fn ask_delete(filename: &str) -> Value {
+    ask(
+        "elicitation/create",
+        json!({
+            "message": format!("Delete {filename}?"),
+            "requestedSchema": {
+                "type": "object",
+                "properties": { "confirm": { "type": "boolean" } },
+                "required": ["confirm"],
+            },
+        }),
+    )
+}
+
+fn confirm_delete(cx: &CallContext<'_>) -> Result<Outcome, ServerError> {
+    let filename = cx
+        .optional_string_arg("filename", 256)?
+        .unwrap_or("file.txt");
+    match cx.input_response("confirm") {
+        Some(answer) => match elicit_answer("confirm", answer)? {
+            (_, Some(content)) => {
+                let yes = content.get("confirm").and_then(Value::as_bool) == Some(true);
+                text(format!(
+                    "{filename}: {}",
+                    if yes { "deleted" } else { "kept" }
+                ))
+            }
+            (action, None) => text(format!("{filename}: kept (action={action})")),
+        },
+        None => Ok(input_required(
+            vec![("confirm", ask_delete(filename))],
+            None,
+        )),
+    }
+}
+
+fn multi_input(cx: &CallContext<'_>) -> Result<Outcome, ServerError> {
+    match (cx.input_response("first"), cx.input_response("second")) {
+        (Some(a), Some(b)) => {
+            let name = |key: &str, v: &Value| -> Result<String, ServerError> {
+                Ok(match elicit_answer(key, v)? {
+                    (_, Some(c)) => c
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("?")
+                        .to_owned(),
+                    (action, None) => action,
+                })
+            };
+            text(format!(
+                "first={}, second={}",
+                name("first", a)?,
+                name("second", b)?
+            ))
+        }
+        _ => Ok(input_required(
+            vec![
+                ("first", ask_string("First name?", "name")),
+                ("second", ask_string("Second name?", "name")),
+            ],
+            None,
+        )),
+    }
+}
+
+/// Round 1 (synchronous MRTR) asks a name; the request answering it becomes a task
+/// whose result names the answer.
+fn tool_with_task(cx: &CallContext<'_>) -> Result<Outcome, ServerError> {
+    match cx.input_response("user_name") {
+        Some(answer) => match elicit_answer("user_name", answer)? {
+            (_, Some(content)) => {
+                let name = content
+                    .get("name")
+                    .or_else(|| content.get("user_name"))
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        ServerError::params(
+                            "inputResponses.user_name.content.name must be a string",
+                        )
+                    })?;
+                std::thread::sleep(Duration::from_millis(200));
+                text(format!("Hello, {name}! (finished as a task)"))
+            }
+            (action, None) => text(format!("No name given (action={action})")),
+        },
+        None => Ok(input_required(
+            vec![("user_name", ask_string(NAME_QUESTION, "name"))],
+            None,
+        )),
+    }
+}
+
+fn add_task_tools(r: &mut ToolRegistry) {
+    let none = json!({});
+    r.add(Box::new(FnTool {
+        name: "greet",
+        descriptor: descriptor(
+            "greet",
+            "Greets by name (synchronous only)",
+            json!({ "name": { "type": "string" } }),
+            &[],
+        ),
+        needs: None,
+        run: greet,
+    }));
+    for tool in [
+        task_tool(
+            "slow_compute",
+            "Sleeps `seconds` then answers; runs as a task for callers that declare the tasks extension",
+            json!({ "seconds": { "type": "integer", "minimum": 0 }, "label": { "type": "string" } }),
+            "optional",
+            false,
+            slow_compute,
+        ),
+        task_tool(
+            "failing_job",
+            "Runs only as a task; ends with a tool error",
+            none.clone(),
+            "required",
+            false,
+            failing_job,
+        ),
+        task_tool(
+            "protocol_error_job",
+            "Runs as a task; ends with a protocol (JSON-RPC) error",
+            none.clone(),
+            "optional",
+            false,
+            protocol_error_job,
+        ),
+        task_tool(
+            "confirm_delete",
+            "Asks for confirmation (elicitation) before deleting",
+            json!({ "filename": { "type": "string" } }),
+            "optional",
+            false,
+            confirm_delete,
+        ),
+        task_tool(
+            "multi_input",
+            "Asks two questions at once (two elicitations)",
+            none.clone(),
+            "optional",
+            false,
+            multi_input,
+        ),
+        task_tool(
+            "test_tool_with_task",
+            "Asks a name synchronously (MRTR), then finishes as a task",
+            none,
+            "required",
+            true,
+            tool_with_task,
+        ),
+    ] {
+        r.add(Box::new(tool));
+    }
 }
 
 // ---------------------------------------------------------------------------------

@@ -70,6 +70,51 @@ pub struct Config {
     /// The gateway's migration report.
     #[serde(default)]
     pub report: ReportSection,
+    /// Tasks on the modern server (the `io.modelcontextprotocol/tasks` extension).
+    #[serde(default)]
+    pub tasks: TasksSection,
+}
+
+/// `[tasks]`: bounds and hints for tasks on the modern server.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TasksSection {
+    /// How long a task stays readable after it was created (`ttlMs`), in ms.
+    #[serde(default = "default_task_ttl_ms")]
+    pub ttl_ms: u64,
+    /// The polling interval suggested to clients (`pollIntervalMs`), in ms.
+    #[serde(default = "default_task_poll_ms")]
+    pub poll_interval_ms: u64,
+    /// Most unexpired tasks (finished or not) one principal may hold in the store.
+    #[serde(default = "default_tasks_per_principal")]
+    pub max_per_principal: usize,
+    /// Most task rounds one server instance runs at once.
+    #[serde(default = "default_tasks_running")]
+    pub max_running: usize,
+}
+
+impl Default for TasksSection {
+    fn default() -> Self {
+        Self {
+            ttl_ms: default_task_ttl_ms(),
+            poll_interval_ms: default_task_poll_ms(),
+            max_per_principal: default_tasks_per_principal(),
+            max_running: default_tasks_running(),
+        }
+    }
+}
+
+fn default_task_ttl_ms() -> u64 {
+    60 * 60 * 1000
+}
+fn default_task_poll_ms() -> u64 {
+    1000
+}
+fn default_tasks_per_principal() -> usize {
+    256
+}
+fn default_tasks_running() -> usize {
+    32
 }
 
 /// The admin listener (`dualera gateway`, `dualera up`): off unless `listen` (or

@@ -7,7 +7,7 @@
 //!
 //! Pieces both programs use (and that neither may borrow from the other) sit at the
 //! top level: [`body`], [`digest`], [`endpoint`], [`framing`], [`guard`], [`sse`],
-//! [`inbound`], [`outbound`], [`throttle`], [`clock`].
+//! [`inbound`], [`outbound`], [`throttle`], [`clock`], [`timestamp`].
 //!
 //! ```text
 //!  legacy host ──► gateway (src/, drives adapters' session machine) ──► modern server
@@ -31,4 +31,5 @@ pub mod outbound;
 pub mod server;
 pub mod sse;
 pub mod throttle;
+pub mod timestamp;
 pub mod tls;

@@ -48,11 +48,17 @@ async fn initialize(rev: &str) {
     assert_eq!(reply.status, StatusCode::OK);
     let result = &response["result"];
     assert_eq!(result["protocolVersion"], rev, "{response}");
-    // The notes server offers tools only: mapped as they are.
-    assert_eq!(
-        result["capabilities"], discover["capabilities"],
-        "{response}"
+    // The notes server offers tools (mapped as they are) and the tasks extension, which
+    // is modern only: a legacy host is not offered tasks (the gateway does not
+    // translate them yet), so a 2025-11-25 host never sends task-augmented requests.
+    let mut expected = discover["capabilities"].clone();
+    assert!(
+        expected["extensions"]["io.modelcontextprotocol/tasks"].is_object(),
+        "{direct}"
     );
+    expected.as_object_mut().unwrap().remove("extensions");
+    assert_eq!(result["capabilities"], expected, "{response}");
+    assert!(result["capabilities"].get("tasks").is_none());
     assert_eq!(
         result["serverInfo"],
         json!({"name": discover["_meta"][SERVER_INFO]["name"], "version": discover["_meta"][SERVER_INFO]["version"]}),

@@ -265,7 +265,7 @@ fn store_url_from_the_environment_and_newer_schemas_refused() {
     assert_eq!(
         pg.psql("envurl", "SELECT version FROM dualera_schema")
             .unwrap(),
-        "2",
+        "3",
         "the schema was created and migrated in PostgreSQL"
     );
     assert!(!fx.store_path.exists(), "the SQLite file was not used");
@@ -372,4 +372,58 @@ fn a_database_outage_is_an_internal_error_and_the_pool_recovers() {
     let log = srv.stderr_text();
     assert!(log.contains("store error"), "the cause is logged: {log}");
     assert!(!log.contains(pg.password()), "password in the log: {log}");
+}
+
+/// The tasks extension across instances: `summarize_repo` started as a task on one
+/// instance is polled, answered and finished through the other; each answer starts
+/// the next round on the instance that received it; a cancel through one instance is
+/// seen on the other; the database holds the end states.
+#[test]
+fn a_task_created_on_one_instance_is_polled_and_answered_on_the_other() {
+    use common::tasks::*;
+    let pg = PgCluster::start().expect("a throw-away PostgreSQL cluster");
+    let fx = pg_fixture(&pg, "tasks");
+    let servers = fx.spawn_n(Kind::Http, 2);
+    let (a, b) = (&servers[0], &servers[1]);
+    let id = start_summary(a);
+    let t = wait_status(b, &id, "input_required");
+    assert!(t["inputRequests"]["pick_files"].is_object(), "{t}");
+    task_call(
+        b,
+        "tasks/update",
+        json!({"taskId": id, "inputResponses": {"pick_files": model_reply(r#"["README.md"]"#)}}),
+    );
+    let t = wait_status(a, &id, "input_required");
+    assert!(t["inputRequests"]["summary"].is_object(), "{t}");
+    task_call(
+        a,
+        "tasks/update",
+        json!({"taskId": id, "inputResponses": {"summary": model_reply("Ledger, briefly.")}}),
+    );
+    let t = wait_status(b, &id, "completed");
+    assert_eq!(t["status"], "completed", "{t}");
+    assert_eq!(
+        t["result"]["structuredContent"]["summary"],
+        "Ledger, briefly."
+    );
+    assert_eq!(get(a, &id), {
+        let mut on_b = get(b, &id);
+        on_b["_meta"] = get(a, &id)["_meta"].clone();
+        on_b
+    });
+
+    let cancelled = start_summary(b);
+    wait_status(a, &cancelled, "input_required");
+    task_call(a, "tasks/cancel", json!({"taskId": cancelled}));
+    assert_eq!(get(b, &cancelled)["status"], "cancelled");
+    let stored = pg
+        .psql(
+            "tasks",
+            &format!(
+                "SELECT string_agg(body::json->>'status', ',' ORDER BY body::json->>'status') \
+                 FROM tasks WHERE id IN ('{id}', '{cancelled}')"
+            ),
+        )
+        .unwrap();
+    assert_eq!(stored, "cancelled,completed");
 }

@@ -150,6 +150,10 @@ impl Catalog {
         if self.logging {
             caps.insert("logging".into(), json!({}));
         }
+        if self.tools.offers_tasks() {
+            // extensions/tasks/overview.mdx, "Advertise support".
+            caps.insert("extensions".into(), json!({ super::tasks::EXTENSION: {} }));
+        }
         Value::Object(caps)
     }
 }

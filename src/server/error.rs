@@ -85,6 +85,12 @@ pub enum ServerError {
         /// Why.
         reason: String,
     },
+    /// A bound on tasks was reached (running rounds, tasks held per principal).
+    #[error("Server busy: {reason}")]
+    Busy {
+        /// Which bound.
+        reason: String,
+    },
     /// The store failed.
     #[error("Internal error")]
     Store(#[from] crate::server::store::StoreError),
@@ -179,6 +185,10 @@ impl ServerError {
             Self::Forbidden { .. } => (
                 StatusCode::FORBIDDEN,
                 ErrorObject::new(ErrorCode::INVALID_REQUEST, message),
+            ),
+            Self::Busy { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorObject::new(ErrorCode::INTERNAL_ERROR, message),
             ),
             Self::Store(_) | Self::Internal { .. } => (
                 StatusCode::INTERNAL_SERVER_ERROR,

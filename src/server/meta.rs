@@ -107,6 +107,34 @@ impl RequestMeta {
         self.capabilities.get("roots").is_some_and(Value::is_object)
     }
 
+    /// The protocol fields as a `_meta` object again (what a task keeps of the request
+    /// that created it; the progress token is not kept: a task has no stream).
+    pub fn to_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert(PROTOCOL_VERSION.into(), Value::String(self.version.clone()));
+        m.insert(
+            CLIENT_CAPABILITIES.into(),
+            Value::Object(self.capabilities.clone()),
+        );
+        if let Some(info) = &self.client_info {
+            m.insert(CLIENT_INFO.into(), info.clone());
+        }
+        if let Some(level) = &self.log_level {
+            m.insert(LOG_LEVEL.into(), Value::String(level.clone()));
+        }
+        Value::Object(m)
+    }
+
+    /// Whether this request's capabilities declare the extension `id` (2026-07-28
+    /// `ClientCapabilities.extensions`: an object per extension; only this request's
+    /// `_meta` counts).
+    pub fn has_extension(&self, id: &str) -> bool {
+        self.capabilities
+            .get("extensions")
+            .and_then(|e| e.get(id))
+            .is_some_and(Value::is_object)
+    }
+
     /// Checks a need expressed in `ClientCapabilities` shape (as sent in `-32021`).
     pub fn satisfies(&self, need: &Value) -> bool {
         let Some(need) = need.as_object() else {
@@ -124,6 +152,9 @@ impl RequestMeta {
                             .and_then(|e| e.get("url"))
                             .is_some_and(Value::is_object))
             }
+            "extensions" => detail
+                .as_object()
+                .is_none_or(|ids| ids.keys().all(|id| self.has_extension(id))),
             other => self.capabilities.get(other).is_some_and(Value::is_object),
         })
     }
@@ -151,6 +182,13 @@ mod tests {
         assert!(!meta(json!({})).satisfies(&form));
         assert!(meta(json!({"sampling": {}})).satisfies(&json!({"sampling": {}})));
         assert!(!meta(json!({"sampling": true})).satisfies(&json!({"sampling": {}})));
+        let tasks = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+        assert!(meta(tasks.clone()).satisfies(&tasks));
+        assert!(meta(tasks.clone()).has_extension("io.modelcontextprotocol/tasks"));
+        assert!(!meta(json!({"extensions": {}})).satisfies(&tasks));
+        assert!(
+            !meta(json!({"extensions": {"io.modelcontextprotocol/tasks": true}})).satisfies(&tasks)
+        );
     }
 
     #[test]

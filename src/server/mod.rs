@@ -24,6 +24,7 @@ mod router;
 pub mod scope;
 pub mod stdio;
 pub mod store;
+pub mod tasks;
 pub mod token_profile;
 pub mod tools;
 
@@ -51,6 +52,8 @@ pub struct Services {
     pub limits: Limits,
     /// Changes announced by handlers, fanned out to `subscriptions/listen` streams.
     pub changes: tokio::sync::broadcast::Sender<serde_json::Value>,
+    /// Task settings and the task rounds running on this instance.
+    pub tasks: tasks::Tasks,
 }
 
 /// A cheaply clonable handle on one server instance.
@@ -115,6 +118,16 @@ impl Server {
                     KeySource::Configured,
                 )
             };
+        let t = &config.tasks;
+        if t.ttl_ms == 0
+            || t.poll_interval_ms == 0
+            || t.max_per_principal == 0
+            || t.max_running == 0
+        {
+            return Err(ConfigError::Invalid {
+                reason: "[tasks] ttl_ms, poll_interval_ms, max_per_principal and max_running must be at least 1".into(),
+            });
+        }
         if limits.max_list == 0 || limits.max_delete_candidates == 0 {
             return Err(ConfigError::Invalid {
                 reason: "[limits] max_list and max_delete_candidates must be at least 1".into(),
@@ -138,6 +151,7 @@ impl Server {
                         access,
                         limits,
                         changes: tokio::sync::broadcast::channel(256).0,
+                        tasks: tasks::Tasks::new(config.tasks.clone()),
                     },
                     catalog,
                     allowed_origins: config.server.allowed_origins.clone(),

@@ -8,6 +8,7 @@
 
 use super::error::ServerError;
 use super::meta::{RequestMeta, SERVER_INFO, SUBSCRIPTION_ID};
+use super::tasks::{self, NewTask, TaskSupport};
 use super::tools::{CallContext, Outcome, Sink};
 use super::{now_ms, Server};
 use base64::engine::general_purpose::STANDARD;
@@ -68,6 +69,8 @@ const LEGACY_METHODS: &[&str] = &[
 pub struct Listen {
     /// The listen request's id (the subscription id).
     pub id: RequestId,
+    /// Who listens (task status goes only to the task's principal).
+    pub principal: String,
     /// The honored filter (what the acknowledgment carries).
     pub honored: Map<String, Value>,
 }
@@ -92,6 +95,11 @@ impl Listen {
             "notifications/tools/list_changed" => self.flag("toolsListChanged"),
             "notifications/prompts/list_changed" => self.flag("promptsListChanged"),
             "notifications/resources/list_changed" => self.flag("resourcesListChanged"),
+            tasks::NOTIFICATION => {
+                self.flag(tasks::LISTEN_FILTER)
+                    && change.get("principal").and_then(Value::as_str)
+                        == Some(self.principal.as_str())
+            }
             "notifications/resources/updated" => {
                 let uri = change.pointer("/params/uri").and_then(Value::as_str);
                 self.honored
@@ -289,7 +297,15 @@ impl Server {
                 json!({ "resultType": "complete", "completion": completion, "_meta": self.result_meta() })
             }
             "subscriptions/listen" => {
-                return Ok(Answer::Listen(self.listen(req.id.clone(), params)?))
+                return Ok(Answer::Listen(self.listen(
+                    req.id.clone(),
+                    principal,
+                    &meta,
+                    params,
+                )?))
+            }
+            "tasks/get" | "tasks/update" | "tasks/cancel" => {
+                self.task_method(principal, &meta, &req.method, params)?
             }
             m if LEGACY_METHODS.contains(&m) => return Err(legacy_method(m)),
             other => {
@@ -336,7 +352,13 @@ impl Server {
         Value::Object(m)
     }
 
-    fn listen(&self, id: RequestId, params: &Map<String, Value>) -> Result<Listen, ServerError> {
+    fn listen(
+        &self,
+        id: RequestId,
+        principal: &str,
+        meta: &RequestMeta,
+        params: &Map<String, Value>,
+    ) -> Result<Listen, ServerError> {
         let filter = match params.get("notifications") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(f)) => f.clone(),
@@ -370,6 +392,22 @@ impl Server {
                 }
             }
         }
+        // Task status (the tasks extension's `notifications/tasks`): honored for a
+        // listener that declared the extension; it gets its own principal's tasks only.
+        match filter.get(tasks::LISTEN_FILTER) {
+            None | Some(Value::Bool(false)) => {}
+            Some(Value::Bool(true)) => {
+                if meta.has_extension(tasks::EXTENSION) {
+                    honored.insert(tasks::LISTEN_FILTER.into(), Value::Bool(true));
+                }
+            }
+            Some(_) => {
+                return Err(ServerError::params(format!(
+                    "notifications.{} must be a boolean",
+                    tasks::LISTEN_FILTER
+                )))
+            }
+        }
         if let Some(subs) = filter.get("resourceSubscriptions") {
             let subs = subs.as_array().ok_or_else(|| {
                 ServerError::params("notifications.resourceSubscriptions must be an array")
@@ -387,7 +425,11 @@ impl Server {
                 honored.insert("resourceSubscriptions".into(), Value::Array(kept));
             }
         }
-        Ok(Listen { id, honored })
+        Ok(Listen {
+            id,
+            principal: principal.to_owned(),
+            honored,
+        })
     }
 
     /// `tools/call`, `prompts/get`, `resources/read`: the methods that may answer
@@ -435,6 +477,7 @@ impl Server {
             Some(Value::String(s)) => Some(s.as_str()),
             Some(_) => return Err(ServerError::params("params.requestState must be a string")),
         };
+        let mut task = false;
         let tool = if method == "tools/call" {
             let tool = catalog.tools.get(target).ok_or_else(|| {
                 ServerError::params(format!("Unknown tool: {}", echo_quoted(target)))
@@ -446,6 +489,23 @@ impl Server {
                 if !meta.satisfies(&need) {
                     return Err(ServerError::MissingCapability { required: need });
                 }
+            }
+            // The tasks extension: the server decides; only a caller that declared
+            // the extension in this request gets a task, and a tool that runs only
+            // as a task refuses the others with -32021 (SEP-2663 "Required
+            // Capabilities"; extensions/tasks/overview.mdx "Check client capabilities").
+            let support = catalog.tools.task_support(target);
+            let as_task = meta.has_extension(tasks::EXTENSION);
+            if support == TaskSupport::Required && !as_task {
+                return Err(tasks::missing_extension());
+            }
+            if support != TaskSupport::Forbidden
+                && as_task
+                && (!tool.task_after_input()
+                    || input_responses.is_some()
+                    || request_state.is_some())
+            {
+                task = true;
             }
             Some(tool)
         } else {
@@ -467,6 +527,18 @@ impl Server {
         // use one: a state replayed elsewhere is -32602, never silently ignored.
         if request_state.is_some() {
             cx.open_state(target)?;
+        }
+        if let (true, Some(tool)) = (task, tool) {
+            return self.create_task(
+                principal,
+                meta,
+                &NewTask {
+                    tool: tool.name(),
+                    arguments,
+                    input_responses,
+                    request_state,
+                },
+            );
         }
         let span = info_span!("call", target, round = request_state.is_some());
         let _enter = span.enter();
@@ -597,6 +669,9 @@ fn check_mirrored(h: &MirroredHeaders, req: &Request) -> Result<(), ServerError>
     let name_field = match req.method.as_str() {
         "tools/call" | "prompts/get" => Some("name"),
         "resources/read" => Some("uri"),
+        // SEP-2663 "Streamable HTTP: Routing Headers": the task methods carry
+        // `Mcp-Name: <taskId>`.
+        "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
         _ => None,
     };
     if let Some(field) = name_field {

@@ -8,6 +8,7 @@
 
 pub(crate) mod pg_cluster;
 pub(crate) mod schema;
+pub(crate) mod tasks;
 
 use serde_json::{json, Map, Value};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -27,7 +28,7 @@ pub(crate) const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
 pub(crate) const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
 
 /// The state-signing secret shared by every server of a fixture.
-const STATE_SECRET: &str = "integration-test-secret-0123456789abcdef";
+pub(crate) const STATE_SECRET: &str = "integration-test-secret-0123456789abcdef";
 /// How long to wait for anything from a server (generous: loaded CI machines).
 pub(crate) const WAIT: Duration = Duration::from_secs(60);
 
@@ -492,6 +493,14 @@ impl Server {
 
     /// A fresh request id for helper traffic (strings, so they never collide with
     /// the integer ids tests choose).
+    /// The listening address of an HTTP server (`None` on stdio).
+    pub(crate) fn http_addr(&self) -> Option<SocketAddr> {
+        match &self.conn {
+            Conn::Http { addr, .. } => Some(*addr),
+            Conn::Stdio { .. } => None,
+        }
+    }
+
     pub(crate) fn next_id(&self) -> Value {
         json!(format!("h-{}", self.ids.fetch_add(1, Ordering::SeqCst)))
     }
@@ -847,6 +856,7 @@ fn derived_headers(msg: Option<&Value>) -> Vec<(String, String)> {
         let field = match method {
             "tools/call" | "prompts/get" => Some("name"),
             "resources/read" => Some("uri"),
+            "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
             _ => None,
         };
         if let Some(name) = field

@@ -6,6 +6,10 @@ For each run NAME:REVISION it reads RESULTS/NAME/server-<scenario>-<timestamp>/c
 (REQUIREMENTS/<revision>.yaml from the installed suite). A scenario fails iff one of its
 checks has status FAILURE; a scored scenario with no results at all fails too.
 
+With --promoted FILE (lines "RUN SCENARIO"), a scenario the requirement file lists as
+not_scored with reason `extension` is scored for that run (an extension the target
+implements); promoting any other not_scored scenario is refused.
+
 Prints a table of every scenario of every run (scored and not scored), the failing
 checks, and ends with exactly "N passed, M failed" over the scored scenarios of all
 runs. Exit status 1 if any scored scenario failed.
@@ -50,6 +54,32 @@ def read_requirements(path):
     return scored, [e for e in not_scored if e.get("leg") == "server"]
 
 
+def read_promoted(path):
+    """run name -> scenarios promoted to scored for that run."""
+    out = {}
+    if not path:
+        return out
+    with open(path, encoding="utf-8") as f:
+        for raw in f:
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            run, scenario = line.split()
+            out.setdefault(run, []).append(scenario)
+    return out
+
+
+def promote(name, scored, not_scored, promoted):
+    """Moves the run's promoted scenarios from not_scored to scored."""
+    wanted = promoted.get(name, [])
+    by_name = {e["scenario"]: e for e in not_scored}
+    for s in wanted:
+        entry = by_name.get(s)
+        if entry is None or entry.get("reason") != "extension":
+            sys.exit(f"report.py: {name}: cannot promote {s}: not a not_scored extension scenario")
+    return scored + wanted, [e for e in not_scored if e["scenario"] not in wanted]
+
+
 def read_results(run_dir):
     """scenario -> list of checks (the newest result directory wins)."""
     out = {}
@@ -90,13 +120,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--requirements", required=True)
     ap.add_argument("--results", required=True)
+    ap.add_argument("--promoted", help="RUN SCENARIO lines: extension scenarios scored for RUN")
     ap.add_argument("runs", nargs="+", help="NAME:REVISION")
     args = ap.parse_args()
 
+    promoted = read_promoted(args.promoted)
     runs = []
     for spec in args.runs:
         name, revision = spec.split(":", 1)
         scored, not_scored = read_requirements(os.path.join(args.requirements, f"{revision}.yaml"))
+        scored, not_scored = promote(name, scored, not_scored, promoted)
         results = read_results(os.path.join(args.results, name))
         runs.append((name, revision, scored, not_scored, results))
 

@@ -10,6 +10,9 @@
 #   gateway  --requirements 2026-07-28   modern pass-through
 #   gateway  --requirements 2025-11-25   era translation (legacy host -> modern fixture)
 #
+# Extension scenarios the targets implement (tests/conformance/promoted.txt: the tasks
+# extension on the fixture and through the pass-through) are scored too.
+#
 # Prints a table of scored scenarios per run (and every not-scored scenario with its
 # outcome), exits non-zero if a scored scenario fails. Last line: "N passed, M failed".
 # Needs: cargo, python3, npm (any Node >= 18 to run npm itself).
@@ -93,4 +96,5 @@ run gateway-2026 "$GATEWAY_URL" 2026-07-28
 run gateway-2025 "$GATEWAY_URL" 2025-11-25
 
 python3 "$HERE/report.py" --requirements "$REQS" --results "$OUT" \
+  --promoted "$HERE/promoted.txt" \
   fixture-2026:2026-07-28 gateway-2026:2026-07-28 gateway-2025:2025-11-25

@@ -16,6 +16,12 @@
 //! - Title lookups name the true number of matches and return a bounded subset: the most
 //!   recently created (highest ids) first.
 //! - The schema is versioned; a store refuses a schema newer than this build knows.
+//! - Tasks (the `io.modelcontextprotocol/tasks` extension, [`TaskStore`]) are one row
+//!   each: the columns both engines index (id, principal, expiry) and a version, with
+//!   the task itself as one JSON document. A write replaces the document only if the
+//!   version is still the one read (compare-and-set), so two instances answering the
+//!   same task never both move it on. A principal holds a bounded number of unexpired
+//!   tasks; expired ones are purged in bounded batches and never returned.
 
 mod postgres;
 mod sqlite;
@@ -211,8 +217,45 @@ pub trait ReplayStore: Send + Sync {
     fn claim(&self, claim: &NonceClaim) -> Result<bool, StoreError>;
 }
 
+/// Expired tasks purged by one insert at most (a bounded statement; each insert adds
+/// one task, so purging keeps up).
+const TASK_PURGE_BATCH: i64 = 1000;
+
+/// One stored task: what both engines index, and the task as a JSON document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskRow {
+    /// The unguessable task id.
+    pub id: String,
+    /// The principal the task is bound to.
+    pub principal: String,
+    /// When the task is forgotten (ms since epoch): creation plus its `ttlMs`.
+    pub expires_ms: u64,
+    /// The version this row was read at (a write stores `version + 1`).
+    pub version: i64,
+    /// The task document (JSON, written and read by `server::tasks`).
+    pub body: String,
+}
+
+/// Tasks.
+pub trait TaskStore: Send + Sync {
+    /// Inserts a new task (version 0) unless its principal already holds
+    /// `max_per_principal` unexpired tasks (`false` then). Purges a bounded batch of
+    /// expired tasks first.
+    fn task_insert(
+        &self,
+        row: &TaskRow,
+        max_per_principal: usize,
+        now_ms: u64,
+    ) -> Result<bool, StoreError>;
+    /// The unexpired task with this id.
+    fn task_get(&self, id: &str, now_ms: u64) -> Result<Option<TaskRow>, StoreError>;
+    /// Stores `row.body` as version `row.version + 1` if the stored version is still
+    /// `row.version`; `false` when another writer came first (nothing changed).
+    fn task_replace(&self, row: &TaskRow) -> Result<bool, StoreError>;
+}
+
 /// Both halves of the contract, behind one handle.
-pub trait Store: NoteStore + ReplayStore + std::fmt::Debug {
+pub trait Store: NoteStore + ReplayStore + TaskStore + std::fmt::Debug {
     /// Which engine (`sqlite`, `postgres`), for logs.
     fn engine(&self) -> &'static str;
 }

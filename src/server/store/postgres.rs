@@ -31,7 +31,8 @@
 
 use super::{
     count, limit_i64, pending, purge_before, to_i64, DeleteOutcome, ListQuery, LiveCheck,
-    NonceClaim, Note, NoteStore, Page, ReplayStore, Store, StoreError, TitleMatches,
+    NonceClaim, Note, NoteStore, Page, ReplayStore, Store, StoreError, TaskRow, TaskStore,
+    TitleMatches, TASK_PURGE_BATCH,
 };
 use crate::config::StoreSection;
 use ::postgres::{Client, IsolationLevel, Row};
@@ -73,6 +74,16 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX nonces_by_expiry ON nonces (expires_ms);",
     // 2: keyset paging of a workspace by id.
     "CREATE INDEX notes_by_workspace ON notes (workspace, id);",
+    // 3: tasks (the io.modelcontextprotocol/tasks extension).
+    "CREATE TABLE tasks (
+        id TEXT PRIMARY KEY,
+        principal TEXT NOT NULL,
+        expires_ms BIGINT NOT NULL,
+        version BIGINT NOT NULL,
+        body TEXT NOT NULL
+    );
+    CREATE INDEX tasks_by_principal ON tasks (principal, expires_ms);
+    CREATE INDEX tasks_by_expiry ON tasks (expires_ms);",
 ];
 
 /// The PostgreSQL store.
@@ -384,6 +395,72 @@ impl ReplayStore for PostgresStore {
             &[&claim.nonce, &to_i64(claim.expires_ms)],
         )?;
         Ok(inserted == 1)
+    }
+}
+
+impl TaskStore for PostgresStore {
+    fn task_insert(
+        &self,
+        row: &TaskRow,
+        max_per_principal: usize,
+        now_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.conn()?;
+        let mut tx = conn.transaction()?;
+        tx.execute(
+            "DELETE FROM tasks WHERE id IN
+               (SELECT id FROM tasks WHERE expires_ms < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            &[&to_i64(now_ms), &TASK_PURGE_BATCH],
+        )?;
+        // Count and insert under a per-principal lock, so that instances creating
+        // tasks for one principal at once cannot both pass the bound.
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtext($1))",
+            &[&row.principal],
+        )?;
+        let held: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM tasks WHERE principal = $1 AND expires_ms >= $2",
+                &[&row.principal, &to_i64(now_ms)],
+            )?
+            .get(0);
+        if count(held) >= u64::try_from(max_per_principal).unwrap_or(u64::MAX) {
+            tx.commit()?;
+            return Ok(false);
+        }
+        tx.execute(
+            "INSERT INTO tasks (id, principal, expires_ms, version, body)
+             VALUES ($1, $2, $3, 0, $4)",
+            &[&row.id, &row.principal, &to_i64(row.expires_ms), &row.body],
+        )?;
+        tx.commit()?;
+        Ok(true)
+    }
+
+    fn task_get(&self, id: &str, now_ms: u64) -> Result<Option<TaskRow>, StoreError> {
+        let mut conn = self.conn()?;
+        Ok(conn
+            .query_opt(
+                "SELECT id, principal, expires_ms, version, body FROM tasks
+                 WHERE id = $1 AND expires_ms >= $2",
+                &[&id, &to_i64(now_ms)],
+            )?
+            .map(|r| TaskRow {
+                id: r.get(0),
+                principal: r.get(1),
+                expires_ms: count(r.get(2)),
+                version: r.get(3),
+                body: r.get(4),
+            }))
+    }
+
+    fn task_replace(&self, row: &TaskRow) -> Result<bool, StoreError> {
+        let mut conn = self.conn()?;
+        let n = conn.execute(
+            "UPDATE tasks SET body = $1, version = version + 1 WHERE id = $2 AND version = $3",
+            &[&row.body, &row.id, &row.version],
+        )?;
+        Ok(n == 1)
     }
 }
 

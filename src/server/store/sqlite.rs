@@ -4,7 +4,8 @@
 
 use super::{
     count, limit_i64, pending, purge_before, to_i64, DeleteOutcome, ListQuery, LiveCheck,
-    NonceClaim, Note, NoteStore, Page, ReplayStore, Store, StoreError, TitleMatches,
+    NonceClaim, Note, NoteStore, Page, ReplayStore, Store, StoreError, TaskRow, TaskStore,
+    TitleMatches, TASK_PURGE_BATCH,
 };
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension, TransactionBehavior};
 use std::sync::Mutex;
@@ -39,6 +40,16 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX IF NOT EXISTS nonces_by_expiry ON nonces(expires_ms);",
     // 2: keyset paging of a workspace by id.
     "CREATE INDEX IF NOT EXISTS notes_by_workspace ON notes(workspace, id);",
+    // 3: tasks (the io.modelcontextprotocol/tasks extension).
+    "CREATE TABLE IF NOT EXISTS tasks (
+        id TEXT PRIMARY KEY,
+        principal TEXT NOT NULL,
+        expires_ms INTEGER NOT NULL,
+        version INTEGER NOT NULL,
+        body TEXT NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS tasks_by_principal ON tasks(principal, expires_ms);
+    CREATE INDEX IF NOT EXISTS tasks_by_expiry ON tasks(expires_ms);",
 ];
 
 impl SqliteStore {
@@ -295,6 +306,71 @@ impl ReplayStore for SqliteStore {
             )?;
             tx.commit()?;
             Ok(inserted == 1)
+        })
+    }
+}
+
+impl TaskStore for SqliteStore {
+    fn task_insert(
+        &self,
+        row: &TaskRow,
+        max_per_principal: usize,
+        now_ms: u64,
+    ) -> Result<bool, StoreError> {
+        self.with(|c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute(
+                "DELETE FROM tasks WHERE id IN
+                   (SELECT id FROM tasks WHERE expires_ms < ?1 LIMIT ?2)",
+                params![to_i64(now_ms), TASK_PURGE_BATCH],
+            )?;
+            let held: i64 = tx.query_row(
+                "SELECT count(*) FROM tasks WHERE principal = ?1 AND expires_ms >= ?2",
+                params![row.principal, to_i64(now_ms)],
+                |r| r.get(0),
+            )?;
+            if count(held) >= u64::try_from(max_per_principal).unwrap_or(u64::MAX) {
+                tx.commit()?;
+                return Ok(false);
+            }
+            tx.execute(
+                "INSERT INTO tasks (id, principal, expires_ms, version, body)
+                 VALUES (?1, ?2, ?3, 0, ?4)",
+                params![row.id, row.principal, to_i64(row.expires_ms), row.body],
+            )?;
+            tx.commit()?;
+            Ok(true)
+        })
+    }
+
+    fn task_get(&self, id: &str, now_ms: u64) -> Result<Option<TaskRow>, StoreError> {
+        self.with(|c| {
+            Ok(c.query_row(
+                "SELECT id, principal, expires_ms, version, body FROM tasks
+                 WHERE id = ?1 AND expires_ms >= ?2",
+                params![id, to_i64(now_ms)],
+                |r| {
+                    Ok(TaskRow {
+                        id: r.get(0)?,
+                        principal: r.get(1)?,
+                        expires_ms: count(r.get(2)?),
+                        version: r.get(3)?,
+                        body: r.get(4)?,
+                    })
+                },
+            )
+            .optional()?)
+        })
+    }
+
+    fn task_replace(&self, row: &TaskRow) -> Result<bool, StoreError> {
+        self.with(|c| {
+            let n = c.execute(
+                "UPDATE tasks SET body = ?1, version = version + 1
+                 WHERE id = ?2 AND version = ?3",
+                params![row.body, row.id, row.version],
+            )?;
+            Ok(n == 1)
         })
     }
 }

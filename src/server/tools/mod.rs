@@ -7,6 +7,7 @@ mod summarize;
 use super::error::ServerError;
 use super::meta::RequestMeta;
 use super::request_state::{digest_arguments, Binding, Opened};
+use super::tasks::TaskSupport;
 use super::Services;
 use dualera_adapters::param_headers::{tool_param_headers, ParamHeader};
 use dualera_adapters::{Message, Notification};
@@ -89,6 +90,12 @@ pub trait Tool: Send + Sync + std::fmt::Debug {
     fn required_capabilities(&self) -> Option<Value> {
         None
     }
+    /// Whether, for a caller running it as a task, the tool's first MRTR round is
+    /// answered synchronously and the task is created by the request that brings its
+    /// answers (SEP-2663 MRTR → tasks composition). Most tools start the task at once.
+    fn task_after_input(&self) -> bool {
+        false
+    }
     /// Runs the tool.
     fn call(&self, cx: &CallContext<'_>) -> Result<Outcome, ServerError>;
 }
@@ -99,6 +106,8 @@ pub struct ToolRegistry {
     tools: BTreeMap<&'static str, Box<dyn Tool>>,
     /// Each tool's `x-mcp-header` parameters, read from its descriptor once.
     param_headers: BTreeMap<&'static str, Vec<ParamHeader>>,
+    /// Each tool's `execution.taskSupport`, read from its descriptor once.
+    task_support: BTreeMap<&'static str, TaskSupport>,
 }
 
 impl ToolRegistry {
@@ -128,7 +137,9 @@ impl ToolRegistry {
     /// tool, caught when the server is assembled.
     pub fn add(&mut self, tool: Box<dyn Tool>) {
         let name = tool.name();
-        let schema = tool.descriptor().get("inputSchema").cloned();
+        let descriptor = tool.descriptor();
+        self.task_support.insert(name, TaskSupport::of(&descriptor));
+        let schema = descriptor.get("inputSchema").cloned();
         let headers = tool_param_headers(schema.as_ref().unwrap_or(&Value::Null))
             .unwrap_or_else(|e| panic!("tool {name}: invalid x-mcp-header: {e}"));
         if headers.is_empty() {
@@ -142,6 +153,18 @@ impl ToolRegistry {
     /// The `x-mcp-header` parameters of a tool (empty for most).
     pub fn param_headers(&self, name: &str) -> &[ParamHeader] {
         self.param_headers.get(name).map_or(&[], Vec::as_slice)
+    }
+
+    /// How a tool may run as a task.
+    pub fn task_support(&self, name: &str) -> TaskSupport {
+        self.task_support.get(name).copied().unwrap_or_default()
+    }
+
+    /// Whether any tool may run as a task (the server then declares the extension).
+    pub fn offers_tasks(&self) -> bool {
+        self.task_support
+            .values()
+            .any(|s| *s != TaskSupport::Forbidden)
     }
 
     /// Looks a tool up.

@@ -78,7 +78,10 @@ impl Tool for SummarizeRepo {
                 },
                 "required": ["directory", "audience", "files", "summary"]
             },
-            "annotations": {"readOnlyHint": true, "openWorldHint": false}
+            "annotations": {"readOnlyHint": true, "openWorldHint": false},
+            // A large repository takes a while: callers that declare the tasks
+            // extension get a task (extensions/tasks/overview.mdx).
+            "execution": {"taskSupport": "optional"}
         })
     }
 
