@@ -462,8 +462,10 @@ pub(super) async fn handle(
     req: Request<RequestBody>,
     forwarded: Forwarded,
 ) -> Response<GatewayBody> {
+    // The Redis store's future is boxed: inline, its size would be the in-memory
+    // path's too, moved (copied) on every request.
     match gw.shared.as_ref() {
-        Some(shared) => front(gw, &shared.clone(), req, forwarded).await,
+        Some(shared) => Box::pin(front(gw, &shared.clone(), req, forwarded)).await,
         None => front(gw, &gw.legacy, req, forwarded).await,
     }
 }
@@ -699,7 +701,16 @@ impl SessionStore for Sessions {
     ) -> Response<GatewayBody> {
         let caller = BindingKey::of(gw.config.session_binding, cx.auth.as_ref())
             .caller(cx.auth.is_none(), cx.peer);
-        initialize(gw, init, cx.auth, cx.forwarded, cx.trace, caller).await
+        // Once per session, and large: boxed, out of every request's future.
+        Box::pin(initialize(
+            gw,
+            init,
+            cx.auth,
+            cx.forwarded,
+            cx.trace,
+            caller,
+        ))
+        .await
     }
 
     async fn request(
@@ -742,7 +753,7 @@ impl SessionStore for Sessions {
         headers: &http::HeaderMap,
         auth: Option<HeaderValue>,
     ) -> Response<GatewayBody> {
-        get(gw, handle, headers, auth).await
+        Box::pin(get(gw, handle, headers, auth)).await
     }
 
     async fn delete(&self, _gw: &Gateway, h: &Arc<SessionHandle>) -> Response<GatewayBody> {

@@ -688,9 +688,10 @@ impl Gateway {
             return gw.serve_endpoint(connection, endpoint, req, conn).await;
         };
         if endpoint == routes::Endpoint::Metadata {
-            return public.metadata(auth::relay_metadata(gw, req).await).await;
+            let relayed = Box::pin(auth::relay_metadata(gw, req)).await;
+            return Box::pin(public.metadata(relayed)).await;
         }
-        match public.prepare(req).await {
+        match Box::pin(public.prepare(req)).await {
             Ok(req) => public.finish(gw.serve_endpoint(connection, endpoint, req, conn).await),
             Err(refused) => refused,
         }
@@ -706,12 +707,16 @@ impl Gateway {
     ) -> Response<GatewayBody> {
         let gw = self;
         let fwd = Forwarded::new(gw.config.forwarded, conn, &req);
+        // Every branch but pass-through is boxed: a request's future is as large as
+        // the largest branch it could take, and hyper moves it (a memcpy of all of it)
+        // as it starts serving it. Inline, the legacy handler made every request,
+        // pass-through included, copy some 20 KB (callgrind, `bench --profile`).
         match endpoint {
             routes::Endpoint::Mcp => {}
-            routes::Endpoint::WebSocket => return websocket::upgrade(gw, req, fwd).await,
+            routes::Endpoint::WebSocket => return Box::pin(websocket::upgrade(gw, req, fwd)).await,
             routes::Endpoint::Sse => return http_sse::open(gw, &req, fwd),
-            routes::Endpoint::Messages => return http_sse::post(gw, req).await,
-            routes::Endpoint::Metadata => return auth::relay_metadata(gw, req).await,
+            routes::Endpoint::Messages => return Box::pin(http_sse::post(gw, req)).await,
+            routes::Endpoint::Metadata => return Box::pin(auth::relay_metadata(gw, req)).await,
         }
         let h = req.headers();
         // Without a session, any MCP-Protocol-Version header that is not a legacy
@@ -726,7 +731,7 @@ impl Gateway {
         if modern {
             passthrough::forward(gw, &connection.telemetry, req, &fwd).await
         } else {
-            legacy_http::handle(gw, req, fwd).await
+            Box::pin(legacy_http::handle(gw, req, fwd)).await
         }
     }
 }
