@@ -67,10 +67,17 @@ impl BindingKey {
     /// No header at all has a key of its own, so a session opened with a token is not
     /// found without one.
     pub(super) fn of(mode: SessionBinding, authorization: Option<&HeaderValue>) -> Self {
+        // Every request of a session without credentials asks for this one value.
+        static NONE: std::sync::LazyLock<BindingKey> = std::sync::LazyLock::new(|| {
+            let mut h = Sha256::new();
+            h.update(b"dualera-session-binding\0");
+            h.update(b"none");
+            BindingKey(h.finalize().into())
+        });
         let mut h = Sha256::new();
         h.update(b"dualera-session-binding\0");
         match authorization {
-            None => h.update(b"none"),
+            None => return *NONE,
             Some(auth) => match (mode, jwt_subject(auth)) {
                 (SessionBinding::Subject, Some((iss, sub))) => {
                     h.update(b"subject\0");

@@ -106,11 +106,8 @@ pub(super) async fn forward(
                 .instrument(span)
                 .await
         }
-        Some(up) => {
-            forward_stdio(gateway, connection, up, req)
-                .instrument(span)
-                .await
-        }
+        // Boxed: a rare branch, kept out of the size of every request's future.
+        Some(up) => Box::pin(forward_stdio(gateway, connection, up, req).instrument(span)).await,
     };
     let revision = revision
         .as_ref()
@@ -259,38 +256,9 @@ async fn forward_http(
         .get("mcp-method")
         .is_some_and(|m| m == "server/discover");
     if cacheable.is_some() || discover {
-        let bytes = match read_body(body, limit).await {
-            Ok(b) => b,
-            Err(too_large) => return too_large,
-        };
-        gateway
-            .telemetry
-            .identify(connection, revision_of(&parts.headers), &bytes);
-        let keep = match cacheable {
-            Some(method) => {
-                match cache::passthrough::lookup(
-                    &gateway.cache,
-                    &parts.headers,
-                    &bytes,
-                    method,
-                    limit,
-                )
-                .await
-                {
-                    cache::passthrough::Lookup::Hit(resp) => return resp,
-                    cache::passthrough::Lookup::Miss(keep) => keep,
-                }
-            }
-            None => None,
-        };
-        let resp = match send(gateway, parts, full(bytes)).await {
-            Ok(resp) => downstream(resp),
-            Err(e) => upstream_failed(&e),
-        };
-        return match keep {
-            Some(keep) => keep.fetched(resp),
-            None => resp,
-        };
+        // Boxed, like every branch but the plain relay below: hyper moves a request's
+        // future as it starts serving it, all of its bytes.
+        return Box::pin(read_whole(gateway, connection, parts, body, cacheable)).await;
     }
     let tool_call = cache::passthrough::ToolCall::watch(&gateway.cache, &parts.headers);
     let body: GatewayBody = Limited::new(body, limit)
@@ -302,6 +270,45 @@ async fn forward_http(
             None => downstream(resp),
         },
         Err(e) => upstream_failed(&e),
+    }
+}
+
+/// A pass-through request read whole (small: a cacheable method, or `server/discover`,
+/// which names the client for the report): looked up in the cache when cacheable,
+/// else (or on a miss) sent.
+async fn read_whole(
+    gateway: &Gateway,
+    connection: &ConnectionTelemetry,
+    parts: http::request::Parts,
+    body: RequestBody,
+    cacheable: Option<cache::Cacheable>,
+) -> Response<GatewayBody> {
+    let limit = gateway.config.max_body_bytes;
+    let bytes = match read_body(body, limit).await {
+        Ok(b) => b,
+        Err(too_large) => return too_large,
+    };
+    gateway
+        .telemetry
+        .identify(connection, revision_of(&parts.headers), &bytes);
+    let keep = match cacheable {
+        Some(method) => {
+            match cache::passthrough::lookup(&gateway.cache, &parts.headers, &bytes, method, limit)
+                .await
+            {
+                cache::passthrough::Lookup::Hit(resp) => return resp,
+                cache::passthrough::Lookup::Miss(keep) => keep,
+            }
+        }
+        None => None,
+    };
+    let resp = match send(gateway, parts, full(bytes)).await {
+        Ok(resp) => downstream(resp),
+        Err(e) => upstream_failed(&e),
+    };
+    match keep {
+        Some(keep) => keep.fetched(resp),
+        None => resp,
     }
 }
 
