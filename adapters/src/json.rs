@@ -147,16 +147,20 @@ impl<'de> Visitor<'de> for Seed<'_> {
         let mut members = Map::new();
         while let Some(name) = map.next_key::<String>()? {
             let value = map.next_value_seed(inner)?;
-            if members.contains_key(&name) {
-                let mut dup = self.dup.borrow_mut();
-                if dup.is_none() {
-                    *dup = Some(JsonError::DuplicateMember {
-                        name,
-                        depth: self.depth,
-                    });
+            // One lookup per member: the first of duplicates is kept.
+            match members.entry(name) {
+                serde_json::map::Entry::Vacant(e) => {
+                    e.insert(value);
                 }
-            } else {
-                members.insert(name, value);
+                serde_json::map::Entry::Occupied(e) => {
+                    let mut dup = self.dup.borrow_mut();
+                    if dup.is_none() {
+                        *dup = Some(JsonError::DuplicateMember {
+                            name: e.key().clone(),
+                            depth: self.depth,
+                        });
+                    }
+                }
             }
         }
         Ok(Value::Object(members))
