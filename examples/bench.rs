@@ -2481,6 +2481,8 @@ struct StepMeter<'a> {
     background: (f64, f64),
     last: (BTreeMap<String, u64>, u64, Instant),
     steps: Vec<StepRow>,
+    /// Bytes of one session's serialized state after a flow.
+    state_bytes: u64,
 }
 
 impl<'a> StepMeter<'a> {
@@ -2491,6 +2493,7 @@ impl<'a> StepMeter<'a> {
             background,
             last: (redis.commandstats()?, proxy.trips(), Instant::now()),
             steps: Vec::new(),
+            state_bytes: 0,
         })
     }
 
@@ -2528,13 +2531,14 @@ impl<'a> StepMeter<'a> {
 /// Per step of a replicated flow (initialize, notes_create, notes_delete with its
 /// elicitation): two fresh replicas that reach Redis through a counting proxy, one
 /// flow at a time, each flow on a new session whose requests and answers go to
-/// different replicas. Returns the steps and the idle background per second.
+/// different replicas. Returns the steps, the idle background per second and the bytes of one
+/// session's serialized state after a flow.
 async fn replica_steps(
     env: &Env,
     server: &Proc,
     redis: &Redis,
     flows: usize,
-) -> Res<(Vec<StepRow>, (f64, f64))> {
+) -> Res<(Vec<StepRow>, (f64, f64), u64)> {
     let proxy = CountingProxy::start(redis.port).await?;
     let section = std::fs::read_to_string(&env.gateway_config)?;
     let config = env.dir.join("bench-gateway-redis-counted.toml");
@@ -2591,8 +2595,15 @@ async fn replica_steps(
             )
             .await?;
         check_deleted(&r)?;
+        if k + 1 == flows {
+            // The serialized state of a session after a flow (the `d` field).
+            let sid = c.headers[0].1.to_str()?.to_owned();
+            let key = format!("dualera:s:{{{sid}}}");
+            let n = redis.command(&["HSTRLEN", &key, "d"])?;
+            meter.state_bytes = n.trim().trim_start_matches(':').parse().unwrap_or(0);
+        }
     }
-    Ok((meter.steps, background))
+    Ok((meter.steps, background, meter.state_bytes))
 }
 
 /// Runs flows on every client at once for `secs`; returns the clients, the flows done
@@ -2806,7 +2817,7 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
     let per_session = (after as f64 - before as f64) / opened.len().max(1) as f64;
     let keys = redis.command(&["DBSIZE"])?;
     drop((memory, first, second, locals, shareds, local, shared));
-    let (steps, background) = replica_steps(env, server, &redis, 20).await?;
+    let (steps, background, state_bytes) = replica_steps(env, server, &redis, 20).await?;
     let commands_per_flow = commands as f64 / flows[1].max(1) as f64;
     let load_commands_per_flow = load_commands as f64 / load_flows[1].max(1) as f64;
     report.replicas = Some((ratio, load_ratio, hosts, opened.len(), per_session));
@@ -2901,8 +2912,12 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
         fmt_f(flow_cmds, 1),
         fmt_f(flow_trips, 1)
     );
+    let _ = writeln!(
+        md,
+        "\nOne session's serialized state after a flow: {state_bytes} bytes."
+    );
     eprintln!(
-        "  per flow: Redis commands {} (rounds) / {} ({hosts} hosts); per-step total {} commands, {} round trips",
+        "  per flow: Redis commands {} (rounds) / {} ({hosts} hosts); per-step total {} commands, {} round trips; state {state_bytes} bytes",
         fmt_f(commands_per_flow, 1),
         fmt_f(load_commands_per_flow, 1),
         fmt_f(flow_cmds, 1),
@@ -2921,7 +2936,7 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
                "redis_used_memory_before": before, "redis_used_memory_after": after,
                "redis_bytes_per_idle_session": per_session,
                "redis_commands_per_flow": commands_per_flow, "load_redis_commands_per_flow": load_commands_per_flow,
-               "steps": step_json, "flow_commands": flow_cmds, "flow_round_trips": flow_trips}),
+               "steps": step_json, "state_bytes": state_bytes, "flow_commands": flow_cmds, "flow_round_trips": flow_trips}),
     );
     Ok(())
 }
