@@ -2365,7 +2365,12 @@ impl Redis {
             .lines()
             .filter_map(|l| {
                 let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-                let calls = rest.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
+                let calls = rest
+                    .strip_prefix("calls=")?
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()?;
                 Some((name.to_owned(), calls))
             })
             .collect())
@@ -2416,7 +2421,8 @@ impl CountingProxy {
                 };
                 let counted = counted.clone();
                 tokio::spawn(async move {
-                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", redis_port)).await
+                    let Ok(server) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", redis_port)).await
                     else {
                         return;
                     };
@@ -2464,6 +2470,12 @@ impl Drop for Redis {
     }
 }
 
+/// The per-step passes: where a flow's requests and answers go.
+const STEP_PASSES: [&str; 2] = [
+    "any replica (requests on one replica, the elicitation's answer on the other)",
+    "one replica (all of a flow on the replica holding its SSE connection)",
+];
+
 /// How long a step is given to finish what it started in the background (a relay's
 /// last read, a wake-up) before its figures are read.
 const STEP_SETTLE: Duration = Duration::from_millis(25);
@@ -2481,8 +2493,6 @@ struct StepMeter<'a> {
     background: (f64, f64),
     last: (BTreeMap<String, u64>, u64, Instant),
     steps: Vec<StepRow>,
-    /// Bytes of one session's serialized state after a flow.
-    state_bytes: u64,
 }
 
 impl<'a> StepMeter<'a> {
@@ -2493,13 +2503,16 @@ impl<'a> StepMeter<'a> {
             background,
             last: (redis.commandstats()?, proxy.trips(), Instant::now()),
             steps: Vec::new(),
-            state_bytes: 0,
         })
     }
 
     /// Starts counting from now.
     fn reset(&mut self) -> Res<()> {
-        self.last = (self.redis.commandstats()?, self.proxy.trips(), Instant::now());
+        self.last = (
+            self.redis.commandstats()?,
+            self.proxy.trips(),
+            Instant::now(),
+        );
         Ok(())
     }
 
@@ -2530,15 +2543,17 @@ impl<'a> StepMeter<'a> {
 
 /// Per step of a replicated flow (initialize, notes_create, notes_delete with its
 /// elicitation): two fresh replicas that reach Redis through a counting proxy, one
-/// flow at a time, each flow on a new session whose requests and answers go to
-/// different replicas. Returns the steps, the idle background per second and the bytes of one
-/// session's serialized state after a flow.
+/// flow at a time, each flow on a new session; first with requests and answers on
+/// different replicas (any replica), then with all of a flow on one replica (the one
+/// holding the SSE connection also gets the answer). Returns the steps of both
+/// passes, the idle background per second and the bytes of one session's serialized
+/// state after a flow.
 async fn replica_steps(
     env: &Env,
     server: &Proc,
     redis: &Redis,
     flows: usize,
-) -> Res<(Vec<StepRow>, (f64, f64), u64)> {
+) -> Res<([Vec<StepRow>; 2], (f64, f64), u64)> {
     let proxy = CountingProxy::start(redis.port).await?;
     let section = std::fs::read_to_string(&env.gateway_config)?;
     let config = env.dir.join("bench-gateway-redis-counted.toml");
@@ -2546,10 +2561,7 @@ async fn replica_steps(
         &config,
         section.replacen(
             "[gateway]\n",
-            &format!(
-                "[gateway]\nsession_store = \"redis://{}/0\"\n",
-                proxy.addr
-            ),
+            &format!("[gateway]\nsession_store = \"redis://{}/0\"\n", proxy.addr),
             1,
         ),
     )?;
@@ -2566,44 +2578,47 @@ async fn replica_steps(
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle = redis.commands_since(&c0)?.values().sum::<u64>() as f64;
     let secs = i0.elapsed().as_secs_f64();
-    let background = (
-        idle / secs,
-        proxy.trips().saturating_sub(t0) as f64 / secs,
-    );
-    let mut meter = StepMeter::new(redis, &proxy, background)?;
-    for k in 0..flows {
-        let (a, b) = if k % 2 == 0 {
-            (first.addr, second.addr)
-        } else {
-            (second.addr, first.addr)
-        };
-        meter.reset()?;
-        let mut c = LegacyClient::open_pair(a, b).await?;
-        meter.mark("initialize + notifications/initialized").await?;
-        let title = format!("replica-steps-{k}");
-        c.tool_metered(
-            "notes_create",
-            json!({"workspaceUri": ws, "title": title, "body": "bench"}),
-            Some(&mut meter),
-        )
-        .await?;
-        let r = c
-            .tool_metered(
-                "notes_delete",
-                json!({"workspaceUri": ws, "title": title}),
+    let background = (idle / secs, proxy.trips().saturating_sub(t0) as f64 / secs);
+    let mut passes: [Vec<StepRow>; 2] = Default::default();
+    let mut state_bytes = 0;
+    for (pass, steps) in passes.iter_mut().enumerate() {
+        let mut meter = StepMeter::new(redis, &proxy, background)?;
+        for k in 0..flows {
+            let (a, b) = match (pass, k % 2) {
+                (0, 0) => (first.addr, second.addr),
+                (0, _) => (second.addr, first.addr),
+                (_, 0) => (first.addr, first.addr),
+                _ => (second.addr, second.addr),
+            };
+            meter.reset()?;
+            let mut c = LegacyClient::open_pair(a, b).await?;
+            meter.mark("initialize + notifications/initialized").await?;
+            let title = format!("replica-steps-{pass}-{k}");
+            c.tool_metered(
+                "notes_create",
+                json!({"workspaceUri": ws, "title": title, "body": "bench"}),
                 Some(&mut meter),
             )
             .await?;
-        check_deleted(&r)?;
-        if k + 1 == flows {
-            // The serialized state of a session after a flow (the `d` field).
-            let sid = c.headers[0].1.to_str()?.to_owned();
-            let key = format!("dualera:s:{{{sid}}}");
-            let n = redis.command(&["HSTRLEN", &key, "d"])?;
-            meter.state_bytes = n.trim().trim_start_matches(':').parse().unwrap_or(0);
+            let r = c
+                .tool_metered(
+                    "notes_delete",
+                    json!({"workspaceUri": ws, "title": title}),
+                    Some(&mut meter),
+                )
+                .await?;
+            check_deleted(&r)?;
+            if pass == 0 && k + 1 == flows {
+                // The serialized state of a session after a flow (the `d` field).
+                let sid = c.headers[0].1.to_str()?.to_owned();
+                let key = format!("dualera:s:{{{sid}}}");
+                let n = redis.command(&["HSTRLEN", &key, "d"])?;
+                state_bytes = n.trim().trim_start_matches(':').parse().unwrap_or(0);
+            }
         }
+        *steps = meter.steps;
     }
-    Ok((meter.steps, background, meter.state_bytes))
+    Ok((passes, background, state_bytes))
 }
 
 /// Runs flows on every client at once for `secs`; returns the clients, the flows done
@@ -2817,7 +2832,7 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
     let per_session = (after as f64 - before as f64) / opened.len().max(1) as f64;
     let keys = redis.command(&["DBSIZE"])?;
     drop((memory, first, second, locals, shareds, local, shared));
-    let (steps, background, state_bytes) = replica_steps(env, server, &redis, 20).await?;
+    let (passes, background, state_bytes) = replica_steps(env, server, &redis, 20).await?;
     let commands_per_flow = commands as f64 / flows[1].max(1) as f64;
     let load_commands_per_flow = load_commands as f64 / load_flows[1].max(1) as f64;
     report.replicas = Some((ratio, load_ratio, hosts, opened.len(), per_session));
@@ -2840,8 +2855,16 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
             fmt_f(rate[v], 1),
             fmt_f(median(&lats[v]), 0),
             fmt_f(cpu_us[v], 0),
-            if v == 1 { fmt_f(cpu_us[2], 0) } else { "–".into() },
-            if v == 1 { fmt_f(commands_per_flow, 1) } else { "–".into() },
+            if v == 1 {
+                fmt_f(cpu_us[2], 0)
+            } else {
+                "–".into()
+            },
+            if v == 1 {
+                fmt_f(commands_per_flow, 1)
+            } else {
+                "–".into()
+            },
         );
     }
     let _ = writeln!(
@@ -2861,8 +2884,16 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
             "| {name} | {} | {} | {} | {} |",
             fmt_f(load_rate[v], 1),
             fmt_f(load_cpu_us[v], 0),
-            if v == 1 { fmt_f(load_cpu_us[2], 0) } else { "–".into() },
-            if v == 1 { fmt_f(load_commands_per_flow, 1) } else { "–".into() },
+            if v == 1 {
+                fmt_f(load_cpu_us[2], 0)
+            } else {
+                "–".into()
+            },
+            if v == 1 {
+                fmt_f(load_commands_per_flow, 1)
+            } else {
+                "–".into()
+            },
         );
     }
     let _ = writeln!(
@@ -2880,48 +2911,56 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
         fmt_f(per_session, 0),
         keys.trim().trim_start_matches(':')
     );
-    let _ = writeln!(
-        md,
-        "\nPer step of a replicated flow ({} flows, one at a time, each on a new session, requests and answers on different replicas; round trips counted by a proxy in front of Redis; the idle background, {} commands and {} round trips per second, taken out):\n\n| step | Redis commands | round trips | commands by name (per step) |\n|---|---:|---:|---|",
-        steps.first().map_or(0, |r| r.1),
-        fmt_f(background.0, 1),
-        fmt_f(background.1, 1)
-    );
-    let (mut flow_cmds, mut flow_trips) = (0.0, 0.0);
     let mut step_json = Vec::new();
-    for (step, n, cmds, trips, names) in &steps {
-        let n = (*n).max(1) as f64;
-        flow_cmds += cmds / n;
-        flow_trips += trips / n;
-        let by_name = names
-            .iter()
-            .map(|(k, v)| format!("{k} {}", fmt_f(*v as f64 / n, 1)))
-            .collect::<Vec<_>>()
-            .join(", ");
+    let mut flow_totals = [(0.0, 0.0); 2];
+    for (pass, steps) in passes.iter().enumerate() {
         let _ = writeln!(
             md,
-            "| {step} | {} | {} | {by_name} |",
-            fmt_f(cmds / n, 1),
-            fmt_f(trips / n, 1)
+            "\nPer step of a replicated flow, {} ({} flows, one at a time, each on a new session; round trips counted by a proxy in front of Redis; the idle background, {} commands and {} round trips per second, taken out):\n\n| step | Redis commands | round trips | commands by name (per step) |\n|---|---:|---:|---|",
+            STEP_PASSES[pass],
+            steps.first().map_or(0, |r| r.1),
+            fmt_f(background.0, 1),
+            fmt_f(background.1, 1)
         );
-        step_json.push(json!({"step": step, "commands": cmds / n, "round_trips": trips / n}));
+        let (mut flow_cmds, mut flow_trips) = (0.0, 0.0);
+        for (step, n, cmds, trips, names) in steps {
+            let n = (*n).max(1) as f64;
+            flow_cmds += cmds / n;
+            flow_trips += trips / n;
+            let by_name = names
+                .iter()
+                .map(|(k, v)| format!("{k} {}", fmt_f(*v as f64 / n, 1)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let _ = writeln!(
+                md,
+                "| {step} | {} | {} | {by_name} |",
+                fmt_f(cmds / n, 1),
+                fmt_f(trips / n, 1)
+            );
+            step_json.push(json!({"pass": STEP_PASSES[pass], "step": step, "commands": cmds / n, "round_trips": trips / n}));
+        }
+        let _ = writeln!(
+            md,
+            "| **whole flow** | **{}** | **{}** | |",
+            fmt_f(flow_cmds, 1),
+            fmt_f(flow_trips, 1)
+        );
+        flow_totals[pass] = (flow_cmds, flow_trips);
     }
-    let _ = writeln!(
-        md,
-        "| **whole flow** | **{}** | **{}** | |",
-        fmt_f(flow_cmds, 1),
-        fmt_f(flow_trips, 1)
-    );
+    let (flow_cmds, flow_trips) = flow_totals[0];
     let _ = writeln!(
         md,
         "\nOne session's serialized state after a flow: {state_bytes} bytes."
     );
     eprintln!(
-        "  per flow: Redis commands {} (rounds) / {} ({hosts} hosts); per-step total {} commands, {} round trips; state {state_bytes} bytes",
+        "  per flow: Redis commands {} (rounds) / {} ({hosts} hosts); per-step total {} commands, {} round trips (any replica), {} commands, {} round trips (one replica); state {state_bytes} bytes",
         fmt_f(commands_per_flow, 1),
         fmt_f(load_commands_per_flow, 1),
         fmt_f(flow_cmds, 1),
-        fmt_f(flow_trips, 1)
+        fmt_f(flow_trips, 1),
+        fmt_f(flow_totals[1].0, 1),
+        fmt_f(flow_totals[1].1, 1)
     );
     report.add(
         "replicas",
@@ -2936,7 +2975,8 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
                "redis_used_memory_before": before, "redis_used_memory_after": after,
                "redis_bytes_per_idle_session": per_session,
                "redis_commands_per_flow": commands_per_flow, "load_redis_commands_per_flow": load_commands_per_flow,
-               "steps": step_json, "state_bytes": state_bytes, "flow_commands": flow_cmds, "flow_round_trips": flow_trips}),
+               "steps": step_json, "state_bytes": state_bytes, "flow_commands": flow_cmds,
+               "flow_commands_one_replica": flow_totals[1].0, "flow_round_trips_one_replica": flow_totals[1].1, "flow_round_trips": flow_trips}),
     );
     Ok(())
 }
