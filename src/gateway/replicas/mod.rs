@@ -12,6 +12,7 @@
 //! ```text
 //!  host ─► LB ─► replica A: load ─► feed ─► CAS{state, XADD, lease, timer, PUBLISH} ─► exchange ─► upstream
 //!                replica B: SSE relay ◄── pub/sub wake-up ◄────────────┘ (then XRANGE: the data is in the stream)
+//!                replica A: its own SSE relay ◄── the step's entries, handed over in memory (no wake-up, no read)
 //!                replica C: sweeper ─► due timers, leases past their deadline (redo the exchange)
 //! ```
 //!
@@ -118,17 +119,19 @@ struct Decider {
     notify: Notify,
     /// The token its relay will hold the stream with.
     token: String,
-    /// The messages the deciding step appended, with their sequence numbers: the
-    /// relay sends them without reading them back (the step also took the hold).
+    /// The messages this replica's steps appended to the stream, with their sequence
+    /// numbers, not yet sent: the relay sends them without reading them back (the
+    /// deciding step also took the hold; a later step hands its entries over only
+    /// while the relay still holds the stream, as its compare-and-set checks).
     handed: Mutex<Vec<Handed>>,
 }
 
-impl Default for Decider {
-    fn default() -> Self {
+impl Decider {
+    fn new(token: String) -> Self {
         Self {
             state: Mutex::new(Decision::Deciding),
             notify: Notify::new(),
-            token: connection_token(),
+            token,
             handed: Mutex::new(Vec::new()),
         }
     }
@@ -271,6 +274,16 @@ type Handed = (u64, Vec<u8>, bool);
 /// whether it was closed without a last message.
 type Group = (PeerStream, Vec<(Vec<u8>, bool)>, bool);
 
+/// Entries a step hands to this replica's relay of their stream.
+struct Handing {
+    relay: Arc<Decider>,
+    entries: Vec<Handed>,
+    /// The stream's holder key.
+    holder: String,
+    /// This step decided that the POST streams (else it was streaming already).
+    decided: bool,
+}
+
 /// What a stored step leaves to do.
 #[derive(Default)]
 struct After {
@@ -278,7 +291,9 @@ struct After {
     cancels: Vec<RequestId>,
     logs: Vec<Event>,
     json: Vec<(Arc<Decider>, Vec<u8>)>,
-    streaming: Vec<(Arc<Decider>, Vec<Handed>)>,
+    /// Entries for this replica's relays (they are handed over if the step script
+    /// found the relay still holding the stream).
+    streaming: Vec<Handing>,
     /// What the step script receives after its effects, by `ARGV` index.
     payloads: Vec<Vec<u8>>,
     appended: bool,
@@ -292,8 +307,10 @@ impl After {
         for (d, _) in &self.json {
             d.set(Decision::Deciding);
         }
-        for (d, _) in &self.streaming {
-            d.set(Decision::Deciding);
+        for h in &self.streaming {
+            if h.decided {
+                h.relay.set(Decision::Deciding);
+            }
         }
     }
 }
@@ -341,7 +358,7 @@ impl SharedSessions {
         config: &GatewayConfig,
     ) -> Result<Arc<Self>, StoreError> {
         let keys = Keys::new(&store.key_prefix);
-        let wakes = Wakes::new(keys.clone());
+        let wakes = Wakes::new(&keys, &store.replica_id);
         let sink = wakes.clone();
         let redis = Redis::open(&store.url, store.timeout, move |info: ::redis::PushInfo| {
             sink.push(info);
@@ -377,6 +394,11 @@ impl SharedSessions {
     /// This replica's name.
     pub(in crate::gateway) fn replica(&self) -> &str {
         &self.replica
+    }
+
+    /// A new connection token of this replica (see [`connection_token`]).
+    fn token(&self) -> String {
+        connection_token(&self.replica)
     }
 
     /// Whether the store answered the last command.
@@ -624,7 +646,11 @@ impl SharedSessions {
                 .step(&key, &version, &blob, &ops_json, &after.payloads)
                 .await
             {
-                Ok(CasResult::Committed { version: v }) => {
+                Ok(CasResult::Committed {
+                    version: v,
+                    handed,
+                    local_wake,
+                }) => {
                     self.observe(gw, &record.machine, std::mem::take(&mut after.observed));
                     if ctx.tomb {
                         self.versions.remove(sid);
@@ -632,7 +658,7 @@ impl SharedSessions {
                         self.versions
                             .insert(sid.to_owned(), remember(v, blob, Some(record)));
                     }
-                    self.perform(gw, sid, after, ctx);
+                    self.perform(gw, sid, after, ctx, &handed, local_wake);
                     return Ok(value);
                 }
                 Ok(CasResult::Conflict {
@@ -668,6 +694,8 @@ impl SharedSessions {
             sid: sid.to_owned(),
             now: now.to_string(),
             keep: self.replay.to_string(),
+            me: self.replica.clone(),
+            wk: self.keys.wake_all(),
             timers: self.keys.timers(),
             leases: self.keys.leases(),
             sessions: self.keys.sessions(),
@@ -758,11 +786,10 @@ impl SharedSessions {
                 }
                 Event::CancelUpstream { id, reason } => {
                     debug!(session = %log_tag(sid), rpc.id = %id, reason, "upstream request cancelled");
-                    ops.lease_del.push(self.keys.lease(sid, &id_text(&id)));
-                    ops.publish.push((
-                        self.keys.wake(sid),
-                        wake::payload(&Wake::Cancel(id.clone())),
-                    ));
+                    let lease = self.keys.lease(sid, &id_text(&id));
+                    ops.cancel
+                        .push((lease.clone(), wake::payload(sid, &Wake::Cancel(id.clone()))));
+                    ops.lease_del.push(lease);
                     after.cancels.push(id);
                 }
                 other @ (Event::RequestFailed { .. } | Event::ToolRejected { .. }) => {
@@ -780,24 +807,32 @@ impl SharedSessions {
                 .deciders
                 .get(&(sid.to_owned(), peer.clone()))
                 .map(|d| d.value().clone());
-            let mut handing: Option<Arc<Decider>> = None;
+            // This replica's relay of the stream, if it has one: (relay, decided now).
+            let mut handing: Option<(Arc<Decider>, bool)> = None;
             if let Some(d) = decider {
                 let single_final = !closed && messages.len() == 1 && messages[0].1;
                 let mut state = d
                     .state
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                if matches!(*state, Decision::Deciding) {
-                    if single_final {
-                        *state = Decision::Claimed;
+                match *state {
+                    Decision::Deciding => {
+                        if single_final {
+                            *state = Decision::Claimed;
+                            drop(state);
+                            after.json.push((d, messages[0].0.clone()));
+                            record.forget(&peer);
+                            continue;
+                        }
+                        *state = Decision::Streaming;
                         drop(state);
-                        after.json.push((d, messages[0].0.clone()));
-                        record.forget(&peer);
-                        continue;
+                        handing = Some((d, true));
                     }
-                    *state = Decision::Streaming;
-                    drop(state);
-                    handing = Some(d);
+                    Decision::Streaming => {
+                        drop(state);
+                        handing = Some((d, false));
+                    }
+                    _ => {}
                 }
             }
             if record.stream(&peer).is_none() {
@@ -809,6 +844,10 @@ impl SharedSessions {
                 continue;
             };
             let key = self.keys.stream(sid, meta.number);
+            let holder = self
+                .keys
+                .holder(sid, (peer != PeerStream::Standalone).then_some(meta.number));
+            let token = handing.as_ref().map(|(d, _)| d.token.clone());
             let was_finished = meta.finished;
             let mut handed = Vec::new();
             for (bytes, last) in messages {
@@ -819,21 +858,13 @@ impl SharedSessions {
                     s: meta.seq.to_string(),
                     m: Some(index),
                     e: last,
+                    h: holder.clone(),
+                    t: token.clone(),
                 });
                 meta.finished |= last;
                 if handing.is_some() {
                     handed.push((meta.seq, bytes, last));
                 }
-            }
-            if let Some(d) = handing {
-                // The POST's own relay starts after these, holding the stream from
-                // this very transaction.
-                ops.hold.push((
-                    self.keys.holder(sid, Some(meta.number)),
-                    d.token.clone(),
-                    hold_ms().to_string(),
-                ));
-                after.streaming.push((d, handed));
             }
             if closed && !meta.finished {
                 meta.seq += 1;
@@ -842,8 +873,27 @@ impl SharedSessions {
                     s: meta.seq.to_string(),
                     m: None,
                     e: true,
+                    h: holder.clone(),
+                    t: token.clone(),
                 });
                 meta.finished = true;
+                if handing.is_some() {
+                    handed.push((meta.seq, Vec::new(), true));
+                }
+            }
+            if let Some((relay, decided)) = handing {
+                if decided {
+                    // The POST's own relay starts after these, holding the stream
+                    // from this very transaction.
+                    ops.hold
+                        .push((holder.clone(), relay.token.clone(), hold_ms().to_string()));
+                }
+                after.streaming.push(Handing {
+                    relay,
+                    entries: handed,
+                    holder,
+                    decided,
+                });
             }
             if meta.finished && !was_finished {
                 let n = meta.number;
@@ -862,11 +912,7 @@ impl SharedSessions {
         record
             .auth
             .retain(|(k, _)| k.as_ref().is_none_or(|id| machine.has_call(id)));
-        if !ops.xadd.is_empty() {
-            after.appended = true;
-            ops.publish
-                .push((self.keys.wake(sid), wake::payload(&Wake::Streams)));
-        }
+        after.appended = !ops.xadd.is_empty();
         ops.busy = record.machine.in_flight() > 0;
         ops.due = record
             .machine
@@ -880,7 +926,7 @@ impl SharedSessions {
             }
             ops.del.push(self.keys.holder(sid, None));
             ops.publish
-                .push((self.keys.wake(sid), wake::payload(&Wake::Streams)));
+                .push((self.keys.wake_all(), wake::payload(sid, &Wake::Streams)));
         }
         (ops, after)
     }
@@ -907,18 +953,34 @@ impl SharedSessions {
         u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Carries out a stored step.
-    fn perform(self: &Arc<Self>, gw: &Gateway, sid: &str, after: After, ctx: &Ctx) {
+    /// Carries out a stored step: `handed` the holder keys of the streams whose relay
+    /// here still holds them (the step script checked), `local_wake` whether another
+    /// connection of this replica holds a stream the step appended to.
+    fn perform(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        sid: &str,
+        after: After,
+        ctx: &Ctx,
+        handed: &[String],
+        local_wake: bool,
+    ) {
         for (d, bytes) in after.json {
             d.set(Decision::Json(bytes));
         }
-        for (d, handed) in after.streaming {
-            if let Ok(mut h) = d.handed.lock() {
-                *h = handed;
+        let mut wake = local_wake || ctx.tomb;
+        for h in after.streaming {
+            if handed.contains(&h.holder) {
+                if let Ok(mut q) = h.relay.handed.lock() {
+                    q.extend(h.entries);
+                }
+                h.relay.notify.notify_waiters();
+            } else {
+                // Taken over meanwhile: whoever holds it reads the stream.
+                wake = true;
             }
-            d.notify.notify_waiters();
         }
-        if after.appended {
+        if (after.appended && wake) || ctx.tomb {
             self.wakes.wake(sid);
         }
         for id in after.cancels {
@@ -1137,8 +1199,7 @@ impl SharedSessions {
             "sk1": sk1,
             "sk2": sk2,
             "tomb": ttl.min(60_000).to_string(),
-            "wk": self.keys.wake_prefix(),
-            "wp": wake::payload(&Wake::Streams),
+            "wk": self.keys.wake_all(),
             "disc": digest.as_ref().map(|d| self.keys.discover(d)),
             "dv": discover.as_deref().map(|v| serde_json::to_string(v).unwrap_or_default()),
         });
@@ -1170,16 +1231,20 @@ impl SharedSessions {
             Err(e) => return store_unavailable(Some(init_id), &e),
         }
         self.observe(gw, &record.machine, observed);
+        // Its next step here starts from what was just stored (version 1, see CREATE):
+        // no read first.
+        self.versions
+            .insert(sid.clone(), remember("1".into(), blob, Some(record)));
         info!(session = %log_tag(&sid), replica = %self.replica, "legacy session opened");
         with_session_header(response, &sid)
     }
 
-    fn deciding(&self, sid: &str, peer: &PeerStream) -> DeciderGuard<'_> {
-        let decider = Arc::new(Decider::default());
+    fn deciding(self: &Arc<Self>, sid: &str, peer: &PeerStream) -> DeciderGuard {
+        let decider = Arc::new(Decider::new(self.token()));
         self.deciders
             .insert((sid.to_owned(), peer.clone()), decider.clone());
         DeciderGuard {
-            sessions: self,
+            sessions: self.clone(),
             keys: vec![(sid.to_owned(), peer.clone())],
             decider,
         }
@@ -1206,6 +1271,8 @@ impl SharedSessions {
         let id = r.id.clone();
         let peer = PeerStream::Request(id.clone());
         let guard = self.deciding(&s.id, &peer);
+        // Registered before the step: a wake-up for the stream from then on is seen.
+        let waiter = self.wakes.waiter(&s.id);
         let head = Arc::new(Head::default());
         let ctx = Self::ctx(s, auth.as_ref(), Some(head.clone()));
         let fed = self
@@ -1256,7 +1323,7 @@ impl SharedSessions {
         }
         match decision {
             Decision::Json(body) => json_body(body),
-            _ => self.post_relay(&s.id, number, &guard.decider).await,
+            _ => self.post_relay(&s.id, number, guard, waiter).await,
         }
     }
 
@@ -1322,7 +1389,8 @@ impl SharedSessions {
         // A batch's upstream calls carry its token; a 401/403 for one of them reaches
         // the peer as that element's error in the batch's response.
         let ctx = Self::ctx(s, auth.as_ref(), None);
-        let decider = Arc::new(Decider::default());
+        let decider = Arc::new(Decider::new(self.token()));
+        let waiter = self.wakes.waiter(&s.id);
         let mut registered: Vec<(String, PeerStream)> = Vec::new();
         let fed = self
             .step(gw, &s.id, &ctx, |record, now| {
@@ -1340,7 +1408,7 @@ impl SharedSessions {
             })
             .await;
         let guard = DeciderGuard {
-            sessions: self,
+            sessions: self.clone(),
             keys: registered,
             decider,
         };
@@ -1360,7 +1428,7 @@ impl SharedSessions {
         };
         match guard.decide(FIRST_MESSAGE_WAIT, None).await {
             Decision::Json(body) => json_body(body),
-            _ => self.post_relay(&s.id, number, &guard.decider).await,
+            _ => self.post_relay(&s.id, number, guard, waiter).await,
         }
     }
 
@@ -1394,7 +1462,7 @@ impl SharedSessions {
                 .await;
         }
         // The standalone stream: one connection at a time.
-        let token = connection_token();
+        let token = self.token();
         let holder_key = self.keys.holder(&s.id, None);
         match self.redis.hold(&holder_key, &token, hold_ms(), true).await {
             Ok(true) => {}
@@ -1534,14 +1602,14 @@ fn json_body(body: Vec<u8>) -> Response<GatewayBody> {
     r
 }
 
-/// Removes a POST's deciders when it is answered.
-struct DeciderGuard<'a> {
-    sessions: &'a SharedSessions,
+/// Removes a POST's deciders when it is answered (as JSON, or its relay ended).
+struct DeciderGuard {
+    sessions: Arc<SharedSessions>,
     keys: Vec<(String, PeerStream)>,
     decider: Arc<Decider>,
 }
 
-impl DeciderGuard<'_> {
+impl DeciderGuard {
     /// Waits up to `limit` for the first message: JSON if it is the only, final one,
     /// else a stream to relay. A claim in progress is waited for; with `head`, no
     /// stream is committed before the upstream accepted (or refused) the exchange, up
@@ -1601,7 +1669,7 @@ impl DeciderGuard<'_> {
     }
 }
 
-impl Drop for DeciderGuard<'_> {
+impl Drop for DeciderGuard {
     fn drop(&mut self) {
         for k in self.keys.drain(..) {
             self.sessions
@@ -1629,10 +1697,12 @@ fn hold_ms() -> u64 {
     u64::try_from(HOLD.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn connection_token() -> String {
+/// A token naming one connection of `replica`: `REPLICA.RANDOM` (the step script
+/// reads whom to wake from the part before the last dot).
+fn connection_token(replica: &str) -> String {
     let mut bytes = [0u8; 12];
     let _ = getrandom::fill(&mut bytes);
-    hex(&bytes)
+    format!("{replica}.{}", hex(&bytes))
 }
 
 fn auth_text(auth: Option<&HeaderValue>) -> Option<String> {

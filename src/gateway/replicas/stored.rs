@@ -157,6 +157,11 @@ pub(super) struct Append {
     /// Whether it ends the stream.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub(super) e: bool,
+    /// The key of the stream's connection holder (who gets woken).
+    pub(super) h: String,
+    /// The token of this replica's relay the step hands its entries to, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) t: Option<String>,
 }
 
 /// A lease to create: the replica running an upstream exchange.
@@ -218,6 +223,13 @@ pub(super) struct Ops {
     pub(super) del: Vec<String>,
     /// Connection holders to set: key, token, ms (a POST's relay, decided here).
     pub(super) hold: Vec<(String, String, String)>,
+    /// This replica's name (see `keys::Keys::wake_replica`).
+    pub(super) me: String,
+    /// The broadcast channel; a replica's own is this, `:`, its name.
+    pub(super) wk: String,
+    /// Cancellations: the lease key, the wake payload for its owner.
+    pub(super) cancel: Vec<(String, String)>,
+    /// Broadcasts: channel, payload.
     #[serde(rename = "pub")]
     pub(super) publish: Vec<(String, String)>,
 }
