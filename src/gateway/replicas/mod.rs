@@ -38,7 +38,7 @@ mod wake;
 use self::keys::{valid_session_id, Keys};
 use self::redis::{Loaded, Redis, Stored as CasResult};
 use self::stored::{Append, LeaseRecord, NewLease, Ops, Record};
-use self::wake::{Wake, Wakes};
+use self::wake::{Handed, Inbox, Wake, Wakes};
 use super::auth::BindingKey;
 use super::forwarded::Forwarded;
 use super::legacy_http::{
@@ -119,11 +119,12 @@ struct Decider {
     notify: Notify,
     /// The token its relay will hold the stream with.
     token: String,
-    /// The messages this replica's steps appended to the stream, with their sequence
-    /// numbers, not yet sent: the relay sends them without reading them back (the
-    /// deciding step also took the hold; a later step hands its entries over only
-    /// while the relay still holds the stream, as its compare-and-set checks).
-    handed: Mutex<Vec<Handed>>,
+    /// The entries for its relay, not yet sent: the relay sends them without reading
+    /// them back. This replica's steps hand theirs over (the deciding step also took
+    /// the hold; a later one only while the relay still holds the stream, as its
+    /// compare-and-set checks); another replica's come through pub/sub, addressed to
+    /// `token`.
+    inbox: Arc<Inbox>,
 }
 
 impl Decider {
@@ -132,7 +133,7 @@ impl Decider {
             state: Mutex::new(Decision::Deciding),
             notify: Notify::new(),
             token,
-            handed: Mutex::new(Vec::new()),
+            inbox: Arc::new(Inbox::default()),
         }
     }
 }
@@ -265,10 +266,6 @@ struct Start {
     /// The trace context of the HTTP request that carried the legacy request.
     trace: Option<Arc<TraceContext>>,
 }
-
-/// A message a step appended and handed to its POST's relay: sequence number, bytes,
-/// whether it ends the stream.
-type Handed = (u64, Vec<u8>, bool);
 
 /// One stream's messages in a step: the stream, its messages with "is last", and
 /// whether it was closed without a last message.
@@ -971,10 +968,7 @@ impl SharedSessions {
         let mut wake = local_wake || ctx.tomb;
         for h in after.streaming {
             if handed.contains(&h.holder) {
-                if let Ok(mut q) = h.relay.handed.lock() {
-                    q.extend(h.entries);
-                }
-                h.relay.notify.notify_waiters();
+                h.relay.inbox.hand(h.entries);
             } else {
                 // Taken over meanwhile: whoever holds it reads the stream.
                 wake = true;
@@ -1241,6 +1235,7 @@ impl SharedSessions {
 
     fn deciding(self: &Arc<Self>, sid: &str, peer: &PeerStream) -> DeciderGuard {
         let decider = Arc::new(Decider::new(self.token()));
+        self.wakes.register(&decider.token, decider.inbox.clone());
         self.deciders
             .insert((sid.to_owned(), peer.clone()), decider.clone());
         DeciderGuard {
@@ -1390,6 +1385,7 @@ impl SharedSessions {
         // the peer as that element's error in the batch's response.
         let ctx = Self::ctx(s, auth.as_ref(), None);
         let decider = Arc::new(Decider::new(self.token()));
+        self.wakes.register(&decider.token, decider.inbox.clone());
         let waiter = self.wakes.waiter(&s.id);
         let mut registered: Vec<(String, PeerStream)> = Vec::new();
         let fed = self
@@ -1671,6 +1667,7 @@ impl DeciderGuard {
 
 impl Drop for DeciderGuard {
     fn drop(&mut self) {
+        self.sessions.wakes.unregister(&self.decider.token);
         for k in self.keys.drain(..) {
             self.sessions
                 .deciders

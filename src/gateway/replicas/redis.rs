@@ -25,10 +25,11 @@ use std::time::Duration;
 /// payloads the effects name by their `ARGV` index (messages, lease records: passed
 /// as they are, not escaped into the JSON).
 ///
-/// Wake-ups go to whom they concern, read from what the step touches: each stream it
-/// appended to wakes the replica whose connection holds it (a holder token starts with
-/// its replica's name and a dot), none when that is this replica (`ops.me`: it hands
-/// the entries to its relay itself); a cancellation wakes the lease's owner.
+/// Wake-ups go to whom they concern, read from what the step touches: the entries of
+/// each stream it appended to go to the replica whose connection holds it (a holder
+/// token starts with its replica's name and a dot), addressed to that connection (see
+/// `wake::payload`); none when that is this replica (`ops.me`: it hands the entries to
+/// its relay itself); a cancellation wakes the lease's owner.
 /// Returns `{1, v, handed, lw}` stored (`handed`: the streams whose holder is still the
 /// token `x.t` the step meant to hand its entries to, by `x.h`; `lw` 1 when a stream
 /// another connection of this replica holds got entries), `{0, v, d}` conflict (the
@@ -66,10 +67,13 @@ for _, x in ipairs(ops.xadd) do
   if x.m then table.insert(args, 'm'); table.insert(args, ARGV[tonumber(x.m)]) end
   if x.e then table.insert(args, 'e'); table.insert(args, '1') end
   redis.call(unpack(args))
-  if not streams[x.k] then
-    streams[x.k] = x
-    table.insert(streams, x)
+  local g = streams[x.k]
+  if not g then
+    g = {}
+    streams[x.k] = g
+    table.insert(streams, g)
   end
+  table.insert(g, x)
 end
 for _, l in ipairs(ops.lease_new) do
   redis.call('HSET', l.k, 'owner', l.o, 'deadline', l.d, 'rec', ARGV[tonumber(l.r)])
@@ -98,7 +102,8 @@ if ops.disc then redis.call('PEXPIRE', ops.disc, ttl) end
 for _, h in ipairs(ops.hold) do redis.call('SET', h[1], h[2], 'PX', h[3]) end
 local handed = {}
 local lw = 0
-for _, x in ipairs(streams) do
+for _, g in ipairs(streams) do
+  local x = g[1]
   redis.call('PEXPIRE', x.k, ttl)
   local tok = redis.call('GET', x.h)
   if tok then
@@ -109,7 +114,14 @@ for _, x in ipairs(streams) do
       if rep == ops.me then
         lw = 1
       elseif rep then
-        redis.call('PUBLISH', ops.wk .. ':' .. rep, 's' .. ops.sid)
+        local ch = ops.wk .. ':' .. rep
+        for _, y in ipairs(g) do
+          local m = ''
+          if y.m then m = ARGV[tonumber(y.m)] end
+          local e = '0'
+          if y.e then e = '1' end
+          redis.call('PUBLISH', ch, 'e' .. ops.sid .. tok .. '\n' .. y.s .. ' ' .. e .. '\n' .. m)
+        end
       end
     end
   end

@@ -10,7 +10,7 @@
 //! stream), so the relay reads Redis only when another replica wrote (it is woken
 //! through its replica's channel) or a sequence number is missing.
 
-use super::wake::Waiter;
+use super::wake::{Inbox, Waiter};
 use super::{hold_ms, Ctx, DeciderGuard, SharedSessions, StepError, HOLD_TICK};
 use crate::body::{ChannelBody, GatewayBody, MeteredSender, SendError};
 use crate::digest::log_tag;
@@ -94,11 +94,7 @@ impl SharedSessions {
         waiter: Waiter,
     ) -> Response<GatewayBody> {
         let decider = guard.decider.clone();
-        let handed = decider
-            .handed
-            .lock()
-            .map(|mut h| std::mem::take(&mut *h))
-            .unwrap_or_default();
+        let handed = decider.inbox.take();
         let token = decider.token.clone();
         if handed.first().is_none_or(|h| h.0 != 1) {
             let feed = Feed {
@@ -291,7 +287,16 @@ impl SharedSessions {
             Some(w) => w,
             None => self.wakes.watch(sid, true).await,
         };
-        let inbox = feed.inbox.as_ref().map(|g| g.decider.clone());
+        // Entries addressed to this connection: a POST's come to its decider's inbox.
+        let inbox = feed
+            .inbox
+            .as_ref()
+            .map_or_else(|| Arc::new(Inbox::default()), |g| g.decider.inbox.clone());
+        self.wakes.register(token, inbox.clone());
+        let _registered = Registered {
+            sessions: self,
+            token,
+        };
         let key = self.keys.stream(sid, number);
         let session = self.keys.session(sid);
         let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
@@ -299,17 +304,11 @@ impl SharedSessions {
         let mut tick = tokio::time::interval(HOLD_TICK);
         tick.tick().await;
         loop {
-            let handed = inbox.as_ref().map(|d| d.notify.notified());
+            let handed = inbox.notify.notified();
             let mut handed = std::pin::pin!(handed);
-            if let Some(n) = handed.as_mut().as_pin_mut() {
-                n.enable();
-            }
-            // What this replica's steps handed over: sent as it is while it follows on.
-            let got = inbox
-                .as_ref()
-                .and_then(|d| d.handed.lock().ok().map(|mut h| std::mem::take(&mut *h)))
-                .unwrap_or_default();
-            for (seq, m, end) in got {
+            handed.as_mut().enable();
+            // What was handed over: sent as it is while it follows on.
+            for (seq, m, end) in inbox.take() {
                 if seq <= after {
                     continue;
                 }
@@ -368,12 +367,6 @@ impl SharedSessions {
                     continue;
                 }
             }
-            let handed_wait = async {
-                match handed.as_mut().as_pin_mut() {
-                    Some(n) => n.await,
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
                     changed = waiter.rx.changed() => {
                         if changed.is_err() {
@@ -381,7 +374,7 @@ impl SharedSessions {
                         }
                         read = true;
                     }
-                    () = handed_wait => {}
+                    () = &mut handed => {}
                     _ = tick.tick() => {
                         if tokio::time::Instant::now() >= next_keepalive {
                             next_keepalive = tokio::time::Instant::now() + self.keepalive;
@@ -412,6 +405,18 @@ impl SharedSessions {
                     () = tx.closed() => return false,
             }
         }
+    }
+}
+
+/// Keeps a relay's inbox registered while it runs.
+struct Registered<'a> {
+    sessions: &'a SharedSessions,
+    token: &'a str,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.sessions.wakes.unregister(self.token);
     }
 }
 

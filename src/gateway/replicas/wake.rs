@@ -5,10 +5,12 @@
 //! session. A session costs no subscription, and a step wakes only the replica that
 //! relays the stream it wrote to (see `redis::STEP`).
 //!
-//! A message only says "read again" (or "cancel upstream request X"); the data always
-//! comes from the stream itself, so a lost message delays, never loses. When the
-//! pub/sub connection drops, every waiter is woken to re-read (the client resubscribes
-//! by itself).
+//! A message for a stream carries its new entries, addressed to the connection that
+//! holds it (by its token): that relay sends them as they are, and reads the stream
+//! only when a sequence number is missing. Other messages only say "read again" (or
+//! "cancel upstream request X"); the stream itself stays the record, so a lost message
+//! delays, never loses. When the pub/sub connection drops, every waiter is woken to
+//! re-read (the client resubscribes by itself).
 
 use super::keys::Keys;
 use super::redis::Redis;
@@ -21,6 +23,43 @@ use tracing::debug;
 
 /// Length of a session id (see `keys::valid_session_id`).
 const SID_LEN: usize = 48;
+/// Entries an inbox keeps for its relay; past that they are left to a read of the
+/// stream (the relay sees the gap in sequence numbers).
+const INBOX_MAX: usize = 256;
+
+/// An entry of a stream: sequence number, message (empty for a bare end marker),
+/// whether it ends the stream.
+pub(super) type Handed = (u64, Vec<u8>, bool);
+
+/// Entries handed to one relay (by this replica's steps, or through its channel),
+/// not yet sent.
+#[derive(Debug, Default)]
+pub(super) struct Inbox {
+    entries: Mutex<Vec<Handed>>,
+    pub(super) notify: tokio::sync::Notify,
+}
+
+impl Inbox {
+    /// Queues `entries` (up to [`INBOX_MAX`]) and wakes the relay.
+    pub(super) fn hand(&self, entries: impl IntoIterator<Item = Handed>) {
+        if let Ok(mut q) = self.entries.lock() {
+            for e in entries {
+                if q.len() < INBOX_MAX {
+                    q.push(e);
+                }
+            }
+        }
+        self.notify.notify_waiters();
+    }
+
+    /// What is queued.
+    pub(super) fn take(&self) -> Vec<Handed> {
+        self.entries
+            .lock()
+            .map(|mut q| std::mem::take(&mut *q))
+            .unwrap_or_default()
+    }
+}
 
 /// What arrived for a session.
 #[derive(Debug, PartialEq)]
@@ -29,6 +68,8 @@ pub(super) enum Wake {
     Streams,
     /// Cancel the upstream request with this id, if it runs here.
     Cancel(RequestId),
+    /// An entry for the relay holding its stream with this token.
+    Entry(String, Handed),
 }
 
 #[derive(Debug)]
@@ -41,6 +82,8 @@ struct Entry {
 pub(super) struct Wakes {
     channels: [String; 2],
     map: Mutex<HashMap<String, Entry>>,
+    /// The inboxes of this replica's relays, by connection token.
+    inboxes: Mutex<HashMap<String, Arc<Inbox>>>,
     /// Whether both channels are subscribed.
     subscribed: watch::Sender<bool>,
     cancel: Mutex<Option<mpsc::UnboundedSender<(String, RequestId)>>>,
@@ -77,6 +120,7 @@ impl Wakes {
         Arc::new(Self {
             channels: [keys.wake_replica(replica), keys.wake_all()],
             map: Mutex::new(HashMap::new()),
+            inboxes: Mutex::new(HashMap::new()),
             subscribed: watch::channel(false).0,
             cancel: Mutex::new(None),
         })
@@ -127,6 +171,20 @@ impl Wakes {
         }
     }
 
+    /// Routes entries published for the connection `token` to `inbox`, until
+    /// [`Wakes::unregister`].
+    pub(super) fn register(&self, token: &str, inbox: Arc<Inbox>) {
+        if let Ok(mut m) = self.inboxes.lock() {
+            m.insert(token.to_owned(), inbox);
+        }
+    }
+
+    pub(super) fn unregister(&self, token: &str) {
+        if let Ok(mut m) = self.inboxes.lock() {
+            m.remove(token);
+        }
+    }
+
     /// Wakes local waiters of `sid` (a step of this replica appended entries).
     pub(super) fn wake(&self, sid: &str) {
         if let Ok(map) = self.map.lock() {
@@ -159,6 +217,19 @@ impl Wakes {
                 }
                 match parse(&payload) {
                     Some((sid, Wake::Streams)) => self.wake(sid),
+                    Some((sid, Wake::Entry(token, entry))) => {
+                        let inbox = self
+                            .inboxes
+                            .lock()
+                            .ok()
+                            .and_then(|m| m.get(&token).cloned());
+                        match inbox {
+                            Some(inbox) => inbox.hand([entry]),
+                            // That connection is gone: whoever holds the stream now
+                            // reads it.
+                            None => self.wake(sid),
+                        }
+                    }
                     Some((sid, Wake::Cancel(id))) => {
                         if let Ok(c) = self.cancel.lock() {
                             if let Some(tx) = c.as_ref() {
@@ -199,11 +270,19 @@ impl Wakes {
 }
 
 /// `s` + SID: read the streams again; `c` + SID + id JSON: cancel that upstream
-/// request.
+/// request; `e` + SID + token `\n` + SEQ ` ` + (1 if it ends the stream, else 0) `\n`
+/// + the message: an entry for the relay holding its stream with that token (written
+/// by the step script, `redis::STEP`).
 pub(super) fn payload(sid: &str, wake: &Wake) -> String {
     match wake {
         Wake::Streams => format!("s{sid}"),
         Wake::Cancel(id) => format!("c{sid}{}", id.to_value()),
+        // Messages are JSON text.
+        Wake::Entry(token, (seq, message, end)) => format!(
+            "e{sid}{token}\n{seq} {}\n{}",
+            u8::from(*end),
+            String::from_utf8_lossy(message)
+        ),
     }
 }
 
@@ -217,6 +296,18 @@ fn parse(payload: &[u8]) -> Option<(&str, Wake)> {
             .ok()
             .and_then(|v| RequestId::from_value(&v))
             .map(Wake::Cancel)?,
+        b'e' => {
+            let mut parts = rest.splitn(3, |b| *b == b'\n');
+            let token = std::str::from_utf8(parts.next()?).ok()?;
+            let (seq, end) = std::str::from_utf8(parts.next()?).ok()?.split_once(' ')?;
+            let message = parts.next()?.to_vec();
+            let end = match end {
+                "1" => true,
+                "0" => false,
+                _ => return None,
+            };
+            Wake::Entry(token.to_owned(), (seq.parse().ok()?, message, end))
+        }
         _ => return None,
     };
     Some((sid, wake))
@@ -242,6 +333,15 @@ mod tests {
         let id = RequestId::String("up-7".into());
         let p = payload(&sid, &Wake::Cancel(id.clone()));
         assert_eq!(parse(p.as_bytes()), Some((sid.as_str(), Wake::Cancel(id))));
+        let entry = Wake::Entry("r-1.ab".into(), (7, b"{\"a\":\"x\\ny\"}".to_vec(), true));
+        let p = payload(&sid, &entry);
+        assert_eq!(parse(p.as_bytes()), Some((sid.as_str(), entry)));
+        let bare = Wake::Entry("r-1.ab".into(), (8, Vec::new(), true));
+        assert_eq!(
+            parse(payload(&sid, &bare).as_bytes()),
+            Some((sid.as_str(), bare))
+        );
+        assert_eq!(parse(format!("e{sid}tok\n3 2\n{{}}").as_bytes()), None);
         assert_eq!(parse(b"sshort"), None);
         assert_eq!(parse(format!("x{sid}").as_bytes()), None);
     }
