@@ -142,7 +142,8 @@ impl Decider {
 enum Decision {
     #[default]
     Deciding,
-    /// A step holds the answer and is storing the state without it.
+    /// A step holds the answer (to send as JSON, or the first entries of the
+    /// stream) and is storing the state.
     Claimed,
     /// Stored: answer with this JSON.
     Json(Vec<u8>),
@@ -821,7 +822,9 @@ impl SharedSessions {
                             record.forget(&peer);
                             continue;
                         }
-                        *state = Decision::Streaming;
+                        // Streaming once stored and its entries handed over (see
+                        // `perform`): the POST's relay starts with them.
+                        *state = Decision::Claimed;
                         drop(state);
                         handing = Some((d, true));
                     }
@@ -910,7 +913,17 @@ impl SharedSessions {
             .auth
             .retain(|(k, _)| k.as_ref().is_none_or(|id| machine.has_call(id)));
         after.appended = !ops.xadd.is_empty();
-        ops.busy = record.machine.in_flight() > 0;
+        let busy = record.machine.in_flight() > 0;
+        if record.busy != Some(busy) {
+            record.busy = Some(busy);
+            ops.busy = Some(busy);
+        }
+        // The last use moves in the zsets at most every `touch_ms`: their order
+        // (idlest first, for eviction) is that coarse, and pruning allows for it.
+        if now.saturating_sub(record.touched) >= self.touch_ms() {
+            record.touched = now;
+            ops.touch = true;
+        }
         ops.due = record
             .machine
             .poll_timeout()
@@ -946,6 +959,14 @@ impl SharedSessions {
             .feature(feature);
     }
 
+    /// How often a session's last use moves in the `sessions` and caller zsets: a
+    /// sixteenth of the idle TTL, at most a minute.
+    fn touch_ms(&self) -> u64 {
+        u64::try_from(self.idle_ttl.as_millis() / 16)
+            .unwrap_or(u64::MAX)
+            .min(60_000)
+    }
+
     fn lease_ms(&self) -> u64 {
         u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
     }
@@ -972,6 +993,9 @@ impl SharedSessions {
             } else {
                 // Taken over meanwhile: whoever holds it reads the stream.
                 wake = true;
+            }
+            if h.decided {
+                h.relay.set(Decision::Streaming);
             }
         }
         if (after.appended && wake) || ctx.tomb {
@@ -1162,6 +1186,7 @@ impl SharedSessions {
         }
         let binding = BindingKey::of(gw.config.session_binding, auth.as_ref()).to_hex();
         let caller = self.keys.caller(&binding);
+        let now = wall_ms();
         let record = Record {
             binding,
             anonymous: auth.is_none(),
@@ -1171,12 +1196,14 @@ impl SharedSessions {
             next_stream: 0,
             auth: Vec::new(),
             forwarded: forwarded.to_pairs(),
+            // CREATE sets the last use and leaves the session out of `busy`.
+            touched: now,
+            busy: Some(false),
             machine,
         };
         let Ok(blob) = serde_json::to_vec(&record) else {
             return legacy_http::internal();
         };
-        let now = wall_ms();
         let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
         let (sk1, sk2) = self.keys.session_parts();
         let ops = serde_json::json!({
@@ -1187,7 +1214,8 @@ impl SharedSessions {
             "caller": caller,
             "busyk": self.keys.busy(),
             "timers": self.keys.timers(),
-            "cutoff": now.saturating_sub(ttl).to_string(),
+            // A live session's last use may lag by up to `touch_ms`.
+            "cutoff": now.saturating_sub(ttl + self.touch_ms()).to_string(),
             "max": self.max_sessions.to_string(),
             "maxc": self.max_per_caller.to_string(),
             "sk1": sk1,

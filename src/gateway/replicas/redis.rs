@@ -53,11 +53,14 @@ if ops.tomb then
 else
   redis.call('HSET', KEYS[1], 'v', nv, 'd', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ttl)
-  redis.call('ZADD', ops.sessions, ops.now, ops.sid)
-  redis.call('ZADD', ops.caller, ops.now, ops.sid)
-  if ops.busy then
+  if ops.touch then
+    redis.call('ZADD', ops.sessions, ops.now, ops.sid)
+    redis.call('ZADD', ops.caller, ops.now, ops.sid)
+    if ops.disc then redis.call('PEXPIRE', ops.disc, ttl) end
+  end
+  if ops.busy == true then
     redis.call('SADD', ops.busyk, ops.sid)
-  else
+  elseif ops.busy == false then
     redis.call('SREM', ops.busyk, ops.sid)
   end
 end
@@ -98,7 +101,6 @@ if ops.due and not ops.tomb then
 else
   redis.call('ZREM', ops.timers, ops.sid)
 end
-if ops.disc then redis.call('PEXPIRE', ops.disc, ttl) end
 for _, h in ipairs(ops.hold) do redis.call('SET', h[1], h[2], 'PX', h[3]) end
 local handed = {}
 local lw = 0

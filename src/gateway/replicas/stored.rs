@@ -60,6 +60,15 @@ pub(super) struct Record {
     /// The forwarded headers of the request that opened the session.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(super) forwarded: Vec<(String, String)>,
+    /// When a step last set the session's last use in the `sessions` and caller
+    /// zsets (ms since the Unix epoch): steps in between leave them be (see
+    /// `SharedSessions::plan`).
+    #[serde(default, rename = "t")]
+    pub(super) touched: u64,
+    /// Whether the session is in the `busy` set, as the last step left it (absent:
+    /// not known, the next step says).
+    #[serde(default, rename = "b", skip_serializing_if = "Option::is_none")]
+    pub(super) busy: Option<bool>,
     /// The session machine.
     pub(super) machine: Session,
 }
@@ -206,8 +215,13 @@ pub(super) struct Ops {
     pub(super) caller: String,
     /// The set of sessions with requests in flight (never evicted to make room).
     pub(super) busyk: String,
-    /// This session has requests in flight after the step.
-    pub(super) busy: bool,
+    /// This session has requests in flight after the step, when that changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) busy: Option<bool>,
+    /// The step sets the session's last use (zsets `sessions`, `caller`) and keeps
+    /// the discover key alive.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(super) touch: bool,
     /// The tombstone's TTL, when the step ends the session.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) tomb: Option<String>,
