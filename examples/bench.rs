@@ -1743,7 +1743,7 @@ impl LegacyClient {
                 }
             }
         }
-        if let Some(m) = meter.as_deref_mut() {
+        if let Some(m) = meter {
             m.mark("the retry until the result is delivered").await?;
         }
         result_of(status, &response.into_iter().collect::<Vec<_>>())
@@ -2555,16 +2555,8 @@ async fn replica_steps(
     flows: usize,
 ) -> Res<([Vec<StepRow>; 2], (f64, f64), u64)> {
     let proxy = CountingProxy::start(redis.port).await?;
-    let section = std::fs::read_to_string(&env.gateway_config)?;
-    let config = env.dir.join("bench-gateway-redis-counted.toml");
-    std::fs::write(
-        &config,
-        section.replacen(
-            "[gateway]\n",
-            &format!("[gateway]\nsession_store = \"redis://{}/0\"\n", proxy.addr),
-            1,
-        ),
-    )?;
+    let url = format!("redis://{}/0", proxy.addr);
+    let config = redis_config(env, "bench-gateway-redis-counted.toml", &url)?;
     let first = env.gateway_with(server, "replica-3", &config, "warn")?;
     let second = env.gateway_with(server, "replica-4", &config, "warn")?;
     let ws = env.scratch_uri.clone();
@@ -2659,6 +2651,30 @@ async fn concurrent_flows(
     Ok((back, flows, t0.elapsed().as_secs_f64()))
 }
 
+/// The bench's gateway config with `session_store = url`, written as `name`.
+fn redis_config(env: &Env, name: &str, url: &str) -> Res<PathBuf> {
+    let section = std::fs::read_to_string(&env.gateway_config)?;
+    let config = env.dir.join(name);
+    std::fs::write(
+        &config,
+        section.replacen(
+            "[gateway]\n",
+            &format!("[gateway]\nsession_store = {url:?}\n"),
+            1,
+        ),
+    )?;
+    Ok(config)
+}
+
+/// A Redis figure in the row of variant `v`: only the replicated one (1) has one.
+fn replicated_only(v: usize, value: f64, digits: usize) -> String {
+    if v == 1 {
+        fmt_f(value, digits)
+    } else {
+        "–".into()
+    }
+}
+
 const REPLICA_VARIANTS: [&str; 2] = [
     "1 gateway, sessions in memory",
     "2 gateway replicas, sessions in Redis (requests alternate)",
@@ -2666,16 +2682,7 @@ const REPLICA_VARIANTS: [&str; 2] = [
 
 async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
     let redis = Redis::start(env)?;
-    let section = std::fs::read_to_string(&env.gateway_config)?;
-    let config = env.dir.join("bench-gateway-redis.toml");
-    std::fs::write(
-        &config,
-        section.replacen(
-            "[gateway]\n",
-            &format!("[gateway]\nsession_store = {:?}\n", redis.url()),
-            1,
-        ),
-    )?;
+    let config = redis_config(env, "bench-gateway-redis.toml", &redis.url())?;
     let memory = env.gateway(server, "replicas-memory")?;
     let first = env.gateway_with(server, "replica-1", &config, "warn")?;
     let second = env.gateway_with(server, "replica-2", &config, "warn")?;
@@ -2855,16 +2862,8 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
             fmt_f(rate[v], 1),
             fmt_f(median(&lats[v]), 0),
             fmt_f(cpu_us[v], 0),
-            if v == 1 {
-                fmt_f(cpu_us[2], 0)
-            } else {
-                "–".into()
-            },
-            if v == 1 {
-                fmt_f(commands_per_flow, 1)
-            } else {
-                "–".into()
-            },
+            replicated_only(v, cpu_us[2], 0),
+            replicated_only(v, commands_per_flow, 1),
         );
     }
     let _ = writeln!(
@@ -2884,16 +2883,8 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
             "| {name} | {} | {} | {} | {} |",
             fmt_f(load_rate[v], 1),
             fmt_f(load_cpu_us[v], 0),
-            if v == 1 {
-                fmt_f(load_cpu_us[2], 0)
-            } else {
-                "–".into()
-            },
-            if v == 1 {
-                fmt_f(load_commands_per_flow, 1)
-            } else {
-                "–".into()
-            },
+            replicated_only(v, load_cpu_us[2], 0),
+            replicated_only(v, load_commands_per_flow, 1),
         );
     }
     let _ = writeln!(

@@ -269,10 +269,12 @@ impl Wakes {
     }
 }
 
-/// `s` + SID: read the streams again; `c` + SID + id JSON: cancel that upstream
-/// request; `e` + SID + token `\n` + SEQ ` ` + (1 if it ends the stream, else 0) `\n`
-/// + the message: an entry for the relay holding its stream with that token (written
-/// by the step script, `redis::STEP`).
+/// The wire form of a wake-up:
+/// - `s` SID: read the streams again;
+/// - `c` SID, the id as JSON: cancel that upstream request;
+/// - `e` SID, token, `\n`, SEQ, space, `1` if it ends the stream (else `0`), `\n`, the
+///   message: an entry for the relay holding its stream with that token (written by
+///   the step script, `redis::STEP`).
 pub(super) fn payload(sid: &str, wake: &Wake) -> String {
     match wake {
         Wake::Streams => format!("s{sid}"),
