@@ -198,19 +198,27 @@ impl Head {
 }
 
 /// What a replica remembers of a session it stepped: the version and state it stored
-/// (or read), and the decoded record, taken by the next step (steps of one session
-/// on one replica are serialized) so that it is not decoded again.
+/// (or read), the decoded record, taken by the next step (steps of one session on one
+/// replica are serialized) so that it is not decoded again, and when this replica last
+/// moved the session's last use in the zsets (see `SharedSessions::plan`).
 struct Remembered {
     version: String,
     state: Arc<Vec<u8>>,
     record: Option<Record>,
+    touched: u64,
 }
 
-fn remember(version: String, state: Vec<u8>, record: Option<Record>) -> Arc<Mutex<Remembered>> {
+fn remember(
+    version: String,
+    state: Vec<u8>,
+    record: Option<Record>,
+    touched: u64,
+) -> Arc<Mutex<Remembered>> {
     Arc::new(Mutex::new(Remembered {
         version,
         state: Arc::new(state),
         record,
+        touched,
     }))
 }
 
@@ -551,10 +559,16 @@ impl SharedSessions {
         let key = self.keys.session(sid);
         let cached = self.versions.get(sid).and_then(|slot| {
             let mut r = slot.lock().ok()?;
-            Some((r.version.clone(), r.state.clone(), r.record.take()))
+            Some((
+                r.version.clone(),
+                r.state.clone(),
+                r.record.take(),
+                r.touched,
+            ))
         });
+        let touched = cached.as_ref().map_or(0, |c| c.3);
         let (mut version, mut state, mut remembered, mut decoded) = match cached {
-            Some((v, s, record)) => (v, s, true, record),
+            Some((v, s, record, _)) => (v, s, true, record),
             None => match self.redis.load(&key).await? {
                 Loaded::Found { version, state } => (version, Arc::new(state), false, None),
                 Loaded::Missing | Loaded::Gone => {
@@ -601,7 +615,7 @@ impl SharedSessions {
                     return Err(StepError::Refused(r));
                 }
             };
-            let (ops, mut after) = self.plan(sid, &mut record, now, ctx);
+            let (ops, mut after) = self.plan(sid, &mut record, now, ctx, touched);
             let blob = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt {
                 reason: format!("session record: {e}"),
             })?;
@@ -653,8 +667,9 @@ impl SharedSessions {
                     if ctx.tomb {
                         self.versions.remove(sid);
                     } else {
+                        let touched = if ops.touch { now } else { touched };
                         self.versions
-                            .insert(sid.to_owned(), remember(v, blob, Some(record)));
+                            .insert(sid.to_owned(), remember(v, blob, Some(record), touched));
                     }
                     self.perform(gw, sid, after, ctx, &handed, local_wake);
                     return Ok(value);
@@ -685,7 +700,15 @@ impl SharedSessions {
     }
 
     /// Drains the machine's events into the script's effects and what to do after.
-    fn plan(&self, sid: &str, record: &mut Record, now: u64, ctx: &Ctx) -> (Ops, After) {
+    /// `touched`: when this replica last moved the session's last use in the zsets.
+    fn plan(
+        &self,
+        sid: &str,
+        record: &mut Record,
+        now: u64,
+        ctx: &Ctx,
+        touched: u64,
+    ) -> (Ops, After) {
         let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
         let mut ops = Ops {
             ttl: ttl.to_string(),
@@ -914,16 +937,13 @@ impl SharedSessions {
             .retain(|(k, _)| k.as_ref().is_none_or(|id| machine.has_call(id)));
         after.appended = !ops.xadd.is_empty();
         let busy = record.machine.in_flight() > 0;
-        if record.busy != Some(busy) {
-            record.busy = Some(busy);
+        if record.busy != busy {
+            record.busy = busy;
             ops.busy = Some(busy);
         }
-        // The last use moves in the zsets at most every `touch_ms`: their order
-        // (idlest first, for eviction) is that coarse, and pruning allows for it.
-        if now.saturating_sub(record.touched) >= self.touch_ms() {
-            record.touched = now;
-            ops.touch = true;
-        }
+        // The last use moves in the zsets at most every `touch_ms` per replica: their
+        // order (idlest first, for eviction) is that coarse, and pruning allows for it.
+        ops.touch = now.saturating_sub(touched) >= self.touch_ms();
         ops.due = record
             .machine
             .poll_timeout()
@@ -1196,9 +1216,8 @@ impl SharedSessions {
             next_stream: 0,
             auth: Vec::new(),
             forwarded: forwarded.to_pairs(),
-            // CREATE sets the last use and leaves the session out of `busy`.
-            touched: now,
-            busy: Some(false),
+            // CREATE leaves the session out of `busy`.
+            busy: false,
             machine,
         };
         let Ok(blob) = serde_json::to_vec(&record) else {
@@ -1256,7 +1275,7 @@ impl SharedSessions {
         // Its next step here starts from what was just stored (version 1, see CREATE):
         // no read first.
         self.versions
-            .insert(sid.clone(), remember("1".into(), blob, Some(record)));
+            .insert(sid.clone(), remember("1".into(), blob, Some(record), now));
         info!(session = %log_tag(&sid), replica = %self.replica, "legacy session opened");
         with_session_header(response, &sid)
     }

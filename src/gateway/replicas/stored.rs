@@ -60,15 +60,11 @@ pub(super) struct Record {
     /// The forwarded headers of the request that opened the session.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(super) forwarded: Vec<(String, String)>,
-    /// When a step last set the session's last use in the `sessions` and caller
-    /// zsets (ms since the Unix epoch): steps in between leave them be (see
-    /// `SharedSessions::plan`).
-    #[serde(default, rename = "t")]
-    pub(super) touched: u64,
-    /// Whether the session is in the `busy` set, as the last step left it (absent:
-    /// not known, the next step says).
-    #[serde(default, rename = "b", skip_serializing_if = "Option::is_none")]
-    pub(super) busy: Option<bool>,
+    /// Whether the session is in the `busy` set, as the last step left it (a step
+    /// changes the set only when this changes; absent when not, as an idle session
+    /// is).
+    #[serde(default, rename = "b", skip_serializing_if = "std::ops::Not::not")]
+    pub(super) busy: bool,
     /// The session machine.
     pub(super) machine: Session,
 }
