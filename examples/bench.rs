@@ -1814,6 +1814,18 @@ impl LegacyClient {
 
     /// Calls a tool, answering live elicitation with accept; returns the result.
     async fn tool(&mut self, name: &str, args: Value) -> Res<Value> {
+        self.tool_metered(name, args, None).await
+    }
+
+    /// [`LegacyClient::tool`], marking each step of the flow on `meter`: the request
+    /// until the elicitation arrives, the answer until its 202, the rest until the
+    /// result (or the whole call when it is answered at once).
+    async fn tool_metered(
+        &mut self,
+        name: &str,
+        args: Value,
+        mut meter: Option<&mut StepMeter<'_>>,
+    ) -> Res<Value> {
         self.next += 1;
         let body = rpc(
             self.next,
@@ -1824,6 +1836,9 @@ impl LegacyClient {
         let status = resp.status();
         if !is_sse(&resp) {
             let bytes = resp.into_body().collect().await?.to_bytes();
+            if let Some(m) = meter.as_deref_mut() {
+                m.mark("tools/call answered at once (JSON)").await?;
+            }
             return result_of(status, &[serde_json::from_slice(&bytes)?]);
         }
         // The elicitation arrives first; answer it on the other connection while this
@@ -1842,6 +1857,10 @@ impl LegacyClient {
                 }
                 let m: Value = serde_json::from_str(&ev.data)?;
                 if m.get("method").is_some() && m.get("id").is_some() {
+                    if let Some(m) = meter.as_deref_mut() {
+                        m.mark("tools/call until the elicitation is delivered")
+                            .await?;
+                    }
                     let reply = accept_reply(&m)?;
                     let r = self.b.post(&self.headers, reply).await?;
                     let st = r.status();
@@ -1849,10 +1868,16 @@ impl LegacyClient {
                     if st != StatusCode::ACCEPTED {
                         return Err(format!("reply refused: HTTP {st}").into());
                     }
+                    if let Some(m) = meter.as_deref_mut() {
+                        m.mark("the host's answer (POST until 202)").await?;
+                    }
                 } else if m.get("result").is_some() || m.get("error").is_some() {
                     response = Some(m);
                 }
             }
+        }
+        if let Some(m) = meter {
+            m.mark("the retry until the result is delivered").await?;
         }
         result_of(status, &response.into_iter().collect::<Vec<_>>())
     }
@@ -2466,8 +2491,108 @@ impl Redis {
             .ok_or_else(|| "INFO memory without used_memory".into())
     }
 
+    /// Calls per command from `INFO commandstats`: every command Redis ran, those a
+    /// script ran included (`evalsha` is the script itself).
+    fn commandstats(&self) -> Res<BTreeMap<String, u64>> {
+        let info = self.command(&["INFO", "commandstats"])?;
+        Ok(info
+            .lines()
+            .filter_map(|l| {
+                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = rest
+                    .strip_prefix("calls=")?
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                Some((name.to_owned(), calls))
+            })
+            .collect())
+    }
+
+    /// Commands run since `before` (a [`Redis::commandstats`]), the `INFO` asking
+    /// for them left out.
+    fn commands_since(&self, before: &BTreeMap<String, u64>) -> Res<BTreeMap<String, u64>> {
+        let mut now = self.commandstats()?;
+        if let Some(info) = now.get_mut("info") {
+            *info = info.saturating_sub(1);
+        }
+        Ok(now
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let d = v.saturating_sub(before.get(&k).copied().unwrap_or(0));
+                (d > 0).then_some((k, d))
+            })
+            .collect())
+    }
+
     fn pid(&self) -> u32 {
         self.child.id()
+    }
+}
+
+/// A TCP proxy in front of Redis that counts its clients' writes: a client sends
+/// each command, or each pipeline, in one write, so with one flow at a time a write
+/// is one round trip. Used for the per-step figures only (it adds a hop).
+struct CountingProxy {
+    addr: SocketAddr,
+    trips: Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CountingProxy {
+    async fn start(redis_port: u16) -> Res<Self> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let trips = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = trips.clone();
+        let task = tokio::spawn(async move {
+            // Bounded: the replicas open two connections each, and reconnect rarely.
+            for _ in 0..64 {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let Ok(server) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", redis_port)).await
+                    else {
+                        return;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = async {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = cr.read(&mut buf).await.unwrap_or(0);
+                            if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                            counted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    };
+                    let down = tokio::io::copy(&mut sr, &mut cw);
+                    tokio::select! {
+                        () = up => {}
+                        _ = down => {}
+                    }
+                });
+            }
+        });
+        Ok(Self { addr, trips, task })
+    }
+
+    fn trips(&self) -> u64 {
+        self.trips.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for CountingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -2477,6 +2602,149 @@ impl Drop for Redis {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The per-step passes: where a flow's requests and answers go.
+const STEP_PASSES: [&str; 2] = [
+    "any replica (requests on one replica, the elicitation's answer on the other)",
+    "one replica (all of a flow on the replica holding its SSE connection)",
+];
+
+/// How long a step is given to finish what it started in the background (a relay's
+/// last read, a wake-up) before its figures are read.
+const STEP_SETTLE: Duration = Duration::from_millis(25);
+
+/// One step's figures summed over the flows: how often, Redis commands, round trips,
+/// commands by name.
+type StepRow = (&'static str, usize, f64, f64, BTreeMap<String, u64>);
+
+/// Redis commands (`INFO commandstats`) and round trips (the counting proxy) per step
+/// of a replicated flow, the steady background (sweepers, readiness probes) taken out.
+struct StepMeter<'a> {
+    redis: &'a Redis,
+    proxy: &'a CountingProxy,
+    /// Background per second: commands, round trips.
+    background: (f64, f64),
+    last: (BTreeMap<String, u64>, u64, Instant),
+    steps: Vec<StepRow>,
+}
+
+impl<'a> StepMeter<'a> {
+    fn new(redis: &'a Redis, proxy: &'a CountingProxy, background: (f64, f64)) -> Res<Self> {
+        Ok(Self {
+            redis,
+            proxy,
+            background,
+            last: (redis.commandstats()?, proxy.trips(), Instant::now()),
+            steps: Vec::new(),
+        })
+    }
+
+    /// Starts counting from now.
+    fn reset(&mut self) -> Res<()> {
+        self.last = (
+            self.redis.commandstats()?,
+            self.proxy.trips(),
+            Instant::now(),
+        );
+        Ok(())
+    }
+
+    /// Ends `step`: what Redis ran since the last mark is its.
+    async fn mark(&mut self, step: &'static str) -> Res<()> {
+        tokio::time::sleep(STEP_SETTLE).await;
+        let cmds = self.redis.commands_since(&self.last.0)?;
+        let trips = self.proxy.trips().saturating_sub(self.last.1) as f64;
+        let secs = self.last.2.elapsed().as_secs_f64();
+        let total = cmds.values().sum::<u64>() as f64;
+        let i = match self.steps.iter().position(|r| r.0 == step) {
+            Some(i) => i,
+            None => {
+                self.steps.push((step, 0, 0.0, 0.0, BTreeMap::new()));
+                self.steps.len() - 1
+            }
+        };
+        let row = &mut self.steps[i];
+        row.1 += 1;
+        row.2 += (total - self.background.0 * secs).max(0.0);
+        row.3 += (trips - self.background.1 * secs).max(0.0);
+        for (k, v) in cmds {
+            *row.4.entry(k).or_default() += v;
+        }
+        self.reset()
+    }
+}
+
+/// Per step of a replicated flow (initialize, notes_create, notes_delete with its
+/// elicitation): two fresh replicas that reach Redis through a counting proxy, one
+/// flow at a time, each flow on a new session; first with requests and answers on
+/// different replicas (any replica), then with all of a flow on one replica (the one
+/// holding the SSE connection also gets the answer). Returns the steps of both
+/// passes, the idle background per second and the bytes of one session's serialized
+/// state after a flow.
+async fn replica_steps(
+    env: &Env,
+    server: &Proc,
+    redis: &Redis,
+    flows: usize,
+) -> Res<([Vec<StepRow>; 2], (f64, f64), u64)> {
+    let proxy = CountingProxy::start(redis.port).await?;
+    let url = format!("redis://{}/0", proxy.addr);
+    let config = redis_config(env, "bench-gateway-redis-counted.toml", &url)?;
+    let first = env.gateway_with(server, "replica-3", &config, "warn")?;
+    let second = env.gateway_with(server, "replica-4", &config, "warn")?;
+    let ws = env.scratch_uri.clone();
+    for k in 0..2 {
+        let mut c = LegacyClient::open_pair(first.addr, second.addr).await?;
+        legacy_flow(&mut c, &ws, &format!("replica-steps-warm-{k}")).await?;
+    }
+    // The background: both replicas idle (sweepers, readiness probes).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (c0, t0, i0) = (redis.commandstats()?, proxy.trips(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle = redis.commands_since(&c0)?.values().sum::<u64>() as f64;
+    let secs = i0.elapsed().as_secs_f64();
+    let background = (idle / secs, proxy.trips().saturating_sub(t0) as f64 / secs);
+    let mut passes: [Vec<StepRow>; 2] = Default::default();
+    let mut state_bytes = 0;
+    for (pass, steps) in passes.iter_mut().enumerate() {
+        let mut meter = StepMeter::new(redis, &proxy, background)?;
+        for k in 0..flows {
+            let (a, b) = match (pass, k % 2) {
+                (0, 0) => (first.addr, second.addr),
+                (0, _) => (second.addr, first.addr),
+                (_, 0) => (first.addr, first.addr),
+                _ => (second.addr, second.addr),
+            };
+            meter.reset()?;
+            let mut c = LegacyClient::open_pair(a, b).await?;
+            meter.mark("initialize + notifications/initialized").await?;
+            let title = format!("replica-steps-{pass}-{k}");
+            c.tool_metered(
+                "notes_create",
+                json!({"workspaceUri": ws, "title": title, "body": "bench"}),
+                Some(&mut meter),
+            )
+            .await?;
+            let r = c
+                .tool_metered(
+                    "notes_delete",
+                    json!({"workspaceUri": ws, "title": title}),
+                    Some(&mut meter),
+                )
+                .await?;
+            check_deleted(&r)?;
+            if pass == 0 && k + 1 == flows {
+                // The serialized state of a session after a flow (the `d` field).
+                let sid = c.headers[0].1.to_str()?.to_owned();
+                let key = format!("dualera:s:{{{sid}}}");
+                let n = redis.command(&["HSTRLEN", &key, "d"])?;
+                state_bytes = n.trim().trim_start_matches(':').parse().unwrap_or(0);
+            }
+        }
+        *steps = meter.steps;
+    }
+    Ok((passes, background, state_bytes))
 }
 
 /// Runs flows on every client at once for `secs`; returns the clients, the flows done
@@ -2517,6 +2785,30 @@ async fn concurrent_flows(
     Ok((back, flows, t0.elapsed().as_secs_f64()))
 }
 
+/// The bench's gateway config with `session_store = url`, written as `name`.
+fn redis_config(env: &Env, name: &str, url: &str) -> Res<PathBuf> {
+    let section = std::fs::read_to_string(&env.gateway_config)?;
+    let config = env.dir.join(name);
+    std::fs::write(
+        &config,
+        section.replacen(
+            "[gateway]\n",
+            &format!("[gateway]\nsession_store = {url:?}\n"),
+            1,
+        ),
+    )?;
+    Ok(config)
+}
+
+/// A Redis figure in the row of variant `v`: only the replicated one (1) has one.
+fn replicated_only(v: usize, value: f64, digits: usize) -> String {
+    if v == 1 {
+        fmt_f(value, digits)
+    } else {
+        "–".into()
+    }
+}
+
 const REPLICA_VARIANTS: [&str; 2] = [
     "1 gateway, sessions in memory",
     "2 gateway replicas, sessions in Redis (requests alternate)",
@@ -2524,16 +2816,7 @@ const REPLICA_VARIANTS: [&str; 2] = [
 
 async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) -> Res<()> {
     let redis = Redis::start(env)?;
-    let section = std::fs::read_to_string(&env.gateway_config)?;
-    let config = env.dir.join("bench-gateway-redis.toml");
-    std::fs::write(
-        &config,
-        section.replacen(
-            "[gateway]\n",
-            &format!("[gateway]\nsession_store = {:?}\n", redis.url()),
-            1,
-        ),
-    )?;
+    let config = redis_config(env, "bench-gateway-redis.toml", &redis.url())?;
     let memory = env.gateway(server, "replicas-memory")?;
     let first = env.gateway_with(server, "replica-1", &config, "warn")?;
     let second = env.gateway_with(server, "replica-2", &config, "warn")?;
@@ -2556,7 +2839,9 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
     let mut ratios = Vec::new();
     let mut cpu = [0.0f64; 3];
     let mut flows = [0usize; 2];
+    let mut commands = 0u64;
     for round in 0..opts.rounds {
+        let stats0 = redis.commandstats()?;
         let mut busy = [0.0f64; 2];
         let mut n = [0usize; 2];
         let mut ns: [Vec<f64>; 2] = Default::default();
@@ -2589,6 +2874,7 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
         cpu[0] += cpu_of(memory.pid()) - cpu0[0];
         cpu[1] += cpu_of(first.pid()) + cpu_of(second.pid()) - cpu0[1];
         cpu[2] += cpu_of(redis.pid()) - cpu0[2];
+        commands += redis.commands_since(&stats0)?.values().sum::<u64>();
         flows[0] += n[0];
         flows[1] += n[1];
         let this = [0, 1].map(|v| n[v] as f64 / busy[v].max(1e-9));
@@ -2621,6 +2907,7 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
     let mut load_ratios = Vec::new();
     let mut load_cpu = [0.0f64; 3];
     let mut load_flows = [0usize; 2];
+    let mut load_commands = 0u64;
     for round in 0..opts.rounds {
         let mut this = [0.0f64; 2];
         for k in 0..2 {
@@ -2638,12 +2925,14 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
                 load_cpu[0] += cpu_of(memory.pid()) - cpu0[0];
                 (n, took)
             } else {
+                let stats0 = redis.commandstats()?;
                 let (back, n, took) =
                     concurrent_flows(std::mem::take(&mut shareds), &ws, secs, true, &counter)
                         .await?;
                 shareds = back;
                 load_cpu[1] += cpu_of(first.pid()) + cpu_of(second.pid()) - cpu0[1];
                 load_cpu[2] += cpu_of(redis.pid()) - cpu0[2];
+                load_commands += redis.commands_since(&stats0)?.values().sum::<u64>();
                 (n, took)
             };
             load_flows[v] += n;
@@ -2683,6 +2972,10 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
     let after = redis.used_memory()?;
     let per_session = (after as f64 - before as f64) / opened.len().max(1) as f64;
     let keys = redis.command(&["DBSIZE"])?;
+    drop((memory, first, second, locals, shareds, local, shared));
+    let (passes, background, state_bytes) = replica_steps(env, server, &redis, 20).await?;
+    let commands_per_flow = commands as f64 / flows[1].max(1) as f64;
+    let load_commands_per_flow = load_commands as f64 / load_flows[1].max(1) as f64;
     report.replicas = Some((ratio, load_ratio, hosts, opened.len(), per_session));
     let mut md = String::new();
     let _ = writeln!(
@@ -2693,16 +2986,18 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
     );
     let _ = writeln!(
         md,
-        "| variant | flows/s | median flow µs | gateway CPU µs per flow |"
+        "| variant | flows/s | median flow µs | gateway CPU µs per flow | Redis CPU µs per flow | Redis commands per flow |"
     );
-    let _ = writeln!(md, "|---|---:|---:|---:|");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|");
     for (v, name) in REPLICA_VARIANTS.iter().enumerate() {
         let _ = writeln!(
             md,
-            "| {name} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} | {} |",
             fmt_f(rate[v], 1),
             fmt_f(median(&lats[v]), 0),
-            fmt_f(cpu_us[v], 0)
+            fmt_f(cpu_us[v], 0),
+            replicated_only(v, cpu_us[2], 0),
+            replicated_only(v, commands_per_flow, 1),
         );
     }
     let _ = writeln!(
@@ -2713,15 +3008,17 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
     );
     let _ = writeln!(
         md,
-        "{hosts} hosts at once per variant (capacity; variants alternate by round, {} s each):\n\n| variant | flows/s | gateway CPU µs per flow |\n|---|---:|---:|",
+        "{hosts} hosts at once per variant (capacity; variants alternate by round, {} s each):\n\n| variant | flows/s | gateway CPU µs per flow | Redis CPU µs per flow | Redis commands per flow |\n|---|---:|---:|---:|---:|",
         secs
     );
     for (v, name) in REPLICA_VARIANTS.iter().enumerate() {
         let _ = writeln!(
             md,
-            "| {name} | {} | {} |",
+            "| {name} | {} | {} | {} | {} |",
             fmt_f(load_rate[v], 1),
-            fmt_f(load_cpu_us[v], 0)
+            fmt_f(load_cpu_us[v], 0),
+            replicated_only(v, load_cpu_us[2], 0),
+            replicated_only(v, load_commands_per_flow, 1),
         );
     }
     let _ = writeln!(
@@ -2739,6 +3036,57 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
         fmt_f(per_session, 0),
         keys.trim().trim_start_matches(':')
     );
+    let mut step_json = Vec::new();
+    let mut flow_totals = [(0.0, 0.0); 2];
+    for (pass, steps) in passes.iter().enumerate() {
+        let _ = writeln!(
+            md,
+            "\nPer step of a replicated flow, {} ({} flows, one at a time, each on a new session; round trips counted by a proxy in front of Redis; the idle background, {} commands and {} round trips per second, taken out):\n\n| step | Redis commands | round trips | commands by name (per step) |\n|---|---:|---:|---|",
+            STEP_PASSES[pass],
+            steps.first().map_or(0, |r| r.1),
+            fmt_f(background.0, 1),
+            fmt_f(background.1, 1)
+        );
+        let (mut flow_cmds, mut flow_trips) = (0.0, 0.0);
+        for (step, n, cmds, trips, names) in steps {
+            let n = (*n).max(1) as f64;
+            flow_cmds += cmds / n;
+            flow_trips += trips / n;
+            let by_name = names
+                .iter()
+                .map(|(k, v)| format!("{k} {}", fmt_f(*v as f64 / n, 1)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let _ = writeln!(
+                md,
+                "| {step} | {} | {} | {by_name} |",
+                fmt_f(cmds / n, 1),
+                fmt_f(trips / n, 1)
+            );
+            step_json.push(json!({"pass": STEP_PASSES[pass], "step": step, "commands": cmds / n, "round_trips": trips / n}));
+        }
+        let _ = writeln!(
+            md,
+            "| **whole flow** | **{}** | **{}** | |",
+            fmt_f(flow_cmds, 1),
+            fmt_f(flow_trips, 1)
+        );
+        flow_totals[pass] = (flow_cmds, flow_trips);
+    }
+    let (flow_cmds, flow_trips) = flow_totals[0];
+    let _ = writeln!(
+        md,
+        "\nOne session's serialized state after a flow: {state_bytes} bytes."
+    );
+    eprintln!(
+        "  per flow: Redis commands {} (rounds) / {} ({hosts} hosts); per-step total {} commands, {} round trips (any replica), {} commands, {} round trips (one replica); state {state_bytes} bytes",
+        fmt_f(commands_per_flow, 1),
+        fmt_f(load_commands_per_flow, 1),
+        fmt_f(flow_cmds, 1),
+        fmt_f(flow_trips, 1),
+        fmt_f(flow_totals[1].0, 1),
+        fmt_f(flow_totals[1].1, 1)
+    );
     report.add(
         "replicas",
         md,
@@ -2750,7 +3098,10 @@ async fn replicas(env: &Env, opts: &Opts, server: &Proc, report: &mut Report) ->
                "load_ratio": load_ratio, "load_gateway_cpu_us_per_flow_memory": load_cpu_us[0],
                "load_gateway_cpu_us_per_flow_replicas": load_cpu_us[1], "load_redis_cpu_us_per_flow": load_cpu_us[2],
                "redis_used_memory_before": before, "redis_used_memory_after": after,
-               "redis_bytes_per_idle_session": per_session}),
+               "redis_bytes_per_idle_session": per_session,
+               "redis_commands_per_flow": commands_per_flow, "load_redis_commands_per_flow": load_commands_per_flow,
+               "steps": step_json, "state_bytes": state_bytes, "flow_commands": flow_cmds,
+               "flow_commands_one_replica": flow_totals[1].0, "flow_round_trips_one_replica": flow_totals[1].1, "flow_round_trips": flow_trips}),
     );
     Ok(())
 }

@@ -52,8 +52,8 @@ impl SharedSessions {
     }
 
     async fn exchange(self: Arc<Self>, gw: Gateway, sid: String, start: Start) {
-        // Subscribed while it runs: a cancellation from another replica arrives here.
-        let _waiter = self.wakes.watch(&sid, false).await;
+        // A cancellation from another replica arrives on this replica's channel (the
+        // lease names it as the owner).
         let id = start.request.id.clone();
         let auth = start
             .auth

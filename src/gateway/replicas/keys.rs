@@ -14,7 +14,13 @@
 //! | `P sessions` | zset SID → last use ms | the session count (`max_sessions`), idlest first for eviction | none (pruned by age) |
 //! | `P c:BINDING` | zset SID → last use ms | one caller's sessions (`max_sessions_per_caller`) | none (pruned by age) |
 //! | `P busy` | set of SID | sessions with requests in flight (never evicted) | none (members removed by steps) |
-//! | channel `P w:SID` | pub/sub | "a stream of SID has new entries" / "cancel upstream X" | – |
+//! | channel `P w:REPLICA` | pub/sub | to one replica: "stream N of SID, whose connection you hold, has new entries" / "cancel upstream X of SID, whose lease you hold" | – |
+//! | channel `P w` | pub/sub | to every replica: "SID ended" (deleted, evicted), or a cancellation without a lease | – |
+//!
+//! Each replica subscribes to its own channel and the broadcast one, once: a session
+//! costs no subscription. A step learns whom to wake from what it touches: a stream's
+//! holder token starts with the replica's name (`REPLICA.RANDOM`), a lease names its
+//! owner.
 
 /// Builds every key and channel name from the prefix.
 #[derive(Debug, Clone)]
@@ -86,19 +92,13 @@ impl Keys {
         (format!("{}s:{{", self.prefix), "}".to_owned())
     }
 
-    /// The wake channels' common prefix.
-    pub(super) fn wake_prefix(&self) -> String {
-        format!("{}w:", self.prefix)
+    /// The channel every replica listens to; a replica's own is this, `:`, its name.
+    pub(super) fn wake_all(&self) -> String {
+        format!("{}w", self.prefix)
     }
 
-    pub(super) fn wake(&self, sid: &str) -> String {
-        format!("{}w:{sid}", self.prefix)
-    }
-
-    /// The session id a wake channel names.
-    pub(super) fn sid_of_wake<'a>(&self, channel: &'a str) -> Option<&'a str> {
-        channel
-            .strip_prefix(self.prefix.as_str())
-            .and_then(|c| c.strip_prefix("w:"))
+    /// The channel of one replica.
+    pub(super) fn wake_replica(&self, replica: &str) -> String {
+        format!("{}w:{replica}", self.prefix)
     }
 }

@@ -12,6 +12,7 @@
 //! ```text
 //!  host ─► LB ─► replica A: load ─► feed ─► CAS{state, XADD, lease, timer, PUBLISH} ─► exchange ─► upstream
 //!                replica B: SSE relay ◄── pub/sub wake-up ◄────────────┘ (then XRANGE: the data is in the stream)
+//!                replica A: its own SSE relay ◄── the step's entries, handed over in memory (no wake-up, no read)
 //!                replica C: sweeper ─► due timers, leases past their deadline (redo the exchange)
 //! ```
 //!
@@ -37,7 +38,7 @@ mod wake;
 use self::keys::{valid_session_id, Keys};
 use self::redis::{Loaded, Redis, Stored as CasResult};
 use self::stored::{Append, LeaseRecord, NewLease, Ops, Record};
-use self::wake::{Wake, Wakes};
+use self::wake::{Handed, Inbox, Wake, Wakes};
 use super::auth::BindingKey;
 use super::forwarded::Forwarded;
 use super::legacy_http::{
@@ -118,18 +119,21 @@ struct Decider {
     notify: Notify,
     /// The token its relay will hold the stream with.
     token: String,
-    /// The messages the deciding step appended, with their sequence numbers: the
-    /// relay sends them without reading them back (the step also took the hold).
-    handed: Mutex<Vec<Handed>>,
+    /// The entries for its relay, not yet sent: the relay sends them without reading
+    /// them back. This replica's steps hand theirs over (the deciding step also took
+    /// the hold; a later one only while the relay still holds the stream, as its
+    /// compare-and-set checks); another replica's come through pub/sub, addressed to
+    /// `token`.
+    inbox: Arc<Inbox>,
 }
 
-impl Default for Decider {
-    fn default() -> Self {
+impl Decider {
+    fn new(token: String) -> Self {
         Self {
             state: Mutex::new(Decision::Deciding),
             notify: Notify::new(),
-            token: connection_token(),
-            handed: Mutex::new(Vec::new()),
+            token,
+            inbox: Arc::new(Inbox::default()),
         }
     }
 }
@@ -138,7 +142,8 @@ impl Default for Decider {
 enum Decision {
     #[default]
     Deciding,
-    /// A step holds the answer and is storing the state without it.
+    /// A step holds the answer (to send as JSON, or the first entries of the
+    /// stream) and is storing the state.
     Claimed,
     /// Stored: answer with this JSON.
     Json(Vec<u8>),
@@ -156,19 +161,27 @@ impl Decider {
 }
 
 /// What a replica remembers of a session it stepped: the version and state it stored
-/// (or read), and the decoded record, taken by the next step (steps of one session
-/// on one replica are serialized) so that it is not decoded again.
+/// (or read), the decoded record, taken by the next step (steps of one session on one
+/// replica are serialized) so that it is not decoded again, and when this replica last
+/// moved the session's last use in the zsets (see `SharedSessions::plan`).
 struct Remembered {
     version: String,
     state: Arc<Vec<u8>>,
     record: Option<Record>,
+    touched: u64,
 }
 
-fn remember(version: String, state: Vec<u8>, record: Option<Record>) -> Arc<Mutex<Remembered>> {
+fn remember(
+    version: String,
+    state: Vec<u8>,
+    record: Option<Record>,
+    touched: u64,
+) -> Arc<Mutex<Remembered>> {
     Arc::new(Mutex::new(Remembered {
         version,
         state: Arc::new(state),
         record,
+        touched,
     }))
 }
 
@@ -226,13 +239,19 @@ struct Start {
     trace: Option<Arc<TraceContext>>,
 }
 
-/// A message a step appended and handed to its POST's relay: sequence number, bytes,
-/// whether it ends the stream.
-type Handed = (u64, Vec<u8>, bool);
-
 /// One stream's messages in a step: the stream, its messages with "is last", and
 /// whether it was closed without a last message.
 type Group = (PeerStream, Vec<(Vec<u8>, bool)>, bool);
+
+/// Entries a step hands to this replica's relay of their stream.
+struct Handing {
+    relay: Arc<Decider>,
+    entries: Vec<Handed>,
+    /// The stream's holder key.
+    holder: String,
+    /// This step decided that the POST streams (else it was streaming already).
+    decided: bool,
+}
 
 /// What a stored step leaves to do.
 #[derive(Default)]
@@ -241,7 +260,9 @@ struct After {
     cancels: Vec<RequestId>,
     logs: Vec<Event>,
     json: Vec<(Arc<Decider>, Vec<u8>)>,
-    streaming: Vec<(Arc<Decider>, Vec<Handed>)>,
+    /// Entries for this replica's relays (they are handed over if the step script
+    /// found the relay still holding the stream).
+    streaming: Vec<Handing>,
     /// What the step script receives after its effects, by `ARGV` index.
     payloads: Vec<Vec<u8>>,
     appended: bool,
@@ -255,8 +276,10 @@ impl After {
         for (d, _) in &self.json {
             d.set(Decision::Deciding);
         }
-        for (d, _) in &self.streaming {
-            d.set(Decision::Deciding);
+        for h in &self.streaming {
+            if h.decided {
+                h.relay.set(Decision::Deciding);
+            }
         }
     }
 }
@@ -304,7 +327,7 @@ impl SharedSessions {
         config: &GatewayConfig,
     ) -> Result<Arc<Self>, StoreError> {
         let keys = Keys::new(&store.key_prefix);
-        let wakes = Wakes::new(keys.clone());
+        let wakes = Wakes::new(&keys, &store.replica_id);
         let sink = wakes.clone();
         let redis = Redis::open(&store.url, store.timeout, move |info: ::redis::PushInfo| {
             sink.push(info);
@@ -340,6 +363,11 @@ impl SharedSessions {
     /// This replica's name.
     pub(in crate::gateway) fn replica(&self) -> &str {
         &self.replica
+    }
+
+    /// A new connection token of this replica (see [`connection_token`]).
+    fn token(&self) -> String {
+        connection_token(&self.replica)
     }
 
     /// Whether the store answered the last command.
@@ -494,10 +522,16 @@ impl SharedSessions {
         let key = self.keys.session(sid);
         let cached = self.versions.get(sid).and_then(|slot| {
             let mut r = slot.lock().ok()?;
-            Some((r.version.clone(), r.state.clone(), r.record.take()))
+            Some((
+                r.version.clone(),
+                r.state.clone(),
+                r.record.take(),
+                r.touched,
+            ))
         });
+        let touched = cached.as_ref().map_or(0, |c| c.3);
         let (mut version, mut state, mut remembered, mut decoded) = match cached {
-            Some((v, s, record)) => (v, s, true, record),
+            Some((v, s, record, _)) => (v, s, true, record),
             None => match self.redis.load(&key).await? {
                 Loaded::Found { version, state } => (version, Arc::new(state), false, None),
                 Loaded::Missing | Loaded::Gone => {
@@ -544,7 +578,7 @@ impl SharedSessions {
                     return Err(StepError::Refused(r));
                 }
             };
-            let (ops, mut after) = self.plan(sid, &mut record, now, ctx);
+            let (ops, mut after) = self.plan(sid, &mut record, now, ctx, touched);
             let blob = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt {
                 reason: format!("session record: {e}"),
             })?;
@@ -587,15 +621,20 @@ impl SharedSessions {
                 .step(&key, &version, &blob, &ops_json, &after.payloads)
                 .await
             {
-                Ok(CasResult::Committed { version: v }) => {
+                Ok(CasResult::Committed {
+                    version: v,
+                    handed,
+                    local_wake,
+                }) => {
                     self.observe(gw, &record.machine, std::mem::take(&mut after.observed));
                     if ctx.tomb {
                         self.versions.remove(sid);
                     } else {
+                        let touched = if ops.touch { now } else { touched };
                         self.versions
-                            .insert(sid.to_owned(), remember(v, blob, Some(record)));
+                            .insert(sid.to_owned(), remember(v, blob, Some(record), touched));
                     }
-                    self.perform(gw, sid, after, ctx);
+                    self.perform(gw, sid, after, ctx, &handed, local_wake);
                     return Ok(value);
                 }
                 Ok(CasResult::Conflict {
@@ -624,13 +663,23 @@ impl SharedSessions {
     }
 
     /// Drains the machine's events into the script's effects and what to do after.
-    fn plan(&self, sid: &str, record: &mut Record, now: u64, ctx: &Ctx) -> (Ops, After) {
+    /// `touched`: when this replica last moved the session's last use in the zsets.
+    fn plan(
+        &self,
+        sid: &str,
+        record: &mut Record,
+        now: u64,
+        ctx: &Ctx,
+        touched: u64,
+    ) -> (Ops, After) {
         let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
         let mut ops = Ops {
             ttl: ttl.to_string(),
             sid: sid.to_owned(),
             now: now.to_string(),
             keep: self.replay.to_string(),
+            me: self.replica.clone(),
+            wk: self.keys.wake_all(),
             timers: self.keys.timers(),
             leases: self.keys.leases(),
             sessions: self.keys.sessions(),
@@ -721,11 +770,10 @@ impl SharedSessions {
                 }
                 Event::CancelUpstream { id, reason } => {
                     debug!(session = %log_tag(sid), rpc.id = %id, reason, "upstream request cancelled");
-                    ops.lease_del.push(self.keys.lease(sid, &id_text(&id)));
-                    ops.publish.push((
-                        self.keys.wake(sid),
-                        wake::payload(&Wake::Cancel(id.clone())),
-                    ));
+                    let lease = self.keys.lease(sid, &id_text(&id));
+                    ops.cancel
+                        .push((lease.clone(), wake::payload(sid, &Wake::Cancel(id.clone()))));
+                    ops.lease_del.push(lease);
                     after.cancels.push(id);
                 }
                 other @ (Event::RequestFailed { .. } | Event::ToolRejected { .. }) => {
@@ -743,24 +791,34 @@ impl SharedSessions {
                 .deciders
                 .get(&(sid.to_owned(), peer.clone()))
                 .map(|d| d.value().clone());
-            let mut handing: Option<Arc<Decider>> = None;
+            // This replica's relay of the stream, if it has one: (relay, decided now).
+            let mut handing: Option<(Arc<Decider>, bool)> = None;
             if let Some(d) = decider {
                 let single_final = !closed && messages.len() == 1 && messages[0].1;
                 let mut state = d
                     .state
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                if matches!(*state, Decision::Deciding) {
-                    if single_final {
+                match *state {
+                    Decision::Deciding => {
+                        if single_final {
+                            *state = Decision::Claimed;
+                            drop(state);
+                            after.json.push((d, messages[0].0.clone()));
+                            record.forget(&peer);
+                            continue;
+                        }
+                        // Streaming once stored and its entries handed over (see
+                        // `perform`): the POST's relay starts with them.
                         *state = Decision::Claimed;
                         drop(state);
-                        after.json.push((d, messages[0].0.clone()));
-                        record.forget(&peer);
-                        continue;
+                        handing = Some((d, true));
                     }
-                    *state = Decision::Streaming;
-                    drop(state);
-                    handing = Some(d);
+                    Decision::Streaming => {
+                        drop(state);
+                        handing = Some((d, false));
+                    }
+                    _ => {}
                 }
             }
             if record.stream(&peer).is_none() {
@@ -772,6 +830,10 @@ impl SharedSessions {
                 continue;
             };
             let key = self.keys.stream(sid, meta.number);
+            let holder = self
+                .keys
+                .holder(sid, (peer != PeerStream::Standalone).then_some(meta.number));
+            let token = handing.as_ref().map(|(d, _)| d.token.clone());
             let was_finished = meta.finished;
             let mut handed = Vec::new();
             for (bytes, last) in messages {
@@ -782,21 +844,13 @@ impl SharedSessions {
                     s: meta.seq.to_string(),
                     m: Some(index),
                     e: last,
+                    h: holder.clone(),
+                    t: token.clone(),
                 });
                 meta.finished |= last;
                 if handing.is_some() {
                     handed.push((meta.seq, bytes, last));
                 }
-            }
-            if let Some(d) = handing {
-                // The POST's own relay starts after these, holding the stream from
-                // this very transaction.
-                ops.hold.push((
-                    self.keys.holder(sid, Some(meta.number)),
-                    d.token.clone(),
-                    hold_ms().to_string(),
-                ));
-                after.streaming.push((d, handed));
             }
             if closed && !meta.finished {
                 meta.seq += 1;
@@ -805,8 +859,27 @@ impl SharedSessions {
                     s: meta.seq.to_string(),
                     m: None,
                     e: true,
+                    h: holder.clone(),
+                    t: token.clone(),
                 });
                 meta.finished = true;
+                if handing.is_some() {
+                    handed.push((meta.seq, Vec::new(), true));
+                }
+            }
+            if let Some((relay, decided)) = handing {
+                if decided {
+                    // The POST's own relay starts after these, holding the stream
+                    // from this very transaction.
+                    ops.hold
+                        .push((holder.clone(), relay.token.clone(), hold_ms().to_string()));
+                }
+                after.streaming.push(Handing {
+                    relay,
+                    entries: handed,
+                    holder,
+                    decided,
+                });
             }
             if meta.finished && !was_finished {
                 let n = meta.number;
@@ -825,12 +898,15 @@ impl SharedSessions {
         record
             .auth
             .retain(|(k, _)| k.as_ref().is_none_or(|id| machine.has_call(id)));
-        if !ops.xadd.is_empty() {
-            after.appended = true;
-            ops.publish
-                .push((self.keys.wake(sid), wake::payload(&Wake::Streams)));
+        after.appended = !ops.xadd.is_empty();
+        let busy = record.machine.in_flight() > 0;
+        if record.busy != busy {
+            record.busy = busy;
+            ops.busy = Some(busy);
         }
-        ops.busy = record.machine.in_flight() > 0;
+        // The last use moves in the zsets at most every `touch_ms` per replica: their
+        // order (idlest first, for eviction) is that coarse, and pruning allows for it.
+        ops.touch = now.saturating_sub(touched) >= self.touch_ms();
         ops.due = record
             .machine
             .poll_timeout()
@@ -843,7 +919,7 @@ impl SharedSessions {
             }
             ops.del.push(self.keys.holder(sid, None));
             ops.publish
-                .push((self.keys.wake(sid), wake::payload(&Wake::Streams)));
+                .push((self.keys.wake_all(), wake::payload(sid, &Wake::Streams)));
         }
         (ops, after)
     }
@@ -866,22 +942,46 @@ impl SharedSessions {
             .feature(feature);
     }
 
+    /// How often a session's last use moves in the `sessions` and caller zsets: a
+    /// sixteenth of the idle TTL, at most a minute.
+    fn touch_ms(&self) -> u64 {
+        u64::try_from(self.idle_ttl.as_millis() / 16)
+            .unwrap_or(u64::MAX)
+            .min(60_000)
+    }
+
     fn lease_ms(&self) -> u64 {
         u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Carries out a stored step.
-    fn perform(self: &Arc<Self>, gw: &Gateway, sid: &str, after: After, ctx: &Ctx) {
+    /// Carries out a stored step: `handed` the holder keys of the streams whose relay
+    /// here still holds them (the step script checked), `local_wake` whether another
+    /// connection of this replica holds a stream the step appended to.
+    fn perform(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        sid: &str,
+        after: After,
+        ctx: &Ctx,
+        handed: &[String],
+        local_wake: bool,
+    ) {
         for (d, bytes) in after.json {
             d.set(Decision::Json(bytes));
         }
-        for (d, handed) in after.streaming {
-            if let Ok(mut h) = d.handed.lock() {
-                *h = handed;
+        let mut wake = local_wake || ctx.tomb;
+        for h in after.streaming {
+            if handed.contains(&h.holder) {
+                h.relay.inbox.hand(h.entries);
+            } else {
+                // Taken over meanwhile: whoever holds it reads the stream.
+                wake = true;
             }
-            d.notify.notify_waiters();
+            if h.decided {
+                h.relay.set(Decision::Streaming);
+            }
         }
-        if after.appended {
+        if (after.appended && wake) || ctx.tomb {
             self.wakes.wake(sid);
         }
         for id in after.cancels {
@@ -1069,6 +1169,7 @@ impl SharedSessions {
         }
         let binding = BindingKey::of(gw.config.session_binding, auth.as_ref()).to_hex();
         let caller = self.keys.caller(&binding);
+        let now = wall_ms();
         let record = Record {
             binding,
             anonymous: auth.is_none(),
@@ -1078,12 +1179,13 @@ impl SharedSessions {
             next_stream: 0,
             auth: Vec::new(),
             forwarded: forwarded.to_pairs(),
+            // CREATE leaves the session out of `busy`.
+            busy: false,
             machine,
         };
         let Ok(blob) = serde_json::to_vec(&record) else {
             return legacy_http::internal();
         };
-        let now = wall_ms();
         let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
         let (sk1, sk2) = self.keys.session_parts();
         let ops = serde_json::json!({
@@ -1094,14 +1196,14 @@ impl SharedSessions {
             "caller": caller,
             "busyk": self.keys.busy(),
             "timers": self.keys.timers(),
-            "cutoff": now.saturating_sub(ttl).to_string(),
+            // A live session's last use may lag by up to `touch_ms`.
+            "cutoff": now.saturating_sub(ttl + self.touch_ms()).to_string(),
             "max": self.max_sessions.to_string(),
             "maxc": self.max_per_caller.to_string(),
             "sk1": sk1,
             "sk2": sk2,
             "tomb": ttl.min(60_000).to_string(),
-            "wk": self.keys.wake_prefix(),
-            "wp": wake::payload(&Wake::Streams),
+            "wk": self.keys.wake_all(),
             "disc": digest.as_ref().map(|d| self.keys.discover(d)),
             "dv": discover.as_deref().map(|v| serde_json::to_string(v).unwrap_or_default()),
         });
@@ -1133,16 +1235,21 @@ impl SharedSessions {
             Err(e) => return store_unavailable(Some(init_id), &e),
         }
         self.observe(gw, &record.machine, observed);
+        // Its next step here starts from what was just stored (version 1, see CREATE):
+        // no read first.
+        self.versions
+            .insert(sid.clone(), remember("1".into(), blob, Some(record), now));
         info!(session = %log_tag(&sid), replica = %self.replica, "legacy session opened");
         with_session_header(response, &sid)
     }
 
-    fn deciding(&self, sid: &str, peer: &PeerStream) -> DeciderGuard<'_> {
-        let decider = Arc::new(Decider::default());
+    fn deciding(self: &Arc<Self>, sid: &str, peer: &PeerStream) -> DeciderGuard {
+        let decider = Arc::new(Decider::new(self.token()));
+        self.wakes.register(&decider.token, decider.inbox.clone());
         self.deciders
             .insert((sid.to_owned(), peer.clone()), decider.clone());
         DeciderGuard {
-            sessions: self,
+            sessions: self.clone(),
             keys: vec![(sid.to_owned(), peer.clone())],
             decider,
         }
@@ -1169,6 +1276,8 @@ impl SharedSessions {
         let id = r.id.clone();
         let peer = PeerStream::Request(id.clone());
         let guard = self.deciding(&s.id, &peer);
+        // Registered before the step: a wake-up for the stream from then on is seen.
+        let waiter = self.wakes.waiter(&s.id);
         let head = Arc::new(HeadWatch::default());
         let ctx = Self::ctx(s, auth.as_ref(), Some(head.clone()));
         let fed = self
@@ -1219,7 +1328,7 @@ impl SharedSessions {
         }
         match decision {
             Decision::Json(body) => json_body(body),
-            _ => self.post_relay(&s.id, number, &guard.decider).await,
+            _ => self.post_relay(&s.id, number, guard, waiter).await,
         }
     }
 
@@ -1285,7 +1394,9 @@ impl SharedSessions {
         // A batch's upstream calls carry its token; a 401/403 for one of them reaches
         // the peer as that element's error in the batch's response.
         let ctx = Self::ctx(s, auth.as_ref(), None);
-        let decider = Arc::new(Decider::default());
+        let decider = Arc::new(Decider::new(self.token()));
+        self.wakes.register(&decider.token, decider.inbox.clone());
+        let waiter = self.wakes.waiter(&s.id);
         let mut registered: Vec<(String, PeerStream)> = Vec::new();
         let fed = self
             .step(gw, &s.id, &ctx, |record, now| {
@@ -1303,7 +1414,7 @@ impl SharedSessions {
             })
             .await;
         let guard = DeciderGuard {
-            sessions: self,
+            sessions: self.clone(),
             keys: registered,
             decider,
         };
@@ -1323,7 +1434,7 @@ impl SharedSessions {
         };
         match guard.decide(FIRST_MESSAGE_WAIT, None).await {
             Decision::Json(body) => json_body(body),
-            _ => self.post_relay(&s.id, number, &guard.decider).await,
+            _ => self.post_relay(&s.id, number, guard, waiter).await,
         }
     }
 
@@ -1357,7 +1468,7 @@ impl SharedSessions {
                 .await;
         }
         // The standalone stream: one connection at a time.
-        let token = connection_token();
+        let token = self.token();
         let holder_key = self.keys.holder(&s.id, None);
         match self.redis.hold(&holder_key, &token, hold_ms(), true).await {
             Ok(true) => {}
@@ -1497,14 +1608,14 @@ fn json_body(body: Vec<u8>) -> Response<GatewayBody> {
     r
 }
 
-/// Removes a POST's deciders when it is answered.
-struct DeciderGuard<'a> {
-    sessions: &'a SharedSessions,
+/// Removes a POST's deciders when it is answered (as JSON, or its relay ended).
+struct DeciderGuard {
+    sessions: Arc<SharedSessions>,
     keys: Vec<(String, PeerStream)>,
     decider: Arc<Decider>,
 }
 
-impl DeciderGuard<'_> {
+impl DeciderGuard {
     /// Waits up to `limit` for the first message: JSON if it is the only, final one,
     /// else a stream to relay. A claim in progress is waited for; with `head`, no
     /// stream is committed before the upstream accepted (or refused) the exchange, up
@@ -1565,8 +1676,9 @@ impl DeciderGuard<'_> {
     }
 }
 
-impl Drop for DeciderGuard<'_> {
+impl Drop for DeciderGuard {
     fn drop(&mut self) {
+        self.sessions.wakes.unregister(&self.decider.token);
         for k in self.keys.drain(..) {
             self.sessions
                 .deciders
@@ -1593,10 +1705,12 @@ fn hold_ms() -> u64 {
     u64::try_from(HOLD.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn connection_token() -> String {
+/// A token naming one connection of `replica`: `REPLICA.RANDOM` (the step script
+/// reads whom to wake from the part before the last dot).
+fn connection_token(replica: &str) -> String {
     let mut bytes = [0u8; 12];
     let _ = getrandom::fill(&mut bytes);
-    hex(&bytes)
+    format!("{replica}.{}", hex(&bytes))
 }
 
 fn auth_text(auth: Option<&HeaderValue>) -> Option<String> {

@@ -24,12 +24,21 @@ use std::time::Duration;
 /// `ARGV[2]` the new state, `ARGV[3]` the effects (JSON, see `stored::Ops`), then the
 /// payloads the effects name by their `ARGV` index (messages, lease records: passed
 /// as they are, not escaped into the JSON).
-/// Returns `{1, v}` stored, `{0, v, d}` conflict (the current state), `{-1}` missing,
-/// `{-2}` tombstone.
+///
+/// Wake-ups go to whom they concern, read from what the step touches: the entries of
+/// each stream it appended to go to the replica whose connection holds it (a holder
+/// token starts with its replica's name and a dot), addressed to that connection (see
+/// `wake::payload`); none when that is this replica (`ops.me`: it hands the entries to
+/// its relay itself); a cancellation wakes the lease's owner.
+/// Returns `{1, v, handed, lw}` stored (`handed`: the streams whose holder is still the
+/// token `x.t` the step meant to hand its entries to, by `x.h`; `lw` 1 when a stream
+/// another connection of this replica holds got entries), `{0, v, d}` conflict (the
+/// current state), `{-1}` missing, `{-2}` tombstone.
 const STEP: &str = r"
-local v = redis.call('HGET', KEYS[1], 'v')
+local cur = redis.call('HMGET', KEYS[1], 'v', 'gone')
+local v = cur[1]
 if not v then return {-1} end
-if redis.call('HEXISTS', KEYS[1], 'gone') == 1 then return {-2} end
+if cur[2] then return {-2} end
 if v ~= ARGV[1] then return {0, v, redis.call('HGET', KEYS[1], 'd')} end
 local ops = cjson.decode(ARGV[3])
 local ttl = ops.ttl
@@ -44,25 +53,43 @@ if ops.tomb then
 else
   redis.call('HSET', KEYS[1], 'v', nv, 'd', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ttl)
-  redis.call('ZADD', ops.sessions, ops.now, ops.sid)
-  redis.call('ZADD', ops.caller, ops.now, ops.sid)
-  if ops.busy then
+  if ops.touch then
+    redis.call('ZADD', ops.sessions, ops.now, ops.sid)
+    redis.call('ZADD', ops.caller, ops.now, ops.sid)
+    if ops.disc then redis.call('PEXPIRE', ops.disc, ttl) end
+  end
+  if ops.busy == true then
     redis.call('SADD', ops.busyk, ops.sid)
-  else
+  elseif ops.busy == false then
     redis.call('SREM', ops.busyk, ops.sid)
   end
 end
+local streams = {}
 for _, x in ipairs(ops.xadd) do
   local args = {'XADD', x.k, 'MAXLEN', '=', ops.keep, '0-' .. x.s}
   if x.m then table.insert(args, 'm'); table.insert(args, ARGV[tonumber(x.m)]) end
   if x.e then table.insert(args, 'e'); table.insert(args, '1') end
   redis.call(unpack(args))
-  redis.call('PEXPIRE', x.k, ttl)
+  local g = streams[x.k]
+  if not g then
+    g = {}
+    streams[x.k] = g
+    table.insert(streams, g)
+  end
+  table.insert(g, x)
 end
 for _, l in ipairs(ops.lease_new) do
   redis.call('HSET', l.k, 'owner', l.o, 'deadline', l.d, 'rec', ARGV[tonumber(l.r)])
   redis.call('PEXPIRE', l.k, ttl)
   redis.call('ZADD', ops.leases, l.d, l.k)
+end
+for _, c in ipairs(ops.cancel) do
+  local owner = redis.call('HGET', c[1], 'owner')
+  if not owner then
+    redis.call('PUBLISH', ops.wk, c[2])
+  elseif owner ~= ops.me then
+    redis.call('PUBLISH', ops.wk .. ':' .. owner, c[2])
+  end
 end
 for _, k in ipairs(ops.lease_del) do
   redis.call('DEL', k)
@@ -74,20 +101,45 @@ if ops.due and not ops.tomb then
 else
   redis.call('ZREM', ops.timers, ops.sid)
 end
-if ops.disc then redis.call('PEXPIRE', ops.disc, ttl) end
 for _, h in ipairs(ops.hold) do redis.call('SET', h[1], h[2], 'PX', h[3]) end
+local handed = {}
+local lw = 0
+for _, g in ipairs(streams) do
+  local x = g[1]
+  redis.call('PEXPIRE', x.k, ttl)
+  local tok = redis.call('GET', x.h)
+  if tok then
+    if tok == x.t then
+      table.insert(handed, x.h)
+    else
+      local rep = string.match(tok, '^(.*)%.')
+      if rep == ops.me then
+        lw = 1
+      elseif rep then
+        local ch = ops.wk .. ':' .. rep
+        for _, y in ipairs(g) do
+          local m = ''
+          if y.m then m = ARGV[tonumber(y.m)] end
+          local e = '0'
+          if y.e then e = '1' end
+          redis.call('PUBLISH', ch, 'e' .. ops.sid .. tok .. '\n' .. y.s .. ' ' .. e .. '\n' .. m)
+        end
+      end
+    end
+  end
+end
 for _, p in ipairs(ops.pub) do redis.call('PUBLISH', p[1], p[2]) end
-return {1, nv}
+return {1, nv, handed, lw}
 ";
 
 /// A new session, unless the id is taken or a bound is reached: the one place that
 /// applies `max_sessions` and `max_sessions_per_caller` over every replica. At a bound,
 /// the longest-idle session without a request in flight (of that caller, for its own
-/// bound) is ended to make room (tombstoned, as by DELETE); only when every candidate is
-/// busy is the new one refused. `KEYS[1]` the session hash; `ARGV[1]` the state,
-/// `ARGV[2]` `{ttl, sid, now, sessions, caller, busyk, timers, cutoff, max, maxc, sk1,
-/// sk2, tomb, wk, wp, disc, dv}` (a session key is `sk1 .. SID .. sk2`, its wake channel
-/// `wk .. SID`). Returns 1 + the number of sessions evicted, 0 (id taken), -1 (full),
+/// bound) is ended to make room (tombstoned, as by DELETE, and announced on the
+/// broadcast channel `wk`); only when every candidate is busy is the new one refused.
+/// `KEYS[1]` the session hash; `ARGV[1]` the state, `ARGV[2]` `{ttl, sid, now,
+/// sessions, caller, busyk, timers, cutoff, max, maxc, sk1, sk2, tomb, wk, disc, dv}` (a
+/// session key is `sk1 .. SID .. sk2`). Returns 1 + the number of sessions evicted, 0 (id taken), -1 (full),
 /// -2 (the caller's share is full).
 const CREATE: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -117,7 +169,7 @@ local function evict(z)
       redis.call('ZREM', o.sessions, sid)
       redis.call('ZREM', o.timers, sid)
       if c then redis.call('ZREM', c, sid) end
-      redis.call('PUBLISH', o.wk .. sid, o.wp)
+      redis.call('PUBLISH', o.wk, 's' .. sid)
       return true
     end
   end
@@ -219,8 +271,14 @@ pub(super) enum Loaded {
 /// What a compare-and-set did.
 #[derive(Debug)]
 pub(super) enum Stored {
-    /// Stored as this version.
-    Committed { version: String },
+    /// Stored as this version; `handed` the holder keys of the streams whose entries
+    /// the step may hand to its relay (still holding them), `local_wake` whether a
+    /// stream another connection of this replica holds got entries.
+    Committed {
+        version: String,
+        handed: Vec<String>,
+        local_wake: bool,
+    },
     /// Someone else stored first: the current version and state.
     Conflict { version: String, state: Vec<u8> },
     /// The session expired meanwhile.
@@ -386,6 +444,11 @@ impl Redis {
         Ok(match items.first().and_then(as_i64) {
             Some(1) => Stored::Committed {
                 version: items.get(1).and_then(as_string).unwrap_or_default(),
+                handed: match items.get(2) {
+                    Some(RValue::Array(keys)) => keys.iter().filter_map(as_string).collect(),
+                    _ => Vec::new(),
+                },
+                local_wake: items.get(3).and_then(as_i64) == Some(1),
             },
             Some(0) => Stored::Conflict {
                 version: items.get(1).and_then(as_string).unwrap_or_default(),
@@ -622,12 +685,6 @@ impl Redis {
     pub(super) async fn subscribe(&self, channel: &str) -> Result<(), StoreError> {
         let mut c = self.pubsub.clone();
         self.bounded(c.subscribe(channel)).await
-    }
-
-    /// Unsubscribes the pub/sub connection from `channel`.
-    pub(super) async fn unsubscribe(&self, channel: &str) -> Result<(), StoreError> {
-        let mut c = self.pubsub.clone();
-        self.bounded(c.unsubscribe(channel)).await
     }
 
     /// `PING` on the command connection.

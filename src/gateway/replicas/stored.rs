@@ -60,6 +60,11 @@ pub(super) struct Record {
     /// The forwarded headers of the request that opened the session.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(super) forwarded: Vec<(String, String)>,
+    /// Whether the session is in the `busy` set, as the last step left it (a step
+    /// changes the set only when this changes; absent when not, as an idle session
+    /// is).
+    #[serde(default, rename = "b", skip_serializing_if = "std::ops::Not::not")]
+    pub(super) busy: bool,
     /// The session machine.
     pub(super) machine: Session,
 }
@@ -157,6 +162,11 @@ pub(super) struct Append {
     /// Whether it ends the stream.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub(super) e: bool,
+    /// The key of the stream's connection holder (who gets woken).
+    pub(super) h: String,
+    /// The token of this replica's relay the step hands its entries to, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) t: Option<String>,
 }
 
 /// A lease to create: the replica running an upstream exchange.
@@ -201,8 +211,13 @@ pub(super) struct Ops {
     pub(super) caller: String,
     /// The set of sessions with requests in flight (never evicted to make room).
     pub(super) busyk: String,
-    /// This session has requests in flight after the step.
-    pub(super) busy: bool,
+    /// This session has requests in flight after the step, when that changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) busy: Option<bool>,
+    /// The step sets the session's last use (zsets `sessions`, `caller`) and keeps
+    /// the discover key alive.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(super) touch: bool,
     /// The tombstone's TTL, when the step ends the session.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) tomb: Option<String>,
@@ -218,6 +233,13 @@ pub(super) struct Ops {
     pub(super) del: Vec<String>,
     /// Connection holders to set: key, token, ms (a POST's relay, decided here).
     pub(super) hold: Vec<(String, String, String)>,
+    /// This replica's name (see `keys::Keys::wake_replica`).
+    pub(super) me: String,
+    /// The broadcast channel; a replica's own is this, `:`, its name.
+    pub(super) wk: String,
+    /// Cancellations: the lease key, the wake payload for its owner.
+    pub(super) cancel: Vec<(String, String)>,
+    /// Broadcasts: channel, payload.
     #[serde(rename = "pub")]
     pub(super) publish: Vec<(String, String)>,
 }

@@ -1,56 +1,91 @@
-//! Pub/sub wake-ups: a replica subscribes to the channel of each session it relays a
-//! stream of (or runs an upstream exchange for) and fans what arrives out to its local
-//! waiters. A message only says "read again" (or "cancel upstream request X"); the
-//! data always comes from the stream itself, so a lost message delays, never loses.
-//! When the pub/sub connection drops, every waiter is woken to re-read (the client
-//! resubscribes by itself).
+//! Pub/sub wake-ups: each replica subscribes, once, to its own channel (a step on
+//! another replica appended to a stream whose connection this replica holds, or
+//! cancelled an upstream request whose lease this replica holds) and to the broadcast
+//! channel (a session ended), and fans what arrives out to its local waiters by
+//! session. A session costs no subscription, and a step wakes only the replica that
+//! relays the stream it wrote to (see `redis::STEP`).
 //!
-//! Subscriptions change in one task, in the order they were asked for, so a session's
-//! channel is never left unsubscribed while someone waits on it; a channel nobody
-//! waits on is dropped after a grace period rather than at once (a session's next
-//! request usually follows soon).
+//! A message for a stream carries its new entries, addressed to the connection that
+//! holds it (by its token): that relay sends them as they are, and reads the stream
+//! only when a sequence number is missing. Other messages only say "read again" (or
+//! "cancel upstream request X"); the stream itself stays the record, so a lost message
+//! delays, never loses. When the pub/sub connection drops, every waiter is woken to
+//! re-read (the client resubscribes by itself).
 
 use super::keys::Keys;
 use super::redis::Redis;
 use dualera_adapters::RequestId;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, warn};
+use tracing::debug;
 
-/// How long a channel nobody waits on stays subscribed.
-const LINGER: Duration = Duration::from_secs(10);
+/// Length of a session id (see `keys::valid_session_id`).
+const SID_LEN: usize = 48;
+/// Entries an inbox keeps for its relay; past that they are left to a read of the
+/// stream (the relay sees the gap in sequence numbers).
+const INBOX_MAX: usize = 256;
+
+/// An entry of a stream: sequence number, message (empty for a bare end marker),
+/// whether it ends the stream.
+pub(super) type Handed = (u64, Vec<u8>, bool);
+
+/// Entries handed to one relay (by this replica's steps, or through its channel),
+/// not yet sent.
+#[derive(Debug, Default)]
+pub(super) struct Inbox {
+    entries: Mutex<Vec<Handed>>,
+    pub(super) notify: tokio::sync::Notify,
+}
+
+impl Inbox {
+    /// Queues `entries` (up to [`INBOX_MAX`]) and wakes the relay.
+    pub(super) fn hand(&self, entries: impl IntoIterator<Item = Handed>) {
+        if let Ok(mut q) = self.entries.lock() {
+            for e in entries {
+                if q.len() < INBOX_MAX {
+                    q.push(e);
+                }
+            }
+        }
+        self.notify.notify_waiters();
+    }
+
+    /// What is queued.
+    pub(super) fn take(&self) -> Vec<Handed> {
+        self.entries
+            .lock()
+            .map(|mut q| std::mem::take(&mut *q))
+            .unwrap_or_default()
+    }
+}
 
 /// What arrived for a session.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub(super) enum Wake {
     /// Its streams may have new entries.
     Streams,
     /// Cancel the upstream request with this id, if it runs here.
     Cancel(RequestId),
+    /// An entry for the relay holding its stream with this token.
+    Entry(String, Handed),
 }
 
 #[derive(Debug)]
 struct Entry {
     tx: watch::Sender<u64>,
-    /// Whether the subscription is confirmed.
-    subscribed: watch::Sender<bool>,
     refs: usize,
-    idle_since: Option<Instant>,
-}
-
-enum Change {
-    Subscribe(String, watch::Sender<bool>),
-    Unsubscribe(String),
 }
 
 /// A replica's wake-up fan-in.
 pub(super) struct Wakes {
-    keys: Keys,
+    channels: [String; 2],
     map: Mutex<HashMap<String, Entry>>,
-    changes: mpsc::UnboundedSender<Change>,
-    changes_rx: Mutex<Option<mpsc::UnboundedReceiver<Change>>>,
+    /// The inboxes of this replica's relays, by connection token.
+    inboxes: Mutex<HashMap<String, Arc<Inbox>>>,
+    /// Whether both channels are subscribed.
+    subscribed: watch::Sender<bool>,
     cancel: Mutex<Option<mpsc::UnboundedSender<(String, RequestId)>>>,
 }
 
@@ -60,7 +95,7 @@ impl std::fmt::Debug for Wakes {
     }
 }
 
-/// A waiter on one session's wake-ups; unsubscribes (later) when the last one drops.
+/// A waiter on one session's wake-ups.
 pub(super) struct Waiter {
     wakes: Arc<Wakes>,
     sid: String,
@@ -73,7 +108,7 @@ impl Drop for Waiter {
             if let Some(e) = map.get_mut(&self.sid) {
                 e.refs = e.refs.saturating_sub(1);
                 if e.refs == 0 {
-                    e.idle_since = Some(Instant::now());
+                    map.remove(&self.sid);
                 }
             }
         }
@@ -81,13 +116,12 @@ impl Drop for Waiter {
 }
 
 impl Wakes {
-    pub(super) fn new(keys: Keys) -> Arc<Self> {
-        let (changes, rx) = mpsc::unbounded_channel();
+    pub(super) fn new(keys: &Keys, replica: &str) -> Arc<Self> {
         Arc::new(Self {
-            keys,
+            channels: [keys.wake_replica(replica), keys.wake_all()],
             map: Mutex::new(HashMap::new()),
-            changes,
-            changes_rx: Mutex::new(Some(rx)),
+            inboxes: Mutex::new(HashMap::new()),
+            subscribed: watch::channel(false).0,
             cancel: Mutex::new(None),
         })
     }
@@ -99,42 +133,55 @@ impl Wakes {
         }
     }
 
-    /// Waits on `sid`; with `confirmed`, returns once the subscription is in place
-    /// (so that nothing published after this returns is missed).
+    /// Whether the replica's channels are subscribed: a wake-up published from now on
+    /// arrives.
+    pub(super) fn listening(&self) -> bool {
+        *self.subscribed.borrow()
+    }
+
+    /// Waits on `sid`; with `confirmed`, returns once the replica's channels are
+    /// subscribed (so that nothing published after this returns is missed), at most
+    /// two seconds.
     pub(super) async fn watch(self: &Arc<Self>, sid: &str, confirmed: bool) -> Waiter {
-        let (rx, mut subscribed) = {
-            let Ok(mut map) = self.map.lock() else {
-                let (_tx, rx) = watch::channel(0);
-                return Waiter {
-                    wakes: self.clone(),
-                    sid: sid.to_owned(),
-                    rx,
-                };
-            };
-            let e = map.entry(sid.to_owned()).or_insert_with(|| {
-                let (tx, _) = watch::channel(0u64);
-                let (subscribed, _) = watch::channel(false);
-                let _ = self
-                    .changes
-                    .send(Change::Subscribe(self.keys.wake(sid), subscribed.clone()));
-                Entry {
-                    tx,
-                    subscribed,
-                    refs: 0,
-                    idle_since: None,
-                }
-            });
-            e.refs += 1;
-            e.idle_since = None;
-            (e.tx.subscribe(), e.subscribed.subscribe())
-        };
-        if confirmed {
+        let waiter = self.waiter(sid);
+        if confirmed && !self.listening() {
+            let mut subscribed = self.subscribed.subscribe();
             let _ = tokio::time::timeout(Duration::from_secs(2), subscribed.wait_for(|s| *s)).await;
         }
+        waiter
+    }
+
+    /// A waiter on `sid`, from now on.
+    pub(super) fn waiter(self: &Arc<Self>, sid: &str) -> Waiter {
+        let rx = match self.map.lock() {
+            Ok(mut map) => {
+                let e = map.entry(sid.to_owned()).or_insert_with(|| Entry {
+                    tx: watch::channel(0u64).0,
+                    refs: 0,
+                });
+                e.refs += 1;
+                e.tx.subscribe()
+            }
+            Err(_) => watch::channel(0).1,
+        };
         Waiter {
             wakes: self.clone(),
             sid: sid.to_owned(),
             rx,
+        }
+    }
+
+    /// Routes entries published for the connection `token` to `inbox`, until
+    /// [`Wakes::unregister`].
+    pub(super) fn register(&self, token: &str, inbox: Arc<Inbox>) {
+        if let Ok(mut m) = self.inboxes.lock() {
+            m.insert(token.to_owned(), inbox);
+        }
+    }
+
+    pub(super) fn unregister(&self, token: &str) {
+        if let Ok(mut m) = self.inboxes.lock() {
+            m.remove(token);
         }
     }
 
@@ -165,15 +212,25 @@ impl Wakes {
                 let (Some(channel), Some(payload)) = (channel, payload) else {
                     return;
                 };
-                let Some(sid) = std::str::from_utf8(&channel)
-                    .ok()
-                    .and_then(|c| self.keys.sid_of_wake(c))
-                else {
+                if !self.channels.iter().any(|c| c.as_bytes() == channel) {
                     return;
-                };
+                }
                 match parse(&payload) {
-                    Some(Wake::Streams) => self.wake(sid),
-                    Some(Wake::Cancel(id)) => {
+                    Some((sid, Wake::Streams)) => self.wake(sid),
+                    Some((sid, Wake::Entry(token, entry))) => {
+                        let inbox = self
+                            .inboxes
+                            .lock()
+                            .ok()
+                            .and_then(|m| m.get(&token).cloned());
+                        match inbox {
+                            Some(inbox) => inbox.hand([entry]),
+                            // That connection is gone: whoever holds the stream now
+                            // reads it.
+                            None => self.wake(sid),
+                        }
+                    }
+                    Some((sid, Wake::Cancel(id))) => {
                         if let Ok(c) = self.cancel.lock() {
                             if let Some(tx) = c.as_ref() {
                                 let _ = tx.send((sid.to_owned(), id));
@@ -184,81 +241,78 @@ impl Wakes {
                 }
             }
             // Messages may have been missed while the connection was down: read again.
-            redis::PushKind::Disconnection | redis::PushKind::Subscribe => self.wake_all(),
+            redis::PushKind::Disconnection => {
+                self.subscribed.send_replace(false);
+                self.wake_all();
+            }
+            redis::PushKind::Subscribe => {
+                self.subscribed.send_replace(true);
+                self.wake_all();
+            }
             _ => {}
         }
     }
 
-    /// Applies subscription changes in order, and drops lingering channels; runs until
-    /// the replica stops.
+    /// Subscribes the replica's channels, retrying until it holds (the client keeps
+    /// them subscribed across reconnections).
     pub(super) async fn run(self: Arc<Self>, redis: Arc<Redis>) {
-        let Some(mut rx) = self.changes_rx.lock().ok().and_then(|mut r| r.take()) else {
-            return;
-        };
-        let mut sweep = tokio::time::interval(LINGER / 2);
-        loop {
-            tokio::select! {
-                change = rx.recv() => match change {
-                    Some(Change::Subscribe(channel, done)) => {
-                        // Retried until it holds: a waiter must not miss its wake-ups.
-                        let mut delay = Duration::from_millis(50);
-                        loop {
-                            match redis.subscribe(&channel).await {
-                                Ok(()) => break,
-                                Err(e) => {
-                                    debug!(error = %e, "subscribe failed; retrying");
-                                    tokio::time::sleep(delay).await;
-                                    delay = (delay * 2).min(Duration::from_secs(1));
-                                    if done.is_closed() && done.receiver_count() == 0 {
-                                        break;
-                                    }
-                                }
-                            }
-                        }
-                        // Kept even when nobody waits right now: later waiters read it.
-                        done.send_replace(true);
-                    }
-                    Some(Change::Unsubscribe(channel)) => {
-                        if let Err(e) = redis.unsubscribe(&channel).await {
-                            warn!(error = %e, "unsubscribe failed");
-                        }
-                    }
-                    None => return,
-                },
-                _ = sweep.tick() => {
-                    let Ok(mut map) = self.map.lock() else { continue };
-                    let stale: Vec<String> = map
-                        .iter()
-                        .filter(|(_, e)| e.refs == 0 && e.idle_since.is_some_and(|t| t.elapsed() >= LINGER))
-                        .map(|(k, _)| k.clone())
-                        .collect();
-                    for sid in stale {
-                        map.remove(&sid);
-                        let _ = self.changes.send(Change::Unsubscribe(self.keys.wake(&sid)));
-                    }
-                }
+        for channel in &self.channels {
+            let mut delay = Duration::from_millis(50);
+            while let Err(e) = redis.subscribe(channel).await {
+                debug!(error = %e, "subscribe failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
             }
         }
+        self.subscribed.send_replace(true);
+        self.wake_all();
     }
 }
 
-/// `s`: read the streams again; `c<id JSON>`: cancel that upstream request.
-pub(super) fn payload(wake: &Wake) -> String {
+/// The wire form of a wake-up:
+/// - `s` SID: read the streams again;
+/// - `c` SID, the id as JSON: cancel that upstream request;
+/// - `e` SID, token, `\n`, SEQ, space, `1` if it ends the stream (else `0`), `\n`, the
+///   message: an entry for the relay holding its stream with that token (written by
+///   the step script, `redis::STEP`).
+pub(super) fn payload(sid: &str, wake: &Wake) -> String {
     match wake {
-        Wake::Streams => "s".into(),
-        Wake::Cancel(id) => format!("c{}", id.to_value()),
+        Wake::Streams => format!("s{sid}"),
+        Wake::Cancel(id) => format!("c{sid}{}", id.to_value()),
+        // Messages are JSON text.
+        Wake::Entry(token, (seq, message, end)) => format!(
+            "e{sid}{token}\n{seq} {}\n{}",
+            u8::from(*end),
+            String::from_utf8_lossy(message)
+        ),
     }
 }
 
-fn parse(payload: &[u8]) -> Option<Wake> {
-    match payload.first()? {
-        b's' => Some(Wake::Streams),
-        b'c' => serde_json::from_slice::<serde_json::Value>(&payload[1..])
+fn parse(payload: &[u8]) -> Option<(&str, Wake)> {
+    let kind = *payload.first()?;
+    let sid = std::str::from_utf8(payload.get(1..=SID_LEN)?).ok()?;
+    let rest = &payload[1 + SID_LEN..];
+    let wake = match kind {
+        b's' => Wake::Streams,
+        b'c' => serde_json::from_slice::<serde_json::Value>(rest)
             .ok()
             .and_then(|v| RequestId::from_value(&v))
-            .map(Wake::Cancel),
-        _ => None,
-    }
+            .map(Wake::Cancel)?,
+        b'e' => {
+            let mut parts = rest.splitn(3, |b| *b == b'\n');
+            let token = std::str::from_utf8(parts.next()?).ok()?;
+            let (seq, end) = std::str::from_utf8(parts.next()?).ok()?.split_once(' ')?;
+            let message = parts.next()?.to_vec();
+            let end = match end {
+                "1" => true,
+                "0" => false,
+                _ => return None,
+            };
+            Wake::Entry(token.to_owned(), (seq.parse().ok()?, message, end))
+        }
+        _ => return None,
+    };
+    Some((sid, wake))
 }
 
 fn bytes(v: &redis::Value) -> Option<Vec<u8>> {
@@ -266,5 +320,31 @@ fn bytes(v: &redis::Value) -> Option<Vec<u8>> {
         redis::Value::BulkString(b) => Some(b.clone()),
         redis::Value::SimpleString(s) => Some(s.clone().into_bytes()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_parse_back() {
+        let sid = "a".repeat(SID_LEN);
+        let p = payload(&sid, &Wake::Streams);
+        assert_eq!(parse(p.as_bytes()), Some((sid.as_str(), Wake::Streams)));
+        let id = RequestId::String("up-7".into());
+        let p = payload(&sid, &Wake::Cancel(id.clone()));
+        assert_eq!(parse(p.as_bytes()), Some((sid.as_str(), Wake::Cancel(id))));
+        let entry = Wake::Entry("r-1.ab".into(), (7, b"{\"a\":\"x\\ny\"}".to_vec(), true));
+        let p = payload(&sid, &entry);
+        assert_eq!(parse(p.as_bytes()), Some((sid.as_str(), entry)));
+        let bare = Wake::Entry("r-1.ab".into(), (8, Vec::new(), true));
+        assert_eq!(
+            parse(payload(&sid, &bare).as_bytes()),
+            Some((sid.as_str(), bare))
+        );
+        assert_eq!(parse(format!("e{sid}tok\n3 2\n{{}}").as_bytes()), None);
+        assert_eq!(parse(b"sshort"), None);
+        assert_eq!(parse(format!("x{sid}").as_bytes()), None);
     }
 }
