@@ -113,7 +113,7 @@ pub async fn serve(
         gateway.clone(),
         settings.probe_interval,
     ));
-    let hook = ConnectionsOpen::new(&gateway.telemetry, "admin");
+    let hook = ConnectionsOpen::new(gateway.telemetry(), "admin");
     let settings = Arc::new(settings);
     let service = move |req: Request<RequestBody>, conn: &ConnInfo, _: &Arc<_>| {
         let loopback = conn.local.ip().is_loopback();
@@ -159,7 +159,7 @@ fn handle(
     loopback: bool,
     req: &Request<RequestBody>,
 ) -> Response<GatewayBody> {
-    if let Some(refused) = guard::refusal(req, loopback, &gw.config.allowed_origins) {
+    if let Some(refused) = guard::refusal(req, loopback, &gw.route.config.allowed_origins) {
         return plain(StatusCode::FORBIDDEN, refused.text());
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -182,7 +182,7 @@ fn handle(
             }
         }
     }
-    let t = &gw.telemetry;
+    let t = gw.telemetry();
     match path {
         "/healthz" => plain(StatusCode::OK, "ok\n"),
         "/readyz" => {

@@ -21,7 +21,7 @@
 
 use super::passthrough::strip_hop_by_hop;
 use super::upstream::{Denial, OnBehalf, UpstreamError};
-use super::{text, Gateway};
+use super::{text, Route};
 use crate::body::{empty, full, BoxError, GatewayBody};
 use crate::config::SessionBinding;
 use crate::inbound::RequestBody;
@@ -36,6 +36,7 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
 
 /// The well-known path of the Protected Resource Metadata (RFC 9728 §3).
 pub(super) const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
@@ -196,7 +197,7 @@ impl Denial {
 ///
 /// Only a refusal is relayed; the session is not touched. Bounded by [`PROBE_WAIT`].
 pub(super) async fn upstream_denial(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     authorization: Option<&HeaderValue>,
 ) -> Option<Denial> {
     let probe = Message::Request(RpcRequest {
@@ -227,7 +228,7 @@ const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// headers but hop-by-hop ones, body). The endpoint suffix maps to the upstream's own
 /// endpoint path, so the document is the one the upstream publishes for itself.
 pub(super) async fn relay_metadata(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     req: Request<RequestBody>,
 ) -> Response<GatewayBody> {
     if !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {

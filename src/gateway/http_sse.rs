@@ -5,7 +5,7 @@
 //! belong to their route: another route's messages path does not find them.
 
 use super::forwarded::Forwarded;
-use super::{pipe, Gateway};
+use super::{pipe, Route};
 use crate::body::{empty, ChannelBody, GatewayBody};
 use crate::inbound::RequestBody;
 use crate::sse;
@@ -55,7 +55,7 @@ fn status(code: StatusCode, msg: &'static str) -> Response<GatewayBody> {
 
 /// `GET /sse`: opens a session.
 pub(super) fn open(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     req: &Request<RequestBody>,
     forwarded: Forwarded,
 ) -> Response<GatewayBody> {
@@ -130,7 +130,7 @@ pub(super) fn open(
 }
 
 /// `POST /messages?sessionId=…`: one message into a session.
-pub(super) async fn post(gw: &Gateway, req: Request<RequestBody>) -> Response<GatewayBody> {
+pub(super) async fn post(gw: &Arc<Route>, req: Request<RequestBody>) -> Response<GatewayBody> {
     if req.method() != http::Method::POST {
         return status(StatusCode::METHOD_NOT_ALLOWED, "POST messages here\n");
     }

@@ -16,7 +16,7 @@ use super::session_store::{Lookup, SessionStore, StoreError};
 use super::telemetry::{SessionTelemetry, WIRE_HTTP};
 use super::trace::TraceContext;
 use super::upstream::{Denial, OnBehalf, UpstreamError};
-use super::{cache, text, Gateway, GatewayConfig};
+use super::{cache, text, GatewayConfig, Route};
 use crate::body::{empty, full, ChannelBody, GatewayBody, MeteredSender, SendError};
 use crate::inbound::RequestBody;
 use crate::sse;
@@ -458,7 +458,7 @@ pub(super) fn with_session_header(mut r: Response<GatewayBody>, id: &str) -> Res
 /// Handles one legacy request (POST, GET or DELETE on `/mcp`), in whichever store
 /// holds the gateway's sessions.
 pub(super) async fn handle(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     req: Request<RequestBody>,
     forwarded: Forwarded,
 ) -> Response<GatewayBody> {
@@ -473,7 +473,7 @@ pub(super) async fn handle(
 /// What every store shares: header checks, the session lookup and its binding, the
 /// body, the envelope, and the dispatch to the store's operation.
 async fn front<S: SessionStore>(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     store: &S,
     req: Request<RequestBody>,
     forwarded: Forwarded,
@@ -549,7 +549,7 @@ async fn front<S: SessionStore>(
 /// unknown one) gets the upstream's own challenge when it demands credentials: a host
 /// whose token expired may drop it and must learn to authorize again.
 pub(super) async fn session_missing(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     auth: Option<&HeaderValue>,
     anonymous: bool,
 ) -> Response<GatewayBody> {
@@ -610,7 +610,7 @@ pub(super) struct PostContext {
 }
 
 async fn post<S: SessionStore>(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     store: &S,
     req: Request<RequestBody>,
     existing: Option<S::Session>,
@@ -675,7 +675,7 @@ impl SessionStore for Sessions {
 
     async fn find(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         id: &str,
         authorization: Option<&HeaderValue>,
     ) -> Result<Lookup<Arc<SessionHandle>>, StoreError> {
@@ -695,7 +695,7 @@ impl SessionStore for Sessions {
 
     async fn initialize(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         init: dualera_adapters::Request,
         cx: PostContext,
     ) -> Response<GatewayBody> {
@@ -715,7 +715,7 @@ impl SessionStore for Sessions {
 
     async fn request(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         handle: &Arc<SessionHandle>,
         r: dualera_adapters::Request,
         cx: PostContext,
@@ -726,7 +726,7 @@ impl SessionStore for Sessions {
 
     async fn message(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         handle: &Arc<SessionHandle>,
         other: Message,
         auth: Option<HeaderValue>,
@@ -737,7 +737,7 @@ impl SessionStore for Sessions {
 
     async fn batch(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         handle: &Arc<SessionHandle>,
         items: Vec<Result<Message, jsonrpc::EnvelopeError>>,
         cx: PostContext,
@@ -748,7 +748,7 @@ impl SessionStore for Sessions {
 
     async fn stream(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         handle: &Arc<SessionHandle>,
         headers: &http::HeaderMap,
         auth: Option<HeaderValue>,
@@ -756,7 +756,7 @@ impl SessionStore for Sessions {
         Box::pin(get(gw, handle, headers, auth)).await
     }
 
-    async fn delete(&self, _gw: &Gateway, h: &Arc<SessionHandle>) -> Response<GatewayBody> {
+    async fn delete(&self, _gw: &Arc<Route>, h: &Arc<SessionHandle>) -> Response<GatewayBody> {
         self.remove(&h.id);
         h.close();
         info!(session = %h.tag, "session deleted by the peer");
@@ -768,7 +768,7 @@ impl SessionStore for Sessions {
 
 /// A notification or a reply to a live request on an in-memory session.
 async fn message(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     handle: &Arc<SessionHandle>,
     other: Message,
     auth: Option<HeaderValue>,
@@ -916,7 +916,7 @@ pub(super) fn internal() -> Response<GatewayBody> {
 }
 
 async fn initialize(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     init: dualera_adapters::Request,
     auth: Option<HeaderValue>,
     forwarded: Forwarded,
@@ -1129,7 +1129,7 @@ async fn wait_stream(
 }
 
 async fn request(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     handle: &Arc<SessionHandle>,
     r: dualera_adapters::Request,
     auth: Option<HeaderValue>,
@@ -1169,7 +1169,7 @@ async fn request(
 /// Feeds a request to the machine; returns the first upstream exchange it started,
 /// for the caller to drive.
 fn feed_request(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     handle: &Arc<SessionHandle>,
     r: dualera_adapters::Request,
     stream: &PeerStream,
@@ -1205,7 +1205,7 @@ fn feed_request(
 }
 
 fn batch(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     handle: &Arc<SessionHandle>,
     items: Vec<Result<Message, jsonrpc::EnvelopeError>>,
     auth: Option<HeaderValue>,
@@ -1247,7 +1247,7 @@ fn batch(
 /// After feeding a request: JSON when it was answered at once, else an SSE stream
 /// carrying what was produced so far and everything that follows.
 fn respond_on(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     handle: &Arc<SessionHandle>,
     s: &mut Shared,
     stream: &PeerStream,
@@ -1283,7 +1283,7 @@ fn respond_on(
 }
 
 async fn get(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     handle: &Arc<SessionHandle>,
     headers: &http::HeaderMap,
     auth: Option<HeaderValue>,
@@ -1338,7 +1338,7 @@ pub(super) fn last_event_id(headers: &http::HeaderMap) -> Option<(u64, u64)> {
 
 /// Attaches a GET to a stream: a resumed one (`Last-Event-ID`) or the standalone one.
 fn open_get(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     handle: &Arc<SessionHandle>,
     s: &mut Shared,
     headers: &http::HeaderMap,
@@ -1410,7 +1410,7 @@ fn open_get(
 /// body), so the upstream listen it fed is cancelled at once rather than at the next
 /// keepalive. Holding a sender keeps the body open, so the watch lets go once the
 /// stream is no longer this one or the session ended.
-fn watch_standalone(gw: Gateway, handle: Arc<SessionHandle>, watch: MeteredSender) {
+fn watch_standalone(gw: Arc<Route>, handle: Arc<SessionHandle>, watch: MeteredSender) {
     let span = tracing::debug_span!("standalone", session = %handle.tag);
     tokio::spawn(
         async move {
@@ -1451,7 +1451,7 @@ fn watch_standalone(gw: Gateway, handle: Arc<SessionHandle>, watch: MeteredSende
 /// never awaits. `feeding` is the `Authorization` of the host request whose message
 /// was just fed, if one was: the upstream calls it causes carry it.
 fn perform(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     handle: &Arc<SessionHandle>,
     s: &mut Shared,
     feeding: Option<&HeaderValue>,
@@ -1678,7 +1678,7 @@ struct Attempt {
     watch: Option<Arc<HeadWatch>>,
 }
 
-async fn upstream_task(gw: Gateway, handle: Arc<SessionHandle>, attempt: Attempt) {
+async fn upstream_task(gw: Arc<Route>, handle: Arc<SessionHandle>, attempt: Attempt) {
     let Attempt {
         role,
         request,
@@ -1765,7 +1765,7 @@ const PENDING_MAX: usize = 64;
 /// nothing for `stalled_reader_timeout` is closed as not reading; its events stay in
 /// the replay ring for `Last-Event-ID`. Streams with no connection (the host went
 /// away, or has not opened its GET) keep events for resumption, bounded by the ring.
-async fn room(gw: &Gateway, handle: &SessionHandle, role: &UpstreamRole) {
+async fn room(gw: &Arc<Route>, handle: &SessionHandle, role: &UpstreamRole) {
     let deadline = tokio::time::Instant::now() + HEAD_WAIT;
     let (stream, tx) = loop {
         // One look under the lock: the stream the message goes to, and its connection.
@@ -1821,7 +1821,7 @@ async fn room(gw: &Gateway, handle: &SessionHandle, role: &UpstreamRole) {
 /// `timer_at` (0: no task). A running task is woken only if the machine now needs it
 /// before it would wake anyway (or the session closed): waking it after every message
 /// costs a task switch per message.
-fn rearm(gw: &Gateway, handle: &Arc<SessionHandle>, s: &Shared) {
+fn rearm(gw: &Arc<Route>, handle: &Arc<SessionHandle>, s: &Shared) {
     let at = handle.timer_at.load(Ordering::Relaxed);
     if at == 0 {
         if s.machine.state() != SessionState::Closed && needs_timer(s) {
@@ -1849,7 +1849,7 @@ fn needs_timer(s: &Shared) -> bool {
 }
 
 /// Per-session timers: the machine's deadlines and SSE keepalives.
-async fn timer_loop(gw: Gateway, handle: Arc<SessionHandle>) {
+async fn timer_loop(gw: Arc<Route>, handle: Arc<SessionHandle>) {
     let keepalive = gw.config.keepalive;
     let mut next_keepalive = tokio::time::Instant::now() + keepalive;
     loop {
@@ -1920,7 +1920,7 @@ async fn timer_loop(gw: Gateway, handle: Arc<SessionHandle>) {
 }
 
 /// Evicts idle sessions, forever (aborted at shutdown).
-pub(super) async fn reap(gw: Gateway) {
+pub(super) async fn reap(gw: Arc<Route>) {
     let ttl = gw.config.session_idle_ttl;
     let period = (ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(30));
     loop {

@@ -335,20 +335,13 @@ struct RouteTable {
 }
 
 /// A cheaply clonable gateway handle: the routes, and the one route this handle
-/// serves (a request's, once routed; `/mcp`, or the first route, at the top). It
-/// dereferences to that [`Route`].
+/// stands for (`/mcp`, or the first route, at the top; [`Gateway::route`] gives the
+/// others). A request is served by its route alone: the handlers take the
+/// [`Route`], never the whole gateway.
 #[derive(Clone, Debug)]
 pub struct Gateway {
     route: Arc<Route>,
     table: Arc<RouteTable>,
-}
-
-impl std::ops::Deref for Gateway {
-    type Target = Route;
-
-    fn deref(&self) -> &Route {
-        &self.route
-    }
 }
 
 /// What the gateway keeps for one accepted connection, from the listener's hook
@@ -480,6 +473,11 @@ impl Gateway {
         Some(self.on(i))
     }
 
+    /// The endpoint path of this handle's route.
+    pub fn path(&self) -> &str {
+        self.route.path()
+    }
+
     /// Every route, in configuration order.
     pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
         self.table.list.iter()
@@ -496,13 +494,13 @@ impl Gateway {
     /// The gateway's metrics, migration report and readiness (filled for this
     /// handle's route).
     pub fn telemetry(&self) -> &Arc<telemetry::Telemetry> {
-        &self.telemetry
+        &self.route.telemetry
     }
 
     /// Writes the migration report to its file, if it has one (also done every few
     /// seconds while serving, and when serving stops).
     pub fn flush_report(&self) {
-        if let Err(e) = self.telemetry.report().flush() {
+        if let Err(e) = self.telemetry().report().flush() {
             tracing::warn!(error = %e, "migration report not saved");
         }
     }
@@ -510,18 +508,18 @@ impl Gateway {
     /// Whether the shared session store is reachable (`None` when sessions are kept
     /// in memory): what a readiness probe reports.
     pub fn session_store_ready(&self) -> Option<bool> {
-        self.shared.as_ref().map(|s| s.ready())
+        self.route.shared.as_ref().map(|s| s.ready())
     }
 
     /// This replica's name in the shared session store, if one is used.
     pub fn replica_id(&self) -> Option<&str> {
-        self.shared.as_ref().map(|s| s.replica())
+        self.route.shared.as_ref().map(|s| s.replica())
     }
 
     /// This handle's route's response cache (its counters:
     /// [`cache::ResponseCache::stats`]).
     pub fn cache(&self) -> &Arc<cache::ResponseCache> {
-        &self.cache
+        &self.route.cache
     }
 
     /// Serves on a bound listener until `shutdown` resolves (default listener bounds,
@@ -548,16 +546,16 @@ impl Gateway {
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
         let reapers: Vec<_> = (0..self.table.list.len())
-            .map(|i| tokio::spawn(legacy_http::reap(self.on(i))))
+            .map(|i| tokio::spawn(legacy_http::reap(self.table.list[i].clone())))
             .collect();
         for route in 0..self.table.list.len() {
-            let on = self.on(route);
+            let on = &self.table.list[route];
             if let Some(shared) = &on.shared {
-                shared.start(&on);
+                shared.start(on);
             }
         }
-        let flusher = tokio::spawn(report::flush_loop(self.telemetry.report().clone()));
-        let hook = Connections(telemetry::ConnectionsOpen::new(&self.telemetry, "gateway"));
+        let flusher = tokio::spawn(report::flush_loop(self.telemetry().report().clone()));
+        let hook = Connections(telemetry::ConnectionsOpen::new(self.telemetry(), "gateway"));
         let gw = self.clone();
         let service = move |req: Request<RequestBody>, conn: &ConnInfo, state: &Arc<Connection>| {
             let gw = gw.clone();
@@ -619,17 +617,17 @@ impl Gateway {
             }
         });
         let session = tokio::spawn(pipe::run_session(
-            self.clone(),
+            self.route.clone(),
             in_rx,
             out_tx,
             "stdio",
             None,
             Arc::default(),
         ));
-        let flusher = tokio::spawn(report::flush_loop(self.telemetry.report().clone()));
+        let flusher = tokio::spawn(report::flush_loop(self.telemetry().report().clone()));
         let flusher = flusher.abort_handle();
         let _flusher = scopeguard(move || flusher.abort());
-        let limit = self.config.max_body_bytes;
+        let limit = self.route.config.max_body_bytes;
         let mut buf = Vec::new();
         while let Some(line) =
             crate::framing::read_bounded_line(&mut reader, &mut buf, limit).await?
@@ -647,7 +645,7 @@ impl Gateway {
         }
         drop(in_tx);
         let _ = session.await;
-        self.cache.stop_listening();
+        self.route.cache.stop_listening();
         let _ = writer_task.await;
         let gw = self.clone();
         let _ = tokio::task::spawn_blocking(move || gw.flush_report()).await;
@@ -661,19 +659,13 @@ impl Gateway {
         req: Request<RequestBody>,
     ) -> Response<GatewayBody> {
         let loopback = conn.local.ip().is_loopback();
-        if let Some(refused) = guard::refusal(&req, loopback, &self.config.allowed_origins) {
+        if let Some(refused) = guard::refusal(&req, loopback, &self.route.config.allowed_origins) {
             return text(StatusCode::FORBIDDEN, refused.text());
         }
         let Some((i, endpoint)) = self.table.paths.find(req.uri().path()) else {
             return not_found(&self.table.paths);
         };
-        let other;
-        let gw = if Arc::ptr_eq(&self.table.list[i], &self.route) {
-            self
-        } else {
-            other = self.on(i);
-            &other
-        };
+        let gw = &self.table.list[i];
         // JSON-RPC endpoints take JSON only: a CORS "simple request" (text/plain, form,
         // multipart) never reaches a session or the upstream. The metadata paths are
         // relayed as they are.
@@ -685,54 +677,53 @@ impl Gateway {
             );
         }
         let Some(public) = &gw.config.public_resource else {
-            return gw.serve_endpoint(connection, endpoint, req, conn).await;
+            return serve_endpoint(gw, connection, endpoint, req, conn).await;
         };
         if endpoint == routes::Endpoint::Metadata {
             let relayed = Box::pin(auth::relay_metadata(gw, req)).await;
             return Box::pin(public.metadata(relayed)).await;
         }
         match Box::pin(public.prepare(req)).await {
-            Ok(req) => public.finish(gw.serve_endpoint(connection, endpoint, req, conn).await),
+            Ok(req) => public.finish(serve_endpoint(gw, connection, endpoint, req, conn).await),
             Err(refused) => refused,
         }
     }
+}
 
-    /// Serves a request on this route's endpoint `endpoint`.
-    async fn serve_endpoint(
-        &self,
-        connection: &Connection,
-        endpoint: routes::Endpoint,
-        req: Request<RequestBody>,
-        conn: &ConnInfo,
-    ) -> Response<GatewayBody> {
-        let gw = self;
-        let fwd = Forwarded::new(gw.config.forwarded, conn, &req);
-        // Every branch but pass-through is boxed: a request's future is as large as
-        // the largest branch it could take, and hyper moves it (a memcpy of all of it)
-        // as it starts serving it. Inline, the legacy handler made every request,
-        // pass-through included, copy some 20 KB (callgrind, `bench --profile`).
-        match endpoint {
-            routes::Endpoint::Mcp => {}
-            routes::Endpoint::WebSocket => return Box::pin(websocket::upgrade(gw, req, fwd)).await,
-            routes::Endpoint::Sse => return http_sse::open(gw, &req, fwd),
-            routes::Endpoint::Messages => return Box::pin(http_sse::post(gw, req)).await,
-            routes::Endpoint::Metadata => return Box::pin(auth::relay_metadata(gw, req)).await,
-        }
-        let h = req.headers();
-        // Without a session, any MCP-Protocol-Version header that is not a legacy
-        // revision goes upstream: a modern one to be served, an unknown one (e.g.
-        // `v999.0.0`) to be refused by the upstream with `-32022`, the request id and
-        // the versions it supports, as the modern era requires.
-        let modern = h
-            .get("mcp-protocol-version")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| is_modern_or_later(v) || !ProtocolVersion::LEGACY.contains(&v))
-            && !h.contains_key("mcp-session-id");
-        if modern {
-            passthrough::forward(gw, &connection.telemetry, req, &fwd).await
-        } else {
-            Box::pin(legacy_http::handle(gw, req, fwd)).await
-        }
+/// Serves a request on this route's endpoint `endpoint`.
+async fn serve_endpoint(
+    gw: &Arc<Route>,
+    connection: &Connection,
+    endpoint: routes::Endpoint,
+    req: Request<RequestBody>,
+    conn: &ConnInfo,
+) -> Response<GatewayBody> {
+    let fwd = Forwarded::new(gw.config.forwarded, conn, &req);
+    // Every branch but pass-through is boxed: a request's future is as large as
+    // the largest branch it could take, and hyper moves it (a memcpy of all of it)
+    // as it starts serving it. Inline, the legacy handler made every request,
+    // pass-through included, copy some 20 KB (callgrind, `bench --profile`).
+    match endpoint {
+        routes::Endpoint::Mcp => {}
+        routes::Endpoint::WebSocket => return Box::pin(websocket::upgrade(gw, req, fwd)).await,
+        routes::Endpoint::Sse => return http_sse::open(gw, &req, fwd),
+        routes::Endpoint::Messages => return Box::pin(http_sse::post(gw, req)).await,
+        routes::Endpoint::Metadata => return Box::pin(auth::relay_metadata(gw, req)).await,
+    }
+    let h = req.headers();
+    // Without a session, any MCP-Protocol-Version header that is not a legacy
+    // revision goes upstream: a modern one to be served, an unknown one (e.g.
+    // `v999.0.0`) to be refused by the upstream with `-32022`, the request id and
+    // the versions it supports, as the modern era requires.
+    let modern = h
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| is_modern_or_later(v) || !ProtocolVersion::LEGACY.contains(&v))
+        && !h.contains_key("mcp-session-id");
+    if modern {
+        passthrough::forward(gw, &connection.telemetry, req, &fwd).await
+    } else {
+        Box::pin(legacy_http::handle(gw, req, fwd)).await
     }
 }
 

@@ -6,7 +6,7 @@ use super::forwarded::Forwarded;
 use super::telemetry::ConnectionTelemetry;
 use super::trace::TraceContext;
 use super::upstream::{HttpUpstream, StdioUpstream, UpstreamError};
-use super::{cache, Gateway};
+use super::{cache, Route};
 use crate::body::{full, BoxError, ChannelBody, GatewayBody};
 use crate::inbound::RequestBody;
 use crate::sse;
@@ -18,6 +18,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use std::sync::Arc;
 use std::time::Instant;
 use tracing::Instrument;
 
@@ -77,7 +78,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// Proxies one modern request to the upstream, and records it (metrics, and the
 /// client's row of the migration report).
 pub(super) async fn forward(
-    gateway: &Gateway,
+    gateway: &Arc<Route>,
     connection: &ConnectionTelemetry,
     req: Request<RequestBody>,
     forwarded: &Forwarded,
@@ -130,7 +131,7 @@ fn revision_of(headers: &HeaderMap) -> &str {
 /// Over a stdio upstream the body must be read (ids are rewritten for the shared
 /// pipe): JSON back when nothing else came first, else an SSE stream.
 async fn forward_stdio(
-    gateway: &Gateway,
+    gateway: &Arc<Route>,
     connection: &ConnectionTelemetry,
     upstream: &StdioUpstream,
     req: Request<RequestBody>,
@@ -231,7 +232,7 @@ fn bad_gateway(body: Bytes) -> Response<GatewayBody> {
 }
 
 async fn forward_http(
-    gateway: &Gateway,
+    gateway: &Arc<Route>,
     connection: &ConnectionTelemetry,
     req: Request<RequestBody>,
     forwarded: &Forwarded,
@@ -277,7 +278,7 @@ async fn forward_http(
 /// which names the client for the report): looked up in the cache when cacheable,
 /// else (or on a miss) sent.
 async fn read_whole(
-    gateway: &Gateway,
+    gateway: &Arc<Route>,
     connection: &ConnectionTelemetry,
     parts: http::request::Parts,
     body: RequestBody,
@@ -318,7 +319,7 @@ async fn read_whole(
 /// request that gets no response is counted as an upstream error (of its kind: `tls`
 /// names a refused certificate, else `unreachable`) and logged.
 async fn send(
-    gateway: &Gateway,
+    gateway: &Arc<Route>,
     mut parts: http::request::Parts,
     body: GatewayBody,
 ) -> Result<Response<Incoming>, UpstreamError> {

@@ -7,7 +7,7 @@ use super::forwarded::Forwarded;
 use super::telemetry::SessionTelemetry;
 use super::trace::TraceContext;
 use super::upstream::{OnBehalf, UpstreamError};
-use super::Gateway;
+use super::Route;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
 use dualera_adapters::{Event, Message, RequestId, Session, SessionState, Timestamp};
 use std::collections::HashMap;
@@ -28,7 +28,7 @@ enum FromUpstream {
 /// side of `outgoing` goes away. Each item of `incoming` is one JSON-RPC message or
 /// batch as text; each item sent on `outgoing` is one message or batch.
 pub(super) async fn run_session(
-    gw: Gateway,
+    gw: Arc<Route>,
     mut incoming: mpsc::Receiver<Vec<u8>>,
     outgoing: mpsc::Sender<Vec<u8>>,
     transport: &'static str,
@@ -149,7 +149,7 @@ pub(super) async fn run_session(
 
 /// What performing a session's events reaches, fixed for the session's life.
 struct Links<'a> {
-    gw: &'a Gateway,
+    gw: &'a Arc<Route>,
     outgoing: &'a mpsc::Sender<Vec<u8>>,
     up_tx: &'a mpsc::Sender<FromUpstream>,
     /// The credentials and forwarded headers of the request that opened the session:

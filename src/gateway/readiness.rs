@@ -184,7 +184,7 @@ impl Readiness {
 /// Probes every route's upstream every `interval` until aborted.
 pub(super) async fn probe_loop(gw: Gateway, interval: Duration) {
     let interval = interval.max(Duration::from_millis(50));
-    let t = gw.telemetry.clone();
+    let t = gw.telemetry().clone();
     t.readiness().interval.store(
         u64::try_from(interval.as_millis()).unwrap_or(u64::MAX),
         Ordering::Relaxed,

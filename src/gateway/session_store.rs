@@ -24,12 +24,13 @@
 
 use super::legacy_http::PostContext;
 use crate::body::GatewayBody;
-use crate::gateway::Gateway;
+use crate::gateway::Route;
 use dualera_adapters::jsonrpc::EnvelopeError;
 use dualera_adapters::{Message, Request};
 use http::header::HeaderValue;
 use http::{HeaderMap, Response};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Which store holds legacy Streamable HTTP sessions (`[gateway] session_store`).
@@ -166,7 +167,7 @@ pub(super) trait SessionStore: Send + Sync {
     /// (one read, not two) may return a handle without looking.
     fn find(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         id: &str,
         authorization: Option<&HeaderValue>,
     ) -> impl Future<Output = Result<Lookup<Self::Session>, StoreError>> + Send;
@@ -174,7 +175,7 @@ pub(super) trait SessionStore: Send + Sync {
     /// `initialize` without a session: start one.
     fn initialize(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         init: Request,
         cx: PostContext,
     ) -> impl Future<Output = Response<GatewayBody>> + Send;
@@ -182,7 +183,7 @@ pub(super) trait SessionStore: Send + Sync {
     /// A request on a session: JSON when answered at once, else an SSE stream.
     fn request(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         session: &Self::Session,
         request: Request,
         cx: PostContext,
@@ -191,7 +192,7 @@ pub(super) trait SessionStore: Send + Sync {
     /// A notification or a reply to a live request: 202, or 400 when refused.
     fn message(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         session: &Self::Session,
         message: Message,
         authorization: Option<HeaderValue>,
@@ -200,7 +201,7 @@ pub(super) trait SessionStore: Send + Sync {
     /// A JSON-RPC batch (2025-03-26).
     fn batch(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         session: &Self::Session,
         items: Vec<Result<Message, EnvelopeError>>,
         cx: PostContext,
@@ -209,7 +210,7 @@ pub(super) trait SessionStore: Send + Sync {
     /// `GET`: the standalone stream, or the resumption of a stream by `Last-Event-ID`.
     fn stream(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         session: &Self::Session,
         headers: &HeaderMap,
         authorization: Option<HeaderValue>,
@@ -218,7 +219,7 @@ pub(super) trait SessionStore: Send + Sync {
     /// `DELETE`: the session ends.
     fn delete(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         session: &Self::Session,
     ) -> impl Future<Output = Response<GatewayBody>> + Send;
 }

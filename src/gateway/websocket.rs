@@ -12,7 +12,7 @@
 //! if it stays blocked past the idle timeout.
 
 use super::forwarded::Forwarded;
-use super::{pipe, text, Gateway};
+use super::{pipe, text, Route};
 use crate::body::{empty, GatewayBody};
 use crate::inbound::RequestBody;
 use futures_util::{SinkExt, StreamExt};
@@ -55,7 +55,7 @@ fn header_has(req: &Request<RequestBody>, name: header::HeaderName, token: &str)
 
 /// Answers the upgrade and runs the session on the upgraded connection.
 pub(super) async fn upgrade(
-    gw: &Gateway,
+    gw: &Arc<Route>,
     mut req: Request<RequestBody>,
     forwarded: Forwarded,
 ) -> Response<GatewayBody> {
@@ -122,7 +122,7 @@ pub(super) async fn upgrade(
 }
 
 async fn run<S>(
-    gw: Gateway,
+    gw: Arc<Route>,
     mut ws: WebSocketStream<S>,
     auth: Option<HeaderValue>,
     forwarded: Forwarded,

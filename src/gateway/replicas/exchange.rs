@@ -20,7 +20,7 @@ use crate::gateway::auth::fingerprint;
 use crate::gateway::forwarded::Forwarded;
 use crate::gateway::trace::TraceContext;
 use crate::gateway::upstream::{OnBehalf, UpstreamError};
-use crate::gateway::Gateway;
+use crate::gateway::Route;
 use dualera_adapters::session::Denied;
 use dualera_adapters::{Message, PeerStream, RequestId, UpstreamRole};
 use futures_util::future::abortable;
@@ -42,7 +42,7 @@ const TIMER_CLAIM: Duration = Duration::from_secs(5);
 
 impl SharedSessions {
     /// Runs one upstream exchange to its end, feeding what comes back.
-    pub(super) async fn run_exchange(self: Arc<Self>, gw: Gateway, sid: String, start: Start) {
+    pub(super) async fn run_exchange(self: Arc<Self>, gw: Arc<Route>, sid: String, start: Start) {
         let id = start.request.id.clone();
         let span = tracing::debug_span!("upstream", session = %log_tag(&sid), rpc.id = %id, role = ?start.role, replica = %self.replica);
         let (work, handle) = abortable(self.clone().exchange(gw, sid.clone(), start));
@@ -51,7 +51,7 @@ impl SharedSessions {
         self.exchanges.remove(&(sid, id));
     }
 
-    async fn exchange(self: Arc<Self>, gw: Gateway, sid: String, start: Start) {
+    async fn exchange(self: Arc<Self>, gw: Arc<Route>, sid: String, start: Start) {
         // A cancellation from another replica arrives on this replica's channel (the
         // lease names it as the owner).
         let id = start.request.id.clone();
@@ -158,7 +158,7 @@ impl SharedSessions {
 
     async fn feed_upstream(
         self: &Arc<Self>,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         sid: &str,
         id: &RequestId,
         message: Message,
@@ -192,7 +192,7 @@ impl SharedSessions {
     /// with it).
     async fn lost_upstream(
         self: &Arc<Self>,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         sid: &str,
         id: &RequestId,
         refusal: Option<(&'static str, String)>,
@@ -219,7 +219,7 @@ impl SharedSessions {
     /// The upstream refused the credentials of a call whose host request answers
     /// with that refusal: the machine forgets a first attempt (and its stream) or
     /// parks the round until the answer is sent again.
-    async fn denied_upstream(self: &Arc<Self>, gw: &Gateway, sid: &str, id: &RequestId) {
+    async fn denied_upstream(self: &Arc<Self>, gw: &Arc<Route>, sid: &str, id: &RequestId) {
         let ctx = Ctx {
             done_upstream: Some(id.clone()),
             ..Ctx::default()
@@ -245,7 +245,7 @@ impl SharedSessions {
     }
 
     /// Fires one session's due timers.
-    async fn fire_timers(self: Arc<Self>, gw: Gateway, sid: String) {
+    async fn fire_timers(self: Arc<Self>, gw: Arc<Route>, sid: String) {
         let fed = self
             .step(&gw, &sid, &Ctx::default(), |record, now| {
                 record.machine.handle_timeout(now);
@@ -271,7 +271,7 @@ impl SharedSessions {
     /// Redoes an exchange whose lease this replica just took over.
     async fn take_over(
         self: Arc<Self>,
-        gw: Gateway,
+        gw: Arc<Route>,
         lease: String,
         record: Vec<u8>,
         previous: String,
@@ -329,7 +329,7 @@ impl SharedSessions {
 }
 
 /// The sweeper: due timers and leases past their deadline, forever (aborted at stop).
-pub(super) async fn sweep(sessions: Arc<SharedSessions>, gw: Gateway) {
+pub(super) async fn sweep(sessions: Arc<SharedSessions>, gw: Arc<Route>) {
     let mut timers = tokio::time::interval(TIMER_PERIOD);
     let mut leases = tokio::time::interval(LEASE_PERIOD);
     let claim = u64::try_from(TIMER_CLAIM.as_millis()).unwrap_or(u64::MAX);

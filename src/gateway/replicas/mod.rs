@@ -50,7 +50,7 @@ use super::session_store::{Lookup, RedisStoreConfig, SessionStore, StoreError};
 use super::telemetry::WIRE_HTTP;
 use super::trace::TraceContext;
 use super::upstream::{OnBehalf, UpstreamError};
-use super::{cache, Gateway, GatewayConfig};
+use super::{cache, GatewayConfig, Route};
 use crate::body::{empty, full, GatewayBody};
 use crate::digest::log_tag;
 use dashmap::DashMap;
@@ -376,7 +376,7 @@ impl SharedSessions {
     }
 
     /// Starts the background tasks: subscriptions, the sweeper, cancellations.
-    pub(in crate::gateway) fn start(self: &Arc<Self>, gw: &Gateway) {
+    pub(in crate::gateway) fn start(self: &Arc<Self>, gw: &Arc<Route>) {
         let (cancel_tx, mut cancel_rx) = tokio::sync::mpsc::unbounded_channel();
         self.wakes.on_cancel(cancel_tx);
         let me = self.clone();
@@ -493,7 +493,7 @@ impl SharedSessions {
     /// stores nothing.
     async fn step<T, R>(
         self: &Arc<Self>,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         sid: &str,
         ctx: &Ctx,
         mut feed: impl FnMut(&mut Record, Timestamp) -> Result<T, R>,
@@ -514,7 +514,7 @@ impl SharedSessions {
 
     async fn step_locked<T, R>(
         self: &Arc<Self>,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         sid: &str,
         ctx: &Ctx,
         feed: &mut impl FnMut(&mut Record, Timestamp) -> Result<T, R>,
@@ -925,7 +925,7 @@ impl SharedSessions {
     }
 
     /// Records a stored step's observations (metrics, migration report).
-    fn observe(&self, gw: &Gateway, machine: &Session, observed: Vec<Observation>) {
+    fn observe(&self, gw: &Arc<Route>, machine: &Session, observed: Vec<Observation>) {
         if observed.is_empty() {
             return;
         }
@@ -936,7 +936,7 @@ impl SharedSessions {
     }
 
     /// Records a feature only the driver sees (the GET stream, a resumption).
-    fn feature(gw: &Gateway, machine: &Session, feature: Feature) {
+    fn feature(gw: &Arc<Route>, machine: &Session, feature: Feature) {
         gw.telemetry
             .shared_session(WIRE_HTTP, machine)
             .feature(feature);
@@ -959,7 +959,7 @@ impl SharedSessions {
     /// connection of this replica holds a stream the step appended to.
     fn perform(
         self: &Arc<Self>,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         sid: &str,
         after: After,
         ctx: &Ctx,
@@ -1015,7 +1015,12 @@ impl SharedSessions {
     }
 
     /// The exchange a step left for its caller to drive ([`Ctx::inline`]).
-    fn inline_exchange(self: &Arc<Self>, gw: &Gateway, sid: &str, ctx: &Ctx) -> Option<Exchange> {
+    fn inline_exchange(
+        self: &Arc<Self>,
+        gw: &Arc<Route>,
+        sid: &str,
+        ctx: &Ctx,
+    ) -> Option<Exchange> {
         let start = ctx.inline.as_ref()?.lock().ok()?.take()?;
         let me = self.clone();
         let gw = gw.clone();
@@ -1030,7 +1035,7 @@ impl SharedSessions {
     /// The 404 (or the upstream's challenge, see `legacy_http::session_missing`) for a
     /// session this caller cannot use.
     async fn missing(
-        gw: &Gateway,
+        gw: &Arc<Route>,
         auth: Option<&HeaderValue>,
         anonymous: bool,
     ) -> Response<GatewayBody> {
@@ -1039,7 +1044,7 @@ impl SharedSessions {
 
     async fn initialize(
         self: &Arc<Self>,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         init: Request,
         cx: PostContext,
     ) -> Response<GatewayBody> {
@@ -1267,7 +1272,7 @@ impl SharedSessions {
 
     async fn request(
         self: &Arc<Self>,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         s: &SharedSession,
         r: Request,
         cx: PostContext,
@@ -1334,7 +1339,7 @@ impl SharedSessions {
 
     async fn message(
         self: &Arc<Self>,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         s: &SharedSession,
         message: Message,
         auth: Option<HeaderValue>,
@@ -1385,7 +1390,7 @@ impl SharedSessions {
 
     async fn batch(
         self: &Arc<Self>,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         s: &SharedSession,
         items: Vec<Result<Message, EnvelopeError>>,
         cx: PostContext,
@@ -1440,7 +1445,7 @@ impl SharedSessions {
 
     async fn stream(
         self: &Arc<Self>,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         s: &SharedSession,
         headers: &HeaderMap,
         auth: Option<HeaderValue>,
@@ -1541,7 +1546,7 @@ impl SharedSessions {
 
     async fn delete(
         self: &Arc<Self>,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         s: &SharedSession,
         auth: Option<&HeaderValue>,
     ) -> Response<GatewayBody> {
@@ -1729,7 +1734,7 @@ impl SessionStore for Arc<SharedSessions> {
 
     async fn find(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         id: &str,
         authorization: Option<&HeaderValue>,
     ) -> Result<Lookup<SharedSession>, StoreError> {
@@ -1745,7 +1750,7 @@ impl SessionStore for Arc<SharedSessions> {
 
     async fn initialize(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         init: Request,
         cx: PostContext,
     ) -> Response<GatewayBody> {
@@ -1754,7 +1759,7 @@ impl SessionStore for Arc<SharedSessions> {
 
     async fn request(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         session: &SharedSession,
         request: Request,
         cx: PostContext,
@@ -1764,7 +1769,7 @@ impl SessionStore for Arc<SharedSessions> {
 
     async fn message(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         session: &SharedSession,
         message: Message,
         authorization: Option<HeaderValue>,
@@ -1774,7 +1779,7 @@ impl SessionStore for Arc<SharedSessions> {
 
     async fn batch(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         session: &SharedSession,
         items: Vec<Result<Message, EnvelopeError>>,
         cx: PostContext,
@@ -1784,7 +1789,7 @@ impl SessionStore for Arc<SharedSessions> {
 
     async fn stream(
         &self,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         session: &SharedSession,
         headers: &HeaderMap,
         authorization: Option<HeaderValue>,
@@ -1792,7 +1797,7 @@ impl SessionStore for Arc<SharedSessions> {
         SharedSessions::stream(self, gw, session, headers, authorization).await
     }
 
-    async fn delete(&self, gw: &Gateway, session: &SharedSession) -> Response<GatewayBody> {
+    async fn delete(&self, gw: &Arc<Route>, session: &SharedSession) -> Response<GatewayBody> {
         let auth = (!session.anonymous).then(|| HeaderValue::from_static("present"));
         SharedSessions::delete(self, gw, session, auth.as_ref()).await
     }

@@ -15,7 +15,7 @@ use super::{hold_ms, Ctx, DeciderGuard, SharedSessions, StepError, HOLD_TICK};
 use crate::body::{ChannelBody, GatewayBody, MeteredSender, SendError};
 use crate::digest::log_tag;
 use crate::gateway::legacy_http::STREAM_QUEUE;
-use crate::gateway::Gateway;
+use crate::gateway::Route;
 use crate::sse;
 use bytes::Bytes;
 use http::Response;
@@ -149,7 +149,7 @@ impl SharedSessions {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn relay_with(
         self: &Arc<Self>,
-        gw: &Gateway,
+        gw: &Arc<Route>,
         sid: &str,
         number: u64,
         after: u64,
@@ -179,7 +179,7 @@ impl SharedSessions {
     #[allow(clippy::too_many_arguments)]
     fn relay_body(
         self: &Arc<Self>,
-        gw: Option<Gateway>,
+        gw: Option<Arc<Route>>,
         sid: &str,
         number: u64,
         after: u64,
