@@ -82,9 +82,7 @@ impl Link {
     pub fn task(&self) -> Option<&str> {
         match self {
             Self::Create => None,
-            Self::Get { task } | Self::Cancel { task, .. } | Self::Await { task, .. } => {
-                Some(task)
-            }
+            Self::Get { task } | Self::Cancel { task, .. } | Self::Await { task, .. } => Some(task),
         }
     }
 }
@@ -289,7 +287,9 @@ pub fn status_of(modern: &Value) -> &str {
 
 /// Whether a legacy host declared the `tasks` capability in `initialize`.
 pub fn host_declares(legacy_capabilities: &Value) -> bool {
-    legacy_capabilities.get("tasks").is_some_and(Value::is_object)
+    legacy_capabilities
+        .get("tasks")
+        .is_some_and(Value::is_object)
 }
 
 /// Whether the upstream's `server/discover` result offers the extension.
@@ -311,9 +311,7 @@ pub fn declare_extension(meta: &mut Value, capabilities_key: &str) {
     let Some(meta) = meta.as_object_mut() else {
         return;
     };
-    let caps = meta
-        .entry(capabilities_key)
-        .or_insert_with(|| json!({}));
+    let caps = meta.entry(capabilities_key).or_insert_with(|| json!({}));
     if !caps.is_object() {
         *caps = json!({});
     }

@@ -103,7 +103,11 @@ impl Session {
         let outcome = entry.outcome.clone();
         let link = match request.method.as_str() {
             "tasks/get" if local => {
-                self.answer(stream, Response::result(request.id, Value::Object(state)), label);
+                self.answer(
+                    stream,
+                    Response::result(request.id, Value::Object(state)),
+                    label,
+                );
                 return Ok(());
             }
             "tasks/get" => Link::Get { task },
@@ -117,15 +121,14 @@ impl Session {
                     task,
                     related: true,
                     updating: false,
-                    until: now
-                        .saturating_add(self.config.live_timeout_max)
-                        .as_millis(),
+                    until: now.saturating_add(self.config.live_timeout_max).as_millis(),
                 },
             },
             // 2025-11-25 tasks, "Task Cancellation": receivers MUST reject
             // cancellation of a terminal task with -32602.
             _ if terminal => {
-                let message = format!("the task is already {}", state["status"]);
+                let status = state.get("status").and_then(Value::as_str).unwrap_or("");
+                let message = format!("the task is already {status}");
                 self.refuse_with(stream, request.id, label, &message);
                 return Ok(());
             }
@@ -318,9 +321,7 @@ impl Session {
             task: task.to_owned(),
             related: false,
             updating: false,
-            until: now
-                .saturating_add(self.config.live_timeout_max)
-                .as_millis(),
+            until: now.saturating_add(self.config.live_timeout_max).as_millis(),
         });
         self.calls.insert(legacy.clone(), call);
         self.send_task_step(&legacy, None);
@@ -433,7 +434,12 @@ impl Session {
     /// A `tools/list` result for a session with tasks keeps each tool's
     /// `execution.taskSupport` (2025-11-25 "Tool-Level Negotiation"): the downgrade
     /// removes `execution` for every other session.
-    pub(super) fn keep_task_support(&self, method: &str, modern: &Value, mut shaped: Value) -> Value {
+    pub(super) fn keep_task_support(
+        &self,
+        method: &str,
+        modern: &Value,
+        mut shaped: Value,
+    ) -> Value {
         if method != "tools/list" || self.tasks.is_none() {
             return shaped;
         }
