@@ -214,7 +214,7 @@ ROUND_SCENARIOS = ("delete_accept", "delete_decline_cancel", "summarize", "sibli
 # The instances columns: (scenario, checkpoint) at which the second instance is killed.
 KILL_AT = {"delete_decline_cancel": "after_decline"}
 # What the replicas columns run: 2-4 and the two interleaved sessions (8).
-REPLICA_SCENARIOS = ("delete_accept", "delete_decline_cancel", "summarize", "interleave")
+REPLICA_SCENARIOS = ("delete_accept", "delete_decline_cancel", "summarize", "interleave", "tasks")
 
 
 @dataclass
@@ -365,15 +365,6 @@ class Dualera:
         finally:
             con.close()
         return {f"note-{r[0]}": {"workspace": r[1], "title": r[2], "body": r[3]} for r in rows}
-
-    def tasks(self) -> dict[str, str]:
-        """The modern server's stored tasks: id -> status."""
-        con = sqlite3.connect(str(self.db), timeout=10)
-        try:
-            rows = con.execute("SELECT id, body FROM tasks").fetchall()
-        finally:
-            con.close()
-        return {r[0]: json.loads(r[1])["status"] for r in rows}
 
     def upstream_call(self, method: str, params: dict | None = None) -> dict:
         """A raw 2026-07-28 request straight to the modern server (the reference answer)."""
@@ -657,6 +648,16 @@ def cfg_tasks(up: Dualera) -> dict:
 RELATED_TASK = "io.modelcontextprotocol/related-task"
 
 
+def stored_tasks(db: Path) -> dict[str, str]:
+    """The modern server's stored tasks (its SQLite file): id -> status."""
+    con = sqlite3.connect(str(db), timeout=10)
+    try:
+        rows = con.execute("SELECT id, body FROM tasks").fetchall()
+    finally:
+        con.close()
+    return {r[0]: json.loads(r[1])["status"] for r in rows}
+
+
 def check_tasks(cx: Ctx) -> None:
     o = cx.obs
     caps = o["info"]["capabilities"].get("tasks") or {}
@@ -693,7 +694,7 @@ def check_tasks(cx: Ctx) -> None:
            f"cancelling a cancelled task must be -32602: {o['cancel_again']}")
     listed2 = {x["taskId"]: x["status"] for x in (o["listed2"].get("result") or {}).get("tasks", [])}
     expect(listed2 == {task: "completed", task2: "cancelled"}, f"tasks/list at the end: {listed2}")
-    stored = cx.up.tasks()
+    stored = stored_tasks(cx.up.db)
     expect(stored.get(task) == "completed" and stored.get(task2) == "cancelled",
            f"the store's tasks: {stored} (want {task}: completed, {task2}: cancelled)")
     expect(cx.snaps["end"] == cx.snaps["start"], "the tasks changed the notes store")
@@ -883,8 +884,9 @@ SCENARIOS = [
     Scenario("tasks", "summarize_repo as a 2025-11-25 task (get, result with 2 sampling rounds, list, cancel)",
              cfg_tasks, check_tasks,
              # The tasks translation is the session machine's, the same on every wire;
-             # the SDK whose experimental task API it exercises is the Python one.
-             only=lambda c: c.peer is PY_LEGACY and c.wire == HTTP and not c.tls and c.backend == "up"),
+             # the SDK whose experimental task API it exercises is the Python one: one
+             # gateway, and three replicas on Redis (any replica serves any task step).
+             only=lambda c: c.peer is PY_LEGACY and c.wire == HTTP and not c.tls and c.backend != "instances"),
     Scenario("sibling_failure", "one live request of a round fails, the host answers the others late",
              cfg_sibling_failure, check_sibling_failure, upstream="fixture",
              # The fixture gateway serves plain HTTP: the TLS columns prove the transport
