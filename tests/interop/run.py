@@ -881,18 +881,18 @@ SCENARIOS = [
     Scenario("no_elicitation", "notes_delete from a client without elicitation", cfg_no_elicitation,
              check_no_elicitation),
     Scenario("interleave", "two sessions, interleaved elicitation rounds", cfg_interleave, check_interleave),
-    Scenario("tasks", "summarize_repo as a 2025-11-25 task (get, result with 2 sampling rounds, list, cancel)",
-             cfg_tasks, check_tasks,
-             # The tasks translation is the session machine's, the same on every wire;
-             # the SDK whose experimental task API it exercises is the Python one: one
-             # gateway, and three replicas on Redis (any replica serves any task step).
-             only=lambda c: c.peer is PY_LEGACY and c.wire == HTTP and not c.tls and c.backend != "instances"),
     Scenario("sibling_failure", "one live request of a round fails, the host answers the others late",
              cfg_sibling_failure, check_sibling_failure, upstream="fixture",
              # The fixture gateway serves plain HTTP: the TLS columns prove the transport
              # with the notes server's rounds (2-4); late replies are wire logic.
              # The instances columns run the notes server's rounds on two instances.
              only=lambda c: c.peer is PY_LEGACY and not c.tls and c.backend != "instances"),
+    Scenario("tasks", "summarize_repo as a 2025-11-25 task (get, result with 2 sampling rounds, list, cancel)",
+             cfg_tasks, check_tasks,
+             # The tasks translation is the session machine's, the same on every wire;
+             # the SDK whose experimental task API it exercises is the Python one: one
+             # gateway, and three replicas on Redis (any replica serves any task step).
+             only=lambda c: c.peer is PY_LEGACY and c.wire == HTTP and not c.tls and c.backend != "instances"),
 ]
 
 
