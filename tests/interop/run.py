@@ -890,9 +890,9 @@ SCENARIOS = [
     Scenario("tasks", "summarize_repo as a 2025-11-25 task (get, result with 2 sampling rounds, list, cancel)",
              cfg_tasks, check_tasks,
              # The tasks translation is the session machine's, the same on every wire;
-             # the SDK whose experimental task API it exercises is the Python one: one
-             # gateway, and three replicas on Redis (any replica serves any task step).
-             only=lambda c: c.peer is PY_LEGACY and c.wire == HTTP and not c.tls and c.backend != "instances"),
+             # the legacy SDKs' experimental task APIs over Streamable HTTP, on one
+             # gateway and on three replicas on Redis (any replica serves any task step).
+             only=lambda c: c.era == "legacy" and c.wire == HTTP and not c.tls and c.backend != "instances"),
 ]
 
 
