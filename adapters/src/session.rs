@@ -1715,7 +1715,14 @@ impl Session {
         if call.link.is_some() {
             task_calls::declare_extension(&mut params);
         }
-        let size = upstream_request_size(&call.method, &params);
+        let method = call.method.clone();
+        self.send_checked(legacy, &method, params);
+    }
+
+    /// Sends `method` for `legacy` unless the upstream could not take it (the round's
+    /// answers made it too large): then the request fails.
+    fn send_checked(&mut self, legacy: &RequestId, method: &str, params: Map<String, Value>) {
+        let size = upstream_request_size(method, &params);
         if size > self.config.max_upstream_message {
             let failure = Failure::AnswersTooLarge {
                 size,
@@ -1727,7 +1734,7 @@ impl Session {
             }
             return;
         }
-        self.send_prepared(legacy, params);
+        self.send_call_request(legacy, method, params);
     }
 
     fn send_prepared(&mut self, legacy: &RequestId, params: Map<String, Value>) {

@@ -19,6 +19,7 @@
 //! the shape conversions; the session machine ([`crate::session`]) drives the calls.
 
 use crate::jsonrpc::{ErrorCode, ErrorObject};
+use crate::time::rfc3339;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -398,45 +399,9 @@ pub fn relate(params: &mut Map<String, Value>, task: &str) {
     }
 }
 
-/// Unix milliseconds as an RFC 3339 UTC timestamp (`2025-11-25T10:30:00.000Z`).
-pub fn rfc3339(unix_ms: u64) -> String {
-    let secs = unix_ms / 1000;
-    let days = secs / 86_400;
-    let rem = secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60,
-        unix_ms % 1000
-    )
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn timestamps() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(1_764_066_600_123), "2025-11-25T10:30:00.123Z");
-        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
-    }
 
     #[test]
     fn shapes_a_modern_task() {

@@ -182,19 +182,7 @@ impl Session {
         };
         params.insert("_meta".into(), self.upstream_meta(None, false));
         declare_extension(&mut params);
-        let size = super::upstream_request_size(method, &params);
-        if size > self.config.max_upstream_message {
-            let failure = Failure::AnswersTooLarge {
-                size,
-                limit: self.config.max_upstream_message,
-            };
-            if let Some(mut call) = self.calls.remove(legacy) {
-                call.phase = Phase::Idle;
-                self.fail_call(legacy.clone(), call, failure, "");
-            }
-            return;
-        }
-        self.send_call_request(legacy, method, params);
+        self.send_checked(legacy, method, params);
     }
 
     /// The upstream answered a step of a task call.
