@@ -407,6 +407,8 @@ pub struct Footprint {
     pub subscriptions: usize,
     /// Tools whose `x-mcp-header` parameters are remembered.
     pub tool_headers: usize,
+    /// Tasks the session created and remembers (at most [`crate::tasks::MAX_TASKS`]).
+    pub tasks: usize,
     /// Events not yet polled.
     pub events: usize,
 }
@@ -640,6 +642,7 @@ impl Session {
             batches: self.batches.len(),
             subscriptions: self.subscriptions.len(),
             tool_headers: self.tool_headers.len(),
+            tasks: self.tasks.as_ref().map_or(0, Book::len),
             events: self.events.len(),
         }
     }
