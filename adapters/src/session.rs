@@ -792,14 +792,9 @@ impl Session {
                 self.fail_call_reported(legacy, call, failure, "timed out", Some(&id));
             }
         }
-        let mut due: Vec<(u64, RequestId)> = self
-            .calls
-            .iter()
-            .filter(|(_, c)| matches!(c.phase, Phase::Paused { until, .. } if until <= now))
-            .map(|(id, c)| (c.seq, id.clone()))
-            .collect();
-        due.sort_by_key(|(seq, _)| *seq);
-        for (_, legacy) in due {
+        let due =
+            self.calls_in_order(|c| matches!(c.phase, Phase::Paused { until, .. } if until <= now));
+        for legacy in due {
             let state = match self.calls.get_mut(&legacy).map(|c| &mut c.phase) {
                 Some(Phase::Paused { request_state, .. }) => request_state.take(),
                 _ => continue,
@@ -813,6 +808,19 @@ impl Session {
                 self.open_listen(filter, failures);
             }
         }
+    }
+
+    /// The ids of the calls that satisfy `pred`, oldest first (the order timers and
+    /// settlements act in, so that outputs do not depend on map order).
+    fn calls_in_order(&self, pred: impl Fn(&Call) -> bool) -> Vec<RequestId> {
+        let mut ids: Vec<(u64, RequestId)> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| pred(c))
+            .map(|(id, c)| (c.seq, id.clone()))
+            .collect();
+        ids.sort_by_key(|(seq, _)| *seq);
+        ids.into_iter().map(|(_, id)| id).collect()
     }
 
     // ----- inputs: peer --------------------------------------------------------------

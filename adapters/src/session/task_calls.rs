@@ -398,17 +398,11 @@ impl Session {
     /// waits on it that are not waiting for the upstream end now (their live requests
     /// are cancelled at the peer).
     fn settle_waits(&mut self, task: &str, outcome: Outcome) {
-        let mut waiting: Vec<(u64, RequestId)> = self
-            .calls
-            .iter()
-            .filter(|(_, c)| {
-                !matches!(c.phase, Phase::Upstream(_))
-                    && matches!(&c.link, Some(Link::Await { task: t, .. }) if t == task)
-            })
-            .map(|(id, c)| (c.seq, id.clone()))
-            .collect();
-        waiting.sort_by_key(|(seq, _)| *seq);
-        for (_, legacy) in waiting {
+        let waiting = self.calls_in_order(|c| {
+            !matches!(c.phase, Phase::Upstream(_))
+                && matches!(&c.link, Some(Link::Await { task: t, .. }) if t == task)
+        });
+        for legacy in waiting {
             let Some(call) = self.calls.remove(&legacy) else {
                 continue;
             };
