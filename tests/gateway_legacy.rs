@@ -49,8 +49,9 @@ async fn initialize(rev: &str) {
     let result = &response["result"];
     assert_eq!(result["protocolVersion"], rev, "{response}");
     // The notes server offers tools (mapped as they are) and the tasks extension, which
-    // is modern only: a legacy host is not offered tasks (the gateway does not
-    // translate them yet), so a 2025-11-25 host never sends task-augmented requests.
+    // is modern only: a legacy host that does not declare `tasks` (these capabilities
+    // do not) is not offered tasks. Hosts that declare them: the `task_*` transcript
+    // vectors and the interop suite's `tasks` case.
     let mut expected = discover["capabilities"].clone();
     assert!(
         expected["extensions"]["io.modelcontextprotocol/tasks"].is_object(),

@@ -24,8 +24,9 @@ fn object_or_empty(value: Option<&Value>) -> Value {
 ///   Older revisions have no elicitation, so it is dropped.
 /// - `sampling`: kept; its `context` / `tools` sub-capabilities only on 2025-11-25.
 /// - `roots`: kept as `{}` (the modern object has no `listChanged`).
-/// - `experimental`: kept. `tasks` (2025-11-25) is dropped: the gateway does not
-///   translate task-augmented requests.
+/// - `experimental`: kept. `tasks` (2025-11-25) is dropped here: the session declares
+///   the modern tasks extension only on the requests of its tasks (see
+///   [`crate::tasks`]).
 pub fn client_to_modern(revision: &Revision, legacy: &Value) -> Value {
     let mut out = Map::new();
     let Some(legacy) = legacy.as_object() else {

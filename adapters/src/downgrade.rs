@@ -106,8 +106,8 @@ fn items(revision: &Revision, obj: &mut Map<String, Value>, list: &str, tools: b
             if !revision.tool_annotations {
                 entry.remove("annotations");
             }
-            // `Tool.execution` exists in 2025-11-25 only (tasks); the gateway does not
-            // translate tasks, so it never passes it on.
+            // `Tool.execution` exists in 2025-11-25 only (tasks): the session machine
+            // puts `taskSupport` back for a session it offers tasks to.
             entry.remove("execution");
         }
     }

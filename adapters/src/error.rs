@@ -288,6 +288,17 @@ pub enum Failure {
         /// The upstream's limit.
         limit: usize,
     },
+    /// A `tasks/result` (or a plain call the upstream made a task of) waited longer
+    /// than a live request may run ([`Config::live_timeout_max`](crate::Config::live_timeout_max)).
+    TaskWaitTimeout,
+    /// The session already holds as many unfinished tasks as it may
+    /// ([`crate::tasks::MAX_TASKS`]).
+    TooManyTasks {
+        /// The bound.
+        limit: usize,
+    },
+    /// The upstream answered with a task that has no `taskId`.
+    MalformedTask,
 }
 
 impl fmt::Display for Failure {
@@ -349,6 +360,12 @@ impl fmt::Display for Failure {
                 "The answers to the server's input requests make a request of {size} bytes; the upstream server accepts at most {limit}"
             ),
             Self::UpstreamRefused { message, .. } => f.write_str(message),
+            Self::TaskWaitTimeout => f.write_str("The task did not finish in time"),
+            Self::TooManyTasks { limit } => write!(
+                f,
+                "This session holds as many unfinished tasks as it may ({limit})"
+            ),
+            Self::MalformedTask => f.write_str("The server answered with a task without a taskId"),
         }
     }
 }
@@ -370,6 +387,9 @@ impl Failure {
             Self::TooManyLive { .. } => "tooManyLive",
             Self::AnswersTooLarge { .. } => "upstreamLimit",
             Self::UpstreamRefused { reason, .. } => reason,
+            Self::TaskWaitTimeout => "taskTimeout",
+            Self::TooManyTasks { .. } => "tooManyTasks",
+            Self::MalformedTask => "malformedTask",
         }
     }
 }

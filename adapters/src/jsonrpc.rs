@@ -112,7 +112,9 @@ impl ErrorObject {
         Value::Object(m)
     }
 
-    fn from_value(v: &Value) -> Option<Self> {
+    /// Reads an error object (`code`, `message`, optional `data`); `None` when it is
+    /// not one.
+    pub fn from_value(v: &Value) -> Option<Self> {
         let o = v.as_object()?;
         Some(Self {
             code: ErrorCode(o.get("code")?.as_i64()?),

@@ -21,7 +21,8 @@
 //!
 //! Everything version-specific lives here: [`capabilities`] maps capabilities between
 //! eras, [`downgrade`] shapes results per revision, [`mrtr`] runs Multi Round-Trip
-//! Requests, and the `v*` modules hold what differs between the legacy revisions.
+//! Requests, [`tasks`] keeps a 2025-11-25 host's tasks over the modern tasks
+//! extension, and the `v*` modules hold what differs between the legacy revisions.
 
 pub mod capabilities;
 pub mod downgrade;
@@ -36,6 +37,7 @@ pub mod replay;
 pub mod revision;
 pub mod session;
 pub mod snapshot;
+pub mod tasks;
 pub mod time;
 pub mod usage;
 pub mod v2024_11_05;

@@ -15,6 +15,7 @@ use crate::mrtr::{self, ResultKind, Round};
 use crate::param_headers::{self, ParamHeader};
 use crate::revision::{ElicitationSupport, Revision};
 use crate::snapshot;
+use crate::tasks::{Book, Link};
 use crate::time::Timestamp;
 use crate::usage::{self, Feature, LiveKind, LiveOutcome, Observation, RequestOutcome};
 use crate::version::ProtocolVersion;
@@ -24,6 +25,8 @@ use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
+
+mod task_calls;
 
 /// Tools whose `x-mcp-header` parameters a session remembers (one `tools/list` page is
 /// bounded by the message size; this bounds what many pages can add).
@@ -102,6 +105,10 @@ pub struct Config {
     pub id_prefix: String,
     /// `serverInfo` used when the upstream's discover result has none.
     pub fallback_server_info: Value,
+    /// Unix time, in milliseconds, at the driver's [`Timestamp`] `0`: the wall clock
+    /// of the `createdAt` / `lastUpdatedAt` of a task the gateway makes itself of a
+    /// synchronous answer (default 0: transcript vectors count from the epoch).
+    pub unix_at_zero_ms: u64,
 }
 
 impl Default for Config {
@@ -126,6 +133,7 @@ impl Default for Config {
             retired_ids: 1024,
             id_prefix: "dualera".to_owned(),
             fallback_server_info: json!({ "name": "dualera", "version": env!("CARGO_PKG_VERSION") }),
+            unix_at_zero_ms: 0,
         }
     }
 }
@@ -198,6 +206,9 @@ struct Call {
     /// accepts that attempt: if it refuses the credentials (HTTP 401/403) the round
     /// waits again for its last answer ([`Session::handle_upstream_denied`]).
     answered: Option<Answered>,
+    /// What the call does for a task (see [`crate::tasks`]); `None` for a plain call.
+    #[serde(default)]
+    link: Option<Link>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -396,6 +407,8 @@ pub struct Footprint {
     pub subscriptions: usize,
     /// Tools whose `x-mcp-header` parameters are remembered.
     pub tool_headers: usize,
+    /// Tasks the session created and remembers (at most [`crate::tasks::MAX_TASKS`]).
+    pub tasks: usize,
     /// Events not yet polled.
     pub events: usize,
 }
@@ -485,6 +498,11 @@ pub struct Session {
     /// the `tools/list` results that passed through.
     #[serde(with = "snapshot::sorted")]
     tool_headers: HashMap<String, Vec<ParamHeader>>,
+    /// The peer is a 2025-11-25 host that declared the `tasks` capability.
+    host_tasks: bool,
+    /// The tasks this session created; `Some` when tasks are offered to the peer
+    /// (it declared them and the upstream offers the extension).
+    tasks: Option<Book>,
     next_upstream: u64,
     next_live: u64,
     next_elicitation: u64,
@@ -535,6 +553,8 @@ impl Session {
             listen: None,
             ping: None,
             tool_headers: HashMap::new(),
+            host_tasks: false,
+            tasks: None,
             next_upstream: 0,
             next_live: 0,
             next_elicitation: 0,
@@ -622,6 +642,7 @@ impl Session {
             batches: self.batches.len(),
             subscriptions: self.subscriptions.len(),
             tool_headers: self.tool_headers.len(),
+            tasks: self.tasks.as_ref().map_or(0, Book::len),
             events: self.events.len(),
         }
     }
@@ -771,14 +792,9 @@ impl Session {
                 self.fail_call_reported(legacy, call, failure, "timed out", Some(&id));
             }
         }
-        let mut due: Vec<(u64, RequestId)> = self
-            .calls
-            .iter()
-            .filter(|(_, c)| matches!(c.phase, Phase::Paused { until, .. } if until <= now))
-            .map(|(id, c)| (c.seq, id.clone()))
-            .collect();
-        due.sort_by_key(|(seq, _)| *seq);
-        for (_, legacy) in due {
+        let due =
+            self.calls_in_order(|c| matches!(c.phase, Phase::Paused { until, .. } if until <= now));
+        for legacy in due {
             let state = match self.calls.get_mut(&legacy).map(|c| &mut c.phase) {
                 Some(Phase::Paused { request_state, .. }) => request_state.take(),
                 _ => continue,
@@ -792,6 +808,19 @@ impl Session {
                 self.open_listen(filter, failures);
             }
         }
+    }
+
+    /// The ids of the calls that satisfy `pred`, oldest first (the order timers and
+    /// settlements act in, so that outputs do not depend on map order).
+    fn calls_in_order(&self, pred: impl Fn(&Call) -> bool) -> Vec<RequestId> {
+        let mut ids: Vec<(u64, RequestId)> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| pred(c))
+            .map(|(id, c)| (c.seq, id.clone()))
+            .collect();
+        ids.sort_by_key(|(seq, _)| *seq);
+        ids.into_iter().map(|(_, id)| id).collect()
     }
 
     // ----- inputs: peer --------------------------------------------------------------
@@ -957,7 +986,12 @@ impl Session {
                 "method not found in legacy protocol revisions",
             ),
             _ => {
-                if let Err(refused) = self.forward(request, stream.clone(), now) {
+                let routed = if task_calls::is_task_request(&request) {
+                    self.task_request(request, stream.clone(), now)
+                } else {
+                    self.forward(request, stream.clone(), now, None)
+                };
+                if let Err(refused) = routed {
                     // In a batch the refusal is one of the grouped responses.
                     if batch.is_some() {
                         if let Some(response) = refused.to_response() {
@@ -1351,6 +1385,7 @@ impl Session {
                             .insert(listen_id.clone(), RetiredKind::Answered);
                         self.listen_lost(&listen_id.clone(), now);
                     }
+                    crate::tasks::NOTIFICATION => self.task_notification(&notification),
                     _ => {
                         let shaped = self.shape_notification(notification);
                         self.emit_peer(PeerStream::Standalone, Message::Notification(shaped));
@@ -1436,6 +1471,8 @@ impl Session {
             .unwrap_or(&none);
         self.client_capabilities =
             JsonText::new(&capabilities::client_to_modern(revision, declared));
+        self.host_tasks = revision.version == ProtocolVersion::V2025_11_25
+            && crate::tasks::host_declares(declared);
         self.state = SessionState::Initializing;
         self.init = Some(PendingInit {
             id: request.id,
@@ -1463,10 +1500,16 @@ impl Session {
         else {
             return;
         };
-        let capabilities = capabilities::server_to_legacy(
+        let mut capabilities = capabilities::server_to_legacy(
             revision,
             discover.get("capabilities").unwrap_or(&Value::Null),
         );
+        if self.host_tasks && crate::tasks::upstream_offers(discover) {
+            if let Some(caps) = capabilities.as_object_mut() {
+                caps.insert("tasks".into(), crate::tasks::server_capability());
+            }
+            self.tasks = Some(Book::default());
+        }
         let info = discover
             .get("_meta")
             .and_then(|m| m.get(META_SERVER_INFO))
@@ -1582,6 +1625,7 @@ impl Session {
         request: Request,
         stream: PeerStream,
         _now: Timestamp,
+        link: Option<Link>,
     ) -> Result<(), SessionError> {
         if self.calls.len() >= self.config.max_in_flight {
             // Refused before anything is kept; only the observation records it.
@@ -1609,7 +1653,10 @@ impl Session {
         // The machine owns the MRTR fields: a legacy peer cannot supply them.
         params.remove("inputResponses");
         params.remove("requestState");
-        let first = self.attempt_params(&params, None, None);
+        let mut first = self.attempt_params(&params, None, None);
+        if link.is_some() {
+            task_calls::declare_extension(&mut first);
+        }
         let size = upstream_request_size(&request.method, &first);
         if size > self.config.max_upstream_message {
             self.ended(
@@ -1635,9 +1682,15 @@ impl Session {
             url_elicitations: Vec::new(),
             tools_refreshed: false,
             answered: None,
+            link,
         };
+        let steps = call.link.as_ref().is_some_and(|l| *l != Link::Create);
         self.calls.insert(request.id.clone(), call);
-        self.send_prepared(&request.id, first);
+        if steps {
+            self.send_task_step(&request.id, None);
+        } else {
+            self.send_prepared(&request.id, first);
+        }
         Ok(())
     }
 
@@ -1666,8 +1719,21 @@ impl Session {
         let Some(call) = self.calls.get(legacy) else {
             return;
         };
-        let params = self.attempt_params(&call.params, responses, request_state.as_deref());
-        let size = upstream_request_size(&call.method, &params);
+        if call.link.as_ref().is_some_and(|l| *l != Link::Create) {
+            return self.send_task_step(legacy, responses);
+        }
+        let mut params = self.attempt_params(&call.params, responses, request_state.as_deref());
+        if call.link.is_some() {
+            task_calls::declare_extension(&mut params);
+        }
+        let method = call.method.clone();
+        self.send_checked(legacy, &method, params);
+    }
+
+    /// Sends `method` for `legacy` unless the upstream could not take it (the round's
+    /// answers made it too large): then the request fails.
+    fn send_checked(&mut self, legacy: &RequestId, method: &str, params: Map<String, Value>) {
+        let size = upstream_request_size(method, &params);
         if size > self.config.max_upstream_message {
             let failure = Failure::AnswersTooLarge {
                 size,
@@ -1679,7 +1745,7 @@ impl Session {
             }
             return;
         }
-        self.send_prepared(legacy, params);
+        self.send_call_request(legacy, method, params);
     }
 
     fn send_prepared(&mut self, legacy: &RequestId, params: Map<String, Value>) {
@@ -1687,6 +1753,14 @@ impl Session {
             return;
         };
         let method = call.method.clone();
+        self.send_call_request(legacy, &method, params);
+    }
+
+    /// Sends one upstream request `method` for the legacy request `legacy`.
+    fn send_call_request(&mut self, legacy: &RequestId, method: &str, params: Map<String, Value>) {
+        let Some(call) = self.calls.get(legacy) else {
+            return;
+        };
         let round = call.rounds;
         let id = self.mint_upstream();
         if let Some(call) = self.calls.get_mut(legacy) {
@@ -1698,7 +1772,7 @@ impl Session {
                 round,
             },
             id,
-            &method,
+            method,
             Value::Object(params),
         );
     }
@@ -1710,6 +1784,9 @@ impl Session {
         outcome: Result<Value, ErrorObject>,
         now: Timestamp,
     ) {
+        if call.link.is_some() {
+            return self.task_answered(legacy, call, outcome, now);
+        }
         match outcome {
             Err(error)
                 if error.code == ErrorCode::HEADER_MISMATCH
@@ -1733,6 +1810,12 @@ impl Session {
             Ok(result) => match mrtr::classify(&result) {
                 ResultKind::Complete => self.complete(legacy, call, result),
                 ResultKind::InputRequired => self.start_round(legacy, call, result, now),
+                // An upstream that returns a task to a request that did not declare
+                // the extension: the gateway waits for it, and the peer gets the
+                // plain result.
+                ResultKind::Unknown(t) if t == "task" && call.method == "tools/call" => {
+                    self.await_plain(legacy, call, &result, now)
+                }
                 ResultKind::Unknown(result_type) => {
                     self.fail_call(legacy, call, Failure::UnknownResultType { result_type }, "")
                 }
@@ -1751,7 +1834,8 @@ impl Session {
         } else {
             result
         };
-        let result = downgrade::result(revision, &call.method, result);
+        let shaped = downgrade::result(revision, &call.method, result.clone());
+        let result = self.keep_task_support(&call.method, &result, shaped);
         let method = usage::Method::from_name(&call.method);
         self.ended(&legacy, method, RequestOutcome::Ok, call.rounds);
         self.respond(call.stream, Response::result(legacy, result));
@@ -1832,7 +1916,8 @@ impl Session {
 
     fn start_round(&mut self, legacy: RequestId, mut call: Call, result: Value, now: Timestamp) {
         call.rounds += 1;
-        if !mrtr::MRTR_METHODS.contains(&call.method.as_str()) {
+        let waiting = matches!(call.link, Some(Link::Await { .. }));
+        if !waiting && !mrtr::MRTR_METHODS.contains(&call.method.as_str()) {
             let method = call.method.clone();
             return self.fail_call(
                 legacy,
@@ -1940,6 +2025,16 @@ impl Session {
                 // Lets the peer report progress, which resets this request's timeout.
                 meta.insert("progressToken".into(), id.to_value());
             }
+            if let Some(Link::Await {
+                task,
+                related: true,
+                ..
+            }) = &call.link
+            {
+                // 2025-11-25 tasks, "Input Required Status": the receiver MUST include
+                // the related-task metadata in the request.
+                crate::tasks::relate(&mut params, task);
+            }
             self.next_seq += 1;
             self.live.insert(
                 id.clone(),
@@ -2007,7 +2102,13 @@ impl Session {
             RequestOutcome::Failed((&failure).into()),
             call.rounds,
         );
-        let response = failure_response(&call.method, legacy.clone(), &failure);
+        // A task-augmented `tools/call` expects a `CreateTaskResult`, never a tool
+        // result: its failure is a JSON-RPC error.
+        let method = match call.link {
+            Some(Link::Create) => "tasks/create",
+            _ => call.method.as_str(),
+        };
+        let response = failure_response(method, legacy.clone(), &failure);
         self.events
             .push_back(Event::RequestFailed { legacy, failure });
         self.respond(call.stream, response);
@@ -2092,6 +2193,9 @@ impl Session {
                     filter.insert(field.into(), Value::Bool(true));
                 }
             }
+        }
+        if self.standalone_open && self.tasks.as_ref().is_some_and(Book::has_upstream_tasks) {
+            filter.insert(crate::tasks::LISTEN_FILTER.into(), Value::Bool(true));
         }
         if !self.subscriptions.is_empty() {
             filter.insert(

@@ -1,5 +1,6 @@
 //! Driver-supplied time: the session machine never reads a clock, so every input that
-//! can start or check a timer carries a [`Timestamp`] handed in by the driver.
+//! can start or check a timer carries a [`Timestamp`] handed in by the driver. Also the
+//! one RFC 3339 formatter ([`rfc3339`]) every part of dualera prints wall time with.
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -39,9 +40,38 @@ impl Timestamp {
     }
 }
 
+/// A Unix time in milliseconds as RFC 3339 UTC (`2026-07-28T09:30:00.123Z`): the
+/// wall-clock text of task times (here, for the tasks the session makes itself; in the
+/// modern server) and of the migration report. Kept in this crate, which every part
+/// of dualera depends on, so that none borrows it from another.
+pub fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // rfc3339: tested where the migration report prints it (src/gateway/report).
 
     #[test]
     fn arithmetic() {

@@ -445,10 +445,10 @@ impl From<&Failure> for FailureReason {
     fn from(failure: &Failure) -> Self {
         match failure {
             Failure::MissingCapabilities { .. } => FailureReason::MissingCapability,
-            Failure::LiveTimeout { .. } => FailureReason::Timeout,
+            Failure::LiveTimeout { .. } | Failure::TaskWaitTimeout => FailureReason::Timeout,
             Failure::PeerError { .. } => FailureReason::HostError,
             Failure::RoundLimit { .. } => FailureReason::RoundLimit,
-            Failure::TooManyLive { .. } => FailureReason::Overload,
+            Failure::TooManyLive { .. } | Failure::TooManyTasks { .. } => FailureReason::Overload,
             Failure::UnsupportedInputRequest { .. }
             | Failure::AnswersTooLarge { .. }
             | Failure::TooManyInputRequests { .. }
@@ -456,6 +456,7 @@ impl From<&Failure> for FailureReason {
             | Failure::InputRequiredNotAllowed { .. }
             | Failure::UnknownResultType { .. }
             | Failure::UpstreamLost
+            | Failure::MalformedTask
             | Failure::UpstreamRefused { .. } => FailureReason::Upstream,
         }
     }

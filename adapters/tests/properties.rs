@@ -478,6 +478,9 @@ impl Harness {
                 self.config.retired_ids
             ));
         }
+        if f.tasks > dualera_adapters::tasks::MAX_TASKS {
+            return fail(format!("{} tasks remembered: {f:?}", f.tasks));
+        }
         if f.calls > self.config.max_in_flight {
             return fail(format!(
                 "{} calls in flight, bound {}",

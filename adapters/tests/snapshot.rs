@@ -1,7 +1,8 @@
 //! Round trips of the session machine's serialized state (`adapters::snapshot`): a
 //! session is driven through random inputs — every legacy revision, forwarded requests,
 //! MRTR rounds with elicitation, sampling and roots, replies, errors, cancellations,
-//! progress, batches, subscriptions, timers, closing — and after every input its state
+//! progress, batches, subscriptions, timers, closing, 2025-11-25 tasks (created, polled,
+//! waited on with their input rounds, listed, cancelled) — and after every input its state
 //! is serialized, deserialized and restored. The restored copy must serialize to the
 //! same bytes and answer the next input with exactly the same events as the original,
 //! so nothing the machine remembers is lost between two messages.
@@ -18,7 +19,8 @@ use std::time::Duration;
 
 fn discover() -> Value {
     json!({"resultType": "complete", "supportedVersions": ["2026-07-28"],
-           "capabilities": {"tools": {"listChanged": true}, "resources": {"subscribe": true, "listChanged": true}},
+           "capabilities": {"tools": {"listChanged": true}, "resources": {"subscribe": true, "listChanged": true},
+               "extensions": {"io.modelcontextprotocol/tasks": {}}},
            "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "up", "version": "1"}}})
 }
 
@@ -61,9 +63,9 @@ fn action() -> impl Strategy<Value = Action> {
         2 => (0usize..4, any::<u8>()).prop_map(|(revision, caps)| Action::Initialize { revision, caps }),
         1 => Just(Action::CachedDiscover),
         1 => Just(Action::Initialized),
-        6 => (0usize..4, any::<bool>()).prop_map(|(method, with_progress)| Action::Call { method, with_progress }),
+        6 => (0usize..9, any::<bool>()).prop_map(|(method, with_progress)| Action::Call { method, with_progress }),
         2 => (0usize..5).prop_map(|which| Action::LocalRequest { which }),
-        8 => (any::<usize>(), 0usize..8).prop_map(|(pick, answer)| Action::Upstream { pick, answer }),
+        8 => (any::<usize>(), 0usize..12).prop_map(|(pick, answer)| Action::Upstream { pick, answer }),
         1 => any::<usize>().prop_map(|pick| Action::UpstreamLost { pick }),
         1 => any::<usize>().prop_map(|pick| Action::UpstreamProgress { pick }),
         6 => (any::<usize>(), prop::bool::weighted(0.15)).prop_map(|(pick, error)| Action::Reply { pick, error }),
@@ -141,6 +143,22 @@ fn upstream_answer(id: &RequestId, answer: usize) -> Message {
                 "region": {"type": "string", "x-mcp-header": "Region"}}}},
             {"name": "bad", "inputSchema": {"type": "object", "properties": {
                 "r": {"type": "string", "x-mcp-header": "bad name"}}}}]}),
+        7 => json!({"resultType": "task", "taskId": "tk1", "status": "working", "ttlMs": 9000,
+            "pollIntervalMs": 100, "createdAt": "2026-07-28T00:00:00Z", "lastUpdatedAt": "2026-07-28T00:00:00Z"}),
+        8 => {
+            json!({"resultType": "complete", "taskId": "tk1", "status": "input_required", "ttlMs": 9000,
+            "createdAt": "2026-07-28T00:00:00Z", "lastUpdatedAt": "2026-07-28T00:00:01Z",
+            "inputRequests": {"pick": {"method": "sampling/createMessage", "params": {"messages": [], "maxTokens": 5}}}})
+        }
+        9 => {
+            json!({"resultType": "complete", "taskId": "tk1", "status": "completed", "ttlMs": 9000,
+            "createdAt": "2026-07-28T00:00:00Z", "lastUpdatedAt": "2026-07-28T00:00:02Z",
+            "result": {"content": [{"type": "text", "text": "done"}]}})
+        }
+        10 => {
+            json!({"resultType": "complete", "taskId": "tk1", "status": "cancelled", "ttlMs": 9000,
+            "createdAt": "2026-07-28T00:00:00Z", "lastUpdatedAt": "2026-07-28T00:00:02Z"})
+        }
         _ => {
             return Message::Response(Response::error(
                 Some(id.clone()),
@@ -172,6 +190,9 @@ fn apply(s: &mut Session, seen: &mut Seen, a: &Action) -> Vec<String> {
             }
             if caps & 4 != 0 {
                 c.insert("roots".into(), json!({"listChanged": true}));
+            }
+            if caps & 8 != 0 {
+                c.insert("tasks".into(), json!({"list": {}, "cancel": {}}));
             }
             seen.next_id += 1;
             note(s.handle_peer_message(
@@ -206,7 +227,15 @@ fn apply(s: &mut Session, seen: &mut Seen, a: &Action) -> Vec<String> {
                 ),
                 1 => ("prompts/get", json!({"name": "p"})),
                 2 => ("resources/read", json!({"uri": "file:///x"})),
-                _ => ("tools/list", json!({})),
+                3 => ("tools/list", json!({})),
+                4 => (
+                    "tools/call",
+                    json!({"name": "t", "arguments": {"region": "eu"}, "task": {"ttl": 9000}}),
+                ),
+                5 => ("tasks/get", json!({"taskId": "tk1"})),
+                6 => ("tasks/result", json!({"taskId": "tk1"})),
+                7 => ("tasks/cancel", json!({"taskId": "tk1"})),
+                _ => ("tasks/list", json!({})),
             };
             let mut params = params;
             if *with_progress {
@@ -231,7 +260,7 @@ fn apply(s: &mut Session, seen: &mut Seen, a: &Action) -> Vec<String> {
         }
         Action::Upstream { pick: p, answer } => {
             if let Some(id) = pick(&seen.upstream, *p) {
-                let message = if id_is_discover(s, &id) && *answer < 7 {
+                let message = if id_is_discover(s, &id) && *answer < 11 {
                     Message::Response(Response::result(id.clone(), discover()))
                 } else {
                     upstream_answer(&id, *answer)

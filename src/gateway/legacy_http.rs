@@ -202,6 +202,11 @@ pub(super) fn machine_config(config: &GatewayConfig) -> MachineConfig {
     }
     machine.max_live = config.max_live_requests;
     machine.max_upstream_message = config.upstream_max_body_bytes;
+    // Timestamps are `crate::clock` readings: the wall clock at its zero.
+    let unix_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    machine.unix_at_zero_ms = unix_now.saturating_sub(crate::clock::now_ms());
     machine
 }
 

@@ -12,7 +12,6 @@ use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
 use dualera_adapters::{Event, Message, RequestId, Session, SessionState, Timestamp};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tracing::{debug, info, warn, Instrument};
@@ -35,9 +34,9 @@ pub(super) async fn run_session(
     authorization: Option<http::HeaderValue>,
     forwarded: Arc<Forwarded>,
 ) {
-    let start = Instant::now();
-    let now =
-        || Timestamp::from_millis(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
+    // The same clock as the in-memory HTTP driver, whose zero the machine config
+    // places on the wall clock (task timestamps).
+    let now = || Timestamp::from_millis(crate::clock::now_ms());
     let mut machine = gw.legacy.new_machine(transport);
     let mut telemetry = gw.telemetry.session(transport);
     if let Some(d) =

@@ -214,7 +214,7 @@ ROUND_SCENARIOS = ("delete_accept", "delete_decline_cancel", "summarize", "sibli
 # The instances columns: (scenario, checkpoint) at which the second instance is killed.
 KILL_AT = {"delete_decline_cancel": "after_decline"}
 # What the replicas columns run: 2-4 and the two interleaved sessions (8).
-REPLICA_SCENARIOS = ("delete_accept", "delete_decline_cancel", "summarize", "interleave")
+REPLICA_SCENARIOS = ("delete_accept", "delete_decline_cancel", "summarize", "interleave", "tasks")
 
 
 @dataclass
@@ -641,6 +641,66 @@ def check_summarize(cx: Ctx) -> None:
     cx.detail = "2 sampling rounds; result names the picks and carries the summary"
 
 
+def cfg_tasks(up: Dualera) -> dict:
+    return {"samples": [json.dumps(PICKS), SUMMARY]}
+
+
+RELATED_TASK = "io.modelcontextprotocol/related-task"
+
+
+def stored_tasks(db: Path) -> dict[str, str]:
+    """The modern server's stored tasks (its SQLite file): id -> status."""
+    con = sqlite3.connect(str(db), timeout=10)
+    try:
+        rows = con.execute("SELECT id, body FROM tasks").fetchall()
+    finally:
+        con.close()
+    return {r[0]: json.loads(r[1])["status"] for r in rows}
+
+
+def check_tasks(cx: Ctx) -> None:
+    o = cx.obs
+    caps = o["info"]["capabilities"].get("tasks") or {}
+    expect("list" in caps and "cancel" in caps and (caps.get("requests") or {}).get("tools", {}).get("call") == {},
+           f"initialize does not advertise tasks (list, cancel, tools/call): {o['info']['capabilities']}")
+    t = o["created"].get("result", {}).get("task") or {}
+    expect(t.get("status") == "working" and t.get("ttl") and t.get("createdAt"),
+           f"tools/call with params.task did not give a working CreateTaskResult: {o['created']}")
+    task = t["taskId"]
+    seen = [(p.get("result") or {}).get("status") for p in o["polls"]]
+    expect(seen and seen[-1] == "input_required", f"tasks/get never showed input_required: {seen}")
+    no_unexpected(o, samplings=2)
+    pick, summary = (sampling_text(p) for p in o["samplings"])
+    expect("JSON array" in pick and "=== README.md ===" in summary,
+           f"the two sampling rounds are not pick then summary: {pick[:120]!r} / {summary[:120]!r}")
+    for p in o["samplings"]:
+        expect((p.get("_meta") or {}).get(RELATED_TASK) == {"taskId": task},
+               f"a task's sampling request lacks the related-task _meta: {p.get('_meta')}")
+    res = ok_result(o["result"], "tasks/result")
+    expect((res.get("structuredContent") or {}).get("summary") == SUMMARY,
+           f"tasks/result is not summarize_repo's result: {res}")
+    expect((res.get("_meta") or {}).get(RELATED_TASK) == {"taskId": task},
+           f"tasks/result lacks the related-task _meta: {res.get('_meta')}")
+    expect((o["done"].get("result") or {}).get("status") == "completed", f"tasks/get after the result: {o['done']}")
+    listed = {x["taskId"]: x["status"] for x in (o["listed"].get("result") or {}).get("tasks", [])}
+    expect(listed == {task: "completed"}, f"tasks/list after the first task: {listed}")
+    task2 = o["created2"]["result"]["task"]["taskId"]
+    seen2 = [(p.get("result") or {}).get("status") for p in o["polls2"]]
+    expect(seen2 and seen2[-1] == "input_required", f"the second task never showed input_required: {seen2}")
+    expect((o["cancelled"].get("result") or {}).get("status") == "cancelled", f"tasks/cancel: {o['cancelled']}")
+    expect((o["after_cancel"].get("result") or {}).get("status") == "cancelled",
+           f"tasks/get after cancel: {o['after_cancel']}")
+    expect((o["cancel_again"].get("error") or {}).get("code") == -32602,
+           f"cancelling a cancelled task must be -32602: {o['cancel_again']}")
+    listed2 = {x["taskId"]: x["status"] for x in (o["listed2"].get("result") or {}).get("tasks", [])}
+    expect(listed2 == {task: "completed", task2: "cancelled"}, f"tasks/list at the end: {listed2}")
+    stored = stored_tasks(cx.up.db)
+    expect(stored.get(task) == "completed" and stored.get(task2) == "cancelled",
+           f"the store's tasks: {stored} (want {task}: completed, {task2}: cancelled)")
+    expect(cx.snaps["end"] == cx.snaps["start"], "the tasks changed the notes store")
+    cx.detail = "task: input_required, tasks/result ran 2 sampling rounds, completed; 2nd task cancelled; store agrees"
+
+
 def cfg_summarize_bad_pick(up: Dualera) -> dict:
     return {"samples": ["I would pick README.md and src/lib.rs.", SUMMARY]}
 
@@ -827,6 +887,12 @@ SCENARIOS = [
              # with the notes server's rounds (2-4); late replies are wire logic.
              # The instances columns run the notes server's rounds on two instances.
              only=lambda c: c.peer is PY_LEGACY and not c.tls and c.backend != "instances"),
+    Scenario("tasks", "summarize_repo as a 2025-11-25 task (get, result with 2 sampling rounds, list, cancel)",
+             cfg_tasks, check_tasks,
+             # The tasks translation is the session machine's, the same on every wire;
+             # the legacy SDKs' experimental task APIs over Streamable HTTP, on one
+             # gateway and on three replicas on Redis (any replica serves any task step).
+             only=lambda c: c.era == "legacy" and c.wire == HTTP and not c.tls and c.backend != "instances"),
 ]
 
 

@@ -336,6 +336,8 @@ impl SharedSessions {
         .map_err(|source| StoreError::Unreachable { source })?;
         let mut machine = legacy_http::machine_config(config);
         machine.retired_ids = RETIRED_IDS;
+        // This driver's timestamps are Unix milliseconds already.
+        machine.unix_at_zero_ms = 0;
         let machine = Arc::new(machine);
         Ok(Arc::new(Self {
             redis: Arc::new(redis),

@@ -166,6 +166,9 @@ impl HttpUpstream {
         let name_field = match r.method.as_str() {
             "tools/call" | "prompts/get" => Some("name"),
             "resources/read" => Some("uri"),
+            // The tasks extension's methods name their task (the session machine sends
+            // them for 2025-11-25 hosts' tasks).
+            "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
             _ => None,
         };
         if let Some(name) = name_field

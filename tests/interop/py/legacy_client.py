@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import scenarios  # noqa: E402
 import httpx  # noqa: E402
 from mcp import ClientSession, types  # noqa: E402
+from mcp.client.experimental.task_handlers import ExperimentalTaskHandlers  # noqa: E402
 from mcp.client.sse import sse_client  # noqa: E402
 from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamablehttp_client  # noqa: E402
@@ -47,10 +48,36 @@ class Conn:
         return [dump(t) for t in (await self.session.list_tools()).tools]
 
     async def call(self, name: str, arguments: dict) -> dict:
-        try:
-            return {"result": dump(await self.session.call_tool(name, arguments))}
-        except McpError as e:
-            return {"error": {"code": e.error.code, "message": e.error.message, "data": e.error.data}}
+        return await outcome(self.session.call_tool(name, arguments))
+
+    # The SDK's experimental task API (2025-11-25 tasks).
+    async def call_as_task(self, name: str, arguments: dict) -> dict:
+        return await outcome(self.session.experimental.call_tool_as_task(name, arguments, ttl=120000))
+
+    async def get_task(self, task_id: str) -> dict:
+        return await outcome(self.session.experimental.get_task(task_id))
+
+    async def task_result(self, task_id: str) -> dict:
+        return await outcome(self.session.experimental.get_task_result(task_id, types.CallToolResult))
+
+    async def list_tasks(self) -> dict:
+        return await outcome(self.session.experimental.list_tasks())
+
+    async def cancel_task(self, task_id: str) -> dict:
+        return await outcome(self.session.experimental.cancel_task(task_id))
+
+
+async def outcome(request) -> dict:
+    """{"result": ...} or {"error": {code, message, data}} of one request."""
+    try:
+        return {"result": dump(await request)}
+    except McpError as e:
+        return {"error": {"code": e.error.code, "message": e.error.message, "data": e.error.data}}
+
+
+async def no_tasks_here(ctx, params):
+    """The host runs no tasks of its own; having a handler makes it declare `tasks`."""
+    return types.ListTasksResult(tasks=[])
 
 
 @contextlib.asynccontextmanager
@@ -85,7 +112,7 @@ async def transport(cfg):
 
 class Peer:
     @contextlib.asynccontextmanager
-    async def session(self, cfg, *, elicit, sample, roots):
+    async def session(self, cfg, *, elicit, sample, roots, tasks=False):
         async def elicitation_callback(ctx, params: types.ElicitRequestParams):
             return types.ElicitResult(**(await elicit(dump(params))))
 
@@ -113,6 +140,7 @@ class Peer:
                 sampling_callback=sampling_callback if sample else None,
                 list_roots_callback=list_roots_callback if roots else None,
                 client_info=types.Implementation(name="interop-python-legacy", version="1.30.0"),
+                experimental_task_handlers=ExperimentalTaskHandlers(list_tasks=no_tasks_here) if tasks else None,
             ) as session:
                 init = await session.initialize()
                 scenarios.SEEN_VERSIONS.append(init.protocolVersion)

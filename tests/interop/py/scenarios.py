@@ -243,7 +243,52 @@ async def s_sibling_failure(peer, cfg):
     return {"call": call, "after": after, **rec.obs()}
 
 
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+async def poll_until(c, task_id: str, statuses: tuple[str, ...], polls: list) -> None:
+    """tasks/get until the task is in one of `statuses` or terminal (bounded)."""
+    for _ in range(200):
+        got = await c.get_task(task_id)
+        polls.append(got)
+        status = (got.get("result") or {}).get("status")
+        if status in statuses or status in TERMINAL or "error" in got:
+            return
+        interval = (got.get("result") or {}).get("pollInterval") or 100
+        await asyncio.sleep(min(interval, 500) / 1000)
+
+
+async def s_tasks(peer, cfg):
+    """summarize_repo as a 2025-11-25 task: poll to input_required, tasks/result (its two
+    sampling rounds arrive on it), then a second task cancelled while input_required."""
+    rec = Recorder(samples=cfg["samples"])
+    args = {"directory": cfg["repo"], "audience": "developer"}
+    polls: list = []
+    async with peer.session(cfg, tasks=True, **rec.handlers()) as c:
+        info = await c.info()
+        created = await c.call_as_task("summarize_repo", args)
+        task = created["result"]["task"]["taskId"]
+        await poll_until(c, task, ("input_required",), polls)
+        result = await c.task_result(task)
+        done = await c.get_task(task)
+        listed = await c.list_tasks()
+        await checkpoint("after_result")
+        created2 = await c.call_as_task("summarize_repo", args)
+        task2 = created2["result"]["task"]["taskId"]
+        polls2: list = []
+        await poll_until(c, task2, ("input_required",), polls2)
+        cancelled = await c.cancel_task(task2)
+        after_cancel = await c.get_task(task2)
+        cancel_again = await c.cancel_task(task2)
+        listed2 = await c.list_tasks()
+    return {"info": info, "created": created, "polls": polls, "result": result, "done": done,
+            "listed": listed, "created2": created2, "polls2": polls2, "cancelled": cancelled,
+            "after_cancel": after_cancel, "cancel_again": cancel_again, "listed2": listed2,
+            **rec.obs()}
+
+
 SCENARIOS = {
+    "tasks": s_tasks,
     "sibling_failure": s_sibling_failure,
     "discover": s_discover,
     "delete_accept": s_delete_accept,

@@ -17,6 +17,7 @@ import { SSEClientTransport } from '@modelcontextprotocol/sdk/client/sse.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import {
+  CallToolResultSchema,
   CreateMessageRequestSchema,
   ElicitRequestSchema,
   ListRootsRequestSchema,
@@ -108,8 +109,11 @@ function makeTransport(cfg) {
 }
 
 // Opens a legacy session; `elicit`, `sample`, `roots` may be null (capability not declared).
-async function withSession(cfg, { elicit, sample, roots }, body) {
+async function withSession(cfg, { elicit, sample, roots, tasks }, body) {
   const capabilities = {};
+  // The 2025-11-25 tasks capability (the host runs no tasks of its own): what makes the
+  // gateway offer tasks to this session.
+  if (tasks) capabilities.tasks = {};
   if (elicit) capabilities.elicitation = { form: {} };
   if (sample) capabilities.sampling = {};
   if (roots) capabilities.roots = { listChanged: true };
@@ -148,14 +152,25 @@ async function withSession(cfg, { elicit, sample, roots }, body) {
       capabilities: client.getServerCapabilities(),
     }),
     listTools: async () => (await client.listTools(undefined, { timeout: REQUEST_TIMEOUT_MS })).tools,
-    call: async (name, args) => {
-      try {
-        return { result: await client.callTool({ name, arguments: args }, undefined, { timeout: REQUEST_TIMEOUT_MS }) };
-      } catch (e) {
-        if (e instanceof McpError) return { error: { code: e.code, message: e.message, data: e.data ?? null } };
-        throw e;
+    call: async (name, args) =>
+      outcome(client.callTool({ name, arguments: args }, undefined, { timeout: REQUEST_TIMEOUT_MS })),
+    // The SDK's experimental task API (2025-11-25 tasks), the same calls as the Python peer's.
+    callAsTask: async (name, args) => {
+      const options = { timeout: REQUEST_TIMEOUT_MS, task: { ttl: 120000 } };
+      for await (const m of client.experimental.tasks.callToolStream({ name, arguments: args }, undefined, options)) {
+        // The first message is the CreateTaskResult's task; leaving the loop stops the
+        // stream's own polling, which the scenario does step by step.
+        if (m.type === 'taskCreated') return { result: { task: m.task } };
+        if (m.type === 'error') return { error: { code: m.error.code, message: m.error.message, data: m.error.data ?? null } };
+        return { unexpected: m };
       }
+      return { unexpected: 'the stream ended' };
     },
+    getTask: async (id) => outcome(client.experimental.tasks.getTask(id, { timeout: REQUEST_TIMEOUT_MS })),
+    taskResult: async (id) =>
+      outcome(client.experimental.tasks.getTaskResult(id, CallToolResultSchema, { timeout: REQUEST_TIMEOUT_MS })),
+    listTasks: async () => outcome(client.experimental.tasks.listTasks(undefined, { timeout: REQUEST_TIMEOUT_MS })),
+    cancelTask: async (id) => outcome(client.experimental.tasks.cancelTask(id, { timeout: REQUEST_TIMEOUT_MS })),
   };
   try {
     return await body(conn);
@@ -172,7 +187,57 @@ async function withSession(cfg, { elicit, sample, roots }, body) {
   }
 }
 
+// {result} or {error: {code, message, data}} of one request.
+async function outcome(promise) {
+  try {
+    return { result: await promise };
+  } catch (e) {
+    if (e instanceof McpError) return { error: { code: e.code, message: e.message, data: e.data ?? null } };
+    throw e;
+  }
+}
+
+const TERMINAL = ['completed', 'failed', 'cancelled'];
+
+// tasks/get until the task is in `status` or terminal (bounded).
+async function pollUntil(c, id, status, polls) {
+  for (let i = 0; i < 200; i++) {
+    const got = await c.getTask(id);
+    polls.push(got);
+    const now = got.result?.status;
+    if (now === status || TERMINAL.includes(now) || got.error) return;
+    await new Promise((r) => setTimeout(r, Math.min(got.result?.pollInterval ?? 100, 500)));
+  }
+}
+
 const scenarios = {
+  // summarize_repo as a 2025-11-25 task: poll to input_required, tasks/result (its two
+  // sampling rounds arrive on it), then a second task cancelled while input_required.
+  async tasks(cfg) {
+    const rec = new Recorder({ samples: cfg.samples });
+    const args = { directory: cfg.repo, audience: 'developer' };
+    const r = await withSession(cfg, { ...rec.handlers(), tasks: true }, async (c) => {
+      const o = { info: await c.info(), polls: [], polls2: [] };
+      await c.listTools(); // the SDK validates structuredContent against outputSchema
+      o.created = await c.callAsTask('summarize_repo', args);
+      const task = o.created.result.task.taskId;
+      await pollUntil(c, task, 'input_required', o.polls);
+      o.result = await c.taskResult(task);
+      o.done = await c.getTask(task);
+      o.listed = await c.listTasks();
+      await checkpoint('after_result');
+      o.created2 = await c.callAsTask('summarize_repo', args);
+      const task2 = o.created2.result.task.taskId;
+      await pollUntil(c, task2, 'input_required', o.polls2);
+      o.cancelled = await c.cancelTask(task2);
+      o.after_cancel = await c.getTask(task2);
+      o.cancel_again = await c.cancelTask(task2);
+      o.listed2 = await c.listTasks();
+      return o;
+    });
+    return { ...r, ...rec.obs() };
+  },
+
   async discover(cfg) {
     const rec = new Recorder();
     return withSession(cfg, rec.handlers(), async (c) => ({
