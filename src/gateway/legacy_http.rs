@@ -469,7 +469,7 @@ pub(super) async fn handle(
 ) -> Response<GatewayBody> {
     // The Redis store's future is boxed: inline, its size would be the in-memory
     // path's too, moved (copied) on every request.
-    match gw.shared.as_ref() {
+    match gw.redis.as_ref() {
         Some(shared) => Box::pin(front(gw, &shared.clone(), req, forwarded)).await,
         None => front(gw, &gw.legacy, req, forwarded).await,
     }

@@ -252,8 +252,9 @@ pub struct Route {
     upstream: Arc<UpstreamPool>,
     /// Its legacy Streamable HTTP sessions.
     legacy: legacy_http::Sessions,
-    /// Its legacy Streamable HTTP sessions shared through Redis, when configured.
-    shared: Option<Arc<replicas::SharedSessions>>,
+    /// Its legacy Streamable HTTP sessions in Redis (shared by the replicas), when
+    /// `session_store` names Redis.
+    redis: Option<Arc<replicas::SharedSessions>>,
     /// Its HTTP+SSE (2024-11-05) sessions.
     sse: Arc<http_sse::SseSessions>,
     /// Its response cache (keys carry the route).
@@ -295,10 +296,10 @@ impl Route {
     }
 }
 
-/// A route's shared sessions when `session_store` is Redis: every route's keys under
+/// A route's sessions in Redis when `session_store` names it: every route's keys under
 /// the configured prefix, the routes other than `/mcp` each under a prefix of its own
 /// (a session id is only ever found on the route that minted it).
-fn shared_sessions(path: &str, config: &GatewayConfig) -> Option<Arc<replicas::SharedSessions>> {
+fn redis_sessions(path: &str, config: &GatewayConfig) -> Option<Arc<replicas::SharedSessions>> {
     let session_store::SessionStoreConfig::Redis(r) = &config.session_store else {
         return None;
     };
@@ -400,7 +401,7 @@ impl Gateway {
             path: Arc<str>,
             upstream: Arc<UpstreamPool>,
             cache: Arc<cache::ResponseCache>,
-            shared: Option<Arc<replicas::SharedSessions>>,
+            redis: Option<Arc<replicas::SharedSessions>>,
             config: GatewayConfig,
         }
         let built: Vec<Parts> = specs
@@ -410,12 +411,12 @@ impl Gateway {
                 let upstream = Arc::new(spec.upstream);
                 let cache = Arc::new(cache::ResponseCache::new(spec.config.cache.clone(), &path));
                 cache.attach(upstream.clone());
-                let shared = shared_sessions(&path, &spec.config);
+                let redis = redis_sessions(&path, &spec.config);
                 Parts {
                     path,
                     upstream,
                     cache,
-                    shared,
+                    redis,
                     config: spec.config,
                 }
             })
@@ -431,7 +432,7 @@ impl Gateway {
         let readiness = Arc::new(readiness::Readiness::new(
             built.iter().map(|b| b.path.clone()).collect(),
         ));
-        if let Some(shared) = built.iter().find_map(|b| b.shared.clone()) {
+        if let Some(shared) = built.iter().find_map(|b| b.redis.clone()) {
             // One store for every route (one `session_store`): its line in /readyz.
             readiness.watch_store(move || shared.ready());
         }
@@ -446,7 +447,7 @@ impl Gateway {
                         readiness.clone(),
                     )),
                     legacy: legacy_http::Sessions::new(&b.config),
-                    shared: b.shared,
+                    redis: b.redis,
                     sse: Arc::default(),
                     path: b.path,
                     config: b.config,
@@ -508,12 +509,12 @@ impl Gateway {
     /// Whether the shared session store is reachable (`None` when sessions are kept
     /// in memory): what a readiness probe reports.
     pub fn session_store_ready(&self) -> Option<bool> {
-        self.route.shared.as_ref().map(|s| s.ready())
+        self.route.redis.as_ref().map(|s| s.ready())
     }
 
     /// This replica's name in the shared session store, if one is used.
     pub fn replica_id(&self) -> Option<&str> {
-        self.route.shared.as_ref().map(|s| s.replica())
+        self.route.redis.as_ref().map(|s| s.replica())
     }
 
     /// This handle's route's response cache (its counters:
@@ -550,7 +551,7 @@ impl Gateway {
             .collect();
         for route in 0..self.table.list.len() {
             let on = &self.table.list[route];
-            if let Some(shared) = &on.shared {
+            if let Some(shared) = &on.redis {
                 shared.start(on);
             }
         }
@@ -585,7 +586,7 @@ impl Gateway {
                     "cache counters"
                 );
                 route.legacy.close_all();
-                if let Some(shared) = &route.shared {
+                if let Some(shared) = &route.redis {
                     shared.stop();
                 }
                 route.sse.close_all();
