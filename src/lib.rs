@@ -7,7 +7,8 @@
 //!
 //! Pieces both programs use (and that neither may borrow from the other) sit at the
 //! top level: [`body`], [`digest`], [`endpoint`], [`framing`], [`guard`], [`sse`],
-//! [`inbound`], [`outbound`], [`throttle`], [`clock`], [`timestamp`].
+//! [`inbound`], [`outbound`], [`throttle`], [`clock`]; wall-clock text is
+//! `dualera_adapters::time`, which the session machine uses too.
 //!
 //! ```text
 //!  legacy host ──► gateway (src/, drives adapters' session machine) ──► modern server
@@ -31,5 +32,4 @@ pub mod outbound;
 pub mod server;
 pub mod sse;
 pub mod throttle;
-pub mod timestamp;
 pub mod tls;

@@ -23,7 +23,7 @@ mod store;
 pub mod text;
 
 use super::metrics::Era;
-pub use crate::timestamp::rfc3339;
+pub use dualera_adapters::time::rfc3339;
 use dualera_adapters::usage::{self, FailureReason, Feature, LiveKind, LiveOutcome, Method};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

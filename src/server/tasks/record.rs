@@ -4,7 +4,7 @@
 //! read in one place.
 
 use crate::server::store::TaskRow;
-use crate::timestamp::rfc3339;
+use dualera_adapters::time::rfc3339;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
