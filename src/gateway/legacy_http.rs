@@ -10,12 +10,13 @@
 //! hand-off each way on the hot path) and is detached into a task of its own when the
 //! handler stops waiting; every other exchange is a task from the start.
 
-use super::auth::{fingerprint, BindingKey};
+use super::auth::BindingKey;
+use super::driver::{self, Ended, Out};
 use super::forwarded::Forwarded;
 use super::session_store::{Lookup, SessionStore, StoreError};
 use super::telemetry::{SessionTelemetry, WIRE_HTTP};
 use super::trace::TraceContext;
-use super::upstream::{Denial, OnBehalf, UpstreamError};
+use super::upstream::Denial;
 use super::{cache, text, GatewayConfig, Route};
 use crate::body::{empty, full, ChannelBody, GatewayBody, MeteredSender, SendError};
 use crate::inbound::RequestBody;
@@ -26,15 +27,13 @@ use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
 use dualera_adapters::replay::ReplayRing;
 use dualera_adapters::usage::Feature;
 use dualera_adapters::{
-    Config as MachineConfig, Denied, ErrorCode, ErrorObject, Event, Message, PeerStream,
-    ProtocolVersion, RequestId, Response as RpcResponse, Session, SessionState, Timestamp,
-    UpstreamRole,
+    Config as MachineConfig, Denied, ErrorCode, ErrorObject, Message, PeerStream, ProtocolVersion,
+    RequestId, Response as RpcResponse, Session, SessionState, Timestamp, UpstreamRole,
 };
 use futures_util::future::{abortable, AbortHandle};
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -1452,27 +1451,66 @@ fn watch_standalone(gw: Arc<Route>, handle: Arc<SessionHandle>, watch: MeteredSe
     );
 }
 
-/// Carries out everything the machine asked for. Called with the session lock held;
-/// never awaits. `feeding` is the `Authorization` of the host request whose message
-/// was just fed, if one was: the upstream calls it causes carry it.
+/// What the in-memory store keeps beside the machine for its upstream calls, seen
+/// by the driver ([`driver::CallContext`]).
+struct Calls<'a> {
+    call_auth: &'a mut HashMap<RequestId, HeaderValue>,
+    standalone_auth: Option<&'a HeaderValue>,
+    streams: &'a HashMap<PeerStream, StreamState>,
+    init_trace: Option<&'a Arc<TraceContext>>,
+}
+
+impl driver::CallContext for Calls<'_> {
+    fn credential(&self, legacy: Option<&RequestId>) -> Option<HeaderValue> {
+        match legacy {
+            Some(id) => self.call_auth.get(id).cloned(),
+            None => self.standalone_auth.cloned(),
+        }
+    }
+
+    fn keep_credential(&mut self, legacy: &RequestId, auth: &HeaderValue) {
+        self.call_auth.insert(legacy.clone(), auth.clone());
+    }
+
+    fn trace(&self, machine: &Session, legacy: Option<&RequestId>) -> Option<Arc<TraceContext>> {
+        match legacy {
+            Some(id) => machine
+                .request_stream(id)
+                .and_then(|stream| self.streams.get(stream))
+                .and_then(|st| st.trace.clone()),
+            None => self.init_trace.cloned(),
+        }
+    }
+}
+
+/// Carries out everything the machine asked for ([`driver::plan`]) in this store:
+/// messages into the streams' rings and connections, exchanges started (the first
+/// one left inline for the POST handler that waits on it). Called with the session
+/// lock held; never awaits. `feeding` is the `Authorization` of the host request whose
+/// message was just fed, if one was.
 fn perform(
     gw: &Arc<Route>,
     handle: &Arc<SessionHandle>,
     s: &mut Shared,
     feeding: Option<&HeaderValue>,
 ) {
-    while let Some(event) = s.machine.poll_event() {
-        match event {
-            Event::ToPeer { stream, message } => {
-                let last = matches!(&message, Message::Response(r) if matches!(&stream, PeerStream::Request(id) if r.id.as_ref() == Some(id)));
-                deliver(handle, s, &stream, message.to_vec(), last);
-            }
-            Event::ToPeerBatch { stream, messages } => {
-                let values: Vec<Value> = messages.iter().map(Message::to_value).collect();
-                let bytes = serde_json::to_vec(&Value::Array(values)).unwrap_or_default();
-                deliver(handle, s, &stream, bytes, true);
-            }
-            Event::CloseStream { stream } => {
+    let mut plan = {
+        let mut calls = Calls {
+            call_auth: &mut s.call_auth,
+            standalone_auth: s.standalone_auth.as_ref(),
+            streams: &s.streams,
+            init_trace: s.init_trace.as_ref(),
+        };
+        driver::plan(&mut s.machine, &mut calls, feeding)
+    };
+    for out in std::mem::take(&mut plan.out) {
+        match out {
+            Out::Message {
+                stream,
+                bytes,
+                last,
+            } => deliver(handle, s, &stream, bytes, last),
+            Out::Close { stream } => {
                 if let Some(st) = s.streams.get_mut(&stream) {
                     st.finished = true;
                     st.tx = None;
@@ -1481,62 +1519,58 @@ fn perform(
                     }
                 }
             }
-            Event::ToUpstream { role, request } => {
-                let id = request.id.clone();
-                let params = s.machine.upstream_headers(&request);
-                let trace = upstream_trace(s, &role, &request);
-                let span = tracing::debug_span!(
-                    "upstream",
-                    session = %handle.tag,
-                    rpc.id = %id,
-                    ?role,
-                    trace_id = trace.as_ref().map_or("", |t| t.trace_id()),
-                );
-                let auth = upstream_credentials(s, &role, feeding);
-                let watch = match &s.inline {
-                    InlineSlot::Open(w) => Some(w.clone()),
-                    _ => None,
-                };
-                let (exchange, abort) = abortable(
-                    upstream_task(
-                        gw.clone(),
-                        handle.clone(),
-                        Attempt {
-                            role: role.clone(),
-                            request: Message::Request(request),
-                            params,
-                            trace,
-                            auth,
-                            watch: watch.clone(),
-                        },
-                    )
-                    .instrument(span),
-                );
-                s.upstream_tasks.insert(id, abort);
-                let exchange: Exchange = Box::pin(async move {
-                    let _ = exchange.await;
-                });
-                if watch.is_some() {
-                    s.inline = InlineSlot::Taken(exchange);
-                } else {
-                    tokio::spawn(exchange);
-                }
-            }
-            Event::CancelUpstream { id, reason } => {
-                if let Some(h) = s.upstream_tasks.remove(&id) {
-                    debug!(session = %handle.tag, rpc.id = %id, reason, "upstream request cancelled");
-                    h.abort();
-                }
-            }
-            Event::RequestFailed { legacy, failure } => {
-                info!(session = %handle.tag, rpc.id = %legacy, failure = %failure, "legacy request failed");
-            }
-            Event::ToolRejected { tool, reason } => {
-                warn!(session = %handle.tag, tool, reason, "upstream tool left out of tools/list");
-            }
-            Event::Observed(o) => s.telemetry.observe(o, &s.machine),
-            _ => {}
         }
+    }
+    for start in std::mem::take(&mut plan.starts) {
+        let id = start.request.id.clone();
+        let span = tracing::debug_span!(
+            "upstream",
+            session = %handle.tag,
+            rpc.id = %id,
+            role = ?start.role,
+            trace_id = start.trace.as_ref().map_or("", |t| t.trace_id()),
+        );
+        let watch = match &s.inline {
+            InlineSlot::Open(w) => Some(w.clone()),
+            _ => None,
+        };
+        let feed = MemoryFeed {
+            gw: gw.clone(),
+            handle: handle.clone(),
+        };
+        let inline = watch.is_some();
+        let (exchange, abort) = abortable(
+            async move {
+                driver::exchange(
+                    &feed.gw,
+                    &start,
+                    &feed.handle.forwarded,
+                    watch.as_deref(),
+                    &feed,
+                )
+                .await;
+            }
+            .instrument(span),
+        );
+        s.upstream_tasks.insert(id, abort);
+        let exchange: Exchange = Box::pin(async move {
+            let _ = exchange.await;
+        });
+        if inline {
+            s.inline = InlineSlot::Taken(exchange);
+        } else {
+            tokio::spawn(exchange);
+        }
+    }
+    for (id, reason) in std::mem::take(&mut plan.cancels) {
+        if let Some(h) = s.upstream_tasks.remove(&id) {
+            debug!(session = %handle.tag, rpc.id = %id, reason, "upstream request cancelled");
+            h.abort();
+        }
+    }
+    plan.log(&handle.tag);
+    for o in plan.observed {
+        s.telemetry.observe(o, &s.machine);
     }
     trim_finished(s);
     if !s.call_auth.is_empty() {
@@ -1544,48 +1578,6 @@ fn perform(
         s.call_auth.retain(|id, _| machine.has_call(id));
     }
     rearm(gw, handle, s);
-}
-
-/// The `Authorization` an upstream call carries: the host request's that caused it
-/// (DESIGN.md, "Remote upstreams": every upstream call carries the `Authorization` of
-/// the host request that caused it; a retry after a live round, the POST that
-/// delivered the last answer); for calls no host request caused, the latest one of
-/// the same legacy request, or the open GET's for the subscription stream.
-fn upstream_credentials(
-    s: &mut Shared,
-    role: &UpstreamRole,
-    feeding: Option<&HeaderValue>,
-) -> Option<HeaderValue> {
-    match role {
-        UpstreamRole::Listen => s.standalone_auth.clone(),
-        UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
-            if let Some(a) = feeding {
-                s.call_auth.insert(legacy.clone(), a.clone());
-            }
-            s.call_auth.get(legacy).cloned()
-        }
-        _ => feeding.cloned(),
-    }
-}
-
-/// The trace context an upstream attempt carries: that of the HTTP request which
-/// carried the legacy request it serves (retries included), else the request's own
-/// `_meta.traceparent`.
-fn upstream_trace(
-    s: &Shared,
-    role: &UpstreamRole,
-    request: &dualera_adapters::Request,
-) -> Option<Arc<TraceContext>> {
-    let from_http = match role {
-        UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => s
-            .machine
-            .request_stream(legacy)
-            .and_then(|stream| s.streams.get(stream))
-            .and_then(|st| st.trace.clone()),
-        UpstreamRole::Discover => s.init_trace.clone(),
-        _ => None,
-    };
-    from_http.or_else(|| TraceContext::from_meta(request.params.as_ref()).map(Arc::new))
 }
 
 /// Queues one message on a stream, and wakes the POST waiting on it when the stream
@@ -1671,92 +1663,55 @@ fn trim_finished(s: &mut Shared) {
     }
 }
 
-/// One upstream attempt the machine asked for, with what it carries.
-struct Attempt {
-    role: UpstreamRole,
-    request: Message,
-    /// `Mcp-Param-*` headers.
-    params: Vec<(String, String)>,
-    trace: Option<Arc<TraceContext>>,
-    auth: Option<HeaderValue>,
-    /// The host request waiting for this attempt's head (to relay a 401/403).
-    watch: Option<Arc<HeadWatch>>,
+/// An upstream exchange of an in-memory session feeds the machine under its lock.
+struct MemoryFeed {
+    gw: Arc<Route>,
+    handle: Arc<SessionHandle>,
 }
 
-async fn upstream_task(gw: Arc<Route>, handle: Arc<SessionHandle>, attempt: Attempt) {
-    let Attempt {
-        role,
-        request,
-        params,
-        trace,
-        auth,
-        watch,
-    } = attempt;
-    let Message::Request(r) = &request else {
-        return;
-    };
-    let id = r.id.clone();
-    let on_behalf = OnBehalf {
-        authorization: auth.as_ref(),
-        forwarded: Some(&handle.forwarded),
-        trace: trace.as_deref(),
-    };
-    let result = async {
-        let mut exchange = gw.exchange(&role, &request, on_behalf, &params).await?;
-        if let Some(w) = &watch {
-            w.accepted();
-        }
-        while let Some(item) = exchange.next().await {
-            let msg = item?;
-            room(&gw, &handle, &role).await;
-            if let Ok(mut s) = handle.shared.lock() {
-                if let Err(e) = s
-                    .machine
-                    .handle_upstream_message(Some(id.clone()), msg, now())
-                {
-                    debug!(session = %handle.tag, error = %e, "upstream message refused");
-                }
-                perform(&gw, &handle, &mut s, None);
-            }
-        }
-        Ok(())
+impl driver::Feed for MemoryFeed {
+    async fn room(&self, role: &UpstreamRole) {
+        room(&self.gw, &self.handle, role).await;
     }
-    .await;
-    if let Ok(mut s) = handle.shared.lock() {
-        s.upstream_tasks.remove(&id);
-        match result {
-            Ok(()) => {}
-            Err(UpstreamError::Denied(denial)) => {
-                gw.telemetry
-                    .upstream_error(&UpstreamError::Denied(denial.clone()));
-                let credential = fingerprint(auth.as_ref());
-                // The host request that caused this call is still waiting: it gets the
-                // upstream's status and challenge, and the machine says nothing.
-                if watch.as_ref().is_some_and(|w| w.offer(&denial)) {
-                    let outcome = s.machine.handle_upstream_denied(&id, now());
-                    info!(session = %handle.tag, rpc.id = %id, status = denial.status.as_u16(), %credential, ?outcome, "upstream refused the credentials; relayed to the host request");
-                    if let Ok(Denied::Round { legacy, live }) = &outcome {
-                        debug!(session = %handle.tag, rpc.id = %legacy, live = %live, "round parked until the answer is sent again");
-                    }
-                } else {
-                    info!(session = %handle.tag, rpc.id = %id, status = denial.status.as_u16(), %credential, "upstream refused the credentials; no host request waits for it");
-                    let _ = s.machine.handle_upstream_lost(&id, now());
+
+    async fn message(&self, id: &RequestId, message: Message, _last: bool) -> bool {
+        let Ok(mut s) = self.handle.shared.lock() else {
+            return false;
+        };
+        if let Err(e) = s
+            .machine
+            .handle_upstream_message(Some(id.clone()), message, now())
+        {
+            debug!(session = %self.handle.tag, error = %e, "upstream message refused");
+        }
+        perform(&self.gw, &self.handle, &mut s, None);
+        true
+    }
+
+    async fn ended(&self, id: &RequestId, ended: Ended) {
+        let Ok(mut s) = self.handle.shared.lock() else {
+            return;
+        };
+        s.upstream_tasks.remove(id);
+        match ended {
+            Ended::Done => {}
+            Ended::Denied => {
+                if let Ok(Denied::Round { legacy, live }) =
+                    s.machine.handle_upstream_denied(id, now())
+                {
+                    debug!(session = %self.handle.tag, rpc.id = %legacy, live = %live, "round parked until the answer is sent again");
                 }
-                perform(&gw, &handle, &mut s, None);
             }
-            Err(e) => {
-                gw.telemetry.upstream_error(&e);
-                warn!(session = %handle.tag, rpc.id = %id, error = %e, "upstream exchange failed");
-                let _ = match e.refusal() {
-                    Some((reason, message)) => {
-                        s.machine
-                            .handle_upstream_refused(&id, reason, message, now())
-                    }
-                    None => s.machine.handle_upstream_lost(&id, now()),
-                };
-                perform(&gw, &handle, &mut s, None);
+            Ended::Lost(Some((reason, message))) => {
+                let _ = s
+                    .machine
+                    .handle_upstream_refused(id, reason, message, now());
+            }
+            Ended::Lost(None) => {
+                let _ = s.machine.handle_upstream_lost(id, now());
             }
         }
+        perform(&self.gw, &self.handle, &mut s, None);
     }
 }
 

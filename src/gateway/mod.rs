@@ -17,6 +17,7 @@
 pub mod admin;
 mod auth;
 pub mod cache;
+mod driver;
 pub mod forwarded;
 pub mod http_sse;
 mod legacy_http;

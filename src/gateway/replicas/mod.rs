@@ -40,6 +40,7 @@ use self::redis::{Loaded, Redis, Stored as CasResult};
 use self::stored::{Append, LeaseRecord, NewLease, Ops, Record};
 use self::wake::{Handed, Inbox, Wake, Wakes};
 use super::auth::BindingKey;
+use super::driver::{self, Out};
 use super::forwarded::Forwarded;
 use super::legacy_http::{
     self, accepted, mint_session_id, refusal, rpc_error, session_missing, store_unavailable,
@@ -48,7 +49,6 @@ use super::legacy_http::{
 };
 use super::session_store::{Lookup, RedisStoreConfig, SessionStore, StoreError};
 use super::telemetry::WIRE_HTTP;
-use super::trace::TraceContext;
 use super::upstream::{OnBehalf, UpstreamError};
 use super::{cache, GatewayConfig, Route};
 use crate::body::{empty, full, GatewayBody};
@@ -218,25 +218,21 @@ struct Ctx {
     head: Option<Arc<HeadWatch>>,
     /// Where that first exchange is left for the host request's handler to drive
     /// itself (no hand-off to a task and back on the common path), when it asks.
-    inline: Option<Mutex<Option<Start>>>,
+    inline: Option<Mutex<Option<Running>>>,
 }
 
 /// One upstream exchange, driven by whoever holds it.
 type Exchange = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
-/// An upstream exchange to run once a step is stored.
+/// An upstream exchange to run once a step is stored, and what it runs under here.
 #[derive(Debug)]
-struct Start {
-    role: UpstreamRole,
-    request: Request,
-    headers: Vec<(String, String)>,
-    auth: Option<String>,
+struct Running {
+    start: driver::Start,
+    /// Its lease (none for `server/discover`, which nothing redoes).
     lease: Option<String>,
     head: Option<Arc<HeadWatch>>,
     /// The forwarded headers of the request that opened the session.
     forwarded: Forwarded,
-    /// The trace context of the HTTP request that carried the legacy request.
-    trace: Option<Arc<TraceContext>>,
 }
 
 /// One stream's messages in a step: the stream, its messages with "is last", and
@@ -256,9 +252,10 @@ struct Handing {
 /// What a stored step leaves to do.
 #[derive(Default)]
 struct After {
-    starts: Vec<Start>,
+    starts: Vec<Running>,
     cancels: Vec<RequestId>,
-    logs: Vec<Event>,
+    /// What is left of the step's plan: its log lines.
+    plan: driver::Plan,
     json: Vec<(Arc<Decider>, Vec<u8>)>,
     /// Entries for this replica's relays (they are handed over if the step script
     /// found the relay still holding the stream).
@@ -704,87 +701,66 @@ impl SharedSessions {
             };
             &mut groups[i]
         }
-        while let Some(event) = record.machine.poll_event() {
-            match event {
-                Event::ToPeer { stream, message } => {
-                    let last = matches!(&message, Message::Response(r) if matches!(&stream, PeerStream::Request(id) if r.id.as_ref() == Some(id)));
-                    group(&mut groups, &stream).1.push((message.to_vec(), last));
-                }
-                Event::ToPeerBatch { stream, messages } => {
-                    let values: Vec<Value> = messages.iter().map(Message::to_value).collect();
-                    let bytes = serde_json::to_vec(&Value::Array(values)).unwrap_or_default();
-                    group(&mut groups, &stream).1.push((bytes, true));
-                }
-                Event::CloseStream { stream } => group(&mut groups, &stream).2 = true,
-                Event::ToUpstream { role, request } => {
-                    let headers = record.machine.upstream_headers(&request);
-                    let auth = match &role {
-                        UpstreamRole::Call { legacy, .. }
-                        | UpstreamRole::ToolsRefresh { legacy } => {
-                            if ctx.auth.is_some() {
-                                record.set_auth(Some(legacy.clone()), ctx.auth.clone());
-                            }
-                            record.auth_for(Some(legacy)).map(str::to_owned)
-                        }
-                        UpstreamRole::Listen => record.auth_for(None).map(str::to_owned),
-                        UpstreamRole::Discover => ctx.auth.clone(),
-                    };
-                    let lease = (!matches!(role, UpstreamRole::Discover)).then(|| {
-                        let k = self.keys.lease(sid, &id_text(&request.id));
-                        let rec = LeaseRecord {
-                            sid: sid.to_owned(),
-                            request: Message::Request(request.clone()).to_value(),
-                            headers: headers.clone(),
-                            role: role.clone(),
-                        };
-                        ops.lease_new.push(NewLease {
-                            k: k.clone(),
-                            o: self.replica.clone(),
-                            d: (now + self.lease_ms()).to_string(),
-                            r: payload(
-                                &mut after.payloads,
-                                serde_json::to_vec(&rec).unwrap_or_default(),
-                            ),
-                        });
-                        k
-                    });
-                    let head = if after.starts.is_empty() {
-                        ctx.head.clone()
-                    } else {
-                        None
-                    };
-                    let trace = match &role {
-                        UpstreamRole::Call { legacy, .. }
-                        | UpstreamRole::ToolsRefresh { legacy } => record.trace_for(legacy),
-                        _ => None,
-                    }
-                    .or_else(|| TraceContext::from_meta(request.params.as_ref()).map(Arc::new));
-                    after.starts.push(Start {
-                        role,
-                        request,
-                        headers,
-                        auth,
-                        lease,
-                        head,
-                        forwarded: Forwarded::from_pairs(&record.forwarded),
-                        trace,
-                    });
-                }
-                Event::CancelUpstream { id, reason } => {
-                    debug!(session = %log_tag(sid), rpc.id = %id, reason, "upstream request cancelled");
-                    let lease = self.keys.lease(sid, &id_text(&id));
-                    ops.cancel
-                        .push((lease.clone(), wake::payload(sid, &Wake::Cancel(id.clone()))));
-                    ops.lease_del.push(lease);
-                    after.cancels.push(id);
-                }
-                other @ (Event::RequestFailed { .. } | Event::ToolRejected { .. }) => {
-                    after.logs.push(other);
-                }
-                Event::Observed(o) => after.observed.push(o),
-                _ => {}
+        let feeding = ctx
+            .auth
+            .as_deref()
+            .and_then(|a| HeaderValue::from_str(a).ok());
+        let mut plan = {
+            let (machine, mut calls) = record.split();
+            driver::plan(machine, &mut calls, feeding.as_ref())
+        };
+        for out in std::mem::take(&mut plan.out) {
+            match out {
+                Out::Message {
+                    stream,
+                    bytes,
+                    last,
+                } => group(&mut groups, &stream).1.push((bytes, last)),
+                Out::Close { stream } => group(&mut groups, &stream).2 = true,
             }
         }
+        for start in std::mem::take(&mut plan.starts) {
+            let lease = (!matches!(start.role, UpstreamRole::Discover)).then(|| {
+                let k = self.keys.lease(sid, &id_text(&start.request.id));
+                let rec = LeaseRecord {
+                    sid: sid.to_owned(),
+                    request: Message::Request(start.request.clone()).to_value(),
+                    headers: start.headers.clone(),
+                    role: start.role.clone(),
+                };
+                ops.lease_new.push(NewLease {
+                    k: k.clone(),
+                    o: self.replica.clone(),
+                    d: (now + self.lease_ms()).to_string(),
+                    r: payload(
+                        &mut after.payloads,
+                        serde_json::to_vec(&rec).unwrap_or_default(),
+                    ),
+                });
+                k
+            });
+            let head = if after.starts.is_empty() {
+                ctx.head.clone()
+            } else {
+                None
+            };
+            after.starts.push(Running {
+                start,
+                lease,
+                head,
+                forwarded: Forwarded::from_pairs(&record.forwarded),
+            });
+        }
+        for (id, reason) in std::mem::take(&mut plan.cancels) {
+            debug!(session = %log_tag(sid), rpc.id = %id, reason, "upstream request cancelled");
+            let lease = self.keys.lease(sid, &id_text(&id));
+            ops.cancel
+                .push((lease.clone(), wake::payload(sid, &Wake::Cancel(id.clone()))));
+            ops.lease_del.push(lease);
+            after.cancels.push(id);
+        }
+        after.observed = std::mem::take(&mut plan.observed);
+        after.plan = plan;
         if let Some(id) = &ctx.done_upstream {
             ops.lease_del.push(self.keys.lease(sid, &id_text(id)));
         }
@@ -991,17 +967,8 @@ impl SharedSessions {
                 h.abort();
             }
         }
-        for event in after.logs {
-            match event {
-                Event::RequestFailed { legacy, failure } => {
-                    info!(session = %log_tag(sid), rpc.id = %legacy, failure = %failure, "legacy request failed");
-                }
-                Event::ToolRejected { tool, reason } => {
-                    warn!(session = %log_tag(sid), tool, reason, "upstream tool left out of tools/list");
-                }
-                _ => {}
-            }
-        }
+        let mut plan = after.plan;
+        plan.log(&log_tag(sid));
         let mut starts = after.starts.into_iter();
         if let Some(slot) = &ctx.inline {
             if let (Ok(mut slot), Some(first)) = (slot.lock(), starts.next()) {
