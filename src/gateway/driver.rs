@@ -24,7 +24,7 @@
 use super::auth::fingerprint;
 use super::forwarded::Forwarded;
 use super::trace::TraceContext;
-use super::upstream::{OnBehalf, UpstreamError};
+use super::upstream::{Denial, OnBehalf, UpstreamError};
 use super::Route;
 use dualera_adapters::{Event, Failure, Message, PeerStream, RequestId, Session, UpstreamRole};
 use dualera_adapters::{Observation, Request};
@@ -32,6 +32,7 @@ use http::header::HeaderValue;
 use serde_json::Value;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 use tracing::{debug, info, warn};
 
 /// What a store keeps beside the machine for the upstream calls it makes: the
@@ -219,7 +220,7 @@ pub(super) enum Ended {
     /// refused for a reason of its own (a TLS refusal: the request fails with it).
     Lost(Option<(&'static str, String)>),
     /// The upstream refused the credentials, and the host request waiting for the
-    /// exchange's head took the refusal ([`super::legacy_http::HeadWatch::offer`]).
+    /// exchange's head took the refusal ([`HeadWatch::offer`]).
     Denied,
 }
 
@@ -246,7 +247,7 @@ pub(super) async fn exchange<F: Feed>(
     route: &Route,
     start: &Start,
     forwarded: &Forwarded,
-    head: Option<&super::legacy_http::HeadWatch>,
+    head: Option<&HeadWatch>,
     feed: &F,
 ) {
     let id = &start.request.id;
@@ -307,4 +308,85 @@ pub(super) async fn exchange<F: Feed>(
     };
     debug!(rpc.id = %id, ?ended, "upstream exchange ended");
     feed.ended(id, ended).await;
+}
+
+/// Whether the upstream accepted an exchange a host request is waiting on, or refused
+/// its credentials: one `tokio::sync::watch` cell, for the in-memory driver (which
+/// polls it while driving the exchange inline) and the Redis one (which waits on it
+/// with [`HeadWatch::settle`]). Its lock is taken after the session lock, never before.
+#[derive(Debug)]
+pub(super) struct HeadWatch(tokio::sync::watch::Sender<HeadState>);
+
+#[derive(Debug, Default)]
+pub(super) enum HeadState {
+    #[default]
+    Waiting,
+    Accepted,
+    Denied(Box<Denial>),
+    /// The host request stopped waiting: a refusal now goes to the session machine.
+    Abandoned,
+}
+
+impl Default for HeadWatch {
+    fn default() -> Self {
+        Self(tokio::sync::watch::Sender::new(HeadState::Waiting))
+    }
+}
+
+impl HeadWatch {
+    pub(super) fn accepted(&self) {
+        self.0.send_if_modified(|h| {
+            let waiting = matches!(h, HeadState::Waiting);
+            if waiting {
+                *h = HeadState::Accepted;
+            }
+            waiting
+        });
+    }
+
+    /// Hands a refusal to the waiting host request; false if it stopped waiting.
+    pub(super) fn offer(&self, denial: &Denial) -> bool {
+        self.0.send_if_modified(|h| {
+            let waiting = matches!(h, HeadState::Waiting);
+            if waiting {
+                *h = HeadState::Denied(Box::new(denial.clone()));
+            }
+            waiting
+        })
+    }
+
+    pub(super) fn settled(&self) -> bool {
+        !matches!(*self.0.borrow(), HeadState::Waiting)
+    }
+
+    pub(super) fn denied(&self) -> bool {
+        matches!(*self.0.borrow(), HeadState::Denied(_))
+    }
+
+    /// A receiver told of every change from now on.
+    pub(super) fn subscribe(&self) -> tokio::sync::watch::Receiver<HeadState> {
+        self.0.subscribe()
+    }
+
+    /// Waits until the upstream accepted or refused, up to `limit`.
+    pub(super) async fn settle(&self, limit: Duration) {
+        let mut rx = self.0.subscribe();
+        let settled = rx.wait_for(|h| !matches!(h, HeadState::Waiting));
+        let _ = tokio::time::timeout(limit, settled).await;
+    }
+
+    /// Stops waiting; the refusal, if one came.
+    pub(super) fn finish(&self) -> Option<Box<Denial>> {
+        let mut refusal = None;
+        self.0.send_if_modified(|h| {
+            match std::mem::replace(h, HeadState::Abandoned) {
+                HeadState::Denied(d) => refusal = Some(d),
+                HeadState::Accepted => *h = HeadState::Accepted,
+                HeadState::Waiting | HeadState::Abandoned => {}
+            }
+            // Nobody waits past this point: no one to notify.
+            false
+        });
+        refusal
+    }
 }

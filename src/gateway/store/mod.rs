@@ -23,6 +23,9 @@
 //! whatever the store (`pipe`).
 
 use super::legacy_http::PostContext;
+
+pub(super) mod memory;
+pub(super) mod redis;
 use crate::body::GatewayBody;
 use crate::gateway::Route;
 use dualera_adapters::jsonrpc::EnvelopeError;
@@ -120,7 +123,7 @@ pub enum StoreError {
     #[error("session store unreachable: {source}")]
     Unreachable {
         /// What the client said.
-        source: redis::RedisError,
+        source: ::redis::RedisError,
     },
     /// A command took longer than `session_store_timeout_ms`.
     #[error("session store did not answer within {timeout:?}")]

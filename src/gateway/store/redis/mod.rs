@@ -28,31 +28,30 @@
 //! - Nothing is served from a copy: when Redis cannot be reached, requests of shared
 //!   sessions fail with `-32603` and `data.reason = "sessionStoreUnavailable"`.
 
+pub(in crate::gateway) mod client;
 mod exchange;
-pub(super) mod keys;
-pub(super) mod redis;
+pub(in crate::gateway) mod keys;
 mod relay;
 mod stored;
 mod wake;
 
+use self::client::{Loaded, Redis, Stored as CasResult};
 use self::keys::{valid_session_id, Keys};
-use self::redis::{Loaded, Redis, Stored as CasResult};
 use self::stored::{Append, LeaseRecord, NewLease, Ops, Record};
 use self::wake::{Handed, Inbox, Wake, Wakes};
-use super::auth::BindingKey;
-use super::driver::{self, Out};
-use super::forwarded::Forwarded;
-use super::legacy_http::{
-    self, accepted, mint_session_id, refusal, rpc_error, session_missing, store_unavailable,
-    with_session_header, HeadWatch, PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT,
-    INIT_WAIT,
-};
-use super::session_store::{Lookup, RedisStoreConfig, SessionStore, StoreError};
-use super::telemetry::WIRE_HTTP;
-use super::upstream::{OnBehalf, UpstreamError};
-use super::{cache, GatewayConfig, Route};
 use crate::body::{empty, full, GatewayBody};
 use crate::digest::log_tag;
+use crate::gateway::auth::BindingKey;
+use crate::gateway::driver::{self, HeadWatch, Out};
+use crate::gateway::forwarded::Forwarded;
+use crate::gateway::legacy_http::{
+    self, accepted, mint_session_id, refusal, rpc_error, session_missing, store_unavailable,
+    with_session_header, PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, INIT_WAIT,
+};
+use crate::gateway::store::{Lookup, RedisStoreConfig, SessionStore, StoreError};
+use crate::gateway::telemetry::WIRE_HTTP;
+use crate::gateway::upstream::{OnBehalf, UpstreamError};
+use crate::gateway::{cache, GatewayConfig, Route};
 use dashmap::DashMap;
 use dualera_adapters::jsonrpc::EnvelopeError;
 use dualera_adapters::usage::{Feature, Observation};
@@ -103,7 +102,7 @@ fn same(a: &str, b: &str) -> bool {
 /// A shared session as the front found it: its id and the caller's binding. Whether
 /// it exists is learned by the operation (one read, not two).
 #[derive(Debug)]
-pub(super) struct SharedSession {
+pub(in crate::gateway) struct RedisSession {
     id: String,
     binding: String,
     /// The request carries no credentials.
@@ -163,7 +162,7 @@ impl Decider {
 /// What a replica remembers of a session it stepped: the version and state it stored
 /// (or read), the decoded record, taken by the next step (steps of one session on one
 /// replica are serialized) so that it is not decoded again, and when this replica last
-/// moved the session's last use in the zsets (see `SharedSessions::plan`).
+/// moved the session's last use in the zsets (see `RedisSessions::plan`).
 struct Remembered {
     version: String,
     state: Arc<Vec<u8>>,
@@ -282,7 +281,7 @@ impl After {
 }
 
 /// The shared sessions of one replica.
-pub(in crate::gateway) struct SharedSessions {
+pub(in crate::gateway) struct RedisSessions {
     redis: Arc<Redis>,
     keys: Keys,
     replica: String,
@@ -310,15 +309,15 @@ pub(in crate::gateway) struct SharedSessions {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
-impl std::fmt::Debug for SharedSessions {
+impl std::fmt::Debug for RedisSessions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedSessions")
+        f.debug_struct("RedisSessions")
             .field("replica", &self.replica)
             .finish_non_exhaustive()
     }
 }
 
-impl SharedSessions {
+impl RedisSessions {
     pub(in crate::gateway) fn new(
         store: &RedisStoreConfig,
         config: &GatewayConfig,
@@ -1229,7 +1228,7 @@ impl SharedSessions {
         }
     }
 
-    fn ctx(s: &SharedSession, auth: Option<&HeaderValue>, head: Option<Arc<HeadWatch>>) -> Ctx {
+    fn ctx(s: &RedisSession, auth: Option<&HeaderValue>, head: Option<Arc<HeadWatch>>) -> Ctx {
         Ctx {
             binding: Some(s.binding.clone()),
             auth: auth_text(auth),
@@ -1242,7 +1241,7 @@ impl SharedSessions {
     async fn request(
         self: &Arc<Self>,
         gw: &Arc<Route>,
-        s: &SharedSession,
+        s: &RedisSession,
         r: Request,
         cx: PostContext,
     ) -> Response<GatewayBody> {
@@ -1309,7 +1308,7 @@ impl SharedSessions {
     async fn message(
         self: &Arc<Self>,
         gw: &Arc<Route>,
-        s: &SharedSession,
+        s: &RedisSession,
         message: Message,
         auth: Option<HeaderValue>,
     ) -> Response<GatewayBody> {
@@ -1360,7 +1359,7 @@ impl SharedSessions {
     async fn batch(
         self: &Arc<Self>,
         gw: &Arc<Route>,
-        s: &SharedSession,
+        s: &RedisSession,
         items: Vec<Result<Message, EnvelopeError>>,
         cx: PostContext,
     ) -> Response<GatewayBody> {
@@ -1415,7 +1414,7 @@ impl SharedSessions {
     async fn stream(
         self: &Arc<Self>,
         gw: &Arc<Route>,
-        s: &SharedSession,
+        s: &RedisSession,
         headers: &HeaderMap,
         auth: Option<HeaderValue>,
     ) -> Response<GatewayBody> {
@@ -1492,7 +1491,7 @@ impl SharedSessions {
         if Arc::strong_count(&head) > 1 || exchange.is_some() {
             drive(head.settle(HEAD_WAIT), exchange).await;
         } else if auth.is_some() && !s.anonymous {
-            denied = super::auth::upstream_denial(gw, auth.as_ref())
+            denied = crate::gateway::auth::upstream_denial(gw, auth.as_ref())
                 .await
                 .map(Box::new);
         }
@@ -1516,7 +1515,7 @@ impl SharedSessions {
     async fn delete(
         self: &Arc<Self>,
         gw: &Arc<Route>,
-        s: &SharedSession,
+        s: &RedisSession,
         auth: Option<&HeaderValue>,
     ) -> Response<GatewayBody> {
         let ctx = Ctx {
@@ -1584,7 +1583,7 @@ fn json_body(body: Vec<u8>) -> Response<GatewayBody> {
 
 /// Removes a POST's deciders when it is answered (as JSON, or its relay ended).
 struct DeciderGuard {
-    sessions: Arc<SharedSessions>,
+    sessions: Arc<RedisSessions>,
     keys: Vec<(String, PeerStream)>,
     decider: Arc<Decider>,
 }
@@ -1698,19 +1697,19 @@ fn id_text(id: &RequestId) -> String {
     }
 }
 
-impl SessionStore for Arc<SharedSessions> {
-    type Session = SharedSession;
+impl SessionStore for Arc<RedisSessions> {
+    type Session = RedisSession;
 
     async fn find(
         &self,
         gw: &Arc<Route>,
         id: &str,
         authorization: Option<&HeaderValue>,
-    ) -> Result<Lookup<SharedSession>, StoreError> {
+    ) -> Result<Lookup<RedisSession>, StoreError> {
         if !valid_session_id(id) {
             return Ok(Lookup::NotFound { anonymous: false });
         }
-        Ok(Lookup::Found(SharedSession {
+        Ok(Lookup::Found(RedisSession {
             id: id.to_owned(),
             binding: BindingKey::of(gw.config.session_binding, authorization).to_hex(),
             anonymous: authorization.is_none(),
@@ -1723,51 +1722,51 @@ impl SessionStore for Arc<SharedSessions> {
         init: Request,
         cx: PostContext,
     ) -> Response<GatewayBody> {
-        SharedSessions::initialize(self, gw, init, cx).await
+        RedisSessions::initialize(self, gw, init, cx).await
     }
 
     async fn request(
         &self,
         gw: &Arc<Route>,
-        session: &SharedSession,
+        session: &RedisSession,
         request: Request,
         cx: PostContext,
     ) -> Response<GatewayBody> {
-        SharedSessions::request(self, gw, session, request, cx).await
+        RedisSessions::request(self, gw, session, request, cx).await
     }
 
     async fn message(
         &self,
         gw: &Arc<Route>,
-        session: &SharedSession,
+        session: &RedisSession,
         message: Message,
         authorization: Option<HeaderValue>,
     ) -> Response<GatewayBody> {
-        SharedSessions::message(self, gw, session, message, authorization).await
+        RedisSessions::message(self, gw, session, message, authorization).await
     }
 
     async fn batch(
         &self,
         gw: &Arc<Route>,
-        session: &SharedSession,
+        session: &RedisSession,
         items: Vec<Result<Message, EnvelopeError>>,
         cx: PostContext,
     ) -> Response<GatewayBody> {
-        SharedSessions::batch(self, gw, session, items, cx).await
+        RedisSessions::batch(self, gw, session, items, cx).await
     }
 
     async fn stream(
         &self,
         gw: &Arc<Route>,
-        session: &SharedSession,
+        session: &RedisSession,
         headers: &HeaderMap,
         authorization: Option<HeaderValue>,
     ) -> Response<GatewayBody> {
-        SharedSessions::stream(self, gw, session, headers, authorization).await
+        RedisSessions::stream(self, gw, session, headers, authorization).await
     }
 
-    async fn delete(&self, gw: &Arc<Route>, session: &SharedSession) -> Response<GatewayBody> {
+    async fn delete(&self, gw: &Arc<Route>, session: &RedisSession) -> Response<GatewayBody> {
         let auth = (!session.anonymous).then(|| HeaderValue::from_static("present"));
-        SharedSessions::delete(self, gw, session, auth.as_ref()).await
+        RedisSessions::delete(self, gw, session, auth.as_ref()).await
     }
 }

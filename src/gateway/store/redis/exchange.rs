@@ -14,7 +14,7 @@
 //! handling one leaves it to another) and feeds `handle_timeout`.
 
 use super::stored::{LeaseRecord, Record};
-use super::{wall_ms, Ctx, Running, SharedSessions, StepError};
+use super::{wall_ms, Ctx, RedisSessions, Running, StepError};
 use crate::digest::log_tag;
 use crate::gateway::driver::{self, Ended};
 use crate::gateway::forwarded::Forwarded;
@@ -30,7 +30,7 @@ use tracing::{debug, info, warn, Instrument};
 /// own before the next is read from the upstream; the SSE relays read the session's
 /// streams from Redis at their hosts' pace.
 struct RedisFeed<'a> {
-    sessions: &'a Arc<SharedSessions>,
+    sessions: &'a Arc<RedisSessions>,
     gw: &'a Arc<Route>,
     sid: &'a str,
 }
@@ -69,7 +69,7 @@ const LEASES_AT_ONCE: usize = 8;
 /// How long a claimed timer is left to its claimer.
 const TIMER_CLAIM: Duration = Duration::from_secs(5);
 
-impl SharedSessions {
+impl RedisSessions {
     /// Runs one upstream exchange to its end, feeding what comes back.
     pub(super) async fn run_exchange(
         self: Arc<Self>,
@@ -272,7 +272,7 @@ impl SharedSessions {
             return;
         };
         let session: Option<Record> = match self.redis.load(&self.keys.session(&rec.sid)).await {
-            Ok(super::redis::Loaded::Found { state, .. }) => self.decode(&state).await.ok(),
+            Ok(super::client::Loaded::Found { state, .. }) => self.decode(&state).await.ok(),
             Ok(_) => None,
             Err(e) => {
                 debug!(error = %e, "lease not taken over now");
@@ -305,7 +305,7 @@ impl SharedSessions {
 }
 
 /// The sweeper: due timers and leases past their deadline, forever (aborted at stop).
-pub(super) async fn sweep(sessions: Arc<SharedSessions>, gw: Arc<Route>) {
+pub(super) async fn sweep(sessions: Arc<RedisSessions>, gw: Arc<Route>) {
     let mut timers = tokio::time::interval(TIMER_PERIOD);
     let mut leases = tokio::time::interval(LEASE_PERIOD);
     let claim = u64::try_from(TIMER_CLAIM.as_millis()).unwrap_or(u64::MAX);
