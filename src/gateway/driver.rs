@@ -48,17 +48,21 @@ pub(super) trait CallContext {
     fn trace(&self, machine: &Session, legacy: Option<&RequestId>) -> Option<Arc<TraceContext>>;
 }
 
-/// A single-channel wire's context: one credential for the session's life (the
-/// request that opened it), no HTTP request per message to take a trace from.
-pub(super) struct Fixed<'a>(pub(super) Option<&'a HeaderValue>);
+/// A context that does not change: a single-channel wire's (one credential for the
+/// session's life, the request that opened it; no HTTP request per message to take a
+/// trace from), or a session still being opened (the `initialize` POST's).
+pub(in crate::gateway) struct Fixed<'a> {
+    pub(in crate::gateway) auth: Option<&'a HeaderValue>,
+    pub(in crate::gateway) trace: Option<&'a Arc<TraceContext>>,
+}
 
 impl CallContext for Fixed<'_> {
     fn credential(&self, _: Option<&RequestId>) -> Option<HeaderValue> {
-        self.0.cloned()
+        self.auth.cloned()
     }
     fn keep_credential(&mut self, _: &RequestId, _: &HeaderValue) {}
     fn trace(&self, _: &Session, _: Option<&RequestId>) -> Option<Arc<TraceContext>> {
-        None
+        self.trace.cloned()
     }
 }
 

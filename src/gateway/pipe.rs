@@ -171,7 +171,11 @@ async fn perform(
         authorization,
         forwarded,
     } = *links;
-    let mut plan = driver::plan(machine, &mut driver::Fixed(authorization), authorization);
+    let mut fixed = driver::Fixed {
+        auth: authorization,
+        trace: None,
+    };
+    let mut plan = driver::plan(machine, &mut fixed, authorization);
     for out in std::mem::take(&mut plan.out) {
         if let Out::Message { bytes, .. } = out {
             let _ = outgoing.send(bytes).await;

@@ -50,13 +50,12 @@ use crate::gateway::legacy_http::{
 };
 use crate::gateway::store::{Lookup, RedisStoreConfig, SessionStore, StoreError};
 use crate::gateway::telemetry::WIRE_HTTP;
-use crate::gateway::upstream::{OnBehalf, UpstreamError};
 use crate::gateway::{cache, GatewayConfig, Route};
 use dashmap::DashMap;
 use dualera_adapters::jsonrpc::EnvelopeError;
 use dualera_adapters::usage::{Feature, Observation};
 use dualera_adapters::{
-    Config as MachineConfig, ErrorCode, Event, Message, PeerStream, Request, RequestId, Session,
+    Config as MachineConfig, ErrorCode, Message, PeerStream, Request, RequestId, Session,
     SessionError, SessionState, Timestamp, UpstreamRole,
 };
 use http::header::{self, HeaderValue};
@@ -232,6 +231,36 @@ struct Running {
     head: Option<Arc<HeadWatch>>,
     /// The forwarded headers of the request that opened the session.
     forwarded: Forwarded,
+}
+
+/// The exchange of a session still being opened: its messages and its end, fed to
+/// the machine once it is over.
+#[derive(Default)]
+struct Collect(Mutex<(Vec<Message>, Option<driver::Ended>)>);
+
+impl Collect {
+    fn take(self) -> (Vec<Message>, Option<driver::Ended>) {
+        self.0
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl driver::Feed for Collect {
+    async fn room(&self, _: &UpstreamRole) {}
+
+    async fn message(&self, _: &RequestId, message: Message, _: bool) -> bool {
+        if let Ok(mut c) = self.0.lock() {
+            c.0.push(message);
+        }
+        true
+    }
+
+    async fn ended(&self, _: &RequestId, ended: driver::Ended) {
+        if let Ok(mut c) = self.0.lock() {
+            c.1 = Some(ended);
+        }
+    }
 }
 
 /// One stream's messages in a step: the stream, its messages with "is last", and
@@ -1045,62 +1074,49 @@ impl RedisSessions {
         let mut observed = Vec::new();
         let answer = tokio::time::timeout(INIT_WAIT, async {
             loop {
-                let mut answer = None;
-                let mut pending = Vec::new();
-                while let Some(event) = machine.poll_event() {
-                    match event {
-                        Event::ToPeer {
-                            message: Message::Response(r),
-                            ..
-                        } => answer = Some(Message::Response(r).to_vec()),
-                        Event::ToUpstream { role, request } => pending.push((role, request)),
-                        Event::Observed(o) => observed.push(o),
-                        _ => {}
-                    }
-                }
+                let mut plan = driver::plan(
+                    &mut machine,
+                    &mut driver::Fixed {
+                        auth: auth.as_ref(),
+                        trace: trace.as_ref(),
+                    },
+                    auth.as_ref(),
+                );
+                observed.append(&mut plan.observed);
+                let answer = plan.out.into_iter().find_map(|out| match out {
+                    Out::Message {
+                        bytes, last: true, ..
+                    } => Some(bytes),
+                    _ => None,
+                });
                 if let Some(a) = answer {
                     return Ok(Some(a));
                 }
-                let Some((role, request)) = pending.into_iter().next() else {
+                let Some(start) = plan.starts.into_iter().next() else {
                     return Ok(None);
                 };
-                let id = request.id.clone();
-                let exchanged = gw
-                    .exchange(
-                        &role,
-                        &Message::Request(request),
-                        OnBehalf {
-                            authorization: auth.as_ref(),
-                            forwarded: Some(&forwarded),
-                            trace: trace.as_deref(),
-                        },
-                        &[],
-                    )
-                    .await;
                 // The discover's answer, fed whole (its notifications, if any, first).
-                let (got, result) = match exchanged {
-                    Ok(exchange) => exchange.collect().await,
-                    Err(e) => (Vec::new(), Err(e)),
-                };
+                let head = HeadWatch::default();
+                let collected = Collect::default();
+                driver::exchange(gw, &start, &forwarded, Some(&head), &collected).await;
+                // The upstream refused the caller's credentials: its status and
+                // challenge go back as they are, and no session is minted.
+                if let Some(denial) = head.finish() {
+                    return Err(denial);
+                }
                 let now = wall_ms_ts();
+                let id = &start.request.id;
+                let (got, ended) = collected.take();
                 for m in got {
                     let _ = machine.handle_upstream_message(Some(id.clone()), m, now);
                 }
-                match result {
-                    Ok(()) => {}
-                    // The upstream refused the caller's credentials: its status and
-                    // challenge go back as they are, and no session is minted.
-                    Err(UpstreamError::Denied(d)) => return Err(d),
-                    Err(e) => {
-                        gw.telemetry.upstream_error(&e);
-                        let _ = match e.refusal() {
-                            Some((reason, message)) => {
-                                machine.handle_upstream_refused(&id, reason, message, now)
-                            }
-                            None => machine.handle_upstream_lost(&id, now),
-                        };
+                let _ = match ended {
+                    Some(driver::Ended::Lost(Some((reason, message)))) => {
+                        machine.handle_upstream_refused(id, reason, message, now)
                     }
-                }
+                    Some(driver::Ended::Lost(None)) => machine.handle_upstream_lost(id, now),
+                    _ => Ok(()),
+                };
             }
         })
         .await;
@@ -1130,11 +1146,17 @@ impl RedisSessions {
         if machine.state() != SessionState::Ready {
             return response;
         }
-        while let Some(event) = machine.poll_event() {
-            if let Event::Observed(o) = event {
-                observed.push(o);
-            }
-        }
+        // What else the answer's step said, the session not stored yet: only its
+        // observations count.
+        let mut rest = driver::plan(
+            &mut machine,
+            &mut driver::Fixed {
+                auth: auth.as_ref(),
+                trace: trace.as_ref(),
+            },
+            None,
+        );
+        observed.append(&mut rest.observed);
         let discover = machine.discover().cloned();
         let digest = discover.as_deref().map(Self::discover_digest);
         if let (Some(d), Some(v)) = (&digest, &discover) {
