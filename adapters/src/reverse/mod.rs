@@ -247,6 +247,16 @@ impl LegacySession {
         self.calls.len()
     }
 
+    /// Server requests parked for the host, over all calls.
+    pub fn parked(&self) -> usize {
+        self.calls.values().map(|c| c.parked.len()).sum()
+    }
+
+    /// Open `subscriptions/listen` streams.
+    pub fn listeners(&self) -> usize {
+        self.listeners.len()
+    }
+
     /// Host requests waiting for initialization.
     pub fn queued(&self) -> usize {
         self.queued.len()
