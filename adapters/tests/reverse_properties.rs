@@ -117,8 +117,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Forged),
         2 => (0usize..16).prop_map(|host| Op::Gone { host }),
         1 => (0..VERSIONS.len(), any::<bool>()).prop_map(|(version, fail)| Op::Init { version, fail }),
-        4 => (0usize..16, any::<bool>()).prop_map(|(id, ok)| Op::Answer { id, ok }),
-        4 => (0..SERVER_METHODS.len(), proptest::option::of(0usize..16), any::<bool>(), 0u8..6)
+        4 => (0usize..6, any::<bool>()).prop_map(|(id, ok)| Op::Answer { id, ok }),
+        4 => (0..SERVER_METHODS.len(), proptest::option::of(0usize..3), any::<bool>(), 0u8..6)
             .prop_map(|(method, on, url, id)| Op::ServerRequest { method, on, url, id }),
         2 => (0u8..6, 0usize..16).prop_map(|(kind, target)| Op::Notify { kind, target }),
         1 => (0u8..6).prop_map(|id| Op::ServerCancel { id }),
@@ -131,11 +131,18 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Debug, Clone)]
 struct Case {
     caps: u8,
+    /// Whether the session is initialized (with a revision the table knows) first.
+    ready: bool,
     ops: Vec<Op>,
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    (0u8..8, proptest::collection::vec(op(), 1..60)).prop_map(|(caps, ops)| Case { caps, ops })
+    (
+        0u8..8,
+        proptest::bool::weighted(0.8),
+        proptest::collection::vec(op(), 1..60),
+    )
+        .prop_map(|(caps, ready, ops)| Case { caps, ready, ops })
 }
 
 fn digest(bytes: &[u8]) -> String {
@@ -293,7 +300,9 @@ impl Harness {
         if self.upstream.is_empty() {
             None
         } else {
-            Some(self.upstream[i % self.upstream.len()].clone())
+            // Counted from the newest: small indices are the calls just made.
+            let n = self.upstream.len();
+            Some(self.upstream[n - 1 - i % n].clone())
         }
     }
 
@@ -510,6 +519,12 @@ impl Harness {
 
 fn run(case: &Case) -> Check {
     let mut h = Harness::new(case);
+    if case.ready {
+        h.step(&Op::Init {
+            version: 0,
+            fail: false,
+        })?;
+    }
     for (i, op) in case.ops.iter().enumerate() {
         h.step(op).map_err(|e| format!("step {i} ({op:?}): {e}"))?;
     }
