@@ -559,3 +559,36 @@ fn closing_answers_what_is_waiting() {
     );
     assert_eq!(refused, Err(ReverseError::Closed));
 }
+
+#[test]
+fn a_fresh_request_of_another_principal_is_refused() {
+    let mut h = Harness::new(config());
+    h.ready();
+    let refused = h.m.handle_host_request(
+        HostRequest {
+            host: HostKey(40),
+            id: RequestId::Number(40),
+            method: "tools/list".into(),
+            params: Map::new(),
+            principal: "mallory".into(),
+            state: OpenedState::Absent,
+        },
+        T0,
+    );
+    assert_eq!(refused, Err(ReverseError::OtherPrincipal));
+    assert!(h.events().is_empty());
+}
+
+#[test]
+fn an_expiry_while_initializing_fails_the_session() {
+    let mut h = Harness::new(config());
+    h.request("tools/list", json!({}), OpenedState::Absent);
+    let init = h.init.clone();
+    h.m.handle_upstream_expired(&[init], T0).unwrap();
+    let events = h.events();
+    assert_eq!(
+        host_error(&events),
+        Some((-32603, "upstreamUnusable".into()))
+    );
+    assert_eq!(h.m.state(), &SessionState::Failed);
+}

@@ -25,6 +25,9 @@ pub enum ReverseError {
     },
     /// The server sent a response without an id.
     ResponseWithoutId,
+    /// A request (not a retry) of a principal the partition does not serve: the
+    /// driver routed it to the wrong machine.
+    OtherPrincipal,
 }
 
 impl fmt::Display for ReverseError {
@@ -34,6 +37,9 @@ impl fmt::Display for ReverseError {
             Self::DuplicateHost { host } => write!(f, "{host} is already in use"),
             Self::UnknownUpstreamId { id } => write!(f, "upstream answered unknown id {id}"),
             Self::ResponseWithoutId => f.write_str("upstream response without an id"),
+            Self::OtherPrincipal => {
+                f.write_str("a request of a principal this session does not serve")
+            }
         }
     }
 }

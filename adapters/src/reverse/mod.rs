@@ -304,6 +304,13 @@ impl LegacySession {
         if self.state == SessionState::Closed {
             return Err(ReverseError::Closed);
         }
+        if request.principal != self.partition.principal
+            && !matches!(request.state, OpenedState::Opened(_))
+        {
+            // A retry from another principal is answered (its state names this
+            // session); any other request of another principal was routed wrongly.
+            return Err(ReverseError::OtherPrincipal);
+        }
         if self.by_host.contains_key(&request.host)
             || self.listeners.contains_key(&request.host)
             || self.queued.iter().any(|q| q.host == request.host)
@@ -399,7 +406,8 @@ impl LegacySession {
     /// The legacy session is gone (the server answered `404` to a request carrying its
     /// session id). `refused` are the legacy requests the driver saw refused that way
     /// (never processed). The machine initializes again and sends again what can be
-    /// sent safely (see the [module docs](self)).
+    /// sent safely (see the [module docs](self)). An expiry while initializing fails
+    /// the session ([`Event::Failed`]): the driver opens a new machine later.
     pub fn handle_upstream_expired(
         &mut self,
         refused: &[RequestId],
@@ -407,6 +415,11 @@ impl LegacySession {
     ) -> Result<(), ReverseError> {
         if matches!(self.state, SessionState::Closed | SessionState::Failed) {
             return Err(ReverseError::Closed);
+        }
+        if self.state == SessionState::Initializing {
+            // The new session is refused as well: initializing again would loop.
+            self.fail_session("the upstream session expired before it was initialized".into());
+            return Ok(());
         }
         self.own.clear();
         self.by_upstream.clear();
@@ -452,7 +465,7 @@ impl LegacySession {
                 let id = self.mint();
                 self.own.insert(id.clone(), Own::Ping);
                 self.ping_outstanding = true;
-                self.to_upstream(Message::Request(Request {
+                self.send_upstream(Message::Request(Request {
                     id,
                     method: "ping".into(),
                     params: None,
@@ -491,7 +504,7 @@ impl LegacySession {
                     }
                     _ => Value::Null,
                 };
-                self.to_host(
+                self.send_host(
                     request.host,
                     Message::Response(Response::result(request.id, result)),
                 );
@@ -571,7 +584,7 @@ impl LegacySession {
         self.log_level = Some(level.to_owned());
         let id = self.mint();
         self.own.insert(id.clone(), Own::SetLevel);
-        self.to_upstream(Message::Request(Request {
+        self.send_upstream(Message::Request(Request {
             id,
             method: "logging/setLevel".into(),
             params: Some(json!({ "level": level })),
@@ -598,7 +611,7 @@ impl LegacySession {
         call.upstream = Some(id.clone());
         let method = call.method.clone();
         self.by_upstream.insert(id.clone(), number);
-        self.to_upstream(Message::Request(Request {
+        self.send_upstream(Message::Request(Request {
             id,
             method,
             params: Some(params),
@@ -660,7 +673,7 @@ impl LegacySession {
         }
         self.by_host.insert(request.host, number);
         for answer in answers {
-            self.to_upstream(Message::Response(answer));
+            self.send_upstream(Message::Response(answer));
         }
         self.advance(number, now);
     }
@@ -820,7 +833,7 @@ impl LegacySession {
         let host = request.host;
         let id = request.id.to_value();
         self.listeners.insert(host, listener);
-        self.to_host(
+        self.send_host(
             host,
             Message::Notification(Notification {
                 method: "notifications/subscriptions/acknowledged".into(),
@@ -928,7 +941,7 @@ impl LegacySession {
         self.revision = Some(revision);
         self.initialize = Some(result);
         self.state = SessionState::Ready;
-        self.to_upstream(Message::Notification(Notification {
+        self.send_upstream(Message::Notification(Notification {
             method: "notifications/initialized".into(),
             params: None,
         }));
@@ -961,7 +974,7 @@ impl LegacySession {
         if method == "ping" {
             // 2025-11-25 `basic/utilities/ping`: the receiver MUST respond promptly
             // with an empty response.
-            return self.to_upstream(Message::Response(Response::result(request.id, json!({}))));
+            return self.send_upstream(Message::Response(Response::result(request.id, json!({}))));
         }
         if !matches!(
             method,
@@ -1073,7 +1086,7 @@ impl LegacySession {
                 };
                 let mut params = params.as_object().cloned().unwrap_or_default();
                 params.insert("progressToken".into(), token);
-                self.to_host(
+                self.send_host(
                     host.host,
                     Message::Notification(Notification {
                         method: notification.method,
@@ -1108,7 +1121,7 @@ impl LegacySession {
                         .collect(),
                 };
                 for host in targets {
-                    self.to_host(host, Message::Notification(notification.clone()));
+                    self.send_host(host, Message::Notification(notification.clone()));
                 }
             }
             "notifications/cancelled" => {
@@ -1154,7 +1167,7 @@ impl LegacySession {
                     };
                     meta.insert(META_SUBSCRIPTION_ID.into(), id);
                     out.insert("_meta".into(), Value::Object(meta));
-                    self.to_host(
+                    self.send_host(
                         host,
                         Message::Notification(Notification {
                             method: method.to_owned(),
@@ -1195,7 +1208,7 @@ impl LegacySession {
                 Ok(result) => Response::result(host.id, result),
                 Err(error) => Response::error(Some(host.id), error),
             };
-            self.to_host(host.host, Message::Response(response));
+            self.send_host(host.host, Message::Response(response));
         }
     }
 
@@ -1225,7 +1238,7 @@ impl LegacySession {
             return;
         };
         self.by_upstream.remove(&id);
-        self.to_upstream(Message::Notification(Notification {
+        self.send_upstream(Message::Notification(Notification {
             method: "notifications/cancelled".into(),
             params: Some(json!({ "requestId": id.to_value(), "reason": reason })),
         }));
@@ -1244,7 +1257,7 @@ impl LegacySession {
     fn fail_everything(&mut self, failure: &HostFailure) {
         let error = host_error(failure);
         while let Some(request) = self.queued.pop_front() {
-            self.to_host(
+            self.send_host(
                 request.host,
                 Message::Response(Response::error(Some(request.id), error.clone())),
             );
@@ -1255,7 +1268,7 @@ impl LegacySession {
         }
         let listeners = std::mem::take(&mut self.listeners);
         for (host, listener) in listeners {
-            self.to_host(
+            self.send_host(
                 host,
                 Message::Response(Response::error(Some(listener.id), error.clone())),
             );
@@ -1281,7 +1294,7 @@ impl LegacySession {
         });
         let id = self.mint();
         self.own.insert(id.clone(), Own::Initialize);
-        self.to_upstream(Message::Request(Request {
+        self.send_upstream(Message::Request(Request {
             id,
             method: "initialize".into(),
             params: Some(params),
@@ -1313,7 +1326,7 @@ impl LegacySession {
     fn own_request(&mut self, method: &str, params: Value, own: Own) {
         let id = self.mint();
         self.own.insert(id.clone(), own);
-        self.to_upstream(Message::Request(Request {
+        self.send_upstream(Message::Request(Request {
             id,
             method: method.to_owned(),
             params: Some(params),
@@ -1321,11 +1334,11 @@ impl LegacySession {
     }
 
     fn refuse_server_request(&mut self, id: RequestId, error: ErrorObject) {
-        self.to_upstream(Message::Response(Response::error(Some(id), error)));
+        self.send_upstream(Message::Response(Response::error(Some(id), error)));
     }
 
     fn answer_error(&mut self, host: HostKey, id: RequestId, failure: &HostFailure) {
-        self.to_host(
+        self.send_host(
             host,
             Message::Response(Response::error(Some(id), host_error(failure))),
         );
@@ -1355,11 +1368,11 @@ impl LegacySession {
         };
     }
 
-    fn to_upstream(&mut self, message: Message) {
+    fn send_upstream(&mut self, message: Message) {
         self.events.push_back(Event::ToUpstream { message });
     }
 
-    fn to_host(&mut self, host: HostKey, message: Message) {
+    fn send_host(&mut self, host: HostKey, message: Message) {
         self.events.push_back(Event::ToHost { host, message });
     }
 }
