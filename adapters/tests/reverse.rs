@@ -592,3 +592,20 @@ fn an_expiry_while_initializing_fails_the_session() {
     );
     assert_eq!(h.m.state(), &SessionState::Failed);
 }
+
+#[test]
+fn an_initialize_without_answer_fails_the_session_in_time() {
+    let mut c = config();
+    c.initialize_timeout = Duration::from_millis(500);
+    let mut h = Harness::new(c);
+    h.request("tools/list", json!({}), OpenedState::Absent);
+    assert_eq!(h.m.poll_timeout(), Some(Timestamp::from_millis(500)));
+    h.m.handle_timeout(Timestamp::from_millis(499));
+    assert!(h.events().is_empty());
+    h.m.handle_timeout(Timestamp::from_millis(500));
+    assert_eq!(
+        host_error(&h.events()),
+        Some((-32603, "upstreamUnusable".into()))
+    );
+    assert_eq!(h.m.poll_timeout(), None);
+}

@@ -53,6 +53,7 @@ fn config_from(vector: &Vector) -> Config {
             "max_rounds" => config.max_rounds = n() as u32,
             "retry_wait_ms" => config.retry_wait = Duration::from_millis(n()),
             "ping_interval_ms" => config.ping_interval = Duration::from_millis(n()),
+            "initialize_timeout_ms" => config.initialize_timeout = Duration::from_millis(n()),
             "list_ttl_ms" => config.list_ttl = Duration::from_millis(n()),
             "public_cache" => config.public_cache = value.as_bool().expect("a flag"),
             "max_listeners" => config.max_listeners = n() as usize,

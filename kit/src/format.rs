@@ -45,6 +45,7 @@ pub const REVERSE_SETTINGS: &[(&str, SettingDefault)] = &[
     ("max_input_requests", SettingDefault::Number(16)),
     ("max_rounds", SettingDefault::Number(8)),
     ("retry_wait_ms", SettingDefault::Number(300_000)),
+    ("initialize_timeout_ms", SettingDefault::Number(30_000)),
     ("ping_interval_ms", SettingDefault::Number(30_000)),
     ("list_ttl_ms", SettingDefault::Number(0)),
     ("public_cache", SettingDefault::Flag(false)),

@@ -32,6 +32,9 @@ pub struct Config {
     /// How long a round waits for the host's retry, and how long its round state is
     /// valid (default 300 s); then the legacy call is cancelled.
     pub retry_wait: Duration,
+    /// How long `initialize` may go unanswered before the session fails (default
+    /// 30 s).
+    pub initialize_timeout: Duration,
     /// Interval of the keep-alive `ping` to the server (default 30 s; zero: none).
     pub ping_interval: Duration,
     /// `ttlMs` of translated lists, `resources/read` and `server/discover` (default 0:
@@ -65,6 +68,7 @@ impl Config {
             max_input_requests: 16,
             max_rounds: 8,
             retry_wait: Duration::from_secs(300),
+            initialize_timeout: Duration::from_secs(30),
             ping_interval: Duration::from_secs(30),
             list_ttl: Duration::ZERO,
             public_cache: false,

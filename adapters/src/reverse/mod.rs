@@ -198,12 +198,14 @@ pub struct LegacySession {
     subscribed: BTreeSet<String>,
     next_ping: Option<Timestamp>,
     ping_outstanding: bool,
+    /// When an unanswered `initialize` fails the session.
+    initialize_deadline: Option<Timestamp>,
     events: VecDeque<Event>,
 }
 
 impl LegacySession {
     /// Opens a legacy session for `partition`: emits `initialize`.
-    pub fn new(config: Config, partition: Partition, _now: Timestamp) -> Self {
+    pub fn new(config: Config, partition: Partition, now: Timestamp) -> Self {
         let capabilities = shape::normalize_host_capabilities(&partition.capabilities);
         let mut machine = Self {
             config,
@@ -226,9 +228,10 @@ impl LegacySession {
             subscribed: BTreeSet::new(),
             next_ping: None,
             ping_outstanding: false,
+            initialize_deadline: None,
             events: VecDeque::new(),
         };
-        machine.send_initialize();
+        machine.send_initialize(now);
         machine
     }
 
@@ -276,7 +279,14 @@ impl LegacySession {
     /// retry.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
         let rounds = self.calls.values().filter_map(|c| c.deadline);
-        self.next_ping.into_iter().chain(rounds).min()
+        let initialize = self
+            .initialize_deadline
+            .filter(|_| self.state == SessionState::Initializing);
+        self.next_ping
+            .into_iter()
+            .chain(initialize)
+            .chain(rounds)
+            .min()
     }
 
     /// Closes the session: host requests still attached or queued get an error. The
@@ -411,7 +421,7 @@ impl LegacySession {
     pub fn handle_upstream_expired(
         &mut self,
         refused: &[RequestId],
-        _now: Timestamp,
+        now: Timestamp,
     ) -> Result<(), ReverseError> {
         if matches!(self.state, SessionState::Closed | SessionState::Failed) {
             return Err(ReverseError::Closed);
@@ -454,12 +464,18 @@ impl LegacySession {
         }
         self.subscribed.clear();
         self.state = SessionState::Initializing;
-        self.send_initialize();
+        self.send_initialize(now);
         Ok(())
     }
 
-    /// The driver's timer fired: keep-alive ping, rounds whose retry did not come.
+    /// The driver's timer fired: an `initialize` that got no answer, keep-alive ping,
+    /// rounds whose retry did not come.
     pub fn handle_timeout(&mut self, now: Timestamp) {
+        if self.state == SessionState::Initializing
+            && self.initialize_deadline.is_some_and(|t| t <= now)
+        {
+            return self.fail_session("initialize got no answer in time".into());
+        }
         if self.next_ping.is_some_and(|t| t <= now) {
             if self.state == SessionState::Ready && !self.ping_outstanding {
                 let id = self.mint();
@@ -510,11 +526,11 @@ impl LegacySession {
                 );
             }
             "subscriptions/listen" => self.listen(request),
-            _ => self.start_call(request, now),
+            _ => self.start_call(request),
         }
     }
 
-    fn start_call(&mut self, request: HostRequest, _now: Timestamp) {
+    fn start_call(&mut self, request: HostRequest) {
         if self.calls.len() >= self.config.max_calls {
             let failure = HostFailure::TooManyCalls {
                 limit: self.config.max_calls,
@@ -940,6 +956,7 @@ impl LegacySession {
         };
         self.revision = Some(revision);
         self.initialize = Some(result);
+        self.initialize_deadline = None;
         self.state = SessionState::Ready;
         self.send_upstream(Message::Notification(Notification {
             method: "notifications/initialized".into(),
@@ -1279,8 +1296,9 @@ impl LegacySession {
 
     // ---- helpers ----
 
-    fn send_initialize(&mut self) {
+    fn send_initialize(&mut self, now: Timestamp) {
         self.epoch = self.epoch.saturating_add(1);
+        self.initialize_deadline = Some(now.saturating_add(self.config.initialize_timeout));
         let version = self
             .config
             .legacy_versions
