@@ -286,6 +286,10 @@ fn the_readme_counts_are_the_folders() {
     for said in [
         format!("The {} transcript vectors", files.len()),
         format!("dualera passes all {http} vectors that apply over Streamable HTTP and all {stdio} over stdio"),
+        format!(
+            "has its own {} vectors in",
+            reverse_vector_files().len()
+        ),
     ] {
         assert!(flat.contains(&said), "README.md should say: {said}");
     }
