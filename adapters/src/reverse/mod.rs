@@ -667,6 +667,7 @@ impl LegacySession {
         };
         let number = state.call;
         let attached = self.attach(&request);
+        let revision = self.revision;
         let mut answers = Vec::new();
         if let Some(call) = self.calls.get_mut(&number) {
             // 2026-07-28 `basic/patterns/mrtr` ("Error Handling"): keys the round did
@@ -680,7 +681,12 @@ impl LegacySession {
                     continue;
                 }
                 if let Some(parked) = call.parked.remove(key) {
-                    answers.push(Response::result(parked.server_id, answer.clone()));
+                    let method = parked.request["method"].as_str().unwrap_or("");
+                    let answer = match revision {
+                        Some(revision) => shape::input_response(revision, method, answer.clone()),
+                        None => answer.clone(),
+                    };
+                    answers.push(Response::result(parked.server_id, answer));
                 }
             }
             call.answered_input |= !answers.is_empty();

@@ -236,6 +236,27 @@ pub fn input_request(method: &str, params: Option<&Value>) -> Value {
     Value::Object(out)
 }
 
+/// A host's answer to a parked server request, shaped for the server's revision: a
+/// `CreateMessageResult` whose `content` is a one-block array (2025-11-25 and
+/// 2026-07-28 allow arrays, for sampling with tools) becomes that block for a revision
+/// without sampling tools, whose schema has a single content block. Everything else
+/// passes unchanged.
+pub fn input_response(revision: &Revision, method: &str, answer: Value) -> Value {
+    if method != "sampling/createMessage" || revision.sampling_tools {
+        return answer;
+    }
+    let Value::Object(mut answer) = answer else {
+        return answer;
+    };
+    if let Some(Value::Array(blocks)) = answer.get_mut("content") {
+        if blocks.len() == 1 {
+            let block = blocks.remove(0);
+            answer.insert("content".into(), block);
+        }
+    }
+    Value::Object(answer)
+}
+
 /// The legacy error the bridge answers a server request with when the host did not
 /// declare the capability it needs (2025-11-25 `client/roots` "Error Handling":
 /// `-32601` when roots are not supported; `client/elicitation` "Error Handling":
@@ -370,6 +391,33 @@ mod tests {
         assert_eq!(
             legacy_params(&params, Some(&json!("p1"))),
             json!({"name": "t", "_meta": {"com.example/x": 1, "progressToken": "p1"}})
+        );
+    }
+
+    #[test]
+    fn sampling_answers_fit_older_revisions() {
+        use crate::v2025_06_18;
+        let one =
+            json!({"role": "assistant", "model": "m", "content": [{"type": "text", "text": "a"}]});
+        assert_eq!(
+            input_response(
+                &v2025_06_18::REVISION,
+                "sampling/createMessage",
+                one.clone()
+            ),
+            json!({"role": "assistant", "model": "m", "content": {"type": "text", "text": "a"}})
+        );
+        assert_eq!(
+            input_response(
+                &v2025_11_25::REVISION,
+                "sampling/createMessage",
+                one.clone()
+            ),
+            one
+        );
+        assert_eq!(
+            input_response(&v2025_06_18::REVISION, "roots/list", one.clone()),
+            one
         );
     }
 
