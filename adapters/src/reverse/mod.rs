@@ -45,6 +45,14 @@
 //! dropped: their server requests died with the old session, and their round states
 //! name the old session ([`StateMismatch::SessionRenewed`]).
 //!
+//! **Round answers** follow 2026-07-28 `basic/patterns/mrtr` ("Error Handling"): keys of
+//! `inputResponses` the round did not ask for are ignored, and a key it asked for that
+//! the retry lacks stays parked and is asked again in a new round (not an error).
+//!
+//! **Log level.** A legacy session has one level: the machine sends `logging/setLevel`
+//! when a host request asks for a level other than the last one sent, and hands each
+//! host request only the messages at or above its own level (none without one).
+//!
 //! **Attribution.** On Streamable HTTP a server message about a request rides that
 //! request's response stream: the driver names it (`on`). Without it (stdio, the
 //! 2024-11-05 SSE stream) a server request is given to the one host call in progress;
@@ -304,8 +312,10 @@ impl LegacySession {
     // ---- inputs: host ----
 
     /// A request from a modern host. Refused (nothing changes) only when the session is
-    /// closed or the host key is already in use; every other outcome, errors included,
-    /// is an event for the host.
+    /// closed, the host key is already in use, or a request that is not a retry comes
+    /// from another principal than the partition's (the driver routed it wrongly);
+    /// every other outcome, errors included, is an event for the host. A retry is
+    /// routed by the session its opened state names; its principal is checked here.
     pub fn handle_host_request(
         &mut self,
         request: HostRequest,
