@@ -609,3 +609,35 @@ fn an_initialize_without_answer_fails_the_session_in_time() {
     );
     assert_eq!(h.m.poll_timeout(), None);
 }
+
+#[test]
+fn unanswered_requests_of_its_own_are_remembered_within_a_bound() {
+    let mut h = Harness::new(config());
+    h.ready();
+    let mut last = None;
+    for i in 0..600 {
+        let level = if i % 2 == 0 { "info" } else { "error" };
+        let (_, events) = h.request(
+            "tools/list",
+            json!({"_meta": {"io.modelcontextprotocol/logLevel": level}}),
+            OpenedState::Absent,
+        );
+        let ids = upstream_request_ids(&events);
+        assert_eq!(ids.len(), 2, "logging/setLevel, then the call");
+        last = Some(ids[0].clone());
+        // The call itself ends; only the level requests stay unanswered.
+        h.m.handle_upstream_message(
+            None,
+            Message::Response(Response::result(ids[1].clone(), json!({"tools": []}))),
+            T0,
+        )
+        .unwrap();
+        h.events();
+    }
+    let late = h.m.handle_upstream_message(
+        None,
+        Message::Response(Response::result(last.unwrap(), json!({}))),
+        T0,
+    );
+    assert!(matches!(late, Err(ReverseError::UnknownUpstreamId { .. })));
+}

@@ -90,6 +90,12 @@ const CLIENT_INFO_FIELDS: [&str; 6] = [
     "websiteUrl",
 ];
 
+/// Most requests of the machine's own (`logging/setLevel`, `resources/subscribe`, …)
+/// remembered while unanswered: a server that never answers them cannot grow the
+/// map; the answer to one not remembered is refused as unknown, which changes
+/// nothing.
+const MAX_OWN: usize = 256;
+
 /// Largest `clientInfo` relayed, in bytes of JSON; a larger one is replaced by
 /// [`Config::fallback_client_info`].
 const MAX_CLIENT_INFO_BYTES: usize = 4096;
@@ -489,7 +495,7 @@ impl LegacySession {
         if self.next_ping.is_some_and(|t| t <= now) {
             if self.state == SessionState::Ready && !self.ping_outstanding {
                 let id = self.mint();
-                self.own.insert(id.clone(), Own::Ping);
+                self.track(id.clone(), Own::Ping);
                 self.ping_outstanding = true;
                 self.send_upstream(Message::Request(Request {
                     id,
@@ -609,7 +615,7 @@ impl LegacySession {
         }
         self.log_level = Some(level.to_owned());
         let id = self.mint();
-        self.own.insert(id.clone(), Own::SetLevel);
+        self.track(id.clone(), Own::SetLevel);
         self.send_upstream(Message::Request(Request {
             id,
             method: "logging/setLevel".into(),
@@ -1327,7 +1333,7 @@ impl LegacySession {
             "clientInfo": self.client_info(),
         });
         let id = self.mint();
-        self.own.insert(id.clone(), Own::Initialize);
+        self.track(id.clone(), Own::Initialize);
         self.send_upstream(Message::Request(Request {
             id,
             method: "initialize".into(),
@@ -1359,12 +1365,20 @@ impl LegacySession {
 
     fn own_request(&mut self, method: &str, params: Value, own: Own) {
         let id = self.mint();
-        self.own.insert(id.clone(), own);
+        self.track(id.clone(), own);
         self.send_upstream(Message::Request(Request {
             id,
             method: method.to_owned(),
             params: Some(params),
         }));
+    }
+
+    /// Remembers a request of the machine's own, within [`MAX_OWN`] (`initialize` is
+    /// always remembered: the map is emptied before it is sent again).
+    fn track(&mut self, id: RequestId, own: Own) {
+        if self.own.len() < MAX_OWN || own == Own::Initialize {
+            self.own.insert(id, own);
+        }
     }
 
     fn refuse_server_request(&mut self, id: RequestId, error: ErrorObject) {
