@@ -80,8 +80,17 @@ pub fn client_to_modern(revision: &Revision, legacy: &Value) -> Value {
 /// `logging`, `experimental`, and `completions` where the revision has it. Dropped:
 /// `extensions` (modern only) and anything else the legacy schemas lack.
 pub fn server_to_legacy(revision: &Revision, modern: &Value) -> Value {
+    server_shared(revision, modern)
+}
+
+/// The members of `ServerCapabilities` both eras share, kept as they are:
+/// `prompts`, `resources`, `tools` with their boolean flags, `logging`,
+/// `completions` where `revision` has it, and `experimental`. Everything else —
+/// `extensions` (modern only), `tasks` (legacy only), unknown members — is dropped.
+/// Both directions of the bridge translate server capabilities through it.
+pub fn server_shared(revision: &Revision, capabilities: &Value) -> Value {
     let mut out = Map::new();
-    let Some(modern) = modern.as_object() else {
+    let Some(caps) = capabilities.as_object() else {
         return Value::Object(out);
     };
     let keep_flags = |value: &Value, flags: &[&str]| -> Value {
@@ -95,25 +104,25 @@ pub fn server_to_legacy(revision: &Revision, modern: &Value) -> Value {
         }
         Value::Object(m)
     };
-    if let Some(v) = modern.get("prompts").filter(|v| v.is_object()) {
+    if let Some(v) = caps.get("prompts").filter(|v| v.is_object()) {
         out.insert("prompts".into(), keep_flags(v, &["listChanged"]));
     }
-    if let Some(v) = modern.get("resources").filter(|v| v.is_object()) {
+    if let Some(v) = caps.get("resources").filter(|v| v.is_object()) {
         out.insert(
             "resources".into(),
             keep_flags(v, &["subscribe", "listChanged"]),
         );
     }
-    if let Some(v) = modern.get("tools").filter(|v| v.is_object()) {
+    if let Some(v) = caps.get("tools").filter(|v| v.is_object()) {
         out.insert("tools".into(), keep_flags(v, &["listChanged"]));
     }
-    if modern.get("logging").is_some_and(Value::is_object) {
+    if caps.get("logging").is_some_and(Value::is_object) {
         out.insert("logging".into(), empty());
     }
-    if revision.completions && modern.get("completions").is_some_and(Value::is_object) {
+    if revision.completions && caps.get("completions").is_some_and(Value::is_object) {
         out.insert("completions".into(), empty());
     }
-    if let Some(experimental @ Value::Object(_)) = modern.get("experimental") {
+    if let Some(experimental @ Value::Object(_)) = caps.get("experimental") {
         out.insert("experimental".into(), experimental.clone());
     }
     Value::Object(out)

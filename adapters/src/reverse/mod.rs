@@ -80,16 +80,6 @@ use serde_json::{json, Map, Value};
 use shape::Caching;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-/// Fields of `Implementation` relayed from the host's `clientInfo` (2025-11-25).
-const CLIENT_INFO_FIELDS: [&str; 6] = [
-    "name",
-    "title",
-    "version",
-    "description",
-    "icons",
-    "websiteUrl",
-];
-
 /// Most requests of the machine's own (`logging/setLevel`, `resources/subscribe`, …)
 /// remembered while unanswered: a server that never answers them cannot grow the
 /// map; the answer to one not remembered is refused as unknown, which changes
@@ -1330,7 +1320,7 @@ impl LegacySession {
         let params = json!({
             "protocolVersion": version,
             "capabilities": shape::client_to_legacy(&self.capabilities),
-            "clientInfo": self.client_info(),
+            "clientInfo": self.client_info(&version),
         });
         let id = self.mint();
         self.track(id.clone(), Own::Initialize);
@@ -1343,7 +1333,11 @@ impl LegacySession {
 
     /// The host's `clientInfo`, kept to the `Implementation` fields and bounded;
     /// the fallback when it is not an `Implementation` (a `name` and a `version`).
-    fn client_info(&self) -> Value {
+    fn client_info(&self, version: &str) -> Value {
+        // The `Implementation` fields of the revision offered.
+        let fields = Revision::lookup(version)
+            .unwrap_or(&crate::v2025_11_25::REVISION)
+            .implementation_fields;
         let info = &self.partition.client_info;
         let usable = info.get("name").is_some_and(Value::is_string)
             && info.get("version").is_some_and(Value::is_string);
@@ -1352,7 +1346,7 @@ impl LegacySession {
                 .as_object()
                 .into_iter()
                 .flatten()
-                .filter(|(k, _)| CLIENT_INFO_FIELDS.contains(&k.as_str()))
+                .filter(|(k, _)| fields.contains(&k.as_str()))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
             let kept = Value::Object(kept);

@@ -98,40 +98,7 @@ pub fn client_to_legacy(modern: &Value) -> Value {
 /// (2025-03-26 and later only) and `experimental`; legacy-only members (`tasks`) are
 /// dropped.
 pub fn server_to_modern(revision: &Revision, legacy: &Value) -> Value {
-    let mut out = Map::new();
-    let keep_flags = |v: &Value, flags: &[&str]| {
-        let mut m = Map::new();
-        if let Some(o) = v.as_object() {
-            for flag in flags {
-                if let Some(b @ Value::Bool(_)) = o.get(*flag) {
-                    m.insert((*flag).into(), b.clone());
-                }
-            }
-        }
-        Value::Object(m)
-    };
-    if let Some(v) = legacy.get("prompts").filter(|v| v.is_object()) {
-        out.insert("prompts".into(), keep_flags(v, &["listChanged"]));
-    }
-    if let Some(v) = legacy.get("resources").filter(|v| v.is_object()) {
-        out.insert(
-            "resources".into(),
-            keep_flags(v, &["subscribe", "listChanged"]),
-        );
-    }
-    if let Some(v) = legacy.get("tools").filter(|v| v.is_object()) {
-        out.insert("tools".into(), keep_flags(v, &["listChanged"]));
-    }
-    if legacy.get("logging").is_some_and(Value::is_object) {
-        out.insert("logging".into(), empty());
-    }
-    if revision.completions && legacy.get("completions").is_some_and(Value::is_object) {
-        out.insert("completions".into(), empty());
-    }
-    if let Some(experimental @ Value::Object(_)) = legacy.get("experimental") {
-        out.insert("experimental".into(), experimental.clone());
-    }
-    Value::Object(out)
+    crate::capabilities::server_shared(revision, legacy)
 }
 
 /// How long, and for whom, a translated result may be reused.
