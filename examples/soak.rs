@@ -1603,7 +1603,7 @@ async fn run(o: Opts) -> Res<bool> {
     let db = dir.join("soak.db");
     let mut secret = [0u8; 32];
     getrandom::fill(&mut secret).map_err(|e| e.to_string())?;
-    let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let secret = dualera::digest::hex(&secret);
     let server_config = dir.join("soak-server.toml");
     std::fs::write(&server_config, format!(
         "[store]\npath = {db:?}\n\n[state]\nttl_ms = 600000\n\n[[state.keys]]\nid = \"soak\"\nsecret = {secret:?}\n\n\

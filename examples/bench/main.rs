@@ -216,7 +216,7 @@ fn setup(opts: &Opts) -> Res<Env> {
     let db = dir.join("dualera.db");
     let mut secret = [0u8; 32];
     getrandom::fill(&mut secret).map_err(|e| e.to_string())?;
-    let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let secret = dualera::digest::hex(&secret);
     let server_config = dir.join("bench-server.toml");
     std::fs::write(
         &server_config,

@@ -72,7 +72,7 @@ impl PgCluster {
         std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
         let mut password = [0u8; 18];
         getrandom::fill(&mut password).map_err(|e| e.to_string())?;
-        let password: String = password.iter().map(|b| format!("{b:02x}")).collect();
+        let password = dualera::digest::hex(&password);
         let cluster = Self {
             dir,
             bin,
