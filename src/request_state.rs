@@ -297,39 +297,8 @@ fn sign(secret: &[u8], body: &[u8]) -> Vec<u8> {
 
 /// A digest of JSON arguments that does not depend on object key order.
 pub fn digest_arguments(arguments: &Value) -> String {
-    let mut canonical = String::new();
-    write_canonical(arguments, &mut canonical);
+    let canonical = dualera_adapters::json::canonical(arguments);
     hex(&Sha256::digest(canonical.as_bytes()))
-}
-
-fn write_canonical(v: &Value, out: &mut String) {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
-                write_canonical(&m[k], out);
-            }
-            out.push('}');
-        }
-        Value::Array(a) => {
-            out.push('[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_canonical(x, out);
-            }
-            out.push(']');
-        }
-        other => out.push_str(&other.to_string()),
-    }
 }
 
 #[cfg(test)]

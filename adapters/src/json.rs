@@ -173,6 +173,17 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn canonical_text_ignores_member_order() {
+        let a: Value =
+            serde_json::from_str(r#"{"b":[{"y":1,"x":"\u00e9"}],"a":null,"é":2}"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{"é":2,"a":null,"b":[{"x":"é","y":1}]}"#).unwrap();
+        assert_eq!(canonical(&a), canonical(&b));
+        assert_eq!(canonical(&a), r#"{"a":null,"b":[{"x":"é","y":1}],"é":2}"#);
+        let Value::Object(o) = &a else { unreachable!() };
+        assert_eq!(canonical_filtered(o, |k| k != "b"), r#"{"a":null,"é":2}"#);
+    }
+
+    #[test]
     fn same_values_as_serde_json() {
         for raw in [
             r#"{"a":[1,-2,3.5,1e300,"x\u00e9",null,true,{"b":{}}],"c":18446744073709551615}"#,
@@ -266,4 +277,65 @@ impl PartialEq for JsonText {
     fn eq(&self, other: &Self) -> bool {
         self.as_str() == other.as_str()
     }
+}
+
+/// Canonical JSON text of `value`: object members sorted by name (byte order of the
+/// UTF-8 names), no whitespace, strings escaped and numbers written as serde_json
+/// writes them. Equal values give equal text whatever order their members came in,
+/// and whatever map type serde_json was built with (`preserve_order` keeps insertion
+/// order, so its own serializer is not canonical). The digests of arguments that sealed
+/// states bind (the modern server's `requestState`, the reverse bridge's round state)
+/// are taken over this text.
+pub fn canonical(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(m) => {
+            let mut members: Vec<(&String, &Value)> = m.iter().collect();
+            members.sort_by(|a, b| a.0.cmp(b.0));
+            write_members(members, out);
+        }
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(x, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// Writes an object of `members`, in the order given.
+fn write_members<'a>(members: impl IntoIterator<Item = (&'a String, &'a Value)>, out: &mut String) {
+    out.push('{');
+    for (i, (k, v)) in members.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&Value::String(k.clone()).to_string());
+        out.push(':');
+        write_canonical(v, out);
+    }
+    out.push('}');
+}
+
+/// Canonical JSON text of an object made of the members of `object` that `keep`
+/// accepts (see [`canonical`]).
+pub fn canonical_filtered(
+    object: &serde_json::Map<String, Value>,
+    keep: impl Fn(&str) -> bool,
+) -> String {
+    let mut members: Vec<(&String, &Value)> = object.iter().filter(|(k, _)| keep(k)).collect();
+    members.sort_by(|a, b| a.0.cmp(b.0));
+    let mut out = String::new();
+    write_members(members, &mut out);
+    out
 }

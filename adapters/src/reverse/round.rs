@@ -155,52 +155,11 @@ pub fn canonical_arguments(method: &str, params: &Map<String, Value>) -> Vec<u8>
     let mut out = Vec::with_capacity(64);
     out.extend_from_slice(method.as_bytes());
     out.push(b'\n');
-    let mut keys: Vec<&String> = params
-        .keys()
-        .filter(|k| !matches!(k.as_str(), "_meta" | "inputResponses" | "requestState"))
-        .collect();
-    keys.sort();
-    write_object(&mut out, keys.into_iter().map(|k| (k, &params[k])));
+    let kept = crate::json::canonical_filtered(params, |k| {
+        !matches!(k, "_meta" | "inputResponses" | "requestState")
+    });
+    out.extend_from_slice(kept.as_bytes());
     out
-}
-
-fn write_object<'a>(out: &mut Vec<u8>, members: impl Iterator<Item = (&'a String, &'a Value)>) {
-    out.push(b'{');
-    for (i, (k, v)) in members.enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        write_string(out, k);
-        out.push(b':');
-        write_canonical(out, v);
-    }
-    out.push(b'}');
-}
-
-fn write_string(out: &mut Vec<u8>, s: &str) {
-    // serde_json's string escaping is canonical (the same text for the same string).
-    out.extend_from_slice(Value::from(s).to_string().as_bytes());
-}
-
-fn write_canonical(out: &mut Vec<u8>, v: &Value) {
-    match v {
-        Value::Object(o) => {
-            let mut keys: Vec<&String> = o.keys().collect();
-            keys.sort();
-            write_object(out, keys.into_iter().map(|k| (k, &o[k])));
-        }
-        Value::Array(a) => {
-            out.push(b'[');
-            for (i, item) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canonical(out, item);
-            }
-            out.push(b']');
-        }
-        other => out.extend_from_slice(other.to_string().as_bytes()),
-    }
 }
 
 #[cfg(test)]
