@@ -152,6 +152,13 @@ pub struct Metrics {
     upstream_errors: Family<KindLabels, Counter>,
     connections: Family<ListenerLabels, Gauge>,
     ready: Family<RouteLabels, Gauge>,
+    upstream_era: Family<EraLabels, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EraLabels {
+    route: Arc<str>,
+    era: &'static str,
 }
 
 impl Metrics {
@@ -241,6 +248,13 @@ impl Metrics {
             "1 when the route's upstream answered the last server/discover probe",
             ready.clone(),
         );
+        let upstream_era = Family::<EraLabels, Gauge>::default();
+        registry.register(
+            "dualera_upstream_era",
+            "1 for the era of the route's upstream as configured or probed: modern, \
+             legacy (a legacy upstream), or unknown (not probed yet, or the probe failed)",
+            upstream_era.clone(),
+        );
         registry.register_collector(Box::new(CacheCollector(caches)));
         registry.register_collector(Box::new(UpstreamCollector(pools)));
         registry.register_collector(Box::new(ReportCollector(report)));
@@ -258,6 +272,20 @@ impl Metrics {
             upstream_errors,
             connections,
             ready,
+            upstream_era,
+        }
+    }
+
+    /// The era of the route's upstream (`None`: unknown).
+    pub fn upstream_era(&self, route: &Arc<str>, era: Option<super::upstream::era::Era>) {
+        let now = era.map_or("unknown", super::upstream::era::Era::as_str);
+        for label in ["modern", "legacy", "unknown"] {
+            self.upstream_era
+                .get_or_create(&EraLabels {
+                    route: route.clone(),
+                    era: label,
+                })
+                .set(i64::from(label == now));
         }
     }
 

@@ -108,6 +108,15 @@ pub struct GatewayConfig {
     /// The route's own public identity (metadata rewrite, token exchange); `None`:
     /// the transparent relay.
     pub public_resource: Option<Arc<public_resource::PublicResource>>,
+    /// The era of the route's upstream (`era`, `--upstream-era`).
+    pub era: crate::config::UpstreamEra,
+    /// Legacy upstream sessions in total, every route together (`max_upstream_sessions`).
+    pub max_upstream_sessions: usize,
+    /// Legacy upstream sessions per key (`max_upstream_sessions_per_key`).
+    pub max_upstream_sessions_per_key: usize,
+    /// An unused legacy upstream session is closed after this long
+    /// (`upstream_session_idle_ms`).
+    pub upstream_session_idle: Duration,
 }
 
 impl Default for GatewayConfig {
@@ -137,6 +146,10 @@ impl Default for GatewayConfig {
             max_sessions_per_caller: 1000,
             session_store: session_store::SessionStoreConfig::Memory,
             public_resource: None,
+            era: crate::config::UpstreamEra::Auto,
+            max_upstream_sessions: 1024,
+            max_upstream_sessions_per_key: 8,
+            upstream_session_idle: Duration::from_secs(300),
         }
     }
 }
@@ -186,6 +199,24 @@ impl GatewayConfig {
             cache: d.cache,
             session_store: d.session_store,
             public_resource: None,
+            era: s.era.unwrap_or(d.era),
+            max_upstream_sessions: s.max_upstream_sessions.unwrap_or(d.max_upstream_sessions),
+            max_upstream_sessions_per_key: s
+                .max_upstream_sessions_per_key
+                .unwrap_or(d.max_upstream_sessions_per_key),
+            upstream_session_idle: s
+                .upstream_session_idle_ms
+                .map_or(d.upstream_session_idle, Duration::from_millis),
+        }
+    }
+
+    /// The limits of the gateway's legacy upstream session pool.
+    pub fn upstream_session_limits(&self) -> upstream::legacy::PoolLimits {
+        upstream::legacy::PoolLimits {
+            max_sessions: self.max_upstream_sessions,
+            max_per_key: self.max_upstream_sessions_per_key,
+            idle: self.upstream_session_idle,
+            ..upstream::legacy::PoolLimits::default()
         }
     }
 
@@ -205,6 +236,7 @@ impl GatewayConfig {
         if let Some(s) = r.session_idle_ttl_secs {
             c.session_idle_ttl = Duration::from_secs(s);
         }
+        c.era = r.era.unwrap_or(c.era);
         c
     }
 
@@ -261,9 +293,56 @@ pub struct Route {
     cache: Arc<cache::ResponseCache>,
     /// Metrics, report and readiness, filled for this route.
     telemetry: Arc<telemetry::Telemetry>,
+    /// Where its upstream is for the era probe (the first instance).
+    era_target: upstream::era::Target,
+    /// The gateway's remembered upstream eras (shared by the routes).
+    eras: Arc<upstream::era::EraProber>,
+    /// The gateway's legacy upstream sessions (shared by the routes: one total bound).
+    upstream_sessions: Arc<upstream::legacy::SessionPool>,
 }
 
 impl Route {
+    /// The era of the upstream as far as it is known: `modern` when configured so,
+    /// else what was probed and is still remembered (`None`: not probed yet).
+    pub fn upstream_era(&self) -> Option<upstream::era::Era> {
+        match self.config.era {
+            crate::config::UpstreamEra::Modern => Some(upstream::era::Era::Modern),
+            _ => self.eras.cached(&self.era_target),
+        }
+    }
+
+    /// The era of the upstream, probed now if it is not known (`on_behalf`: the
+    /// credentials of the host request that needs it, for an upstream that wants some).
+    pub async fn resolve_era(
+        &self,
+        on_behalf: upstream::OnBehalf<'_>,
+    ) -> Result<upstream::era::Era, upstream::era::EraError> {
+        let era = self
+            .eras
+            .era(&self.era_target, self.config.era, on_behalf)
+            .await;
+        if let Ok(e) = &era {
+            self.telemetry.metrics().upstream_era(&self.path, Some(*e));
+        }
+        era
+    }
+
+    /// A cached era was contradicted by what the upstream just did (see
+    /// [`upstream::era::evidence`]): forget it, so the next use probes again.
+    pub fn refute_era(&self, observed: upstream::era::Era) -> bool {
+        self.eras.refute(&self.era_target, observed)
+    }
+
+    /// Where the upstream is, for the era probe and for legacy upstream sessions.
+    pub fn era_target(&self) -> &upstream::era::Target {
+        &self.era_target
+    }
+
+    /// The gateway's legacy upstream sessions.
+    pub fn upstream_sessions(&self) -> &Arc<upstream::legacy::SessionPool> {
+        &self.upstream_sessions
+    }
+
     /// The endpoint path.
     pub fn path(&self) -> &str {
         &self.path
@@ -313,6 +392,25 @@ fn redis_sessions(path: &str, config: &GatewayConfig) -> Option<Arc<replicas::Sh
             // The URL was checked when the config was read.
             tracing::error!(error = %e, route = %path, "session store cannot be opened");
             None
+        }
+    }
+}
+
+/// Where a route's upstream is for the era probe: its first instance.
+fn era_target(pool: &UpstreamPool, config: &GatewayConfig) -> upstream::era::Target {
+    match pool.first() {
+        Upstream::Http(h) => upstream::era::Target::Http {
+            client: h.upstream_client().clone(),
+            uri: h.uri().clone(),
+            max_message: config.max_body_bytes,
+        },
+        Upstream::Stdio(s) => {
+            let (program, args) = s.command();
+            upstream::era::Target::Stdio {
+                program: program.to_owned(),
+                args: args.to_vec(),
+                max_message: config.max_body_bytes,
+            }
         }
     }
 }
@@ -396,6 +494,15 @@ impl Gateway {
 
     fn assemble(specs: Vec<RouteSpec>, paths: routes::Paths, report: report::Report) -> Self {
         let report = Arc::new(report);
+        // One pool and one era memory for the gateway: the total bound spans routes,
+        // and an upstream behind two routes is probed once.
+        let eras = Arc::new(upstream::era::EraProber::default());
+        let upstream_sessions = upstream::legacy::SessionPool::new(
+            specs
+                .first()
+                .map(|s| s.config.upstream_session_limits())
+                .unwrap_or_default(),
+        );
         /// A route's parts that the shared metrics and readiness are built from.
         struct Parts {
             path: Arc<str>,
@@ -449,6 +556,9 @@ impl Gateway {
                     legacy: legacy_http::Sessions::new(&b.config),
                     redis: b.redis,
                     sse: Arc::default(),
+                    era_target: era_target(&b.upstream, &b.config),
+                    eras: eras.clone(),
+                    upstream_sessions: upstream_sessions.clone(),
                     path: b.path,
                     config: b.config,
                     upstream: b.upstream,
@@ -556,6 +666,8 @@ impl Gateway {
             }
         }
         let flusher = tokio::spawn(report::flush_loop(self.telemetry().report().clone()));
+        let upstream_sessions = self.route.upstream_sessions.clone();
+        let sweeper = upstream_sessions.start();
         let hook = Connections(telemetry::ConnectionsOpen::new(self.telemetry(), "gateway"));
         let gw = self.clone();
         let service = move |req: Request<RequestBody>, conn: &ConnInfo, state: &Arc<Connection>| {
@@ -572,6 +684,8 @@ impl Gateway {
                 r.abort();
             }
             flusher.abort();
+            sweeper.abort();
+            upstream_sessions.close_all().await;
             for route in sessions.routes() {
                 route.cache.stop_listening();
                 let stats = route.cache.stats();
@@ -723,8 +837,35 @@ async fn serve_endpoint(
         && !h.contains_key("mcp-session-id");
     if modern {
         passthrough::forward(gw, &connection.telemetry, req, &fwd).await
+    } else if Box::pin(legacy_upstream_http(gw, &req, &fwd)).await {
+        // A legacy host in front of a legacy Streamable HTTP upstream: nothing to
+        // translate, the session is theirs.
+        Box::pin(passthrough::forward_legacy(gw, req, &fwd)).await
     } else {
         Box::pin(legacy_http::handle(gw, req, fwd)).await
+    }
+}
+
+/// Whether the route's upstream is a legacy server over Streamable HTTP (probed on
+/// the first legacy request when `era = "auto"` and not known yet; a probe that fails
+/// leaves the request to the translating path, as before eras were probed).
+async fn legacy_upstream_http(gw: &Route, req: &Request<RequestBody>, fwd: &Forwarded) -> bool {
+    use upstream::era::Era;
+    use upstream::legacy::LegacyTransport;
+    if gw.config.era == crate::config::UpstreamEra::Modern {
+        return false;
+    }
+    let on_behalf = OnBehalf {
+        authorization: req.headers().get(header::AUTHORIZATION),
+        forwarded: Some(fwd),
+        trace: None,
+    };
+    match gw.resolve_era(on_behalf).await {
+        Ok(era) => era == Era::Legacy(LegacyTransport::StreamableHttp),
+        Err(e) => {
+            tracing::debug!(route = %gw.path, error = %e, "upstream era unknown");
+            false
+        }
     }
 }
 
