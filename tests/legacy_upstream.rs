@@ -706,6 +706,21 @@ async fn a_legacy_host_passes_straight_through_to_a_legacy_upstream() {
     ]);
     let addr = gw.addr("gateway");
     let admin = gw.addr("admin");
+    // The readiness prober found the era (auto): /readyz names the legacy upstream.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (status, _, body) = http(&format!("http://{admin}/readyz"), "GET", &[], None).await;
+        let text = String::from_utf8_lossy(&body).into_owned();
+        if status == 200 {
+            assert!(
+                text.contains("route /mcp (legacy upstream (streamable-http)): ready"),
+                "{text}"
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{status} {text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let url = format!("http://{addr}/mcp");
     let json_headers = [
         ("content-type", "application/json"),
@@ -773,27 +788,66 @@ async fn a_legacy_host_passes_straight_through_to_a_legacy_upstream() {
     .await;
     assert_eq!(status, 404);
 
-    // /readyz and /metrics name the legacy upstream.
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let (status, _, body) = http(&format!("http://{admin}/readyz"), "GET", &[], None).await;
-        let text = String::from_utf8_lossy(&body).into_owned();
-        if status == 200 {
-            assert!(
-                text.contains("route /mcp (legacy upstream (streamable-http)): ready"),
-                "{text}"
-            );
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{status} {text}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     let (_, _, body) = http(&format!("http://{admin}/metrics"), "GET", &[], None).await;
     let metrics = String::from_utf8_lossy(&body);
     assert!(
         metrics.contains(r#"dualera_upstream_era{route="/mcp",era="legacy"} 1"#),
         "{metrics}"
     );
+}
+
+#[tokio::test]
+async fn the_translating_paths_discover_answered_the_legacy_way_starts_the_probe() {
+    // auto, no admin listener (so no readiness prober): the era is not known, the
+    // first legacy host goes the translating way, whose server/discover the legacy
+    // upstream answers the legacy way; that sends the era probe on, and the host's
+    // next initialize passes straight through.
+    let py = PyServer::spawn("streamable-http");
+    let gw = Dualera::spawn(&[
+        "gateway",
+        "--upstream",
+        &py.url("/mcp"),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let url = format!("http://{}/mcp", gw.addr("gateway"));
+    let initialize = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": { "name": "legacy-host", "version": "1" } } });
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+    ];
+    // The first goes the translating way, which this upstream never answers in a
+    // form it accepts; it is not waited for.
+    let first = tokio::time::timeout(
+        Duration::from_secs(3),
+        http(&url, "POST", &headers, Some(&initialize)),
+    )
+    .await;
+    if let Ok((status, _, body)) = &first {
+        assert!(
+            !String::from_utf8_lossy(body).contains("legacy-fixture"),
+            "{status}: passed through before any probe"
+        );
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut attempts = 1;
+    loop {
+        attempts += 1;
+        let (status, _, body) = http(&url, "POST", &headers, Some(&initialize)).await;
+        let through = status == 200
+            && rpc_of(&body)["result"]["serverInfo"]["name"] == "legacy-fixture";
+        if through {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{status} {body:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(attempts >= 2);
+    // Exactly one probe: its initialize and DELETE, besides the host's initialize.
+    assert_eq!(py.count("DELETE /mcp").await, 1);
+    assert_eq!(py.count("POST /mcp initialize").await, 2);
 }
 
 #[tokio::test]

@@ -311,6 +311,22 @@ impl Route {
         }
     }
 
+    /// The era to act on now, without waiting: `modern` when configured so, else the
+    /// remembered answer even when stale (a stale one is refreshed in the background).
+    /// `None` under `auto` until something probed: the readiness prober, or an
+    /// answer the legacy way to the translating path's `server/discover`.
+    pub fn upstream_era_now(&self) -> Option<upstream::era::Era> {
+        if self.config.era == crate::config::UpstreamEra::Modern {
+            return Some(upstream::era::Era::Modern);
+        }
+        let (era, fresh) = self.eras.remembered(&self.era_target)?;
+        if !fresh {
+            self.eras
+                .refresh_in_background(&self.era_target, self.config.era);
+        }
+        Some(era)
+    }
+
     /// The era of the upstream, probed now if it is not known (`on_behalf`: the
     /// credentials of the host request that needs it, for an upstream that wants some).
     pub async fn resolve_era(
@@ -363,7 +379,7 @@ impl Route {
         on_behalf: upstream::OnBehalf<'_>,
         params: &[(String, String)],
     ) -> Result<upstream::Exchange, upstream::UpstreamError> {
-        cache::legacy::exchange(
+        let exchange = cache::legacy::exchange(
             &self.cache,
             &self.upstream,
             role,
@@ -371,7 +387,35 @@ impl Route {
             on_behalf,
             params,
         )
-        .await
+        .await;
+        // The translating path's own `server/discover` is the modern request
+        // `basic/versioning.mdx` starts era detection with: answered the legacy way,
+        // it sends the era probe on (in the background; this host request fails as
+        // it would have).
+        let discover = matches!(request, dualera_adapters::Message::Request(r) if r.method == "server/discover");
+        if !discover || self.config.era == crate::config::UpstreamEra::Modern {
+            return exchange;
+        }
+        let (eras, target, setting) = (
+            self.eras.clone(),
+            self.era_target.clone(),
+            self.config.era,
+        );
+        match exchange {
+            Err(e) => {
+                if let Some(seen) = upstream::era::discover_answer_evidence(Err(&e)) {
+                    eras.suspect(&target, setting, seen);
+                }
+                Err(e)
+            }
+            Ok(ex) => Ok(ex.inspect(move |m| {
+                if let dualera_adapters::Message::Response(r) = m {
+                    if let Some(seen) = upstream::era::discover_answer_evidence(Ok(r)) {
+                        eras.suspect(&target, setting, seen);
+                    }
+                }
+            })),
+        }
     }
 }
 
@@ -846,27 +890,35 @@ async fn serve_endpoint(
     }
 }
 
-/// Whether the route's upstream is a legacy server over Streamable HTTP (probed on
-/// the first legacy request when `era = "auto"` and not known yet; a probe that fails
-/// leaves the request to the translating path, as before eras were probed).
+/// Whether the route's upstream is a legacy server over Streamable HTTP. Under `auto`
+/// an upstream whose era is not known yet is taken for modern (the translating path,
+/// as before eras existed): no host request waits for a probe, and a modern upstream
+/// sees no request it would not have seen. A probe that fails leaves the request to
+/// the translating path too.
 async fn legacy_upstream_http(gw: &Route, req: &Request<RequestBody>, fwd: &Forwarded) -> bool {
     use upstream::era::Era;
     use upstream::legacy::LegacyTransport;
-    if gw.config.era == crate::config::UpstreamEra::Modern {
-        return false;
-    }
-    let on_behalf = OnBehalf {
-        authorization: req.headers().get(header::AUTHORIZATION),
-        forwarded: Some(fwd),
-        trace: None,
-    };
-    match gw.resolve_era(on_behalf).await {
-        Ok(era) => era == Era::Legacy(LegacyTransport::StreamableHttp),
-        Err(e) => {
-            tracing::debug!(route = %gw.path, error = %e, "upstream era unknown");
-            false
+    let era = match gw.config.era {
+        crate::config::UpstreamEra::Modern => return false,
+        // Configured legacy: only the transport is found out (once, remembered).
+        crate::config::UpstreamEra::Legacy => {
+            let on_behalf = OnBehalf {
+                authorization: req.headers().get(header::AUTHORIZATION),
+                forwarded: Some(fwd),
+                trace: None,
+            };
+            match gw.resolve_era(on_behalf).await {
+                Ok(era) => Some(era),
+                Err(e) => {
+                    tracing::debug!(route = %gw.path, error = %e, "legacy upstream transport unknown");
+                    None
+                }
+            }
         }
-    }
+        // `auto` never holds a host request for a probe: what is known now.
+        crate::config::UpstreamEra::Auto => gw.upstream_era_now(),
+    };
+    era == Some(Era::Legacy(LegacyTransport::StreamableHttp))
 }
 
 /// The 404 for a path no route answers, naming the routes.

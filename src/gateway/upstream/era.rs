@@ -28,8 +28,8 @@ use http::header::HeaderValue;
 use http::{StatusCode, Uri};
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{debug, info};
 
@@ -138,6 +138,8 @@ pub struct EraProber {
     probes: AtomicU64,
     /// One probe at a time: concurrent first uses wait for it and find its answer.
     probing: tokio::sync::Mutex<()>,
+    /// A background probe is running (at most one).
+    background: AtomicBool,
 }
 
 impl Default for EraProber {
@@ -155,6 +157,7 @@ impl EraProber {
             step,
             probes: AtomicU64::new(0),
             probing: tokio::sync::Mutex::new(()),
+            background: AtomicBool::new(false),
         }
     }
 
@@ -169,6 +172,52 @@ impl EraProber {
         let c = self.cache.lock().ok()?;
         let (era, at) = c.get(&key)?;
         (at.elapsed() < self.ttl).then_some(*era)
+    }
+
+    /// The remembered era of `target`, fresh or not (`true`: fresh): a stale answer
+    /// is still the best guess while a new probe runs.
+    pub fn remembered(&self, target: &Target) -> Option<(Era, bool)> {
+        let key = target.key();
+        let c = self.cache.lock().ok()?;
+        let (era, at) = c.get(&key)?;
+        Some((*era, at.elapsed() < self.ttl))
+    }
+
+    /// Probes `target` again in the background (anonymously), unless a background
+    /// probe is already running; its answer replaces the remembered one.
+    pub fn refresh_in_background(self: &Arc<Self>, target: &Target, setting: UpstreamEra) {
+        if setting == UpstreamEra::Modern || self.background.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        let target = target.clone();
+        tokio::spawn(async move {
+            let _one = this.probing.lock().await;
+            this.probes.fetch_add(1, Ordering::Relaxed);
+            match this.probe(&target, setting, OnBehalf::default()).await {
+                Ok(era) => {
+                    debug!(upstream = %target.key(), era = ?era, "upstream era probed");
+                    this.remember(&target, era);
+                }
+                Err(e) => debug!(upstream = %target.key(), error = %e, "upstream era probe failed"),
+            }
+            this.background.store(false, Ordering::Release);
+        });
+    }
+
+    /// What an exchange just showed (`observed`): when it is not what is remembered
+    /// (or nothing is), forget the old answer and probe again in the background.
+    pub fn suspect(self: &Arc<Self>, target: &Target, setting: UpstreamEra, observed: Era) {
+        if setting == UpstreamEra::Modern {
+            return;
+        }
+        let agrees = self
+            .remembered(target)
+            .is_some_and(|(era, _)| era.is_legacy() == observed.is_legacy());
+        if !agrees {
+            self.refute(target, observed);
+            self.refresh_in_background(target, setting);
+        }
     }
 
     fn remember(&self, target: &Target, era: Era) {
@@ -393,6 +442,20 @@ pub fn evidence(status: StatusCode, body: &[u8]) -> Option<Era> {
     } else {
         Era::Legacy(LegacyTransport::StreamableHttp)
     })
+}
+
+/// Which era an answer to the gateway's own modern `server/discover` (the translating
+/// path's) shows: an error that is not a recognized modern one, or a 4xx without a
+/// JSON-RPC body, is the legacy way. `None`: a modern answer, or nothing to learn.
+pub fn discover_answer_evidence(
+    answer: Result<&dualera_adapters::Response, &UpstreamError>,
+) -> Option<Era> {
+    let legacy = match answer {
+        Ok(r) => r.outcome.as_ref().err().is_some_and(|e| !is_modern_error(e.code)),
+        Err(UpstreamError::Status { status }) => (400..500).contains(status),
+        Err(_) => false,
+    };
+    legacy.then_some(Era::Legacy(LegacyTransport::StreamableHttp))
 }
 
 /// The next response with `id` on the session (other messages are skipped: a probe
