@@ -20,13 +20,12 @@
 //! never skip); `python3 tests/interop/run.py --prepare-legacy-python` creates it.
 
 use bytes::Bytes;
+use dualera::config::UpstreamEra;
 use dualera::gateway::upstream::era::{self, Era, EraProber, Target};
 use dualera::gateway::upstream::legacy::{
-    LegacyError, LegacySession, LegacyTransport, PoolKey, PoolLimits, SessionOptions,
-    SessionPool,
+    LegacyError, LegacySession, LegacyTransport, PoolKey, PoolLimits, SessionOptions, SessionPool,
 };
 use dualera::gateway::upstream::{OnBehalf, UpstreamClient, UpstreamOptions};
-use dualera::config::UpstreamEra;
 use dualera_adapters::jsonrpc::{Message, Request, RequestId, Response};
 use http::header::HeaderValue;
 use http_body_util::{BodyExt, Full};
@@ -44,8 +43,8 @@ const MAX: usize = 4 * 1024 * 1024;
 
 /// The interop venv's python with mcp 1.30.0; fails (never skips) without it.
 fn python() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(".cache/interop/venv-mcp-1.30.0/bin/python");
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/interop/venv-mcp-1.30.0/bin/python");
     assert!(
         p.exists(),
         "{} is missing: the legacy upstream tests need the Python SDK mcp 1.30.0; \
@@ -114,7 +113,10 @@ impl PyServer {
     fn wait_ready(&self) {
         let deadline = std::time::Instant::now() + WAIT;
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "server never listened");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "server never listened"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -130,7 +132,11 @@ impl PyServer {
     }
 
     async fn count(&self, key: &str) -> u64 {
-        self.stats().await.get(key).and_then(Value::as_u64).unwrap_or(0)
+        self.stats()
+            .await
+            .get(key)
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
     }
 }
 
@@ -241,7 +247,7 @@ fn client() -> UpstreamClient {
 
 fn http_target(url: &str) -> Target {
     Target::Http {
-        client: client(),
+        client: Box::new(client()),
         uri: url.parse().unwrap(),
         max_message: MAX,
     }
@@ -264,7 +270,11 @@ fn request(id: i64, method: &str, params: Value) -> Message {
 }
 
 fn call(id: i64, name: &str, arguments: Value) -> Message {
-    request(id, "tools/call", json!({ "name": name, "arguments": arguments }))
+    request(
+        id,
+        "tools/call",
+        json!({ "name": name, "arguments": arguments }),
+    )
 }
 
 /// The next message on the session (bounded wait).
@@ -302,12 +312,18 @@ async fn exercise(session: &LegacySession) -> String {
         .await
         .expect("handshake");
     session
-        .send(&call(1, "add", json!({ "a": 2, "b": 3 })), OnBehalf::default())
+        .send(
+            &call(1, "add", json!({ "a": 2, "b": 3 })),
+            OnBehalf::default(),
+        )
         .await
         .expect("tools/call sent");
     assert_eq!(text_of(&response(session, 1).await), "5");
     session
-        .send(&call(2, "ask", json!({ "question": "colour?" })), OnBehalf::default())
+        .send(
+            &call(2, "ask", json!({ "question": "colour?" })),
+            OnBehalf::default(),
+        )
         .await
         .expect("tools/call sent");
     let elicitation = loop {
@@ -369,7 +385,10 @@ async fn the_probe_names_each_legacy_transport_and_remembers_it() {
     let after_first = py.stats().await;
     assert_eq!(after_first["POST /mcp server/discover"], 1, "{after_first}");
     assert_eq!(after_first["POST /mcp initialize"], 1, "{after_first}");
-    assert_eq!(after_first["DELETE /mcp"], 1, "the probe's session is closed");
+    assert_eq!(
+        after_first["DELETE /mcp"], 1,
+        "the probe's session is closed"
+    );
     // The second probe costs the upstream nothing.
     let again = prober
         .era(&target, UpstreamEra::Auto, OnBehalf::default())
@@ -479,8 +498,13 @@ async fn a_streamable_http_session_calls_tools_answers_requests_and_deletes() {
         SessionOptions::new(MAX),
     );
     let seen = exercise(&session).await;
-    let id = session.upstream_session_id().expect("the server assigned an id");
-    assert_eq!(seen, id, "every request carried the server's Mcp-Session-Id");
+    let id = session
+        .upstream_session_id()
+        .expect("the server assigned an id");
+    assert_eq!(
+        seen, id,
+        "every request carried the server's Mcp-Session-Id"
+    );
     // The standalone GET stream was opened after notifications/initialized.
     assert!(py.count("GET /mcp").await >= 1);
     session.close().await;
@@ -502,13 +526,19 @@ async fn a_404_is_reported_as_an_expired_session() {
     let (status, _, _) = http(
         &py.url("/mcp"),
         "DELETE",
-        &[("mcp-session-id", id.as_str()), ("mcp-protocol-version", "2025-11-25")],
+        &[
+            ("mcp-session-id", id.as_str()),
+            ("mcp-protocol-version", "2025-11-25"),
+        ],
         None,
     )
     .await;
     assert_eq!(status, 200);
     let e = session
-        .send(&call(7, "add", json!({ "a": 1, "b": 1 })), OnBehalf::default())
+        .send(
+            &call(7, "add", json!({ "a": 1, "b": 1 })),
+            OnBehalf::default(),
+        )
         .await
         .expect_err("the server no longer knows the session");
     assert!(matches!(e, LegacyError::Expired), "{e:?}");
@@ -519,9 +549,13 @@ async fn a_404_is_reported_as_an_expired_session() {
 #[tokio::test]
 async fn an_http_sse_session_calls_tools_and_answers_requests() {
     let py = PyServer::spawn("sse");
-    let session = LegacySession::http_sse(client(), py.url("/sse").parse().unwrap(), SessionOptions::new(MAX))
-        .await
-        .expect("endpoint event");
+    let session = LegacySession::http_sse(
+        client(),
+        py.url("/sse").parse().unwrap(),
+        SessionOptions::new(MAX),
+    )
+    .await
+    .expect("endpoint event");
     assert_eq!(session.transport(), LegacyTransport::HttpSse);
     let endpoint = session.upstream_session_id().expect("the endpoint");
     assert!(endpoint.starts_with(&py.url("/messages/")), "{endpoint}");
@@ -535,32 +569,28 @@ async fn a_stdio_session_calls_tools_and_answers_requests() {
     let Target::Stdio { program, args, .. } = stdio_target() else {
         unreachable!()
     };
-    let session = LegacySession::stdio(&program, &args, &SessionOptions::new(MAX)).expect("spawned");
+    let session =
+        LegacySession::stdio(&program, &args, &SessionOptions::new(MAX)).expect("spawned");
     assert_eq!(exercise(&session).await, "stdio");
-    session
-        .ping(STEP)
-        .await
-        .expect("the child answers pings");
+    session.ping(STEP).await.expect("the child answers pings");
     session.close().await;
     assert!(!session.is_alive());
 }
 
-fn open_streamable(
+async fn open_streamable(
     url: String,
     authorization: Option<HeaderValue>,
-) -> impl std::future::Future<Output = Result<LegacySession, LegacyError>> {
-    async move {
-        let session = LegacySession::streamable_http(
-            client(),
-            url.parse().unwrap(),
-            SessionOptions {
-                max_message: MAX,
-                authorization,
-            },
-        );
-        era::handshake_as(&session, &json!({ "elicitation": {} }), STEP).await?;
-        Ok(session)
-    }
+) -> Result<LegacySession, LegacyError> {
+    let session = LegacySession::streamable_http(
+        client(),
+        url.parse().unwrap(),
+        SessionOptions {
+            max_message: MAX,
+            authorization,
+        },
+    );
+    era::handshake_as(&session, &json!({ "elicitation": {} }), STEP).await?;
+    Ok(session)
 }
 
 /// An opener that must not run (the pool reuses a session, or refuses first).
@@ -601,10 +631,7 @@ async fn two_keys_never_share_an_upstream_session() {
     assert_eq!(Some(id_a.clone()), a.upstream_session_id());
     drop(a);
     // The same key finds its own session again; other capabilities get another.
-    let again = pool
-        .acquire(&ka, must_not_open)
-        .await
-        .expect("reused");
+    let again = pool.acquire(&ka, must_not_open).await.expect("reused");
     assert_eq!(server_side_id(&again, 2).await, id_a);
     let kc = PoolKey::new(Some(&alice), &json!({}), &url);
     let c = pool
@@ -650,14 +677,15 @@ async fn the_bounds_refuse_clearly() {
         .open(&key("Bearer c"), must_not_open)
         .await
         .expect_err("in total");
-    assert_eq!(e.to_string(), "Too many upstream sessions; try again later (limit 2)");
+    assert_eq!(
+        e.to_string(),
+        "Too many upstream sessions; try again later (limit 2)"
+    );
     assert_eq!(pool.stats().refused, 2);
     // A session that failed to open gives its place back.
     let failed = pool
         .open(&key("Bearer c"), || async {
-            Err(LegacyError::Closed {
-                detail: "x".into(),
-            })
+            Err(LegacyError::Closed { detail: "x".into() })
         })
         .await;
     assert!(failed.is_err());
@@ -730,9 +758,11 @@ async fn a_legacy_host_passes_straight_through_to_a_legacy_upstream() {
         &url,
         "POST",
         &json_headers,
-        Some(&json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        Some(
+            &json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": { "name": "legacy-host", "version": "1" } } })),
+            "clientInfo": { "name": "legacy-host", "version": "1" } } }),
+        ),
     )
     .await;
     assert_eq!(status, 200, "{body:?}");
@@ -774,7 +804,10 @@ async fn a_legacy_host_passes_straight_through_to_a_legacy_upstream() {
     let stats = py.stats().await;
     // The gateway's probe (discover, initialize, DELETE; readiness adds discovers) and
     // the host's session, each request once: nothing translated, nothing added.
-    assert!(stats["POST /mcp server/discover"].as_u64() >= Some(1), "{stats}");
+    assert!(
+        stats["POST /mcp server/discover"].as_u64() >= Some(1),
+        "{stats}"
+    );
     assert_eq!(stats["POST /mcp initialize"], 2, "{stats}");
     assert_eq!(stats["POST /mcp tools/call"], 1, "{stats}");
     assert_eq!(stats["DELETE /mcp"], 2, "{stats}");
@@ -836,8 +869,8 @@ async fn the_translating_paths_discover_answered_the_legacy_way_starts_the_probe
     loop {
         attempts += 1;
         let (status, _, body) = http(&url, "POST", &headers, Some(&initialize)).await;
-        let through = status == 200
-            && rpc_of(&body)["result"]["serverInfo"]["name"] == "legacy-fixture";
+        let through =
+            status == 200 && rpc_of(&body)["result"]["serverInfo"]["name"] == "legacy-fixture";
         if through {
             break;
         }
@@ -901,7 +934,10 @@ async fn era_modern_probes_nothing_and_a_bad_era_is_refused() {
 fn tempdir() -> PathBuf {
     let mut r = [0u8; 8];
     getrandom::fill(&mut r).expect("random");
-    let d = std::env::temp_dir().join(format!("dualera-legacy-upstream-{}", dualera::digest::hex(&r)));
+    let d = std::env::temp_dir().join(format!(
+        "dualera-legacy-upstream-{}",
+        dualera::digest::hex(&r)
+    ));
     std::fs::create_dir_all(&d).expect("temp dir");
     d
 }

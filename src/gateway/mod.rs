@@ -396,11 +396,7 @@ impl Route {
         if !discover || self.config.era == crate::config::UpstreamEra::Modern {
             return exchange;
         }
-        let (eras, target, setting) = (
-            self.eras.clone(),
-            self.era_target.clone(),
-            self.config.era,
-        );
+        let (eras, target, setting) = (self.eras.clone(), self.era_target.clone(), self.config.era);
         match exchange {
             Err(e) => {
                 if let Some(seen) = upstream::era::discover_answer_evidence(Err(&e)) {
@@ -444,7 +440,7 @@ fn redis_sessions(path: &str, config: &GatewayConfig) -> Option<Arc<replicas::Sh
 fn era_target(pool: &UpstreamPool, config: &GatewayConfig) -> upstream::era::Target {
     match pool.first() {
         Upstream::Http(h) => upstream::era::Target::Http {
-            client: h.upstream_client().clone(),
+            client: Box::new(h.upstream_client().clone()),
             uri: h.uri().clone(),
             max_message: config.max_body_bytes,
         },

@@ -296,7 +296,9 @@ fn verdict(
     match outcome {
         Err(UpstreamError::Denied(_)) => Ok(()),
         Err(UpstreamError::Status { status }) if legacy && (400..500).contains(&status) => Ok(()),
-        Ok(Some(dualera_adapters::Response { outcome: Err(_), .. })) if legacy => Ok(()),
+        Ok(Some(dualera_adapters::Response {
+            outcome: Err(_), ..
+        })) if legacy => Ok(()),
         Err(e) => Err(e.to_string()),
         Ok(answer) => match answer.map(|r| r.outcome) {
             Some(Ok(result)) => {

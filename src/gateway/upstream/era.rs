@@ -94,8 +94,9 @@ pub enum EraError {
 pub enum Target {
     /// An HTTP(S) endpoint.
     Http {
-        /// The gateway's upstream client (TLS verified, `--upstream-ca`).
-        client: UpstreamClient,
+        /// The gateway's upstream client (TLS verified, `--upstream-ca`; boxed: it is
+        /// large beside the stdio variant).
+        client: Box<UpstreamClient>,
         /// The endpoint URL.
         uri: Uri,
         /// Largest message decoded.
@@ -226,7 +227,11 @@ impl EraProber {
             c.retain(|_, (_, at)| at.elapsed() < self.ttl);
         }
         if c.len() >= MAX_ENTRIES {
-            if let Some(oldest) = c.iter().min_by_key(|(_, (_, at))| *at).map(|(k, _)| k.clone()) {
+            if let Some(oldest) = c
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(k, _)| k.clone())
+            {
                 c.remove(&oldest);
             }
         }
@@ -295,10 +300,17 @@ impl EraProber {
                 max_message,
             } => {
                 if setting == UpstreamEra::Auto {
-                    let up = HttpUpstream::with_client(uri.clone(), client.clone(), *max_message);
+                    let up = HttpUpstream::with_client(
+                        uri.clone(),
+                        UpstreamClient::clone(client),
+                        *max_message,
+                    );
                     let request = discover_request();
                     let answer = tokio::time::timeout(self.step, async {
-                        up.exchange(&request, on_behalf, &[]).await?.response().await
+                        up.exchange(&request, on_behalf, &[])
+                            .await?
+                            .response()
+                            .await
                     })
                     .await
                     .unwrap_or_else(|_| {
@@ -316,8 +328,11 @@ impl EraProber {
                     max_message: *max_message,
                     authorization: on_behalf.authorization.cloned(),
                 };
-                let session =
-                    LegacySession::streamable_http(client.clone(), uri.clone(), options.clone());
+                let session = LegacySession::streamable_http(
+                    UpstreamClient::clone(client),
+                    uri.clone(),
+                    options.clone(),
+                );
                 let first = handshake(&session, self.step).await;
                 session.close().await;
                 match first {
@@ -329,7 +344,9 @@ impl EraProber {
                         if (400..500).contains(&status) => {}
                     Err(e) => return Err(e.into()),
                 }
-                let session = LegacySession::http_sse(client.clone(), uri.clone(), options).await?;
+                let session =
+                    LegacySession::http_sse(UpstreamClient::clone(client), uri.clone(), options)
+                        .await?;
                 let done = handshake(&session, self.step).await;
                 session.close().await;
                 done?;
@@ -340,7 +357,8 @@ impl EraProber {
                 args,
                 max_message,
             } => {
-                let session = LegacySession::stdio(program, args, &SessionOptions::new(*max_message))?;
+                let session =
+                    LegacySession::stdio(program, args, &SessionOptions::new(*max_message))?;
                 let era = self.probe_stdio(&session, setting).await;
                 session.close().await;
                 era
@@ -451,7 +469,11 @@ pub fn discover_answer_evidence(
     answer: Result<&dualera_adapters::Response, &UpstreamError>,
 ) -> Option<Era> {
     let legacy = match answer {
-        Ok(r) => r.outcome.as_ref().err().is_some_and(|e| !is_modern_error(e.code)),
+        Ok(r) => r
+            .outcome
+            .as_ref()
+            .err()
+            .is_some_and(|e| !is_modern_error(e.code)),
         Err(UpstreamError::Status { status }) => (400..500).contains(status),
         Err(_) => false,
     };
@@ -512,9 +534,11 @@ pub async fn handshake_as(
             detail: format!("initialize refused: {} {}", e.code.0, e.message),
         })
     })?;
-    if !result.get("protocolVersion").and_then(Value::as_str).is_some_and(|v| {
-        dualera_adapters::ProtocolVersion::LEGACY.contains(&v)
-    }) {
+    if !result
+        .get("protocolVersion")
+        .and_then(Value::as_str)
+        .is_some_and(|v| dualera_adapters::ProtocolVersion::LEGACY.contains(&v))
+    {
         return Err(LegacyError::Upstream(UpstreamError::Protocol {
             detail: "initialize answered without a legacy protocolVersion".into(),
         }));

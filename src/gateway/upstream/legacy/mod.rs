@@ -81,7 +81,9 @@ pub enum LegacyError {
         max: usize,
     },
     /// `max_upstream_sessions_per_key` is reached for this caller and capabilities.
-    #[error("Too many upstream sessions for this caller; end one or try again later (limit {max})")]
+    #[error(
+        "Too many upstream sessions for this caller; end one or try again later (limit {max})"
+    )]
     TooManyForKey {
         /// The bound.
         max: usize,
@@ -340,7 +342,11 @@ impl LegacySession {
 
     /// A session with a child process of its own: `program args…` speaking
     /// newline-delimited JSON-RPC on stdio (killed when the session ends).
-    pub fn stdio(program: &str, args: &[String], options: &SessionOptions) -> Result<Self, LegacyError> {
+    pub fn stdio(
+        program: &str,
+        args: &[String],
+        options: &SessionOptions,
+    ) -> Result<Self, LegacyError> {
         let (child, reader) = stdio::Stdio::spawn(program, args, options.max_message)?;
         let (session, pongs) = Self::assemble(Transport::Stdio(child), Self::core);
         session.start_pongs(pongs);
@@ -377,7 +383,11 @@ impl LegacySession {
     /// request) with the headers of the host request that caused it. Whatever the
     /// server says back arrives on [`LegacySession::recv`]. `Err(Expired)`: the
     /// upstream answered 404; open a new session.
-    pub async fn send(&self, message: &Message, on_behalf: OnBehalf<'_>) -> Result<(), LegacyError> {
+    pub async fn send(
+        &self,
+        message: &Message,
+        on_behalf: OnBehalf<'_>,
+    ) -> Result<(), LegacyError> {
         self.inner.send(message, on_behalf).await
     }
 

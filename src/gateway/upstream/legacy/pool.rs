@@ -186,9 +186,7 @@ impl std::ops::Deref for Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.slot
-            .used_at
-            .store(self.pool.now(), Ordering::Relaxed);
+        self.slot.used_at.store(self.pool.now(), Ordering::Relaxed);
         self.slot.leases.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -279,7 +277,11 @@ impl SessionPool {
 
     /// Always a new session of `key` (a caller that wants one of its own), within the
     /// bounds.
-    pub async fn open<F, Fut>(self: &Arc<Self>, key: &PoolKey, open: F) -> Result<Lease, LegacyError>
+    pub async fn open<F, Fut>(
+        self: &Arc<Self>,
+        key: &PoolKey,
+        open: F,
+    ) -> Result<Lease, LegacyError>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<LegacySession, LegacyError>>,
@@ -442,7 +444,10 @@ impl SessionPool {
             }
         }
         let pings = to_ping.iter().map(|slot| async move {
-            (slot.clone(), slot.session.ping(self.limits.ping_timeout).await)
+            (
+                slot.clone(),
+                slot.session.ping(self.limits.ping_timeout).await,
+            )
         });
         for (slot, outcome) in futures_util::future::join_all(pings).await {
             match outcome {
@@ -533,7 +538,10 @@ mod tests {
             canonical_json(v, &mut h);
             h.finalize()
         };
-        assert_ne!(digest(&json!({"a": [1, 2]})), digest(&json!({"a": [[1], 2]})));
+        assert_ne!(
+            digest(&json!({"a": [1, 2]})),
+            digest(&json!({"a": [[1], 2]}))
+        );
         assert_ne!(digest(&json!({"a": "b"})), digest(&json!({"ab": ""})));
     }
 }

@@ -158,7 +158,9 @@ pub(super) async fn pump(mut body: SseBody, core: Arc<Core>) {
 /// server must not be able to redirect them elsewhere.
 fn resolve(base: &Uri, endpoint: &str) -> Result<Uri, LegacyError> {
     if endpoint.is_empty() || endpoint.len() > MAX_ENDPOINT {
-        return Err(LegacyError::protocol("the endpoint event is empty or too long"));
+        return Err(LegacyError::protocol(
+            "the endpoint event is empty or too long",
+        ));
     }
     let bad = |why: &str| LegacyError::protocol(format!("endpoint event {endpoint:?}: {why}"));
     let (Some(scheme), Some(authority)) = (base.scheme(), base.authority()) else {

@@ -112,7 +112,9 @@ impl Reader {
                                 return;
                             }
                         }
-                        Err(e) => warn!(error = %e, "legacy stdio upstream sent a line that is not JSON-RPC"),
+                        Err(e) => {
+                            warn!(error = %e, "legacy stdio upstream sent a line that is not JSON-RPC")
+                        }
                     }
                 }
                 Ok(Some(Err(()))) => {

@@ -69,7 +69,9 @@ impl Streamable {
 
     /// A request to the endpoint with the session's headers.
     fn request(&self, method: Method, on_behalf: OnBehalf<'_>) -> http::request::Builder {
-        let mut b = http::Request::builder().method(method).uri(self.uri.clone());
+        let mut b = http::Request::builder()
+            .method(method)
+            .uri(self.uri.clone());
         if let Some(h) = &self.host {
             b = b.header(header::HOST, h.clone());
         }
