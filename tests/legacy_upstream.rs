@@ -513,6 +513,62 @@ async fn a_streamable_http_session_calls_tools_answers_requests_and_deletes() {
 }
 
 #[tokio::test]
+async fn a_slow_consumer_loses_nothing_and_the_byte_limit_holds() {
+    let py = PyServer::spawn("streamable-http");
+    let session = LegacySession::streamable_http(
+        client(),
+        py.url("/mcp").parse().unwrap(),
+        SessionOptions::new(16 * 1024),
+    );
+    era::handshake(&session, STEP).await.expect("handshake");
+    // Five times the inbound queue, while nobody reads: the reader waits, nothing is
+    // dropped, order is kept.
+    let n = 320;
+    session
+        .send(&call(1, "chatter", json!({ "n": n })), OnBehalf::default())
+        .await
+        .expect("sent");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut lines = Vec::new();
+    let done = loop {
+        match next(&session).await {
+            Message::Notification(note) if note.method == "notifications/message" => {
+                lines.push(note.params.unwrap()["data"].as_str().unwrap().to_owned());
+            }
+            Message::Response(r) => break r,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(text_of(&done), n.to_string());
+    let want: Vec<String> = (0..n).map(|i| format!("line {i}")).collect();
+    assert_eq!(lines, want);
+    // A message over the session's byte limit is an error on the stream, not a
+    // buffer that grows; the session goes on.
+    session
+        .send(
+            &call(2, "big", json!({ "n": 64 * 1024 })),
+            OnBehalf::default(),
+        )
+        .await
+        .expect("sent");
+    let item = tokio::time::timeout(WAIT, session.recv())
+        .await
+        .expect("in time")
+        .expect("open");
+    let e = item.expect_err("over the limit");
+    assert!(e.to_string().contains("larger than"), "{e}");
+    session
+        .send(
+            &call(3, "add", json!({ "a": 1, "b": 2 })),
+            OnBehalf::default(),
+        )
+        .await
+        .expect("sent");
+    assert_eq!(text_of(&response(&session, 3).await), "3");
+    session.close().await;
+}
+
+#[tokio::test]
 async fn a_404_is_reported_as_an_expired_session() {
     let py = PyServer::spawn("streamable-http");
     let session = LegacySession::streamable_http(
@@ -628,6 +684,14 @@ async fn two_keys_never_share_an_upstream_session() {
     let id_a = server_side_id(&a, 1).await;
     let id_b = server_side_id(&b, 1).await;
     assert_ne!(id_a, id_b, "one upstream session per key");
+    // Each session carries its own principal's credentials, and only those.
+    for (session, token) in [(&a, "Bearer alice-token"), (&b, "Bearer bob-token")] {
+        session
+            .send(&call(9, "authorization", json!({})), OnBehalf::default())
+            .await
+            .expect("sent");
+        assert_eq!(text_of(&response(session, 9).await), token);
+    }
     assert_eq!(Some(id_a.clone()), a.upstream_session_id());
     drop(a);
     // The same key finds its own session again; other capabilities get another.

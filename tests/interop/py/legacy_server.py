@@ -11,8 +11,10 @@ request is counted by (method, path, JSON-RPC method) and the counts are served 
 `GET /stats` (not an MCP endpoint), so a test can tell how many requests reached it.
 
 Tools: `add(a, b)`; `session_id()`, the `Mcp-Session-Id` this server sees on the request
-(its own id for the session); `ask(question)`, which elicits an answer from the client
-(a server-to-client request inside the call) and returns it.
+(its own id for the session); `authorization()`, the `Authorization` header it
+received; `ask(question)`, which elicits an answer from the client
+(a server-to-client request inside the call) and returns it; `chatter(n)`, n log
+notifications on the request's stream before its result; `big(n)`, n bytes of text.
 """
 
 from __future__ import annotations
@@ -45,6 +47,27 @@ def session_id(ctx: Context) -> str:
     if request is None:
         return "stdio"
     return request.headers.get("mcp-session-id", "")
+
+
+@mcp.tool()
+def authorization(ctx: Context) -> str:
+    """The Authorization header of this request, as this server received it."""
+    request = ctx.request_context.request
+    return "" if request is None else request.headers.get("authorization", "")
+
+
+@mcp.tool()
+async def chatter(n: int, ctx: Context) -> int:
+    """Sends n log notifications on the request's stream, then returns n."""
+    for i in range(n):
+        await ctx.info(f"line {i}")
+    return n
+
+
+@mcp.tool()
+def big(n: int) -> str:
+    """Returns n bytes of text."""
+    return "x" * n
 
 
 class Answer(BaseModel):

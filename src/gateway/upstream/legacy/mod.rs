@@ -228,6 +228,56 @@ struct Inner {
 
 impl Inner {
     async fn send(&self, message: &Message, on_behalf: OnBehalf<'_>) -> Result<(), LegacyError> {
+        use tracing::Instrument;
+        let span = tracing::debug_span!(
+            "upstream_legacy_send",
+            transport = tracing::field::Empty,
+            session = tracing::field::Empty,
+            method = tracing::field::Empty,
+            request = tracing::field::Empty,
+        );
+        if !span.is_disabled() {
+            self.describe(&span, message);
+        }
+        self.send_inner(message, on_behalf).instrument(span).await
+    }
+
+    /// Fills a send's span: the transport, the session's log tag (never the id
+    /// itself), the method and the request id.
+    fn describe(&self, span: &tracing::Span, message: &Message) {
+        let (transport, session) = match &self.transport {
+            Transport::Streamable(t) => ("streamable-http", t.session_id()),
+            Transport::Sse(t) => ("http+sse", Some(t.endpoint().to_string())),
+            Transport::Stdio(_) => ("stdio", None),
+        };
+        span.record("transport", transport);
+        if let Some(s) = session {
+            span.record(
+                "session",
+                crate::digest::short_digest(s.as_bytes(), 4).as_str(),
+            );
+        }
+        match message {
+            Message::Request(r) => {
+                span.record("method", r.method.as_str());
+                span.record("request", tracing::field::debug(&r.id));
+            }
+            Message::Notification(n) => {
+                span.record("method", n.method.as_str());
+            }
+            Message::Response(r) => {
+                if let Some(id) = &r.id {
+                    span.record("request", tracing::field::debug(id));
+                }
+            }
+        }
+    }
+
+    async fn send_inner(
+        &self,
+        message: &Message,
+        on_behalf: OnBehalf<'_>,
+    ) -> Result<(), LegacyError> {
         if !self.core.is_alive() {
             return Err(if self.core.expired.load(Ordering::Relaxed) {
                 LegacyError::Expired

@@ -163,7 +163,10 @@ impl Streamable {
                 let mut body = SseBody::new(resp.into_body(), max);
                 let ended = pump_events(&mut body, &core, |_, m| learn(&learned, m)).await;
                 if let Err(Some(e)) = ended {
+                    // The consumer learns that this answer will not come (an event over
+                    // the byte limit, a broken stream); the session itself goes on.
                     debug!(error = %e, "upstream response stream broke");
+                    let _ = core.tx.send(Err(e)).await;
                 }
             });
             return Ok(());
