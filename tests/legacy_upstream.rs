@@ -891,6 +891,17 @@ async fn a_legacy_host_passes_straight_through_to_a_legacy_upstream() {
         metrics.contains(r#"dualera_upstream_era{route="/mcp",era="legacy"} 1"#),
         "{metrics}"
     );
+    // So does the migration report.
+    let (_, _, body) = http(&format!("http://{admin}/report"), "GET", &[], None).await;
+    let report: Value = serde_json::from_slice(&body).expect("report JSON");
+    assert_eq!(
+        report["upstreams"]["/mcp"], "legacy upstream (streamable-http)",
+        "{report}"
+    );
+    let (_, _, body) = http(&format!("http://{admin}/report.html"), "GET", &[], None).await;
+    assert!(
+        String::from_utf8_lossy(&body).contains("<b>/mcp</b> legacy upstream (streamable-http)")
+    );
 }
 
 #[tokio::test]

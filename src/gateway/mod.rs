@@ -339,6 +339,7 @@ impl Route {
             .await;
         if let Ok(e) = &era {
             self.telemetry.metrics().upstream_era(&self.path, Some(*e));
+            self.telemetry.report().upstream(&self.path, e.describe());
         }
         era
     }

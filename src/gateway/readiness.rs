@@ -223,6 +223,9 @@ pub(super) async fn probe_loop(gw: Gateway, interval: Duration) {
                     .and_then(Result::ok),
             };
             t.metrics().upstream_era(&route.path, era);
+            if let Some(e) = era {
+                t.report().upstream(&route.path, e.describe());
+            }
             let (outcome, instances) = match era {
                 // A legacy stdio server's answer to server/discover before
                 // initialize is implementation-defined (or none): its era probe,

@@ -24,6 +24,14 @@ pub fn render(report: &ReportSnapshot) -> String {
         hosts.len(),
         if hosts.len() == 1 { "" } else { "s" }
     );
+    for (route, upstream) in &report.upstreams {
+        let _ = writeln!(
+            out,
+            "Upstream of {}: {}",
+            sanitize(route, 256),
+            sanitize(upstream, 80)
+        );
+    }
     if hosts.is_empty() {
         out.push_str("No host has connected yet.\n");
         return out;
