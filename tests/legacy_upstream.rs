@@ -959,6 +959,77 @@ async fn the_translating_paths_discover_answered_the_legacy_way_starts_the_probe
 }
 
 #[tokio::test]
+async fn a_legacy_upstream_replaced_by_a_modern_one_is_probed_again() {
+    // auto with the readiness prober: the era is known (legacy) before any host comes.
+    let py = PyServer::spawn("streamable-http");
+    let port = py.port;
+    let gw = Dualera::spawn(&[
+        "gateway",
+        "--upstream",
+        &py.url("/mcp"),
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+    ]);
+    let url = format!("http://{}/mcp", gw.addr("gateway"));
+    let admin = gw.addr("admin");
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (_, _, body) = http(&format!("http://{admin}/readyz"), "GET", &[], None).await;
+        if String::from_utf8_lossy(&body).contains("legacy upstream (streamable-http)): ready") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The legacy server goes; a modern one takes its address.
+    drop(py);
+    let dir = tempdir();
+    let _serve = Dualera::spawn(&[
+        "serve",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--demo",
+        dir.to_str().unwrap(),
+    ]);
+    let initialize = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": { "name": "legacy-host", "version": "1" } } });
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+    ];
+    // The first initialize still passes through (legacy was remembered) and the
+    // modern server refuses it; that sends the probe on, and a later initialize is
+    // translated for the modern upstream.
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut refused = 0;
+    loop {
+        let (status, _, body) = http(&url, "POST", &headers, Some(&initialize)).await;
+        if status == 200 {
+            let msg = rpc_of(&body);
+            assert!(msg["result"]["protocolVersion"].is_string(), "{msg}");
+            break;
+        }
+        refused += 1;
+        assert!(std::time::Instant::now() < deadline, "{status} {body:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(refused >= 1, "the remembered era was used first");
+    // The readiness prober's next pass shows the new era.
+    loop {
+        let (_, _, body) = http(&format!("http://{admin}/metrics"), "GET", &[], None).await;
+        let metrics = String::from_utf8_lossy(&body).into_owned();
+        if metrics.contains(r#"dualera_upstream_era{route="/mcp",era="modern"} 1"#) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
 async fn era_modern_probes_nothing_and_a_bad_era_is_refused() {
     // era = "modern": taken at its word; readiness probes server/discover only.
     let py = PyServer::spawn("streamable-http");

@@ -350,6 +350,12 @@ impl Route {
         self.eras.refute(&self.era_target, observed)
     }
 
+    /// Probes the upstream's era again in the background (at most one such probe).
+    pub fn refresh_era(&self) {
+        self.eras
+            .refresh_in_background(&self.era_target, self.config.era);
+    }
+
     /// Where the upstream is, for the era probe and for legacy upstream sessions.
     pub fn era_target(&self) -> &upstream::era::Target {
         &self.era_target

@@ -310,8 +310,24 @@ pub(super) async fn forward_legacy(
     let body: GatewayBody = Limited::new(body, limit)
         .map_err(|e| -> BoxError { e })
         .boxed();
+    // A 4xx to an `initialize` (no session yet; 401/403 are challenges) means the
+    // upstream may no longer be the legacy server it was remembered as: a modern one
+    // answers `initialize` with an error (`basic/versioning.mdx`, "Compatibility
+    // Matrix", Legacy → Modern). The era is probed again in the background (rate
+    // limited); meanwhile the answer is relayed as it is.
+    let opening =
+        !parts.headers.contains_key("mcp-session-id") && parts.method == http::Method::POST;
     match send(gateway, parts, body).instrument(span).await {
-        Ok(resp) => downstream(resp),
+        Ok(resp) => {
+            let status = resp.status();
+            if opening
+                && status.is_client_error()
+                && !matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
+            {
+                gateway.refresh_era();
+            }
+            downstream(resp)
+        }
         Err(e) => upstream_failed(&e),
     }
 }

@@ -141,7 +141,14 @@ pub struct EraProber {
     probing: tokio::sync::Mutex<()>,
     /// A background probe is running (at most one).
     background: AtomicBool,
+    /// When the last background probe started (ms since `epoch`; peers can provoke
+    /// them, so they are rate limited).
+    last_background: AtomicU64,
+    epoch: Instant,
 }
+
+/// Background probes start at most this often.
+const BACKGROUND_EVERY: Duration = Duration::from_secs(5);
 
 impl Default for EraProber {
     fn default() -> Self {
@@ -159,6 +166,8 @@ impl EraProber {
             probes: AtomicU64::new(0),
             probing: tokio::sync::Mutex::new(()),
             background: AtomicBool::new(false),
+            last_background: AtomicU64::new(0),
+            epoch: Instant::now(),
         }
     }
 
@@ -187,9 +196,22 @@ impl EraProber {
     /// Probes `target` again in the background (anonymously), unless a background
     /// probe is already running; its answer replaces the remembered one.
     pub fn refresh_in_background(self: &Arc<Self>, target: &Target, setting: UpstreamEra) {
-        if setting == UpstreamEra::Modern || self.background.swap(true, Ordering::AcqRel) {
+        if setting == UpstreamEra::Modern {
             return;
         }
+        // ms since the epoch, +1 so that 0 means "never".
+        let now = u64::try_from(self.epoch.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1);
+        let last = self.last_background.load(Ordering::Relaxed);
+        let every = u64::try_from(BACKGROUND_EVERY.as_millis()).unwrap_or(u64::MAX);
+        if last != 0 && now.saturating_sub(last) < every {
+            return;
+        }
+        if self.background.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.last_background.store(now, Ordering::Relaxed);
         let this = self.clone();
         let target = target.clone();
         tokio::spawn(async move {
