@@ -195,13 +195,16 @@ impl Core {
         self.tx.send(Ok(message)).await.is_ok()
     }
 
-    /// Ends the consumer's stream with `error` (once).
+    /// Ends the session, and the consumer's stream with `error` (once). Never waits:
+    /// the caller may be the consumer itself (a send that got a 404 while its queue is
+    /// full); a consumer that misses the item still sees [`LegacySession::is_alive`]
+    /// and the error of its next send.
     async fn fail(&self, error: LegacyError) {
         if matches!(error, LegacyError::Expired) {
             self.expired.store(true, Ordering::Relaxed);
         }
         if !self.closed.swap(true, Ordering::Relaxed) {
-            let _ = self.tx.send(Err(error)).await;
+            let _ = self.tx.try_send(Err(error));
         }
     }
 
