@@ -622,11 +622,16 @@ async fn an_http_sse_session_calls_tools_and_answers_requests() {
 
 #[tokio::test]
 async fn a_stdio_session_calls_tools_and_answers_requests() {
-    let Target::Stdio { program, args, .. } = stdio_target() else {
-        unreachable!()
-    };
-    let session =
-        LegacySession::stdio(&program, &args, &SessionOptions::new(MAX)).expect("spawned");
+    // Opened the way a driver opens one: from the route's target and the probed era.
+    let session = LegacySession::open(&stdio_target(), LegacyTransport::Stdio, None)
+        .await
+        .expect("spawned");
+    assert!(
+        LegacySession::open(&stdio_target(), LegacyTransport::HttpSse, None)
+            .await
+            .is_err(),
+        "a stdio command has no HTTP transport"
+    );
     assert_eq!(exercise(&session).await, "stdio");
     session.ping(STEP).await.expect("the child answers pings");
     session.close().await;

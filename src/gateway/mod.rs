@@ -339,7 +339,8 @@ impl Route {
             .await;
         if let Ok(e) = &era {
             self.telemetry.metrics().upstream_era(&self.path, Some(*e));
-            self.telemetry.report().upstream(&self.path, e.describe());
+            let named = e.is_legacy().then(|| e.describe());
+            self.telemetry.report().upstream(&self.path, named);
         }
         era
     }
@@ -575,14 +576,17 @@ impl Gateway {
                 }
             })
             .collect();
-        let metrics = Arc::new(metrics::Metrics::new(
-            built.iter().map(|b| b.cache.clone()).collect(),
-            built
-                .iter()
-                .map(|b| (b.path.clone(), b.upstream.clone()))
-                .collect(),
-            report.clone(),
-        ));
+        let metrics = Arc::new(
+            metrics::Metrics::new(
+                built.iter().map(|b| b.cache.clone()).collect(),
+                built
+                    .iter()
+                    .map(|b| (b.path.clone(), b.upstream.clone()))
+                    .collect(),
+                report.clone(),
+            )
+            .with_upstream_sessions(upstream_sessions.clone()),
+        );
         let readiness = Arc::new(readiness::Readiness::new(
             built.iter().map(|b| b.path.clone()).collect(),
         ));

@@ -224,7 +224,8 @@ pub(super) async fn probe_loop(gw: Gateway, interval: Duration) {
             };
             t.metrics().upstream_era(&route.path, era);
             if let Some(e) = era {
-                t.report().upstream(&route.path, e.describe());
+                t.report()
+                    .upstream(&route.path, e.is_legacy().then(|| e.describe()));
             }
             let (outcome, instances) = match era {
                 // A legacy stdio server's answer to server/discover before

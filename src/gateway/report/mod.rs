@@ -446,8 +446,8 @@ pub struct ReportSnapshot {
     pub folded: u64,
     /// One row per host identity: legacy first, then by name.
     pub hosts: Vec<HostReport>,
-    /// Each route's upstream as far as its era is known: route path → `modern
-    /// upstream` or `legacy upstream (<transport>)`.
+    /// The routes whose upstream is a legacy server: route path → `legacy upstream
+    /// (<transport>)`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub upstreams: BTreeMap<String, String>,
 }
@@ -479,11 +479,19 @@ impl Report {
         }
     }
 
-    /// Names the upstream of `route` (`modern upstream`, `legacy upstream (…)`).
-    pub fn upstream(&self, route: &str, named: String) {
+    /// Names the upstream of `route` when it is a legacy one (`legacy upstream (…)`);
+    /// `None` (a modern upstream) takes the name away: the report names only what
+    /// differs from the default.
+    pub fn upstream(&self, route: &str, named: Option<String>) {
         if let Ok(mut u) = self.upstreams.lock() {
-            if u.len() < MAX_UPSTREAMS || u.contains_key(route) {
-                u.insert(route.to_owned(), named);
+            match named {
+                None => {
+                    u.remove(route);
+                }
+                Some(n) if u.len() < MAX_UPSTREAMS || u.contains_key(route) => {
+                    u.insert(route.to_owned(), n);
+                }
+                Some(_) => {}
             }
         }
     }

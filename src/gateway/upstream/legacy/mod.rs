@@ -408,6 +408,51 @@ impl LegacySession {
         Ok(session)
     }
 
+    /// A session to `target` over `transport` (what the era probe found), carrying
+    /// `authorization` on the exchanges it makes on its own. Nothing is sent over
+    /// Streamable HTTP until the first message; HTTP+SSE waits for its `endpoint`
+    /// event; stdio spawns the child.
+    pub async fn open(
+        target: &super::era::Target,
+        transport: LegacyTransport,
+        authorization: Option<HeaderValue>,
+    ) -> Result<Self, LegacyError> {
+        use super::era::Target;
+        match (target, transport) {
+            (
+                Target::Http {
+                    client,
+                    uri,
+                    max_message,
+                },
+                LegacyTransport::StreamableHttp | LegacyTransport::HttpSse,
+            ) => {
+                let options = SessionOptions {
+                    max_message: *max_message,
+                    authorization,
+                };
+                let client = UpstreamClient::clone(client);
+                if transport == LegacyTransport::HttpSse {
+                    Self::http_sse(client, uri.clone(), options).await
+                } else {
+                    Ok(Self::streamable_http(client, uri.clone(), options))
+                }
+            }
+            (
+                Target::Stdio {
+                    program,
+                    args,
+                    max_message,
+                },
+                LegacyTransport::Stdio,
+            ) => Self::stdio(program, args, &SessionOptions::new(*max_message)),
+            _ => Err(LegacyError::closed(format!(
+                "a {} session cannot reach this upstream",
+                transport.as_str()
+            ))),
+        }
+    }
+
     /// Which transport this session speaks.
     pub fn transport(&self) -> LegacyTransport {
         match &self.inner.transport {
