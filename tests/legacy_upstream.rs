@@ -907,6 +907,18 @@ async fn a_legacy_host_passes_straight_through_to_a_legacy_upstream() {
     assert!(
         String::from_utf8_lossy(&body).contains("<b>/mcp</b> legacy upstream (streamable-http)")
     );
+    let out = Command::new(env!("CARGO_BIN_EXE_dualera"))
+        .args(["report", "--admin", &format!("http://{admin}")])
+        .output()
+        .expect("dualera report ran");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table
+            .lines()
+            .last()
+            .is_some_and(|l| l == "Upstream of /mcp: legacy upstream (streamable-http)"),
+        "{table}"
+    );
 }
 
 #[tokio::test]
