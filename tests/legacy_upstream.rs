@@ -716,6 +716,26 @@ async fn two_keys_never_share_an_upstream_session() {
 }
 
 #[tokio::test]
+async fn concurrent_acquisitions_of_one_key_share_one_opening() {
+    let py = PyServer::spawn("streamable-http");
+    let url = py.url("/mcp");
+    let pool = SessionPool::new(PoolLimits::default());
+    let key = PoolKey::new(None, &json!({}), &url);
+    let (a, b, c) = tokio::join!(
+        pool.acquire(&key, || open_streamable(url.clone(), None)),
+        pool.acquire(&key, || open_streamable(url.clone(), None)),
+        pool.acquire(&key, || open_streamable(url.clone(), None)),
+    );
+    let (a, b, c) = (a.expect("a"), b.expect("b"), c.expect("c"));
+    let id = a.upstream_session_id();
+    assert!(id.is_some());
+    assert_eq!(b.upstream_session_id(), id);
+    assert_eq!(c.upstream_session_id(), id);
+    assert_eq!(pool.len_of(&key), 1);
+    assert_eq!(py.count("POST /mcp initialize").await, 1);
+}
+
+#[tokio::test]
 async fn the_bounds_refuse_clearly() {
     let py = PyServer::spawn("streamable-http");
     let url = py.url("/mcp");

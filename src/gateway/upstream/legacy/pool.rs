@@ -167,7 +167,13 @@ pub struct SessionPool {
     dropped: AtomicU64,
     pings: AtomicU64,
     refused: AtomicU64,
+    /// Woken whenever an opening ends (a session added, or its reservation returned).
+    opened_or_failed: tokio::sync::Notify,
 }
+
+/// How long an acquisition waits for another one's opening of the same key before it
+/// opens a session of its own.
+const OPENING_WAIT: Duration = Duration::from_secs(15);
 
 /// A session in use: while any lease is held the session is not closed for
 /// idleness. Dropping it marks the session used now.
@@ -218,6 +224,7 @@ impl SessionPool {
             dropped: AtomicU64::new(0),
             pings: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            opened_or_failed: tokio::sync::Notify::new(),
         })
     }
 
@@ -260,6 +267,8 @@ impl SessionPool {
 
     /// A session of `key`: the live one with the fewest leases, or, when the key has
     /// none, a new one from `open` (which performs the handshake), within the bounds.
+    /// While another acquisition of the key is opening one, this waits for it (at most
+    /// [`OPENING_WAIT`]) instead of opening a second.
     pub async fn acquire<F, Fut>(
         self: &Arc<Self>,
         key: &PoolKey,
@@ -269,10 +278,24 @@ impl SessionPool {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<LegacySession, LegacyError>>,
     {
-        if let Some(lease) = self.reuse(key) {
-            return Ok(lease);
+        let deadline = tokio::time::Instant::now() + OPENING_WAIT;
+        loop {
+            // Registered before looking, so an opening that ends in between still
+            // wakes this one.
+            let ended = self.opened_or_failed.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if let Some(lease) = self.reuse(key) {
+                return Ok(lease);
+            }
+            let pending = self
+                .state
+                .lock()
+                .map_or(0, |s| s.opening.get(key).copied().unwrap_or(0));
+            if pending == 0 || tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return self.open(key, open).await;
+            }
         }
-        self.open(key, open).await
     }
 
     /// Always a new session of `key` (a caller that wants one of its own), within the
@@ -309,6 +332,7 @@ impl SessionPool {
         }
         reservation.done = true;
         self.opened.fetch_add(1, Ordering::Relaxed);
+        self.opened_or_failed.notify_waiters();
         Ok(Lease {
             slot,
             pool: self.clone(),
@@ -385,6 +409,7 @@ impl SessionPool {
                 s.total = s.total.saturating_sub(1);
             }
         }
+        self.opened_or_failed.notify_waiters();
     }
 
     /// Drops the lease's session from the pool and closes it (it expired, or its
