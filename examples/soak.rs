@@ -6,6 +6,7 @@
 //! ```sh
 //! cargo run --release --example soak -- --secs 120
 //! cargo run --release --example soak -- --secs 30 --sessions 20 --seed 7
+//! cargo run --release --example soak -- --secs 60 --session-store redis://127.0.0.1:6379/0
 //! ```
 //!
 //! Topology (all on 127.0.0.1, ports picked at run time, a throw-away demo workspace
@@ -96,6 +97,9 @@ struct Opts {
     no_build: bool,
     /// Half-open connections per burst and gateway (0: none).
     half_open: usize,
+    /// Where gateways A and B keep their Streamable HTTP sessions (`--session-store`:
+    /// a `redis://` URL; default: in memory).
+    session_store: Option<String>,
 }
 
 fn opts() -> Opts {
@@ -108,6 +112,7 @@ fn opts() -> Opts {
             .unwrap_or(1),
         no_build: false,
         half_open: 100,
+        session_store: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -118,6 +123,7 @@ fn opts() -> Opts {
             "--seed" => o.seed = val().parse().unwrap_or_else(|_| usage()),
             "--no-build" => o.no_build = true,
             "--half-open" => o.half_open = val().parse().unwrap_or_else(|_| usage()),
+            "--session-store" => o.session_store = Some(val()),
             _ => usage(),
         }
     }
@@ -126,7 +132,7 @@ fn opts() -> Opts {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: soak [--secs 120] [--sessions 50] [--seed N] [--half-open 100] [--no-build]");
+    eprintln!("usage: soak [--secs 120] [--sessions 50] [--seed N] [--half-open 100] [--session-store redis://HOST:PORT/DB] [--no-build]");
     std::process::exit(2)
 }
 
@@ -1613,6 +1619,24 @@ async fn run(o: Opts) -> Res<bool> {
             HEADER_TIMEOUT.as_secs()
         ),
     )?;
+    // Gateways A and B: the same settings, and with `--session-store` their Streamable
+    // HTTP sessions in Redis, each under a prefix of its own (they front different
+    // upstreams). The stdio bridges keep the plain config: they have no HTTP sessions.
+    let gateway_config = |name: &str| -> Res<String> {
+        let Some(store) = &o.session_store else {
+            return Ok(gw_config.to_string_lossy().into_owned());
+        };
+        let path = dir.join(format!("soak-gateway-{name}.toml"));
+        let base = std::fs::read_to_string(&gw_config)?;
+        std::fs::write(
+            &path,
+            format!(
+                "{base}session_store = {store:?}\nsession_key_prefix = \"soak-{}-{name}:\"\n",
+                std::process::id()
+            ),
+        )?;
+        Ok(path.to_string_lossy().into_owned())
+    };
     let port = free_port()?;
     let server_args: Vec<String> = [
         "serve",
@@ -1628,7 +1652,7 @@ async fn run(o: Opts) -> Res<bool> {
     let server_log = dir.join("server-http.log");
     let (server, upstream_url) =
         Proc::spawn(&bin, &sargs, &server_log, "modern server listening on")?;
-    let gwc = gw_config.to_string_lossy().into_owned();
+    let gwc = gateway_config("a")?;
     let (gateway_a, url_a) = Proc::spawn(
         &bin,
         &[
@@ -1648,6 +1672,7 @@ async fn run(o: Opts) -> Res<bool> {
         bin.display(),
         server_config.display()
     );
+    let gwc = gateway_config("b")?;
     let (gateway_b, url_b) = Proc::spawn(
         &bin,
         &[

@@ -29,6 +29,7 @@ pub mod guard;
 pub mod inbound;
 pub mod listener;
 pub mod outbound;
+pub mod request_state;
 pub mod server;
 pub mod sse;
 pub mod throttle;

@@ -14,7 +14,7 @@ mod seeded;
 
 use dualera::config::Config;
 use dualera::gateway::GatewayConfig;
-use dualera::server::request_state::{Binding, StateCodec};
+use dualera::request_state::{Binding, StateCodec};
 use dualera::server::scope::Scope;
 use dualera::sse;
 use dualera_adapters::jsonrpc::{self, EnvelopeError, Incoming, Message};

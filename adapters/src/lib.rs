@@ -19,6 +19,10 @@
 //!   upstream requests ◄── Message::to_vec ◄── Event::ToUpstream     ◄──┘
 //! ```
 //!
+//! The reverse direction, modern hosts in front of a legacy server, is a second
+//! machine: [`reverse::LegacySession`] holds one legacy session as a client and answers
+//! 2026-07-28 requests from it, live server requests becoming `input_required` rounds.
+//!
 //! Everything version-specific lives here: [`capabilities`] maps capabilities between
 //! eras, [`downgrade`] shapes results per revision, [`mrtr`] runs Multi Round-Trip
 //! Requests, [`tasks`] keeps a 2025-11-25 host's tasks over the modern tasks
@@ -34,6 +38,7 @@ pub mod jsonrpc;
 pub mod mrtr;
 pub mod param_headers;
 pub mod replay;
+pub mod reverse;
 pub mod revision;
 pub mod session;
 pub mod snapshot;

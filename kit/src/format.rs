@@ -37,6 +37,53 @@ pub const SETTINGS: &[(&str, SettingDefault)] = &[
     ("id_prefix", SettingDefault::Unspecified),
 ];
 
+/// Settings of a reverse-direction vector (a modern host in front of a legacy server),
+/// with their defaults.
+pub const REVERSE_SETTINGS: &[(&str, SettingDefault)] = &[
+    ("max_queued", SettingDefault::Number(16)),
+    ("max_calls", SettingDefault::Number(64)),
+    ("max_input_requests", SettingDefault::Number(16)),
+    ("max_rounds", SettingDefault::Number(8)),
+    ("retry_wait_ms", SettingDefault::Number(300_000)),
+    ("initialize_timeout_ms", SettingDefault::Number(30_000)),
+    ("ping_interval_ms", SettingDefault::Number(30_000)),
+    ("list_ttl_ms", SettingDefault::Number(0)),
+    ("public_cache", SettingDefault::Flag(false)),
+    ("max_listeners", SettingDefault::Number(16)),
+    ("max_subscriptions", SettingDefault::Number(256)),
+    ("legacy_versions", SettingDefault::AllLegacyVersions),
+    ("id_prefix", SettingDefault::Unspecified),
+];
+
+/// Which way a vector's bridge translates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Direction {
+    /// A legacy host in front of a 2026-07-28 upstream (the default).
+    #[default]
+    Forward,
+    /// A 2026-07-28 host in front of a legacy server: `peer` steps are the modern
+    /// host's messages, `upstream` steps the legacy server's.
+    Reverse,
+}
+
+impl Direction {
+    /// The name in vector files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Forward => "forward",
+            Self::Reverse => "reverse",
+        }
+    }
+
+    /// The settings a vector of this direction may assume.
+    pub fn settings(self) -> &'static [(&'static str, SettingDefault)] {
+        match self {
+            Self::Forward => SETTINGS,
+            Self::Reverse => REVERSE_SETTINGS,
+        }
+    }
+}
+
 /// The legacy revisions a bridge offers by default, newest first.
 pub const LEGACY_VERSIONS: [&str; 4] = ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
 
@@ -45,6 +92,8 @@ pub const LEGACY_VERSIONS: [&str; 4] = ["2025-11-25", "2025-06-18", "2025-03-26"
 pub enum SettingDefault {
     /// A number.
     Number(u64),
+    /// A boolean.
+    Flag(bool),
     /// All four legacy revisions, newest first.
     AllLegacyVersions,
     /// Left to the implementation (the setting only shapes minted values, which
@@ -57,6 +106,7 @@ impl SettingDefault {
     pub fn value(self) -> Option<Value> {
         match self {
             Self::Number(n) => Some(Value::from(n)),
+            Self::Flag(b) => Some(Value::Bool(b)),
             Self::AllLegacyVersions => Some(Value::from(LEGACY_VERSIONS.to_vec())),
             Self::Unspecified => None,
         }
@@ -162,6 +212,8 @@ pub struct Vector {
     pub description: String,
     /// The row of the era-translation table it exercises.
     pub row: String,
+    /// Which way the bridge translates (`direction`, default forward).
+    pub direction: Direction,
     /// The legacy revision the transcript negotiates (informative).
     pub revision: Option<String>,
     /// The spec text it checks: `REVISION/PAGE#ANCHOR` references.
@@ -189,7 +241,7 @@ impl Vector {
     /// Every setting, the vector's overrides applied over the defaults (settings
     /// without a default appear only when the vector sets them).
     pub fn settings(&self) -> Map<String, Value> {
-        let mut out = default_settings();
+        let mut out = defaults_of(self.direction.settings());
         for (k, v) in &self.config {
             out.insert(k.clone(), v.clone());
         }
@@ -199,7 +251,11 @@ impl Vector {
 
 /// The documented default settings.
 pub fn default_settings() -> Map<String, Value> {
-    SETTINGS
+    defaults_of(SETTINGS)
+}
+
+fn defaults_of(settings: &[(&str, SettingDefault)]) -> Map<String, Value> {
+    settings
         .iter()
         .filter_map(|(k, d)| Some(((*k).to_owned(), d.value()?)))
         .collect()
@@ -478,6 +534,7 @@ struct RawVector {
     _schema: Option<String>,
     description: String,
     row: String,
+    direction: Option<String>,
     revision: Option<String>,
     #[serde(default)]
     spec: Vec<String>,
@@ -530,12 +587,25 @@ pub fn parse(name: &str, text: &str) -> Result<Vector, FormatError> {
         file: file.clone(),
         detail,
     };
+    let direction = match raw.direction.as_deref() {
+        None | Some("forward") => Direction::Forward,
+        Some("reverse") => Direction::Reverse,
+        Some(other) => {
+            return Err(vector_err(format!(
+                "unknown direction {other:?} (forward, reverse)"
+            )))
+        }
+    };
     for (k, v) in &raw.config {
-        let Some((_, default)) = SETTINGS.iter().find(|(s, _)| s == k) else {
-            return Err(vector_err(format!("unknown config key {k:?}")));
+        let Some((_, default)) = direction.settings().iter().find(|(s, _)| s == k) else {
+            return Err(vector_err(format!(
+                "unknown config key {k:?} for a {} vector",
+                direction.name()
+            )));
         };
         let ok = match default {
             SettingDefault::Number(_) => v.is_u64(),
+            SettingDefault::Flag(_) => v.is_boolean(),
             SettingDefault::AllLegacyVersions => v
                 .as_array()
                 .is_some_and(|a| !a.is_empty() && a.iter().all(Value::is_string)),
@@ -577,6 +647,7 @@ pub fn parse(name: &str, text: &str) -> Result<Vector, FormatError> {
         name: name.to_owned(),
         description: raw.description,
         row: raw.row,
+        direction,
         revision: raw.revision,
         spec: raw.spec,
         config: raw.config,
@@ -1142,6 +1213,33 @@ mod tests {
         match &v.steps[0].input {
             Input::UpstreamLost { http: Some(a), .. } => assert!(a.is_denial()),
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn direction_and_its_settings() {
+        let v = one(r#"{"from":"timer","at":1}"#).unwrap();
+        assert_eq!(v.direction, Direction::Forward);
+        let v = parse(
+            "t",
+            r#"{"description":"d","row":"r","direction":"reverse","config":{"retry_wait_ms":5,"public_cache":true},
+                "steps":[{"from":"timer","at":1}]}"#,
+        )
+        .unwrap();
+        assert_eq!(v.direction, Direction::Reverse);
+        assert_eq!(v.settings()["retry_wait_ms"], 5);
+        assert_eq!(v.settings()["max_calls"], 64);
+        assert!(v.settings().get("max_batch_len").is_none());
+        for bad in [
+            r#""direction":"sideways""#,
+            r#""direction":"reverse","config":{"max_batch_len":2}"#,
+            r#""config":{"retry_wait_ms":2}"#,
+            r#""direction":"reverse","config":{"public_cache":1}"#,
+        ] {
+            let text = format!(
+                r#"{{"description":"d","row":"r",{bad},"steps":[{{"from":"timer","at":1}}]}}"#
+            );
+            assert!(parse("t", &text).is_err(), "{bad}");
         }
     }
 

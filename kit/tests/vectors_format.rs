@@ -35,11 +35,28 @@ fn vector_files() -> Vec<PathBuf> {
     files
 }
 
+/// The reverse-direction vectors (`adapters/vectors/reverse/`).
+fn reverse_vector_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("adapters/vectors/reverse"))
+        .expect("the reverse vector folder")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 15,
+        "the reverse vector set, found {}",
+        files.len()
+    );
+    files
+}
+
 #[test]
 fn every_vector_validates_against_the_schema_and_parses() {
     let validator = schema();
     let mut bad = Vec::new();
-    for f in vector_files() {
+    for f in vector_files().into_iter().chain(reverse_vector_files()) {
         let text = std::fs::read_to_string(&f).unwrap();
         let v: Value = serde_json::from_str(&text).unwrap();
         let errors: Vec<String> = validator
@@ -162,6 +179,14 @@ fn schema_and_reader_refuse_the_same_mistakes() {
         "status? as a class",
         &|v| v["steps"][0] = json!({"from": "peer", "message": {}, "http": {"status?": "4xx"}}),
     );
+    with("unknown direction", &|v| v["direction"] = json!("sideways"));
+    with("a forward setting in a reverse vector", &|v| {
+        v["direction"] = json!("reverse");
+        v["config"] = json!({"max_batch_len": 2});
+    });
+    with("a reverse setting in a forward vector", &|v| {
+        v["config"] = json!({"retry_wait_ms": 2})
+    });
     for (what, v) in cases {
         assert!(!validator.is_valid(&v), "the schema accepts: {what}");
         assert!(
@@ -183,6 +208,11 @@ fn schema_and_reader_refuse_the_same_mistakes() {
     assert!(format::parse("t", &denial.to_string()).is_ok());
     assert!(validator.is_valid(&base));
     assert!(format::parse("t", &base.to_string()).is_ok());
+    let mut reverse = base.clone();
+    reverse["direction"] = json!("reverse");
+    reverse["config"] = json!({"retry_wait_ms": 2, "public_cache": true});
+    assert!(validator.is_valid(&reverse));
+    assert!(format::parse("t", &reverse.to_string()).is_ok());
 }
 
 /// GitHub-style heading anchors, as the spec site uses.
@@ -206,7 +236,7 @@ fn spec_references_name_real_pages_and_headings() {
     );
     let mut bad = Vec::new();
     let mut checked = 0;
-    for f in vector_files() {
+    for f in vector_files().into_iter().chain(reverse_vector_files()) {
         let v: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
         for r in v["spec"].as_array().into_iter().flatten() {
             let r = r.as_str().unwrap();
@@ -256,6 +286,10 @@ fn the_readme_counts_are_the_folders() {
     for said in [
         format!("The {} transcript vectors", files.len()),
         format!("dualera passes all {http} vectors that apply over Streamable HTTP and all {stdio} over stdio"),
+        format!(
+            "has its own {} vectors in",
+            reverse_vector_files().len()
+        ),
     ] {
         assert!(flat.contains(&said), "README.md should say: {said}");
     }

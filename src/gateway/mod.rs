@@ -17,6 +17,7 @@
 pub mod admin;
 mod auth;
 pub mod cache;
+mod driver;
 pub mod forwarded;
 pub mod http_sse;
 mod legacy_http;
@@ -25,10 +26,9 @@ pub mod passthrough;
 mod pipe;
 pub mod public_resource;
 pub mod readiness;
-mod replicas;
 pub mod report;
 pub mod routes;
-pub mod session_store;
+pub mod store;
 pub mod telemetry;
 pub mod token_exchange;
 pub mod trace;
@@ -104,7 +104,7 @@ pub struct GatewayConfig {
     /// Legacy sessions one caller may hold.
     pub max_sessions_per_caller: usize,
     /// Where legacy Streamable HTTP sessions live (`session_store`).
-    pub session_store: session_store::SessionStoreConfig,
+    pub session_store: store::SessionStoreConfig,
     /// The route's own public identity (metadata rewrite, token exchange); `None`:
     /// the transparent relay.
     pub public_resource: Option<Arc<public_resource::PublicResource>>,
@@ -144,7 +144,7 @@ impl Default for GatewayConfig {
             stalled_reader_timeout: Duration::from_secs(30),
             replay_buffer_bytes: 1024 * 1024,
             max_sessions_per_caller: 1000,
-            session_store: session_store::SessionStoreConfig::Memory,
+            session_store: store::SessionStoreConfig::Memory,
             public_resource: None,
             era: crate::config::UpstreamEra::Auto,
             max_upstream_sessions: 1024,
@@ -250,15 +250,15 @@ impl GatewayConfig {
         let Some(store) = flag.or(s.session_store.as_deref()) else {
             return Ok(self);
         };
-        let parsed = session_store::SessionStoreConfig::parse(
+        let parsed = store::SessionStoreConfig::parse(
             store,
             s.replica_id.as_deref(),
             s.session_key_prefix.as_deref(),
             s.upstream_lease_ms.map(Duration::from_millis),
             s.session_store_timeout_ms.map(Duration::from_millis),
         )?;
-        if let session_store::SessionStoreConfig::Redis(r) = &parsed {
-            replicas::redis::check_url(&r.url)?;
+        if let store::SessionStoreConfig::Redis(r) = &parsed {
+            store::redis::client::check_url(&r.url)?;
         }
         self.session_store = parsed;
         Ok(self)
@@ -283,10 +283,10 @@ pub struct Route {
     /// Its upstream's instances.
     upstream: Arc<UpstreamPool>,
     /// Its legacy Streamable HTTP sessions.
-    legacy: legacy_http::Sessions,
+    legacy: store::memory::Sessions,
     /// Its legacy Streamable HTTP sessions in Redis (shared by the replicas), when
     /// `session_store` names Redis.
-    redis: Option<Arc<replicas::SharedSessions>>,
+    redis: Option<Arc<store::redis::RedisSessions>>,
     /// Its HTTP+SSE (2024-11-05) sessions.
     sse: Arc<http_sse::SseSessions>,
     /// Its response cache (keys carry the route).
@@ -426,15 +426,15 @@ impl Route {
 /// A route's sessions in Redis when `session_store` names it: every route's keys under
 /// the configured prefix, the routes other than `/mcp` each under a prefix of its own
 /// (a session id is only ever found on the route that minted it).
-fn redis_sessions(path: &str, config: &GatewayConfig) -> Option<Arc<replicas::SharedSessions>> {
-    let session_store::SessionStoreConfig::Redis(r) = &config.session_store else {
+fn redis_sessions(path: &str, config: &GatewayConfig) -> Option<Arc<store::redis::RedisSessions>> {
+    let store::SessionStoreConfig::Redis(r) = &config.session_store else {
         return None;
     };
     let mut r = r.clone();
     if path != routes::DEFAULT_ROUTE {
         r.key_prefix = format!("{}{path}:", r.key_prefix);
     }
-    match replicas::SharedSessions::new(&r, config) {
+    match store::redis::RedisSessions::new(&r, config) {
         Ok(s) => Some(s),
         Err(e) => {
             // The URL was checked when the config was read.
@@ -556,7 +556,7 @@ impl Gateway {
             path: Arc<str>,
             upstream: Arc<UpstreamPool>,
             cache: Arc<cache::ResponseCache>,
-            redis: Option<Arc<replicas::SharedSessions>>,
+            redis: Option<Arc<store::redis::RedisSessions>>,
             config: GatewayConfig,
         }
         let built: Vec<Parts> = specs
@@ -604,7 +604,7 @@ impl Gateway {
                         report.clone(),
                         readiness.clone(),
                     )),
-                    legacy: legacy_http::Sessions::new(&b.config),
+                    legacy: store::memory::Sessions::new(&b.config),
                     redis: b.redis,
                     sse: Arc::default(),
                     era_target: era_target(&b.upstream, &b.config),
@@ -708,7 +708,7 @@ impl Gateway {
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
         let reapers: Vec<_> = (0..self.table.list.len())
-            .map(|i| tokio::spawn(legacy_http::reap(self.table.list[i].clone())))
+            .map(|i| tokio::spawn(store::memory::reap(self.table.list[i].clone())))
             .collect();
         for route in 0..self.table.list.len() {
             let on = &self.table.list[route];

@@ -3,13 +3,12 @@
 //! machine, feeds it what the peer and the upstream say, and carries out its events.
 //! Every stream the machine names maps onto the one outgoing channel.
 
+use super::driver::{self, Ended, Out};
 use super::forwarded::Forwarded;
 use super::telemetry::SessionTelemetry;
-use super::trace::TraceContext;
-use super::upstream::{OnBehalf, UpstreamError};
 use super::Route;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
-use dualera_adapters::{Event, Message, RequestId, Session, SessionState, Timestamp};
+use dualera_adapters::{Message, RequestId, Session, SessionState, Timestamp, UpstreamRole};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -157,8 +156,8 @@ struct Links<'a> {
     forwarded: &'a Arc<Forwarded>,
 }
 
-/// Carries out every event the machine emitted (sends to the peer, starts and cancels
-/// upstream exchanges, records observations), in order.
+/// Carries out everything the machine asked for ([`driver::plan`]) on this wire:
+/// every stream maps onto the one outgoing channel, in order.
 async fn perform(
     links: &Links<'_>,
     machine: &mut Session,
@@ -172,83 +171,66 @@ async fn perform(
         authorization,
         forwarded,
     } = *links;
-    while let Some(event) = machine.poll_event() {
-        match event {
-            Event::ToPeer { message, .. } => {
-                let _ = outgoing.send(message.to_vec()).await;
-            }
-            Event::ToPeerBatch { messages, .. } => {
-                let values: Vec<serde_json::Value> =
-                    messages.iter().map(Message::to_value).collect();
-                let _ = outgoing
-                    .send(serde_json::to_vec(&values).unwrap_or_default())
-                    .await;
-            }
-            Event::ToUpstream { role, request } => {
-                let id = request.id.clone();
-                let params = machine.upstream_headers(&request);
-                let gw = gw.clone();
-                let tx = up_tx.clone();
-                let task_id = id.clone();
-                let auth = authorization.cloned();
-                let fwd = forwarded.clone();
-                // These wires carry no HTTP headers per message: the request's own
-                // `_meta.traceparent` is the trace context.
-                let trace = TraceContext::from_meta(request.params.as_ref());
-                let span = tracing::debug_span!(
-                    "upstream",
-                    rpc.id = %id,
-                    ?role,
-                    trace_id = trace.as_ref().map_or("", |t| t.trace_id()),
-                );
-                let task = tokio::spawn(
-                    async move {
-                        let msg = Message::Request(request);
-                        let on_behalf = OnBehalf {
-                            authorization: auth.as_ref(),
-                            forwarded: Some(&fwd),
-                            trace: trace.as_ref(),
-                        };
-                        // Each message waits for room in the session's queue: a host
-                        // that reads slowly slows the read from the upstream.
-                        let relayed = async {
-                            let mut exchange = gw.exchange(&role, &msg, on_behalf, &params).await?;
-                            while let Some(item) = exchange.next().await {
-                                let m = FromUpstream::Message(task_id.clone(), item?);
-                                if tx.send(m).await.is_err() {
-                                    break;
-                                }
-                            }
-                            Ok::<(), UpstreamError>(())
-                        };
-                        let last = match relayed.await {
-                            Ok(()) => FromUpstream::Done(task_id),
-                            Err(e) => {
-                                gw.telemetry.upstream_error(&e);
-                                warn!(error = %e, "upstream exchange failed");
-                                FromUpstream::Lost(task_id, e.refusal())
-                            }
-                        };
-                        let _ = tx.send(last).await;
-                    }
-                    .instrument(span),
-                );
-                tasks.insert(id, task.abort_handle());
-            }
-            Event::CancelUpstream { id, reason } => {
-                if let Some(t) = tasks.remove(&id) {
-                    debug!(rpc.id = %id, reason, "upstream request cancelled");
-                    t.abort();
-                }
-            }
-            Event::RequestFailed { legacy, failure } => {
-                info!(rpc.id = %legacy, failure = %failure, "legacy request failed");
-            }
-            Event::ToolRejected { tool, reason } => {
-                warn!(tool, reason, "upstream tool left out of tools/list");
-            }
-            Event::Observed(o) => telemetry.observe(o, machine),
-            _ => {}
+    let mut fixed = driver::Fixed {
+        auth: authorization,
+        trace: None,
+    };
+    let mut plan = driver::plan(machine, &mut fixed, authorization);
+    for out in std::mem::take(&mut plan.out) {
+        if let Out::Message { bytes, .. } = out {
+            let _ = outgoing.send(bytes).await;
         }
+    }
+    for start in std::mem::take(&mut plan.starts) {
+        let id = start.request.id.clone();
+        let span = tracing::debug_span!(
+            "upstream",
+            rpc.id = %id,
+            role = ?start.role,
+            trace_id = start.trace.as_ref().map_or("", |t| t.trace_id()),
+        );
+        let gw = gw.clone();
+        let feed = PipeFeed(up_tx.clone());
+        let fwd = forwarded.clone();
+        let task = tokio::spawn(
+            async move { driver::exchange(&gw, &start, &fwd, None, &feed).await }.instrument(span),
+        );
+        tasks.insert(id, task.abort_handle());
+    }
+    for (id, reason) in std::mem::take(&mut plan.cancels) {
+        if let Some(t) = tasks.remove(&id) {
+            debug!(rpc.id = %id, reason, "upstream request cancelled");
+            t.abort();
+        }
+    }
+    plan.log("pipe");
+    for o in plan.observed {
+        telemetry.observe(o, machine);
+    }
+}
+
+/// An upstream exchange of a single-channel session hands its messages to the
+/// session's task: the bounded channel is the backpressure (a host that reads slowly
+/// fills the outgoing queue, the session task stops taking, the send here waits).
+struct PipeFeed(mpsc::Sender<FromUpstream>);
+
+impl driver::Feed for PipeFeed {
+    async fn room(&self, _: &UpstreamRole) {}
+
+    async fn message(&self, id: &RequestId, message: Message, _last: bool) -> bool {
+        self.0
+            .send(FromUpstream::Message(id.clone(), message))
+            .await
+            .is_ok()
+    }
+
+    async fn ended(&self, id: &RequestId, ended: Ended) {
+        let last = match ended {
+            Ended::Done => FromUpstream::Done(id.clone()),
+            Ended::Lost(refusal) => FromUpstream::Lost(id.clone(), refusal),
+            // No host request waits on a pipe's exchange head.
+            Ended::Denied => FromUpstream::Lost(id.clone(), None),
+        };
+        let _ = self.0.send(last).await;
     }
 }

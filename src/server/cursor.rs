@@ -8,8 +8,8 @@
 //! own domain label. The payload holds the key id, the principal, a digest of the
 //! listing (its workspaces and query) and the keyset: the last note id shown.
 
-use super::request_state::{split_signed, SignedParts, StateCodec, StateError};
 use crate::digest::{constant_time_eq, hex};
+use crate::request_state::{split_signed, SignedParts, StateCodec, StateError};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde::{Deserialize, Serialize};

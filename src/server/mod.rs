@@ -19,7 +19,6 @@ pub mod error;
 pub mod http;
 pub mod meta;
 pub mod oauth;
-pub mod request_state;
 mod router;
 pub mod scope;
 pub mod stdio;
@@ -34,8 +33,8 @@ pub use router::{Handled, Listen, MirroredHeaders};
 pub use tools::Sink;
 
 use crate::config::{resolve_secret, Config, ConfigError, Limits};
+use crate::request_state::StateCodec;
 use catalog::Catalog;
-use request_state::StateCodec;
 use std::sync::Arc;
 use store::Store;
 

@@ -1,5 +1,5 @@
 //! A throw-away PostgreSQL cluster, for the store tests and the benchmark
-//! (`examples/bench.rs` includes this file too).
+//! (`examples/bench/main.rs` includes this file too).
 //!
 //! [`PgCluster::start`] installs Debian's `postgresql` when it is missing (through
 //! `tests/services/debian.sh postgresql`), runs `initdb` in a fresh temporary directory

@@ -106,6 +106,12 @@ pub fn settings_from(overrides: &Map<String, Value>) -> Result<Map<String, Value
 
 /// Whether `vector` applies to this bridge and wire; the reason if not.
 fn not_applicable(vector: &Vector, transport: Transport, options: &Options) -> Option<String> {
+    if vector.direction == format::Direction::Reverse {
+        return Some(
+            "a reverse-direction vector (modern host, legacy server): this runner plays a legacy host"
+                .into(),
+        );
+    }
     if !vector.transports.includes(transport) {
         let list: Vec<&str> = vector
             .transports

@@ -6,9 +6,9 @@ mod summarize;
 
 use super::error::ServerError;
 use super::meta::RequestMeta;
-use super::request_state::{digest_arguments, Binding, Opened};
 use super::tasks::TaskSupport;
 use super::Services;
+use crate::request_state::{digest_arguments, Binding, Opened};
 use dualera_adapters::param_headers::{tool_param_headers, ParamHeader};
 use dualera_adapters::{Message, Notification};
 use serde_json::{json, Map, Value};

@@ -1,5 +1,8 @@
 //! The `requestState` codec: what a stateless server hands the client between MRTR
 //! rounds, signed so that an attacker-controlled echo cannot change what it means.
+//! Shared by both programs: the modern server seals its own rounds, and the gateway
+//! seals the rounds it parks for a modern host in front of a legacy server (the
+//! reverse bridge), so it lives beside them rather than inside either.
 //!
 //! Wire form: `base64url(payload JSON) "." base64url(HMAC-SHA256(key, first part))`.
 //! The payload names its key id, so keys rotate: the newest signs, every listed key

@@ -11,7 +11,7 @@
 //! through its replica's channel) or a sequence number is missing.
 
 use super::wake::{Inbox, Waiter};
-use super::{hold_ms, Ctx, DeciderGuard, SharedSessions, StepError, HOLD_TICK};
+use super::{hold_ms, Ctx, DeciderGuard, RedisSessions, StepError, HOLD_TICK};
 use crate::body::{ChannelBody, GatewayBody, MeteredSender, SendError};
 use crate::digest::log_tag;
 use crate::gateway::legacy_http::STREAM_QUEUE;
@@ -54,7 +54,7 @@ pub(super) struct Feed {
     pub(super) inbox: Option<DeciderGuard>,
 }
 
-impl SharedSessions {
+impl RedisSessions {
     /// Takes over stream `number`'s connection and relays it from after `after`.
     pub(super) async fn open_relay(
         self: &Arc<Self>,
@@ -410,7 +410,7 @@ impl SharedSessions {
 
 /// Keeps a relay's inbox registered while it runs.
 struct Registered<'a> {
-    sessions: &'a SharedSessions,
+    sessions: &'a RedisSessions,
     token: &'a str,
 }
 

@@ -1,26 +1,35 @@
 //! Where legacy Streamable HTTP sessions live, behind one trait: [`SessionStore`].
 //!
-//! Two drivers of the same sans-IO session machine implement it:
+//! Two stores of the same sans-IO session machine implement it, and both carry out
+//! the machine's events through the one driver (`driver::plan`, `driver::exchange`):
 //!
-//! - in memory (`legacy_http::Sessions`, the embedded default): one process owns each
-//!   session; its machine and SSE streams sit behind one lock;
-//! - in Redis (`replicas::SharedSessions`, `session_store = "redis://…"`): any replica
-//!   behind a plain load balancer serves any request of any session. A replica loads
-//!   the session's state, feeds it one message, stores it back with compare-and-set on
-//!   a version, and only then performs what the machine asked for.
+//! - [`memory`] (the embedded default): one process owns each session; its machine
+//!   and SSE streams sit behind one lock; a step is lock, feed, plan, perform;
+//! - [`redis`] (`session_store = "redis://…"`): any replica behind a plain load
+//!   balancer serves any request of any session. A step loads the session's state,
+//!   feeds it one message, plans, stores the state and the plan's stream entries with
+//!   compare-and-set on a version in one script, and only then performs the rest.
 //!
 //! ```text
 //!   legacy_http::handle ──► Origin/version checks, body, parse, binding
 //!        │                    │
 //!        ▼                    ▼
 //!   SessionStore::{initialize, request, message, batch, stream, delete}
-//!        ├─ legacy_http::Sessions     (memory: lock, feed, route)
-//!        └─ replicas::SharedSessions  (Redis: load, feed, CAS, perform)
+//!        ├─ memory::Sessions        (lock, feed, plan, perform)
+//!        └─ redis::RedisSessions    (load, feed, plan, CAS + append, perform)
 //! ```
+//!
+//! The trait is one HTTP operation wide rather than a bare load/compare-and-set: what
+//! a stream *is* differs between the two (a live connection and a replay ring here,
+//! an entry log relayed by whichever replica holds the host's connection there), and
+//! the answer to a POST — JSON or a stream — is decided where the stream lives.
 //!
 //! The single-channel wires (stdio, WebSocket, 2024-11-05 HTTP+SSE) hold one
 //! connection per session, which cannot move between processes: they stay in memory
 //! whatever the store (`pipe`).
+
+pub(super) mod memory;
+pub(super) mod redis;
 
 use super::legacy_http::PostContext;
 use crate::body::GatewayBody;
@@ -120,7 +129,7 @@ pub enum StoreError {
     #[error("session store unreachable: {source}")]
     Unreachable {
         /// What the client said.
-        source: redis::RedisError,
+        source: ::redis::RedisError,
     },
     /// A command took longer than `session_store_timeout_ms`.
     #[error("session store did not answer within {timeout:?}")]

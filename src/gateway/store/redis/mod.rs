@@ -28,36 +28,34 @@
 //! - Nothing is served from a copy: when Redis cannot be reached, requests of shared
 //!   sessions fail with `-32603` and `data.reason = "sessionStoreUnavailable"`.
 
+pub(in crate::gateway) mod client;
 mod exchange;
-pub(super) mod keys;
-pub(super) mod redis;
+pub(in crate::gateway) mod keys;
 mod relay;
 mod stored;
 mod wake;
 
+use self::client::{Loaded, Redis, Stored as CasResult};
 use self::keys::{valid_session_id, Keys};
-use self::redis::{Loaded, Redis, Stored as CasResult};
 use self::stored::{Append, LeaseRecord, NewLease, Ops, Record};
 use self::wake::{Handed, Inbox, Wake, Wakes};
-use super::auth::BindingKey;
-use super::forwarded::Forwarded;
-use super::legacy_http::{
-    self, accepted, mint_session_id, refusal, rpc_error, session_missing, store_unavailable,
-    with_session_header, HeadWatch, PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT,
-    INIT_WAIT,
-};
-use super::session_store::{Lookup, RedisStoreConfig, SessionStore, StoreError};
-use super::telemetry::WIRE_HTTP;
-use super::trace::TraceContext;
-use super::upstream::{OnBehalf, UpstreamError};
-use super::{cache, GatewayConfig, Route};
 use crate::body::{empty, full, GatewayBody};
 use crate::digest::log_tag;
+use crate::gateway::auth::BindingKey;
+use crate::gateway::driver::{self, HeadWatch, Out};
+use crate::gateway::forwarded::Forwarded;
+use crate::gateway::legacy_http::{
+    self, accepted, mint_session_id, refusal, rpc_error, session_missing, store_unavailable,
+    with_session_header, PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, INIT_WAIT,
+};
+use crate::gateway::store::{Lookup, RedisStoreConfig, SessionStore, StoreError};
+use crate::gateway::telemetry::WIRE_HTTP;
+use crate::gateway::{cache, GatewayConfig, Route};
 use dashmap::DashMap;
 use dualera_adapters::jsonrpc::EnvelopeError;
 use dualera_adapters::usage::{Feature, Observation};
 use dualera_adapters::{
-    Config as MachineConfig, ErrorCode, Event, Message, PeerStream, Request, RequestId, Session,
+    Config as MachineConfig, ErrorCode, Message, PeerStream, Request, RequestId, Session,
     SessionError, SessionState, Timestamp, UpstreamRole,
 };
 use http::header::{self, HeaderValue};
@@ -103,7 +101,7 @@ fn same(a: &str, b: &str) -> bool {
 /// A shared session as the front found it: its id and the caller's binding. Whether
 /// it exists is learned by the operation (one read, not two).
 #[derive(Debug)]
-pub(super) struct SharedSession {
+pub(in crate::gateway) struct RedisSession {
     id: String,
     binding: String,
     /// The request carries no credentials.
@@ -163,7 +161,7 @@ impl Decider {
 /// What a replica remembers of a session it stepped: the version and state it stored
 /// (or read), the decoded record, taken by the next step (steps of one session on one
 /// replica are serialized) so that it is not decoded again, and when this replica last
-/// moved the session's last use in the zsets (see `SharedSessions::plan`).
+/// moved the session's last use in the zsets (see `RedisSessions::plan`).
 struct Remembered {
     version: String,
     state: Arc<Vec<u8>>,
@@ -218,25 +216,51 @@ struct Ctx {
     head: Option<Arc<HeadWatch>>,
     /// Where that first exchange is left for the host request's handler to drive
     /// itself (no hand-off to a task and back on the common path), when it asks.
-    inline: Option<Mutex<Option<Start>>>,
+    inline: Option<Mutex<Option<Running>>>,
 }
 
 /// One upstream exchange, driven by whoever holds it.
 type Exchange = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
-/// An upstream exchange to run once a step is stored.
+/// An upstream exchange to run once a step is stored, and what it runs under here.
 #[derive(Debug)]
-struct Start {
-    role: UpstreamRole,
-    request: Request,
-    headers: Vec<(String, String)>,
-    auth: Option<String>,
+struct Running {
+    start: driver::Start,
+    /// Its lease (none for `server/discover`, which nothing redoes).
     lease: Option<String>,
     head: Option<Arc<HeadWatch>>,
     /// The forwarded headers of the request that opened the session.
     forwarded: Forwarded,
-    /// The trace context of the HTTP request that carried the legacy request.
-    trace: Option<Arc<TraceContext>>,
+}
+
+/// The exchange of a session still being opened: its messages and its end, fed to
+/// the machine once it is over.
+#[derive(Default)]
+struct Collect(Mutex<(Vec<Message>, Option<driver::Ended>)>);
+
+impl Collect {
+    fn take(self) -> (Vec<Message>, Option<driver::Ended>) {
+        self.0
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl driver::Feed for Collect {
+    async fn room(&self, _: &UpstreamRole) {}
+
+    async fn message(&self, _: &RequestId, message: Message, _: bool) -> bool {
+        if let Ok(mut c) = self.0.lock() {
+            c.0.push(message);
+        }
+        true
+    }
+
+    async fn ended(&self, _: &RequestId, ended: driver::Ended) {
+        if let Ok(mut c) = self.0.lock() {
+            c.1 = Some(ended);
+        }
+    }
 }
 
 /// One stream's messages in a step: the stream, its messages with "is last", and
@@ -256,9 +280,10 @@ struct Handing {
 /// What a stored step leaves to do.
 #[derive(Default)]
 struct After {
-    starts: Vec<Start>,
+    starts: Vec<Running>,
     cancels: Vec<RequestId>,
-    logs: Vec<Event>,
+    /// What is left of the step's plan: its log lines.
+    plan: driver::Plan,
     json: Vec<(Arc<Decider>, Vec<u8>)>,
     /// Entries for this replica's relays (they are handed over if the step script
     /// found the relay still holding the stream).
@@ -285,7 +310,7 @@ impl After {
 }
 
 /// The shared sessions of one replica.
-pub(in crate::gateway) struct SharedSessions {
+pub(in crate::gateway) struct RedisSessions {
     redis: Arc<Redis>,
     keys: Keys,
     replica: String,
@@ -313,15 +338,15 @@ pub(in crate::gateway) struct SharedSessions {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
-impl std::fmt::Debug for SharedSessions {
+impl std::fmt::Debug for RedisSessions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedSessions")
+        f.debug_struct("RedisSessions")
             .field("replica", &self.replica)
             .finish_non_exhaustive()
     }
 }
 
-impl SharedSessions {
+impl RedisSessions {
     pub(in crate::gateway) fn new(
         store: &RedisStoreConfig,
         config: &GatewayConfig,
@@ -704,87 +729,66 @@ impl SharedSessions {
             };
             &mut groups[i]
         }
-        while let Some(event) = record.machine.poll_event() {
-            match event {
-                Event::ToPeer { stream, message } => {
-                    let last = matches!(&message, Message::Response(r) if matches!(&stream, PeerStream::Request(id) if r.id.as_ref() == Some(id)));
-                    group(&mut groups, &stream).1.push((message.to_vec(), last));
-                }
-                Event::ToPeerBatch { stream, messages } => {
-                    let values: Vec<Value> = messages.iter().map(Message::to_value).collect();
-                    let bytes = serde_json::to_vec(&Value::Array(values)).unwrap_or_default();
-                    group(&mut groups, &stream).1.push((bytes, true));
-                }
-                Event::CloseStream { stream } => group(&mut groups, &stream).2 = true,
-                Event::ToUpstream { role, request } => {
-                    let headers = record.machine.upstream_headers(&request);
-                    let auth = match &role {
-                        UpstreamRole::Call { legacy, .. }
-                        | UpstreamRole::ToolsRefresh { legacy } => {
-                            if ctx.auth.is_some() {
-                                record.set_auth(Some(legacy.clone()), ctx.auth.clone());
-                            }
-                            record.auth_for(Some(legacy)).map(str::to_owned)
-                        }
-                        UpstreamRole::Listen => record.auth_for(None).map(str::to_owned),
-                        UpstreamRole::Discover => ctx.auth.clone(),
-                    };
-                    let lease = (!matches!(role, UpstreamRole::Discover)).then(|| {
-                        let k = self.keys.lease(sid, &id_text(&request.id));
-                        let rec = LeaseRecord {
-                            sid: sid.to_owned(),
-                            request: Message::Request(request.clone()).to_value(),
-                            headers: headers.clone(),
-                            role: role.clone(),
-                        };
-                        ops.lease_new.push(NewLease {
-                            k: k.clone(),
-                            o: self.replica.clone(),
-                            d: (now + self.lease_ms()).to_string(),
-                            r: payload(
-                                &mut after.payloads,
-                                serde_json::to_vec(&rec).unwrap_or_default(),
-                            ),
-                        });
-                        k
-                    });
-                    let head = if after.starts.is_empty() {
-                        ctx.head.clone()
-                    } else {
-                        None
-                    };
-                    let trace = match &role {
-                        UpstreamRole::Call { legacy, .. }
-                        | UpstreamRole::ToolsRefresh { legacy } => record.trace_for(legacy),
-                        _ => None,
-                    }
-                    .or_else(|| TraceContext::from_meta(request.params.as_ref()).map(Arc::new));
-                    after.starts.push(Start {
-                        role,
-                        request,
-                        headers,
-                        auth,
-                        lease,
-                        head,
-                        forwarded: Forwarded::from_pairs(&record.forwarded),
-                        trace,
-                    });
-                }
-                Event::CancelUpstream { id, reason } => {
-                    debug!(session = %log_tag(sid), rpc.id = %id, reason, "upstream request cancelled");
-                    let lease = self.keys.lease(sid, &id_text(&id));
-                    ops.cancel
-                        .push((lease.clone(), wake::payload(sid, &Wake::Cancel(id.clone()))));
-                    ops.lease_del.push(lease);
-                    after.cancels.push(id);
-                }
-                other @ (Event::RequestFailed { .. } | Event::ToolRejected { .. }) => {
-                    after.logs.push(other);
-                }
-                Event::Observed(o) => after.observed.push(o),
-                _ => {}
+        let feeding = ctx
+            .auth
+            .as_deref()
+            .and_then(|a| HeaderValue::from_str(a).ok());
+        let mut plan = {
+            let (machine, mut calls) = record.split();
+            driver::plan(machine, &mut calls, feeding.as_ref())
+        };
+        for out in std::mem::take(&mut plan.out) {
+            match out {
+                Out::Message {
+                    stream,
+                    bytes,
+                    last,
+                } => group(&mut groups, &stream).1.push((bytes, last)),
+                Out::Close { stream } => group(&mut groups, &stream).2 = true,
             }
         }
+        for start in std::mem::take(&mut plan.starts) {
+            let lease = (!matches!(start.role, UpstreamRole::Discover)).then(|| {
+                let k = self.keys.lease(sid, &id_text(&start.request.id));
+                let rec = LeaseRecord {
+                    sid: sid.to_owned(),
+                    request: Message::Request(start.request.clone()).to_value(),
+                    headers: start.headers.clone(),
+                    role: start.role.clone(),
+                };
+                ops.lease_new.push(NewLease {
+                    k: k.clone(),
+                    o: self.replica.clone(),
+                    d: (now + self.lease_ms()).to_string(),
+                    r: payload(
+                        &mut after.payloads,
+                        serde_json::to_vec(&rec).unwrap_or_default(),
+                    ),
+                });
+                k
+            });
+            let head = if after.starts.is_empty() {
+                ctx.head.clone()
+            } else {
+                None
+            };
+            after.starts.push(Running {
+                start,
+                lease,
+                head,
+                forwarded: Forwarded::from_pairs(&record.forwarded),
+            });
+        }
+        for (id, reason) in std::mem::take(&mut plan.cancels) {
+            debug!(session = %log_tag(sid), rpc.id = %id, reason, "upstream request cancelled");
+            let lease = self.keys.lease(sid, &id_text(&id));
+            ops.cancel
+                .push((lease.clone(), wake::payload(sid, &Wake::Cancel(id.clone()))));
+            ops.lease_del.push(lease);
+            after.cancels.push(id);
+        }
+        after.observed = std::mem::take(&mut plan.observed);
+        after.plan = plan;
         if let Some(id) = &ctx.done_upstream {
             ops.lease_del.push(self.keys.lease(sid, &id_text(id)));
         }
@@ -991,17 +995,8 @@ impl SharedSessions {
                 h.abort();
             }
         }
-        for event in after.logs {
-            match event {
-                Event::RequestFailed { legacy, failure } => {
-                    info!(session = %log_tag(sid), rpc.id = %legacy, failure = %failure, "legacy request failed");
-                }
-                Event::ToolRejected { tool, reason } => {
-                    warn!(session = %log_tag(sid), tool, reason, "upstream tool left out of tools/list");
-                }
-                _ => {}
-            }
-        }
+        let mut plan = after.plan;
+        plan.log(&log_tag(sid));
         let mut starts = after.starts.into_iter();
         if let Some(slot) = &ctx.inline {
             if let (Ok(mut slot), Some(first)) = (slot.lock(), starts.next()) {
@@ -1079,62 +1074,49 @@ impl SharedSessions {
         let mut observed = Vec::new();
         let answer = tokio::time::timeout(INIT_WAIT, async {
             loop {
-                let mut answer = None;
-                let mut pending = Vec::new();
-                while let Some(event) = machine.poll_event() {
-                    match event {
-                        Event::ToPeer {
-                            message: Message::Response(r),
-                            ..
-                        } => answer = Some(Message::Response(r).to_vec()),
-                        Event::ToUpstream { role, request } => pending.push((role, request)),
-                        Event::Observed(o) => observed.push(o),
-                        _ => {}
-                    }
-                }
+                let mut plan = driver::plan(
+                    &mut machine,
+                    &mut driver::Fixed {
+                        auth: auth.as_ref(),
+                        trace: trace.as_ref(),
+                    },
+                    auth.as_ref(),
+                );
+                observed.append(&mut plan.observed);
+                let answer = plan.out.into_iter().find_map(|out| match out {
+                    Out::Message {
+                        bytes, last: true, ..
+                    } => Some(bytes),
+                    _ => None,
+                });
                 if let Some(a) = answer {
                     return Ok(Some(a));
                 }
-                let Some((role, request)) = pending.into_iter().next() else {
+                let Some(start) = plan.starts.into_iter().next() else {
                     return Ok(None);
                 };
-                let id = request.id.clone();
-                let exchanged = gw
-                    .exchange(
-                        &role,
-                        &Message::Request(request),
-                        OnBehalf {
-                            authorization: auth.as_ref(),
-                            forwarded: Some(&forwarded),
-                            trace: trace.as_deref(),
-                        },
-                        &[],
-                    )
-                    .await;
                 // The discover's answer, fed whole (its notifications, if any, first).
-                let (got, result) = match exchanged {
-                    Ok(exchange) => exchange.collect().await,
-                    Err(e) => (Vec::new(), Err(e)),
-                };
+                let head = HeadWatch::default();
+                let collected = Collect::default();
+                driver::exchange(gw, &start, &forwarded, Some(&head), &collected).await;
+                // The upstream refused the caller's credentials: its status and
+                // challenge go back as they are, and no session is minted.
+                if let Some(denial) = head.finish() {
+                    return Err(denial);
+                }
                 let now = wall_ms_ts();
+                let id = &start.request.id;
+                let (got, ended) = collected.take();
                 for m in got {
                     let _ = machine.handle_upstream_message(Some(id.clone()), m, now);
                 }
-                match result {
-                    Ok(()) => {}
-                    // The upstream refused the caller's credentials: its status and
-                    // challenge go back as they are, and no session is minted.
-                    Err(UpstreamError::Denied(d)) => return Err(d),
-                    Err(e) => {
-                        gw.telemetry.upstream_error(&e);
-                        let _ = match e.refusal() {
-                            Some((reason, message)) => {
-                                machine.handle_upstream_refused(&id, reason, message, now)
-                            }
-                            None => machine.handle_upstream_lost(&id, now),
-                        };
+                let _ = match ended {
+                    Some(driver::Ended::Lost(Some((reason, message)))) => {
+                        machine.handle_upstream_refused(id, reason, message, now)
                     }
-                }
+                    Some(driver::Ended::Lost(None)) => machine.handle_upstream_lost(id, now),
+                    _ => Ok(()),
+                };
             }
         })
         .await;
@@ -1164,11 +1146,17 @@ impl SharedSessions {
         if machine.state() != SessionState::Ready {
             return response;
         }
-        while let Some(event) = machine.poll_event() {
-            if let Event::Observed(o) = event {
-                observed.push(o);
-            }
-        }
+        // What else the answer's step said, the session not stored yet: only its
+        // observations count.
+        let mut rest = driver::plan(
+            &mut machine,
+            &mut driver::Fixed {
+                auth: auth.as_ref(),
+                trace: trace.as_ref(),
+            },
+            None,
+        );
+        observed.append(&mut rest.observed);
         let discover = machine.discover().cloned();
         let digest = discover.as_deref().map(Self::discover_digest);
         if let (Some(d), Some(v)) = (&digest, &discover) {
@@ -1262,7 +1250,7 @@ impl SharedSessions {
         }
     }
 
-    fn ctx(s: &SharedSession, auth: Option<&HeaderValue>, head: Option<Arc<HeadWatch>>) -> Ctx {
+    fn ctx(s: &RedisSession, auth: Option<&HeaderValue>, head: Option<Arc<HeadWatch>>) -> Ctx {
         Ctx {
             binding: Some(s.binding.clone()),
             auth: auth_text(auth),
@@ -1275,7 +1263,7 @@ impl SharedSessions {
     async fn request(
         self: &Arc<Self>,
         gw: &Arc<Route>,
-        s: &SharedSession,
+        s: &RedisSession,
         r: Request,
         cx: PostContext,
     ) -> Response<GatewayBody> {
@@ -1342,7 +1330,7 @@ impl SharedSessions {
     async fn message(
         self: &Arc<Self>,
         gw: &Arc<Route>,
-        s: &SharedSession,
+        s: &RedisSession,
         message: Message,
         auth: Option<HeaderValue>,
     ) -> Response<GatewayBody> {
@@ -1393,7 +1381,7 @@ impl SharedSessions {
     async fn batch(
         self: &Arc<Self>,
         gw: &Arc<Route>,
-        s: &SharedSession,
+        s: &RedisSession,
         items: Vec<Result<Message, EnvelopeError>>,
         cx: PostContext,
     ) -> Response<GatewayBody> {
@@ -1448,7 +1436,7 @@ impl SharedSessions {
     async fn stream(
         self: &Arc<Self>,
         gw: &Arc<Route>,
-        s: &SharedSession,
+        s: &RedisSession,
         headers: &HeaderMap,
         auth: Option<HeaderValue>,
     ) -> Response<GatewayBody> {
@@ -1525,7 +1513,7 @@ impl SharedSessions {
         if Arc::strong_count(&head) > 1 || exchange.is_some() {
             drive(head.settle(HEAD_WAIT), exchange).await;
         } else if auth.is_some() && !s.anonymous {
-            denied = super::auth::upstream_denial(gw, auth.as_ref())
+            denied = crate::gateway::auth::upstream_denial(gw, auth.as_ref())
                 .await
                 .map(Box::new);
         }
@@ -1549,7 +1537,7 @@ impl SharedSessions {
     async fn delete(
         self: &Arc<Self>,
         gw: &Arc<Route>,
-        s: &SharedSession,
+        s: &RedisSession,
         auth: Option<&HeaderValue>,
     ) -> Response<GatewayBody> {
         let ctx = Ctx {
@@ -1617,7 +1605,7 @@ fn json_body(body: Vec<u8>) -> Response<GatewayBody> {
 
 /// Removes a POST's deciders when it is answered (as JSON, or its relay ended).
 struct DeciderGuard {
-    sessions: Arc<SharedSessions>,
+    sessions: Arc<RedisSessions>,
     keys: Vec<(String, PeerStream)>,
     decider: Arc<Decider>,
 }
@@ -1731,19 +1719,19 @@ fn id_text(id: &RequestId) -> String {
     }
 }
 
-impl SessionStore for Arc<SharedSessions> {
-    type Session = SharedSession;
+impl SessionStore for Arc<RedisSessions> {
+    type Session = RedisSession;
 
     async fn find(
         &self,
         gw: &Arc<Route>,
         id: &str,
         authorization: Option<&HeaderValue>,
-    ) -> Result<Lookup<SharedSession>, StoreError> {
+    ) -> Result<Lookup<RedisSession>, StoreError> {
         if !valid_session_id(id) {
             return Ok(Lookup::NotFound { anonymous: false });
         }
-        Ok(Lookup::Found(SharedSession {
+        Ok(Lookup::Found(RedisSession {
             id: id.to_owned(),
             binding: BindingKey::of(gw.config.session_binding, authorization).to_hex(),
             anonymous: authorization.is_none(),
@@ -1756,51 +1744,51 @@ impl SessionStore for Arc<SharedSessions> {
         init: Request,
         cx: PostContext,
     ) -> Response<GatewayBody> {
-        SharedSessions::initialize(self, gw, init, cx).await
+        RedisSessions::initialize(self, gw, init, cx).await
     }
 
     async fn request(
         &self,
         gw: &Arc<Route>,
-        session: &SharedSession,
+        session: &RedisSession,
         request: Request,
         cx: PostContext,
     ) -> Response<GatewayBody> {
-        SharedSessions::request(self, gw, session, request, cx).await
+        RedisSessions::request(self, gw, session, request, cx).await
     }
 
     async fn message(
         &self,
         gw: &Arc<Route>,
-        session: &SharedSession,
+        session: &RedisSession,
         message: Message,
         authorization: Option<HeaderValue>,
     ) -> Response<GatewayBody> {
-        SharedSessions::message(self, gw, session, message, authorization).await
+        RedisSessions::message(self, gw, session, message, authorization).await
     }
 
     async fn batch(
         &self,
         gw: &Arc<Route>,
-        session: &SharedSession,
+        session: &RedisSession,
         items: Vec<Result<Message, EnvelopeError>>,
         cx: PostContext,
     ) -> Response<GatewayBody> {
-        SharedSessions::batch(self, gw, session, items, cx).await
+        RedisSessions::batch(self, gw, session, items, cx).await
     }
 
     async fn stream(
         &self,
         gw: &Arc<Route>,
-        session: &SharedSession,
+        session: &RedisSession,
         headers: &HeaderMap,
         authorization: Option<HeaderValue>,
     ) -> Response<GatewayBody> {
-        SharedSessions::stream(self, gw, session, headers, authorization).await
+        RedisSessions::stream(self, gw, session, headers, authorization).await
     }
 
-    async fn delete(&self, gw: &Arc<Route>, session: &SharedSession) -> Response<GatewayBody> {
+    async fn delete(&self, gw: &Arc<Route>, session: &RedisSession) -> Response<GatewayBody> {
         let auth = (!session.anonymous).then(|| HeaderValue::from_static("present"));
-        SharedSessions::delete(self, gw, session, auth.as_ref()).await
+        RedisSessions::delete(self, gw, session, auth.as_ref()).await
     }
 }

@@ -12,8 +12,8 @@
 //! delays, never loses. When the pub/sub connection drops, every waiter is woken to
 //! re-read (the client resubscribes by itself).
 
+use super::client::Redis;
 use super::keys::Keys;
-use super::redis::Redis;
 use dualera_adapters::RequestId;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

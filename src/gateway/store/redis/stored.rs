@@ -8,6 +8,7 @@
 //! `Authorization` of the host request that caused it, also when another replica makes
 //! the call), and the session machine itself, serialized by the adapters.
 
+use crate::gateway::driver;
 use crate::gateway::trace::TraceContext;
 use dualera_adapters::{PeerStream, RequestId, Session, UpstreamRole};
 use http::header::HeaderValue;
@@ -106,24 +107,15 @@ impl Record {
         }
     }
 
-    /// The credential kept for `legacy` (or the GET stream's).
-    pub(super) fn auth_for(&self, legacy: Option<&RequestId>) -> Option<&str> {
-        self.auth
-            .iter()
-            .find(|(k, _)| k.as_ref() == legacy)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The trace context of the HTTP request that opened the stream of `legacy`.
-    pub(super) fn trace_for(&self, legacy: &RequestId) -> Option<Arc<TraceContext>> {
-        let peer = self.machine.request_stream(legacy)?;
-        let (parent, state) = self.stream(peer)?.trace.as_ref()?;
-        let mut headers = http::HeaderMap::new();
-        headers.insert("traceparent", HeaderValue::from_str(parent).ok()?);
-        if let Some(state) = state.as_deref().and_then(|s| HeaderValue::from_str(s).ok()) {
-            headers.insert("tracestate", state);
-        }
-        TraceContext::from_headers(&headers).map(Arc::new)
+    /// The machine, and what the driver reads and keeps beside it for upstream calls.
+    pub(super) fn split(&mut self) -> (&mut Session, Calls<'_>) {
+        (
+            &mut self.machine,
+            Calls {
+                auth: &mut self.auth,
+                streams: &self.streams,
+            },
+        )
     }
 
     /// Keeps `trace` as stream `peer`'s (see [`StreamMeta::trace`]).
@@ -146,6 +138,41 @@ impl Record {
         if let Some(v) = value {
             self.auth.push((legacy, v));
         }
+    }
+}
+
+/// A record's credentials and streams, as the driver sees them
+/// ([`driver::CallContext`]).
+pub(super) struct Calls<'a> {
+    auth: &'a mut Vec<(Option<RequestId>, String)>,
+    streams: &'a [StreamMeta],
+}
+
+impl driver::CallContext for Calls<'_> {
+    fn credential(&self, legacy: Option<&RequestId>) -> Option<HeaderValue> {
+        self.auth
+            .iter()
+            .find(|(k, _)| k.as_ref() == legacy)
+            .and_then(|(_, v)| HeaderValue::from_str(v).ok())
+    }
+
+    fn keep_credential(&mut self, legacy: &RequestId, auth: &HeaderValue) {
+        let Ok(text) = auth.to_str() else { return };
+        self.auth.retain(|(k, _)| k.as_ref() != Some(legacy));
+        self.auth.push((Some(legacy.clone()), text.to_owned()));
+    }
+
+    /// The trace context of the HTTP request that opened the stream of `legacy`.
+    fn trace(&self, machine: &Session, legacy: Option<&RequestId>) -> Option<Arc<TraceContext>> {
+        let peer = machine.request_stream(legacy?)?;
+        let meta = self.streams.iter().find(|s| &s.peer == peer)?;
+        let (parent, state) = meta.trace.as_ref()?;
+        let mut headers = http::HeaderMap::new();
+        headers.insert("traceparent", HeaderValue::from_str(parent).ok()?);
+        if let Some(state) = state.as_deref().and_then(|s| HeaderValue::from_str(s).ok()) {
+            headers.insert("tracestate", state);
+        }
+        TraceContext::from_headers(&headers).map(Arc::new)
     }
 }
 

@@ -14,20 +14,49 @@
 //! handling one leaves it to another) and feeds `handle_timeout`.
 
 use super::stored::{LeaseRecord, Record};
-use super::{wall_ms, Ctx, SharedSessions, Start, StepError};
+use super::{wall_ms, Ctx, RedisSessions, Running, StepError};
 use crate::digest::log_tag;
-use crate::gateway::auth::fingerprint;
+use crate::gateway::driver::{self, Ended};
 use crate::gateway::forwarded::Forwarded;
-use crate::gateway::trace::TraceContext;
-use crate::gateway::upstream::{OnBehalf, UpstreamError};
 use crate::gateway::Route;
 use dualera_adapters::session::Denied;
 use dualera_adapters::{Message, PeerStream, RequestId, UpstreamRole};
 use futures_util::future::abortable;
-use http::header::HeaderValue;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{debug, info, warn, Instrument};
+
+/// Each upstream message of a shared session is fed (and stored) as a step of its
+/// own before the next is read from the upstream; the SSE relays read the session's
+/// streams from Redis at their hosts' pace.
+struct RedisFeed<'a> {
+    sessions: &'a Arc<RedisSessions>,
+    gw: &'a Arc<Route>,
+    sid: &'a str,
+}
+
+impl driver::Feed for RedisFeed<'_> {
+    async fn room(&self, _: &UpstreamRole) {}
+
+    async fn message(&self, id: &RequestId, message: Message, last: bool) -> bool {
+        self.sessions
+            .feed_upstream(self.gw, self.sid, id, message, last)
+            .await;
+        true
+    }
+
+    async fn ended(&self, id: &RequestId, ended: Ended) {
+        match ended {
+            Ended::Done => {}
+            Ended::Denied => self.sessions.denied_upstream(self.gw, self.sid, id).await,
+            Ended::Lost(refusal) => {
+                self.sessions
+                    .lost_upstream(self.gw, self.sid, id, refusal)
+                    .await;
+            }
+        }
+    }
+}
 
 /// How often due timers are looked for.
 const TIMER_PERIOD: Duration = Duration::from_millis(100);
@@ -40,77 +69,34 @@ const LEASES_AT_ONCE: usize = 8;
 /// How long a claimed timer is left to its claimer.
 const TIMER_CLAIM: Duration = Duration::from_secs(5);
 
-impl SharedSessions {
+impl RedisSessions {
     /// Runs one upstream exchange to its end, feeding what comes back.
-    pub(super) async fn run_exchange(self: Arc<Self>, gw: Arc<Route>, sid: String, start: Start) {
-        let id = start.request.id.clone();
-        let span = tracing::debug_span!("upstream", session = %log_tag(&sid), rpc.id = %id, role = ?start.role, replica = %self.replica);
-        let (work, handle) = abortable(self.clone().exchange(gw, sid.clone(), start));
+    pub(super) async fn run_exchange(
+        self: Arc<Self>,
+        gw: Arc<Route>,
+        sid: String,
+        running: Running,
+    ) {
+        let id = running.start.request.id.clone();
+        let span = tracing::debug_span!("upstream", session = %log_tag(&sid), rpc.id = %id, role = ?running.start.role, replica = %self.replica);
+        let (work, handle) = abortable(self.clone().exchange(gw, sid.clone(), running));
         self.exchanges.insert((sid.clone(), id.clone()), handle);
         let _ = work.instrument(span).await;
         self.exchanges.remove(&(sid, id));
     }
 
-    async fn exchange(self: Arc<Self>, gw: Arc<Route>, sid: String, start: Start) {
-        // A cancellation from another replica arrives on this replica's channel (the
-        // lease names it as the owner).
-        let id = start.request.id.clone();
-        let auth = start
-            .auth
-            .as_deref()
-            .and_then(|a| HeaderValue::from_str(a).ok());
-        let message = Message::Request(start.request.clone());
-        // Each message is fed (and stored) before the next is read from the upstream.
-        let mut answered = false;
-        let call = async {
-            let mut exchange = gw
-                .exchange(
-                    &start.role,
-                    &message,
-                    OnBehalf {
-                        authorization: auth.as_ref(),
-                        forwarded: Some(&start.forwarded),
-                        trace: start.trace.as_deref(),
-                    },
-                    &start.headers,
-                )
-                .await?;
-            if let Some(h) = &start.head {
-                h.accepted();
-            }
-            while let Some(item) = exchange.next().await {
-                let m = item?;
-                let last = matches!(m, Message::Response(_));
-                answered |= last;
-                self.feed_upstream(&gw, &sid, &id, m, last).await;
-            }
-            Ok::<(), UpstreamError>(())
+    /// The exchange itself ([`driver::exchange`]), for as long as this replica holds
+    /// its lease. A cancellation from another replica arrives on this replica's
+    /// channel (the lease names it as the owner).
+    async fn exchange(self: Arc<Self>, gw: Arc<Route>, sid: String, running: Running) {
+        let renew = self.renew(&sid, running.lease.as_deref());
+        let feed = RedisFeed {
+            sessions: &self,
+            gw: &gw,
+            sid: &sid,
         };
-        let renew = self.renew(&sid, start.lease.as_deref());
         tokio::select! {
-            outcome = call => match outcome {
-                Ok(()) => {}
-                Err(UpstreamError::Denied(denial)) => {
-                    gw.telemetry.upstream_error(&UpstreamError::Denied(denial.clone()));
-                    let credential = fingerprint(auth.as_ref());
-                    // The host request that caused this call is still waiting: it gets
-                    // the upstream's status and challenge, and the machine says nothing.
-                    if start.head.as_ref().is_some_and(|h| h.offer(&denial)) {
-                        info!(status = denial.status.as_u16(), %credential, "upstream refused the credentials; relayed to the host request");
-                        self.denied_upstream(&gw, &sid, &id).await;
-                    } else {
-                        info!(status = denial.status.as_u16(), %credential, "upstream refused the credentials; no host request waits for it");
-                        self.lost_upstream(&gw, &sid, &id, None).await;
-                    }
-                }
-                Err(e) => {
-                    gw.telemetry.upstream_error(&e);
-                    warn!(error = %e, "upstream exchange failed");
-                    if !answered {
-                        self.lost_upstream(&gw, &sid, &id, e.refusal()).await;
-                    }
-                }
-            },
+            () = driver::exchange(&gw, &running.start, &running.forwarded, running.head.as_deref(), &feed) => {}
             () = renew => {
                 info!("lease lost; exchange abandoned");
             }
@@ -286,7 +272,7 @@ impl SharedSessions {
             return;
         };
         let session: Option<Record> = match self.redis.load(&self.keys.session(&rec.sid)).await {
-            Ok(super::redis::Loaded::Found { state, .. }) => self.decode(&state).await.ok(),
+            Ok(super::client::Loaded::Found { state, .. }) => self.decode(&state).await.ok(),
             Ok(_) => None,
             Err(e) => {
                 debug!(error = %e, "lease not taken over now");
@@ -297,31 +283,21 @@ impl SharedSessions {
             self.drop_lease(&lease).await;
             return;
         };
-        let role = rec.role;
-        let auth = match &role {
-            UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
-                session.auth_for(Some(legacy)).map(str::to_owned)
-            }
-            UpstreamRole::Listen => session.auth_for(None).map(str::to_owned),
-            UpstreamRole::Discover => None,
-        };
         info!(session = %log_tag(&rec.sid), rpc.id = %request.id, from = %previous, replica = %self.replica, "lease taken over; upstream request sent again");
-        let trace = match &role {
-            UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
-                session.trace_for(legacy)
-            }
-            _ => None,
-        }
-        .or_else(|| TraceContext::from_meta(request.params.as_ref()).map(Arc::new));
-        let start = Start {
-            role,
-            request,
-            headers: rec.headers,
-            auth,
+        let mut session = session;
+        let (machine, calls) = session.split();
+        let (auth, trace) = driver::carried(&rec.role, &request, machine, &calls, None);
+        let start = Running {
+            start: driver::Start {
+                role: rec.role,
+                request,
+                headers: rec.headers,
+                auth,
+                trace,
+            },
             lease: Some(lease),
             head: None,
             forwarded: Forwarded::from_pairs(&session.forwarded),
-            trace,
         };
         let sid = rec.sid;
         self.run_exchange(gw, sid, start).await;
@@ -329,7 +305,7 @@ impl SharedSessions {
 }
 
 /// The sweeper: due timers and leases past their deadline, forever (aborted at stop).
-pub(super) async fn sweep(sessions: Arc<SharedSessions>, gw: Arc<Route>) {
+pub(super) async fn sweep(sessions: Arc<RedisSessions>, gw: Arc<Route>) {
     let mut timers = tokio::time::interval(TIMER_PERIOD);
     let mut leases = tokio::time::interval(LEASE_PERIOD);
     let claim = u64::try_from(TIMER_CLAIM.as_millis()).unwrap_or(u64::MAX);

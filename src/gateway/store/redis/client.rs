@@ -11,7 +11,7 @@
 //! Every command is bounded by `session_store_timeout_ms`; a failure or a timeout is a
 //! [`StoreError`], which the driver answers with `sessionStoreUnavailable`.
 
-use super::super::session_store::StoreError;
+use crate::gateway::store::StoreError;
 use redis::aio::AsyncPushSender;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script, Value as RValue};

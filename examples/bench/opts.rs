@@ -1,0 +1,129 @@
+//! Command-line options.
+
+use crate::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Profile {
+    Perf,
+    Callgrind,
+    Massif,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Opts {
+    pub(crate) scenarios: Vec<String>,
+    pub(crate) rounds: usize,
+    pub(crate) secs: f64,
+    pub(crate) concurrency: Vec<usize>,
+    pub(crate) session_levels: Vec<usize>,
+    pub(crate) pending: usize,
+    pub(crate) pending_sessions: usize,
+    /// Idle sessions opened on the replicas for Redis memory (default 10k).
+    pub(crate) replica_sessions: usize,
+    /// Hosts at once per variant in the replicas scenario's capacity part (default 8).
+    pub(crate) replica_hosts: usize,
+    pub(crate) profile: Option<Profile>,
+    pub(crate) no_build: bool,
+    pub(crate) dualera: Option<PathBuf>,
+    pub(crate) tls: bool,
+    /// The cache scenario's request kinds to run (default all three).
+    pub(crate) cache_requests: Option<Vec<String>>,
+    /// Round-trip time added to every packet to and from the modern server (netem).
+    pub(crate) upstream_rtt_ms: Option<f64>,
+}
+
+pub(crate) fn usage() -> ! {
+    eprintln!(
+        "usage: bench [--scenarios passthrough,legacy-call,cache,mrtr,memory,pending,store,instances,replicas,h2] [--rounds N] [--secs S]\n\
+         \x20            [--concurrency 1,16,64] [--sessions 1000,10000,100000]\n\
+         \x20            [--pending N] [--pending-sessions N] [--replica-sessions N] [--replica-hosts N]\n\
+         \x20            [--profile perf|callgrind|massif] [--no-build]\n\
+         \x20            [--dualera PATH (another build of the binary, e.g. to compare before/after)]\n\
+         \x20            [--tls (the modern server on HTTPS; enables the h2 scenario)]\n\
+         \x20            [--cache-requests tools/list,server/discover,mixed]\n\
+         \x20            [--upstream-rtt-ms MS (the modern server MS round trip away, behind a delaying relay)]"
+    );
+    std::process::exit(2)
+}
+
+pub(crate) fn list<T: std::str::FromStr>(v: &str) -> Vec<T> {
+    v.split(',')
+        .map(|x| x.trim().parse().unwrap_or_else(|_| usage()))
+        .collect()
+}
+
+pub(crate) fn parse_opts() -> Opts {
+    let mut o = Opts {
+        scenarios: DEFAULT_SCENARIOS.iter().map(|s| (*s).to_owned()).collect(),
+        rounds: 5,
+        secs: 1.0,
+        concurrency: vec![1, 16, 64],
+        session_levels: vec![1_000, 10_000, 100_000],
+        pending: 10_000,
+        pending_sessions: 2_500,
+        replica_sessions: 10_000,
+        replica_hosts: 8,
+        profile: None,
+        no_build: false,
+        dualera: None,
+        tls: false,
+        upstream_rtt_ms: None,
+        cache_requests: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().unwrap_or_else(|| usage());
+        match a.as_str() {
+            "--scenarios" => {
+                o.scenarios = list(&val());
+                if o.scenarios
+                    .iter()
+                    .any(|s| !ALL_SCENARIOS.contains(&s.as_str()))
+                {
+                    usage()
+                }
+            }
+            "--rounds" => o.rounds = val().parse().unwrap_or_else(|_| usage()),
+            "--secs" => o.secs = val().parse().unwrap_or_else(|_| usage()),
+            "--concurrency" => o.concurrency = list(&val()),
+            "--sessions" => o.session_levels = list(&val()),
+            "--pending" => o.pending = val().parse().unwrap_or_else(|_| usage()),
+            "--pending-sessions" => o.pending_sessions = val().parse().unwrap_or_else(|_| usage()),
+            "--replica-sessions" => o.replica_sessions = val().parse().unwrap_or_else(|_| usage()),
+            "--replica-hosts" => o.replica_hosts = val().parse().unwrap_or_else(|_| usage()),
+            "--profile" => {
+                o.profile = match val().as_str() {
+                    "perf" => Some(Profile::Perf),
+                    "callgrind" => Some(Profile::Callgrind),
+                    "massif" => Some(Profile::Massif),
+                    _ => usage(),
+                }
+            }
+            "--no-build" => o.no_build = true,
+            "--dualera" => o.dualera = Some(PathBuf::from(val())),
+            "--tls" => o.tls = true,
+            "--cache-requests" => {
+                let wanted: Vec<String> = list(&val());
+                if wanted
+                    .iter()
+                    .any(|w| !["tools/list", "server/discover", "mixed"].contains(&w.as_str()))
+                {
+                    usage()
+                }
+                o.cache_requests = Some(wanted);
+            }
+            "--upstream-rtt-ms" => {
+                let ms: f64 = val().parse().unwrap_or_else(|_| usage());
+                if !(ms > 0.0 && ms <= 1000.0) {
+                    usage()
+                }
+                o.upstream_rtt_ms = Some(ms);
+            }
+            _ => usage(),
+        }
+    }
+    o.rounds = o.rounds.clamp(1, 50);
+    o.secs = o.secs.clamp(0.1, 30.0);
+    o.pending_sessions = o.pending_sessions.clamp(1, o.pending.max(1));
+    o
+}

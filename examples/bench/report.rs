@@ -1,0 +1,208 @@
+//! The report: the tables, the targets, and the Markdown and JSON files.
+
+use crate::*;
+
+/// One pass-through cell's ratios (medians of per-round values).
+pub(crate) struct PassthroughRatio {
+    pub(crate) conc: usize,
+    pub(crate) kind: String,
+    pub(crate) gateway_over_direct: f64,
+    pub(crate) gateway_over_bare: f64,
+    pub(crate) added: f64,
+    pub(crate) bare_over_direct: f64,
+    pub(crate) bare_added: f64,
+}
+
+#[derive(Default)]
+pub(crate) struct Report {
+    pub(crate) sections: Vec<(String, String, Value)>,
+    pub(crate) passthrough_ratios: Vec<PassthroughRatio>,
+    /// Per (concurrency, kind): gateway+cache over direct req/s, over bare proxy, p50
+    /// gateway+cache minus direct (µs).
+    pub(crate) cache_ratios: Vec<(usize, String, f64, f64, f64)>,
+    /// Legacy flow over modern direct, and the modern flow through the bare proxy
+    /// over modern direct (what one proxy hop per request costs this flow).
+    pub(crate) mrtr_ratio: Option<(f64, f64)>,
+    /// Two replicas on Redis over one in memory (flows/s) with one host and with
+    /// several at once (how many), and Redis bytes per idle session at that many
+    /// sessions.
+    pub(crate) replicas: Option<(f64, f64, usize, usize, f64)>,
+    pub(crate) bytes_per_session: Option<(usize, f64)>,
+    /// Gateway CPU per plain legacy call over per pass-through request, by concurrency.
+    pub(crate) legacy_call: Vec<(usize, f64)>,
+    /// Legacy flow over the modern flow through the bare proxy, and the gateway's CPU
+    /// per legacy flow (µs).
+    pub(crate) mrtr_one_hop: Option<(f64, f64)>,
+    pub(crate) pending_ok: Option<bool>,
+}
+
+impl Report {
+    pub(crate) fn add(&mut self, name: &str, md: String, json: Value) {
+        self.sections.push((name.to_owned(), md, json));
+    }
+
+    pub(crate) fn targets(&self) -> (String, Value) {
+        let mut md = String::from(
+            "### Targets\n\nThe last column is the bare proxy measured in the same rounds against the same target: what any proxy in the path costs on this machine.\n\n| target | measured | met | bare proxy, same run |\n|---|---:|:---:|---:|\n",
+        );
+        let mut js = Vec::new();
+        let mut row = |name: &str, measured: String, met: Option<bool>, bare: Option<String>| {
+            let m = match met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "–",
+            };
+            let b = bare.clone().unwrap_or_else(|| "–".into());
+            let _ = writeln!(md, "| {name} | {measured} | {m} | {b} |");
+            js.push(json!({"target": name, "measured": measured, "met": met, "bare_proxy": bare}));
+        };
+        let at = |c: usize| {
+            self.passthrough_ratios
+                .iter()
+                .filter(|r| r.conc == c)
+                .collect::<Vec<_>>()
+        };
+        for r in at(64) {
+            row(
+                &format!("pass-through ≥ 0.95× direct at c=64 ({})", r.kind),
+                fmt_f(r.gateway_over_direct, 3),
+                Some(r.gateway_over_direct >= 0.95),
+                Some(fmt_f(r.bare_over_direct, 3)),
+            );
+        }
+        for r in at(1) {
+            row(
+                &format!("p50 added ≤ 50 µs at c=1 ({})", r.kind),
+                format!("{} µs", fmt_f(r.added, 1)),
+                Some(r.added <= 50.0),
+                Some(format!("{} µs", fmt_f(r.bare_added, 1))),
+            );
+        }
+        for r in &self.passthrough_ratios {
+            row(
+                &format!("gateway/bare proxy ≥ 0.95 (c={}, {})", r.conc, r.kind),
+                fmt_f(r.gateway_over_bare, 3),
+                Some(r.gateway_over_bare >= 0.95),
+                None,
+            );
+        }
+        if !self.passthrough_ratios.is_empty() {
+            // One cell swings by ±0.07 between runs on a shared 2-core machine; all
+            // cells together say whether the gateway costs more than the bare proxy.
+            let logs: Vec<f64> = self
+                .passthrough_ratios
+                .iter()
+                .map(|r| r.gateway_over_bare.ln())
+                .collect();
+            let geo = (logs.iter().sum::<f64>() / logs.len() as f64).exp();
+            row(
+                "gateway/bare proxy ≥ 0.95 (geometric mean of the cells above)",
+                fmt_f(geo, 3),
+                Some(geo >= 0.95),
+                None,
+            );
+        }
+        if let Some((ratio, load_ratio, hosts, n, per)) = self.replicas {
+            row(
+                "legacy MRTR flow on 2 replicas + Redis ≥ 0.6× 1 replica in memory (one host, flows in sequence)",
+                fmt_f(ratio, 3),
+                Some(ratio >= 0.6),
+                None,
+            );
+            row(
+                &format!("legacy MRTR flow on 2 replicas + Redis ≥ 0.6× 1 replica in memory ({hosts} hosts at once)"),
+                fmt_f(load_ratio, 3),
+                Some(load_ratio >= 0.6),
+                None,
+            );
+            row(
+                &format!("≤ 4 KiB of Redis memory per idle session (at {n})"),
+                format!("{} B", fmt_f(per, 0)),
+                Some(per <= 4096.0),
+                None,
+            );
+        }
+        for (conc, kind, gd, _, added) in &self.cache_ratios {
+            match (conc, kind.as_str()) {
+                (1, k) if k != "mixed" => row(
+                    &format!("gateway+cache p50 below direct at c=1 ({kind})"),
+                    format!("{} µs", fmt_f(*added, 1)),
+                    Some(*added < 0.0),
+                    None,
+                ),
+                (16 | 64, k) if k != "mixed" => row(
+                    &format!("gateway+cache ≥ 2× direct at c={conc} ({kind})"),
+                    fmt_f(*gd, 3),
+                    Some(*gd >= 2.0),
+                    None,
+                ),
+                (_, "mixed") => row(
+                    &format!("gateway+cache ≥ 1.0× direct, mixed 90/10 (c={conc})"),
+                    fmt_f(*gd, 3),
+                    Some(*gd >= 1.0),
+                    None,
+                ),
+                _ => {}
+            }
+        }
+        if let Some((r, bare)) = self.mrtr_ratio {
+            row(
+                "legacy MRTR flow ≥ 0.8× modern direct",
+                fmt_f(r, 3),
+                Some(r >= 0.8),
+                Some(format!("{} (modern flow proxied)", fmt_f(bare, 3))),
+            );
+        }
+        if let Some((legacy_over_bare, cpu)) = self.mrtr_one_hop {
+            row(
+                "legacy MRTR flow ≥ 1.0× the modern flow through the bare proxy",
+                fmt_f(legacy_over_bare, 3),
+                Some(legacy_over_bare >= 1.0),
+                None,
+            );
+            row(
+                "gateway CPU per legacy MRTR flow ≤ 500 µs",
+                format!("{} µs", fmt_f(cpu, 0)),
+                Some(cpu <= 500.0),
+                None,
+            );
+        }
+        for (conc, ratio) in &self.legacy_call {
+            row(
+                &format!(
+                    "gateway CPU per plain legacy call ≤ 1.2× per pass-through request (c={conc})"
+                ),
+                fmt_f(*ratio, 3),
+                Some(*ratio <= 1.2),
+                None,
+            );
+        }
+        if let Some((n, b)) = self.bytes_per_session {
+            row(
+                &format!("≤ 4 KiB per idle legacy session (at {n})"),
+                format!("{} B", fmt_f(b, 0)),
+                Some(b <= 4096.0),
+                None,
+            );
+        }
+        if let Some(ok) = self.pending_ok {
+            row(
+                "pending rounds: all complete, no error or timeout",
+                if ok { "all completed" } else { "failures" }.into(),
+                Some(ok),
+                None,
+            );
+        }
+        (md, Value::Array(js))
+    }
+}
+
+pub(crate) fn git(args: &[&str]) -> String {
+    Command::new("git")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}

@@ -1,0 +1,721 @@
+//! Scenario `replicas`: two gateway replicas sharing sessions through Redis vs one in memory, with Redis commands and round trips per step.
+
+use crate::*;
+
+/// A throw-away Redis (no persistence) on a free loopback port, killed on drop.
+pub(crate) struct Redis {
+    pub(crate) port: u16,
+    pub(crate) child: Child,
+    pub(crate) dir: PathBuf,
+}
+
+impl Redis {
+    pub(crate) fn start(env: &Env) -> Res<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let dir = env.dir.join("redis");
+        std::fs::create_dir_all(&dir)?;
+        let bin = ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .ok_or("redis-server is not installed (bash tests/services/debian.sh redis-server)")?;
+        let child = Command::new(bin)
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let r = Self { port, child, dir };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while r.command(&["PING"]).unwrap_or_default().trim() != "+PONG" {
+            if Instant::now() > deadline {
+                return Err("redis-server did not answer PING".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(r)
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// One command over RESP; the raw reply (small replies only).
+    pub(crate) fn command(&self, args: &[&str]) -> Res<String> {
+        use std::io::Read;
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            let _ = write!(req, "${}\r\n{a}\r\n", a.len());
+        }
+        s.write_all(req.as_bytes())?;
+        let mut out = Vec::new();
+        let mut buf = [0u8; 65536];
+        loop {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&out);
+            let done = match out.first() {
+                Some(b'$') => text[1..]
+                    .split_once("\r\n")
+                    .is_some_and(|(len, rest)| rest.len() >= len.parse::<usize>().unwrap_or(0) + 2),
+                _ => text.ends_with("\r\n"),
+            };
+            if done {
+                break;
+            }
+        }
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// `used_memory` from `INFO memory`, bytes.
+    pub(crate) fn used_memory(&self) -> Res<u64> {
+        let info = self.command(&["INFO", "memory"])?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| "INFO memory without used_memory".into())
+    }
+
+    /// Calls per command from `INFO commandstats`: every command Redis ran, those a
+    /// script ran included (`evalsha` is the script itself).
+    pub(crate) fn commandstats(&self) -> Res<BTreeMap<String, u64>> {
+        let info = self.command(&["INFO", "commandstats"])?;
+        Ok(info
+            .lines()
+            .filter_map(|l| {
+                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = rest
+                    .strip_prefix("calls=")?
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                Some((name.to_owned(), calls))
+            })
+            .collect())
+    }
+
+    /// Commands run since `before` (a [`Redis::commandstats`]), the `INFO` asking
+    /// for them left out.
+    pub(crate) fn commands_since(
+        &self,
+        before: &BTreeMap<String, u64>,
+    ) -> Res<BTreeMap<String, u64>> {
+        let mut now = self.commandstats()?;
+        if let Some(info) = now.get_mut("info") {
+            *info = info.saturating_sub(1);
+        }
+        Ok(now
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let d = v.saturating_sub(before.get(&k).copied().unwrap_or(0));
+                (d > 0).then_some((k, d))
+            })
+            .collect())
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// A TCP proxy in front of Redis that counts its clients' writes: a client sends
+/// each command, or each pipeline, in one write, so with one flow at a time a write
+/// is one round trip. Used for the per-step figures only (it adds a hop).
+pub(crate) struct CountingProxy {
+    pub(crate) addr: SocketAddr,
+    pub(crate) trips: Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) task: tokio::task::JoinHandle<()>,
+}
+
+impl CountingProxy {
+    pub(crate) async fn start(redis_port: u16) -> Res<Self> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let trips = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = trips.clone();
+        let task = tokio::spawn(async move {
+            // Bounded: the replicas open two connections each, and reconnect rarely.
+            for _ in 0..64 {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let Ok(server) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", redis_port)).await
+                    else {
+                        return;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = async {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = cr.read(&mut buf).await.unwrap_or(0);
+                            if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                            counted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    };
+                    let down = tokio::io::copy(&mut sr, &mut cw);
+                    tokio::select! {
+                        () = up => {}
+                        _ = down => {}
+                    }
+                });
+            }
+        });
+        Ok(Self { addr, trips, task })
+    }
+
+    pub(crate) fn trips(&self) -> u64 {
+        self.trips.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for CountingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The per-step passes: where a flow's requests and answers go.
+pub(crate) const STEP_PASSES: [&str; 2] = [
+    "any replica (requests on one replica, the elicitation's answer on the other)",
+    "one replica (all of a flow on the replica holding its SSE connection)",
+];
+
+/// How long a step is given to finish what it started in the background (a relay's
+/// last read, a wake-up) before its figures are read.
+pub(crate) const STEP_SETTLE: Duration = Duration::from_millis(25);
+
+/// One step's figures summed over the flows: how often, Redis commands, round trips,
+/// commands by name.
+pub(crate) type StepRow = (&'static str, usize, f64, f64, BTreeMap<String, u64>);
+
+/// Redis commands (`INFO commandstats`) and round trips (the counting proxy) per step
+/// of a replicated flow, the steady background (sweepers, readiness probes) taken out.
+pub(crate) struct StepMeter<'a> {
+    pub(crate) redis: &'a Redis,
+    pub(crate) proxy: &'a CountingProxy,
+    /// Background per second: commands, round trips.
+    pub(crate) background: (f64, f64),
+    pub(crate) last: (BTreeMap<String, u64>, u64, Instant),
+    pub(crate) steps: Vec<StepRow>,
+}
+
+impl<'a> StepMeter<'a> {
+    pub(crate) fn new(
+        redis: &'a Redis,
+        proxy: &'a CountingProxy,
+        background: (f64, f64),
+    ) -> Res<Self> {
+        Ok(Self {
+            redis,
+            proxy,
+            background,
+            last: (redis.commandstats()?, proxy.trips(), Instant::now()),
+            steps: Vec::new(),
+        })
+    }
+
+    /// Starts counting from now.
+    pub(crate) fn reset(&mut self) -> Res<()> {
+        self.last = (
+            self.redis.commandstats()?,
+            self.proxy.trips(),
+            Instant::now(),
+        );
+        Ok(())
+    }
+
+    /// Ends `step`: what Redis ran since the last mark is its.
+    pub(crate) async fn mark(&mut self, step: &'static str) -> Res<()> {
+        tokio::time::sleep(STEP_SETTLE).await;
+        let cmds = self.redis.commands_since(&self.last.0)?;
+        let trips = self.proxy.trips().saturating_sub(self.last.1) as f64;
+        let secs = self.last.2.elapsed().as_secs_f64();
+        let total = cmds.values().sum::<u64>() as f64;
+        let i = match self.steps.iter().position(|r| r.0 == step) {
+            Some(i) => i,
+            None => {
+                self.steps.push((step, 0, 0.0, 0.0, BTreeMap::new()));
+                self.steps.len() - 1
+            }
+        };
+        let row = &mut self.steps[i];
+        row.1 += 1;
+        row.2 += (total - self.background.0 * secs).max(0.0);
+        row.3 += (trips - self.background.1 * secs).max(0.0);
+        for (k, v) in cmds {
+            *row.4.entry(k).or_default() += v;
+        }
+        self.reset()
+    }
+}
+
+/// Per step of a replicated flow (initialize, notes_create, notes_delete with its
+/// elicitation): two fresh replicas that reach Redis through a counting proxy, one
+/// flow at a time, each flow on a new session; first with requests and answers on
+/// different replicas (any replica), then with all of a flow on one replica (the one
+/// holding the SSE connection also gets the answer). Returns the steps of both
+/// passes, the idle background per second and the bytes of one session's serialized
+/// state after a flow.
+pub(crate) async fn replica_steps(
+    env: &Env,
+    server: &Proc,
+    redis: &Redis,
+    flows: usize,
+) -> Res<([Vec<StepRow>; 2], (f64, f64), u64)> {
+    let proxy = CountingProxy::start(redis.port).await?;
+    let url = format!("redis://{}/0", proxy.addr);
+    let config = redis_config(env, "bench-gateway-redis-counted.toml", &url)?;
+    let first = env.gateway_with(server, "replica-3", &config, "warn")?;
+    let second = env.gateway_with(server, "replica-4", &config, "warn")?;
+    let ws = env.scratch_uri.clone();
+    for k in 0..2 {
+        let mut c = LegacyClient::open_pair(first.addr, second.addr).await?;
+        legacy_flow(&mut c, &ws, &format!("replica-steps-warm-{k}")).await?;
+    }
+    // The background: both replicas idle (sweepers, readiness probes).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (c0, t0, i0) = (redis.commandstats()?, proxy.trips(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle = redis.commands_since(&c0)?.values().sum::<u64>() as f64;
+    let secs = i0.elapsed().as_secs_f64();
+    let background = (idle / secs, proxy.trips().saturating_sub(t0) as f64 / secs);
+    let mut passes: [Vec<StepRow>; 2] = Default::default();
+    let mut state_bytes = 0;
+    for (pass, steps) in passes.iter_mut().enumerate() {
+        let mut meter = StepMeter::new(redis, &proxy, background)?;
+        for k in 0..flows {
+            let (a, b) = match (pass, k % 2) {
+                (0, 0) => (first.addr, second.addr),
+                (0, _) => (second.addr, first.addr),
+                (_, 0) => (first.addr, first.addr),
+                _ => (second.addr, second.addr),
+            };
+            meter.reset()?;
+            let mut c = LegacyClient::open_pair(a, b).await?;
+            meter.mark("initialize + notifications/initialized").await?;
+            let title = format!("replica-steps-{pass}-{k}");
+            c.tool_metered(
+                "notes_create",
+                json!({"workspaceUri": ws, "title": title, "body": "bench"}),
+                Some(&mut meter),
+            )
+            .await?;
+            let r = c
+                .tool_metered(
+                    "notes_delete",
+                    json!({"workspaceUri": ws, "title": title}),
+                    Some(&mut meter),
+                )
+                .await?;
+            check_deleted(&r)?;
+            if pass == 0 && k + 1 == flows {
+                // The serialized state of a session after a flow (the `d` field).
+                let sid = c.headers[0].1.to_str()?.to_owned();
+                let key = format!("dualera:s:{{{sid}}}");
+                let n = redis.command(&["HSTRLEN", &key, "d"])?;
+                state_bytes = n.trim().trim_start_matches(':').parse().unwrap_or(0);
+            }
+        }
+        *steps = meter.steps;
+    }
+    Ok((passes, background, state_bytes))
+}
+
+/// Runs flows on every client at once for `secs`; returns the clients, the flows done
+/// and the time taken.
+pub(crate) async fn concurrent_flows(
+    clients: Vec<LegacyClient>,
+    ws: &str,
+    secs: f64,
+    swap: bool,
+    counter: &Arc<AtomicUsize>,
+) -> Res<(Vec<LegacyClient>, usize, f64)> {
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs_f64(secs);
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut c in clients {
+        let ws = ws.to_owned();
+        let counter = counter.clone();
+        tasks.spawn(async move {
+            let mut n = 0usize;
+            while Instant::now() < end && n < 100_000 {
+                let k = counter.fetch_add(1, Ordering::Relaxed);
+                legacy_flow(&mut c, &ws, &format!("replica-load-{k}")).await?;
+                if swap {
+                    c.swap();
+                }
+                n += 1;
+            }
+            Ok::<_, BoxError>((c, n))
+        });
+    }
+    let mut back = Vec::new();
+    let mut flows = 0;
+    while let Some(r) = tasks.join_next().await {
+        let (c, n) = r??;
+        back.push(c);
+        flows += n;
+    }
+    Ok((back, flows, t0.elapsed().as_secs_f64()))
+}
+
+/// The bench's gateway config with `session_store = url`, written as `name`.
+pub(crate) fn redis_config(env: &Env, name: &str, url: &str) -> Res<PathBuf> {
+    let section = std::fs::read_to_string(&env.gateway_config)?;
+    let config = env.dir.join(name);
+    std::fs::write(
+        &config,
+        section.replacen(
+            "[gateway]\n",
+            &format!("[gateway]\nsession_store = {url:?}\n"),
+            1,
+        ),
+    )?;
+    Ok(config)
+}
+
+/// A Redis figure in the row of variant `v`: only the replicated one (1) has one.
+pub(crate) fn replicated_only(v: usize, value: f64, digits: usize) -> String {
+    if v == 1 {
+        fmt_f(value, digits)
+    } else {
+        "–".into()
+    }
+}
+
+pub(crate) const REPLICA_VARIANTS: [&str; 2] = [
+    "1 gateway, sessions in memory",
+    "2 gateway replicas, sessions in Redis (requests alternate)",
+];
+
+pub(crate) async fn replicas(
+    env: &Env,
+    opts: &Opts,
+    server: &Proc,
+    report: &mut Report,
+) -> Res<()> {
+    let redis = Redis::start(env)?;
+    let config = redis_config(env, "bench-gateway-redis.toml", &redis.url())?;
+    let memory = env.gateway(server, "replicas-memory")?;
+    let first = env.gateway_with(server, "replica-1", &config, "warn")?;
+    let second = env.gateway_with(server, "replica-2", &config, "warn")?;
+    let _perf = PerfGuard::start(env, first.pid(), "replicas");
+    eprintln!("bench: replicas (load {})", load_avg());
+    let mut local = LegacyClient::open(memory.addr).await?;
+    let mut shared = LegacyClient::open_pair(first.addr, second.addr).await?;
+    let ws = env.scratch_uri.clone();
+    let secs = (opts.secs * 2.0).max(0.5);
+    let mut counter = 0u64;
+    for _ in 0..2 {
+        counter += 1;
+        legacy_flow(&mut local, &ws, &format!("replica-flow-{counter}")).await?;
+        counter += 1;
+        legacy_flow(&mut shared, &ws, &format!("replica-flow-{counter}")).await?;
+        shared.swap();
+    }
+    let mut rates: [Vec<f64>; 2] = Default::default();
+    let mut lats: [Vec<f64>; 2] = Default::default();
+    let mut ratios = Vec::new();
+    let mut cpu = [0.0f64; 3];
+    let mut flows = [0usize; 2];
+    let mut commands = 0u64;
+    for round in 0..opts.rounds {
+        let stats0 = redis.commandstats()?;
+        let mut busy = [0.0f64; 2];
+        let mut n = [0usize; 2];
+        let mut ns: [Vec<f64>; 2] = Default::default();
+        let cpu0 = [
+            cpu_of(memory.pid()),
+            cpu_of(first.pid()) + cpu_of(second.pid()),
+            cpu_of(redis.pid()),
+        ];
+        let end = Instant::now() + Duration::from_secs_f64(secs * 2.0);
+        let mut turn = 0usize;
+        while Instant::now() < end && turn < 100_000 {
+            for k in 0..2 {
+                let v = (turn + k) % 2;
+                counter += 1;
+                let title = format!("replica-flow-{counter}");
+                let t0 = Instant::now();
+                if v == 0 {
+                    legacy_flow(&mut local, &ws, &title).await?;
+                } else {
+                    legacy_flow(&mut shared, &ws, &title).await?;
+                    shared.swap();
+                }
+                let took = t0.elapsed().as_secs_f64();
+                ns[v].push(took * 1e6);
+                busy[v] += took;
+                n[v] += 1;
+            }
+            turn += 1;
+        }
+        cpu[0] += cpu_of(memory.pid()) - cpu0[0];
+        cpu[1] += cpu_of(first.pid()) + cpu_of(second.pid()) - cpu0[1];
+        cpu[2] += cpu_of(redis.pid()) - cpu0[2];
+        commands += redis.commands_since(&stats0)?.values().sum::<u64>();
+        flows[0] += n[0];
+        flows[1] += n[1];
+        let this = [0, 1].map(|v| n[v] as f64 / busy[v].max(1e-9));
+        for v in 0..2 {
+            rates[v].push(this[v]);
+            lats[v].push(median(&ns[v]));
+        }
+        ratios.push(this[1] / this[0]);
+        eprintln!(
+            "  round {}: in memory {:>6.1} flows/s  2 replicas + Redis {:>6.1}",
+            round + 1,
+            this[0],
+            this[1]
+        );
+    }
+    // Capacity: several hosts at once per variant, variants alternating by round.
+    let hosts = opts.replica_hosts.max(1);
+    let counter = Arc::new(AtomicUsize::new(0));
+    let mut locals = Vec::new();
+    let mut shareds = Vec::new();
+    for i in 0..hosts {
+        locals.push(LegacyClient::open(memory.addr).await?);
+        shareds.push(if i % 2 == 0 {
+            LegacyClient::open_pair(first.addr, second.addr).await?
+        } else {
+            LegacyClient::open_pair(second.addr, first.addr).await?
+        });
+    }
+    let mut load_rates: [Vec<f64>; 2] = Default::default();
+    let mut load_ratios = Vec::new();
+    let mut load_cpu = [0.0f64; 3];
+    let mut load_flows = [0usize; 2];
+    let mut load_commands = 0u64;
+    for round in 0..opts.rounds {
+        let mut this = [0.0f64; 2];
+        for k in 0..2 {
+            let v = (round + k) % 2;
+            let cpu0 = [
+                cpu_of(memory.pid()),
+                cpu_of(first.pid()) + cpu_of(second.pid()),
+                cpu_of(redis.pid()),
+            ];
+            let (n, took) = if v == 0 {
+                let (back, n, took) =
+                    concurrent_flows(std::mem::take(&mut locals), &ws, secs, false, &counter)
+                        .await?;
+                locals = back;
+                load_cpu[0] += cpu_of(memory.pid()) - cpu0[0];
+                (n, took)
+            } else {
+                let stats0 = redis.commandstats()?;
+                let (back, n, took) =
+                    concurrent_flows(std::mem::take(&mut shareds), &ws, secs, true, &counter)
+                        .await?;
+                shareds = back;
+                load_cpu[1] += cpu_of(first.pid()) + cpu_of(second.pid()) - cpu0[1];
+                load_cpu[2] += cpu_of(redis.pid()) - cpu0[2];
+                load_commands += redis.commands_since(&stats0)?.values().sum::<u64>();
+                (n, took)
+            };
+            load_flows[v] += n;
+            this[v] = n as f64 / took.max(1e-9);
+            load_rates[v].push(this[v]);
+        }
+        load_ratios.push(this[1] / this[0]);
+        eprintln!(
+            "  round {} ({hosts} hosts each): in memory {:>6.1} flows/s  2 replicas + Redis {:>6.1}",
+            round + 1,
+            this[0],
+            this[1]
+        );
+    }
+    let load_rate = [0, 1].map(|v| median(&load_rates[v]));
+    let load_ratio = median(&load_ratios);
+    let rate = [0, 1].map(|v| median(&rates[v]));
+    let ratio = median(&ratios);
+    let per_flow = |c: f64, n: usize| c * 1e6 / n.max(1) as f64;
+    let load_cpu_us = [
+        per_flow(load_cpu[0], load_flows[0]),
+        per_flow(load_cpu[1], load_flows[1]),
+        per_flow(load_cpu[2], load_flows[1]),
+    ];
+    let cpu_us = [
+        per_flow(cpu[0], flows[0]),
+        per_flow(cpu[1], flows[1]),
+        per_flow(cpu[2], flows[1]),
+    ];
+    // Idle sessions: Redis memory before and after opening them, half on each replica.
+    let sessions = opts.replica_sessions;
+    let before = redis.used_memory()?;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut opened = open_sessions(first.addr, sessions / 2, 32, deadline).await?;
+    opened.extend(open_sessions(second.addr, sessions - sessions / 2, 32, deadline).await?);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = redis.used_memory()?;
+    let per_session = (after as f64 - before as f64) / opened.len().max(1) as f64;
+    let keys = redis.command(&["DBSIZE"])?;
+    drop((memory, first, second, locals, shareds, local, shared));
+    let (passes, background, state_bytes) = replica_steps(env, server, &redis, 20).await?;
+    let commands_per_flow = commands as f64 / flows[1].max(1) as f64;
+    let load_commands_per_flow = load_commands as f64 / load_flows[1].max(1) as f64;
+    report.replicas = Some((ratio, load_ratio, hosts, opened.len(), per_session));
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "### 7. Replicas: the legacy MRTR flow (notes_create + notes_delete with one elicitation) on 2 replicas sharing Redis vs 1 gateway in memory, flows alternating one by one ({} rounds × {} s)\n",
+        opts.rounds,
+        secs * 2.0
+    );
+    let _ = writeln!(
+        md,
+        "| variant | flows/s | median flow µs | gateway CPU µs per flow | Redis CPU µs per flow | Redis commands per flow |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|");
+    for (v, name) in REPLICA_VARIANTS.iter().enumerate() {
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} | {} | {} | {} |",
+            fmt_f(rate[v], 1),
+            fmt_f(median(&lats[v]), 0),
+            fmt_f(cpu_us[v], 0),
+            replicated_only(v, cpu_us[2], 0),
+            replicated_only(v, commands_per_flow, 1),
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nOne host, flows one after another (latency): replicas/memory ratio (median of per-round ratios) **{}**; Redis CPU per replicated flow: {} µs (both replicas' CPU is the gateway figure above).\n",
+        fmt_f(ratio, 3),
+        fmt_f(cpu_us[2], 0)
+    );
+    let _ = writeln!(
+        md,
+        "{hosts} hosts at once per variant (capacity; variants alternate by round, {} s each):\n\n| variant | flows/s | gateway CPU µs per flow | Redis CPU µs per flow | Redis commands per flow |\n|---|---:|---:|---:|---:|",
+        secs
+    );
+    for (v, name) in REPLICA_VARIANTS.iter().enumerate() {
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} | {} | {} |",
+            fmt_f(load_rate[v], 1),
+            fmt_f(load_cpu_us[v], 0),
+            replicated_only(v, load_cpu_us[2], 0),
+            replicated_only(v, load_commands_per_flow, 1),
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nreplicas/memory ratio with {hosts} hosts: **{}**; Redis CPU per replicated flow: {} µs.\n",
+        fmt_f(load_ratio, 3),
+        fmt_f(load_cpu_us[2], 0)
+    );
+    let _ = writeln!(
+        md,
+        "Idle sessions in Redis: {} sessions opened, `used_memory` {:.1} → {:.1} MiB: **{} bytes per session** (DBSIZE {}).",
+        opened.len(),
+        before as f64 / 1048576.0,
+        after as f64 / 1048576.0,
+        fmt_f(per_session, 0),
+        keys.trim().trim_start_matches(':')
+    );
+    let mut step_json = Vec::new();
+    let mut flow_totals = [(0.0, 0.0); 2];
+    for (pass, steps) in passes.iter().enumerate() {
+        let _ = writeln!(
+            md,
+            "\nPer step of a replicated flow, {} ({} flows, one at a time, each on a new session; round trips counted by a proxy in front of Redis; the idle background, {} commands and {} round trips per second, taken out):\n\n| step | Redis commands | round trips | commands by name (per step) |\n|---|---:|---:|---|",
+            STEP_PASSES[pass],
+            steps.first().map_or(0, |r| r.1),
+            fmt_f(background.0, 1),
+            fmt_f(background.1, 1)
+        );
+        let (mut flow_cmds, mut flow_trips) = (0.0, 0.0);
+        for (step, n, cmds, trips, names) in steps {
+            let n = (*n).max(1) as f64;
+            flow_cmds += cmds / n;
+            flow_trips += trips / n;
+            let by_name = names
+                .iter()
+                .map(|(k, v)| format!("{k} {}", fmt_f(*v as f64 / n, 1)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let _ = writeln!(
+                md,
+                "| {step} | {} | {} | {by_name} |",
+                fmt_f(cmds / n, 1),
+                fmt_f(trips / n, 1)
+            );
+            step_json.push(json!({"pass": STEP_PASSES[pass], "step": step, "commands": cmds / n, "round_trips": trips / n}));
+        }
+        let _ = writeln!(
+            md,
+            "| **whole flow** | **{}** | **{}** | |",
+            fmt_f(flow_cmds, 1),
+            fmt_f(flow_trips, 1)
+        );
+        flow_totals[pass] = (flow_cmds, flow_trips);
+    }
+    let (flow_cmds, flow_trips) = flow_totals[0];
+    let _ = writeln!(
+        md,
+        "\nOne session's serialized state after a flow: {state_bytes} bytes."
+    );
+    eprintln!(
+        "  per flow: Redis commands {} (rounds) / {} ({hosts} hosts); per-step total {} commands, {} round trips (any replica), {} commands, {} round trips (one replica); state {state_bytes} bytes",
+        fmt_f(commands_per_flow, 1),
+        fmt_f(load_commands_per_flow, 1),
+        fmt_f(flow_cmds, 1),
+        fmt_f(flow_trips, 1),
+        fmt_f(flow_totals[1].0, 1),
+        fmt_f(flow_totals[1].1, 1)
+    );
+    report.add(
+        "replicas",
+        md,
+        json!({"memory_flows_per_s": rate[0], "replicas_flows_per_s": rate[1], "ratio": ratio,
+               "per_round_memory": rates[0], "per_round_replicas": rates[1],
+               "gateway_cpu_us_per_flow_memory": cpu_us[0], "gateway_cpu_us_per_flow_replicas": cpu_us[1],
+               "redis_cpu_us_per_flow": cpu_us[2], "idle_sessions": opened.len(),
+               "hosts": hosts, "load_memory_flows_per_s": load_rate[0], "load_replicas_flows_per_s": load_rate[1],
+               "load_ratio": load_ratio, "load_gateway_cpu_us_per_flow_memory": load_cpu_us[0],
+               "load_gateway_cpu_us_per_flow_replicas": load_cpu_us[1], "load_redis_cpu_us_per_flow": load_cpu_us[2],
+               "redis_used_memory_before": before, "redis_used_memory_after": after,
+               "redis_bytes_per_idle_session": per_session,
+               "redis_commands_per_flow": commands_per_flow, "load_redis_commands_per_flow": load_commands_per_flow,
+               "steps": step_json, "state_bytes": state_bytes, "flow_commands": flow_cmds,
+               "flow_commands_one_replica": flow_totals[1].0, "flow_round_trips_one_replica": flow_totals[1].1, "flow_round_trips": flow_trips}),
+    );
+    Ok(())
+}

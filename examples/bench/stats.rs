@@ -1,0 +1,48 @@
+//! Medians, percentiles and the sample of one load run.
+
+pub(crate) fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+pub(crate) fn percentile(sorted_ns: &[u64], p: f64) -> f64 {
+    if sorted_ns.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted_ns.len() as f64).ceil() as usize;
+    sorted_ns[rank.clamp(1, sorted_ns.len()) - 1] as f64 / 1000.0
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sample {
+    pub(crate) rps: f64,
+    /// Every request answered, warm-up and tail included (what the CPU was spent on).
+    pub(crate) total: usize,
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) n: usize,
+    pub(crate) errors: usize,
+}
+
+pub(crate) fn fmt_f(v: f64, digits: usize) -> String {
+    if v.is_finite() {
+        format!("{v:.digits$}")
+    } else {
+        "–".into()
+    }
+}
+
+pub(crate) fn load_avg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
