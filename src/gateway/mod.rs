@@ -400,21 +400,24 @@ impl Route {
         // `basic/versioning.mdx` starts era detection with: answered the legacy way,
         // it sends the era probe on (in the background; this host request fails as
         // it would have).
-        let discover = matches!(request, dualera_adapters::Message::Request(r) if r.method == "server/discover");
-        if !discover || self.config.era == crate::config::UpstreamEra::Modern {
+        let id = match request {
+            dualera_adapters::Message::Request(r) if r.method == "server/discover" => r.id.clone(),
+            _ => return exchange,
+        };
+        if self.config.era == crate::config::UpstreamEra::Modern {
             return exchange;
         }
         let (eras, target, setting) = (self.eras.clone(), self.era_target.clone(), self.config.era);
         match exchange {
             Err(e) => {
-                if let Some(seen) = upstream::era::discover_answer_evidence(Err(&e)) {
+                if let Some(seen) = upstream::era::discover_answer_evidence(Err(&e), &id) {
                     eras.suspect(&target, setting, seen);
                 }
                 Err(e)
             }
             Ok(ex) => Ok(ex.inspect(move |m| {
                 if let dualera_adapters::Message::Response(r) = m {
-                    if let Some(seen) = upstream::era::discover_answer_evidence(Ok(r)) {
+                    if let Some(seen) = upstream::era::discover_answer_evidence(Ok(r), &id) {
                         eras.suspect(&target, setting, seen);
                     }
                 }

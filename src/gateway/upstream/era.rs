@@ -484,18 +484,24 @@ pub fn evidence(status: StatusCode, body: &[u8]) -> Option<Era> {
     })
 }
 
-/// Which era an answer to the gateway's own modern `server/discover` (the translating
-/// path's) shows: an error that is not a recognized modern one, or a 4xx without a
-/// JSON-RPC body, is the legacy way. `None`: a modern answer, or nothing to learn.
+/// Which era an answer to the gateway's own modern `server/discover` (request `id`,
+/// the translating path's) shows. The legacy way is a refusal at the transport: a 4xx
+/// without a JSON-RPC body, or an error that is not a recognized modern one and does
+/// not answer `id` (the official SDKs' "Missing session ID" carries `"server-error"`
+/// or `null`). An error that answers the request is the server's answer to it, modern
+/// or not, and teaches nothing. `None`: nothing to learn.
 pub fn discover_answer_evidence(
     answer: Result<&dualera_adapters::Response, &UpstreamError>,
+    id: &RequestId,
 ) -> Option<Era> {
     let legacy = match answer {
-        Ok(r) => r
-            .outcome
-            .as_ref()
-            .err()
-            .is_some_and(|e| !is_modern_error(e.code)),
+        Ok(r) => {
+            r.id.as_ref() != Some(id)
+                && r.outcome
+                    .as_ref()
+                    .err()
+                    .is_some_and(|e| !is_modern_error(e.code))
+        }
         Err(UpstreamError::Status { status }) => (400..500).contains(status),
         Err(_) => false,
     };
@@ -612,6 +618,29 @@ mod tests {
             modern_verdict(Err(UpstreamError::Status { status: 502 })),
             Verdict::Unknown(_)
         ));
+    }
+
+    #[test]
+    fn only_a_refusal_at_the_transport_is_legacy_evidence() {
+        let id = RequestId::String("d".into());
+        let refusal = Response::error(
+            Some(RequestId::String("server-error".into())),
+            ErrorObject::new(ErrorCode(-32600), "Bad Request: Missing session ID"),
+        );
+        let null_id = Response::error(None, ErrorObject::new(ErrorCode(-32000), "No session"));
+        let answered = Response::error(
+            Some(id.clone()),
+            ErrorObject::new(ErrorCode(-32603), "boom"),
+        );
+        let modern = Response::error(None, ErrorObject::new(ErrorCode(-32022), "versions"));
+        assert!(discover_answer_evidence(Ok(&refusal), &id).is_some_and(Era::is_legacy));
+        assert!(discover_answer_evidence(Ok(&null_id), &id).is_some_and(Era::is_legacy));
+        assert_eq!(discover_answer_evidence(Ok(&answered), &id), None);
+        assert_eq!(discover_answer_evidence(Ok(&modern), &id), None);
+        let status = UpstreamError::Status { status: 404 };
+        assert!(discover_answer_evidence(Err(&status), &id).is_some());
+        let down = UpstreamError::Status { status: 502 };
+        assert_eq!(discover_answer_evidence(Err(&down), &id), None);
     }
 
     #[test]
