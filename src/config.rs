@@ -373,6 +373,20 @@ pub struct GatewaySection {
     pub upstream_http2: Option<UpstreamHttp2>,
     /// Which headers tell the upstream who called (default `x-forwarded`).
     pub forwarded: Option<ForwardedHeaders>,
+    /// The era of the `/mcp` route's upstream, and the default of every route's:
+    /// `auto` (default: probed as `basic/versioning.mdx` says, cached per upstream),
+    /// `modern` (2026-07-28) or `legacy` (2025-11-25 and earlier; the
+    /// `--upstream-era` flag wins).
+    pub era: Option<UpstreamEra>,
+    /// Most legacy sessions the gateway holds open to legacy upstreams, all routes
+    /// together (default 1024).
+    pub max_upstream_sessions: Option<usize>,
+    /// Most legacy upstream sessions of one key (one authorization context, one set
+    /// of declared client capabilities, one upstream; default 8).
+    pub max_upstream_sessions_per_key: Option<usize>,
+    /// A legacy upstream session unused this long is closed (`DELETE`), in ms
+    /// (default 300000).
+    pub upstream_session_idle_ms: Option<u64>,
     /// What a legacy session is bound to: `"subject"` (default) or `"token"`.
     pub session_binding: Option<SessionBinding>,
     /// Where legacy Streamable HTTP sessions live: `"memory"` (the default; one
@@ -446,6 +460,9 @@ pub struct RouteSection {
     pub upstream_ca: Option<PathBuf>,
     /// HTTP/2 to this route's HTTPS instances (default: `[gateway] upstream_http2`).
     pub upstream_http2: Option<UpstreamHttp2>,
+    /// The era of this route's upstream: `auto`, `modern` or `legacy` (default:
+    /// `[gateway] era`).
+    pub era: Option<UpstreamEra>,
     /// Largest request body on this route, in bytes.
     pub max_body_bytes: Option<usize>,
     /// Most live legacy sessions on this route.
@@ -552,6 +569,45 @@ pub enum UpstreamHttp2 {
     Auto,
     /// Always HTTP/1.1.
     Never,
+}
+
+/// `[gateway] era` / `[[gateway.routes]] era` / `--upstream-era`: which revisions an
+/// upstream speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamEra {
+    /// Probed (`basic/versioning.mdx`, "Backward Compatibility"), cached per upstream.
+    #[default]
+    Auto,
+    /// 2026-07-28: per-request `_meta`, no session.
+    Modern,
+    /// 2025-11-25 and earlier: an `initialize` handshake and a session.
+    Legacy,
+}
+
+impl UpstreamEra {
+    /// The spelling of the configuration and the flag.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Modern => "modern",
+            Self::Legacy => "legacy",
+        }
+    }
+}
+
+impl std::str::FromStr for UpstreamEra {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "modern" => Ok(Self::Modern),
+            "legacy" => Ok(Self::Legacy),
+            other => Err(format!(
+                "{other:?} is not an upstream era (auto, modern or legacy)"
+            )),
+        }
+    }
 }
 
 /// `[gateway] forwarded`: how an upstream learns the caller's address, scheme and host.
@@ -1009,6 +1065,29 @@ mod tests {
         assert!(g.routes[2].upstream.is_none());
         assert!(Config::parse("[[gateway.routes]]\npath = \"/a\"\nbogus = 1\n").is_err());
         assert!(Config::parse("[[gateway.upstreams]]\nurl = 3\n").is_err());
+    }
+
+    #[test]
+    fn upstream_era_and_legacy_session_keys() {
+        let c = Config::parse(
+            "[gateway]\nera = \"legacy\"\nmax_upstream_sessions = 9\n\
+             max_upstream_sessions_per_key = 2\nupstream_session_idle_ms = 1500\n\
+             [[gateway.routes]]\npath = \"/a/mcp\"\nupstream = \"http://127.0.0.1:3/mcp\"\n\
+             era = \"modern\"\n[[gateway.routes]]\npath = \"/b/mcp\"\n\
+             upstream = \"http://127.0.0.1:4/mcp\"\n",
+        )
+        .expect("parses");
+        let g = &c.gateway;
+        assert_eq!(g.era, Some(UpstreamEra::Legacy));
+        assert_eq!(g.max_upstream_sessions, Some(9));
+        assert_eq!(g.max_upstream_sessions_per_key, Some(2));
+        assert_eq!(g.upstream_session_idle_ms, Some(1500));
+        assert_eq!(g.routes[0].era, Some(UpstreamEra::Modern));
+        assert_eq!(g.routes[1].era, None);
+        assert_eq!(Config::parse("").unwrap().gateway.era, None);
+        assert!(Config::parse("[gateway]\nera = \"2025\"\n").is_err());
+        assert_eq!("auto".parse(), Ok(UpstreamEra::Auto));
+        assert!("Legacy".parse::<UpstreamEra>().is_err());
     }
 
     #[test]

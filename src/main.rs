@@ -106,6 +106,11 @@ enum Command {
         /// system and webpki roots. Certificates are always verified.
         #[arg(long)]
         upstream_ca: Option<PathBuf>,
+        /// The upstream's era: auto (default: probed, as basic/versioning.mdx says, and
+        /// remembered), modern (2026-07-28) or legacy (2025-11-25 and earlier).
+        /// Overrides [gateway] era; a [[gateway.routes]] entry's own era wins for it.
+        #[arg(long, value_name = "auto|modern|legacy")]
+        upstream_era: Option<dualera::config::UpstreamEra>,
         /// Serve TLS with this certificate chain (PEM, leaf first); needs --tls-key.
         #[arg(long, requires = "tls_key")]
         tls_cert: Option<PathBuf>,
@@ -304,13 +309,17 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             admin,
             config,
             upstream_ca,
+            upstream_era,
             tls_cert,
             tls_key,
             session_store,
         } => {
             let config = load(config.as_ref())?;
-            let gw_config = GatewayConfig::from_config(&config)
+            let mut gw_config = GatewayConfig::from_config(&config)
                 .with_session_store(&config.gateway, session_store.as_deref())?;
+            if let Some(era) = upstream_era {
+                gw_config.era = era;
+            }
             let admin_settings = AdminSettings::from_section(&config.admin)?;
             let admin_addr = admin.or(config.admin.listen);
             if let Some(addr) = admin_addr {

@@ -15,6 +15,8 @@ cd "$(dirname "$0")/.."
 # The real peers of the service-backed tests (Redis, HAProxy, PostgreSQL, Chromium),
 # installed from Debian when missing.
 bash tests/services/debian.sh
+# The legacy upstream of tests/legacy_upstream.rs: the interop suite's mcp 1.30.0 venv.
+python3 tests/interop/run.py --prepare-legacy-python
 cargo test --workspace --locked "$@"
 python3 tests/interop/run.py
 bash tests/kit/run.sh

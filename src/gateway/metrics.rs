@@ -152,6 +152,13 @@ pub struct Metrics {
     upstream_errors: Family<KindLabels, Counter>,
     connections: Family<ListenerLabels, Gauge>,
     ready: Family<RouteLabels, Gauge>,
+    upstream_era: Family<EraLabels, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EraLabels {
+    route: Arc<str>,
+    era: &'static str,
 }
 
 impl Metrics {
@@ -241,6 +248,13 @@ impl Metrics {
             "1 when the route's upstream answered the last server/discover probe",
             ready.clone(),
         );
+        let upstream_era = Family::<EraLabels, Gauge>::default();
+        registry.register(
+            "dualera_upstream_era",
+            "1 for the era of the route's upstream as configured or probed: modern, \
+             legacy (a legacy upstream), or unknown (not probed yet, or the probe failed)",
+            upstream_era.clone(),
+        );
         registry.register_collector(Box::new(CacheCollector(caches)));
         registry.register_collector(Box::new(UpstreamCollector(pools)));
         registry.register_collector(Box::new(ReportCollector(report)));
@@ -258,6 +272,30 @@ impl Metrics {
             upstream_errors,
             connections,
             ready,
+            upstream_era,
+        }
+    }
+
+    /// Exposes the gateway's legacy upstream session pool.
+    pub fn with_upstream_sessions(
+        mut self,
+        pool: Arc<super::upstream::legacy::SessionPool>,
+    ) -> Self {
+        self.registry
+            .register_collector(Box::new(UpstreamSessionsCollector(pool)));
+        self
+    }
+
+    /// The era of the route's upstream (`None`: unknown).
+    pub fn upstream_era(&self, route: &Arc<str>, era: Option<super::upstream::era::Era>) {
+        let now = era.map_or("unknown", super::upstream::era::Era::as_str);
+        for label in ["modern", "legacy", "unknown"] {
+            self.upstream_era
+                .get_or_create(&EraLabels {
+                    route: route.clone(),
+                    era: label,
+                })
+                .set(i64::from(label == now));
         }
     }
 
@@ -597,6 +635,55 @@ impl Collector for UpstreamCollector {
             ConstCounter::new(pool.failovers()).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
+    }
+}
+
+/// The gateway's sessions to legacy upstreams (the pool's counters), read at each
+/// scrape.
+#[derive(Debug)]
+struct UpstreamSessionsCollector(Arc<super::upstream::legacy::SessionPool>);
+
+impl Collector for UpstreamSessionsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let e = &mut encoder;
+        let stats = self.0.stats();
+        gauge(
+            e,
+            "dualera_upstream_sessions_open",
+            "Legacy sessions the gateway holds to legacy upstreams (and is opening)",
+            None,
+            &NoLabels {},
+            i64::try_from(self.0.len()).unwrap_or(i64::MAX),
+        )?;
+        counter(
+            e,
+            "dualera_upstream_sessions_opened",
+            "Legacy upstream sessions opened",
+            &NoLabels {},
+            stats.opened,
+        )?;
+        counter(
+            e,
+            "dualera_upstream_sessions_idle_closed",
+            "Legacy upstream sessions closed unused past upstream_session_idle_ms",
+            &NoLabels {},
+            stats.idle_closed,
+        )?;
+        counter(
+            e,
+            "dualera_upstream_sessions_dropped",
+            "Legacy upstream sessions dropped: expired (404), ended, or a failed ping",
+            &NoLabels {},
+            stats.dropped,
+        )?;
+        counter(
+            e,
+            "dualera_upstream_sessions_refused",
+            "Legacy upstream sessions refused by max_upstream_sessions or \
+             max_upstream_sessions_per_key",
+            &NoLabels {},
+            stats.refused,
+        )
     }
 }
 

@@ -108,6 +108,15 @@ pub struct GatewayConfig {
     /// The route's own public identity (metadata rewrite, token exchange); `None`:
     /// the transparent relay.
     pub public_resource: Option<Arc<public_resource::PublicResource>>,
+    /// The era of the route's upstream (`era`, `--upstream-era`).
+    pub era: crate::config::UpstreamEra,
+    /// Legacy upstream sessions in total, every route together (`max_upstream_sessions`).
+    pub max_upstream_sessions: usize,
+    /// Legacy upstream sessions per key (`max_upstream_sessions_per_key`).
+    pub max_upstream_sessions_per_key: usize,
+    /// An unused legacy upstream session is closed after this long
+    /// (`upstream_session_idle_ms`).
+    pub upstream_session_idle: Duration,
 }
 
 impl Default for GatewayConfig {
@@ -137,6 +146,10 @@ impl Default for GatewayConfig {
             max_sessions_per_caller: 1000,
             session_store: store::SessionStoreConfig::Memory,
             public_resource: None,
+            era: crate::config::UpstreamEra::Auto,
+            max_upstream_sessions: 1024,
+            max_upstream_sessions_per_key: 8,
+            upstream_session_idle: Duration::from_secs(300),
         }
     }
 }
@@ -186,6 +199,24 @@ impl GatewayConfig {
             cache: d.cache,
             session_store: d.session_store,
             public_resource: None,
+            era: s.era.unwrap_or(d.era),
+            max_upstream_sessions: s.max_upstream_sessions.unwrap_or(d.max_upstream_sessions),
+            max_upstream_sessions_per_key: s
+                .max_upstream_sessions_per_key
+                .unwrap_or(d.max_upstream_sessions_per_key),
+            upstream_session_idle: s
+                .upstream_session_idle_ms
+                .map_or(d.upstream_session_idle, Duration::from_millis),
+        }
+    }
+
+    /// The limits of the gateway's legacy upstream session pool.
+    pub fn upstream_session_limits(&self) -> upstream::legacy::PoolLimits {
+        upstream::legacy::PoolLimits {
+            max_sessions: self.max_upstream_sessions,
+            max_per_key: self.max_upstream_sessions_per_key,
+            idle: self.upstream_session_idle,
+            ..upstream::legacy::PoolLimits::default()
         }
     }
 
@@ -205,6 +236,7 @@ impl GatewayConfig {
         if let Some(s) = r.session_idle_ttl_secs {
             c.session_idle_ttl = Duration::from_secs(s);
         }
+        c.era = r.era.unwrap_or(c.era);
         c
     }
 
@@ -261,9 +293,80 @@ pub struct Route {
     cache: Arc<cache::ResponseCache>,
     /// Metrics, report and readiness, filled for this route.
     telemetry: Arc<telemetry::Telemetry>,
+    /// Where its upstream is for the era probe (the first instance).
+    era_target: upstream::era::Target,
+    /// The gateway's remembered upstream eras (shared by the routes).
+    eras: Arc<upstream::era::EraProber>,
+    /// The gateway's legacy upstream sessions (shared by the routes: one total bound).
+    upstream_sessions: Arc<upstream::legacy::SessionPool>,
 }
 
 impl Route {
+    /// The era of the upstream as far as it is known: `modern` when configured so,
+    /// else what was probed and is still remembered (`None`: not probed yet).
+    pub fn upstream_era(&self) -> Option<upstream::era::Era> {
+        match self.config.era {
+            crate::config::UpstreamEra::Modern => Some(upstream::era::Era::Modern),
+            _ => self.eras.cached(&self.era_target),
+        }
+    }
+
+    /// The era to act on now, without waiting: `modern` when configured so, else the
+    /// remembered answer even when stale (a stale one is refreshed in the background).
+    /// `None` under `auto` until something probed: the readiness prober, or an
+    /// answer the legacy way to the translating path's `server/discover`.
+    pub fn upstream_era_now(&self) -> Option<upstream::era::Era> {
+        if self.config.era == crate::config::UpstreamEra::Modern {
+            return Some(upstream::era::Era::Modern);
+        }
+        let (era, fresh) = self.eras.remembered(&self.era_target)?;
+        if !fresh {
+            self.eras
+                .refresh_in_background(&self.era_target, self.config.era);
+        }
+        Some(era)
+    }
+
+    /// The era of the upstream, probed now if it is not known (`on_behalf`: the
+    /// credentials of the host request that needs it, for an upstream that wants some).
+    pub async fn resolve_era(
+        &self,
+        on_behalf: upstream::OnBehalf<'_>,
+    ) -> Result<upstream::era::Era, upstream::era::EraError> {
+        let era = self
+            .eras
+            .era(&self.era_target, self.config.era, on_behalf)
+            .await;
+        if let Ok(e) = &era {
+            self.telemetry.metrics().upstream_era(&self.path, Some(*e));
+            let named = e.is_legacy().then(|| e.describe());
+            self.telemetry.report().upstream(&self.path, named);
+        }
+        era
+    }
+
+    /// A cached era was contradicted by what the upstream just did (see
+    /// [`upstream::era::evidence`]): forget it, so the next use probes again.
+    pub fn refute_era(&self, observed: upstream::era::Era) -> bool {
+        self.eras.refute(&self.era_target, observed)
+    }
+
+    /// Probes the upstream's era again in the background (at most one such probe).
+    pub fn refresh_era(&self) {
+        self.eras
+            .refresh_in_background(&self.era_target, self.config.era);
+    }
+
+    /// Where the upstream is, for the era probe and for legacy upstream sessions.
+    pub fn era_target(&self) -> &upstream::era::Target {
+        &self.era_target
+    }
+
+    /// The gateway's legacy upstream sessions.
+    pub fn upstream_sessions(&self) -> &Arc<upstream::legacy::SessionPool> {
+        &self.upstream_sessions
+    }
+
     /// The endpoint path.
     pub fn path(&self) -> &str {
         &self.path
@@ -284,7 +387,7 @@ impl Route {
         on_behalf: upstream::OnBehalf<'_>,
         params: &[(String, String)],
     ) -> Result<upstream::Exchange, upstream::UpstreamError> {
-        cache::legacy::exchange(
+        let exchange = cache::legacy::exchange(
             &self.cache,
             &self.upstream,
             role,
@@ -292,7 +395,31 @@ impl Route {
             on_behalf,
             params,
         )
-        .await
+        .await;
+        // The translating path's own `server/discover` is the modern request
+        // `basic/versioning.mdx` starts era detection with: answered the legacy way,
+        // it sends the era probe on (in the background; this host request fails as
+        // it would have).
+        let discover = matches!(request, dualera_adapters::Message::Request(r) if r.method == "server/discover");
+        if !discover || self.config.era == crate::config::UpstreamEra::Modern {
+            return exchange;
+        }
+        let (eras, target, setting) = (self.eras.clone(), self.era_target.clone(), self.config.era);
+        match exchange {
+            Err(e) => {
+                if let Some(seen) = upstream::era::discover_answer_evidence(Err(&e)) {
+                    eras.suspect(&target, setting, seen);
+                }
+                Err(e)
+            }
+            Ok(ex) => Ok(ex.inspect(move |m| {
+                if let dualera_adapters::Message::Response(r) = m {
+                    if let Some(seen) = upstream::era::discover_answer_evidence(Ok(r)) {
+                        eras.suspect(&target, setting, seen);
+                    }
+                }
+            })),
+        }
     }
 }
 
@@ -313,6 +440,25 @@ fn redis_sessions(path: &str, config: &GatewayConfig) -> Option<Arc<store::redis
             // The URL was checked when the config was read.
             tracing::error!(error = %e, route = %path, "session store cannot be opened");
             None
+        }
+    }
+}
+
+/// Where a route's upstream is for the era probe: its first instance.
+fn era_target(pool: &UpstreamPool, config: &GatewayConfig) -> upstream::era::Target {
+    match pool.first() {
+        Upstream::Http(h) => upstream::era::Target::Http {
+            client: Box::new(h.upstream_client().clone()),
+            uri: h.uri().clone(),
+            max_message: config.max_body_bytes,
+        },
+        Upstream::Stdio(s) => {
+            let (program, args) = s.command();
+            upstream::era::Target::Stdio {
+                program: program.to_owned(),
+                args: args.to_vec(),
+                max_message: config.max_body_bytes,
+            }
         }
     }
 }
@@ -396,6 +542,15 @@ impl Gateway {
 
     fn assemble(specs: Vec<RouteSpec>, paths: routes::Paths, report: report::Report) -> Self {
         let report = Arc::new(report);
+        // One pool and one era memory for the gateway: the total bound spans routes,
+        // and an upstream behind two routes is probed once.
+        let eras = Arc::new(upstream::era::EraProber::default());
+        let upstream_sessions = upstream::legacy::SessionPool::new(
+            specs
+                .first()
+                .map(|s| s.config.upstream_session_limits())
+                .unwrap_or_default(),
+        );
         /// A route's parts that the shared metrics and readiness are built from.
         struct Parts {
             path: Arc<str>,
@@ -421,14 +576,17 @@ impl Gateway {
                 }
             })
             .collect();
-        let metrics = Arc::new(metrics::Metrics::new(
-            built.iter().map(|b| b.cache.clone()).collect(),
-            built
-                .iter()
-                .map(|b| (b.path.clone(), b.upstream.clone()))
-                .collect(),
-            report.clone(),
-        ));
+        let metrics = Arc::new(
+            metrics::Metrics::new(
+                built.iter().map(|b| b.cache.clone()).collect(),
+                built
+                    .iter()
+                    .map(|b| (b.path.clone(), b.upstream.clone()))
+                    .collect(),
+                report.clone(),
+            )
+            .with_upstream_sessions(upstream_sessions.clone()),
+        );
         let readiness = Arc::new(readiness::Readiness::new(
             built.iter().map(|b| b.path.clone()).collect(),
         ));
@@ -449,6 +607,9 @@ impl Gateway {
                     legacy: store::memory::Sessions::new(&b.config),
                     redis: b.redis,
                     sse: Arc::default(),
+                    era_target: era_target(&b.upstream, &b.config),
+                    eras: eras.clone(),
+                    upstream_sessions: upstream_sessions.clone(),
                     path: b.path,
                     config: b.config,
                     upstream: b.upstream,
@@ -556,6 +717,8 @@ impl Gateway {
             }
         }
         let flusher = tokio::spawn(report::flush_loop(self.telemetry().report().clone()));
+        let upstream_sessions = self.route.upstream_sessions.clone();
+        let sweeper = upstream_sessions.start();
         let hook = Connections(telemetry::ConnectionsOpen::new(self.telemetry(), "gateway"));
         let gw = self.clone();
         let service = move |req: Request<RequestBody>, conn: &ConnInfo, state: &Arc<Connection>| {
@@ -572,6 +735,8 @@ impl Gateway {
                 r.abort();
             }
             flusher.abort();
+            sweeper.abort();
+            upstream_sessions.close_all().await;
             for route in sessions.routes() {
                 route.cache.stop_listening();
                 let stats = route.cache.stats();
@@ -723,9 +888,44 @@ async fn serve_endpoint(
         && !h.contains_key("mcp-session-id");
     if modern {
         passthrough::forward(gw, &connection.telemetry, req, &fwd).await
+    } else if Box::pin(legacy_upstream_http(gw, &req, &fwd)).await {
+        // A legacy host in front of a legacy Streamable HTTP upstream: nothing to
+        // translate, the session is theirs.
+        Box::pin(passthrough::forward_legacy(gw, req, &fwd)).await
     } else {
         Box::pin(legacy_http::handle(gw, req, fwd)).await
     }
+}
+
+/// Whether the route's upstream is a legacy server over Streamable HTTP. Under `auto`
+/// an upstream whose era is not known yet is taken for modern (the translating path,
+/// as before eras existed): no host request waits for a probe, and a modern upstream
+/// sees no request it would not have seen. A probe that fails leaves the request to
+/// the translating path too.
+async fn legacy_upstream_http(gw: &Route, req: &Request<RequestBody>, fwd: &Forwarded) -> bool {
+    use upstream::era::Era;
+    use upstream::legacy::LegacyTransport;
+    let era = match gw.config.era {
+        crate::config::UpstreamEra::Modern => return false,
+        // Configured legacy: only the transport is found out (once, remembered).
+        crate::config::UpstreamEra::Legacy => {
+            let on_behalf = OnBehalf {
+                authorization: req.headers().get(header::AUTHORIZATION),
+                forwarded: Some(fwd),
+                trace: None,
+            };
+            match gw.resolve_era(on_behalf).await {
+                Ok(era) => Some(era),
+                Err(e) => {
+                    tracing::debug!(route = %gw.path, error = %e, "legacy upstream transport unknown");
+                    None
+                }
+            }
+        }
+        // `auto` never holds a host request for a probe: what is known now.
+        crate::config::UpstreamEra::Auto => gw.upstream_era_now(),
+    };
+    era == Some(Era::Legacy(LegacyTransport::StreamableHttp))
 }
 
 /// The 404 for a path no route answers, naming the routes.

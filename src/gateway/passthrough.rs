@@ -274,6 +274,64 @@ async fn forward_http(
     }
 }
 
+/// A legacy host's request to a legacy upstream over Streamable HTTP, relayed as it is
+/// (POST, the GET stream, DELETE): `Mcp-Session-Id`, `MCP-Protocol-Version` and
+/// `Last-Event-ID` are end-to-end headers and go through with the rest; bodies stream
+/// both ways; hop-by-hop headers are stripped; the route's instances and failover
+/// apply as for modern requests. Nothing is parsed: the session is the host's and the
+/// upstream's, and the gateway neither translates nor keeps it.
+pub(super) async fn forward_legacy(
+    gateway: &Arc<Route>,
+    req: Request<RequestBody>,
+    forwarded: &Forwarded,
+) -> Response<GatewayBody> {
+    let limit = gateway.config.max_body_bytes;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return status_only(StatusCode::PAYLOAD_TOO_LARGE);
+    }
+    let (mut parts, body) = req.into_parts();
+    forwarded.apply(&mut parts.headers);
+    let span = tracing::debug_span!(
+        "legacy_passthrough",
+        method = %parts.method,
+        session = tracing::field::Empty
+    );
+    if !span.is_disabled() {
+        if let Some(id) = parts.headers.get("mcp-session-id") {
+            let tag = crate::digest::short_digest(id.as_bytes(), 4);
+            span.record("session", tag.as_str());
+        }
+    }
+    let body: GatewayBody = Limited::new(body, limit)
+        .map_err(|e| -> BoxError { e })
+        .boxed();
+    // A 4xx to an `initialize` (no session yet; 401/403 are challenges) means the
+    // upstream may no longer be the legacy server it was remembered as: a modern one
+    // answers `initialize` with an error (`basic/versioning.mdx`, "Compatibility
+    // Matrix", Legacy → Modern). The era is probed again in the background (rate
+    // limited); meanwhile the answer is relayed as it is.
+    let opening =
+        !parts.headers.contains_key("mcp-session-id") && parts.method == http::Method::POST;
+    match send(gateway, parts, body).instrument(span).await {
+        Ok(resp) => {
+            let status = resp.status();
+            if opening
+                && status.is_client_error()
+                && !matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
+            {
+                gateway.refresh_era();
+            }
+            downstream(resp)
+        }
+        Err(e) => upstream_failed(&e),
+    }
+}
+
 /// A pass-through request read whole (small: a cacheable method, or `server/discover`,
 /// which names the client for the report): looked up in the cache when cacheable,
 /// else (or on a miss) sent.

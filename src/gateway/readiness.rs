@@ -17,7 +17,9 @@
 //! its own: not ready while the last command to it failed (requests of shared sessions
 //! then fail with `sessionStoreUnavailable`; pass-through still works).
 
-use super::upstream::{UpstreamError, UpstreamPool};
+use super::upstream::era::Era;
+use super::upstream::legacy::LegacyTransport;
+use super::upstream::{OnBehalf, UpstreamError, UpstreamPool};
 use super::Gateway;
 use dualera_adapters::session::{
     META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_PROTOCOL_VERSION,
@@ -44,6 +46,8 @@ struct RouteState {
     /// With several instances: one line per instance that did not answer the last
     /// probe (the route is ready while one did).
     instances: Mutex<Vec<String>>,
+    /// `legacy upstream (…)` when the upstream is legacy, named on the route's line.
+    legacy: Mutex<Option<String>>,
 }
 
 /// Whether the shared session store answered its last command.
@@ -88,6 +92,7 @@ impl Readiness {
                     probed_at: AtomicU64::new(0),
                     failure: Mutex::new(None),
                     instances: Mutex::new(Vec::new()),
+                    legacy: Mutex::new(None),
                 })
                 .collect(),
             interval: AtomicU64::new(5000),
@@ -101,10 +106,19 @@ impl Readiness {
         let _ = self.store.set(Arc::new(check));
     }
 
-    fn record(&self, index: usize, outcome: Result<(), String>, instances: Vec<String>) {
+    fn record(
+        &self,
+        index: usize,
+        outcome: Result<(), String>,
+        instances: Vec<String>,
+        era: Option<Era>,
+    ) {
         let Some(r) = self.routes.get(index) else {
             return;
         };
+        if let Ok(mut l) = r.legacy.lock() {
+            *l = era.filter(|e| e.is_legacy()).map(Era::describe);
+        }
         let now = now_ms().max(1);
         if let Ok(mut i) = r.instances.lock() {
             *i = instances;
@@ -128,12 +142,17 @@ impl Readiness {
             let ok_at = r.ok_at.load(Ordering::Relaxed);
             let probed_at = r.probed_at.load(Ordering::Relaxed);
             let failure = r.failure.lock().ok().and_then(|f| f.clone());
+            let legacy = r.legacy.lock().ok().and_then(|l| l.clone());
+            let route = match legacy {
+                Some(l) => format!("{} ({l})", r.route),
+                None => r.route.to_string(),
+            };
             let ago = |t: u64| Duration::from_millis(now.saturating_sub(t)).as_secs_f64();
             let line = match (failure, ok_at) {
                 (None, t) if t > 0 && now.saturating_sub(t) <= window => {
                     format!(
                         "route {}: ready (server/discover answered {:.1} s ago)",
-                        r.route,
+                        route,
                         ago(t)
                     )
                 }
@@ -145,7 +164,7 @@ impl Readiness {
                     ready = false;
                     format!(
                         "route {}: not ready: the last answer to server/discover is {:.1} s old",
-                        r.route,
+                        route,
                         ago(t)
                     )
                 }
@@ -156,7 +175,7 @@ impl Readiness {
                     } else {
                         format!("last answered {:.1} s ago", ago(t))
                     };
-                    format!("route {}: not ready: {why} ({last})", r.route)
+                    format!("route {}: not ready: {why} ({last})", route)
                 }
             };
             let _ = writeln!(text, "{line}");
@@ -193,13 +212,34 @@ pub(super) async fn probe_loop(gw: Gateway, interval: Duration) {
     loop {
         for (i, route) in gw.routes().enumerate() {
             n += 1;
-            let (outcome, instances) =
-                probe(&route.upstream, n, interval.max(Duration::from_secs(1))).await;
+            let timeout = interval.max(Duration::from_secs(1));
+            // The era first (remembered after the first probe): a legacy upstream
+            // answers server/discover the legacy way, and that is its sign of life.
+            let era = match route.upstream_era() {
+                Some(era) => Some(era),
+                None => tokio::time::timeout(timeout, route.resolve_era(OnBehalf::default()))
+                    .await
+                    .ok()
+                    .and_then(Result::ok),
+            };
+            t.metrics().upstream_era(&route.path, era);
+            if let Some(e) = era {
+                t.report()
+                    .upstream(&route.path, e.is_legacy().then(|| e.describe()));
+            }
+            let (outcome, instances) = match era {
+                // A legacy stdio server's answer to server/discover before
+                // initialize is implementation-defined (or none): its era probe,
+                // which completed a handshake, is the evidence.
+                Some(Era::Legacy(LegacyTransport::Stdio)) => (Ok(()), Vec::new()),
+                Some(e) => probe(&route.upstream, n, timeout, e.is_legacy()).await,
+                None => probe(&route.upstream, n, timeout, false).await,
+            };
             if let Err(why) = &outcome {
                 tracing::debug!(route = %route.path, reason = %why, "readiness probe failed");
             }
             t.metrics().ready(&route.path, outcome.is_ok());
-            t.readiness().record(i, outcome, instances);
+            t.readiness().record(i, outcome, instances, era);
         }
         tokio::time::sleep(interval).await;
     }
@@ -212,22 +252,15 @@ async fn probe(
     pool: &UpstreamPool,
     n: u64,
     timeout: Duration,
+    legacy: bool,
 ) -> (Result<(), String>, Vec<String>) {
-    let request = Message::Request(Request {
-        id: RequestId::String(format!("dualera-ready-{n}")),
-        method: "server/discover".into(),
-        params: Some(json!({ "_meta": {
-            META_PROTOCOL_VERSION: ProtocolVersion::V2026_07_28,
-            META_CLIENT_CAPABILITIES: {},
-            META_CLIENT_INFO: { "name": "dualera-readiness", "version": env!("CARGO_PKG_VERSION") },
-        }})),
-    });
+    let request = discover_request(RequestId::String(format!("dualera-ready-{n}")));
     let results = pool.probe_each(&request, timeout).await;
     let several = results.len() > 1;
     let mut ok = false;
     let mut reasons = Vec::new();
     for (label, outcome) in results {
-        match verdict(outcome) {
+        match verdict(outcome, legacy) {
             Ok(()) => ok = true,
             Err(why) if several => reasons.push(format!("instance {label}: {why}")),
             Err(why) => reasons.push(why),
@@ -242,13 +275,34 @@ async fn probe(
     }
 }
 
+/// The anonymous `server/discover` the gateway probes upstreams with (readiness, and
+/// the era probe of `upstream::era`): 2026-07-28 in `_meta`, no capabilities.
+pub(crate) fn discover_request(id: RequestId) -> Message {
+    Message::Request(Request {
+        id,
+        method: "server/discover".into(),
+        params: Some(json!({ "_meta": {
+            META_PROTOCOL_VERSION: ProtocolVersion::V2026_07_28,
+            META_CLIENT_CAPABILITIES: {},
+            META_CLIENT_INFO: { "name": "dualera-readiness", "version": env!("CARGO_PKG_VERSION") },
+        }})),
+    })
+}
+
 /// Whether one instance's answer to the probe shows a ready modern upstream (an HTTP
-/// 401/403 does: it is up and wants credentials the prober does not have).
+/// 401/403 does: it is up and wants credentials the prober does not have). For a
+/// legacy upstream (`legacy`), an answer the legacy way (a JSON-RPC error, or a 4xx
+/// without one) shows it is up.
 fn verdict(
     outcome: Result<Option<dualera_adapters::Response>, UpstreamError>,
+    legacy: bool,
 ) -> Result<(), String> {
     match outcome {
         Err(UpstreamError::Denied(_)) => Ok(()),
+        Err(UpstreamError::Status { status }) if legacy && (400..500).contains(&status) => Ok(()),
+        Ok(Some(dualera_adapters::Response {
+            outcome: Err(_), ..
+        })) if legacy => Ok(()),
         Err(e) => Err(e.to_string()),
         Ok(answer) => match answer.map(|r| r.outcome) {
             Some(Ok(result)) => {

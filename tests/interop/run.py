@@ -1309,7 +1309,17 @@ def main() -> int:
     ap.add_argument("--operating", action="store_true",
                     help="run the operating checks (default: only when no --client/--scenario is given)")
     ap.add_argument("--only-operating", action="store_true", help="run only the operating checks")
+    ap.add_argument("--prepare-legacy-python", action="store_true",
+                    help="only install the mcp 1.30.0 venv (the legacy upstream of tests/legacy_upstream.rs)")
     args = ap.parse_args()
+    if args.prepare_legacy_python:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        PY_LEGACY.ensure()
+        if PY_LEGACY.error:
+            print(f"mcp 1.30.0: NOT AVAILABLE: {PY_LEGACY.error}", flush=True)
+            return 1
+        print(PY_LEGACY.command[0], flush=True)
+        return 0
     clients = [c for c in CLIENTS if not args.client or c.name in args.client]
     scenarios = [s for s in SCENARIOS if not args.scenario or s.name in args.scenario]
     operating = args.operating or args.only_operating or not (args.client or args.scenario)

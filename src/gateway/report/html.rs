@@ -87,6 +87,13 @@ pub fn render(report: &ReportSnapshot) -> String {
         if hosts.len() == 1 { "" } else { "s" },
         escape(&report.generated_at),
     );
+    if !report.upstreams.is_empty() {
+        out.push_str("<p class=\"summary\" id=\"upstreams\">Upstreams:");
+        for (route, upstream) in &report.upstreams {
+            let _ = write!(out, " <b>{}</b> {};", escape(route), escape(upstream));
+        }
+        out.push_str("</p>");
+    }
     if report.folded > 0 {
         let _ = write!(
             out,
@@ -290,7 +297,9 @@ mod tests {
             max_hosts: 10,
             folded: 0,
             hosts: vec![host("<img src=x onerror=alert(1)>&'")],
+            upstreams: [("/<b>".to_owned(), "legacy upstream (stdio)".to_owned())].into(),
         });
+        assert!(page.contains("<b>/&lt;b&gt;</b> legacy upstream (stdio)"));
         assert!(!page.contains("<script>x"));
         assert!(!page.contains("<img"));
         assert!(page.contains("&lt;img src=x onerror=alert(1)&gt;&amp;&#39;"));

@@ -446,6 +446,10 @@ pub struct ReportSnapshot {
     pub folded: u64,
     /// One row per host identity: legacy first, then by name.
     pub hosts: Vec<HostReport>,
+    /// The routes whose upstream is a legacy server: route path → `legacy upstream
+    /// (<transport>)`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub upstreams: BTreeMap<String, String>,
 }
 
 /// The report: every host identity's record, bounded, optionally kept in SQLite.
@@ -455,7 +459,13 @@ pub struct Report {
     max_hosts: usize,
     folded: AtomicU64,
     store: Option<store::Store>,
+    /// Route path → how its upstream is named ([`ReportSnapshot::upstreams`]).
+    upstreams: Mutex<BTreeMap<String, String>>,
 }
+
+/// Routes whose upstream the report names (routes come from the configuration; this
+/// only keeps a misuse from growing the map).
+const MAX_UPSTREAMS: usize = 1024;
 
 impl Report {
     /// A report in memory only.
@@ -465,6 +475,24 @@ impl Report {
             max_hosts: max_hosts.max(1),
             folded: AtomicU64::new(0),
             store: None,
+            upstreams: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Names the upstream of `route` when it is a legacy one (`legacy upstream (…)`);
+    /// `None` (a modern upstream) takes the name away: the report names only what
+    /// differs from the default.
+    pub fn upstream(&self, route: &str, named: Option<String>) {
+        if let Ok(mut u) = self.upstreams.lock() {
+            match named {
+                None => {
+                    u.remove(route);
+                }
+                Some(n) if u.len() < MAX_UPSTREAMS || u.contains_key(route) => {
+                    u.insert(route.to_owned(), n);
+                }
+                Some(_) => {}
+            }
         }
     }
 
@@ -540,6 +568,7 @@ impl Report {
             max_hosts: self.max_hosts,
             folded: self.folded.load(Ordering::Relaxed),
             hosts: records.iter().map(|r| r.snapshot()).collect(),
+            upstreams: self.upstreams.lock().map(|u| u.clone()).unwrap_or_default(),
         }
     }
 

@@ -26,6 +26,7 @@ pub fn render(report: &ReportSnapshot) -> String {
     );
     if hosts.is_empty() {
         out.push_str("No host has connected yet.\n");
+        upstreams(&mut out, report);
         return out;
     }
     let _ = writeln!(
@@ -112,5 +113,19 @@ pub fn render(report: &ReportSnapshot) -> String {
             report.folded, report.max_hosts
         );
     }
+    upstreams(&mut out, report);
     out
+}
+
+/// A line per route whose upstream is a legacy server, after the table (which keeps
+/// its place for readers that find it by line).
+fn upstreams(out: &mut String, report: &ReportSnapshot) {
+    for (route, upstream) in &report.upstreams {
+        let _ = writeln!(
+            out,
+            "Upstream of {}: {}",
+            sanitize(route, 256),
+            sanitize(upstream, 80)
+        );
+    }
 }

@@ -140,6 +140,12 @@ impl HttpUpstream {
         self.client.client()
     }
 
+    /// The shared client itself (legacy upstream sessions and the era probe reach the
+    /// same endpoint through it).
+    pub fn upstream_client(&self) -> &UpstreamClient {
+        &self.client
+    }
+
     /// Sends one modern request (with the 2026-07-28 mirrored headers); once the
     /// upstream accepted it, the messages it sends about it, read from the response
     /// body only as the caller pulls them ([`Exchange`]). Dropping the exchange closes

@@ -2,8 +2,10 @@
 //! spawns and speaks to over stdio. One closed enum, one file per variant.
 
 pub mod balance;
+pub mod era;
 mod exchange;
 mod http;
+pub mod legacy;
 mod pool;
 mod stdio;
 

@@ -48,6 +48,8 @@ struct Shared {
 #[derive(Clone, Debug)]
 pub struct StdioUpstream {
     shared: Arc<Shared>,
+    /// The program and its arguments (the era probe spawns one of its own).
+    command: Arc<(String, Vec<String>)>,
 }
 
 impl StdioUpstream {
@@ -62,8 +64,14 @@ impl StdioUpstream {
             next: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
         });
+        let command = Arc::new((program.clone(), args.clone()));
         tokio::spawn(supervise(shared.clone(), program, args));
-        Self { shared }
+        Self { shared, command }
+    }
+
+    /// The program and its arguments.
+    pub fn command(&self) -> (&str, &[String]) {
+        (&self.command.0, &self.command.1)
     }
 
     /// Sends one request; once written, its notifications and response as the

@@ -1,0 +1,153 @@
+"""A legacy (2025-11-25) MCP server built on the official Python SDK, mcp 1.30.0 FastMCP:
+the upstream of tests/legacy_upstream.rs (the gateway's era probe, its legacy upstream
+sessions and the legacy pass-through).
+
+    legacy_server.py streamable-http   Streamable HTTP at /mcp (stateful sessions)
+    legacy_server.py sse               the 2024-11-05 HTTP+SSE transport at /sse
+    legacy_server.py stdio             newline-delimited JSON-RPC on stdin/stdout
+
+Over HTTP it binds 127.0.0.1 on a free port and prints `PORT <n>` on stdout. Every HTTP
+request is counted by (method, path, JSON-RPC method) and the counts are served at
+`GET /stats` (not an MCP endpoint), so a test can tell how many requests reached it.
+
+Tools: `add(a, b)`; `session_id()`, the `Mcp-Session-Id` this server sees on the request
+(its own id for the session); `authorization()`, the `Authorization` header it
+received; `ask(question)`, which elicits an answer from the client
+(a server-to-client request inside the call) and returns it; `chatter(n)`, n log
+notifications on the request's stream before its result; `big(n)`, n bytes of text.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from collections import Counter
+
+import uvicorn
+from pydantic import BaseModel
+
+from mcp.server.fastmcp import Context, FastMCP
+
+mcp = FastMCP("legacy-fixture", instructions="A legacy fixture server.")
+
+STATS: Counter[str] = Counter()
+
+
+@mcp.tool()
+def add(a: int, b: int) -> int:
+    """Adds two integers."""
+    return a + b
+
+
+@mcp.tool()
+def session_id(ctx: Context) -> str:
+    """The Mcp-Session-Id of this request, as this server sees it."""
+    request = ctx.request_context.request
+    if request is None:
+        return "stdio"
+    return request.headers.get("mcp-session-id", "")
+
+
+@mcp.tool()
+def authorization(ctx: Context) -> str:
+    """The Authorization header of this request, as this server received it."""
+    request = ctx.request_context.request
+    return "" if request is None else request.headers.get("authorization", "")
+
+
+@mcp.tool()
+async def chatter(n: int, ctx: Context) -> int:
+    """Sends n log notifications on the request's stream, then returns n."""
+    for i in range(n):
+        await ctx.info(f"line {i}")
+    return n
+
+
+@mcp.tool()
+def big(n: int) -> str:
+    """Returns n bytes of text."""
+    return "x" * n
+
+
+class Answer(BaseModel):
+    answer: str
+
+
+@mcp.tool()
+async def ask(question: str, ctx: Context) -> str:
+    """Asks the client (elicitation) and returns what it answered."""
+    result = await ctx.elicit(message=question, schema=Answer)
+    if result.action == "accept" and result.data is not None:
+        return f"answered: {result.data.answer}"
+    return f"not answered: {result.action}"
+
+
+def counting(app):
+    """Wraps an ASGI app: counts every HTTP request, serves the counts at /stats."""
+
+    async def wrapped(scope, receive, send):
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        if scope["path"] == "/stats":
+            body = json.dumps(STATS).encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        method = scope["method"]
+        key = f"{method} {scope['path']}"
+        if method != "POST":
+            STATS[key] += 1
+            return await app(scope, receive, send)
+        # Read the body to name the JSON-RPC method, then replay it to the app.
+        chunks = []
+        more = True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            rpc = json.loads(body).get("method", "-")
+        except (ValueError, AttributeError):
+            rpc = "-"
+        STATS[f"{key} {rpc}"] += 1
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await app(scope, replay, send)
+
+    return wrapped
+
+
+def serve_http(app) -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    port = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    sock.bind(("127.0.0.1", port))
+    print(f"PORT {sock.getsockname()[1]}", flush=True)
+    config = uvicorn.Config(counting(app), log_level="warning", lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def main() -> None:
+    mode = sys.argv[1] if len(sys.argv) > 1 else "streamable-http"
+    if mode == "stdio":
+        mcp.run(transport="stdio")
+    elif mode == "sse":
+        serve_http(mcp.sse_app())
+    elif mode == "streamable-http":
+        serve_http(mcp.streamable_http_app())
+    else:
+        sys.exit(f"unknown transport {mode!r}")
+
+
+if __name__ == "__main__":
+    main()
