@@ -164,6 +164,15 @@ fn meta() -> Value {
 
 /// One 2026-07-28 request (no session); the HTTP status and the JSON-RPC answer.
 async fn post(url: &str, token: Option<&str>, body: &Value) -> (u16, Value) {
+    let (status, content_type, bytes) = post_raw(url, token, body).await;
+    assert_eq!(content_type, "application/json");
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| panic!("a JSON answer, got {}", String::from_utf8_lossy(&bytes)));
+    (status, value)
+}
+
+/// One 2026-07-28 request; the HTTP status, content type and body.
+async fn post_raw(url: &str, token: Option<&str>, body: &Value) -> (u16, String, Bytes) {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<Full<Bytes>>();
     let mut b = http::Request::builder()
@@ -183,14 +192,18 @@ async fn post(url: &str, token: Option<&str>, body: &Value) -> (u16, Value) {
         .expect("answered in time")
         .expect("request sent");
     let status = resp.status().as_u16();
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
     let bytes = tokio::time::timeout(WAIT, resp.into_body().collect())
         .await
         .expect("body in time")
         .expect("body")
         .to_bytes();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| panic!("a JSON answer, got {}", String::from_utf8_lossy(&bytes)));
-    (status, value)
+    (status, content_type, bytes)
 }
 
 fn call(id: i64, name: &str, arguments: Value) -> Value {
@@ -425,4 +438,37 @@ async fn two_tokens_never_share_an_upstream_session() {
     )
     .await;
     assert_eq!(text(&done), "answered: x");
+}
+
+#[tokio::test]
+async fn log_notifications_before_the_result_make_an_sse_answer() {
+    let py = PyServer::spawn();
+    let gw = Gateway::spawn(&py.url());
+    let mut request = call(1, "chatter", json!({ "n": 3 }));
+    request["params"]["_meta"]["io.modelcontextprotocol/logLevel"] = json!("info");
+    let (status, content_type, body) = post_raw(&gw.url(), None, &request).await;
+    assert_eq!(status, 200);
+    assert!(
+        content_type.starts_with("text/event-stream"),
+        "{content_type}"
+    );
+    let text_body = String::from_utf8_lossy(&body).into_owned();
+    let messages: Vec<Value> = text_body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(|d| serde_json::from_str(d.trim()).expect("JSON event"))
+        .collect();
+    let (last, before) = messages.split_last().expect("events");
+    assert_eq!(before.len(), 3, "{text_body}");
+    for (i, n) in before.iter().enumerate() {
+        assert_eq!(n["method"], "notifications/message", "{n}");
+        assert_eq!(n["params"]["data"], format!("line {i}"), "{n}");
+    }
+    assert_eq!(last["id"], 1);
+    assert_eq!(text(last), "3");
+
+    // Without a log level the same call is answered with JSON alone.
+    let (status, plain) = post(&gw.url(), None, &call(2, "chatter", json!({ "n": 2 }))).await;
+    assert_eq!(status, 200);
+    assert_eq!(text(&plain), "2");
 }

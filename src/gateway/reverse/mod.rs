@@ -34,7 +34,7 @@ use dualera_adapters::session::{META_CLIENT_CAPABILITIES, META_CLIENT_INFO};
 use dualera_adapters::time::Timestamp;
 use http::header::{self, HeaderValue};
 use http::{Request as HttpRequest, Response as HttpResponse, StatusCode};
-use partition::{Answer, Command, Opener, Task};
+use partition::{Answer, Command, Opener, Reply, Task};
 use seal::StateKeys;
 use serde_json::{json, Map, Value};
 use sha2::{Digest as _, Sha256};
@@ -271,13 +271,15 @@ async fn serve(
         principal,
         state,
     };
-    let (reply, answered) = oneshot::channel();
+    let (answer_tx, mut answered) = oneshot::channel();
+    let (notify_tx, mut notifications) = mpsc::channel(partition::NOTIFICATION_QUEUE);
+    let reply = Reply {
+        notifications: notify_tx,
+        answer: answer_tx,
+    };
     if handle
         .commands
-        .try_send(Command::Request {
-            request: host_request,
-            reply,
-        })
+        .try_send(Command::Request(Box::new(host_request), reply))
         .is_err()
     {
         let e = host_error(&HostFailure::QueueFull {
@@ -285,45 +287,106 @@ async fn serve(
         });
         return answer(jsonrpc::Response::error(Some(id), e));
     }
-    // Dropped with this future too: a host that leaves cancels its call upstream.
-    let gone = Gone {
+    // Dropped with this future (or the stream's task) too: a host that leaves
+    // cancels its call upstream.
+    let mut gone = Gone {
         commands: handle.commands.clone(),
         host,
         armed: true,
     };
-    let outcome = tokio::time::timeout(gw.config.live_request_timeout_max, answered).await;
-    let mut gone = gone;
-    match outcome {
-        Ok(Ok(Answer::Response(r))) => {
-            gone.armed = false;
-            answer(r)
+    let deadline = tokio::time::Instant::now() + gw.config.live_request_timeout_max;
+    let sealer = Sealer {
+        bridge: gw.reverse.clone(),
+        binding,
+    };
+    // 2026-07-28 transports: the answer to a POST is one JSON response, or an SSE
+    // stream when messages precede it. JSON unless a notification comes first.
+    let first = tokio::select! {
+        biased;
+        n = notifications.recv() => n,
+        a = &mut answered => {
+            gone.disarm();
+            return answer(sealer.finish(&id, a.ok()));
         }
-        Ok(Ok(Answer::InputRequired { id, result, state })) => {
-            gone.armed = false;
-            let Some(token) = seal::seal(&bridge.codec, &binding, &state, bridge.clock.now_ms())
-            else {
-                let e = host_error(&HostFailure::Unusable {
-                    reason: "the round state could not be sealed".into(),
-                });
-                return answer(jsonrpc::Response::error(Some(id), e));
-            };
-            let mut result = result;
-            if let Some(r) = result.as_object_mut() {
-                r.insert("requestState".into(), Value::String(token));
+        () = tokio::time::sleep_until(deadline) => {
+            return answer(sealer.finish(&id, None));
+        }
+    };
+    let Some(first) = first else {
+        // The partition dropped the request's senders: its answer is final now.
+        gone.disarm();
+        return answer(sealer.finish(&id, answered.await.ok()));
+    };
+    let (out, stream) = body::ChannelBody::channel(partition::NOTIFICATION_QUEUE);
+    tokio::spawn(async move {
+        let mut next = Some(first);
+        loop {
+            if let Some(message) = next.take() {
+                if out
+                    .send(crate::sse::encode(None, &message.to_vec()))
+                    .await
+                    .is_err()
+                {
+                    return; // The host left: `gone` cancels its call.
+                }
             }
-            answer(jsonrpc::Response::result(id, result))
+            tokio::select! {
+                biased;
+                n = notifications.recv() => match n {
+                    Some(m) => next = Some(m),
+                    None => break,
+                },
+                a = &mut answered => {
+                    // What was queued before the answer goes first.
+                    while let Ok(m) = notifications.try_recv() {
+                        if out.send(crate::sse::encode(None, &m.to_vec())).await.is_err() {
+                            return;
+                        }
+                    }
+                    gone.disarm();
+                    let last = Message::Response(sealer.finish(&id, a.ok()));
+                    let _ = out.send(crate::sse::encode(None, &last.to_vec())).await;
+                    return;
+                }
+                () = tokio::time::sleep_until(deadline) => break,
+            }
         }
-        Ok(Err(_)) => {
-            gone.armed = false;
-            answer(jsonrpc::Response::error(
-                Some(id),
-                host_error(&HostFailure::UpstreamLost),
-            ))
+        let last = Message::Response(sealer.finish(&id, answered.try_recv().ok()));
+        gone.disarm();
+        let _ = out.send(crate::sse::encode(None, &last.to_vec())).await;
+    });
+    body::sse_response(stream)
+}
+
+/// Turns a partition's answer into the host's response: an `input_required`
+/// result gets its sealed `requestState`.
+struct Sealer {
+    bridge: Arc<Bridge>,
+    binding: crate::request_state::Binding,
+}
+
+impl Sealer {
+    fn finish(&self, id: &jsonrpc::RequestId, outcome: Option<Answer>) -> jsonrpc::Response {
+        match outcome {
+            Some(Answer::Response(r)) => r,
+            Some(Answer::InputRequired { id, result, state }) => {
+                let now = self.bridge.clock.now_ms();
+                let Some(token) = seal::seal(&self.bridge.codec, &self.binding, &state, now) else {
+                    let e = host_error(&HostFailure::Unusable {
+                        reason: "the round state could not be sealed".into(),
+                    });
+                    return jsonrpc::Response::error(Some(id), e);
+                };
+                let mut result = result;
+                if let Some(r) = result.as_object_mut() {
+                    r.insert("requestState".into(), Value::String(token));
+                }
+                jsonrpc::Response::result(id, result)
+            }
+            None => {
+                jsonrpc::Response::error(Some(id.clone()), host_error(&HostFailure::UpstreamLost))
+            }
         }
-        Err(_) => answer(jsonrpc::Response::error(
-            Some(id),
-            host_error(&HostFailure::UpstreamLost),
-        )),
     }
 }
 
@@ -332,6 +395,13 @@ struct Gone {
     commands: mpsc::Sender<Command>,
     host: HostKey,
     armed: bool,
+}
+
+impl Gone {
+    /// The request was answered: nothing to tell.
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
 }
 
 impl Drop for Gone {

@@ -22,16 +22,23 @@ use tracing::{debug, warn, Instrument};
 
 /// Host requests queued toward one partition's task.
 pub(super) const COMMAND_QUEUE: usize = 64;
+/// Notifications queued toward one host request's stream; one more while it is full
+/// is dropped (a host that does not read its stream must not stall the session).
+pub(super) const NOTIFICATION_QUEUE: usize = 64;
 
 /// What a host request's HTTP handler hands the task.
 pub(super) enum Command {
     /// A host request, and where its answer goes.
-    Request {
-        request: HostRequest,
-        reply: oneshot::Sender<Answer>,
-    },
+    Request(Box<HostRequest>, Reply),
     /// The host request left (its connection closed, or its wait ran out).
     Gone(HostKey),
+}
+
+/// Where one host request's messages go: the notifications before its answer, and
+/// the answer.
+pub(super) struct Reply {
+    pub(super) notifications: mpsc::Sender<Message>,
+    pub(super) answer: oneshot::Sender<Answer>,
 }
 
 /// The end of one host request.
@@ -72,7 +79,7 @@ pub(super) struct Task {
     pub(super) opener: Opener,
     pub(super) clock: Clock,
     /// Host requests waiting for their answer.
-    pub(super) hosts: HashMap<HostKey, oneshot::Sender<Answer>>,
+    pub(super) hosts: HashMap<HostKey, Reply>,
     /// How long the task lives with no host request and no call in progress.
     pub(super) idle: Duration,
 }
@@ -102,7 +109,7 @@ impl Task {
                 tokio::select! {
                     cmd = commands.recv() => match cmd {
                         None => break,
-                        Some(Command::Request { request, reply }) => self.request(request, reply),
+                        Some(Command::Request(request, reply)) => self.request(*request, reply),
                         Some(Command::Gone(key)) => {
                             self.hosts.remove(&key);
                             self.machine.handle_host_gone(key);
@@ -147,7 +154,7 @@ impl Task {
         on_exit();
     }
 
-    fn request(&mut self, request: HostRequest, reply: oneshot::Sender<Answer>) {
+    fn request(&mut self, request: HostRequest, reply: Reply) {
         let key = request.host;
         let id = request.id.clone();
         match self.machine.handle_host_request(request, self.clock.now()) {
@@ -160,7 +167,9 @@ impl Task {
                     reason: e.to_string(),
                 };
                 let error = dualera_adapters::reverse::host_error(&failure);
-                let _ = reply.send(Answer::Response(Response::error(Some(id), error)));
+                let _ = reply
+                    .answer
+                    .send(Answer::Response(Response::error(Some(id), error)));
             }
         }
     }
@@ -175,25 +184,24 @@ impl Task {
                         return false;
                     }
                 }
-                Event::ToHost { host, message } => match message {
-                    Message::Response(r) => {
-                        if let Some(reply) = self.hosts.remove(&host) {
-                            let _ = reply.send(Answer::Response(r));
+                Event::ToHost {
+                    host,
+                    message: Message::Response(r),
+                } => self.answer(host, Answer::Response(r)),
+                Event::ToHost { host, message } => {
+                    if let Some(reply) = self.hosts.get(&host) {
+                        if reply.notifications.try_send(message).is_err() {
+                            debug!(%host, "notification for a host stream that is full or gone dropped");
                         }
                     }
-                    // JSON answers only: progress and log notifications before the
-                    // result are not relayed.
-                    _ => {}
-                },
+                }
                 Event::InputRequired {
                     host,
                     id,
                     result,
                     state,
                 } => {
-                    if let Some(reply) = self.hosts.remove(&host) {
-                        let _ = reply.send(Answer::InputRequired { id, result, state });
-                    }
+                    self.answer(host, Answer::InputRequired { id, result, state });
                 }
                 Event::Failed { reason } => {
                     warn!(%reason, "reverse bridge: legacy session unusable");
@@ -203,9 +211,7 @@ impl Task {
                         message: Message::Response(r),
                     }) = self.machine.poll_event()
                     {
-                        if let Some(reply) = self.hosts.remove(&host) {
-                            let _ = reply.send(Answer::Response(r));
-                        }
+                        self.answer(host, Answer::Response(r));
                     }
                     return false;
                 }
@@ -213,6 +219,13 @@ impl Task {
             }
         }
         true
+    }
+
+    /// Ends host request `host` with `answer`.
+    fn answer(&mut self, host: HostKey, answer: Answer) {
+        if let Some(reply) = self.hosts.remove(&host) {
+            let _ = reply.answer.send(answer);
+        }
     }
 
     /// Sends one message upstream on behalf of the partition's credentials.
