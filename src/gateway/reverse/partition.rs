@@ -180,7 +180,8 @@ impl Task {
         while let Some(event) = self.machine.poll_event() {
             match event {
                 Event::ToUpstream { message } => {
-                    if !self.send(message).await {
+                    let sent = self.send(message).await;
+                    if !sent {
                         return false;
                     }
                 }
