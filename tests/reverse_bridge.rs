@@ -109,10 +109,19 @@ struct Gateway {
 
 impl Gateway {
     fn spawn(upstream: &str) -> Self {
+        Self::spawn_with("--upstream", upstream)
+    }
+
+    /// In front of a command's stdio (`--upstream-cmd`).
+    fn spawn_cmd(cmd: &str) -> Self {
+        Self::spawn_with("--upstream-cmd", cmd)
+    }
+
+    fn spawn_with(flag: &str, upstream: &str) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dualera"))
             .args([
                 "gateway",
-                "--upstream",
+                flag,
                 upstream,
                 "--upstream-era",
                 "legacy",
@@ -147,6 +156,13 @@ impl Gateway {
     fn url(&self) -> String {
         format!("http://{}/mcp", self.addr)
     }
+}
+
+/// The legacy server as a stdio command line.
+fn stdio_command() -> String {
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/py/legacy_server.py");
+    format!("{} {} stdio", python().display(), script.display())
 }
 
 /// The `_meta` of a modern host declaring every client capability.
@@ -471,4 +487,34 @@ async fn log_notifications_before_the_result_make_an_sse_answer() {
     let (status, plain) = post(&gw.url(), None, &call(2, "chatter", json!({ "n": 2 }))).await;
     assert_eq!(status, 200);
     assert_eq!(text(&plain), "2");
+}
+
+#[tokio::test]
+async fn a_stdio_legacy_upstream_is_bridged_too() {
+    let gw = Gateway::spawn_cmd(&stdio_command());
+    let (status, discover) = post(
+        &gw.url(),
+        None,
+        &json!({ "jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": { "_meta": meta() } }),
+    )
+    .await;
+    assert_eq!(status, 200, "{discover}");
+    assert_eq!(
+        discover["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "legacy-fixture",
+        "{discover}"
+    );
+    let (_, added) = post(
+        &gw.url(),
+        None,
+        &call(2, "add", json!({ "a": 20, "b": 22 })),
+    )
+    .await;
+    assert_eq!(text(&added), "42");
+    let args = json!({ "question": "Over a pipe?" });
+    let (_, first) = post(&gw.url(), None, &call(3, "ask", args.clone())).await;
+    let (key, method, _, state) = round(&first);
+    assert_eq!(method, "elicitation/create");
+    let answer = json!({ key: { "action": "accept", "content": { "answer": "yes" } } });
+    let (_, done) = post(&gw.url(), None, &retry(4, "ask", args, answer, &state)).await;
+    assert_eq!(text(&done), "answered: yes");
 }
