@@ -58,12 +58,17 @@ struct PyServer {
 
 impl PyServer {
     fn spawn() -> Self {
+        Self::spawn_on(0)
+    }
+
+    /// On `port` (0: any free one).
+    fn spawn_on(port: u16) -> Self {
         let script =
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/py/legacy_server.py");
         let mut child = Command::new(python())
             .arg(script)
             .arg("streamable-http")
-            .arg("0")
+            .arg(port.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -517,4 +522,23 @@ async fn a_stdio_legacy_upstream_is_bridged_too() {
     let answer = json!({ key: { "action": "accept", "content": { "answer": "yes" } } });
     let (_, done) = post(&gw.url(), None, &retry(4, "ask", args, answer, &state)).await;
     assert_eq!(text(&done), "answered: yes");
+}
+
+#[tokio::test]
+async fn a_forgotten_upstream_session_is_opened_again() {
+    let py = PyServer::spawn();
+    let port = py.port;
+    let gw = Gateway::spawn(&py.url());
+    let (_, before) = post(&gw.url(), None, &call(1, "session_id", json!({}))).await;
+    let before = text(&before);
+    // The server restarts on the same address and knows no session any more (a 404
+    // to the old id, or the old session's stream ended): the next call is served on
+    // a new legacy session.
+    drop(py);
+    let _py = PyServer::spawn_on(port);
+    let (status, after) = post(&gw.url(), None, &call(2, "session_id", json!({}))).await;
+    assert_eq!(status, 200, "{after}");
+    let after = text(&after);
+    assert!(!after.is_empty());
+    assert_ne!(before, after);
 }
