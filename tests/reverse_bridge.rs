@@ -104,6 +104,23 @@ impl PyServer {
     fn url(&self) -> String {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }
+
+    /// How many requests of `key` ("POST /mcp notifications/cancelled", …) reached it.
+    async fn count(&self, key: &str) -> u64 {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<Full<Bytes>>();
+        let uri: http::Uri = format!("http://127.0.0.1:{}/stats", self.port)
+            .parse()
+            .expect("uri");
+        let resp = tokio::time::timeout(WAIT, client.get(uri))
+            .await
+            .expect("stats in time")
+            .expect("stats");
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        let stats: Value = serde_json::from_slice(&body).expect("stats JSON");
+        stats.get(key).and_then(Value::as_u64).unwrap_or(0)
+    }
 }
 
 /// `dualera gateway --upstream-era legacy` in front of `upstream`.
@@ -541,4 +558,31 @@ async fn a_forgotten_upstream_session_is_opened_again() {
     let after = text(&after);
     assert!(!after.is_empty());
     assert_ne!(before, after);
+}
+
+#[tokio::test]
+async fn a_host_that_leaves_cancels_its_call_upstream() {
+    let py = PyServer::spawn();
+    let gw = Gateway::spawn(&py.url());
+    // A call to open the partition's session first, so the one below is in progress
+    // upstream when the host leaves.
+    let (_, added) = post(&gw.url(), None, &call(1, "add", json!({ "a": 1, "b": 1 }))).await;
+    assert_eq!(text(&added), "2");
+    assert_eq!(py.count("POST /mcp notifications/cancelled").await, 0);
+    let slow = call(2, "wait", json!({ "seconds": 20 }));
+    let url = gw.url();
+    let left = tokio::time::timeout(Duration::from_millis(700), post_raw(&url, None, &slow));
+    assert!(left.await.is_err(), "the slow call answered early");
+    // 2025-11-25 basic/utilities/cancellation: the bridge tells the server.
+    let deadline = std::time::Instant::now() + WAIT;
+    while py.count("POST /mcp notifications/cancelled").await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no notifications/cancelled upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The partition goes on serving.
+    let (_, added) = post(&gw.url(), None, &call(3, "add", json!({ "a": 2, "b": 2 }))).await;
+    assert_eq!(text(&added), "4");
 }

@@ -16,7 +16,8 @@ received; `ask(question)`, which elicits an answer from the client
 (a server-to-client request inside the call) and returns it; `chatter(n)`, n log
 notifications on the request's stream before its result; `big(n)`, n bytes of text;
 `sample(prompt)`, which asks the client's model (sampling) and returns its text;
-`roots()`, which lists the client's roots and returns their URIs.
+`roots()`, which lists the client's roots and returns their URIs; `wait(seconds)`,
+which sleeps (a call to cancel).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import socket
 import sys
 from collections import Counter
 
+import anyio
 import uvicorn
 from pydantic import BaseModel
 
@@ -84,6 +86,13 @@ async def ask(question: str, ctx: Context) -> str:
     if result.action == "accept" and result.data is not None:
         return f"answered: {result.data.answer}"
     return f"not answered: {result.action}"
+
+
+@mcp.tool()
+async def wait(seconds: float) -> str:
+    """Sleeps, then returns (a call a client can cancel meanwhile)."""
+    await anyio.sleep(seconds)
+    return "waited"
 
 
 @mcp.tool()
