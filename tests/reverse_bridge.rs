@@ -140,16 +140,15 @@ impl Gateway {
     }
 
     fn spawn_with(flag: &str, upstream: &str) -> Self {
+        Self::spawn_args(&[flag, upstream])
+    }
+
+    /// With these arguments besides the era and the listener.
+    fn spawn_args(args: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dualera"))
-            .args([
-                "gateway",
-                flag,
-                upstream,
-                "--upstream-era",
-                "legacy",
-                "--listen",
-                "127.0.0.1:0",
-            ])
+            .arg("gateway")
+            .args(args)
+            .args(["--upstream-era", "legacy", "--listen", "127.0.0.1:0"])
             .env("DUALERA_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -585,4 +584,42 @@ async fn a_host_that_leaves_cancels_its_call_upstream() {
     // The partition goes on serving.
     let (_, added) = post(&gw.url(), None, &call(3, "add", json!({ "a": 2, "b": 2 }))).await;
     assert_eq!(text(&added), "4");
+}
+
+#[tokio::test]
+async fn a_round_not_retried_in_time_expires_and_is_cancelled_upstream() {
+    let py = PyServer::spawn();
+    let dir = std::env::temp_dir().join(format!("reverse-bridge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let config = dir.join("expiry.toml");
+    std::fs::write(
+        &config,
+        "[state]\nttl_ms = 1000\n\n[[state.keys]]\nid = \"k1\"\nsecret = \"0123456789abcdef0123\"\n",
+    )
+    .expect("config");
+    let gw = Gateway::spawn_args(&[
+        "--config",
+        config.to_str().expect("utf-8 path"),
+        "--upstream",
+        &py.url(),
+    ]);
+    let args = json!({ "question": "Too late?" });
+    let (_, first) = post(&gw.url(), None, &call(1, "ask", args.clone())).await;
+    let (key, _, _, state) = round(&first);
+    // The round lapses: the legacy call is cancelled (2025-11-25
+    // basic/utilities/cancellation) and the late retry is refused as expired.
+    let deadline = std::time::Instant::now() + WAIT;
+    while py.count("POST /mcp notifications/cancelled").await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no notifications/cancelled upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let answer = json!({ key: { "action": "accept", "content": { "answer": "late" } } });
+    let (status, late) = post(&gw.url(), None, &retry(2, "ask", args, answer, &state)).await;
+    assert_eq!(status, 400, "{late}");
+    assert_eq!(late["error"]["code"], -32602, "{late}");
+    assert_eq!(late["error"]["data"]["reason"], "expiredState", "{late}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
