@@ -915,7 +915,7 @@ async fn serve_endpoint(
     if modern {
         match Box::pin(legacy_upstream(gw, &req, &fwd)).await {
             // A modern host in front of a legacy server: the reverse bridge.
-            Some(transport) => Box::pin(reverse::handle(gw, req, &fwd, transport)).await,
+            Some(transport) => Box::pin(reverse::handle(gw, req, transport)).await,
             None => passthrough::forward(gw, &connection.telemetry, req, &fwd).await,
         }
     } else if Box::pin(legacy_upstream_http(gw, &req, &fwd)).await {

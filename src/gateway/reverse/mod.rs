@@ -22,7 +22,6 @@ mod partition;
 pub mod seal;
 
 use super::auth::BindingKey;
-use super::forwarded::Forwarded;
 use super::upstream::legacy::{LegacyTransport, PoolKey};
 use super::{body, GatewayBody, RequestBody, Route};
 use crate::request_state::StateCodec;
@@ -149,7 +148,6 @@ fn sha256_hex(bytes: &[u8]) -> String {
 pub(super) async fn handle(
     gw: &Arc<Route>,
     req: HttpRequest<RequestBody>,
-    _fwd: &Forwarded,
     transport: LegacyTransport,
 ) -> HttpResponse<GatewayBody> {
     let (parts, body) = req.into_parts();
