@@ -60,6 +60,11 @@ impl std::fmt::Debug for BindingKey {
 }
 
 impl BindingKey {
+    /// The digest itself (the reverse bridge's principal in round states).
+    pub(super) fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
     /// The key of a request's `Authorization` header. With `Subject` and a bearer JWT
     /// whose payload has string `iss` and `sub`, the principal (a refreshed token of
     /// the same principal gives the same key); otherwise the digest of the credential

@@ -27,6 +27,7 @@ mod pipe;
 pub mod public_resource;
 pub mod readiness;
 pub mod report;
+pub mod reverse;
 pub mod routes;
 pub mod store;
 pub mod telemetry;
@@ -117,6 +118,11 @@ pub struct GatewayConfig {
     /// An unused legacy upstream session is closed after this long
     /// (`upstream_session_idle_ms`).
     pub upstream_session_idle: Duration,
+    /// The keys the reverse bridge seals `requestState` with (`[state]`; empty:
+    /// random ones for this process).
+    pub state_keys: reverse::seal::StateKeys,
+    /// How long a reverse-bridge round waits for its retry (`[state] ttl_ms`).
+    pub state_ttl: Duration,
 }
 
 impl Default for GatewayConfig {
@@ -150,6 +156,8 @@ impl Default for GatewayConfig {
             max_upstream_sessions: 1024,
             max_upstream_sessions_per_key: 8,
             upstream_session_idle: Duration::from_secs(300),
+            state_keys: reverse::seal::StateKeys::default(),
+            state_ttl: Duration::from_secs(300),
         }
     }
 }
@@ -207,6 +215,8 @@ impl GatewayConfig {
             upstream_session_idle: s
                 .upstream_session_idle_ms
                 .map_or(d.upstream_session_idle, Duration::from_millis),
+            state_keys: d.state_keys.clone(),
+            state_ttl: d.state_ttl,
         }
     }
 
@@ -268,6 +278,8 @@ impl GatewayConfig {
     pub fn from_config(c: &crate::config::Config) -> Self {
         Self {
             cache: cache::CacheConfig::from_section(&c.cache),
+            state_keys: reverse::seal::StateKeys::from_section(&c.state),
+            state_ttl: Duration::from_millis(c.state.ttl_ms),
             ..Self::from_section(&c.gateway)
         }
     }
@@ -299,6 +311,8 @@ pub struct Route {
     eras: Arc<upstream::era::EraProber>,
     /// The gateway's legacy upstream sessions (shared by the routes: one total bound).
     upstream_sessions: Arc<upstream::legacy::SessionPool>,
+    /// The gateway's reverse bridge (shared by the routes).
+    reverse: Arc<reverse::Bridge>,
 }
 
 impl Route {
@@ -554,6 +568,17 @@ impl Gateway {
                 .map(|s| s.config.upstream_session_limits())
                 .unwrap_or_default(),
         );
+        let reverse = Arc::new(
+            specs
+                .first()
+                .map(|s| reverse::Bridge::new(&s.config.state_keys, s.config.state_ttl))
+                .unwrap_or_else(|| {
+                    reverse::Bridge::new(
+                        &reverse::seal::StateKeys::default(),
+                        Duration::from_secs(300),
+                    )
+                }),
+        );
         /// A route's parts that the shared metrics and readiness are built from.
         struct Parts {
             path: Arc<str>,
@@ -613,6 +638,7 @@ impl Gateway {
                     era_target: era_target(&b.upstream, &b.config),
                     eras: eras.clone(),
                     upstream_sessions: upstream_sessions.clone(),
+                    reverse: reverse.clone(),
                     path: b.path,
                     config: b.config,
                     upstream: b.upstream,
@@ -890,7 +916,11 @@ async fn serve_endpoint(
         .is_some_and(|v| is_modern_or_later(v) || !ProtocolVersion::LEGACY.contains(&v))
         && !h.contains_key("mcp-session-id");
     if modern {
-        passthrough::forward(gw, &connection.telemetry, req, &fwd).await
+        match Box::pin(legacy_upstream(gw, &req, &fwd)).await {
+            // A modern host in front of a legacy server: the reverse bridge.
+            Some(transport) => Box::pin(reverse::handle(gw, req, transport)).await,
+            None => passthrough::forward(gw, &connection.telemetry, req, &fwd).await,
+        }
     } else if Box::pin(legacy_upstream_http(gw, &req, &fwd)).await {
         // A legacy host in front of a legacy Streamable HTTP upstream: nothing to
         // translate, the session is theirs.
@@ -906,10 +936,19 @@ async fn serve_endpoint(
 /// sees no request it would not have seen. A probe that fails leaves the request to
 /// the translating path too.
 async fn legacy_upstream_http(gw: &Route, req: &Request<RequestBody>, fwd: &Forwarded) -> bool {
+    legacy_upstream(gw, req, fwd).await == Some(upstream::legacy::LegacyTransport::StreamableHttp)
+}
+
+/// The transport of the route's upstream when it is a legacy server, as far as it is
+/// known without holding a host request under `auto` (see [`legacy_upstream_http`]).
+async fn legacy_upstream(
+    gw: &Route,
+    req: &Request<RequestBody>,
+    fwd: &Forwarded,
+) -> Option<upstream::legacy::LegacyTransport> {
     use upstream::era::Era;
-    use upstream::legacy::LegacyTransport;
     let era = match gw.config.era {
-        crate::config::UpstreamEra::Modern => return false,
+        crate::config::UpstreamEra::Modern => return None,
         // Configured legacy: only the transport is found out (once, remembered).
         crate::config::UpstreamEra::Legacy => {
             let on_behalf = OnBehalf {
@@ -928,7 +967,10 @@ async fn legacy_upstream_http(gw: &Route, req: &Request<RequestBody>, fwd: &Forw
         // `auto` never holds a host request for a probe: what is known now.
         crate::config::UpstreamEra::Auto => gw.upstream_era_now(),
     };
-    era == Some(Era::Legacy(LegacyTransport::StreamableHttp))
+    match era {
+        Some(Era::Legacy(transport)) => Some(transport),
+        _ => None,
+    }
 }
 
 /// The 404 for a path no route answers, naming the routes.

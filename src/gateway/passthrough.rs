@@ -191,7 +191,7 @@ async fn forward_stdio(
 }
 
 /// The HTTP status the modern server would have used for this response.
-fn status_for(m: &Message) -> StatusCode {
+pub(super) fn status_for(m: &Message) -> StatusCode {
     match m {
         Message::Response(r) => match &r.outcome {
             Ok(_) => StatusCode::OK,
@@ -500,7 +500,10 @@ fn downstream(resp: Response<Incoming>) -> Response<GatewayBody> {
 }
 
 /// A request body read whole, or the 413 for one over `limit` bytes.
-async fn read_body(body: RequestBody, limit: usize) -> Result<Bytes, Response<GatewayBody>> {
+pub(super) async fn read_body(
+    body: RequestBody,
+    limit: usize,
+) -> Result<Bytes, Response<GatewayBody>> {
     Limited::new(body, limit)
         .collect()
         .await

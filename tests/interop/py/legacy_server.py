@@ -14,7 +14,10 @@ Tools: `add(a, b)`; `session_id()`, the `Mcp-Session-Id` this server sees on the
 (its own id for the session); `authorization()`, the `Authorization` header it
 received; `ask(question)`, which elicits an answer from the client
 (a server-to-client request inside the call) and returns it; `chatter(n)`, n log
-notifications on the request's stream before its result; `big(n)`, n bytes of text.
+notifications on the request's stream before its result; `big(n)`, n bytes of text;
+`sample(prompt)`, which asks the client's model (sampling) and returns its text;
+`roots()`, which lists the client's roots and returns their URIs; `wait(seconds)`,
+which sleeps (a call to cancel).
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ import socket
 import sys
 from collections import Counter
 
+import anyio
 import uvicorn
 from pydantic import BaseModel
 
 from mcp.server.fastmcp import Context, FastMCP
+from mcp.types import SamplingMessage, TextContent
 
 mcp = FastMCP("legacy-fixture", instructions="A legacy fixture server.")
 
@@ -81,6 +86,31 @@ async def ask(question: str, ctx: Context) -> str:
     if result.action == "accept" and result.data is not None:
         return f"answered: {result.data.answer}"
     return f"not answered: {result.action}"
+
+
+@mcp.tool()
+async def wait(seconds: float) -> str:
+    """Sleeps, then returns (a call a client can cancel meanwhile)."""
+    await anyio.sleep(seconds)
+    return "waited"
+
+
+@mcp.tool()
+async def sample(prompt: str, ctx: Context) -> str:
+    """Asks the client's model (sampling) and returns its text."""
+    result = await ctx.session.create_message(
+        messages=[SamplingMessage(role="user", content=TextContent(type="text", text=prompt))],
+        max_tokens=64,
+    )
+    text = result.content.text if isinstance(result.content, TextContent) else "?"
+    return f"sampled: {text}"
+
+
+@mcp.tool()
+async def roots(ctx: Context) -> str:
+    """Lists the client's roots and returns their URIs."""
+    result = await ctx.session.list_roots()
+    return "roots: " + ",".join(str(r.uri) for r in result.roots)
 
 
 def counting(app):

@@ -1,0 +1,522 @@
+//! The reverse bridge's gateway side: a 2026-07-28 host request on a route whose
+//! upstream is a legacy (session-based) server is served by the sans-IO reverse
+//! machine ([`dualera_adapters::reverse`]) over a pooled legacy session (DESIGN.md,
+//! "Reverse bridge").
+//!
+//! ```text
+//!   POST (modern) ─► handle ─► partition (principal, capabilities, upstream) ─► its task
+//!                     ▲            (`partition`: machine + pooled legacy session)
+//!                     └── JSON answer, or input_required + sealed requestState (`seal`)
+//! ```
+//!
+//! Partitions are keyed like the pool's sessions ([`PoolKey`]: a digest of the
+//! credentials, the declared client capabilities, the upstream), so two tokens never
+//! share a legacy session; each holds the principal ([`auth::BindingKey`]) its round
+//! states are bound to. A retry is routed by the session its verified state names, not
+//! by its credentials: a retry that changed credentials reaches the round it answers
+//! and the machine refuses it for the principal. Their number is bounded by the pool's
+//! total bound. Answers are JSON only: progress and log notifications the server sends
+//! before a result are not relayed yet.
+
+mod partition;
+pub mod seal;
+
+use super::auth::BindingKey;
+use super::upstream::legacy::{LegacyTransport, PoolKey};
+use super::{body, GatewayBody, RequestBody, Route};
+use crate::request_state::StateCodec;
+use dualera_adapters::jsonrpc::{self, ErrorCode, ErrorObject, Message, Request};
+use dualera_adapters::reverse::{
+    host_error, Config, HostFailure, HostKey, HostRequest, OpenedState, Partition, StateMismatch,
+};
+use dualera_adapters::session::{META_CLIENT_CAPABILITIES, META_CLIENT_INFO};
+use dualera_adapters::time::Timestamp;
+use http::header::{self, HeaderValue};
+use http::{Request as HttpRequest, Response as HttpResponse, StatusCode};
+use partition::{Answer, Command, Opener, Reply, Task};
+use seal::StateKeys;
+use serde_json::{json, Map, Value};
+use sha2::{Digest as _, Sha256};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot};
+
+/// The bridge's clock: Unix milliseconds at start plus a monotonic elapsed time, so
+/// timestamps never go backwards and the codec's expiries read as wall time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Clock {
+    start: Instant,
+    base_ms: u64,
+}
+
+impl Clock {
+    fn new() -> Self {
+        let base_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        Self {
+            start: Instant::now(),
+            base_ms,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        let elapsed = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.base_ms.saturating_add(elapsed)
+    }
+
+    pub(crate) fn now(&self) -> Timestamp {
+        Timestamp::from_millis(self.now_ms())
+    }
+
+    /// The tokio instant of a machine timestamp.
+    pub(crate) fn instant(&self, t: Timestamp) -> tokio::time::Instant {
+        let ahead = t.as_millis().saturating_sub(self.now_ms());
+        tokio::time::Instant::now() + Duration::from_millis(ahead.min(86_400_000))
+    }
+}
+
+/// A partition's task as the handlers see it.
+#[derive(Clone)]
+struct Handle {
+    /// The machine's session name (routing key of retries).
+    name: Arc<str>,
+    commands: mpsc::Sender<Command>,
+}
+
+#[derive(Default)]
+struct Registry {
+    by_key: HashMap<PoolKey, Handle>,
+    by_name: HashMap<Arc<str>, Handle>,
+}
+
+/// The reverse bridge of a gateway (shared by its routes): the state codec and the
+/// partitions.
+pub struct Bridge {
+    codec: StateCodec,
+    ttl: Duration,
+    clock: Clock,
+    next_host: AtomicU64,
+    registry: Arc<Mutex<Registry>>,
+}
+
+impl std::fmt::Debug for Bridge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bridge")
+            .field("codec", &self.codec)
+            .field("partitions", &self.partitions())
+            .finish()
+    }
+}
+
+impl Bridge {
+    /// A bridge sealing with `keys` (random ones when empty) for `ttl`.
+    pub fn new(keys: &StateKeys, ttl: Duration) -> Self {
+        Self {
+            codec: seal::codec(keys, ttl),
+            ttl,
+            clock: Clock::new(),
+            next_host: AtomicU64::new(0),
+            registry: Arc::default(),
+        }
+    }
+
+    /// Partitions (legacy sessions driven by the bridge) alive.
+    pub fn partitions(&self) -> usize {
+        self.registry.lock().map_or(0, |r| r.by_key.len())
+    }
+
+    fn by_name(&self, name: &str) -> Option<Handle> {
+        self.registry.lock().ok()?.by_name.get(name).cloned()
+    }
+
+    fn by_key(&self, key: &PoolKey) -> Option<Handle> {
+        let handle = self.registry.lock().ok()?.by_key.get(key).cloned()?;
+        (!handle.commands.is_closed()).then_some(handle)
+    }
+}
+
+/// SHA-256, hex: the machine's arguments digest.
+fn sha256_hex(bytes: &[u8]) -> String {
+    crate::digest::hex(&Sha256::digest(bytes))
+}
+
+/// Serves one 2026-07-28 request on a route whose upstream is a legacy server over
+/// `transport`.
+pub(super) async fn handle(
+    gw: &Arc<Route>,
+    req: HttpRequest<RequestBody>,
+    transport: LegacyTransport,
+) -> HttpResponse<GatewayBody> {
+    let (parts, body) = req.into_parts();
+    let bytes = match super::passthrough::read_body(body, gw.config.max_body_bytes).await {
+        Ok(b) => b,
+        Err(too_large) => return too_large,
+    };
+    let request = match jsonrpc::parse(&bytes) {
+        Ok(Message::Request(r)) => r,
+        // Notifications and responses have nothing to answer in this revision
+        // (cancellation is the host closing its request's stream).
+        Ok(_) => return status_only(StatusCode::ACCEPTED),
+        Err(e) => return json(StatusCode::BAD_REQUEST, &Message::Response(e.to_response())),
+    };
+    let authorization = parts.headers.get(header::AUTHORIZATION).cloned();
+    let principal = crate::digest::hex(
+        BindingKey::of(gw.config.session_binding, authorization.as_ref()).as_bytes(),
+    );
+    let span = tracing::debug_span!(
+        "reverse_request",
+        route = %gw.path,
+        method = %request.method,
+        request = ?request.id,
+        round = tracing::field::Empty,
+    );
+    use tracing::Instrument;
+    serve(gw, request, authorization, principal, transport)
+        .instrument(span)
+        .await
+}
+
+async fn serve(
+    gw: &Arc<Route>,
+    request: Request,
+    authorization: Option<HeaderValue>,
+    principal: String,
+    transport: LegacyTransport,
+) -> HttpResponse<GatewayBody> {
+    let bridge = &gw.reverse;
+    let id = request.id.clone();
+    let params: Map<String, Value> = match request.params {
+        None => Map::new(),
+        Some(Value::Object(m)) => m,
+        Some(_) => {
+            let e = ErrorObject::new(ErrorCode::INVALID_PARAMS, "params must be an object");
+            return answer(jsonrpc::Response::error(Some(id), e));
+        }
+    };
+    let binding = seal::binding(&principal, &request.method, &params);
+    let now_ms = bridge.clock.now_ms();
+    // A retry goes to the machine its verified state names.
+    let (state, handle) = match params.get("requestState") {
+        None => (OpenedState::Absent, None),
+        Some(token) => {
+            let opened = token
+                .as_str()
+                .ok_or(StateMismatch::Invalid)
+                .and_then(|t| seal::open(&bridge.codec, t, &binding, now_ms));
+            let routed = opened.and_then(|s| {
+                bridge
+                    .by_name(&s.session)
+                    .map(|h| (s, h))
+                    .ok_or(StateMismatch::OtherSession)
+            });
+            match routed {
+                Ok((s, h)) => {
+                    tracing::Span::current().record("round", s.round);
+                    (OpenedState::Opened(s), Some(h))
+                }
+                Err(m) => {
+                    let e = host_error(&HostFailure::State(m));
+                    return answer(jsonrpc::Response::error(Some(id), e));
+                }
+            }
+        }
+    };
+    let meta = params.get("_meta").and_then(Value::as_object);
+    let capabilities = meta
+        .and_then(|m| m.get(META_CLIENT_CAPABILITIES))
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let handle = match handle {
+        Some(h) => h,
+        None => {
+            let client_info = meta
+                .and_then(|m| m.get(META_CLIENT_INFO))
+                .cloned()
+                .unwrap_or(Value::Null);
+            let key = PoolKey::new(
+                authorization.as_ref(),
+                &capabilities,
+                &gw.era_target().key(),
+            );
+            match partition_for(
+                gw,
+                key,
+                authorization,
+                &principal,
+                capabilities,
+                client_info,
+                transport,
+            )
+            .await
+            {
+                Ok(h) => h,
+                Err(reason) => {
+                    let e = host_error(&HostFailure::Unusable { reason });
+                    return answer(jsonrpc::Response::error(Some(id), e));
+                }
+            }
+        }
+    };
+    let host = HostKey(bridge.next_host.fetch_add(1, Ordering::Relaxed));
+    let host_request = HostRequest {
+        host,
+        id: id.clone(),
+        method: request.method.clone(),
+        params,
+        principal,
+        state,
+    };
+    let (answer_tx, mut answered) = oneshot::channel();
+    let (notify_tx, mut notifications) = mpsc::channel(partition::NOTIFICATION_QUEUE);
+    let reply = Reply {
+        notifications: notify_tx,
+        answer: answer_tx,
+    };
+    if handle
+        .commands
+        .try_send(Command::Request(Box::new(host_request), reply))
+        .is_err()
+    {
+        let e = host_error(&HostFailure::QueueFull {
+            limit: partition::COMMAND_QUEUE,
+        });
+        return answer(jsonrpc::Response::error(Some(id), e));
+    }
+    // Dropped with this future (or the stream's task) too: a host that leaves
+    // cancels its call upstream.
+    let mut gone = Gone {
+        commands: handle.commands.clone(),
+        host,
+        armed: true,
+    };
+    let deadline = tokio::time::Instant::now() + gw.config.live_request_timeout_max;
+    let sealer = Sealer {
+        bridge: gw.reverse.clone(),
+        binding,
+    };
+    // 2026-07-28 transports: the answer to a POST is one JSON response, or an SSE
+    // stream when messages precede it. JSON unless a notification comes first.
+    let first = tokio::select! {
+        biased;
+        n = notifications.recv() => n,
+        a = &mut answered => {
+            gone.disarm();
+            return answer(sealer.finish(&id, a.ok()));
+        }
+        () = tokio::time::sleep_until(deadline) => {
+            return answer(sealer.finish(&id, None));
+        }
+    };
+    let Some(first) = first else {
+        // The partition dropped the request's senders: its answer is final now.
+        gone.disarm();
+        return answer(sealer.finish(&id, answered.await.ok()));
+    };
+    let (out, stream) = body::ChannelBody::channel(partition::NOTIFICATION_QUEUE);
+    tokio::spawn(async move {
+        let mut next = Some(first);
+        loop {
+            if let Some(message) = next.take() {
+                if out
+                    .send(crate::sse::encode(None, &message.to_vec()))
+                    .await
+                    .is_err()
+                {
+                    return; // The host left: `gone` cancels its call.
+                }
+            }
+            tokio::select! {
+                biased;
+                n = notifications.recv() => match n {
+                    Some(m) => next = Some(m),
+                    None => break,
+                },
+                a = &mut answered => {
+                    // What was queued before the answer goes first.
+                    while let Ok(m) = notifications.try_recv() {
+                        if out.send(crate::sse::encode(None, &m.to_vec())).await.is_err() {
+                            return;
+                        }
+                    }
+                    gone.disarm();
+                    let last = Message::Response(sealer.finish(&id, a.ok()));
+                    let _ = out.send(crate::sse::encode(None, &last.to_vec())).await;
+                    return;
+                }
+                () = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        let last = Message::Response(sealer.finish(&id, answered.try_recv().ok()));
+        gone.disarm();
+        let _ = out.send(crate::sse::encode(None, &last.to_vec())).await;
+    });
+    body::sse_response(stream)
+}
+
+/// Turns a partition's answer into the host's response: an `input_required`
+/// result gets its sealed `requestState`.
+struct Sealer {
+    bridge: Arc<Bridge>,
+    binding: crate::request_state::Binding,
+}
+
+impl Sealer {
+    fn finish(&self, id: &jsonrpc::RequestId, outcome: Option<Answer>) -> jsonrpc::Response {
+        match outcome {
+            Some(Answer::Response(r)) => r,
+            Some(Answer::InputRequired { id, result, state }) => {
+                let now = self.bridge.clock.now_ms();
+                let Some(token) = seal::seal(&self.bridge.codec, &self.binding, &state, now) else {
+                    let e = host_error(&HostFailure::Unusable {
+                        reason: "the round state could not be sealed".into(),
+                    });
+                    return jsonrpc::Response::error(Some(id), e);
+                };
+                let mut result = result;
+                if let Some(r) = result.as_object_mut() {
+                    r.insert("requestState".into(), Value::String(token));
+                }
+                jsonrpc::Response::result(id, result)
+            }
+            None => {
+                jsonrpc::Response::error(Some(id.clone()), host_error(&HostFailure::UpstreamLost))
+            }
+        }
+    }
+}
+
+/// Tells the partition a host request left, unless it was answered.
+struct Gone {
+    commands: mpsc::Sender<Command>,
+    host: HostKey,
+    armed: bool,
+}
+
+impl Gone {
+    /// The request was answered: nothing to tell.
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.commands.try_send(Command::Gone(self.host));
+        }
+    }
+}
+
+/// The partition of `key`, its task started when it has none.
+async fn partition_for(
+    gw: &Arc<Route>,
+    key: PoolKey,
+    authorization: Option<HeaderValue>,
+    principal: &str,
+    capabilities: Value,
+    client_info: Value,
+    transport: LegacyTransport,
+) -> Result<Handle, String> {
+    let bridge = &gw.reverse;
+    if let Some(h) = bridge.by_key(&key) {
+        return Ok(h);
+    }
+    let pool = gw.upstream_sessions().clone();
+    let max = pool.limits().max_sessions;
+    if bridge.partitions() >= max {
+        return Err(format!(
+            "Too many upstream sessions; try again later (limit {max})"
+        ));
+    }
+    let opener = Opener {
+        pool: pool.clone(),
+        key: key.clone(),
+        target: gw.era_target().clone(),
+        transport,
+        authorization,
+    };
+    let lease = opener.open().await.map_err(|e| e.to_string())?;
+    let mut name = [0u8; 16];
+    getrandom::fill(&mut name).map_err(|e| e.to_string())?;
+    let name: Arc<str> = Arc::from(crate::digest::hex(&name));
+    let (commands, rx) = mpsc::channel(partition::COMMAND_QUEUE);
+    let handle = Handle {
+        name: name.clone(),
+        commands,
+    };
+    // Another request of the partition may have opened it meanwhile: then its task
+    // serves this one too and the session just opened goes back.
+    let existing = {
+        let Ok(mut r) = bridge.registry.lock() else {
+            return Err("the reverse bridge is poisoned".into());
+        };
+        match r.by_key.get(&key).filter(|h| !h.commands.is_closed()) {
+            Some(h) => Some(h.clone()),
+            None => {
+                r.by_key.insert(key.clone(), handle.clone());
+                r.by_name.insert(name.clone(), handle.clone());
+                None
+            }
+        }
+    };
+    if let Some(h) = existing {
+        pool.discard(lease).await;
+        return Ok(h);
+    }
+    let mut config = Config::new(sha256_hex);
+    config.retry_wait = bridge.ttl;
+    let machine = dualera_adapters::reverse::LegacySession::new(
+        config,
+        Partition {
+            session: name.to_string(),
+            principal: principal.to_owned(),
+            capabilities,
+            client_info,
+        },
+        bridge.clock.now(),
+    );
+    let task = Task {
+        machine,
+        lease,
+        opener,
+        clock: bridge.clock,
+        hosts: HashMap::new(),
+        idle: pool.limits().idle,
+    };
+    let registry = bridge.registry.clone();
+    tokio::spawn(task.run(rx, move || {
+        if let Ok(mut r) = registry.lock() {
+            if r.by_key.get(&key).is_some_and(|h| h.name == name) {
+                r.by_key.remove(&key);
+            }
+            r.by_name.remove(&name);
+        }
+    }));
+    Ok(handle)
+}
+
+/// The JSON answer to a host request, with the status the modern server would use.
+fn answer(response: jsonrpc::Response) -> HttpResponse<GatewayBody> {
+    let message = Message::Response(response);
+    let status = super::passthrough::status_for(&message);
+    json(status, &message)
+}
+
+fn json(status: StatusCode, message: &Message) -> HttpResponse<GatewayBody> {
+    let mut r = HttpResponse::new(body::full(message.to_vec()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn status_only(status: StatusCode) -> HttpResponse<GatewayBody> {
+    let mut r = HttpResponse::new(body::empty());
+    *r.status_mut() = status;
+    r
+}
