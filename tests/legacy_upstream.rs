@@ -33,112 +33,16 @@ use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(30);
 const STEP: Duration = Duration::from_secs(10);
 const MAX: usize = 4 * 1024 * 1024;
 
-/// The interop venv's python with mcp 1.30.0; fails (never skips) without it.
-fn python() -> PathBuf {
-    let p =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/interop/venv-mcp-1.30.0/bin/python");
-    assert!(
-        p.exists(),
-        "{} is missing: the legacy upstream tests need the Python SDK mcp 1.30.0; \
-         create it with `python3 tests/interop/run.py --prepare-legacy-python`",
-        p.display()
-    );
-    p
-}
-
-fn server_script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/py/legacy_server.py")
-}
-
-/// A spawned process, killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A Python FastMCP server over HTTP (`streamable-http` or `sse`), on `port` (0: any).
-struct PyServer {
-    _proc: Proc,
-    port: u16,
-}
-
-impl PyServer {
-    fn spawn(mode: &str) -> Self {
-        Self::spawn_on(mode, 0)
-    }
-
-    fn spawn_on(mode: &str, port: u16) -> Self {
-        let mut child = Command::new(python())
-            .arg(server_script())
-            .arg(mode)
-            .arg(port.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn the Python legacy server");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(p) = line.strip_prefix("PORT ") {
-                    let _ = tx.send(p.trim().parse::<u16>().ok());
-                }
-            }
-        });
-        let proc = Proc(child);
-        let port = rx
-            .recv_timeout(WAIT)
-            .ok()
-            .flatten()
-            .expect("the Python server printed its port");
-        let server = Self { _proc: proc, port };
-        server.wait_ready();
-        server
-    }
-
-    fn wait_ready(&self) {
-        let deadline = std::time::Instant::now() + WAIT;
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "server never listened"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    /// The server's request counts: "POST /mcp initialize", "DELETE /mcp", …
-    async fn stats(&self) -> Value {
-        let (_, _, body) = http(&self.url("/stats"), "GET", &[], None).await;
-        serde_json::from_slice(&body).expect("stats JSON")
-    }
-
-    async fn count(&self, key: &str) -> u64 {
-        self.stats()
-            .await
-            .get(key)
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
-    }
-}
+#[path = "common/legacy_server.rs"]
+mod legacy_server;
+use legacy_server::{python, server_script, Proc, PyServer};
 
 /// A `dualera` subcommand, and the addresses it reported (`… listening on http://A/…`).
 struct Dualera {

@@ -20,108 +20,15 @@ use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// The interop venv's python with mcp 1.30.0; fails (never skips) without it.
-fn python() -> PathBuf {
-    let p =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/interop/venv-mcp-1.30.0/bin/python");
-    assert!(
-        p.exists(),
-        "{} is missing: the reverse bridge tests need the Python SDK mcp 1.30.0; \
-         create it with `python3 tests/interop/run.py --prepare-legacy-python`",
-        p.display()
-    );
-    p
-}
-
-/// A spawned process, killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The Python FastMCP server over Streamable HTTP.
-struct PyServer {
-    _proc: Proc,
-    port: u16,
-}
-
-impl PyServer {
-    fn spawn() -> Self {
-        Self::spawn_on(0)
-    }
-
-    /// On `port` (0: any free one).
-    fn spawn_on(port: u16) -> Self {
-        let script =
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/py/legacy_server.py");
-        let mut child = Command::new(python())
-            .arg(script)
-            .arg("streamable-http")
-            .arg(port.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn the Python legacy server");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(p) = line.strip_prefix("PORT ") {
-                    let _ = tx.send(p.trim().parse::<u16>().ok());
-                }
-            }
-        });
-        let proc = Proc(child);
-        let port = rx
-            .recv_timeout(WAIT)
-            .ok()
-            .flatten()
-            .expect("the Python server printed its port");
-        let deadline = std::time::Instant::now() + WAIT;
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "server never listened"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Self { _proc: proc, port }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/mcp", self.port)
-    }
-
-    /// How many requests of `key` ("POST /mcp notifications/cancelled", …) reached it.
-    async fn count(&self, key: &str) -> u64 {
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build_http::<Full<Bytes>>();
-        let uri: http::Uri = format!("http://127.0.0.1:{}/stats", self.port)
-            .parse()
-            .expect("uri");
-        let resp = tokio::time::timeout(WAIT, client.get(uri))
-            .await
-            .expect("stats in time")
-            .expect("stats");
-        let body = resp.into_body().collect().await.expect("body").to_bytes();
-        let stats: Value = serde_json::from_slice(&body).expect("stats JSON");
-        stats.get(key).and_then(Value::as_u64).unwrap_or(0)
-    }
-}
+#[path = "common/legacy_server.rs"]
+mod legacy_server;
+use legacy_server::{stdio_command, Proc, PyServer};
 
 /// `dualera gateway --upstream-era legacy` in front of `upstream`.
 struct Gateway {
@@ -177,13 +84,6 @@ impl Gateway {
     fn url(&self) -> String {
         format!("http://{}/mcp", self.addr)
     }
-}
-
-/// The legacy server as a stdio command line.
-fn stdio_command() -> String {
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/py/legacy_server.py");
-    format!("{} {} stdio", python().display(), script.display())
 }
 
 /// The `_meta` of a modern host declaring every client capability.
@@ -284,8 +184,8 @@ fn round(answer: &Value) -> (String, String, Value, String) {
 
 #[tokio::test]
 async fn discover_comes_from_the_legacy_initialize_and_a_plain_call_completes() {
-    let py = PyServer::spawn();
-    let gw = Gateway::spawn(&py.url());
+    let py = PyServer::spawn("streamable-http");
+    let gw = Gateway::spawn(&py.url("/mcp"));
     let (status, discover) = post(
         &gw.url(),
         None,
@@ -325,8 +225,8 @@ async fn discover_comes_from_the_legacy_initialize_and_a_plain_call_completes() 
 
 #[tokio::test]
 async fn an_elicitation_becomes_a_round_and_the_retry_completes_with_the_answer() {
-    let py = PyServer::spawn();
-    let gw = Gateway::spawn(&py.url());
+    let py = PyServer::spawn("streamable-http");
+    let gw = Gateway::spawn(&py.url("/mcp"));
     let args = json!({ "question": "Favourite colour?" });
     let (status, first) = post(&gw.url(), Some("alpha"), &call(1, "ask", args.clone())).await;
     assert_eq!(status, 200, "{first}");
@@ -397,8 +297,8 @@ async fn an_elicitation_becomes_a_round_and_the_retry_completes_with_the_answer(
 
 #[tokio::test]
 async fn sampling_and_roots_requests_become_rounds_too() {
-    let py = PyServer::spawn();
-    let gw = Gateway::spawn(&py.url());
+    let py = PyServer::spawn("streamable-http");
+    let gw = Gateway::spawn(&py.url("/mcp"));
     let args = json!({ "prompt": "Say hi" });
     let (_, first) = post(&gw.url(), None, &call(1, "sample", args.clone())).await;
     let (key, method, params, state) = round(&first);
@@ -434,8 +334,8 @@ async fn sampling_and_roots_requests_become_rounds_too() {
 
 #[tokio::test]
 async fn two_tokens_never_share_an_upstream_session() {
-    let py = PyServer::spawn();
-    let gw = Gateway::spawn(&py.url());
+    let py = PyServer::spawn("streamable-http");
+    let gw = Gateway::spawn(&py.url("/mcp"));
     let session_of = |token: &'static str, id: i64| {
         let url = gw.url();
         async move {
@@ -479,8 +379,8 @@ async fn two_tokens_never_share_an_upstream_session() {
 
 #[tokio::test]
 async fn log_notifications_before_the_result_make_an_sse_answer() {
-    let py = PyServer::spawn();
-    let gw = Gateway::spawn(&py.url());
+    let py = PyServer::spawn("streamable-http");
+    let gw = Gateway::spawn(&py.url("/mcp"));
     let mut request = call(1, "chatter", json!({ "n": 3 }));
     request["params"]["_meta"]["io.modelcontextprotocol/logLevel"] = json!("info");
     let (status, content_type, body) = post_raw(&gw.url(), None, &request).await;
@@ -542,16 +442,16 @@ async fn a_stdio_legacy_upstream_is_bridged_too() {
 
 #[tokio::test]
 async fn a_forgotten_upstream_session_is_opened_again() {
-    let py = PyServer::spawn();
+    let py = PyServer::spawn("streamable-http");
     let port = py.port;
-    let gw = Gateway::spawn(&py.url());
+    let gw = Gateway::spawn(&py.url("/mcp"));
     let (_, before) = post(&gw.url(), None, &call(1, "session_id", json!({}))).await;
     let before = text(&before);
     // The server restarts on the same address and knows no session any more (a 404
     // to the old id, or the old session's stream ended): the next call is served on
     // a new legacy session.
     drop(py);
-    let _py = PyServer::spawn_on(port);
+    let _py = PyServer::spawn_on("streamable-http", port);
     let (status, after) = post(&gw.url(), None, &call(2, "session_id", json!({}))).await;
     assert_eq!(status, 200, "{after}");
     let after = text(&after);
@@ -561,8 +461,8 @@ async fn a_forgotten_upstream_session_is_opened_again() {
 
 #[tokio::test]
 async fn a_host_that_leaves_cancels_its_call_upstream() {
-    let py = PyServer::spawn();
-    let gw = Gateway::spawn(&py.url());
+    let py = PyServer::spawn("streamable-http");
+    let gw = Gateway::spawn(&py.url("/mcp"));
     // A call to open the partition's session first, so the one below is in progress
     // upstream when the host leaves.
     let (_, added) = post(&gw.url(), None, &call(1, "add", json!({ "a": 1, "b": 1 }))).await;
@@ -588,7 +488,7 @@ async fn a_host_that_leaves_cancels_its_call_upstream() {
 
 #[tokio::test]
 async fn a_round_not_retried_in_time_expires_and_is_cancelled_upstream() {
-    let py = PyServer::spawn();
+    let py = PyServer::spawn("streamable-http");
     let dir = std::env::temp_dir().join(format!("reverse-bridge-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let config = dir.join("expiry.toml");
@@ -601,7 +501,7 @@ async fn a_round_not_retried_in_time_expires_and_is_cancelled_upstream() {
         "--config",
         config.to_str().expect("utf-8 path"),
         "--upstream",
-        &py.url(),
+        &py.url("/mcp"),
     ]);
     let args = json!({ "question": "Too late?" });
     let (_, first) = post(&gw.url(), None, &call(1, "ask", args.clone())).await;
