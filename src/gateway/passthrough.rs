@@ -231,6 +231,26 @@ fn bad_gateway(body: Bytes) -> Response<GatewayBody> {
     r
 }
 
+/// A relayed request's head with the forwarded headers applied, and its body; `None`
+/// when its declared length is over `limit` (413 before a byte is read).
+fn admit(
+    limit: usize,
+    req: Request<RequestBody>,
+    forwarded: &Forwarded,
+) -> Option<(http::request::Parts, RequestBody)> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return None;
+    }
+    let (mut parts, body) = req.into_parts();
+    forwarded.apply(&mut parts.headers);
+    Some((parts, body))
+}
+
 async fn forward_http(
     gateway: &Arc<Route>,
     connection: &ConnectionTelemetry,
@@ -238,16 +258,9 @@ async fn forward_http(
     forwarded: &Forwarded,
 ) -> Response<GatewayBody> {
     let limit = gateway.config.max_body_bytes;
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > limit) {
+    let Some((parts, body)) = admit(limit, req, forwarded) else {
         return status_only(StatusCode::PAYLOAD_TOO_LARGE);
-    }
-    let (mut parts, body) = req.into_parts();
-    forwarded.apply(&mut parts.headers);
+    };
     // Cacheable methods (known from `Mcp-Method` alone) are looked up in the cache, and
     // a `server/discover` (a modern client's first request) names the client for the
     // report: both are small and read whole. Every other request stays unparsed.
@@ -286,16 +299,9 @@ pub(super) async fn forward_legacy(
     forwarded: &Forwarded,
 ) -> Response<GatewayBody> {
     let limit = gateway.config.max_body_bytes;
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > limit) {
+    let Some((parts, body)) = admit(limit, req, forwarded) else {
         return status_only(StatusCode::PAYLOAD_TOO_LARGE);
-    }
-    let (mut parts, body) = req.into_parts();
-    forwarded.apply(&mut parts.headers);
+    };
     let span = tracing::debug_span!(
         "legacy_passthrough",
         method = %parts.method,
