@@ -333,6 +333,11 @@ impl Route {
         if self.config.era == crate::config::UpstreamEra::Modern {
             return Some(upstream::era::Era::Modern);
         }
+        if !self.eras.any_legacy() {
+            // Nothing legacy was ever seen: whatever is remembered is modern (or
+            // nothing is), and the request goes the modern way either way.
+            return None;
+        }
         let (era, fresh) = self.eras.remembered(&self.era_target)?;
         if !fresh {
             self.eras
@@ -916,12 +921,17 @@ async fn serve_endpoint(
         .is_some_and(|v| is_modern_or_later(v) || !ProtocolVersion::LEGACY.contains(&v))
         && !h.contains_key("mcp-session-id");
     if modern {
-        match Box::pin(legacy_upstream(gw, &req, &fwd)).await {
+        let legacy = match gw.config.era {
+            // The common case answers without a future of its own.
+            crate::config::UpstreamEra::Auto | crate::config::UpstreamEra::Modern => legacy_now(gw),
+            crate::config::UpstreamEra::Legacy => Box::pin(legacy_upstream(gw, &req, &fwd)).await,
+        };
+        match legacy {
             // A modern host in front of a legacy server: the reverse bridge.
             Some(transport) => Box::pin(reverse::handle(gw, req, transport)).await,
             None => passthrough::forward(gw, &connection.telemetry, req, &fwd).await,
         }
-    } else if Box::pin(legacy_upstream_http(gw, &req, &fwd)).await {
+    } else if legacy_upstream_http(gw, &req, &fwd).await {
         // A legacy host in front of a legacy Streamable HTTP upstream: nothing to
         // translate, the session is theirs.
         Box::pin(passthrough::forward_legacy(gw, req, &fwd)).await
@@ -936,7 +946,20 @@ async fn serve_endpoint(
 /// sees no request it would not have seen. A probe that fails leaves the request to
 /// the translating path too.
 async fn legacy_upstream_http(gw: &Route, req: &Request<RequestBody>, fwd: &Forwarded) -> bool {
-    legacy_upstream(gw, req, fwd).await == Some(upstream::legacy::LegacyTransport::StreamableHttp)
+    let transport = match gw.config.era {
+        crate::config::UpstreamEra::Legacy => Box::pin(legacy_upstream(gw, req, fwd)).await,
+        _ => legacy_now(gw),
+    };
+    transport == Some(upstream::legacy::LegacyTransport::StreamableHttp)
+}
+
+/// The legacy transport of the route's upstream as known now, without waiting (`auto`
+/// and `modern`; see [`legacy_upstream`]).
+fn legacy_now(gw: &Route) -> Option<upstream::legacy::LegacyTransport> {
+    match gw.upstream_era_now() {
+        Some(upstream::era::Era::Legacy(transport)) => Some(transport),
+        _ => None,
+    }
 }
 
 /// The transport of the route's upstream when it is a legacy server, as far as it is

@@ -141,6 +141,9 @@ pub struct EraProber {
     probing: tokio::sync::Mutex<()>,
     /// A background probe is running (at most one).
     background: AtomicBool,
+    /// Some upstream was ever found legacy: until then the dispatch of every modern
+    /// request (the pass-through hot path) looks no further, no lock, no key built.
+    any_legacy: AtomicBool,
     /// When the last background probe started (ms since `epoch`; peers can provoke
     /// them, so they are rate limited).
     last_background: AtomicU64,
@@ -166,6 +169,7 @@ impl EraProber {
             probes: AtomicU64::new(0),
             probing: tokio::sync::Mutex::new(()),
             background: AtomicBool::new(false),
+            any_legacy: AtomicBool::new(false),
             last_background: AtomicU64::new(0),
             epoch: Instant::now(),
         }
@@ -243,7 +247,16 @@ impl EraProber {
         }
     }
 
+    /// Whether any upstream was ever found legacy (see [`EraProber::any_legacy`]'s
+    /// field): false, and no legacy era is remembered.
+    pub fn any_legacy(&self) -> bool {
+        self.any_legacy.load(Ordering::Acquire)
+    }
+
     fn remember(&self, target: &Target, era: Era) {
+        if era.is_legacy() {
+            self.any_legacy.store(true, Ordering::Release);
+        }
         let Ok(mut c) = self.cache.lock() else { return };
         if c.len() >= MAX_ENTRIES {
             c.retain(|_, (_, at)| at.elapsed() < self.ttl);
