@@ -83,7 +83,10 @@ pub(super) enum Out {
 #[derive(Debug)]
 pub(super) struct Start {
     pub(super) role: UpstreamRole,
-    pub(super) request: Request,
+    /// The upstream request's id.
+    pub(super) id: RequestId,
+    /// The upstream request, built once (`Message::Request`).
+    pub(super) message: Message,
     /// `Mcp-Param-*` headers.
     pub(super) headers: Vec<(String, String)>,
     /// The `Authorization` it carries.
@@ -169,7 +172,8 @@ pub(super) fn plan(
                 let (auth, trace) = carried(&role, &request, machine, cx, feeding);
                 plan.starts.push(Start {
                     role,
-                    request,
+                    id: request.id.clone(),
+                    message: Message::Request(request),
                     headers,
                     auth,
                     trace,
@@ -254,8 +258,7 @@ pub(super) async fn exchange<F: Feed>(
     head: Option<&HeadWatch>,
     feed: &F,
 ) {
-    let id = &start.request.id;
-    let message = Message::Request(start.request.clone());
+    let id = &start.id;
     let on_behalf = OnBehalf {
         authorization: start.auth.as_ref(),
         forwarded: Some(forwarded),
@@ -264,7 +267,7 @@ pub(super) async fn exchange<F: Feed>(
     let mut answered = false;
     let result = async {
         let mut exchange = route
-            .exchange(&start.role, &message, on_behalf, &start.headers)
+            .exchange(&start.role, &start.message, on_behalf, &start.headers)
             .await?;
         if let Some(h) = head {
             h.accepted();

@@ -1062,7 +1062,7 @@ fn perform(
         }
     }
     for start in std::mem::take(&mut plan.starts) {
-        let id = start.request.id.clone();
+        let id = start.id.clone();
         let span = tracing::debug_span!(
             "upstream",
             session = %handle.tag,

@@ -77,7 +77,7 @@ impl RedisSessions {
         sid: String,
         running: Running,
     ) {
-        let id = running.start.request.id.clone();
+        let id = running.start.id.clone();
         let span = tracing::debug_span!("upstream", session = %log_tag(&sid), rpc.id = %id, role = ?running.start.role, replica = %self.replica);
         let (work, handle) = abortable(self.clone().exchange(gw, sid.clone(), running));
         self.exchanges.insert((sid.clone(), id.clone()), handle);
@@ -290,7 +290,8 @@ impl RedisSessions {
         let start = Running {
             start: driver::Start {
                 role: rec.role,
-                request,
+                id: request.id.clone(),
+                message: Message::Request(request),
                 headers: rec.headers,
                 auth,
                 trace,

@@ -749,10 +749,10 @@ impl RedisSessions {
         }
         for start in std::mem::take(&mut plan.starts) {
             let lease = (!matches!(start.role, UpstreamRole::Discover)).then(|| {
-                let k = self.keys.lease(sid, &id_text(&start.request.id));
+                let k = self.keys.lease(sid, &id_text(&start.id));
                 let rec = LeaseRecord {
                     sid: sid.to_owned(),
-                    request: Message::Request(start.request.clone()).to_value(),
+                    request: start.message.to_value(),
                     headers: start.headers.clone(),
                     role: start.role.clone(),
                 };
@@ -1105,7 +1105,7 @@ impl RedisSessions {
                     return Err(denial);
                 }
                 let now = wall_ms_ts();
-                let id = &start.request.id;
+                let id = &start.id;
                 let (got, ended) = collected.take();
                 for m in got {
                     let _ = machine.handle_upstream_message(Some(id.clone()), m, now);
