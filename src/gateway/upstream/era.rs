@@ -42,7 +42,7 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(5);
 /// The legacy revision the probe's `initialize` asks for (the server may answer with
 /// an older one it supports).
-const LEGACY_VERSION: &str = "2025-11-25";
+const LEGACY_VERSION: &str = dualera_adapters::ProtocolVersion::V2025_11_25;
 
 /// What an upstream speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
