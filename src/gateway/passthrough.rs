@@ -517,7 +517,7 @@ pub(super) async fn read_body(
         .map_err(|_| status_only(StatusCode::PAYLOAD_TOO_LARGE))
 }
 
-fn status_only(status: StatusCode) -> Response<GatewayBody> {
+pub(super) fn status_only(status: StatusCode) -> Response<GatewayBody> {
     let mut r = Response::new(super::body::empty());
     *r.status_mut() = status;
     r

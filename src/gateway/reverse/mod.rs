@@ -15,13 +15,14 @@
 //! states are bound to. A retry is routed by the session its verified state names, not
 //! by its credentials: a retry that changed credentials reaches the round it answers
 //! and the machine refuses it for the principal. Their number is bounded by the pool's
-//! total bound. Answers are JSON only: progress and log notifications the server sends
-//! before a result are not relayed yet.
+//! total bound. An answer is JSON, or an SSE stream when the server sends notifications
+//! for the request (progress, log lines at the host's level) before its result.
 
 mod partition;
 pub mod seal;
 
 use super::auth::BindingKey;
+use super::passthrough::status_only;
 use super::upstream::legacy::{LegacyTransport, PoolKey};
 use super::{body, GatewayBody, RequestBody, Route};
 use crate::request_state::StateCodec;
@@ -512,11 +513,5 @@ fn json(status: StatusCode, message: &Message) -> HttpResponse<GatewayBody> {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    r
-}
-
-fn status_only(status: StatusCode) -> HttpResponse<GatewayBody> {
-    let mut r = HttpResponse::new(body::empty());
-    *r.status_mut() = status;
     r
 }
