@@ -11,7 +11,7 @@ request is counted by (method, path, JSON-RPC method) and the counts are served 
 `GET /stats` (not an MCP endpoint), so a test can tell how many requests reached it.
 
 Tools: `add(a, b)`; `session_id()`, the `Mcp-Session-Id` this server sees on the request
-(its own id for the session); `authorization()`, the `Authorization` header it
+(its own id for the session; over HTTP+SSE the endpoint's `session_id`); `authorization()`, the `Authorization` header it
 received; `ask(question)`, which elicits an answer from the client
 (a server-to-client request inside the call) and returns it; `chatter(n)`, n log
 notifications on the request's stream before its result; `big(n)`, n bytes of text;
@@ -92,11 +92,11 @@ def add(a: int, b: int) -> int:
 
 @mcp.tool()
 def session_id(ctx: Context) -> str:
-    """The Mcp-Session-Id of this request, as this server sees it."""
-    request = ctx.request_context.request
-    if request is None:
+    """The session of this request as this server sees it: its Mcp-Session-Id, or over
+    HTTP+SSE the `session_id` of the endpoint it posts to."""
+    if ctx.request_context.request is None:
         return "stdio"
-    return request.headers.get("mcp-session-id", "")
+    return session_of(ctx)
 
 
 @mcp.tool()
