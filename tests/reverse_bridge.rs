@@ -483,6 +483,32 @@ async fn under_auto_a_modern_hosts_first_discover_finds_the_legacy_server() {
     );
 }
 
+/// The same over stdio (`--upstream-cmd`): the server answers the host's
+/// `server/discover` with an error that is not a modern one, which on stdio means
+/// legacy (2026-07-28 `basic/transports/stdio.mdx`, "Backward Compatibility").
+#[tokio::test]
+async fn under_auto_a_modern_hosts_first_discover_finds_a_legacy_stdio_server() {
+    let gw = Gateway::spawn_era("auto", &["--upstream-cmd", &stdio_command()]);
+    let (status, discover) = post(
+        &gw.url(),
+        None,
+        &json!({ "jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": { "_meta": meta() } }),
+    )
+    .await;
+    assert_eq!(status, 200, "{discover}");
+    assert_eq!(
+        discover["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "legacy-fixture",
+        "{discover}"
+    );
+    let (_, added) = post(
+        &gw.url(),
+        None,
+        &call(2, "add", json!({ "a": 20, "b": 22 })),
+    )
+    .await;
+    assert_eq!(text(&added), "42");
+}
+
 #[tokio::test]
 async fn a_forgotten_upstream_session_is_opened_again() {
     let py = PyServer::spawn("streamable-http");

@@ -158,11 +158,25 @@ async fn forward_stdio(
             return r;
         }
     };
+    // Under `auto`, a host's `server/discover` is where era detection starts (see
+    // `legacy_discover` for HTTP).
+    let discover = gateway.config.era == crate::config::UpstreamEra::Auto
+        && matches!(&msg, Message::Request(r) if r.method == "server/discover");
     let Ok(mut exchange) = upstream.exchange(&msg).await else {
         return unavailable();
     };
     match exchange.next().await {
         Some(Ok(m @ Message::Response(_))) => {
+            if let (true, Message::Response(answer)) = (discover, &m) {
+                if let Some(seen) = super::upstream::era::stdio_discover_evidence(answer) {
+                    gateway.refute_era(seen);
+                    let era = gateway.resolve_era(Default::default()).await;
+                    if let Ok(super::upstream::era::Era::Legacy(transport)) = era {
+                        return super::reverse::handle_read(gateway, &parts, &body, transport)
+                            .await;
+                    }
+                }
+            }
             let status = status_for(&m);
             let mut r = Response::new(full(m.to_vec()));
             *r.status_mut() = status;
