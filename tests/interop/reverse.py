@@ -2,8 +2,10 @@
 of `dualera gateway`, whose upstream is a legacy server built on the official SDKs (the
 reverse bridge, issue 25). Run by run.py (see NOTES.md, "Reverse bridge").
 
-Columns (the legacy server, one SDK over one transport; `dualera gateway --upstream-era
-legacy` in front of it, `--upstream URL` or `--upstream-cmd` for stdio):
+Columns (the legacy server, one SDK over one transport; `dualera gateway` in front of it
+with `--upstream URL` or, for stdio, `--upstream-cmd`, and the era left to `auto`, the
+default: the gateway finds the legacy server (and its transport: Streamable HTTP, else
+HTTP+SSE) from the host's first `server/discover`, as a new user's gateway would):
   ts-1.32.2/streamable-http   ts/legacy_server.mjs (McpServer, stateful StreamableHTTPServerTransport)
   ts-1.32.2/stdio             ts/legacy_server.mjs over StdioServerTransport
   py-1.30.0/streamable-http   py/legacy_server.py (FastMCP, streamable_http_app)
@@ -118,7 +120,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 class Stack:
-    """A legacy server and `dualera gateway --upstream-era legacy` in front of it."""
+    """A legacy server and `dualera gateway` (era `auto`) in front of it."""
 
     def __init__(self, binary: Path, column: Column, commands: dict[str, list[str]], workdir: Path):
         self.workdir = workdir
@@ -146,8 +148,7 @@ class Stack:
         self.log_path = workdir / "dualera.log"
         with open(self.log_path, "w") as log:
             gw = subprocess.Popen(
-                [str(binary), "gateway", "--config", str(config), *upstream, "--upstream-era", "legacy",
-                 "--listen", "127.0.0.1:0"],
+                [str(binary), "gateway", "--config", str(config), *upstream, "--listen", "127.0.0.1:0"],
                 stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL,
                 env=dict(env, DUALERA_LOG="debug,dualera::wire=trace"))
         self.procs.append(gw)
