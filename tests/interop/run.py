@@ -23,6 +23,11 @@ The instances columns also check, from the instances' logs, that every
 round's retry went to the other instance; in scenario 3 one instance is killed (SIGKILL)
 at the driver's after_decline checkpoint, and the rest of the scenario runs on the survivor.
 
+Then the reverse part (tests/interop/reverse.py): modern-only hosts (mcp 2.3.0 pinned to
+2026-07-28, @modelcontextprotocol/client 2.4.0 pinned) through `dualera gateway` to legacy
+servers built on the TypeScript SDK 1.32.2 and mcp 1.30.0 over Streamable HTTP, stdio and
+HTTP+SSE, checked from the hosts and from the servers' own records.
+
 Every (client, scenario) case runs against its own freshly started `dualera up --dir <tmp>`
 (gateway + modern server on free loopback ports, the demo workspace seeded with three notes
 titled "TPS report") and is checked on what the client saw *and* on the notes store
@@ -30,6 +35,7 @@ titled "TPS report") and is checked on what the client saw *and* on the notes st
 driver announces mid-scenario. A missing or broken peer fails its cases; nothing is skipped.
 
 Usage: python3 tests/interop/run.py [--client NAME]... [--scenario NAME]... [--all-scenarios] [--keep] [--direct]
+       [--reverse | --only-reverse] [--reverse-column NAME]...
 Env:   DUALERA_BIN=path  use this binary instead of `cargo build --locked --bin dualera`.
 The last line printed is `N passed, M failed`; the exit status is 0 only when M is 0.
 Standard library only.
