@@ -22,7 +22,7 @@ url_elicitation (URL mode); cancel (the host cancels the elicitation: the server
 the `cancel` action); expired (the host answers after the round's expiry: the retry gets
 -32602 `expiredState` and the server records the call cancelled under it, i.e.
 `notifications/cancelled`; a fresh call then completes). And on every HTTP column:
-principals (three mcp 2.3.0 hosts, tokens alpha, beta, alpha: from the server's own
+principals (per host SDK, three hosts with tokens alpha, beta, alpha: from the server's own
 record, alpha's and beta's calls never share an upstream session, and every call carries
 its own host's token).
 
@@ -377,17 +377,18 @@ def run(binary: Path, hosts: dict, commands: dict[str, list[str]], keep: bool,
                         failed = True
                         results.append((col.name, host, sc, False, reason.strip().splitlines()[0][:100],
                                         report(f"{host} / {sc}", reason, obs)))
-            if col.http and "python-modern" in hosts:
-                results.append(principals(col, stack, hosts["python-modern"], workdir, report))
-                failed = failed or not results[-1][3]
+            if col.http:
+                for name, host in hosts.items():
+                    results.append(principals(col, stack, name, host, workdir, report))
+                    failed = failed or not results[-1][3]
         finally:
             _cleanup(stack, workdir, keep or failed)
     return results
 
 
-def principals(col: Column, stack: Stack, host, workdir: Path, report) -> tuple:
-    """Three hosts, tokens alpha, beta, alpha: alpha's and beta's calls never share an
-    upstream session, asserted from the server's own record of its session ids."""
+def principals(col: Column, stack: Stack, name: str, host, workdir: Path, report) -> tuple:
+    """Three hosts of one SDK, tokens alpha, beta, alpha: alpha's and beta's calls never
+    share an upstream session, asserted from the server's own record of its session ids."""
     peer, script = host
     try:
         expect(not peer.error, f"peer not available: {peer.error}")
@@ -397,7 +398,7 @@ def principals(col: Column, stack: Stack, host, workdir: Path, report) -> tuple:
             obs = run_host(peer.command, script, {"url": stack.url, "token": token, "roots": ROOTS, "scenarios": [
                 {"name": "whoami", "elicit": {"action": "decline"},
                  "calls": [["wait", {"seconds": 0}], ["authorization", {}], ["wait", {"seconds": 0}]]}]},
-                workdir / f"principal-{token}.stderr")["whoami"]
+                workdir / f"principal-{name}-{token}.stderr")["whoami"]
             check_common(obs)
             expect(result_text(obs, 1, "authorization") == f"Bearer {token}", f"{token}: the server saw another token")
             calls = [r for r in stack.records()[before:] if r["event"] == "call"]
@@ -410,13 +411,13 @@ def principals(col: Column, stack: Stack, host, workdir: Path, report) -> tuple:
         shared = by_token["alpha"] & by_token["beta"]
         expect(not shared, f"alpha and beta shared the upstream session(s) {shared}")
         reuse = "shared" if seen[0][1] & seen[2][1] else "did not share"
-        return (col.name, "python-modern", "principals", True,
+        return (col.name, name, "principals", True,
                 f"alpha {sorted(s[:8] for s in by_token['alpha'])}, beta {sorted(s[:8] for s in by_token['beta'])}: "
                 f"disjoint; alpha's two hosts {reuse} one", "")
     except Exception as e:  # noqa: BLE001
         reason = str(e) if isinstance(e, Fail) else traceback.format_exc()
-        return (col.name, "python-modern", "principals", False, reason.strip().splitlines()[0][:100],
-                report("principals", reason))
+        return (col.name, name, "principals", False, reason.strip().splitlines()[0][:100],
+                report(f"{name} / principals", reason))
 
 
 def _cleanup(stack: Stack | None, workdir: Path, keep: bool) -> None:

@@ -1338,7 +1338,7 @@ def reverse_part(binary: Path, keep: bool, columns: list[str] | None) -> tuple[i
                 cell = cells[key].get(sc)
                 row += f"{'-' if cell is None else 'PASS' if cell else 'FAIL':<27}"
             print(row)
-        print("(principals: the Streamable HTTP and HTTP+SSE columns, mcp 2.3.0 hosts)")
+        print("(principals: the Streamable HTTP and HTTP+SSE columns)")
     print(f"interop: reverse, {passed} of {len(results)} passed in {time.monotonic() - t0:.0f}s")
     return passed, len(results)
 
