@@ -257,7 +257,13 @@ def check_journey(col: Column, obs: dict, records: list[dict], token: str) -> st
     expect(((s.get("messages") or [{}])[0].get("content") or {}).get("text") == "trip: north", f"sampling {s}")
     seq = [r["event"] for r in records if r.get("tool") == "journey"]
     expect(seq == ["call", "elicit", "sampled", "roots"], f"the server's record of journey: {seq}")
-    return "elicitation, sampling, roots: one round each"
+    # On the host's wire: the call, then one retry per round, each answering one request.
+    wire = [w for w in obs.get("wire") or [] if w["tool"] == "journey"]
+    expect(len(wire) == 4 and not wire[0]["requestState"] and not wire[0]["inputResponses"],
+           f"the host sent {wire}: expected the call and three retries")
+    expect(all(w["requestState"] and len(w["inputResponses"]) == 1 for w in wire[1:]),
+           f"each retry must echo requestState and answer one input request: {wire[1:]}")
+    return "elicitation, sampling, roots: three input_required rounds of one request each"
 
 
 def check_url(col: Column, obs: dict, records: list[dict], token: str) -> str:

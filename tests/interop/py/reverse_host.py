@@ -67,6 +67,21 @@ class Host:
         self.obs["roots_calls"] = self.obs.get("roots_calls", 0) + 1
         return types.ListRootsResult(roots=[types.Root(uri=u) for u in self.cfg["roots"]])
 
+    async def sent(self, request) -> None:
+        """Records every `tools/call` the host puts on the wire: the original call and
+        each retry (with the keys of its `inputResponses`), i.e. the rounds."""
+        if request.method != "POST":
+            return
+        try:
+            body = json.loads(request.content)
+        except (ValueError, UnicodeDecodeError):
+            return
+        if isinstance(body, dict) and body.get("method") == "tools/call":
+            params = body.get("params") or {}
+            self.obs.setdefault("wire", []).append(
+                {"tool": params.get("name"), "inputResponses": sorted(params.get("inputResponses") or {}),
+                 "requestState": "requestState" in params})
+
     async def call(self, client: Client, name: str, arguments: dict) -> dict:
         try:
             out = {"result": dump(await client.call_tool(name, arguments))}
@@ -79,6 +94,7 @@ class Host:
         headers = {"Authorization": f"Bearer {self.cfg['token']}"} if self.cfg.get("token") else None
         results: dict = {}
         async with create_mcp_http_client(headers=headers) as http:
+            http.event_hooks = {"request": [self.sent]}
             client = Client(
                 streamable_http_client(self.cfg["url"], http_client=http),
                 mode=VERSION,

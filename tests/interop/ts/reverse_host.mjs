@@ -59,9 +59,31 @@ async function call(name, args) {
   push("calls", { tool: name, arguments: args, ...out });
 }
 
+// Records every tools/call the host puts on the wire: the original call and each retry
+// (with the keys of its inputResponses), i.e. the rounds.
+async function recorded(url, init) {
+  if (init?.method === "POST" && typeof init.body === "string") {
+    let body;
+    try {
+      body = JSON.parse(init.body);
+    } catch {
+      body = undefined;
+    }
+    if (body?.method === "tools/call") {
+      const params = body.params ?? {};
+      push("wire", {
+        tool: params.name,
+        inputResponses: Object.keys(params.inputResponses ?? {}).sort(),
+        requestState: "requestState" in params,
+      });
+    }
+  }
+  return fetch(url, init);
+}
+
 async function main() {
   const headers = cfg.token ? { Authorization: `Bearer ${cfg.token}` } : {};
-  const transport = new StreamableHTTPClientTransport(new URL(cfg.url), { requestInit: { headers } });
+  const transport = new StreamableHTTPClientTransport(new URL(cfg.url), { requestInit: { headers }, fetch: recorded });
   await client.connect(transport);
   const results = {};
   for (const s of cfg.scenarios) {
