@@ -52,10 +52,15 @@ impl Gateway {
 
     /// With these arguments besides the era and the listener.
     fn spawn_args(args: &[&str]) -> Self {
+        Self::spawn_era("legacy", args)
+    }
+
+    /// With `--upstream-era era` and these arguments besides the listener.
+    fn spawn_era(era: &str, args: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dualera"))
             .arg("gateway")
             .args(args)
-            .args(["--upstream-era", "legacy", "--listen", "127.0.0.1:0"])
+            .args(["--upstream-era", era, "--listen", "127.0.0.1:0"])
             .env("DUALERA_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -118,6 +123,9 @@ async fn post_raw(url: &str, token: Option<&str>, body: &Value) -> (u16, String,
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
         .header("mcp-protocol-version", "2026-07-28");
+    if let Some(method) = body["method"].as_str() {
+        b = b.header("mcp-method", method);
+    }
     if let Some(t) = token {
         b = b.header("authorization", format!("Bearer {t}"));
     }
@@ -438,6 +446,67 @@ async fn a_stdio_legacy_upstream_is_bridged_too() {
     let answer = json!({ key: { "action": "accept", "content": { "answer": "yes" } } });
     let (_, done) = post(&gw.url(), None, &retry(4, "ask", args, answer, &state)).await;
     assert_eq!(text(&done), "answered: yes");
+}
+
+/// Under `auto` (the default) and with no readiness prober to have probed it, the
+/// upstream's era is unknown when the first modern host arrives. Its `server/discover`,
+/// refused the legacy way (FastMCP's `400 Missing session ID`), is what
+/// `basic/versioning.mdx` ("Backward Compatibility") starts era detection with: the
+/// gateway probes, finds the legacy server and bridges that very request.
+#[tokio::test]
+async fn under_auto_a_modern_hosts_first_discover_finds_the_legacy_server() {
+    let py = PyServer::spawn("streamable-http");
+    let gw = Gateway::spawn_era("auto", &["--upstream", &py.url("/mcp")]);
+    let (status, discover) = post(
+        &gw.url(),
+        None,
+        &json!({ "jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": { "_meta": meta() } }),
+    )
+    .await;
+    assert_eq!(status, 200, "{discover}");
+    assert_eq!(
+        discover["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "legacy-fixture",
+        "{discover}"
+    );
+    // The era is remembered: the next request goes to the bridge at once.
+    let (_, added) = post(
+        &gw.url(),
+        None,
+        &call(2, "add", json!({ "a": 20, "b": 22 })),
+    )
+    .await;
+    assert_eq!(text(&added), "42");
+    assert_eq!(
+        py.count("POST /mcp initialize").await,
+        2,
+        "the probe's and the partition's"
+    );
+}
+
+/// The same over stdio (`--upstream-cmd`): the server answers the host's
+/// `server/discover` with an error that is not a modern one, which on stdio means
+/// legacy (2026-07-28 `basic/transports/stdio.mdx`, "Backward Compatibility").
+#[tokio::test]
+async fn under_auto_a_modern_hosts_first_discover_finds_a_legacy_stdio_server() {
+    let gw = Gateway::spawn_era("auto", &["--upstream-cmd", &stdio_command()]);
+    let (status, discover) = post(
+        &gw.url(),
+        None,
+        &json!({ "jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": { "_meta": meta() } }),
+    )
+    .await;
+    assert_eq!(status, 200, "{discover}");
+    assert_eq!(
+        discover["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "legacy-fixture",
+        "{discover}"
+    );
+    let (_, added) = post(
+        &gw.url(),
+        None,
+        &call(2, "add", json!({ "a": 20, "b": 22 })),
+    )
+    .await;
+    assert_eq!(text(&added), "42");
 }
 
 #[tokio::test]

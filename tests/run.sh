@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: every test of the workspace (unit, transcript vectors, integration
 # over real sockets against the spawned binary), then the interop suite with the official
-# MCP SDKs as hosts (installs its pinned peers into .cache/ and tests/interop/ts/ on first
+# MCP SDKs as hosts, and its reverse part: modern-only SDK hosts through the gateway to
+# legacy SDK servers (installs its pinned peers into .cache/ and tests/interop/ts/ on first
 # run; needs python3 and node; ends with the line "N passed, M failed"), then the official
 # conformance suite against the fixture upstream and the gateway (tests/conformance/run.sh:
 # installs the pinned suite and a Node 22 into .cache/conformance; same closing line),

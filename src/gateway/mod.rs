@@ -328,7 +328,8 @@ impl Route {
     /// The era to act on now, without waiting: `modern` when configured so, else the
     /// remembered answer even when stale (a stale one is refreshed in the background).
     /// `None` under `auto` until something probed: the readiness prober, or an
-    /// answer the legacy way to the translating path's `server/discover`.
+    /// answer the legacy way to a `server/discover`, the translating path's or a
+    /// modern host's (`passthrough`).
     pub fn upstream_era_now(&self) -> Option<upstream::era::Era> {
         if self.config.era == crate::config::UpstreamEra::Modern {
             return Some(upstream::era::Era::Modern);

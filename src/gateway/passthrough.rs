@@ -158,11 +158,25 @@ async fn forward_stdio(
             return r;
         }
     };
+    // Under `auto`, a host's `server/discover` is where era detection starts (see
+    // `legacy_discover` for HTTP).
+    let discover = gateway.config.era == crate::config::UpstreamEra::Auto
+        && matches!(&msg, Message::Request(r) if r.method == "server/discover");
     let Ok(mut exchange) = upstream.exchange(&msg).await else {
         return unavailable();
     };
     match exchange.next().await {
         Some(Ok(m @ Message::Response(_))) => {
+            if let (true, Message::Response(answer)) = (discover, &m) {
+                if let Some(seen) = super::upstream::era::stdio_discover_evidence(answer) {
+                    gateway.refute_era(seen);
+                    let era = gateway.resolve_era(Default::default()).await;
+                    if let Ok(super::upstream::era::Era::Legacy(transport)) = era {
+                        return super::reverse::handle_read(gateway, &parts, &body, transport)
+                            .await;
+                    }
+                }
+            }
             let status = status_for(&m);
             let mut r = Response::new(full(m.to_vec()));
             *r.status_mut() = status;
@@ -367,13 +381,75 @@ async fn read_whole(
         }
         None => None,
     };
+    // Under `auto`, a host's `server/discover` is the modern request era detection
+    // starts with: kept, in case the upstream refuses it the legacy way.
+    let discover = (gateway.config.era == crate::config::UpstreamEra::Auto
+        && parts
+            .headers
+            .get("mcp-method")
+            .is_some_and(|m| m == "server/discover"))
+    .then(|| (parts.clone(), bytes.clone()));
     let resp = match send(gateway, parts, full(bytes)).await {
-        Ok(resp) => downstream(resp),
+        Ok(resp) => match discover {
+            Some((parts, bytes)) => {
+                match Box::pin(legacy_discover(gateway, &parts, &bytes, resp)).await {
+                    // Served by the reverse bridge: nothing of the upstream's to cache.
+                    Ok(bridged) => return bridged,
+                    Err(resp) => resp,
+                }
+            }
+            None => downstream(resp),
+        },
         Err(e) => upstream_failed(&e),
     };
     match keep {
         Some(keep) => keep.fetched(resp),
         None => resp,
+    }
+}
+
+/// The most of a refusal's body read to tell a legacy server's refusal from a modern one.
+const REFUSAL_BODY_LIMIT: usize = 64 * 1024;
+
+/// A host's `server/discover` under `auto` that the upstream refused the legacy way (a
+/// 4xx without a recognized modern error: `basic/versioning.mdx`, "Backward
+/// Compatibility"): the era is probed now, and when the upstream is legacy the request
+/// is served by the reverse bridge (`Ok`) instead of failing with the refusal, so a
+/// modern host in front of a legacy server that was never probed is bridged from its
+/// first request. Any other answer is relayed as it is (`Err`).
+async fn legacy_discover(
+    gateway: &Arc<Route>,
+    parts: &http::request::Parts,
+    bytes: &[u8],
+    resp: Response<Incoming>,
+) -> Result<Response<GatewayBody>, Response<GatewayBody>> {
+    use super::upstream::era::{self, Era};
+    let status = resp.status();
+    if !status.is_client_error() {
+        return Err(downstream(resp));
+    }
+    let (mut head, body) = resp.into_parts();
+    let Ok(body) = Limited::new(body, REFUSAL_BODY_LIMIT).collect().await else {
+        return Err(unavailable());
+    };
+    let body = body.to_bytes();
+    strip_hop_by_hop(&mut head.headers);
+    head.version = http::Version::HTTP_11;
+    let refusal = Response::from_parts(head, full(body.clone()));
+    let Some(seen @ Era::Legacy(_)) = era::evidence(status, &body) else {
+        return Err(refusal);
+    };
+    // A remembered modern era is contradicted: forgotten, so the probe runs.
+    gateway.refute_era(seen);
+    let on_behalf = super::upstream::OnBehalf {
+        authorization: parts.headers.get(header::AUTHORIZATION),
+        ..Default::default()
+    };
+    match gateway.resolve_era(on_behalf).await {
+        Ok(Era::Legacy(transport)) => {
+            Ok(super::reverse::handle_read(gateway, parts, bytes, transport).await)
+        }
+        _ => Err(refusal),
     }
 }
 

@@ -23,6 +23,11 @@ The instances columns also check, from the instances' logs, that every
 round's retry went to the other instance; in scenario 3 one instance is killed (SIGKILL)
 at the driver's after_decline checkpoint, and the rest of the scenario runs on the survivor.
 
+Then the reverse part (tests/interop/reverse.py): modern-only hosts (mcp 2.3.0 pinned to
+2026-07-28, @modelcontextprotocol/client 2.4.0 pinned) through `dualera gateway` to legacy
+servers built on the TypeScript SDK 1.32.2 and mcp 1.30.0 over Streamable HTTP, stdio and
+HTTP+SSE, checked from the hosts and from the servers' own records.
+
 Every (client, scenario) case runs against its own freshly started `dualera up --dir <tmp>`
 (gateway + modern server on free loopback ports, the demo workspace seeded with three notes
 titled "TPS report") and is checked on what the client saw *and* on the notes store
@@ -30,6 +35,7 @@ titled "TPS report") and is checked on what the client saw *and* on the notes st
 driver announces mid-scenario. A missing or broken peer fails its cases; nothing is skipped.
 
 Usage: python3 tests/interop/run.py [--client NAME]... [--scenario NAME]... [--all-scenarios] [--keep] [--direct]
+       [--reverse | --only-reverse] [--reverse-column NAME]...
 Env:   DUALERA_BIN=path  use this binary instead of `cargo build --locked --bin dualera`.
 The last line printed is `N passed, M failed`; the exit status is 0 only when M is 0.
 Standard library only.
@@ -64,6 +70,7 @@ from instances import Instances  # noqa: E402
 from replicas import Replicas  # noqa: E402
 
 from procs import modern_call  # beside this file
+import reverse  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -136,12 +143,13 @@ def ensure_ts() -> list[str]:
     stamp_file = TS_DIR / "node_modules" / ".dualera-stamp"
     stamp = sha256(lock.read_bytes(), (TS_DIR / "package.json").read_bytes(), node_version.encode())
     if not (stamp_file.exists() and stamp_file.read_text() == stamp):
-        print("  installing @modelcontextprotocol/sdk with npm ci ...", flush=True)
+        print("  installing @modelcontextprotocol/sdk and /client with npm ci ...", flush=True)
         run_quiet([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=TS_DIR)
         stamp_file.write_text(stamp)
-    pkg = json.loads((TS_DIR / "node_modules/@modelcontextprotocol/sdk/package.json").read_text())
-    if pkg["version"] != "1.32.2":
-        raise PeerError(f"node_modules has @modelcontextprotocol/sdk {pkg['version']}, expected 1.32.2")
+    for name, version in (("sdk", "1.32.2"), ("client", "2.4.0")):
+        pkg = json.loads((TS_DIR / f"node_modules/@modelcontextprotocol/{name}/package.json").read_text())
+        if pkg["version"] != version:
+            raise PeerError(f"node_modules has @modelcontextprotocol/{name} {pkg['version']}, expected {version}")
     return [node]
 
 
@@ -1298,6 +1306,43 @@ def run_operating(binary: Path, keep: bool) -> list[tuple[str, bool, str, str]]:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def reverse_part(binary: Path, keep: bool, columns: list[str] | None) -> tuple[int, int]:
+    """The reverse bridge (tests/interop/reverse.py): modern hosts in front of legacy
+    servers; prints its cases and its table, returns (passed, total)."""
+    print("\ninterop: reverse - modern hosts (mcp 2.3.0, client 2.4.0) through `dualera gateway` "
+          "to legacy servers (sdk 1.32.2, mcp 1.30.0)")
+    t0 = time.monotonic()
+    hosts = {"python-modern": (PY_MODERN, HERE / "py" / "reverse_host.py"),
+             "typescript-modern": (TS_LEGACY, TS_DIR / "reverse_host.mjs")}
+    commands = {"py": PY_LEGACY.command or ["python3"], "ts": TS_LEGACY.command or ["node"]}
+    cells: dict[tuple[str, str], dict[str, bool]] = {}
+    passed = 0
+    results = reverse.run(binary, hosts, commands, keep, columns)
+    for col, host, sc, ok, detail, report in results:
+        print(f"  {'PASS' if ok else 'FAIL'}  {col:<26} {host:<18} {sc:<16} {detail}", flush=True)
+        if report:
+            print(report, flush=True)
+        cells.setdefault((col, host), {})[sc] = ok
+        passed += ok
+    if PY_LEGACY.error:
+        print(f"  (the Python legacy server needs mcp 1.30.0: {PY_LEGACY.error})")
+    if results:
+        keys = list(cells)
+        print()
+        print(f"{'scenario':<18}" + "".join(f"{c:<27}" for c, _ in keys))
+        print(f"{'':<18}" + "".join(f"{h:<27}" for _, h in keys))
+        print("-" * (18 + 27 * len(keys)))
+        for sc in (*reverse.SCENARIOS, "principals"):
+            row = f"{sc:<18}"
+            for key in keys:
+                cell = cells[key].get(sc)
+                row += f"{'-' if cell is None else 'PASS' if cell else 'FAIL':<27}"
+            print(row)
+        print("(principals: the Streamable HTTP and HTTP+SSE columns)")
+    print(f"interop: reverse, {passed} of {len(results)} passed in {time.monotonic() - t0:.0f}s")
+    return passed, len(results)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--client", action="append", choices=[c.name for c in CLIENTS])
@@ -1309,6 +1354,11 @@ def main() -> int:
     ap.add_argument("--operating", action="store_true",
                     help="run the operating checks (default: only when no --client/--scenario is given)")
     ap.add_argument("--only-operating", action="store_true", help="run only the operating checks")
+    ap.add_argument("--reverse", action="store_true",
+                    help="run the reverse part (default: only when no --client/--scenario is given)")
+    ap.add_argument("--only-reverse", action="store_true", help="run only the reverse part")
+    ap.add_argument("--reverse-column", action="append", choices=[c.name for c in reverse.COLUMNS],
+                    help="the reverse part's legacy server columns to run (default: all)")
     ap.add_argument("--prepare-legacy-python", action="store_true",
                     help="only install the mcp 1.30.0 venv (the legacy upstream of tests/legacy_upstream.rs)")
     args = ap.parse_args()
@@ -1322,14 +1372,18 @@ def main() -> int:
         return 0
     clients = [c for c in CLIENTS if not args.client or c.name in args.client]
     scenarios = [s for s in SCENARIOS if not args.scenario or s.name in args.scenario]
-    operating = args.operating or args.only_operating or not (args.client or args.scenario)
+    operating = args.operating or args.only_operating or not (args.client or args.scenario or args.only_reverse)
+    run_reverse = args.reverse or args.only_reverse or not (args.client or args.scenario or args.only_operating)
     if args.only_operating:
         clients = [c for c in CLIENTS if c.name in OPS_CLIENTS]
         scenarios = []
+    if args.only_reverse:
+        clients, scenarios = [], []
 
     print("interop: preparing peers (pinned; cached under .cache/interop and tests/interop/ts/node_modules)")
     CACHE.mkdir(parents=True, exist_ok=True)
-    peers = [c.peer for c in clients] + ([PROM, BROWSER] if operating else [])
+    peers = [c.peer for c in clients] + ([PROM, BROWSER] if operating else []) + \
+        ([PY_MODERN, PY_LEGACY, TS_LEGACY] if run_reverse else [])
     for peer in peers:
         if not peer.tried:
             peer.ensure()
@@ -1391,6 +1445,11 @@ def main() -> int:
             failed += not ok
             total += 1
         print(f"interop: operating in {time.monotonic() - t0:.0f}s")
+    if run_reverse:
+        r_passed, r_total = reverse_part(binary, args.keep, args.reverse_column)
+        passed += r_passed
+        failed += r_total - r_passed
+        total += r_total
     print(f"\ninterop: {total} cases and checks in {time.monotonic() - t_all:.0f}s")
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1

@@ -156,7 +156,18 @@ pub(super) async fn handle(
         Ok(b) => b,
         Err(too_large) => return too_large,
     };
-    let request = match jsonrpc::parse(&bytes) {
+    handle_read(gw, &parts, &bytes, transport).await
+}
+
+/// [`handle`] for a request whose body was read already (a pass-through request found
+/// to be for a legacy upstream only once the upstream refused it).
+pub(super) async fn handle_read(
+    gw: &Arc<Route>,
+    parts: &http::request::Parts,
+    bytes: &[u8],
+    transport: LegacyTransport,
+) -> HttpResponse<GatewayBody> {
+    let request = match jsonrpc::parse(bytes) {
         Ok(Message::Request(r)) => r,
         // Notifications and responses have nothing to answer in this revision
         // (cancellation is the host closing its request's stream).

@@ -521,6 +521,19 @@ pub fn discover_answer_evidence(
     legacy.then_some(Era::Legacy(LegacyTransport::StreamableHttp))
 }
 
+/// Which era an error answer to a host's `server/discover` relayed over a stdio upstream
+/// shows: on stdio any error but a recognized modern one means legacy (2026-07-28
+/// `basic/transports/stdio.mdx`, "Backward Compatibility": the fallback "MUST NOT be
+/// keyed to one specific error code"). `None`: a result, or a modern error.
+pub fn stdio_discover_evidence(answer: &dualera_adapters::Response) -> Option<Era> {
+    let legacy = answer
+        .outcome
+        .as_ref()
+        .err()
+        .is_some_and(|e| !is_modern_error(e.code));
+    legacy.then_some(Era::Legacy(LegacyTransport::Stdio))
+}
+
 /// The next response with `id` on the session (other messages are skipped: a probe
 /// and a test handshake have nothing else to say).
 async fn response_to(

@@ -11,21 +11,33 @@ request is counted by (method, path, JSON-RPC method) and the counts are served 
 `GET /stats` (not an MCP endpoint), so a test can tell how many requests reached it.
 
 Tools: `add(a, b)`; `session_id()`, the `Mcp-Session-Id` this server sees on the request
-(its own id for the session); `authorization()`, the `Authorization` header it
+(its own id for the session; over HTTP+SSE the endpoint's `session_id`); `authorization()`, the `Authorization` header it
 received; `ask(question)`, which elicits an answer from the client
 (a server-to-client request inside the call) and returns it; `chatter(n)`, n log
 notifications on the request's stream before its result; `big(n)`, n bytes of text;
 `sample(prompt)`, which asks the client's model (sampling) and returns its text;
 `roots()`, which lists the client's roots and returns their URIs; `wait(seconds)`,
-which sleeps (a call to cancel).
+which sleeps (a call to cancel); `journey(topic)`, which elicits a form, then samples,
+then lists the roots, one after the other, and returns all three answers; `ask_url(url)`,
+a URL-mode elicitation.
+
+With `LEGACY_SERVER_LOG=path` in its environment it appends one JSON object per line
+to that file for what it saw: every tool call (`call`: the tool, the session id it is
+served on, the `Authorization` header), every answer to its own requests (`elicit`
+with the action, `sampled`, `roots`) and every call cancelled under it (`cancelled`:
+the client's `notifications/cancelled` ended the call). tests/interop/reverse.py
+checks the reverse bridge from that record. `ts/legacy_server.mjs` is a port of this
+server onto the TypeScript SDK 1.32.2 with the same tools and the same record.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 from collections import Counter
+from contextlib import contextmanager
 
 import anyio
 import uvicorn
@@ -37,6 +49,39 @@ from mcp.types import SamplingMessage, TextContent
 mcp = FastMCP("legacy-fixture", instructions="A legacy fixture server.")
 
 STATS: Counter[str] = Counter()
+LOG = os.environ.get("LEGACY_SERVER_LOG")
+
+
+def record(event: str, **fields) -> None:
+    """One line of the server's own record (only with LEGACY_SERVER_LOG set)."""
+    if LOG:
+        with open(LOG, "a") as f:
+            f.write(json.dumps({"event": event, **fields}) + "\n")
+
+
+def session_of(ctx: Context) -> str:
+    """The session this request is served on: its Mcp-Session-Id (Streamable HTTP),
+    its `session_id` query parameter (HTTP+SSE), or the process (stdio)."""
+    request = ctx.request_context.request
+    if request is None:
+        return f"stdio-{os.getpid()}"
+    return request.headers.get("mcp-session-id") or request.query_params.get("session_id", "")
+
+
+def authorization_of(ctx: Context) -> str:
+    request = ctx.request_context.request
+    return "" if request is None else request.headers.get("authorization", "")
+
+
+@contextmanager
+def recorded(tool: str, ctx: Context):
+    """Records the call, and its cancellation if the client cancels it."""
+    record("call", tool=tool, session=session_of(ctx), auth=authorization_of(ctx))
+    try:
+        yield
+    except anyio.get_cancelled_exc_class():
+        record("cancelled", tool=tool, session=session_of(ctx))
+        raise
 
 
 @mcp.tool()
@@ -47,11 +92,11 @@ def add(a: int, b: int) -> int:
 
 @mcp.tool()
 def session_id(ctx: Context) -> str:
-    """The Mcp-Session-Id of this request, as this server sees it."""
-    request = ctx.request_context.request
-    if request is None:
+    """The session of this request as this server sees it: its Mcp-Session-Id, or over
+    HTTP+SSE the `session_id` of the endpoint it posts to."""
+    if ctx.request_context.request is None:
         return "stdio"
-    return request.headers.get("mcp-session-id", "")
+    return session_of(ctx)
 
 
 @mcp.tool()
@@ -82,35 +127,76 @@ class Answer(BaseModel):
 @mcp.tool()
 async def ask(question: str, ctx: Context) -> str:
     """Asks the client (elicitation) and returns what it answered."""
-    result = await ctx.elicit(message=question, schema=Answer)
+    with recorded("ask", ctx):
+        result = await ctx.elicit(message=question, schema=Answer)
+        record("elicit", tool="ask", mode="form", action=result.action)
     if result.action == "accept" and result.data is not None:
         return f"answered: {result.data.answer}"
     return f"not answered: {result.action}"
 
 
 @mcp.tool()
-async def wait(seconds: float) -> str:
+async def wait(seconds: float, ctx: Context) -> str:
     """Sleeps, then returns (a call a client can cancel meanwhile)."""
-    await anyio.sleep(seconds)
+    with recorded("wait", ctx):
+        await anyio.sleep(seconds)
     return "waited"
 
 
 @mcp.tool()
 async def sample(prompt: str, ctx: Context) -> str:
     """Asks the client's model (sampling) and returns its text."""
+    with recorded("sample", ctx):
+        text = await sampled(prompt, ctx)
+    record("sampled", tool="sample", text=text)
+    return f"sampled: {text}"
+
+
+async def sampled(prompt: str, ctx: Context) -> str:
     result = await ctx.session.create_message(
         messages=[SamplingMessage(role="user", content=TextContent(type="text", text=prompt))],
         max_tokens=64,
     )
-    text = result.content.text if isinstance(result.content, TextContent) else "?"
-    return f"sampled: {text}"
+    return result.content.text if isinstance(result.content, TextContent) else "?"
 
 
 @mcp.tool()
 async def roots(ctx: Context) -> str:
     """Lists the client's roots and returns their URIs."""
+    with recorded("roots", ctx):
+        uris = await root_uris(ctx)
+    record("roots", tool="roots", uris=uris)
+    return "roots: " + ",".join(uris)
+
+
+async def root_uris(ctx: Context) -> list[str]:
     result = await ctx.session.list_roots()
-    return "roots: " + ",".join(str(r.uri) for r in result.roots)
+    return [str(r.uri) for r in result.roots]
+
+
+@mcp.tool()
+async def journey(topic: str, ctx: Context) -> str:
+    """Elicits a form, then samples, then lists the roots; returns the three answers."""
+    with recorded("journey", ctx):
+        asked = await ctx.elicit(message=f"Where to, for {topic}?", schema=Answer)
+        record("elicit", tool="journey", mode="form", action=asked.action)
+        if asked.action != "accept" or asked.data is None:
+            return f"journey stopped: {asked.action}"
+        text = await sampled(f"{topic}: {asked.data.answer}", ctx)
+        record("sampled", tool="journey", text=text)
+        uris = await root_uris(ctx)
+        record("roots", tool="journey", uris=uris)
+    return f"journey: answer={asked.data.answer}; sampled={text}; roots={','.join(uris)}"
+
+
+@mcp.tool()
+async def ask_url(url: str, ctx: Context) -> str:
+    """Asks the client to open a URL (URL-mode elicitation); returns its action."""
+    with recorded("ask_url", ctx):
+        result = await ctx.elicit_url(message="Open this page to go on.", url=url,
+                                      elicitation_id="interop-url-1")
+        record("elicit", tool="ask_url", mode="url", action=result.action)
+    return f"url: {result.action}"
 
 
 def counting(app):
