@@ -19,7 +19,7 @@ pub mod demo;
 
 pub use dualera_common::{
     bearer, body, clock, config, digest, endpoint, framing, guard, inbound, listener, outbound,
-    request_state, sse, throttle, tls,
+    parts, request_state, sse, throttle, tls,
 };
 pub use dualera_gateway as gateway;
 pub use dualera_server as server;

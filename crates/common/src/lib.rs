@@ -5,7 +5,8 @@
 //! [`framing`], [`sse`]), TLS ([`tls`]), digests and signed state ([`digest`],
 //! [`request_state`], [`bearer`]), the endpoint path ([`endpoint`]), the clock
 //! ([`clock`]) and the configuration file's schema ([`config`], which both programs
-//! read and the binary loads). Wall-clock text is `dualera_adapters::time`, which the
+//! read and the binary loads), and the one error for a part a build left out
+//! ([`parts`]). Wall-clock text is `dualera_adapters::time`, which the
 //! session machine uses too.
 
 pub mod bearer;
@@ -19,7 +20,10 @@ pub mod guard;
 pub mod inbound;
 pub mod listener;
 pub mod outbound;
+pub mod parts;
 pub mod request_state;
 pub mod sse;
 pub mod throttle;
+#[cfg(feature = "tls")]
+pub mod throwaway_ca;
 pub mod tls;

@@ -117,6 +117,7 @@ impl BindingKey {
 
     /// The key as hex, for a store shared between replicas (the digest, never the
     /// credential).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))] // used by the Redis store only
     pub(super) fn to_hex(self) -> String {
         crate::digest::hex(&self.0)
     }

@@ -371,11 +371,13 @@ impl HeadWatch {
     }
 
     /// A receiver told of every change from now on.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))] // used by the Redis store only
     pub(super) fn subscribe(&self) -> tokio::sync::watch::Receiver<HeadState> {
         self.0.subscribe()
     }
 
     /// Waits until the upstream accepted or refused, up to `limit`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))] // used by the Redis store only
     pub(super) async fn settle(&self, limit: Duration) {
         let mut rx = self.0.subscribe();
         let settled = rx.wait_for(|h| !matches!(h, HeadState::Waiting));

@@ -99,6 +99,7 @@ impl Telemetry {
     /// report record is looked up from the machine, nothing is kept between steps (so
     /// no request durations), and the open-sessions gauge is left alone (a shared
     /// session ends on no particular replica).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))] // used by the Redis store only
     pub(super) fn shared_session(
         self: &Arc<Self>,
         wire: &'static str,

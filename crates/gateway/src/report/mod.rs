@@ -19,6 +19,11 @@
 //! restarts.
 
 pub mod html;
+// The file needs SQLite (the `sqlite` feature); without it, `no_store` refuses a path.
+#[cfg(feature = "sqlite")]
+mod store;
+#[cfg(not(feature = "sqlite"))]
+#[path = "no_store.rs"]
 mod store;
 pub mod text;
 

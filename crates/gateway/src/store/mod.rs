@@ -29,6 +29,11 @@
 //! whatever the store (`pipe`).
 
 pub(super) mod memory;
+// Redis is the `redis` feature; without it, `no_redis` refuses a `redis://` store.
+#[cfg(feature = "redis")]
+pub(super) mod redis;
+#[cfg(not(feature = "redis"))]
+#[path = "no_redis.rs"]
 pub(super) mod redis;
 
 use super::legacy_http::PostContext;
@@ -126,11 +131,15 @@ fn random_replica_id() -> String {
 #[non_exhaustive]
 pub enum StoreError {
     /// Redis refused or dropped the command, or could not be reached.
+    #[cfg(feature = "redis")]
     #[error("session store unreachable: {source}")]
     Unreachable {
         /// What the client said.
         source: ::redis::RedisError,
     },
+    /// The store is a part this build left out.
+    #[error(transparent)]
+    NotBuilt(#[from] dualera_common::parts::NotBuilt),
     /// A command took longer than `session_store_timeout_ms`.
     #[error("session store did not answer within {timeout:?}")]
     Timeout {

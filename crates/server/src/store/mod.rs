@@ -23,13 +23,20 @@
 //!   same task never both move it on. A principal holds a bounded number of unexpired
 //!   tasks; expired ones are purged in bounded batches and never returned.
 
+// Each engine is a Cargo feature (`sqlite`, `postgres`); a store URL naming one this
+// build left out is refused by `open_at` with the feature to enable.
+#[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 
+#[cfg(feature = "postgres")]
 pub use self::postgres::PostgresStore;
+#[cfg(feature = "sqlite")]
 pub use self::sqlite::SqliteStore;
 
 use crate::config::StoreSection;
+use dualera_common::parts::NotBuilt;
 
 /// Nonces are kept this long past their state's expiry before being purged, so that an
 /// instance whose clock runs behind by up to this much still finds them.
@@ -43,14 +50,20 @@ pub const STORE_URL_ENV: &str = "DUALERA_STORE_URL";
 #[non_exhaustive]
 pub enum StoreError {
     /// SQLite said no.
+    #[cfg(feature = "sqlite")]
     #[error("store: {0}")]
     Sqlite(#[from] rusqlite::Error),
     /// PostgreSQL said no.
+    #[cfg(feature = "postgres")]
     #[error("store: {0}")]
     Postgres(#[from] ::postgres::Error),
     /// No PostgreSQL connection could be had from the pool in time.
+    #[cfg(feature = "postgres")]
     #[error("store: connection pool: {0}")]
     Pool(#[from] r2d2_postgres::r2d2::Error),
+    /// The configured engine is a part this build left out.
+    #[error(transparent)]
+    NotBuilt(#[from] NotBuilt),
     /// A lock holder panicked earlier.
     #[error("store lock poisoned")]
     Poisoned,
@@ -292,6 +305,27 @@ impl Location {
         }
     }
 
+    /// The Cargo feature that builds this engine in.
+    pub fn feature(&self) -> &'static str {
+        match self {
+            Self::Sqlite(_) => "sqlite",
+            Self::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Refuses an engine this build left out (checked when the program starts).
+    pub fn check_built(&self) -> Result<(), NotBuilt> {
+        let built = match self {
+            Self::Sqlite(_) => cfg!(feature = "sqlite"),
+            Self::Postgres(_) => cfg!(feature = "postgres"),
+        };
+        if built {
+            Ok(())
+        } else {
+            Err(NotBuilt::new(self.feature()))
+        }
+    }
+
     /// A description safe for logs: the PostgreSQL password is never shown.
     pub fn redacted(&self) -> String {
         match self {
@@ -324,10 +358,15 @@ pub fn open(section: &StoreSection) -> Result<Box<dyn Store>, StoreError> {
 }
 
 /// Opens the store at `location` (`section` supplies the pool size and TLS roots).
+#[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
 pub fn open_at(location: &Location, section: &StoreSection) -> Result<Box<dyn Store>, StoreError> {
     Ok(match location {
+        #[cfg(feature = "sqlite")]
         Location::Sqlite(path) => Box::new(SqliteStore::open(path)?),
+        #[cfg(feature = "postgres")]
         Location::Postgres(url) => Box::new(PostgresStore::open(url, section)?),
+        #[allow(unreachable_patterns)]
+        other => return Err(NotBuilt::new(other.feature()).into()),
     })
 }
 
