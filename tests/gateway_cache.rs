@@ -3,7 +3,8 @@
 //! scripted modern upstream that counts what reaches it. Freshness is exercised with
 //! short TTLs (the cache core's injected-clock tests are in `src/gateway/cache/tests.rs`).
 
-mod gateway_support;
+mod common;
+use common::gateway as gateway_support;
 
 use gateway_support::*;
 use http::StatusCode;

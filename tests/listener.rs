@@ -11,7 +11,8 @@
 //! - WebSocket: a ping flood from a peer that never reads neither grows the gateway
 //!   nor keeps being read; close codes name the cause (1009, 1007, 1003, 1002).
 
-mod gateway_support;
+mod common;
+use common::gateway as gateway_support;
 
 use gateway_support::*;
 use serde_json::json;
