@@ -132,7 +132,8 @@ pub fn ensure_tls(dir: &Path) -> io::Result<DemoTls> {
         return Ok(out);
     }
     fs::create_dir_all(&tls_dir)?;
-    let ca = crate::tls::ThrowawayCa::new("dualera demo CA (throw-away)").map_err(|e| io::Error::other(e.to_string()))?;
+    let ca = crate::tls::ThrowawayCa::new("dualera demo CA (throw-away)")
+        .map_err(|e| io::Error::other(e.to_string()))?;
     let (cert, key) = ca
         .issue(
             &["localhost", "127.0.0.1", "::1"],

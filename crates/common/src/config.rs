@@ -958,7 +958,7 @@ mod tests {
 
     #[test]
     fn example_config_parses() {
-        let text = include_str!("../examples/dualera.toml");
+        let text = include_str!("../../../examples/dualera.toml");
         let config = Config::parse(text).expect("examples/dualera.toml parses");
         assert!(!config.grants.is_empty());
         assert!(!config.state.keys.is_empty());
@@ -970,7 +970,7 @@ mod tests {
     /// uncommented, are a valid configuration.
     #[test]
     fn example_instances_and_routes_parse() {
-        let text = include_str!("../examples/dualera.toml");
+        let text = include_str!("../../../examples/dualera.toml");
         let mut out = String::new();
         let mut inside = false;
         for line in text.lines() {
@@ -1014,7 +1014,7 @@ mod tests {
     /// The commented `[auth]` example, once uncommented, is a valid configuration.
     #[test]
     fn example_auth_parses() {
-        let text = include_str!("../examples/dualera.toml");
+        let text = include_str!("../../../examples/dualera.toml");
         let start = text.find("# [auth]\n").expect("an [auth] example");
         let out: String = text[start..]
             .lines()

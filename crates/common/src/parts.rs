@@ -5,7 +5,9 @@
 
 /// A configuration or command names a part this binary was built without.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("this dualera was built without the `{feature}` feature; rebuild with `--features {feature}`")]
+#[error(
+    "this dualera was built without the `{feature}` feature; rebuild with `--features {feature}`"
+)]
 pub struct NotBuilt {
     /// The Cargo feature of the `dualera` package that turns the part on.
     pub feature: &'static str,

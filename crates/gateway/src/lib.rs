@@ -16,7 +16,10 @@
 
 // The pieces shared with the server live in `dualera-common`; imported at the root so
 // that `crate::body`, `crate::config`, … name them from every module of this crate.
-use dualera_common::{bearer, clock, config, digest, endpoint, framing, inbound, listener, request_state, sse, throttle, tls};
+use dualera_common::{
+    bearer, clock, config, digest, endpoint, framing, inbound, listener, request_state, sse,
+    throttle, tls,
+};
 
 pub mod admin;
 mod auth;
@@ -40,13 +43,13 @@ pub mod trace;
 pub mod upstream;
 pub mod websocket;
 
-use dualera_common::body::{self, GatewayBody};
 use crate::config::ForwardedHeaders;
-use dualera_common::guard;
 use crate::inbound::RequestBody;
 use crate::listener::{ConnHook, ConnInfo, ListenerConfig};
 use dualera_adapters::version::is_modern_or_later;
 use dualera_adapters::ProtocolVersion;
+use dualera_common::body::{self, GatewayBody};
+use dualera_common::guard;
 use forwarded::Forwarded;
 use http::{header, Method, Request, Response, StatusCode};
 pub use routes::RouteError;

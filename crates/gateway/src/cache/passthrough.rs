@@ -13,8 +13,8 @@
 use super::key::{self, Cacheable, Caller};
 use super::{Begin, Fetch, ResponseCache};
 use crate::body::{full, BoxError, GatewayBody};
-use crate::upstream::encode_header_value;
 use crate::sse;
+use crate::upstream::encode_header_value;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Response, StatusCode};

@@ -10,8 +10,8 @@
 //! hand-off each way on the hot path) and is detached into a task of its own when the
 //! handler stops waiting; every other exchange is a task from the start.
 
-use crate::body::{empty, full, ChannelBody, GatewayBody, MeteredSender, SendError};
 use crate::auth::BindingKey;
+use crate::body::{empty, full, ChannelBody, GatewayBody, MeteredSender, SendError};
 use crate::driver::{self, Ended, HeadWatch, Out};
 use crate::forwarded::Forwarded;
 use crate::legacy_http::{
@@ -19,11 +19,11 @@ use crate::legacy_http::{
     sessions_refused, with_session_header, PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT,
     HEAD_WAIT, INIT_WAIT, STREAM_QUEUE,
 };
+use crate::sse;
 use crate::store::{Lookup, SessionStore, StoreError};
 use crate::telemetry::{SessionTelemetry, WIRE_HTTP};
 use crate::trace::TraceContext;
 use crate::{cache, GatewayConfig, Route};
-use crate::sse;
 use bytes::Bytes;
 use dashmap::DashMap;
 use dualera_adapters::jsonrpc::{self};

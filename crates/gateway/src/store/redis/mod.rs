@@ -39,9 +39,9 @@ use self::client::{Loaded, Redis, Stored as CasResult};
 use self::keys::{valid_session_id, Keys};
 use self::stored::{Append, LeaseRecord, NewLease, Ops, Record};
 use self::wake::{Handed, Inbox, Wake, Wakes};
+use crate::auth::BindingKey;
 use crate::body::{empty, full, GatewayBody};
 use crate::digest::log_tag;
-use crate::auth::BindingKey;
 use crate::driver::{self, HeadWatch, Out};
 use crate::forwarded::Forwarded;
 use crate::legacy_http::{
