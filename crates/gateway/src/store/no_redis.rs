@@ -124,3 +124,25 @@ impl SessionStore for Arc<RedisSessions> {
         match *session {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::GatewaySection;
+    use crate::GatewayConfig;
+
+    #[test]
+    fn a_redis_session_store_is_refused_naming_the_feature() {
+        let section = GatewaySection::default();
+        let err = GatewayConfig::default()
+            .with_session_store(&section, Some("redis://127.0.0.1:6379/0"))
+            .expect_err("no Redis in this build");
+        assert_eq!(
+            err,
+            "session_store: this dualera was built without the `redis` feature; \
+             rebuild with `--features redis`"
+        );
+        GatewayConfig::default()
+            .with_session_store(&section, Some("memory"))
+            .expect("sessions in memory need no feature");
+    }
+}
