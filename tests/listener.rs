@@ -1,5 +1,5 @@
 //! The listener under hostile and sloppy peers, over real sockets against the spawned
-//! binaries (`src/listener.rs`, shared by `dualera serve` and `dualera gateway`):
+//! binaries (`crates/common/src/listener.rs`, shared by `dualera serve` and `dualera gateway`):
 //!
 //! - twice `max_connections` half-open connections: a legitimate request is answered
 //!   within 1 s of the header timeout freeing the slots ahead of it, on the gateway and

@@ -146,7 +146,7 @@ pub struct ReportSection {
 }
 
 /// `[auth]`: JWT access tokens from an authorization server, checked by the modern
-/// server (`src/server/oauth.rs`). Static `[[principals]]` tokens keep working beside it.
+/// server (`crates/server/src/oauth.rs`). Static `[[principals]]` tokens keep working beside it.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthSection {
