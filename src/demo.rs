@@ -120,6 +120,7 @@ pub struct DemoTls {
 /// Creates (once) a throw-away CA and a certificate for `localhost`, `127.0.0.1` and
 /// `::1` signed by it, under `dir/tls/`. The CA's key is never written: nothing else
 /// can be signed by it once this returns.
+#[cfg(feature = "tls")]
 pub fn ensure_tls(dir: &Path) -> io::Result<DemoTls> {
     let tls_dir = dir.join("tls");
     let out = DemoTls {
@@ -131,20 +132,27 @@ pub fn ensure_tls(dir: &Path) -> io::Result<DemoTls> {
         return Ok(out);
     }
     fs::create_dir_all(&tls_dir)?;
-    let err = |e: rcgen::Error| io::Error::other(e.to_string());
-    let ca = crate::tls::ThrowawayCa::new("dualera demo CA (throw-away)").map_err(err)?;
+    let ca = crate::tls::ThrowawayCa::new("dualera demo CA (throw-away)")
+        .map_err(|e| io::Error::other(e.to_string()))?;
     let (cert, key) = ca
         .issue(
             &["localhost", "127.0.0.1", "::1"],
             crate::tls::Validity::Current,
         )
-        .map_err(err)?;
+        .map_err(|e| io::Error::other(e.to_string()))?;
     fs::write(&out.ca, ca.cert_pem())?;
     fs::write(&out.cert, cert)?;
     write_private(&out.key, key.as_bytes())?;
     Ok(out)
 }
 
+/// Refuses: serving TLS is the `tls` feature.
+#[cfg(not(feature = "tls"))]
+pub fn ensure_tls(_dir: &Path) -> io::Result<DemoTls> {
+    Err(io::Error::other(crate::parts::NotBuilt::new("tls")))
+}
+
+#[cfg(feature = "tls")]
 fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
     #[cfg(unix)]
     {

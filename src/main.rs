@@ -7,6 +7,7 @@ use dualera::gateway::report::{self, Report, ReportConfig};
 use dualera::gateway::routes::{self, UpstreamFlags};
 use dualera::gateway::{Gateway, GatewayConfig, HttpUpstream, Upstream};
 use dualera::listener::{warn_if_clear_text, ListenerConfig};
+use dualera::parts::NotBuilt;
 use dualera::server::{self, KeySource, Server};
 use dualera::tls::ServerTls;
 use std::net::SocketAddr;
@@ -15,6 +16,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use tracing_subscriber::EnvFilter;
 
+// The kit's subcommand is the `kit` feature; without it, `no_kit` refuses it.
+#[cfg(feature = "kit")]
+mod vectors_cmd;
+#[cfg(not(feature = "kit"))]
+#[path = "no_kit.rs"]
 mod vectors_cmd;
 
 /// jemalloc, not the system allocator: after a burst of large requests (hosts sending
@@ -236,6 +242,9 @@ fn listener_tls(
         (Some(c), Some(k)) => Some((c, k)),
         _ => section.map(|t| (t.cert.clone(), t.key.clone())),
     };
+    if files.is_some() && !cfg!(feature = "tls") {
+        return Err(NotBuilt::new("tls").into());
+    }
     Ok(match files {
         Some((c, k)) => Some(Arc::new(ServerTls::load(&c, &k)?)),
         None => None,

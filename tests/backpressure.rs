@@ -30,7 +30,8 @@
 //! default of two tests at a time on 2 cores). A lost message shows as [`SILENCE`]
 //! after the stall with nothing arriving (about 17 s), or as the wire closing.
 
-mod gateway_support;
+mod common;
+use common::gateway as gateway_support;
 
 use bytes::Bytes;
 use dualera::framing::read_bounded_line;

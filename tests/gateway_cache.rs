@@ -1,9 +1,10 @@
 //! The gateway's response cache over real sockets (2026-07-28
 //! `server/utilities/caching.mdx`): the real `dualera gateway` binary in front of a
 //! scripted modern upstream that counts what reaches it. Freshness is exercised with
-//! short TTLs (the cache core's injected-clock tests are in `src/gateway/cache/tests.rs`).
+//! short TTLs (the cache core's injected-clock tests are in `crates/gateway/src/cache/tests.rs`).
 
-mod gateway_support;
+mod common;
+use common::gateway as gateway_support;
 
 use gateway_support::*;
 use http::StatusCode;

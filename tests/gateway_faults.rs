@@ -3,7 +3,8 @@
 //! errors (404/400), `Last-Event-ID` resumption of a broken POST or GET stream, and a
 //! host that hangs up before its first message.
 
-mod gateway_support;
+mod common;
+use common::gateway as gateway_support;
 
 use gateway_support::*;
 use http::{Method, StatusCode};

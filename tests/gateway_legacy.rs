@@ -5,7 +5,8 @@
 //! modern server. Every message the gateway sends the host is validated against the
 //! 2025-11-25 schema, every message it sends upstream against the 2026-07-28 one.
 
-mod gateway_support;
+mod common;
+use common::gateway as gateway_support;
 
 use gateway_support::*;
 use http::StatusCode;

@@ -1,7 +1,8 @@
 //! Bounds and timers of legacy sessions, over real sockets: SSE comment keepalives on
 //! idle streams, idle-session eviction, the session limit.
 
-mod gateway_support;
+mod common;
+use common::gateway as gateway_support;
 
 use gateway_support::*;
 use http::StatusCode;

@@ -2,7 +2,8 @@
 //! gateway exactly what the server says directly — byte for byte wherever the server is
 //! deterministic — and completes an MRTR round through it on its own.
 
-mod gateway_support;
+mod common;
+use common::gateway as gateway_support;
 
 use gateway_support::*;
 use http::{Method, StatusCode};

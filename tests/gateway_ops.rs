@@ -6,7 +6,8 @@
 //! identities, the report's SQLite file across a restart, `dualera report`, and W3C
 //! trace context reaching every upstream exchange a host request causes.
 
-mod gateway_support;
+mod common;
+use common::gateway as gateway_support;
 
 use gateway_support::*;
 use http::{Method, StatusCode};

@@ -4,7 +4,8 @@
 //! every gateway test; these tests drive a broad session per revision through it and
 //! count), plus notifications relayed from the upstream (progress, logs).
 
-mod gateway_support;
+mod common;
+use common::gateway as gateway_support;
 
 use gateway_support::*;
 use http::StatusCode;

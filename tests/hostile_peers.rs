@@ -4,7 +4,8 @@
 //! not take is refused naming the limit; a host that does not read its SSE stream is
 //! cut off without losing the session; a full session table evicts the idlest session.
 
-mod gateway_support;
+mod common;
+use common::gateway as gateway_support;
 
 use gateway_support::*;
 use http::StatusCode;

@@ -1,5 +1,5 @@
 //! The listener under hostile and sloppy peers, over real sockets against the spawned
-//! binaries (`src/listener.rs`, shared by `dualera serve` and `dualera gateway`):
+//! binaries (`crates/common/src/listener.rs`, shared by `dualera serve` and `dualera gateway`):
 //!
 //! - twice `max_connections` half-open connections: a legitimate request is answered
 //!   within 1 s of the header timeout freeing the slots ahead of it, on the gateway and
@@ -11,7 +11,8 @@
 //! - WebSocket: a ping flood from a peer that never reads neither grows the gateway
 //!   nor keeps being read; close codes name the cause (1009, 1007, 1003, 1002).
 
-mod gateway_support;
+mod common;
+use common::gateway as gateway_support;
 
 use gateway_support::*;
 use serde_json::json;

@@ -4,7 +4,8 @@
 //! replica holding it, a retry survives the death of the replica running it, and Redis
 //! trouble gives a clear error and heals by itself.
 
-mod gateway_support;
+mod common;
+use common::gateway as gateway_support;
 
 use gateway_support::replicas::{field, Cluster};
 use gateway_support::*;

@@ -8,7 +8,8 @@
 //! Protected Resource Metadata path; metrics carry the real route; `/readyz` names the
 //! route whose upstream is gone.
 
-mod gateway_support;
+mod common;
+use common::gateway as gateway_support;
 
 use dualera::config::Config;
 use dualera::server::catalog::Catalog;

@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 bash tests/services/debian.sh
 # The legacy upstream of tests/legacy_upstream.rs: the interop suite's mcp 1.30.0 venv.
 python3 tests/interop/run.py --prepare-legacy-python
-cargo test --workspace --locked "$@"
+cargo test --workspace --locked --all-features "$@"
 python3 tests/interop/run.py
 bash tests/kit/run.sh
 bash tests/conformance/run.sh

@@ -14,7 +14,8 @@
 //!
 //! Certificates come from a private CA made at test time with rcgen.
 
-mod gateway_support;
+mod common;
+use common::gateway as gateway_support;
 
 use dualera::tls::{ThrowawayCa, Validity};
 use gateway_support::*;

@@ -6,11 +6,12 @@
 //! `subscriptions/listen` streams (the session's and the cache's) are re-opened on the
 //! surviving instance when theirs goes away.
 //!
-//! The instances are scripted modern servers (`gateway_support::Upstream`) so that
+//! The instances are scripted modern servers (`common::gateway::Upstream`) so that
 //! each request's instance is known; the same over real `dualera serve` instances on
 //! PostgreSQL, with the official SDK hosts, is the interop suite's `*/instances` columns.
 
-mod gateway_support;
+mod common;
+use common::gateway as gateway_support;
 
 use gateway_support::*;
 use serde_json::{json, Value};

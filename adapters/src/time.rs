@@ -71,7 +71,7 @@ pub fn rfc3339(ms: u64) -> String {
 mod tests {
     use super::*;
 
-    // rfc3339: tested where the migration report prints it (src/gateway/report).
+    // rfc3339: tested where the migration report prints it (crates/gateway/src/report).
 
     #[test]
     fn arithmetic() {

@@ -5,8 +5,11 @@
 //! ```sh
 //! cargo run --release --example bench                       # the whole suite
 //! cargo run --release --example bench -- --scenarios passthrough --rounds 3
-//! cargo run --release --example bench -- --scenarios passthrough --profile perf
+//! cargo run --profile profiling --example bench -- --scenarios passthrough --profile perf
 //! ```
+//!
+//! Under `--profile perf`/`callgrind`/`massif`, build with Cargo's `profiling` profile
+//! (release with debug info, `target/profiling/`) so reports name functions and lines.
 //!
 //! It builds and spawns its own processes (`target/release/dualera serve`,
 //! `dualera gateway`, `examples/bare_proxy`) on 127.0.0.1 ephemeral ports, with a
@@ -160,15 +163,25 @@ static TLS_TARGETS: std::sync::Mutex<Vec<(SocketAddr, Arc<rustls::ClientConfig>)
 // Main.
 // ---------------------------------------------------------------------------------
 
-fn build(release: bool) -> Res<()> {
+/// Builds the binary and the bare proxy in the bench's own Cargo profile, with every
+/// part (the `store`, `instances` and `replicas` scenarios need PostgreSQL and Redis).
+fn build(profile: Option<&str>) -> Res<()> {
     let Ok(cargo) = std::env::var("CARGO") else {
         return Ok(());
     };
     let mut c = Command::new(cargo);
-    c.args(["build", "--bin", "dualera", "--example", "bare_proxy"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    if release {
-        c.arg("--release");
+    c.args([
+        "build",
+        "--features",
+        "full",
+        "--bin",
+        "dualera",
+        "--example",
+        "bare_proxy",
+    ])
+    .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if let Some(profile) = profile {
+        c.args(["--profile", profile]);
     }
     if !c.status()?.success() {
         return Err("building dualera and bare_proxy failed".into());
@@ -180,12 +193,16 @@ fn setup(opts: &Opts) -> Res<Env> {
     let exe = std::env::current_exe()?;
     let examples = exe.parent().ok_or("no exe dir")?;
     let profile_dir = examples.parent().ok_or("no target dir")?;
-    let release = profile_dir.file_name().is_some_and(|n| n == "release");
-    if !release {
+    // `release`, or `profiling` (release with debug info, for --profile runs).
+    let profile = profile_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| matches!(*n, "release" | "profiling"));
+    if profile.is_none() {
         eprintln!("bench: WARNING: not a --release build; figures are not measurements");
     }
     if !opts.no_build {
-        build(release)?;
+        build(profile)?;
     }
     let bin = opts
         .dualera
@@ -195,7 +212,7 @@ fn setup(opts: &Opts) -> Res<Env> {
     for p in [&bin, &bare] {
         if !p.exists() {
             return Err(format!(
-                "{} is missing: cargo build --release --bin dualera --example bare_proxy",
+                "{} is missing: cargo build --release --features full --bin dualera --example bare_proxy",
                 p.display()
             )
             .into());

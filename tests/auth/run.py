@@ -18,7 +18,7 @@ Every case checks what the host saw and, where it changes notes, the notes store
 server for every access token the authorization server issued during the run.
 
 Usage: python3 tests/auth/run.py [--case NAME]... [--keep]
-Env:   DUALERA_BIN=path  use this binary instead of `cargo build --locked --bin dualera`.
+Env:   DUALERA_BIN=path  use this binary instead of `cargo build --locked --features full --bin dualera`.
 The last line printed is `N passed, M failed`; the exit status is 0 only when M is 0.
 """
 

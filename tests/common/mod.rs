@@ -3,9 +3,14 @@
 //! stdio (newline-delimited JSON-RPC), and request builders. Every response the
 //! server sends through [`Server`] is validated against the 2026-07-28 schema.
 //!
+//! The gateway's harness is [`gateway`] (a test file names it
+//! `use common::gateway as gateway_support;`); the Python legacy server of the
+//! legacy-upstream and reverse-bridge tests is `legacy_server.rs`.
+//!
 //! Each test file uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub(crate) mod gateway;
 pub(crate) mod pg_cluster;
 pub(crate) mod schema;
 pub(crate) mod tasks;

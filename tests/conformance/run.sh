@@ -47,7 +47,7 @@ fi
 log "suite $("$NODE" "$SUITE" --version) on node $("$NODE" --version)"
 
 # --- build and start the fixture and the gateway ----------------------------------
-cargo build --locked --quiet --bin dualera --example conformance_upstream
+cargo build --locked --quiet --features full --bin dualera --example conformance_upstream
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}/debug"
 
 rm -rf "$OUT"

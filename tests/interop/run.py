@@ -36,7 +36,7 @@ driver announces mid-scenario. A missing or broken peer fails its cases; nothing
 
 Usage: python3 tests/interop/run.py [--client NAME]... [--scenario NAME]... [--all-scenarios] [--keep] [--direct]
        [--reverse | --only-reverse] [--reverse-column NAME]...
-Env:   DUALERA_BIN=path  use this binary instead of `cargo build --locked --bin dualera`.
+Env:   DUALERA_BIN=path  use this binary instead of `cargo build --locked --features full --bin dualera`.
 The last line printed is `N passed, M failed`; the exit status is 0 only when M is 0.
 Standard library only.
 """
@@ -283,7 +283,7 @@ def target_dir() -> Path:
 def build_binary() -> Path:
     if os.environ.get("DUALERA_BIN"):
         return Path(os.environ["DUALERA_BIN"]).resolve()
-    subprocess.run(["cargo", "build", "--locked", "--quiet", "--bin", "dualera"], cwd=ROOT, check=True)
+    subprocess.run(["cargo", "build", "--locked", "--quiet", "--features", "full", "--bin", "dualera"], cwd=ROOT, check=True)
     return target_dir() / "debug" / "dualera"
 
 
@@ -292,7 +292,7 @@ def build_fixture() -> Path:
     the notes server cannot produce (several input requests in one round)."""
     if os.environ.get("DUALERA_FIXTURE_BIN"):
         return Path(os.environ["DUALERA_FIXTURE_BIN"]).resolve()
-    subprocess.run(["cargo", "build", "--locked", "--quiet", "--example", "conformance_upstream"],
+    subprocess.run(["cargo", "build", "--locked", "--quiet", "--features", "full", "--example", "conformance_upstream"],
                    cwd=ROOT, check=True)
     return target_dir() / "debug" / "examples" / "conformance_upstream"
 

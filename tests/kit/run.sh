@@ -33,7 +33,7 @@ if [ ! -x "$NODE" ]; then
 fi
 log "mcp-remote $(sed -n 's/.*"version": "\(.*\)".*/\1/p' "$CACHE/node_modules/mcp-remote/package.json" | head -n1) on node $("$NODE" --version)"
 
-cargo build --locked --quiet --bin dualera
+cargo build --locked --quiet --features full --bin dualera
 DUALERA="${CARGO_TARGET_DIR:-$ROOT/target}/debug/dualera"
 
 rm -rf "$OUT"

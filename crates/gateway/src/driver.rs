@@ -1,0 +1,401 @@
+//! The one driver of the legacy session machine: what every store and every wire
+//! shares when it feeds `adapters::Session` and carries out what it asked for.
+//!
+//! The machine is fed in three places — the in-memory Streamable HTTP store
+//! (`legacy_http`), the Redis store (`replicas`) and the single-channel wires (`pipe`:
+//! stdio, WebSocket, HTTP+SSE) — but what its events mean is decided here, once:
+//!
+//! - [`plan`] drains the machine after a step into a [`Plan`]: the messages for the
+//!   peer in order, the upstream exchanges to start with what each carries (the
+//!   credentials and trace context of the host request that caused it, DESIGN.md
+//!   "Remote upstreams"), the cancellations, and what to log and record. The store
+//!   decides only *where* these go: into a connection and replay ring, into a Redis
+//!   transaction, onto a pipe.
+//! - [`exchange`] runs one upstream exchange to its end: messages go back through a
+//!   [`Feed`], each one after the host's connection has room for it (a slow host
+//!   slows the upstream read; nothing is dropped), and the end — answered, lost,
+//!   refused, the credentials denied — is told to the same [`Feed`].
+//!
+//! Credentials are parameters here: the `Authorization` of the host request being fed
+//! comes in as `feeding`, and what a store keeps for the calls no host request causes
+//! (a paused round's retry, the subscription stream) is read and written through
+//! [`CallContext`], not through fields the driver reaches into.
+
+use super::auth::fingerprint;
+use super::forwarded::Forwarded;
+use super::trace::TraceContext;
+use super::upstream::{Denial, OnBehalf, UpstreamError};
+use super::Route;
+use dualera_adapters::{Event, Failure, Message, PeerStream, RequestId, Session, UpstreamRole};
+use dualera_adapters::{Observation, Request};
+use http::header::HeaderValue;
+use serde_json::Value;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{debug, info, warn};
+
+/// What a store keeps beside the machine for the upstream calls it makes: the
+/// credentials of the legacy requests in flight and the trace contexts of the HTTP
+/// requests that carried them.
+pub(super) trait CallContext {
+    /// The credential kept for `legacy`, or for the standalone stream (`None`).
+    fn credential(&self, legacy: Option<&RequestId>) -> Option<HeaderValue>;
+    /// Keeps `auth` as the credential of `legacy`'s later calls.
+    fn keep_credential(&mut self, legacy: &RequestId, auth: &HeaderValue);
+    /// The trace context of the HTTP request that carried `legacy`, or that opened
+    /// the session (`None`, for the `server/discover` it causes).
+    fn trace(&self, machine: &Session, legacy: Option<&RequestId>) -> Option<Arc<TraceContext>>;
+}
+
+/// A context that does not change: a single-channel wire's (one credential for the
+/// session's life, the request that opened it; no HTTP request per message to take a
+/// trace from), or a session still being opened (the `initialize` POST's).
+pub(crate) struct Fixed<'a> {
+    pub(crate) auth: Option<&'a HeaderValue>,
+    pub(crate) trace: Option<&'a Arc<TraceContext>>,
+}
+
+impl CallContext for Fixed<'_> {
+    fn credential(&self, _: Option<&RequestId>) -> Option<HeaderValue> {
+        self.auth.cloned()
+    }
+    fn keep_credential(&mut self, _: &RequestId, _: &HeaderValue) {}
+    fn trace(&self, _: &Session, _: Option<&RequestId>) -> Option<Arc<TraceContext>> {
+        self.trace.cloned()
+    }
+}
+
+/// One message (or the end) of a stream towards the peer.
+#[derive(Debug)]
+pub(super) enum Out {
+    /// A message; `last` when it is the response that ends its request's stream.
+    Message {
+        stream: PeerStream,
+        bytes: Vec<u8>,
+        last: bool,
+    },
+    /// The stream ends without a last message of its own.
+    Close { stream: PeerStream },
+}
+
+/// An upstream exchange to start, with everything it carries.
+#[derive(Debug)]
+pub(super) struct Start {
+    pub(super) role: UpstreamRole,
+    /// The upstream request's id.
+    pub(super) id: RequestId,
+    /// The upstream request, built once (`Message::Request`).
+    pub(super) message: Message,
+    /// `Mcp-Param-*` headers.
+    pub(super) headers: Vec<(String, String)>,
+    /// The `Authorization` it carries.
+    pub(super) auth: Option<HeaderValue>,
+    pub(super) trace: Option<Arc<TraceContext>>,
+}
+
+/// What one step of the machine asked for, in the order it asked.
+#[derive(Debug, Default)]
+pub(super) struct Plan {
+    pub(super) out: Vec<Out>,
+    pub(super) starts: Vec<Start>,
+    /// Upstream requests to cancel, with why.
+    pub(super) cancels: Vec<(RequestId, &'static str)>,
+    /// Legacy requests that failed, and tools left out of `tools/list`: logged once
+    /// the step took effect (a Redis step may be tried more than once).
+    pub(super) notes: Vec<Note>,
+    pub(super) observed: Vec<Observation>,
+}
+
+/// A log line a step leaves ([`Plan::log`]).
+#[derive(Debug)]
+pub(super) enum Note {
+    Failed { legacy: RequestId, failure: Failure },
+    ToolRejected { tool: String, reason: String },
+}
+
+impl Plan {
+    /// Logs what the step left to say, for the session tagged `session`.
+    pub(super) fn log(&mut self, session: &str) {
+        for note in self.notes.drain(..) {
+            match note {
+                Note::Failed { legacy, failure } => {
+                    info!(session, rpc.id = %legacy, failure = %failure, "legacy request failed");
+                }
+                Note::ToolRejected { tool, reason } => {
+                    warn!(
+                        session,
+                        tool, reason, "upstream tool left out of tools/list"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Drains the machine's events after a step into a [`Plan`]. `feeding` is the
+/// `Authorization` of the host request whose message was just fed, if one was.
+pub(super) fn plan(
+    machine: &mut Session,
+    cx: &mut impl CallContext,
+    feeding: Option<&HeaderValue>,
+) -> Plan {
+    let mut plan = Plan::default();
+    while let Some(event) = machine.poll_event() {
+        match event {
+            Event::ToPeer { stream, message } => {
+                let last = matches!(&message, Message::Response(r) if matches!(&stream, PeerStream::Request(id) if r.id.as_ref() == Some(id)));
+                plan.out.push(Out::Message {
+                    stream,
+                    bytes: message.to_vec(),
+                    last,
+                });
+            }
+            Event::ToPeerBatch { stream, messages } => {
+                let values: Vec<Value> = messages.iter().map(Message::to_value).collect();
+                plan.out.push(Out::Message {
+                    stream,
+                    bytes: serde_json::to_vec(&Value::Array(values)).unwrap_or_default(),
+                    last: true,
+                });
+            }
+            Event::CloseStream { stream } => plan.out.push(Out::Close { stream }),
+            Event::ToUpstream { role, request } => {
+                let headers = machine.upstream_headers(&request);
+                if let (
+                    Some(a),
+                    UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy },
+                ) = (feeding, &role)
+                {
+                    cx.keep_credential(legacy, a);
+                }
+                let (auth, trace) = carried(&role, &request, machine, cx, feeding);
+                plan.starts.push(Start {
+                    role,
+                    id: request.id.clone(),
+                    message: Message::Request(request),
+                    headers,
+                    auth,
+                    trace,
+                });
+            }
+            Event::CancelUpstream { id, reason } => plan.cancels.push((id, reason)),
+            Event::RequestFailed { legacy, failure } => {
+                plan.notes.push(Note::Failed { legacy, failure });
+            }
+            Event::ToolRejected { tool, reason } => {
+                plan.notes.push(Note::ToolRejected { tool, reason });
+            }
+            Event::Observed(o) => plan.observed.push(o),
+            _ => {}
+        }
+    }
+    plan
+}
+
+/// What an upstream call of `role` carries: its credentials and trace context.
+///
+/// DESIGN.md, "Remote upstreams": every upstream call carries the `Authorization` of
+/// the host request that caused it (`feeding`); a call no host request causes (a
+/// retry after a live round's pause, a `tools/list` refresh, a lease taken over) the
+/// latest one of the same legacy request, the subscription stream the open GET's.
+/// The trace context is that of the HTTP request that carried the legacy request,
+/// else the request's own `_meta.traceparent`.
+pub(super) fn carried(
+    role: &UpstreamRole,
+    request: &Request,
+    machine: &Session,
+    cx: &impl CallContext,
+    feeding: Option<&HeaderValue>,
+) -> (Option<HeaderValue>, Option<Arc<TraceContext>>) {
+    let (auth, trace) = match role {
+        UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
+            (cx.credential(Some(legacy)), cx.trace(machine, Some(legacy)))
+        }
+        UpstreamRole::Listen => (cx.credential(None), None),
+        UpstreamRole::Discover => (feeding.cloned(), cx.trace(machine, None)),
+    };
+    let trace = trace.or_else(|| TraceContext::from_meta(request.params.as_ref()).map(Arc::new));
+    (auth, trace)
+}
+
+/// How an upstream exchange ended.
+#[derive(Debug)]
+pub(super) enum Ended {
+    /// The upstream answered (or the feed stopped taking messages).
+    Done,
+    /// No answer: lost (`None`: the machine retries or fails the request), or
+    /// refused for a reason of its own (a TLS refusal: the request fails with it).
+    Lost(Option<(&'static str, String)>),
+    /// The upstream refused the credentials, and the host request waiting for the
+    /// exchange's head took the refusal ([`HeadWatch::offer`]).
+    Denied,
+}
+
+/// Where an exchange's messages go: the store (and wire) of the session.
+pub(super) trait Feed: Sync {
+    /// Waits until the host connection the next message of `role` goes to can take
+    /// it (a connection's queue is bounded; a store may have nothing to wait for).
+    fn room(&self, role: &UpstreamRole) -> impl Future<Output = ()> + Send;
+    /// Feeds one upstream message (`last`: the response) to the session; false when
+    /// nobody takes messages any more and the exchange should stop.
+    fn message(
+        &self,
+        id: &RequestId,
+        message: Message,
+        last: bool,
+    ) -> impl Future<Output = bool> + Send;
+    /// Feeds the end of the exchange.
+    fn ended(&self, id: &RequestId, ended: Ended) -> impl Future<Output = ()> + Send;
+}
+
+/// Runs one upstream exchange to its end through the route's upstream path. `head`:
+/// the host request waiting to learn whether the upstream accepted the exchange.
+pub(super) async fn exchange<F: Feed>(
+    route: &Route,
+    start: &Start,
+    forwarded: &Forwarded,
+    head: Option<&HeadWatch>,
+    feed: &F,
+) {
+    let id = &start.id;
+    let on_behalf = OnBehalf {
+        authorization: start.auth.as_ref(),
+        forwarded: Some(forwarded),
+        trace: start.trace.as_deref(),
+    };
+    let mut answered = false;
+    let result = async {
+        let mut exchange = route
+            .exchange(&start.role, &start.message, on_behalf, &start.headers)
+            .await?;
+        if let Some(h) = head {
+            h.accepted();
+        }
+        while let Some(item) = exchange.next().await {
+            let m = item?;
+            let last = matches!(m, Message::Response(_));
+            feed.room(&start.role).await;
+            answered |= last;
+            if !feed.message(id, m, last).await {
+                break;
+            }
+        }
+        Ok::<(), UpstreamError>(())
+    }
+    .await;
+    let ended = match result {
+        Ok(()) => Ended::Done,
+        Err(UpstreamError::Denied(denial)) => {
+            let credential = fingerprint(start.auth.as_ref());
+            let status = denial.status.as_u16();
+            let relayed = head.is_some_and(|h| h.offer(&denial));
+            route
+                .telemetry
+                .upstream_error(&UpstreamError::Denied(denial));
+            if relayed {
+                // The host request that caused this call is still waiting: it gets the
+                // upstream's status and challenge, and the machine says nothing.
+                info!(rpc.id = %id, status, %credential, "upstream refused the credentials; relayed to the host request");
+                Ended::Denied
+            } else {
+                info!(rpc.id = %id, status, %credential, "upstream refused the credentials; no host request waits for it");
+                Ended::Lost(None)
+            }
+        }
+        Err(e) => {
+            route.telemetry.upstream_error(&e);
+            warn!(rpc.id = %id, error = %e, "upstream exchange failed");
+            if answered {
+                Ended::Done
+            } else {
+                Ended::Lost(e.refusal())
+            }
+        }
+    };
+    debug!(rpc.id = %id, ?ended, "upstream exchange ended");
+    feed.ended(id, ended).await;
+}
+
+/// Whether the upstream accepted an exchange a host request is waiting on, or refused
+/// its credentials: one `tokio::sync::watch` cell, for the in-memory driver (which
+/// polls it while driving the exchange inline) and the Redis one (which waits on it
+/// with [`HeadWatch::settle`]). Its lock is taken after the session lock, never before.
+#[derive(Debug)]
+pub(super) struct HeadWatch(tokio::sync::watch::Sender<HeadState>);
+
+#[derive(Debug, Default)]
+pub(super) enum HeadState {
+    #[default]
+    Waiting,
+    Accepted,
+    Denied(Box<Denial>),
+    /// The host request stopped waiting: a refusal now goes to the session machine.
+    Abandoned,
+}
+
+impl Default for HeadWatch {
+    fn default() -> Self {
+        Self(tokio::sync::watch::Sender::new(HeadState::Waiting))
+    }
+}
+
+impl HeadWatch {
+    pub(super) fn accepted(&self) {
+        self.0.send_if_modified(|h| {
+            let waiting = matches!(h, HeadState::Waiting);
+            if waiting {
+                *h = HeadState::Accepted;
+            }
+            waiting
+        });
+    }
+
+    /// Hands a refusal to the waiting host request; false if it stopped waiting.
+    pub(super) fn offer(&self, denial: &Denial) -> bool {
+        self.0.send_if_modified(|h| {
+            let waiting = matches!(h, HeadState::Waiting);
+            if waiting {
+                *h = HeadState::Denied(Box::new(denial.clone()));
+            }
+            waiting
+        })
+    }
+
+    pub(super) fn settled(&self) -> bool {
+        !matches!(*self.0.borrow(), HeadState::Waiting)
+    }
+
+    pub(super) fn denied(&self) -> bool {
+        matches!(*self.0.borrow(), HeadState::Denied(_))
+    }
+
+    /// A receiver told of every change from now on.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))] // used by the Redis store only
+    pub(super) fn subscribe(&self) -> tokio::sync::watch::Receiver<HeadState> {
+        self.0.subscribe()
+    }
+
+    /// Waits until the upstream accepted or refused, up to `limit`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))] // used by the Redis store only
+    pub(super) async fn settle(&self, limit: Duration) {
+        let mut rx = self.0.subscribe();
+        let settled = rx.wait_for(|h| !matches!(h, HeadState::Waiting));
+        let _ = tokio::time::timeout(limit, settled).await;
+    }
+
+    /// Stops waiting; the refusal, if one came.
+    pub(super) fn finish(&self) -> Option<Box<Denial>> {
+        let mut refusal = None;
+        self.0.send_if_modified(|h| {
+            match std::mem::replace(h, HeadState::Abandoned) {
+                HeadState::Denied(d) => refusal = Some(d),
+                HeadState::Accepted => *h = HeadState::Accepted,
+                HeadState::Waiting | HeadState::Abandoned => {}
+            }
+            // Nobody waits past this point: no one to notify.
+            false
+        });
+        refusal
+    }
+}

@@ -1,0 +1,1454 @@
+//! Legacy Streamable HTTP sessions in this process (the embedded default): one lock
+//! per session over its machine and its SSE streams (replay rings, live connections),
+//! per-session timers, idle eviction.
+//!
+//! Locking: each session's machine and stream table sit behind one `std` mutex that
+//! is never held across an `.await`; upstream exchanges and timers take the lock only
+//! to feed a message and perform the resulting plan (`driver::plan`).
+//!
+//! A request's first upstream exchange runs inside its own POST handler (no task
+//! hand-off each way on the hot path) and is detached into a task of its own when the
+//! handler stops waiting; every other exchange is a task from the start.
+
+use crate::auth::BindingKey;
+use crate::body::{empty, full, ChannelBody, GatewayBody, MeteredSender, SendError};
+use crate::driver::{self, Ended, HeadWatch, Out};
+use crate::forwarded::Forwarded;
+use crate::legacy_http::{
+    accepted, internal, last_event_id, machine_config, mint_session_id, refusal, rpc_error,
+    sessions_refused, with_session_header, PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT,
+    HEAD_WAIT, INIT_WAIT, STREAM_QUEUE,
+};
+use crate::sse;
+use crate::store::{Lookup, SessionStore, StoreError};
+use crate::telemetry::{SessionTelemetry, WIRE_HTTP};
+use crate::trace::TraceContext;
+use crate::{cache, GatewayConfig, Route};
+use bytes::Bytes;
+use dashmap::DashMap;
+use dualera_adapters::jsonrpc::{self};
+use dualera_adapters::replay::ReplayRing;
+use dualera_adapters::usage::Feature;
+use dualera_adapters::{
+    Config as MachineConfig, Denied, ErrorCode, Message, PeerStream, RequestId, Session,
+    SessionState, Timestamp, UpstreamRole,
+};
+use futures_util::future::{abortable, AbortHandle};
+use http::header::{self, HeaderValue};
+use http::{Response, StatusCode};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tracing::{debug, info, warn, Instrument};
+
+/// The machine's clock: the process's monotonic milliseconds ([`crate::clock`]).
+pub(crate) fn now() -> Timestamp {
+    Timestamp::from_millis(crate::clock::now_ms())
+}
+
+/// Who a session counts against for `max_sessions_per_caller`: its binding, and for a
+/// caller without credentials also its peer address ([`BindingKey::caller`]), so that
+/// local hosts do not share one bound.
+pub(crate) type Binding = BindingKey;
+
+/// Live legacy sessions.
+#[derive(Debug)]
+pub(crate) struct Sessions {
+    map: DashMap<String, Arc<SessionHandle>>,
+    /// Sessions per caller (kept with `map`, so admission never scans for it).
+    per_caller: DashMap<Binding, usize>,
+    /// The machine's bounds and timings, shared by every session.
+    machine: Arc<MachineConfig>,
+    max_sessions: usize,
+    max_per_caller: usize,
+}
+
+/// Why a new session was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    /// The table is full and every session has a request in flight.
+    Full,
+    /// This caller holds its share and every one of them has a request in flight.
+    CallerFull,
+}
+
+impl Sessions {
+    pub(crate) fn new(config: &GatewayConfig) -> Self {
+        Self {
+            map: DashMap::new(),
+            per_caller: DashMap::new(),
+            machine: Arc::new(machine_config(config)),
+            max_sessions: config.max_sessions,
+            max_per_caller: config.max_sessions_per_caller,
+        }
+    }
+
+    /// Closes every session (gateway shutdown).
+    pub(crate) fn close_all(&self) {
+        for entry in self.map.iter() {
+            entry.value().close();
+        }
+        self.map.clear();
+        self.per_caller.clear();
+    }
+
+    fn insert(&self, handle: Arc<SessionHandle>) {
+        *self.per_caller.entry(handle.caller).or_insert(0) += 1;
+        self.map.insert(handle.id.clone(), handle);
+    }
+
+    /// Removes a session from the table (the caller closes it).
+    fn remove(&self, id: &str) -> Option<Arc<SessionHandle>> {
+        let (_, handle) = self.map.remove(id)?;
+        if let dashmap::Entry::Occupied(mut e) = self.per_caller.entry(handle.caller) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+        Some(handle)
+    }
+
+    /// Makes room for one more session of `caller`: the one place that applies
+    /// `max_sessions` and `max_sessions_per_caller`. When a bound is reached, the
+    /// longest-idle session with no request in flight is evicted — of that caller, for
+    /// its own bound; of the caller holding the most sessions, for the table's — so a
+    /// caller's flood costs its own sessions, never an idle one of a smaller caller.
+    /// Only when every candidate is busy is the new one refused.
+    fn admit(&self, caller: &Binding) -> Result<(), Refused> {
+        let held = self.per_caller.get(caller).map_or(0, |c| *c);
+        if held >= self.max_per_caller {
+            self.evict_idlest(Some(caller)).ok_or(Refused::CallerFull)?;
+        }
+        if self.map.len() >= self.max_sessions {
+            self.evict_idlest(None).ok_or(Refused::Full)?;
+        }
+        Ok(())
+    }
+
+    /// Evicts the longest-idle session without a request in flight (of `caller` only,
+    /// when given; else of the caller holding the most); returns its log tag.
+    fn evict_idlest(&self, caller: Option<&Binding>) -> Option<String> {
+        let held = |c: &Binding| self.per_caller.get(c).map_or(0, |n| *n);
+        let victim = self
+            .map
+            .iter()
+            .filter(|e| caller.is_none_or(|c| e.value().caller.matches(c)))
+            .filter(|e| {
+                // A session whose lock is taken is being used right now: not idle.
+                e.value()
+                    .shared
+                    .try_lock()
+                    .is_ok_and(|s| s.machine.in_flight() == 0)
+            })
+            .min_by_key(|e| {
+                let h = e.value();
+                (
+                    std::cmp::Reverse(held(&h.caller)),
+                    h.last_used.load(Ordering::Relaxed),
+                )
+            })
+            .map(|e| e.key().clone())?;
+        let handle = self.remove(&victim)?;
+        handle.close();
+        info!(session = %handle.tag, "idle session evicted to make room");
+        Some(handle.tag.clone())
+    }
+
+    /// A machine for a new session on `transport`, with ids of its own.
+    pub(crate) fn new_machine(&self, transport: &str) -> Session {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let prefix = format!(
+            "dualera-{transport}{}",
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        Session::with_shared_config(self.machine.clone(), prefix)
+    }
+
+    /// How many sessions are live.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// One stream towards the peer.
+#[derive(Debug)]
+struct StreamState {
+    /// Stream number inside the session (first part of its event ids).
+    number: u64,
+    /// Last event sequence number used.
+    seq: u64,
+    /// Recent events, for `Last-Event-ID` resumption.
+    ring: ReplayRing<Bytes>,
+    /// The live connection, if one is attached.
+    tx: Option<MeteredSender>,
+    /// Before the POST handler decides between JSON and SSE: the messages so far.
+    pending: Option<Vec<Vec<u8>>>,
+    /// The stream's last message was sent.
+    finished: bool,
+    /// The POST handler waiting for this stream's first (or last) message.
+    waiter: Option<Waker>,
+    /// The trace context of the HTTP request that opened the stream: every upstream
+    /// attempt of its legacy request carries it.
+    trace: Option<Arc<TraceContext>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    machine: Session,
+    streams: HashMap<PeerStream, StreamState>,
+    by_number: HashMap<u64, PeerStream>,
+    finished_order: VecDeque<PeerStream>,
+    next_stream: u64,
+    upstream_tasks: HashMap<RequestId, AbortHandle>,
+    /// Where `perform` leaves the first upstream exchange it starts for the POST handler
+    /// that is feeding the machine, instead of spawning it.
+    inline: InlineSlot,
+    /// Metrics and report of this session.
+    telemetry: SessionTelemetry,
+    /// The trace context of the `initialize` POST (for the discover it may cause).
+    init_trace: Option<Arc<TraceContext>>,
+    /// The `Authorization` of the latest host request of each legacy request still in
+    /// flight, for the upstream calls no host request causes (a state-only retry after
+    /// its pause, a `tools/list` refresh); dropped when the request ends.
+    call_auth: HashMap<RequestId, HeaderValue>,
+    /// The `Authorization` of the open standalone GET, for `subscriptions/listen`;
+    /// dropped when that GET closes.
+    standalone_auth: Option<HeaderValue>,
+}
+
+/// One upstream exchange, abortable through its entry in `upstream_tasks`.
+type Exchange = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// See [`Shared::inline`].
+enum InlineSlot {
+    /// Nobody is waiting inline: exchanges are spawned.
+    Closed,
+    /// A POST handler will drive the next exchange itself, and learns through the
+    /// watch whether the upstream accepted or refused it.
+    Open(Arc<HeadWatch>),
+    /// The exchange that handler will drive.
+    Taken(Exchange),
+}
+
+impl std::fmt::Debug for InlineSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Closed => "Closed",
+            Self::Open(_) => "Open",
+            Self::Taken(_) => "Taken",
+        })
+    }
+}
+
+/// An exchange a POST handler drives; if the handler stops before it finishes (it got
+/// its first message, or its client went away) the rest runs as a task, so dropping
+/// the handler never cancels upstream work.
+struct Detachable(Option<Exchange>);
+
+impl Detachable {
+    /// Closes the inline slot, taking the exchange `perform` left there, if any.
+    fn take(s: &mut Shared) -> Self {
+        match std::mem::replace(&mut s.inline, InlineSlot::Closed) {
+            InlineSlot::Taken(exchange) => Self(Some(exchange)),
+            InlineSlot::Open(_) | InlineSlot::Closed => Self(None),
+        }
+    }
+}
+
+impl Drop for Detachable {
+    fn drop(&mut self) {
+        if let (Some(rest), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(rest);
+        }
+    }
+}
+
+/// A legacy session: the machine, its streams, and what binds it to its caller.
+#[derive(Debug)]
+pub(crate) struct SessionHandle {
+    id: String,
+    /// What logs show instead of the id (a bearer secret): [`crate::digest::log_tag`].
+    tag: String,
+    /// The principal (or token digest) the session is bound to.
+    binding: BindingKey,
+    /// Who it counts against for `max_sessions_per_caller` ([`Binding`]).
+    caller: BindingKey,
+    /// Opened without credentials: its discover result may be shared.
+    anonymous: bool,
+    /// Forwarded headers of the request that opened the session.
+    forwarded: Forwarded,
+    shared: Mutex<Shared>,
+    last_used: AtomicU64,
+    /// Wakes the timer task early (a deadline moved earlier, or the session closed).
+    wake: Notify,
+    /// When the timer task will next wake on its own (machine clock, ms); set by it
+    /// under the session lock, so that routine traffic does not wake it for nothing.
+    timer_at: AtomicU64,
+    replay: usize,
+    replay_bytes: usize,
+    /// Bytes queued toward one host connection before it counts as not reading.
+    max_buffered: usize,
+}
+
+impl SessionHandle {
+    fn touch(&self) {
+        self.last_used.store(now().as_millis(), Ordering::Relaxed);
+    }
+
+    fn close(&self) {
+        if let Ok(mut s) = self.shared.lock() {
+            s.machine.close();
+            s.telemetry.close();
+            for (_, h) in s.upstream_tasks.drain() {
+                h.abort();
+            }
+            for st in s.streams.values_mut() {
+                st.tx = None;
+            }
+        }
+        self.wake.notify_one();
+    }
+}
+
+impl SessionStore for Sessions {
+    type Session = Arc<SessionHandle>;
+
+    async fn find(
+        &self,
+        gw: &Arc<Route>,
+        id: &str,
+        authorization: Option<&HeaderValue>,
+    ) -> Result<Lookup<Arc<SessionHandle>>, StoreError> {
+        Ok(match self.map.get(id).map(|e| e.value().clone()) {
+            // Another principal, or no credentials on a session opened with some: 404.
+            Some(h)
+                if h.binding
+                    .matches(&BindingKey::of(gw.config.session_binding, authorization)) =>
+            {
+                Lookup::Found(h)
+            }
+            found => Lookup::NotFound {
+                anonymous: found.is_some_and(|h| h.anonymous),
+            },
+        })
+    }
+
+    async fn initialize(
+        &self,
+        gw: &Arc<Route>,
+        init: dualera_adapters::Request,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        let caller = BindingKey::of(gw.config.session_binding, cx.auth.as_ref())
+            .caller(cx.auth.is_none(), cx.peer);
+        // Once per session, and large: boxed, out of every request's future.
+        Box::pin(initialize(
+            gw,
+            init,
+            cx.auth,
+            cx.forwarded,
+            cx.trace,
+            caller,
+        ))
+        .await
+    }
+
+    async fn request(
+        &self,
+        gw: &Arc<Route>,
+        handle: &Arc<SessionHandle>,
+        r: dualera_adapters::Request,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        handle.touch();
+        request(gw, handle, r, cx.auth, cx.trace).await
+    }
+
+    async fn message(
+        &self,
+        gw: &Arc<Route>,
+        handle: &Arc<SessionHandle>,
+        other: Message,
+        auth: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        handle.touch();
+        message(gw, handle, other, auth).await
+    }
+
+    async fn batch(
+        &self,
+        gw: &Arc<Route>,
+        handle: &Arc<SessionHandle>,
+        items: Vec<Result<Message, jsonrpc::EnvelopeError>>,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        handle.touch();
+        batch(gw, handle, items, cx.auth, cx.trace)
+    }
+
+    async fn stream(
+        &self,
+        gw: &Arc<Route>,
+        handle: &Arc<SessionHandle>,
+        headers: &http::HeaderMap,
+        auth: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        Box::pin(get(gw, handle, headers, auth)).await
+    }
+
+    async fn delete(&self, _gw: &Arc<Route>, h: &Arc<SessionHandle>) -> Response<GatewayBody> {
+        self.remove(&h.id);
+        h.close();
+        info!(session = %h.tag, "session deleted by the peer");
+        let mut r = Response::new(empty());
+        *r.status_mut() = StatusCode::OK;
+        r
+    }
+}
+
+/// A notification or a reply to a live request on an in-memory session.
+async fn message(
+    gw: &Arc<Route>,
+    handle: &Arc<SessionHandle>,
+    other: Message,
+    auth: Option<HeaderValue>,
+) -> Response<GatewayBody> {
+    let watch = Arc::new(HeadWatch::default());
+    let (result, mut inline) = {
+        let Ok(mut s) = handle.shared.lock() else {
+            return internal();
+        };
+        s.inline = InlineSlot::Open(watch.clone());
+        let r = s.machine.handle_peer_message(other, now());
+        perform(gw, handle, &mut s, auth.as_ref());
+        (r, Detachable::take(&mut s))
+    };
+    // An answer that completes a round starts the upstream retry on behalf of
+    // this POST: a 401/403 for it answers this POST, and the round waits for
+    // the answer again.
+    if inline.0.is_some() {
+        wait_head(&watch, &mut inline).await;
+    }
+    drop(inline);
+    if let Some(denial) = watch.finish() {
+        return denial.response();
+    }
+    match result {
+        Ok(()) => accepted(),
+        // A reply to a live request the gateway gave up on: accepted, dropped.
+        Err(e) if e.is_dropped() => {
+            debug!(session = %handle.tag, error = %e, "late or duplicate reply dropped");
+            accepted()
+        }
+        Err(e) => {
+            warn!(session = %handle.tag, error = %e, "peer message refused");
+            refusal(None, &e)
+        }
+    }
+}
+
+/// Drives `inline` until the upstream accepted or refused it (or [`HEAD_WAIT`]).
+async fn wait_head(watch: &HeadWatch, inline: &mut Detachable) {
+    let sleep = tokio::time::sleep(HEAD_WAIT);
+    tokio::pin!(sleep);
+    std::future::poll_fn(|cx| {
+        if let Some(exchange) = inline.0.as_mut() {
+            if exchange.as_mut().poll(cx).is_ready() {
+                inline.0 = None;
+            }
+        }
+        if inline.0.is_none() || watch.settled() {
+            return Poll::Ready(());
+        }
+        sleep.as_mut().poll(cx)
+    })
+    .await;
+}
+
+async fn initialize(
+    gw: &Arc<Route>,
+    init: dualera_adapters::Request,
+    auth: Option<HeaderValue>,
+    forwarded: Forwarded,
+    trace: Option<Arc<TraceContext>>,
+    caller: BindingKey,
+) -> Response<GatewayBody> {
+    let binding = BindingKey::of(gw.config.session_binding, auth.as_ref());
+    if let Err(refused) = gw.legacy.admit(&caller) {
+        return match refused {
+            Refused::Full => sessions_refused(
+                Some(init.id),
+                StatusCode::SERVICE_UNAVAILABLE,
+                gw.config.max_sessions,
+            ),
+            Refused::CallerFull => sessions_refused(
+                Some(init.id),
+                StatusCode::TOO_MANY_REQUESTS,
+                gw.config.max_sessions_per_caller,
+            ),
+        };
+    }
+    let Some(id) = mint_session_id() else {
+        return internal();
+    };
+    let tag = crate::digest::log_tag(&id);
+    let mut machine =
+        Session::with_shared_config(gw.legacy.machine.clone(), format!("dualera-{tag}"));
+    if let Some(d) = cache::legacy::discover_for_initialize(&gw.cache, auth.as_ref()) {
+        let _ = machine.handle_discover_shared(d);
+    }
+    let handle = Arc::new(SessionHandle {
+        id: id.clone(),
+        tag: tag.clone(),
+        binding,
+        caller,
+        anonymous: auth.is_none(),
+        forwarded,
+        shared: Mutex::new(Shared {
+            machine,
+            streams: HashMap::new(),
+            by_number: HashMap::new(),
+            finished_order: VecDeque::new(),
+            next_stream: 0,
+            upstream_tasks: HashMap::new(),
+            inline: InlineSlot::Closed,
+            telemetry: gw.telemetry.session(WIRE_HTTP),
+            init_trace: trace,
+            call_auth: HashMap::new(),
+            standalone_auth: None,
+        }),
+        last_used: AtomicU64::new(now().as_millis()),
+        timer_at: AtomicU64::new(0),
+        wake: Notify::new(),
+        replay: gw.config.replay_buffer,
+        replay_bytes: gw.config.replay_buffer_bytes,
+        max_buffered: gw.config.max_buffered_bytes,
+    });
+    let stream = PeerStream::Request(init.id.clone());
+    let init_id = init.id.clone();
+    let watch = Arc::new(HeadWatch::default());
+    let mut inline = {
+        let Ok(mut s) = handle.shared.lock() else {
+            return internal();
+        };
+        open_pending(&handle, &mut s, stream.clone());
+        s.telemetry.request_started(&init.id);
+        if let Err(e) = s.machine.handle_peer_message(Message::Request(init), now()) {
+            return rpc_error(
+                StatusCode::BAD_REQUEST,
+                Some(init_id),
+                ErrorCode::INVALID_REQUEST,
+                format!("Invalid request: {e}"),
+            );
+        }
+        s.inline = InlineSlot::Open(watch.clone());
+        perform(gw, &handle, &mut s, auth.as_ref());
+        Detachable::take(&mut s)
+    };
+    let outcome = wait_pending(&handle, &stream, INIT_WAIT, &mut inline, &watch).await;
+    drop(inline);
+    if let Some(denial) = watch.finish() {
+        // The upstream refused the caller's credentials: its status and challenge go
+        // back as they are, and no session is minted.
+        handle.close();
+        info!(
+            status = denial.status.as_u16(),
+            "initialize refused by the upstream"
+        );
+        return denial.response();
+    }
+    let Some(messages) = outcome else {
+        handle.close();
+        return rpc_error(
+            StatusCode::GATEWAY_TIMEOUT,
+            Some(init_id),
+            ErrorCode::INTERNAL_ERROR,
+            "the upstream server did not answer in time".into(),
+        );
+    };
+    let ready = handle
+        .shared
+        .lock()
+        .map(|s| s.machine.state() == SessionState::Ready)
+        .unwrap_or(false);
+    let body = messages.last().cloned().unwrap_or_default();
+    let mut r = Response::new(full(body));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if !ready {
+        // A failed initialize leaves no session behind.
+        handle.close();
+        return r;
+    }
+    // Idle time counts from now, not from when `initialize` arrived: a slow discover
+    // must not make the new session look idle before the peer could use it.
+    handle.touch();
+    gw.legacy.insert(handle.clone());
+    info!(session = %tag, sessions = gw.legacy.len(), "legacy session opened");
+    with_session_header(r, &id)
+}
+
+fn open_pending(handle: &SessionHandle, s: &mut Shared, stream: PeerStream) {
+    s.next_stream += 1;
+    let number = s.next_stream;
+    s.by_number.insert(number, stream.clone());
+    s.streams.insert(
+        stream,
+        StreamState {
+            number,
+            seq: 0,
+            ring: ReplayRing::new(handle.replay, handle.replay_bytes),
+            tx: None,
+            pending: Some(Vec::new()),
+            finished: false,
+            waiter: None,
+            trace: None,
+        },
+    );
+}
+
+/// Waits until the pending stream finished (its last message arrived), up to `limit`,
+/// driving `inline` meanwhile.
+async fn wait_pending(
+    handle: &SessionHandle,
+    stream: &PeerStream,
+    limit: Duration,
+    inline: &mut Detachable,
+    watch: &HeadWatch,
+) -> Option<Vec<Vec<u8>>> {
+    wait_stream(handle, stream, limit, inline, |st| {
+        st.finished || watch.denied()
+    })
+    .await;
+    let mut s = handle.shared.lock().ok()?;
+    let st = s.streams.get_mut(stream)?;
+    if !st.finished {
+        return None;
+    }
+    let pending = st.pending.take();
+    // Answered as JSON: no event id ever reached the peer.
+    forget_stream(&mut s, stream);
+    pending
+}
+
+/// Waits until `ready` holds for the stream (or it is gone), up to `limit`, while
+/// driving the caller's inline exchange.
+///
+/// The waker is parked in the stream itself and cleared before the exchange is
+/// polled: a message the exchange delivers during that poll must not wake the task
+/// that is running it, because a task woken during its own poll is requeued as a
+/// yield, which makes the runtime wake an idle worker for nothing (twice per request
+/// before this was done, per `perf record -e sched:sched_wakeup`).
+async fn wait_stream(
+    handle: &SessionHandle,
+    stream: &PeerStream,
+    limit: Duration,
+    inline: &mut Detachable,
+    ready: impl Fn(&StreamState) -> bool,
+) {
+    let sleep = tokio::time::sleep(limit);
+    tokio::pin!(sleep);
+    std::future::poll_fn(|cx| {
+        if let Some(exchange) = inline.0.as_mut() {
+            if let Ok(mut s) = handle.shared.lock() {
+                if let Some(st) = s.streams.get_mut(stream) {
+                    st.waiter = None;
+                }
+            }
+            if exchange.as_mut().poll(cx).is_ready() {
+                inline.0 = None;
+            }
+        }
+        {
+            let Ok(mut s) = handle.shared.lock() else {
+                return Poll::Ready(());
+            };
+            match s.streams.get_mut(stream) {
+                Some(st) if !ready(st) => match &st.waiter {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => st.waiter = Some(cx.waker().clone()),
+                },
+                _ => return Poll::Ready(()),
+            }
+        }
+        sleep.as_mut().poll(cx)
+    })
+    .await;
+}
+
+async fn request(
+    gw: &Arc<Route>,
+    handle: &Arc<SessionHandle>,
+    r: dualera_adapters::Request,
+    auth: Option<HeaderValue>,
+    trace: Option<Arc<TraceContext>>,
+) -> Response<GatewayBody> {
+    let stream = PeerStream::Request(r.id.clone());
+    let watch = Arc::new(HeadWatch::default());
+    let mut inline = match feed_request(gw, handle, r, &stream, auth, trace, &watch) {
+        Ok(inline) => inline,
+        Err(refused) => return *refused,
+    };
+    // A request answered without any live round gets a plain JSON response.
+    let ready = |st: &StreamState| {
+        st.finished || st.pending.as_ref().is_none_or(|p| !p.is_empty()) || watch.denied()
+    };
+    wait_stream(handle, &stream, FIRST_MESSAGE_WAIT, &mut inline, ready).await;
+    // Nothing is committed before the upstream accepted the exchange: its 401/403
+    // must reach the host as HTTP on this POST.
+    if inline.0.is_some() && !watch.settled() {
+        let more = HEAD_WAIT.saturating_sub(FIRST_MESSAGE_WAIT);
+        wait_stream(handle, &stream, more, &mut inline, |st| {
+            ready(st) || watch.settled()
+        })
+        .await;
+    }
+    drop(inline);
+    let Ok(mut s) = handle.shared.lock() else {
+        return internal();
+    };
+    if let Some(denial) = watch.finish() {
+        forget_stream(&mut s, &stream);
+        return denial.response();
+    }
+    respond_on(gw, handle, &mut s, &stream)
+}
+
+/// Feeds a request to the machine; returns the first upstream exchange it started,
+/// for the caller to drive.
+fn feed_request(
+    gw: &Arc<Route>,
+    handle: &Arc<SessionHandle>,
+    r: dualera_adapters::Request,
+    stream: &PeerStream,
+    auth: Option<HeaderValue>,
+    trace: Option<Arc<TraceContext>>,
+    watch: &Arc<HeadWatch>,
+) -> Result<Detachable, Box<Response<GatewayBody>>> {
+    let id = r.id.clone();
+    let Ok(mut s) = handle.shared.lock() else {
+        return Err(Box::new(internal()));
+    };
+    if s.streams.get(stream).is_some_and(|st| !st.finished) {
+        // Refused before the machine sees it (its stream must survive), in the
+        // machine's own words, as every other wire says it.
+        let e = dualera_adapters::SessionError::DuplicateRequestId { id: id.clone() };
+        return Err(Box::new(refusal(Some(id), &e)));
+    }
+    open_pending(handle, &mut s, stream.clone());
+    if let Some(st) = s.streams.get_mut(stream) {
+        st.trace = trace;
+    }
+    s.telemetry.request_started(&id);
+    if let Err(e) = s.machine.handle_peer_message(Message::Request(r), now()) {
+        forget_stream(&mut s, stream);
+        // Nothing changed but the observation of the refusal (an overload counts).
+        perform(gw, handle, &mut s, None);
+        info!(session = %handle.tag, error = %e, "request refused");
+        return Err(Box::new(refusal(Some(id), &e)));
+    }
+    s.inline = InlineSlot::Open(watch.clone());
+    perform(gw, handle, &mut s, auth.as_ref());
+    Ok(Detachable::take(&mut s))
+}
+
+fn batch(
+    gw: &Arc<Route>,
+    handle: &Arc<SessionHandle>,
+    items: Vec<Result<Message, jsonrpc::EnvelopeError>>,
+    auth: Option<HeaderValue>,
+    trace: Option<Arc<TraceContext>>,
+) -> Response<GatewayBody> {
+    let Ok(mut s) = handle.shared.lock() else {
+        return internal();
+    };
+    for item in &items {
+        if let Ok(Message::Request(r)) = item {
+            s.telemetry.request_started(&r.id);
+        }
+    }
+    // A batch's upstream calls carry its token; a 401/403 for one of them reaches the
+    // peer as that element's error in the batch's response (one HTTP answer for many).
+    // The stream id of the batch is known only after feeding; buffer by peeking the
+    // next batch id is not possible, so feed and then adopt whatever the batch emitted.
+    let outcome = s.machine.handle_peer_batch(items, now());
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(e) => return refusal(None, &e),
+    };
+    for refused in &outcome.refused {
+        warn!(session = %handle.tag, error = %refused, "batch element refused");
+    }
+    let Some(batch) = outcome.batch else {
+        perform(gw, handle, &mut s, auth.as_ref());
+        return accepted();
+    };
+    let stream = PeerStream::Batch(batch);
+    open_pending(handle, &mut s, stream.clone());
+    if let Some(st) = s.streams.get_mut(&stream) {
+        st.trace = trace;
+    }
+    perform(gw, handle, &mut s, auth.as_ref());
+    respond_on(gw, handle, &mut s, &stream)
+}
+
+/// After feeding a request: JSON when it was answered at once, else an SSE stream
+/// carrying what was produced so far and everything that follows.
+fn respond_on(
+    gw: &Arc<Route>,
+    handle: &Arc<SessionHandle>,
+    s: &mut Shared,
+    stream: &PeerStream,
+) -> Response<GatewayBody> {
+    let Some(st) = s.streams.get_mut(stream) else {
+        return internal();
+    };
+    let pending = st.pending.take().unwrap_or_default();
+    if st.finished && pending.len() == 1 {
+        let body = pending.into_iter().next().unwrap_or_default();
+        // Answered as JSON: no event id ever reached the peer, so nothing can resume it.
+        forget_stream(s, stream);
+        let mut r = Response::new(full(body));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        return r;
+    }
+    // Priming event (lets the client resume this stream from its start), then what
+    // the stream carried so far.
+    let backlog = std::iter::once(sse::prime(&format!("{}.0", st.number)))
+        .chain(st.ring.iter().cloned())
+        .collect();
+    let (tx, body) = ChannelBody::metered(backlog, STREAM_QUEUE, handle.max_buffered);
+    let number = st.number;
+    if !st.finished {
+        st.tx = Some(tx);
+        rearm(gw, handle, s);
+    }
+    debug!(session = %handle.tag, stream = number, "SSE stream opened");
+    crate::body::sse_response(body)
+}
+
+async fn get(
+    gw: &Arc<Route>,
+    handle: &Arc<SessionHandle>,
+    headers: &http::HeaderMap,
+    auth: Option<HeaderValue>,
+) -> Response<GatewayBody> {
+    handle.touch();
+    let watch = Arc::new(HeadWatch::default());
+    let probe_auth = auth.clone();
+    let (response, mut inline) = {
+        let Ok(mut s) = handle.shared.lock() else {
+            return internal();
+        };
+        let r = open_get(gw, handle, &mut s, headers, auth, &watch);
+        (r, Detachable::take(&mut s))
+    };
+    // Opening the stream may start `subscriptions/listen` with this GET's token: its
+    // 401/403 answers the GET, and the stream is closed again. Without one, the
+    // upstream is asked about the token all the same (a bound session only).
+    let mut denied = None;
+    if inline.0.is_some() {
+        wait_head(&watch, &mut inline).await;
+    } else if probe_auth.is_some() && !handle.anonymous {
+        denied = crate::auth::upstream_denial(gw, probe_auth.as_ref())
+            .await
+            .map(Box::new);
+    }
+    drop(inline);
+    if let Some(denial) = watch.finish().or(denied) {
+        if let Ok(mut s) = handle.shared.lock() {
+            if let Some(st) = s.streams.get_mut(&PeerStream::Standalone) {
+                st.tx = None;
+            }
+            s.standalone_auth = None;
+            let _ = s.machine.handle_standalone_closed();
+            perform(gw, handle, &mut s, None);
+        }
+        return denial.response();
+    }
+    response
+}
+
+/// Attaches a GET to a stream: a resumed one (`Last-Event-ID`) or the standalone one.
+fn open_get(
+    gw: &Arc<Route>,
+    handle: &Arc<SessionHandle>,
+    s: &mut Shared,
+    headers: &http::HeaderMap,
+    auth: Option<HeaderValue>,
+    watch: &Arc<HeadWatch>,
+) -> Response<GatewayBody> {
+    let body = if let Some((number, after)) = last_event_id(headers) {
+        let Some(stream) = s.by_number.get(&number).cloned() else {
+            return rpc_error(
+                StatusCode::NOT_FOUND,
+                None,
+                ErrorCode::INVALID_REQUEST,
+                "Unknown Last-Event-ID: that stream can no longer be resumed".into(),
+            );
+        };
+        let Some(st) = s.streams.get_mut(&stream) else {
+            return internal();
+        };
+        if st.ring.has_gap_after(after) {
+            warn!(session = %handle.tag, stream = number, "resumption gap: older events were dropped");
+        }
+        let backlog = st.ring.after(after).cloned().collect();
+        let (tx, body) = ChannelBody::metered(backlog, STREAM_QUEUE, handle.max_buffered);
+        if !st.finished {
+            st.tx = Some(tx);
+            rearm(gw, handle, s);
+        }
+        s.telemetry.feature(Feature::Resumption);
+        debug!(session = %handle.tag, stream = number, after, "stream resumed");
+        body
+    } else {
+        let stream = PeerStream::Standalone;
+        if s.streams
+            .get(&stream)
+            .is_some_and(|st| st.tx.as_ref().is_some_and(|t| !t.is_closed()))
+        {
+            return rpc_error(
+                StatusCode::CONFLICT,
+                None,
+                ErrorCode::INVALID_REQUEST,
+                "Conflict: this session already has a GET stream open".into(),
+            );
+        }
+        if !s.streams.contains_key(&stream) {
+            open_pending(handle, s, stream.clone());
+            if let Some(st) = s.streams.get_mut(&stream) {
+                st.pending = None;
+            }
+        }
+        let Some(st) = s.streams.get_mut(&stream) else {
+            return internal();
+        };
+        let prime = vec![sse::prime(&format!("{}.{}", st.number, st.seq))];
+        let (tx, body) = ChannelBody::metered(prime, STREAM_QUEUE, handle.max_buffered);
+        watch_standalone(gw.clone(), handle.clone(), tx.clone());
+        st.tx = Some(tx);
+        s.telemetry.feature(Feature::GetStream);
+        // Kept only while this GET is open: `subscriptions/listen` runs on its behalf.
+        s.standalone_auth = auth;
+        s.inline = InlineSlot::Open(watch.clone());
+        let _ = s.machine.handle_standalone_opened();
+        perform(gw, handle, s, None);
+        body
+    };
+    crate::body::sse_response(body)
+}
+
+/// Tells the machine as soon as the host hangs up its GET stream (hyper drops the
+/// body), so the upstream listen it fed is cancelled at once rather than at the next
+/// keepalive. Holding a sender keeps the body open, so the watch lets go once the
+/// stream is no longer this one or the session ended.
+fn watch_standalone(gw: Arc<Route>, handle: Arc<SessionHandle>, watch: MeteredSender) {
+    let span = tracing::debug_span!("standalone", session = %handle.tag);
+    tokio::spawn(
+        async move {
+            let is_current = |s: &Shared| {
+                s.streams
+                    .get(&PeerStream::Standalone)
+                    .and_then(|st| st.tx.as_ref())
+                    .is_some_and(|t| t.same_channel(&watch))
+            };
+            loop {
+                tokio::select! {
+                    () = watch.closed() => break,
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+                let Ok(s) = handle.shared.lock() else { return };
+                if !is_current(&s) || s.machine.state() == SessionState::Closed {
+                    return;
+                }
+            }
+            let Ok(mut s) = handle.shared.lock() else {
+                return;
+            };
+            if !is_current(&s) {
+                return;
+            }
+            if let Some(st) = s.streams.get_mut(&PeerStream::Standalone) {
+                st.tx = None;
+            }
+            debug!("standalone stream closed by the peer");
+            let _ = s.machine.handle_standalone_closed();
+            perform(&gw, &handle, &mut s, None);
+        }
+        .instrument(span),
+    );
+}
+
+/// What the in-memory store keeps beside the machine for its upstream calls, seen
+/// by the driver ([`driver::CallContext`]).
+struct Calls<'a> {
+    call_auth: &'a mut HashMap<RequestId, HeaderValue>,
+    standalone_auth: Option<&'a HeaderValue>,
+    streams: &'a HashMap<PeerStream, StreamState>,
+    init_trace: Option<&'a Arc<TraceContext>>,
+}
+
+impl driver::CallContext for Calls<'_> {
+    fn credential(&self, legacy: Option<&RequestId>) -> Option<HeaderValue> {
+        match legacy {
+            Some(id) => self.call_auth.get(id).cloned(),
+            None => self.standalone_auth.cloned(),
+        }
+    }
+
+    fn keep_credential(&mut self, legacy: &RequestId, auth: &HeaderValue) {
+        self.call_auth.insert(legacy.clone(), auth.clone());
+    }
+
+    fn trace(&self, machine: &Session, legacy: Option<&RequestId>) -> Option<Arc<TraceContext>> {
+        match legacy {
+            Some(id) => machine
+                .request_stream(id)
+                .and_then(|stream| self.streams.get(stream))
+                .and_then(|st| st.trace.clone()),
+            None => self.init_trace.cloned(),
+        }
+    }
+}
+
+/// Carries out everything the machine asked for ([`driver::plan`]) in this store:
+/// messages into the streams' rings and connections, exchanges started (the first
+/// one left inline for the POST handler that waits on it). Called with the session
+/// lock held; never awaits. `feeding` is the `Authorization` of the host request whose
+/// message was just fed, if one was.
+fn perform(
+    gw: &Arc<Route>,
+    handle: &Arc<SessionHandle>,
+    s: &mut Shared,
+    feeding: Option<&HeaderValue>,
+) {
+    let mut plan = {
+        let mut calls = Calls {
+            call_auth: &mut s.call_auth,
+            standalone_auth: s.standalone_auth.as_ref(),
+            streams: &s.streams,
+            init_trace: s.init_trace.as_ref(),
+        };
+        driver::plan(&mut s.machine, &mut calls, feeding)
+    };
+    for out in std::mem::take(&mut plan.out) {
+        match out {
+            Out::Message {
+                stream,
+                bytes,
+                last,
+            } => deliver(handle, s, &stream, bytes, last),
+            Out::Close { stream } => {
+                if let Some(st) = s.streams.get_mut(&stream) {
+                    st.finished = true;
+                    st.tx = None;
+                    if let Some(w) = st.waiter.take() {
+                        w.wake();
+                    }
+                }
+            }
+        }
+    }
+    for start in std::mem::take(&mut plan.starts) {
+        let id = start.id.clone();
+        let span = tracing::debug_span!(
+            "upstream",
+            session = %handle.tag,
+            rpc.id = %id,
+            role = ?start.role,
+            trace_id = start.trace.as_ref().map_or("", |t| t.trace_id()),
+        );
+        let watch = match &s.inline {
+            InlineSlot::Open(w) => Some(w.clone()),
+            _ => None,
+        };
+        let feed = MemoryFeed {
+            gw: gw.clone(),
+            handle: handle.clone(),
+        };
+        let inline = watch.is_some();
+        let (exchange, abort) = abortable(
+            async move {
+                driver::exchange(
+                    &feed.gw,
+                    &start,
+                    &feed.handle.forwarded,
+                    watch.as_deref(),
+                    &feed,
+                )
+                .await;
+            }
+            .instrument(span),
+        );
+        s.upstream_tasks.insert(id, abort);
+        let exchange: Exchange = Box::pin(async move {
+            let _ = exchange.await;
+        });
+        if inline {
+            s.inline = InlineSlot::Taken(exchange);
+        } else {
+            tokio::spawn(exchange);
+        }
+    }
+    for (id, reason) in std::mem::take(&mut plan.cancels) {
+        if let Some(h) = s.upstream_tasks.remove(&id) {
+            debug!(session = %handle.tag, rpc.id = %id, reason, "upstream request cancelled");
+            h.abort();
+        }
+    }
+    plan.log(&handle.tag);
+    for o in plan.observed {
+        s.telemetry.observe(o, &s.machine);
+    }
+    trim_finished(s);
+    if !s.call_auth.is_empty() {
+        let machine = &s.machine;
+        s.call_auth.retain(|id, _| machine.has_call(id));
+    }
+    rearm(gw, handle, s);
+}
+
+/// Queues one message on a stream, and wakes the POST waiting on it when the stream
+/// finished or a not-yet-answered POST got its first message.
+fn deliver(
+    handle: &SessionHandle,
+    s: &mut Shared,
+    stream: &PeerStream,
+    bytes: Vec<u8>,
+    last: bool,
+) {
+    if !s.streams.contains_key(stream) {
+        // A stream the peer never opened (e.g. standalone before any GET): keep the
+        // events so a later GET can... no: the standalone stream only carries what is
+        // sent while it is open, so open a detached one that buffers for resumption.
+        open_pending(handle, s, stream.clone());
+        if let Some(st) = s.streams.get_mut(stream) {
+            st.pending = None;
+        }
+    }
+    let Some(st) = s.streams.get_mut(stream) else {
+        return;
+    };
+    let mut woke = false;
+    if let Some(p) = st.pending.as_mut() {
+        p.push(bytes.clone());
+        woke = true;
+    }
+    st.seq += 1;
+    let event = sse::encode(Some(&format!("{}.{}", st.number, st.seq)), &bytes);
+    st.ring.push(st.seq, event.clone());
+    if let Some(tx) = &st.tx {
+        match tx.try_send(event) {
+            Ok(()) => {}
+            Err(SendError::Stalled) => {
+                // The host does not read: close the connection rather than buffer
+                // without bound; the session and the ring stay for Last-Event-ID.
+                warn!(session = %handle.tag, stream = st.number, queued = tx.queued(), limit = handle.max_buffered, "host not reading its SSE stream: closed; events kept for resumption");
+                tx.cut();
+                st.tx = None;
+            }
+            Err(_) => {
+                debug!(session = %handle.tag, stream = st.number, "stream detached (closed); events kept for resumption");
+                st.tx = None;
+            }
+        }
+    }
+    if last {
+        st.finished = true;
+        st.tx = None;
+        if !s.finished_order.contains(stream) {
+            s.finished_order.push_back(stream.clone());
+        }
+    }
+    if last || woke {
+        if let Some(w) = st.waiter.take() {
+            w.wake();
+        }
+    }
+}
+
+/// Drops a finished stream the peer got as a plain JSON response (it never saw an event
+/// id, so it cannot resume it); keeping its events would only hold memory per session.
+fn forget_stream(s: &mut Shared, stream: &PeerStream) {
+    if let Some(st) = s.streams.remove(stream) {
+        s.by_number.remove(&st.number);
+    }
+    s.finished_order.retain(|f| f != stream);
+    if s.streams.is_empty() {
+        s.streams.shrink_to_fit();
+        s.by_number.shrink_to_fit();
+        s.finished_order.shrink_to_fit();
+    }
+}
+
+fn trim_finished(s: &mut Shared) {
+    while s.finished_order.len() > FINISHED_KEPT {
+        if let Some(old) = s.finished_order.pop_front() {
+            if let Some(st) = s.streams.remove(&old) {
+                s.by_number.remove(&st.number);
+            }
+        }
+    }
+}
+
+/// An upstream exchange of an in-memory session feeds the machine under its lock.
+struct MemoryFeed {
+    gw: Arc<Route>,
+    handle: Arc<SessionHandle>,
+}
+
+impl driver::Feed for MemoryFeed {
+    async fn room(&self, role: &UpstreamRole) {
+        room(&self.gw, &self.handle, role).await;
+    }
+
+    async fn message(&self, id: &RequestId, message: Message, _last: bool) -> bool {
+        let Ok(mut s) = self.handle.shared.lock() else {
+            return false;
+        };
+        if let Err(e) = s
+            .machine
+            .handle_upstream_message(Some(id.clone()), message, now())
+        {
+            debug!(session = %self.handle.tag, error = %e, "upstream message refused");
+        }
+        perform(&self.gw, &self.handle, &mut s, None);
+        true
+    }
+
+    async fn ended(&self, id: &RequestId, ended: Ended) {
+        let Ok(mut s) = self.handle.shared.lock() else {
+            return;
+        };
+        s.upstream_tasks.remove(id);
+        match ended {
+            Ended::Done => {}
+            Ended::Denied => {
+                if let Ok(Denied::Round { legacy, live }) =
+                    s.machine.handle_upstream_denied(id, now())
+                {
+                    debug!(session = %self.handle.tag, rpc.id = %legacy, live = %live, "round parked until the answer is sent again");
+                }
+            }
+            Ended::Lost(Some((reason, message))) => {
+                let _ = s
+                    .machine
+                    .handle_upstream_refused(id, reason, message, now());
+            }
+            Ended::Lost(None) => {
+                let _ = s.machine.handle_upstream_lost(id, now());
+            }
+        }
+        perform(&self.gw, &self.handle, &mut s, None);
+    }
+}
+
+/// Messages a POST handler's stream may gather before the handler attaches its
+/// connection (it does so as soon as the first one arrives).
+const PENDING_MAX: usize = 64;
+
+/// Waits until the host connection that an exchange's next message goes to can take
+/// it: the upstream is read no faster than the host reads (DESIGN.md, "The runtime":
+/// a slow host slows the upstream read; nothing is dropped). A connection that takes
+/// nothing for `stalled_reader_timeout` is closed as not reading; its events stay in
+/// the replay ring for `Last-Event-ID`. Streams with no connection (the host went
+/// away, or has not opened its GET) keep events for resumption, bounded by the ring.
+async fn room(gw: &Arc<Route>, handle: &SessionHandle, role: &UpstreamRole) {
+    let deadline = tokio::time::Instant::now() + HEAD_WAIT;
+    let (stream, tx) = loop {
+        // One look under the lock: the stream the message goes to, and its connection.
+        let (stream, tx, gathering) = {
+            let Ok(s) = handle.shared.lock() else { return };
+            let stream = match role {
+                UpstreamRole::Call { legacy, .. } | UpstreamRole::ToolsRefresh { legacy } => {
+                    match s.machine.request_stream(legacy) {
+                        Some(stream) => stream.clone(),
+                        None => return,
+                    }
+                }
+                UpstreamRole::Listen => PeerStream::Standalone,
+                _ => return,
+            };
+            let Some(st) = s.streams.get(&stream) else {
+                return;
+            };
+            let gathering = st.pending.as_ref().is_some_and(|p| p.len() >= PENDING_MAX);
+            (stream, st.tx.clone(), gathering)
+        };
+        match tx {
+            Some(tx) => break (stream, tx),
+            // The POST handler is about to attach its connection: let it.
+            None if gathering && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            None => return,
+        }
+    };
+    if tx.ready(gw.config.stalled_reader_timeout).await {
+        return;
+    }
+    let Ok(mut s) = handle.shared.lock() else {
+        return;
+    };
+    if let Some(st) = s.streams.get_mut(&stream) {
+        if st.tx.as_ref().is_some_and(|cur| cur.same_channel(&tx)) {
+            warn!(session = %handle.tag, stream = st.number, queued = tx.queued(), limit = handle.max_buffered, "host not reading its SSE stream: closed; events kept for resumption");
+            tx.cut();
+            st.tx = None;
+        }
+    }
+}
+
+/// Keeps the session's timer task in step with what it has to time. Called with the
+/// session lock held, after feeding the machine and when a stream gets a connection.
+///
+/// An idle session (no machine deadline, no connected stream) has no timer task at
+/// all: at 100k idle sessions a task each is memory and wake-ups for nothing. The
+/// task is spawned when there is something to time, and ends itself when there is
+/// nothing left; both decisions are taken under the session lock, through
+/// `timer_at` (0: no task). A running task is woken only if the machine now needs it
+/// before it would wake anyway (or the session closed): waking it after every message
+/// costs a task switch per message.
+fn rearm(gw: &Arc<Route>, handle: &Arc<SessionHandle>, s: &Shared) {
+    let at = handle.timer_at.load(Ordering::Relaxed);
+    if at == 0 {
+        if s.machine.state() != SessionState::Closed && needs_timer(s) {
+            // A time already past: nothing waits for this task to wake before it
+            // publishes its own.
+            handle.timer_at.store(1, Ordering::Relaxed);
+            let timer = tokio::spawn(
+                timer_loop(gw.clone(), handle.clone())
+                    .instrument(tracing::info_span!("session", session = %handle.tag)),
+            );
+            drop(timer);
+        }
+        return;
+    }
+    let due = s.machine.poll_timeout().map(Timestamp::as_millis);
+    if due.is_some_and(|t| t < at) || s.machine.state() == SessionState::Closed {
+        handle.wake.notify_one();
+    }
+}
+
+/// Whether the session has anything to time: a machine deadline, or a stream with a
+/// connection (its keepalives).
+fn needs_timer(s: &Shared) -> bool {
+    s.machine.poll_timeout().is_some() || s.streams.values().any(|st| st.tx.is_some())
+}
+
+/// Per-session timers: the machine's deadlines and SSE keepalives.
+async fn timer_loop(gw: Arc<Route>, handle: Arc<SessionHandle>) {
+    let keepalive = gw.config.keepalive;
+    let mut next_keepalive = tokio::time::Instant::now() + keepalive;
+    loop {
+        let (machine_at, at) = {
+            let Ok(s) = handle.shared.lock() else {
+                return;
+            };
+            if s.machine.state() == SessionState::Closed || !needs_timer(&s) {
+                // Nothing left to time: the next `rearm` that finds something spawns
+                // a task again.
+                handle.timer_at.store(0, Ordering::Relaxed);
+                return;
+            }
+            let machine_at = s.machine.poll_timeout().map(|t| {
+                let wait = t.saturating_duration_since(now());
+                tokio::time::Instant::now() + wait
+            });
+            let at = machine_at.map_or(next_keepalive, |m| m.min(next_keepalive));
+            // Published under the lock: whoever feeds the machine next sees it.
+            let in_ms = at
+                .saturating_duration_since(tokio::time::Instant::now())
+                .as_millis();
+            // Never 0, which says there is no task.
+            handle.timer_at.store(
+                now()
+                    .as_millis()
+                    .saturating_add(u64::try_from(in_ms).unwrap_or(u64::MAX))
+                    .max(1),
+                Ordering::Relaxed,
+            );
+            (machine_at, at)
+        };
+        tokio::select! {
+            () = tokio::time::sleep_until(at) => {}
+            () = handle.wake.notified() => continue,
+        }
+        let Ok(mut s) = handle.shared.lock() else {
+            return;
+        };
+        if machine_at.is_some_and(|m| m <= tokio::time::Instant::now()) {
+            s.machine.handle_timeout(now());
+            perform(&gw, &handle, &mut s, None);
+        }
+        if tokio::time::Instant::now() >= next_keepalive {
+            next_keepalive = tokio::time::Instant::now() + keepalive;
+            let mut lost_standalone = false;
+            for (stream, st) in s.streams.iter_mut() {
+                if let Some(tx) = &st.tx {
+                    match tx.try_send(sse::keepalive()) {
+                        Ok(()) => {}
+                        Err(e) => {
+                            if e == SendError::Stalled {
+                                tx.cut();
+                            }
+                            st.tx = None;
+                            lost_standalone |= *stream == PeerStream::Standalone;
+                        }
+                    }
+                }
+            }
+            if lost_standalone {
+                s.standalone_auth = None;
+                let _ = s.machine.handle_standalone_closed();
+                perform(&gw, &handle, &mut s, None);
+            }
+        }
+    }
+}
+
+/// Evicts idle sessions, forever (aborted at shutdown).
+pub(crate) async fn reap(gw: Arc<Route>) {
+    let ttl = gw.config.session_idle_ttl;
+    let period = (ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(30));
+    loop {
+        tokio::time::sleep(period).await;
+        let cutoff = now()
+            .as_millis()
+            .saturating_sub(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        let idle: Vec<String> = gw
+            .legacy
+            .map
+            .iter()
+            .filter(|e| {
+                let h = e.value();
+                h.last_used.load(Ordering::Relaxed) < cutoff
+                    && h.shared.lock().is_ok_and(|s| {
+                        s.machine.in_flight() == 0
+                            && s.streams
+                                .values()
+                                .all(|st| st.tx.as_ref().is_none_or(|t| t.is_closed()))
+                    })
+            })
+            .map(|e| e.key().clone())
+            .collect();
+        for id in idle {
+            if let Some(h) = gw.legacy.remove(&id) {
+                h.close();
+                info!(session = %h.tag, "idle session evicted");
+            }
+        }
+    }
+}

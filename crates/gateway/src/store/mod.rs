@@ -1,0 +1,243 @@
+//! Where legacy Streamable HTTP sessions live, behind one trait: [`SessionStore`].
+//!
+//! Two stores of the same sans-IO session machine implement it, and both carry out
+//! the machine's events through the one driver (`driver::plan`, `driver::exchange`):
+//!
+//! - [`memory`] (the embedded default): one process owns each session; its machine
+//!   and SSE streams sit behind one lock; a step is lock, feed, plan, perform;
+//! - [`redis`] (`session_store = "redis://…"`): any replica behind a plain load
+//!   balancer serves any request of any session. A step loads the session's state,
+//!   feeds it one message, plans, stores the state and the plan's stream entries with
+//!   compare-and-set on a version in one script, and only then performs the rest.
+//!
+//! ```text
+//!   legacy_http::handle ──► Origin/version checks, body, parse, binding
+//!        │                    │
+//!        ▼                    ▼
+//!   SessionStore::{initialize, request, message, batch, stream, delete}
+//!        ├─ memory::Sessions        (lock, feed, plan, perform)
+//!        └─ redis::RedisSessions    (load, feed, plan, CAS + append, perform)
+//! ```
+//!
+//! The trait is one HTTP operation wide rather than a bare load/compare-and-set: what
+//! a stream *is* differs between the two (a live connection and a replay ring here,
+//! an entry log relayed by whichever replica holds the host's connection there), and
+//! the answer to a POST — JSON or a stream — is decided where the stream lives.
+//!
+//! The single-channel wires (stdio, WebSocket, 2024-11-05 HTTP+SSE) hold one
+//! connection per session, which cannot move between processes: they stay in memory
+//! whatever the store (`pipe`).
+
+pub(super) mod memory;
+// Redis is the `redis` feature; without it, `no_redis` refuses a `redis://` store.
+#[cfg(feature = "redis")]
+pub(super) mod redis;
+#[cfg(not(feature = "redis"))]
+#[path = "no_redis.rs"]
+pub(super) mod redis;
+
+use super::legacy_http::PostContext;
+use crate::body::GatewayBody;
+use crate::Route;
+use dualera_adapters::jsonrpc::EnvelopeError;
+use dualera_adapters::{Message, Request};
+use http::header::HeaderValue;
+use http::{HeaderMap, Response};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Which store holds legacy Streamable HTTP sessions (`[gateway] session_store`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SessionStoreConfig {
+    /// In this process (the default, and what `dualera up` uses).
+    #[default]
+    Memory,
+    /// In Redis, shared by every replica that names the same server and prefix.
+    Redis(RedisStoreConfig),
+}
+
+/// The shared store's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisStoreConfig {
+    /// `redis://HOST:PORT/DB`.
+    pub url: String,
+    /// This replica's name (leases and logs).
+    pub replica_id: String,
+    /// Prefix of every key and channel.
+    pub key_prefix: String,
+    /// A running upstream exchange's lease, renewed at a third of it.
+    pub lease: Duration,
+    /// Bound on one store command.
+    pub timeout: Duration,
+}
+
+impl SessionStoreConfig {
+    /// Reads `session_store` (`"memory"` or a `redis://` URL) with the replica settings.
+    pub fn parse(
+        store: &str,
+        replica_id: Option<&str>,
+        key_prefix: Option<&str>,
+        lease: Option<Duration>,
+        timeout: Option<Duration>,
+    ) -> Result<Self, String> {
+        if store == "memory" {
+            return Ok(Self::Memory);
+        }
+        if !store.starts_with("redis://") {
+            return Err(format!(
+                "session_store must be \"memory\" or a redis://HOST:PORT/DB URL, not {store:?}"
+            ));
+        }
+        if let Some(id) = replica_id {
+            if id.is_empty()
+                || id.len() > 64
+                || !id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            {
+                return Err("replica_id must be 1-64 characters of [A-Za-z0-9._-]".into());
+            }
+        }
+        let key_prefix = key_prefix.unwrap_or("dualera:");
+        if key_prefix.len() > 64 || key_prefix.bytes().any(|b| b.is_ascii_whitespace()) {
+            return Err("session_key_prefix must be at most 64 characters, no spaces".into());
+        }
+        let lease = lease.unwrap_or(Duration::from_secs(10));
+        if lease < Duration::from_millis(300) {
+            return Err("upstream_lease_ms must be at least 300".into());
+        }
+        Ok(Self::Redis(RedisStoreConfig {
+            url: store.to_owned(),
+            replica_id: replica_id.map_or_else(random_replica_id, str::to_owned),
+            key_prefix: key_prefix.to_owned(),
+            lease,
+            timeout: timeout.unwrap_or(Duration::from_secs(2)),
+        }))
+    }
+}
+
+fn random_replica_id() -> String {
+    let mut bytes = [0u8; 6];
+    if getrandom::fill(&mut bytes).is_err() {
+        return format!("replica-{}", std::process::id());
+    }
+    format!("replica-{}", crate::digest::hex(&bytes))
+}
+
+/// The store could not be used; requests of shared sessions fail with `-32603` and
+/// `data.reason = "sessionStoreUnavailable"`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Redis refused or dropped the command, or could not be reached.
+    #[cfg(feature = "redis")]
+    #[error("session store unreachable: {source}")]
+    Unreachable {
+        /// What the client said.
+        source: ::redis::RedisError,
+    },
+    /// The store is a part this build left out.
+    #[error(transparent)]
+    NotBuilt(#[from] dualera_common::parts::NotBuilt),
+    /// A command took longer than `session_store_timeout_ms`.
+    #[error("session store did not answer within {timeout:?}")]
+    Timeout {
+        /// The bound.
+        timeout: Duration,
+    },
+    /// Stored data that does not decode (another build, or corruption).
+    #[error("session store holds unreadable data: {reason}")]
+    Corrupt {
+        /// What did not decode.
+        reason: String,
+    },
+    /// Other replicas kept changing the session while this one tried to store it.
+    #[error("session store contention: {attempts} compare-and-set attempts failed")]
+    Contention {
+        /// How many were made.
+        attempts: u32,
+    },
+}
+
+/// What looking a session up found.
+#[derive(Debug)]
+pub(super) enum Lookup<H> {
+    /// The session, bound to this caller (or a handle whose operations check).
+    Found(H),
+    /// None for this caller; `anonymous` when a session of that id exists and was
+    /// opened without credentials (see `legacy_http::session_missing`).
+    NotFound {
+        /// The session found was opened without credentials.
+        anonymous: bool,
+    },
+}
+
+/// One legacy HTTP operation's inputs, as the front (`legacy_http::handle`) hands them
+/// to a store once the headers, body and envelope were checked. A POST's
+/// [`PostContext`] carries its `Authorization`, forwarded headers and trace context.
+pub(super) trait SessionStore: Send + Sync {
+    /// A session found for a caller (what the operations below act on).
+    type Session: Send + Sync;
+
+    /// The session `id`, if it exists and is bound to `authorization`'s caller.
+    /// `NotFound` becomes 404. A store that checks existence inside each operation
+    /// (one read, not two) may return a handle without looking.
+    fn find(
+        &self,
+        gw: &Arc<Route>,
+        id: &str,
+        authorization: Option<&HeaderValue>,
+    ) -> impl Future<Output = Result<Lookup<Self::Session>, StoreError>> + Send;
+
+    /// `initialize` without a session: start one.
+    fn initialize(
+        &self,
+        gw: &Arc<Route>,
+        init: Request,
+        cx: PostContext,
+    ) -> impl Future<Output = Response<GatewayBody>> + Send;
+
+    /// A request on a session: JSON when answered at once, else an SSE stream.
+    fn request(
+        &self,
+        gw: &Arc<Route>,
+        session: &Self::Session,
+        request: Request,
+        cx: PostContext,
+    ) -> impl Future<Output = Response<GatewayBody>> + Send;
+
+    /// A notification or a reply to a live request: 202, or 400 when refused.
+    fn message(
+        &self,
+        gw: &Arc<Route>,
+        session: &Self::Session,
+        message: Message,
+        authorization: Option<HeaderValue>,
+    ) -> impl Future<Output = Response<GatewayBody>> + Send;
+
+    /// A JSON-RPC batch (2025-03-26).
+    fn batch(
+        &self,
+        gw: &Arc<Route>,
+        session: &Self::Session,
+        items: Vec<Result<Message, EnvelopeError>>,
+        cx: PostContext,
+    ) -> impl Future<Output = Response<GatewayBody>> + Send;
+
+    /// `GET`: the standalone stream, or the resumption of a stream by `Last-Event-ID`.
+    fn stream(
+        &self,
+        gw: &Arc<Route>,
+        session: &Self::Session,
+        headers: &HeaderMap,
+        authorization: Option<HeaderValue>,
+    ) -> impl Future<Output = Response<GatewayBody>> + Send;
+
+    /// `DELETE`: the session ends.
+    fn delete(
+        &self,
+        gw: &Arc<Route>,
+        session: &Self::Session,
+    ) -> impl Future<Output = Response<GatewayBody>> + Send;
+}

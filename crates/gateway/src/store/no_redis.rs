@@ -1,0 +1,148 @@
+//! The Redis session store in a build without the `redis` feature: a
+//! `session_store = "redis://…"` is refused when the configuration is read
+//! ([`client::check_url`]), so no value of these types ever exists; they only keep
+//! the store's callers the same in both builds.
+
+use super::{Lookup, RedisStoreConfig, SessionStore, StoreError};
+use crate::body::GatewayBody;
+use crate::legacy_http::PostContext;
+use crate::{GatewayConfig, Route};
+use dualera_adapters::jsonrpc::EnvelopeError;
+use dualera_adapters::{Message, Request};
+use dualera_common::parts::NotBuilt;
+use http::header::HeaderValue;
+use http::{HeaderMap, Response};
+use std::sync::Arc;
+
+pub(crate) mod client {
+    //! The configuration check of the store URL.
+
+    use dualera_common::parts::NotBuilt;
+
+    /// Refuses any store URL: this build has no Redis client.
+    pub(crate) fn check_url(_url: &str) -> Result<(), String> {
+        Err(format!("session_store: {}", NotBuilt::new("redis")))
+    }
+}
+
+/// Sessions in Redis: none in this build.
+#[derive(Debug)]
+pub(crate) enum RedisSessions {}
+
+/// A session found in Redis: none in this build.
+#[derive(Debug)]
+pub(crate) enum RedisSession {}
+
+impl RedisSessions {
+    /// Refuses: this build has no Redis client.
+    pub(crate) fn new(
+        _store: &RedisStoreConfig,
+        _config: &GatewayConfig,
+    ) -> Result<Arc<Self>, StoreError> {
+        Err(NotBuilt::new("redis").into())
+    }
+
+    pub(crate) fn replica(&self) -> &str {
+        match *self {}
+    }
+
+    pub(crate) fn ready(&self) -> bool {
+        match *self {}
+    }
+
+    pub(crate) fn start(self: &Arc<Self>, _gw: &Arc<Route>) {
+        match **self {}
+    }
+
+    pub(crate) fn stop(&self) {
+        match *self {}
+    }
+}
+
+impl SessionStore for Arc<RedisSessions> {
+    type Session = RedisSession;
+
+    async fn find(
+        &self,
+        _gw: &Arc<Route>,
+        _id: &str,
+        _authorization: Option<&HeaderValue>,
+    ) -> Result<Lookup<RedisSession>, StoreError> {
+        match **self {}
+    }
+
+    async fn initialize(
+        &self,
+        _gw: &Arc<Route>,
+        _init: Request,
+        _cx: PostContext,
+    ) -> Response<GatewayBody> {
+        match **self {}
+    }
+
+    async fn request(
+        &self,
+        _gw: &Arc<Route>,
+        session: &RedisSession,
+        _request: Request,
+        _cx: PostContext,
+    ) -> Response<GatewayBody> {
+        match *session {}
+    }
+
+    async fn message(
+        &self,
+        _gw: &Arc<Route>,
+        session: &RedisSession,
+        _message: Message,
+        _authorization: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        match *session {}
+    }
+
+    async fn batch(
+        &self,
+        _gw: &Arc<Route>,
+        session: &RedisSession,
+        _items: Vec<Result<Message, EnvelopeError>>,
+        _cx: PostContext,
+    ) -> Response<GatewayBody> {
+        match *session {}
+    }
+
+    async fn stream(
+        &self,
+        _gw: &Arc<Route>,
+        session: &RedisSession,
+        _headers: &HeaderMap,
+        _authorization: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        match *session {}
+    }
+
+    async fn delete(&self, _gw: &Arc<Route>, session: &RedisSession) -> Response<GatewayBody> {
+        match *session {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::GatewaySection;
+    use crate::GatewayConfig;
+
+    #[test]
+    fn a_redis_session_store_is_refused_naming_the_feature() {
+        let section = GatewaySection::default();
+        let err = GatewayConfig::default()
+            .with_session_store(&section, Some("redis://127.0.0.1:6379/0"))
+            .expect_err("no Redis in this build");
+        assert_eq!(
+            err,
+            "session_store: this dualera was built without the `redis` feature; \
+             rebuild with `--features redis`"
+        );
+        GatewayConfig::default()
+            .with_session_store(&section, Some("memory"))
+            .expect("sessions in memory need no feature");
+    }
+}

@@ -1,0 +1,755 @@
+//! The Redis side of shared sessions: two connections per replica (commands; RESP3
+//! pub/sub), the Lua scripts that make each change atomic, and typed wrappers.
+//!
+//! Client: redis-rs (`redis` crate) with its `ConnectionManager`: one multiplexed
+//! connection that reconnects by itself (lazily: a replica starts, and serves
+//! pass-through traffic, while Redis is down), scripts sent by `EVALSHA` with a reload
+//! on `NOSCRIPT`, and RESP3 push messages with automatic resubscription for pub/sub.
+//! It is the client the Redis project maintains for Rust and is built on tokio; `fred`
+//! offers the same with a larger surface this driver would not use.
+//!
+//! Every command is bounded by `session_store_timeout_ms`; a failure or a timeout is a
+//! [`StoreError`], which the driver answers with `sessionStoreUnavailable`.
+
+use crate::store::StoreError;
+use redis::aio::AsyncPushSender;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, Script, Value as RValue};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// Compare-and-set of one session, with every effect of the step in the same
+/// transaction: stream entries, leases created and dropped, keys deleted, the timer,
+/// the session count, wake-ups. `KEYS[1]` the session hash; `ARGV[1]` the version read,
+/// `ARGV[2]` the new state, `ARGV[3]` the effects (JSON, see `stored::Ops`), then the
+/// payloads the effects name by their `ARGV` index (messages, lease records: passed
+/// as they are, not escaped into the JSON).
+///
+/// Wake-ups go to whom they concern, read from what the step touches: the entries of
+/// each stream it appended to go to the replica whose connection holds it (a holder
+/// token starts with its replica's name and a dot), addressed to that connection (see
+/// `wake::payload`); none when that is this replica (`ops.me`: it hands the entries to
+/// its relay itself); a cancellation wakes the lease's owner.
+/// Returns `{1, v, handed, lw}` stored (`handed`: the streams whose holder is still the
+/// token `x.t` the step meant to hand its entries to, by `x.h`; `lw` 1 when a stream
+/// another connection of this replica holds got entries), `{0, v, d}` conflict (the
+/// current state), `{-1}` missing, `{-2}` tombstone.
+const STEP: &str = r"
+local cur = redis.call('HMGET', KEYS[1], 'v', 'gone')
+local v = cur[1]
+if not v then return {-1} end
+if cur[2] then return {-2} end
+if v ~= ARGV[1] then return {0, v, redis.call('HGET', KEYS[1], 'd')} end
+local ops = cjson.decode(ARGV[3])
+local ttl = ops.ttl
+local nv = tostring(tonumber(v) + 1)
+if ops.tomb then
+  redis.call('HDEL', KEYS[1], 'd')
+  redis.call('HSET', KEYS[1], 'v', nv, 'gone', '1')
+  redis.call('PEXPIRE', KEYS[1], ops.tomb)
+  redis.call('ZREM', ops.sessions, ops.sid)
+  redis.call('ZREM', ops.caller, ops.sid)
+  redis.call('SREM', ops.busyk, ops.sid)
+else
+  redis.call('HSET', KEYS[1], 'v', nv, 'd', ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  if ops.touch then
+    redis.call('ZADD', ops.sessions, ops.now, ops.sid)
+    redis.call('ZADD', ops.caller, ops.now, ops.sid)
+    if ops.disc then redis.call('PEXPIRE', ops.disc, ttl) end
+  end
+  if ops.busy == true then
+    redis.call('SADD', ops.busyk, ops.sid)
+  elseif ops.busy == false then
+    redis.call('SREM', ops.busyk, ops.sid)
+  end
+end
+local streams = {}
+for _, x in ipairs(ops.xadd) do
+  local args = {'XADD', x.k, 'MAXLEN', '=', ops.keep, '0-' .. x.s}
+  if x.m then table.insert(args, 'm'); table.insert(args, ARGV[tonumber(x.m)]) end
+  if x.e then table.insert(args, 'e'); table.insert(args, '1') end
+  redis.call(unpack(args))
+  local g = streams[x.k]
+  if not g then
+    g = {}
+    streams[x.k] = g
+    table.insert(streams, g)
+  end
+  table.insert(g, x)
+end
+for _, l in ipairs(ops.lease_new) do
+  redis.call('HSET', l.k, 'owner', l.o, 'deadline', l.d, 'rec', ARGV[tonumber(l.r)])
+  redis.call('PEXPIRE', l.k, ttl)
+  redis.call('ZADD', ops.leases, l.d, l.k)
+end
+for _, c in ipairs(ops.cancel) do
+  local owner = redis.call('HGET', c[1], 'owner')
+  if not owner then
+    redis.call('PUBLISH', ops.wk, c[2])
+  elseif owner ~= ops.me then
+    redis.call('PUBLISH', ops.wk .. ':' .. owner, c[2])
+  end
+end
+for _, k in ipairs(ops.lease_del) do
+  redis.call('DEL', k)
+  redis.call('ZREM', ops.leases, k)
+end
+for _, k in ipairs(ops.del) do redis.call('DEL', k) end
+if ops.due and not ops.tomb then
+  redis.call('ZADD', ops.timers, ops.due, ops.sid)
+else
+  redis.call('ZREM', ops.timers, ops.sid)
+end
+for _, h in ipairs(ops.hold) do redis.call('SET', h[1], h[2], 'PX', h[3]) end
+local handed = {}
+local lw = 0
+for _, g in ipairs(streams) do
+  local x = g[1]
+  redis.call('PEXPIRE', x.k, ttl)
+  local tok = redis.call('GET', x.h)
+  if tok then
+    if tok == x.t then
+      table.insert(handed, x.h)
+    else
+      local rep = string.match(tok, '^(.*)%.')
+      if rep == ops.me then
+        lw = 1
+      elseif rep then
+        local ch = ops.wk .. ':' .. rep
+        for _, y in ipairs(g) do
+          local m = ''
+          if y.m then m = ARGV[tonumber(y.m)] end
+          local e = '0'
+          if y.e then e = '1' end
+          redis.call('PUBLISH', ch, 'e' .. ops.sid .. tok .. '\n' .. y.s .. ' ' .. e .. '\n' .. m)
+        end
+      end
+    end
+  end
+end
+for _, p in ipairs(ops.pub) do redis.call('PUBLISH', p[1], p[2]) end
+return {1, nv, handed, lw}
+";
+
+/// A new session, unless the id is taken or a bound is reached: the one place that
+/// applies `max_sessions` and `max_sessions_per_caller` over every replica. At a bound,
+/// the longest-idle session without a request in flight (of that caller, for its own
+/// bound) is ended to make room (tombstoned, as by DELETE, and announced on the
+/// broadcast channel `wk`); only when every candidate is busy is the new one refused.
+/// `KEYS[1]` the session hash; `ARGV[1]` the state, `ARGV[2]` `{ttl, sid, now,
+/// sessions, caller, busyk, timers, cutoff, max, maxc, sk1, sk2, tomb, wk, disc, dv}` (a
+/// session key is `sk1 .. SID .. sk2`). Returns 1 + the number of sessions evicted, 0 (id taken), -1 (full),
+/// -2 (the caller's share is full).
+const CREATE: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local o = cjson.decode(ARGV[2])
+local function prune(z)
+  local old = redis.call('ZRANGEBYSCORE', z, '-inf', o.cutoff, 'LIMIT', 0, 256)
+  for _, sid in ipairs(old) do
+    redis.call('ZREM', z, sid)
+    redis.call('SREM', o.busyk, sid)
+  end
+end
+prune(o.sessions)
+prune(o.caller)
+local function evict(z)
+  local ids = redis.call('ZRANGE', z, 0, 63)
+  for _, sid in ipairs(ids) do
+    local k = o.sk1 .. sid .. o.sk2
+    if redis.call('HEXISTS', k, 'd') == 0 then
+      redis.call('ZREM', z, sid)
+      redis.call('ZREM', o.sessions, sid)
+      redis.call('SREM', o.busyk, sid)
+    elseif redis.call('SISMEMBER', o.busyk, sid) == 0 then
+      local c = redis.call('HGET', k, 'c')
+      redis.call('HDEL', k, 'd')
+      redis.call('HSET', k, 'gone', '1')
+      redis.call('PEXPIRE', k, o.tomb)
+      redis.call('ZREM', o.sessions, sid)
+      redis.call('ZREM', o.timers, sid)
+      if c then redis.call('ZREM', c, sid) end
+      redis.call('PUBLISH', o.wk, 's' .. sid)
+      return true
+    end
+  end
+  return false
+end
+local evicted = 0
+if redis.call('ZCARD', o.caller) >= tonumber(o.maxc) then
+  if not evict(o.caller) then return -2 end
+  evicted = evicted + 1
+end
+if redis.call('ZCARD', o.sessions) >= tonumber(o.max) then
+  if not evict(o.sessions) then return -1 end
+  evicted = evicted + 1
+end
+redis.call('HSET', KEYS[1], 'v', '1', 'd', ARGV[1], 'c', o.caller)
+redis.call('PEXPIRE', KEYS[1], o.ttl)
+redis.call('ZADD', o.sessions, o.now, o.sid)
+redis.call('ZADD', o.caller, o.now, o.sid)
+if o.disc then redis.call('SET', o.disc, o.dv, 'PX', o.ttl) end
+return 1 + evicted
+";
+
+/// Claims due timers: each returned session's score moves to `ARGV[3]`, so a replica
+/// that dies before handling it leaves it to another after that. `KEYS[1]` the zset.
+const CLAIM_TIMERS: &str = r"
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, sid in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[3], sid) end
+return due
+";
+
+/// Takes over leases past their deadline: owner := `ARGV[3]`, deadline := `ARGV[4]`.
+/// Returns a flat list of (lease key, record, previous owner).
+const CLAIM_LEASES: &str = r"
+local out = {}
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, k in ipairs(due) do
+  local rec = redis.call('HGET', k, 'rec')
+  if not rec then
+    redis.call('ZREM', KEYS[1], k)
+  else
+    local d = tonumber(redis.call('HGET', k, 'deadline'))
+    if d and d <= tonumber(ARGV[1]) then
+      local prev = redis.call('HGET', k, 'owner') or ''
+      redis.call('HSET', k, 'owner', ARGV[3], 'deadline', ARGV[4])
+      redis.call('ZADD', KEYS[1], ARGV[4], k)
+      table.insert(out, k)
+      table.insert(out, rec)
+      table.insert(out, prev)
+    elseif d then
+      redis.call('ZADD', KEYS[1], d, k)
+    else
+      redis.call('ZREM', KEYS[1], k)
+    end
+  end
+end
+return out
+";
+
+/// Renews a lease this replica holds (and the session's TTL). `KEYS` lease, leases
+/// zset, session; `ARGV` owner, deadline, ttl. Returns 0 when the lease is gone or
+/// someone else's.
+const RENEW_LEASE: &str = r"
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'deadline', ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[2], KEYS[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if redis.call('HEXISTS', KEYS[3], 'd') == 1 then redis.call('PEXPIRE', KEYS[3], ARGV[3]) end
+return 1
+";
+
+/// Renews a connection holder (and the session's TTL). `KEYS` holder, session; `ARGV`
+/// token, hold ms, session ttl. Returns 0 when the holder changed or the session ended
+/// (deleted, or evicted to make room).
+const RENEW_HOLDER: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('HEXISTS', KEYS[2], 'gone') == 1 then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if redis.call('HEXISTS', KEYS[2], 'd') == 1 then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
+return 1
+";
+
+/// Drops a connection holder if it is still this one. `KEYS[1]`, `ARGV[1]` the token.
+const RELEASE_HOLDER: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+";
+
+/// What reading a session found.
+#[derive(Debug)]
+pub(super) enum Loaded {
+    /// No such session (never existed, or expired).
+    Missing,
+    /// Deleted by its peer.
+    Gone,
+    /// Its version and state.
+    Found { version: String, state: Vec<u8> },
+}
+
+/// What a compare-and-set did.
+#[derive(Debug)]
+pub(super) enum Stored {
+    /// Stored as this version; `handed` the holder keys of the streams whose entries
+    /// the step may hand to its relay (still holding them), `local_wake` whether a
+    /// stream another connection of this replica holds got entries.
+    Committed {
+        version: String,
+        handed: Vec<String>,
+        local_wake: bool,
+    },
+    /// Someone else stored first: the current version and state.
+    Conflict { version: String, state: Vec<u8> },
+    /// The session expired meanwhile.
+    Missing,
+    /// It was deleted meanwhile.
+    Gone,
+}
+
+/// One entry of a stream: its sequence number, message (absent on a bare end
+/// marker), and whether it ends the stream.
+#[derive(Debug)]
+pub(super) struct Entry {
+    pub(super) seq: u64,
+    pub(super) message: Option<Vec<u8>>,
+    pub(super) end: bool,
+}
+
+/// The replica's connections and scripts.
+pub(super) struct Redis {
+    commands: ConnectionManager,
+    pubsub: ConnectionManager,
+    timeout: Duration,
+    step: Script,
+    create: Script,
+    claim_timers: Script,
+    claim_leases: Script,
+    renew_lease: Script,
+    renew_holder: Script,
+    release_holder: Script,
+    /// Whether the last command reached Redis (readiness).
+    up: AtomicBool,
+}
+
+impl std::fmt::Debug for Redis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redis")
+            .field("timeout", &self.timeout)
+            .field("up", &self.up)
+            .finish_non_exhaustive()
+    }
+}
+
+fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(50))
+        .set_max_delay(Duration::from_millis(500))
+}
+
+/// Checks a `redis://` URL without connecting.
+pub(crate) fn check_url(url: &str) -> Result<(), String> {
+    Client::open(url)
+        .map(|_| ())
+        .map_err(|e| format!("session_store: {e}"))
+}
+
+impl Redis {
+    /// Opens both connections lazily: nothing is sent until the first command, and
+    /// each reconnects by itself. `push` receives pub/sub messages (and a
+    /// disconnection notice whenever the pub/sub connection drops).
+    pub(super) fn open(
+        url: &str,
+        timeout: Duration,
+        push: impl AsyncPushSender,
+    ) -> Result<Self, redis::RedisError> {
+        let commands = Client::open(url)?.get_connection_manager_lazy(manager_config(timeout))?;
+        let resp3 = if url.contains('?') {
+            format!("{url}&protocol=resp3")
+        } else {
+            format!("{url}?protocol=resp3")
+        };
+        let pubsub = Client::open(resp3.as_str())?.get_connection_manager_lazy(
+            manager_config(timeout)
+                .set_push_sender(push)
+                .set_automatic_resubscription(),
+        )?;
+        Ok(Self {
+            commands,
+            pubsub,
+            timeout,
+            step: Script::new(STEP),
+            create: Script::new(CREATE),
+            claim_timers: Script::new(CLAIM_TIMERS),
+            claim_leases: Script::new(CLAIM_LEASES),
+            renew_lease: Script::new(RENEW_LEASE),
+            renew_holder: Script::new(RENEW_HOLDER),
+            release_holder: Script::new(RELEASE_HOLDER),
+            up: AtomicBool::new(true),
+        })
+    }
+
+    /// Whether the last command reached Redis.
+    pub(super) fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    async fn bounded<T>(
+        &self,
+        f: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        let outcome = match tokio::time::timeout(self.timeout, f).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(source)) => Err(StoreError::Unreachable { source }),
+            Err(_) => Err(StoreError::Timeout {
+                timeout: self.timeout,
+            }),
+        };
+        let reached = match &outcome {
+            Ok(_) => true,
+            Err(StoreError::Unreachable { source }) => {
+                !(source.is_io_error()
+                    || source.is_connection_dropped()
+                    || source.is_connection_refusal()
+                    || source.is_timeout())
+            }
+            Err(_) => false,
+        };
+        self.up.store(reached, Ordering::Relaxed);
+        outcome
+    }
+
+    /// A session's version and state.
+    pub(super) async fn load(&self, session: &str) -> Result<Loaded, StoreError> {
+        let mut c = self.commands.clone();
+        let (v, d, gone): (Option<String>, Option<Vec<u8>>, Option<String>) = self
+            .bounded(
+                redis::cmd("HMGET")
+                    .arg(session)
+                    .arg("v")
+                    .arg("d")
+                    .arg("gone")
+                    .query_async(&mut c),
+            )
+            .await?;
+        Ok(match (v, d, gone) {
+            (_, _, Some(_)) => Loaded::Gone,
+            (Some(version), Some(state), None) => Loaded::Found { version, state },
+            _ => Loaded::Missing,
+        })
+    }
+
+    /// The compare-and-set of one step (see [`STEP`]).
+    pub(super) async fn step(
+        &self,
+        session: &str,
+        version: &str,
+        state: &[u8],
+        ops: &[u8],
+        payloads: &[Vec<u8>],
+    ) -> Result<Stored, StoreError> {
+        let mut c = self.commands.clone();
+        let mut invocation = self.step.key(session);
+        invocation.arg(version).arg(state).arg(ops);
+        for p in payloads {
+            invocation.arg(p.as_slice());
+        }
+        let reply: RValue = self.bounded(invocation.invoke_async(&mut c)).await?;
+        let RValue::Array(items) = reply else {
+            return Err(corrupt("the step script answered something else".into()));
+        };
+        Ok(match items.first().and_then(as_i64) {
+            Some(1) => Stored::Committed {
+                version: items.get(1).and_then(as_string).unwrap_or_default(),
+                handed: match items.get(2) {
+                    Some(RValue::Array(keys)) => keys.iter().filter_map(as_string).collect(),
+                    _ => Vec::new(),
+                },
+                local_wake: items.get(3).and_then(as_i64) == Some(1),
+            },
+            Some(0) => Stored::Conflict {
+                version: items.get(1).and_then(as_string).unwrap_or_default(),
+                state: items.get(2).and_then(as_bytes).unwrap_or_default(),
+            },
+            Some(-1) => Stored::Missing,
+            Some(-2) => Stored::Gone,
+            _ => return Err(corrupt("the step script answered an unknown code".into())),
+        })
+    }
+
+    /// Stores a new session (see [`CREATE`]): 1 stored, 0 id taken, -1 full.
+    pub(super) async fn create(
+        &self,
+        session: &str,
+        state: &[u8],
+        ops: &[u8],
+    ) -> Result<i64, StoreError> {
+        let mut c = self.commands.clone();
+        self.bounded(
+            self.create
+                .key(session)
+                .arg(state)
+                .arg(ops)
+                .invoke_async(&mut c),
+        )
+        .await
+    }
+
+    /// A plain `GET`.
+    pub(super) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut c = self.commands.clone();
+        self.bounded(redis::cmd("GET").arg(key).query_async(&mut c))
+            .await
+    }
+
+    /// `DEL` of keys and `ZREM` of members of `zset`.
+    pub(super) async fn delete(
+        &self,
+        keys: &[String],
+        zset: &str,
+        members: &[String],
+    ) -> Result<(), StoreError> {
+        let mut c = self.commands.clone();
+        let mut p = redis::pipe();
+        if !keys.is_empty() {
+            p.cmd("DEL").arg(keys).ignore();
+        }
+        if !members.is_empty() {
+            p.cmd("ZREM").arg(zset).arg(members).ignore();
+        }
+        self.bounded(p.query_async::<()>(&mut c)).await
+    }
+
+    /// Due timers, claimed until `claim_until`.
+    pub(super) async fn claim_timers(
+        &self,
+        zset: &str,
+        now: u64,
+        limit: usize,
+        claim_until: u64,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut c = self.commands.clone();
+        self.bounded(
+            self.claim_timers
+                .key(zset)
+                .arg(now)
+                .arg(limit)
+                .arg(claim_until)
+                .invoke_async(&mut c),
+        )
+        .await
+    }
+
+    /// Leases past their deadline, taken over by `owner` until `deadline`: (lease key,
+    /// record, previous owner).
+    pub(super) async fn claim_leases(
+        &self,
+        zset: &str,
+        now: u64,
+        limit: usize,
+        owner: &str,
+        deadline: u64,
+    ) -> Result<Vec<(String, Vec<u8>, String)>, StoreError> {
+        let mut c = self.commands.clone();
+        let flat: Vec<RValue> = self
+            .bounded(
+                self.claim_leases
+                    .key(zset)
+                    .arg(now)
+                    .arg(limit)
+                    .arg(owner)
+                    .arg(deadline)
+                    .invoke_async(&mut c),
+            )
+            .await?;
+        Ok(flat
+            .chunks(3)
+            .filter_map(|c| {
+                Some((
+                    as_string(c.first()?)?,
+                    as_bytes(c.get(1)?)?,
+                    as_string(c.get(2)?).unwrap_or_default(),
+                ))
+            })
+            .collect())
+    }
+
+    /// Renews `owner`'s lease; false when it lost it.
+    pub(super) async fn renew_lease(
+        &self,
+        lease: &str,
+        zset: &str,
+        session: &str,
+        owner: &str,
+        deadline: u64,
+        ttl: u64,
+    ) -> Result<bool, StoreError> {
+        let mut c = self.commands.clone();
+        let kept: i64 = self
+            .bounded(
+                self.renew_lease
+                    .key(lease)
+                    .key(zset)
+                    .key(session)
+                    .arg(owner)
+                    .arg(deadline)
+                    .arg(ttl)
+                    .invoke_async(&mut c),
+            )
+            .await?;
+        Ok(kept == 1)
+    }
+
+    /// Makes `token` the holder of a stream's connection: only when there is none
+    /// (`exclusive`), or taking it over. False when `exclusive` and it is held.
+    pub(super) async fn hold(
+        &self,
+        holder: &str,
+        token: &str,
+        hold_ms: u64,
+        exclusive: bool,
+    ) -> Result<bool, StoreError> {
+        let mut c = self.commands.clone();
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(holder).arg(token).arg("PX").arg(hold_ms);
+        if exclusive {
+            cmd.arg("NX");
+        }
+        let set: Option<String> = self.bounded(cmd.query_async(&mut c)).await?;
+        Ok(set.is_some())
+    }
+
+    /// Renews a holder; false when the connection is no longer the holder.
+    pub(super) async fn renew_holder(
+        &self,
+        holder: &str,
+        session: &str,
+        token: &str,
+        hold_ms: u64,
+        ttl: u64,
+    ) -> Result<bool, StoreError> {
+        let mut c = self.commands.clone();
+        let kept: i64 = self
+            .bounded(
+                self.renew_holder
+                    .key(holder)
+                    .key(session)
+                    .arg(token)
+                    .arg(hold_ms)
+                    .arg(ttl)
+                    .invoke_async(&mut c),
+            )
+            .await?;
+        Ok(kept == 1)
+    }
+
+    /// Drops the holder if it is still `token`; true when it was.
+    pub(super) async fn release_holder(
+        &self,
+        holder: &str,
+        token: &str,
+    ) -> Result<bool, StoreError> {
+        let mut c = self.commands.clone();
+        let n: i64 = self
+            .bounded(
+                self.release_holder
+                    .key(holder)
+                    .arg(token)
+                    .invoke_async(&mut c),
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// Entries of a stream after `after` (at most `count`), and the stream's holder;
+    /// with `hold`, that token becomes the holder (for so many ms) first, in the same
+    /// round trip.
+    pub(super) async fn read(
+        &self,
+        stream: &str,
+        after: u64,
+        count: usize,
+        holder: &str,
+        hold: Option<(&str, u64)>,
+    ) -> Result<(Vec<Entry>, Option<String>), StoreError> {
+        let mut c = self.commands.clone();
+        let mut p = redis::pipe();
+        if let Some((token, ms)) = hold {
+            p.cmd("SET")
+                .arg(holder)
+                .arg(token)
+                .arg("PX")
+                .arg(ms)
+                .ignore();
+        }
+        let (raw, holder): (RValue, Option<String>) = self
+            .bounded(
+                p.cmd("XRANGE")
+                    .arg(stream)
+                    .arg(format!("(0-{after}"))
+                    .arg("+")
+                    .arg("COUNT")
+                    .arg(count)
+                    .cmd("GET")
+                    .arg(holder)
+                    .query_async(&mut c),
+            )
+            .await?;
+        Ok((parse_entries(raw)?, holder))
+    }
+
+    /// Subscribes the pub/sub connection to `channel`.
+    pub(super) async fn subscribe(&self, channel: &str) -> Result<(), StoreError> {
+        let mut c = self.pubsub.clone();
+        self.bounded(c.subscribe(channel)).await
+    }
+
+    /// `PING` on the command connection.
+    pub(super) async fn ping(&self) -> Result<(), StoreError> {
+        let mut c = self.commands.clone();
+        self.bounded(redis::cmd("PING").query_async::<()>(&mut c))
+            .await
+    }
+}
+
+fn corrupt(reason: String) -> StoreError {
+    StoreError::Corrupt { reason }
+}
+
+fn as_i64(v: &RValue) -> Option<i64> {
+    match v {
+        RValue::Int(n) => Some(*n),
+        _ => None,
+    }
+}
+
+fn as_bytes(v: &RValue) -> Option<Vec<u8>> {
+    match v {
+        RValue::BulkString(b) => Some(b.clone()),
+        RValue::SimpleString(s) => Some(s.clone().into_bytes()),
+        _ => None,
+    }
+}
+
+fn as_string(v: &RValue) -> Option<String> {
+    as_bytes(v).and_then(|b| String::from_utf8(b).ok())
+}
+
+/// `XRANGE` replies: `[[id, [field, value, …]], …]` with ids `0-SEQ`.
+fn parse_entries(raw: RValue) -> Result<Vec<Entry>, StoreError> {
+    let RValue::Array(items) = raw else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let RValue::Array(pair) = item else {
+            return Err(corrupt("a stream entry is not a pair".into()));
+        };
+        let mut pair = pair.into_iter();
+        let id = pair.next().as_ref().and_then(as_string).unwrap_or_default();
+        let seq = id
+            .strip_prefix("0-")
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| corrupt(format!("stream entry id {id:?}")))?;
+        let mut entry = Entry {
+            seq,
+            message: None,
+            end: false,
+        };
+        if let Some(RValue::Array(fields)) = pair.next() {
+            let mut fields = fields.into_iter();
+            while let (Some(k), Some(v)) = (fields.next(), fields.next()) {
+                match as_string(&k).as_deref() {
+                    Some("m") => entry.message = as_bytes(&v),
+                    Some("e") => entry.end = true,
+                    _ => {}
+                }
+            }
+        }
+        out.push(entry);
+    }
+    Ok(out)
+}

@@ -1,0 +1,339 @@
+//! Upstream exchanges of shared sessions, their leases, and the sweeper.
+//!
+//! The replica whose step emitted an upstream request runs it: every message the
+//! upstream sends back is fed to the session as a step of its own, and the step that
+//! feeds the response drops the exchange's lease in the same transaction. While it
+//! runs, the lease (owner + deadline) is renewed at a third of its length; a replica
+//! that dies stops renewing, and once the deadline passed any replica's sweeper takes
+//! the lease over and sends the same request again (the upstream sees it at least once,
+//! at most once per lease holder). A renewal that finds the lease gone (the request was
+//! cancelled, or answered through a replica that took over) aborts the exchange.
+//!
+//! The sweeper also fires the machines' timers: every replica claims due sessions from
+//! a shared sorted set (moving them a few seconds ahead, so a replica that dies while
+//! handling one leaves it to another) and feeds `handle_timeout`.
+
+use super::stored::{LeaseRecord, Record};
+use super::{wall_ms, Ctx, RedisSessions, Running, StepError};
+use crate::digest::log_tag;
+use crate::driver::{self, Ended};
+use crate::forwarded::Forwarded;
+use crate::Route;
+use dualera_adapters::session::Denied;
+use dualera_adapters::{Message, PeerStream, RequestId, UpstreamRole};
+use futures_util::future::abortable;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{debug, info, warn, Instrument};
+
+/// Each upstream message of a shared session is fed (and stored) as a step of its
+/// own before the next is read from the upstream; the SSE relays read the session's
+/// streams from Redis at their hosts' pace.
+struct RedisFeed<'a> {
+    sessions: &'a Arc<RedisSessions>,
+    gw: &'a Arc<Route>,
+    sid: &'a str,
+}
+
+impl driver::Feed for RedisFeed<'_> {
+    async fn room(&self, _: &UpstreamRole) {}
+
+    async fn message(&self, id: &RequestId, message: Message, last: bool) -> bool {
+        self.sessions
+            .feed_upstream(self.gw, self.sid, id, message, last)
+            .await;
+        true
+    }
+
+    async fn ended(&self, id: &RequestId, ended: Ended) {
+        match ended {
+            Ended::Done => {}
+            Ended::Denied => self.sessions.denied_upstream(self.gw, self.sid, id).await,
+            Ended::Lost(refusal) => {
+                self.sessions
+                    .lost_upstream(self.gw, self.sid, id, refusal)
+                    .await;
+            }
+        }
+    }
+}
+
+/// How often due timers are looked for.
+const TIMER_PERIOD: Duration = Duration::from_millis(100);
+/// How often leases past their deadline are looked for.
+const LEASE_PERIOD: Duration = Duration::from_millis(250);
+/// Timers claimed per look.
+const TIMERS_AT_ONCE: usize = 32;
+/// Leases taken over per look.
+const LEASES_AT_ONCE: usize = 8;
+/// How long a claimed timer is left to its claimer.
+const TIMER_CLAIM: Duration = Duration::from_secs(5);
+
+impl RedisSessions {
+    /// Runs one upstream exchange to its end, feeding what comes back.
+    pub(super) async fn run_exchange(
+        self: Arc<Self>,
+        gw: Arc<Route>,
+        sid: String,
+        running: Running,
+    ) {
+        let id = running.start.id.clone();
+        let span = tracing::debug_span!("upstream", session = %log_tag(&sid), rpc.id = %id, role = ?running.start.role, replica = %self.replica);
+        let (work, handle) = abortable(self.clone().exchange(gw, sid.clone(), running));
+        self.exchanges.insert((sid.clone(), id.clone()), handle);
+        let _ = work.instrument(span).await;
+        self.exchanges.remove(&(sid, id));
+    }
+
+    /// The exchange itself ([`driver::exchange`]), for as long as this replica holds
+    /// its lease. A cancellation from another replica arrives on this replica's
+    /// channel (the lease names it as the owner).
+    async fn exchange(self: Arc<Self>, gw: Arc<Route>, sid: String, running: Running) {
+        let renew = self.renew(&sid, running.lease.as_deref());
+        let feed = RedisFeed {
+            sessions: &self,
+            gw: &gw,
+            sid: &sid,
+        };
+        tokio::select! {
+            () = driver::exchange(&gw, &running.start, &running.forwarded, running.head.as_deref(), &feed) => {}
+            () = renew => {
+                info!("lease lost; exchange abandoned");
+            }
+        }
+    }
+
+    /// Renews the lease until it is lost (never returns while it is held).
+    async fn renew(&self, sid: &str, lease: Option<&str>) {
+        let Some(lease) = lease else {
+            return std::future::pending().await;
+        };
+        let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
+        let every = self.lease / 3;
+        let session = self.keys.session(sid);
+        let zset = self.keys.leases();
+        let mut failures = 0u32;
+        loop {
+            tokio::time::sleep(every).await;
+            match self
+                .redis
+                .renew_lease(
+                    lease,
+                    &zset,
+                    &session,
+                    &self.replica,
+                    wall_ms() + self.lease_ms(),
+                    ttl,
+                )
+                .await
+            {
+                Ok(true) => failures = 0,
+                Ok(false) => return,
+                Err(e) => {
+                    // Past the deadline another replica may take it over; until then
+                    // this one keeps going.
+                    failures += 1;
+                    debug!(error = %e, "lease renewal failed");
+                    if failures >= 3 {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn feed_upstream(
+        self: &Arc<Self>,
+        gw: &Arc<Route>,
+        sid: &str,
+        id: &RequestId,
+        message: Message,
+        last: bool,
+    ) {
+        let ctx = Ctx {
+            done_upstream: last.then(|| id.clone()),
+            ..Ctx::default()
+        };
+        let fed = self
+            .step(gw, sid, &ctx, |record, now| {
+                record
+                    .machine
+                    .handle_upstream_message(Some(id.clone()), message.clone(), now)
+            })
+            .await;
+        match fed {
+            Ok(()) => {}
+            Err(StepError::Refused(e)) => debug!(error = %e, "upstream message refused"),
+            Err(StepError::NotFound { .. }) => debug!("session gone; upstream message dropped"),
+            Err(StepError::Store(e)) => {
+                // The lease survives: past its deadline a replica redoes the exchange.
+                warn!(error = %e, "upstream message not stored; the lease will redo it");
+            }
+        }
+    }
+
+    /// The exchange ended without an answer: lost (`refusal` `None`: the machine
+    /// retries or fails the request as it does in memory), or refused for a reason of
+    /// its own (too large for the upstream, a TLS refusal …: the legacy request fails
+    /// with it).
+    async fn lost_upstream(
+        self: &Arc<Self>,
+        gw: &Arc<Route>,
+        sid: &str,
+        id: &RequestId,
+        refusal: Option<(&'static str, String)>,
+    ) {
+        let ctx = Ctx {
+            done_upstream: Some(id.clone()),
+            ..Ctx::default()
+        };
+        let fed = self
+            .step(gw, sid, &ctx, |record, now| match &refusal {
+                Some((reason, message)) => {
+                    record
+                        .machine
+                        .handle_upstream_refused(id, reason, message.clone(), now)
+                }
+                None => record.machine.handle_upstream_lost(id, now),
+            })
+            .await;
+        if let Err(StepError::Store(e)) = fed {
+            warn!(error = %e, "lost upstream request not stored");
+        }
+    }
+
+    /// The upstream refused the credentials of a call whose host request answers
+    /// with that refusal: the machine forgets a first attempt (and its stream) or
+    /// parks the round until the answer is sent again.
+    async fn denied_upstream(self: &Arc<Self>, gw: &Arc<Route>, sid: &str, id: &RequestId) {
+        let ctx = Ctx {
+            done_upstream: Some(id.clone()),
+            ..Ctx::default()
+        };
+        let fed = self
+            .step(gw, sid, &ctx, |record, now| {
+                let outcome = record.machine.handle_upstream_denied(id, now)?;
+                if let Denied::Request { legacy } = &outcome {
+                    record.forget(&PeerStream::Request(legacy.clone()));
+                    record.set_auth(Some(legacy.clone()), None);
+                }
+                Ok::<_, dualera_adapters::SessionError>(outcome)
+            })
+            .await;
+        match fed {
+            Ok(Denied::Round { legacy, live }) => {
+                debug!(rpc.id = %legacy, live = %live, "round parked until the answer is sent again");
+            }
+            Ok(_) => {}
+            Err(StepError::Store(e)) => warn!(error = %e, "refused upstream request not stored"),
+            Err(_) => {}
+        }
+    }
+
+    /// Fires one session's due timers.
+    async fn fire_timers(self: Arc<Self>, gw: Arc<Route>, sid: String) {
+        let fed = self
+            .step(&gw, &sid, &Ctx::default(), |record, now| {
+                record.machine.handle_timeout(now);
+                Ok::<(), ()>(())
+            })
+            .await;
+        match fed {
+            Ok(()) => {}
+            Err(StepError::NotFound { .. }) => {
+                let _ = self.redis.delete(&[], &self.keys.timers(), &[sid]).await;
+            }
+            Err(StepError::Store(e)) => debug!(error = %e, "timer not fired"),
+            Err(StepError::Refused(())) => {}
+        }
+    }
+
+    /// Drops a lease that cannot be redone (unreadable, or its session is gone).
+    async fn drop_lease(&self, lease: &str) {
+        let lease = [lease.to_owned()];
+        let _ = self.redis.delete(&lease, &self.keys.leases(), &lease).await;
+    }
+
+    /// Redoes an exchange whose lease this replica just took over.
+    async fn take_over(
+        self: Arc<Self>,
+        gw: Arc<Route>,
+        lease: String,
+        record: Vec<u8>,
+        previous: String,
+    ) {
+        let Ok(rec) = serde_json::from_slice::<LeaseRecord>(&record) else {
+            warn!("unreadable lease dropped");
+            self.drop_lease(&lease).await;
+            return;
+        };
+        let Ok(Message::Request(request)) = Message::from_value(rec.request) else {
+            self.drop_lease(&lease).await;
+            return;
+        };
+        let session: Option<Record> = match self.redis.load(&self.keys.session(&rec.sid)).await {
+            Ok(super::client::Loaded::Found { state, .. }) => self.decode(&state).await.ok(),
+            Ok(_) => None,
+            Err(e) => {
+                debug!(error = %e, "lease not taken over now");
+                return;
+            }
+        };
+        let Some(session) = session else {
+            self.drop_lease(&lease).await;
+            return;
+        };
+        info!(session = %log_tag(&rec.sid), rpc.id = %request.id, from = %previous, replica = %self.replica, "lease taken over; upstream request sent again");
+        let mut session = session;
+        let (machine, calls) = session.split();
+        let (auth, trace) = driver::carried(&rec.role, &request, machine, &calls, None);
+        let start = Running {
+            start: driver::Start {
+                role: rec.role,
+                id: request.id.clone(),
+                message: Message::Request(request),
+                headers: rec.headers,
+                auth,
+                trace,
+            },
+            lease: Some(lease),
+            head: None,
+            forwarded: Forwarded::from_pairs(&session.forwarded),
+        };
+        let sid = rec.sid;
+        self.run_exchange(gw, sid, start).await;
+    }
+}
+
+/// The sweeper: due timers and leases past their deadline, forever (aborted at stop).
+pub(super) async fn sweep(sessions: Arc<RedisSessions>, gw: Arc<Route>) {
+    let mut timers = tokio::time::interval(TIMER_PERIOD);
+    let mut leases = tokio::time::interval(LEASE_PERIOD);
+    let claim = u64::try_from(TIMER_CLAIM.as_millis()).unwrap_or(u64::MAX);
+    loop {
+        tokio::select! {
+            _ = timers.tick() => {
+                let now = wall_ms();
+                match sessions.redis.claim_timers(&sessions.keys.timers(), now, TIMERS_AT_ONCE, now + claim).await {
+                    Ok(due) => {
+                        for sid in due {
+                            tokio::spawn(sessions.clone().fire_timers(gw.clone(), sid));
+                        }
+                    }
+                    Err(e) => debug!(error = %e, "timers not swept"),
+                }
+            }
+            _ = leases.tick() => {
+                let now = wall_ms();
+                match sessions.redis.claim_leases(&sessions.keys.leases(), now, LEASES_AT_ONCE, &sessions.replica, now + sessions.lease_ms()).await {
+                    Ok(taken) => {
+                        for (lease, record, previous) in taken {
+                            tokio::spawn(sessions.clone().take_over(gw.clone(), lease, record, previous));
+                        }
+                    }
+                    Err(e) => debug!(error = %e, "leases not swept"),
+                }
+            }
+        }
+    }
+}

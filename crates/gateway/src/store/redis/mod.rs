@@ -1,0 +1,1794 @@
+//! Legacy Streamable HTTP sessions shared through Redis (`session_store =
+//! "redis://…"`): the second driver of the adapters' session machine, beside the
+//! in-memory one (`legacy_http`), so that any replica behind a plain, non-sticky load
+//! balancer serves any request of any session.
+//!
+//! One request is one *step*: load the session's record and machine, feed one input,
+//! drain the machine's events into effects, and store the new state together with
+//! those effects in one compare-and-set script (version check; a conflict returns the
+//! current state and the step is fed again from it). Only once stored does the replica
+//! perform what the machine asked: start upstream exchanges, answer the host.
+//!
+//! ```text
+//!  host ─► LB ─► replica A: load ─► feed ─► CAS{state, XADD, lease, timer, PUBLISH} ─► exchange ─► upstream
+//!                replica B: SSE relay ◄── pub/sub wake-up ◄────────────┘ (then XRANGE: the data is in the stream)
+//!                replica A: its own SSE relay ◄── the step's entries, handed over in memory (no wake-up, no read)
+//!                replica C: sweeper ─► due timers, leases past their deadline (redo the exchange)
+//! ```
+//!
+//! - Every SSE stream is a Redis Stream; event ids `N.SEQ` are unique within the
+//!   session (stream N, its SEQth entry), and `GET` with `Last-Event-ID` on any replica
+//!   replays that stream only, then keeps relaying it.
+//! - The replica that receives a round's last answer runs the retry itself, under a
+//!   lease (owner + deadline, renewed at a third of it); when that replica dies, a
+//!   sweeper elsewhere takes the lease over after its deadline and sends the same
+//!   request again: upstream calls are at-least-once across a replica death.
+//! - Timers (live-request deadlines, paused rounds, subscription retries) sit in a
+//!   shared sorted set that every replica's sweeper claims from.
+//! - Nothing is served from a copy: when Redis cannot be reached, requests of shared
+//!   sessions fail with `-32603` and `data.reason = "sessionStoreUnavailable"`.
+
+pub(crate) mod client;
+mod exchange;
+pub(crate) mod keys;
+mod relay;
+mod stored;
+mod wake;
+
+use self::client::{Loaded, Redis, Stored as CasResult};
+use self::keys::{valid_session_id, Keys};
+use self::stored::{Append, LeaseRecord, NewLease, Ops, Record};
+use self::wake::{Handed, Inbox, Wake, Wakes};
+use crate::auth::BindingKey;
+use crate::body::{empty, full, GatewayBody};
+use crate::digest::log_tag;
+use crate::driver::{self, HeadWatch, Out};
+use crate::forwarded::Forwarded;
+use crate::legacy_http::{
+    self, accepted, mint_session_id, refusal, rpc_error, session_missing, store_unavailable,
+    with_session_header, PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, INIT_WAIT,
+};
+use crate::store::{Lookup, RedisStoreConfig, SessionStore, StoreError};
+use crate::telemetry::WIRE_HTTP;
+use crate::{cache, GatewayConfig, Route};
+use dashmap::DashMap;
+use dualera_adapters::jsonrpc::EnvelopeError;
+use dualera_adapters::usage::{Feature, Observation};
+use dualera_adapters::{
+    Config as MachineConfig, ErrorCode, Message, PeerStream, Request, RequestId, Session,
+    SessionError, SessionState, Timestamp, UpstreamRole,
+};
+use http::header::{self, HeaderValue};
+use http::{HeaderMap, Response, StatusCode};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::Notify;
+use tracing::{debug, info, warn};
+
+/// How often a stream's relay renews its hold and checks its connection.
+const HOLD_TICK: Duration = Duration::from_secs(2);
+/// A relay's hold lasts this long without renewal.
+const HOLD: Duration = Duration::from_secs(8);
+/// Compare-and-set attempts before a step gives up.
+const MAX_ATTEMPTS: u32 = 32;
+/// Discover results kept decoded, by digest.
+const DISCOVERS_KEPT: usize = 64;
+/// Sessions whose last stored version a replica remembers, to try its next step's
+/// compare-and-set without reading first.
+const VERSIONS_KEPT: usize = 4096;
+/// Finished ids a shared session remembers (the machine's `retired_ids`): every step
+/// reads and writes the whole record, and ids older than this are still told apart
+/// from unknown ones by their shape.
+const RETIRED_IDS: usize = 16;
+
+/// Milliseconds since the Unix epoch: the machine's clock in a shared session, so that
+/// its deadlines mean the same on every replica (their clocks must agree to well under
+/// a second).
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+use crate::digest::hex;
+
+fn same(a: &str, b: &str) -> bool {
+    crate::digest::constant_time_eq(a.as_bytes(), b.as_bytes())
+}
+
+/// A shared session as the front found it: its id and the caller's binding. Whether
+/// it exists is learned by the operation (one read, not two).
+#[derive(Debug)]
+pub(crate) struct RedisSession {
+    id: String,
+    binding: String,
+    /// The request carries no credentials.
+    anonymous: bool,
+}
+
+/// Whether a POST answers with JSON or opens an SSE stream, decided by the first
+/// message for its stream: one final response within the first second is JSON (and
+/// never stored in Redis); anything else is SSE, relayed from the stream.
+#[derive(Debug)]
+struct Decider {
+    state: Mutex<Decision>,
+    notify: Notify,
+    /// The token its relay will hold the stream with.
+    token: String,
+    /// The entries for its relay, not yet sent: the relay sends them without reading
+    /// them back. This replica's steps hand theirs over (the deciding step also took
+    /// the hold; a later one only while the relay still holds the stream, as its
+    /// compare-and-set checks); another replica's come through pub/sub, addressed to
+    /// `token`.
+    inbox: Arc<Inbox>,
+}
+
+impl Decider {
+    fn new(token: String) -> Self {
+        Self {
+            state: Mutex::new(Decision::Deciding),
+            notify: Notify::new(),
+            token,
+            inbox: Arc::new(Inbox::default()),
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+enum Decision {
+    #[default]
+    Deciding,
+    /// A step holds the answer (to send as JSON, or the first entries of the
+    /// stream) and is storing the state.
+    Claimed,
+    /// Stored: answer with this JSON.
+    Json(Vec<u8>),
+    /// Relay the stream.
+    Streaming,
+}
+
+impl Decider {
+    fn set(&self, to: Decision) {
+        if let Ok(mut s) = self.state.lock() {
+            *s = to;
+        }
+        self.notify.notify_waiters();
+    }
+}
+
+/// What a replica remembers of a session it stepped: the version and state it stored
+/// (or read), the decoded record, taken by the next step (steps of one session on one
+/// replica are serialized) so that it is not decoded again, and when this replica last
+/// moved the session's last use in the zsets (see `RedisSessions::plan`).
+struct Remembered {
+    version: String,
+    state: Arc<Vec<u8>>,
+    record: Option<Record>,
+    touched: u64,
+}
+
+fn remember(
+    version: String,
+    state: Vec<u8>,
+    record: Option<Record>,
+    touched: u64,
+) -> Arc<Mutex<Remembered>> {
+    Arc::new(Mutex::new(Remembered {
+        version,
+        state: Arc::new(state),
+        record,
+        touched,
+    }))
+}
+
+/// Why a step did not store anything.
+#[derive(Debug)]
+enum StepError<R> {
+    /// No such session for this caller (or it ended); `anonymous` when one of that
+    /// id exists and was opened without credentials.
+    NotFound { anonymous: bool },
+    /// The store failed.
+    Store(StoreError),
+    /// The input was refused; nothing changed.
+    Refused(R),
+}
+
+impl<R> From<StoreError> for StepError<R> {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+/// Who fed a step.
+#[derive(Debug, Default)]
+struct Ctx {
+    /// The caller's binding; `None` for the replica's own inputs (timers, exchanges).
+    binding: Option<String>,
+    /// The `Authorization` of the host request in hand.
+    auth: Option<String>,
+    /// The step ends the session (DELETE).
+    tomb: bool,
+    /// The step feeds the end of this upstream exchange (its lease goes).
+    done_upstream: Option<RequestId>,
+    /// The host request waiting on the first exchange the step starts.
+    head: Option<Arc<HeadWatch>>,
+    /// Where that first exchange is left for the host request's handler to drive
+    /// itself (no hand-off to a task and back on the common path), when it asks.
+    inline: Option<Mutex<Option<Running>>>,
+}
+
+/// One upstream exchange, driven by whoever holds it.
+type Exchange = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// An upstream exchange to run once a step is stored, and what it runs under here.
+#[derive(Debug)]
+struct Running {
+    start: driver::Start,
+    /// Its lease (none for `server/discover`, which nothing redoes).
+    lease: Option<String>,
+    head: Option<Arc<HeadWatch>>,
+    /// The forwarded headers of the request that opened the session.
+    forwarded: Forwarded,
+}
+
+/// The exchange of a session still being opened: its messages and its end, fed to
+/// the machine once it is over.
+#[derive(Default)]
+struct Collect(Mutex<(Vec<Message>, Option<driver::Ended>)>);
+
+impl Collect {
+    fn take(self) -> (Vec<Message>, Option<driver::Ended>) {
+        self.0
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl driver::Feed for Collect {
+    async fn room(&self, _: &UpstreamRole) {}
+
+    async fn message(&self, _: &RequestId, message: Message, _: bool) -> bool {
+        if let Ok(mut c) = self.0.lock() {
+            c.0.push(message);
+        }
+        true
+    }
+
+    async fn ended(&self, _: &RequestId, ended: driver::Ended) {
+        if let Ok(mut c) = self.0.lock() {
+            c.1 = Some(ended);
+        }
+    }
+}
+
+/// One stream's messages in a step: the stream, its messages with "is last", and
+/// whether it was closed without a last message.
+type Group = (PeerStream, Vec<(Vec<u8>, bool)>, bool);
+
+/// Entries a step hands to this replica's relay of their stream.
+struct Handing {
+    relay: Arc<Decider>,
+    entries: Vec<Handed>,
+    /// The stream's holder key.
+    holder: String,
+    /// This step decided that the POST streams (else it was streaming already).
+    decided: bool,
+}
+
+/// What a stored step leaves to do.
+#[derive(Default)]
+struct After {
+    starts: Vec<Running>,
+    cancels: Vec<RequestId>,
+    /// What is left of the step's plan: its log lines.
+    plan: driver::Plan,
+    json: Vec<(Arc<Decider>, Vec<u8>)>,
+    /// Entries for this replica's relays (they are handed over if the step script
+    /// found the relay still holding the stream).
+    streaming: Vec<Handing>,
+    /// What the step script receives after its effects, by `ARGV` index.
+    payloads: Vec<Vec<u8>>,
+    appended: bool,
+    /// The machine's observations, recorded once the step is stored.
+    observed: Vec<Observation>,
+}
+
+impl After {
+    /// The step was not stored: deciders it claimed go back to deciding.
+    fn revert(&self) {
+        for (d, _) in &self.json {
+            d.set(Decision::Deciding);
+        }
+        for h in &self.streaming {
+            if h.decided {
+                h.relay.set(Decision::Deciding);
+            }
+        }
+    }
+}
+
+/// The shared sessions of one replica.
+pub(crate) struct RedisSessions {
+    redis: Arc<Redis>,
+    keys: Keys,
+    replica: String,
+    lease: Duration,
+    machine: Arc<MachineConfig>,
+    idle_ttl: Duration,
+    keepalive: Duration,
+    replay: usize,
+    max_sessions: usize,
+    max_per_caller: usize,
+    /// Bytes queued toward one host connection before it counts as not reading.
+    max_buffered: usize,
+    /// How long a relay waits for a slow host to take what is queued.
+    stalled_reader_timeout: std::time::Duration,
+    wakes: Arc<Wakes>,
+    deciders: DashMap<(String, PeerStream), Arc<Decider>>,
+    exchanges: DashMap<(String, RequestId), futures_util::future::AbortHandle>,
+    locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// The last version and state this replica stored or read per session: a step
+    /// starts from it and the compare-and-set says whether it is still current (a
+    /// conflict returns the current state in the same round trip). Never used to
+    /// answer anything on its own.
+    versions: quick_cache::sync::Cache<String, Arc<Mutex<Remembered>>>,
+    discovers: Mutex<Vec<(String, Arc<Value>)>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for RedisSessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSessions")
+            .field("replica", &self.replica)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisSessions {
+    pub(crate) fn new(
+        store: &RedisStoreConfig,
+        config: &GatewayConfig,
+    ) -> Result<Arc<Self>, StoreError> {
+        let keys = Keys::new(&store.key_prefix);
+        let wakes = Wakes::new(&keys, &store.replica_id);
+        let sink = wakes.clone();
+        let redis = Redis::open(&store.url, store.timeout, move |info: ::redis::PushInfo| {
+            sink.push(info);
+            Ok::<(), ::redis::aio::SendError>(())
+        })
+        .map_err(|source| StoreError::Unreachable { source })?;
+        let mut machine = legacy_http::machine_config(config);
+        machine.retired_ids = RETIRED_IDS;
+        // This driver's timestamps are Unix milliseconds already.
+        machine.unix_at_zero_ms = 0;
+        let machine = Arc::new(machine);
+        Ok(Arc::new(Self {
+            redis: Arc::new(redis),
+            keys,
+            replica: store.replica_id.clone(),
+            lease: store.lease,
+            machine,
+            idle_ttl: config.session_idle_ttl,
+            keepalive: config.keepalive,
+            replay: config.replay_buffer.max(1),
+            max_sessions: config.max_sessions,
+            max_per_caller: config.max_sessions_per_caller,
+            max_buffered: config.max_buffered_bytes,
+            stalled_reader_timeout: config.stalled_reader_timeout,
+            wakes,
+            deciders: DashMap::new(),
+            exchanges: DashMap::new(),
+            locks: DashMap::new(),
+            versions: quick_cache::sync::Cache::new(VERSIONS_KEPT),
+            discovers: Mutex::new(Vec::new()),
+            tasks: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// This replica's name.
+    pub(crate) fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    /// A new connection token of this replica (see [`connection_token`]).
+    fn token(&self) -> String {
+        connection_token(&self.replica)
+    }
+
+    /// Whether the store answered the last command.
+    pub(crate) fn ready(&self) -> bool {
+        self.redis.is_up()
+    }
+
+    /// Starts the background tasks: subscriptions, the sweeper, cancellations.
+    pub(crate) fn start(self: &Arc<Self>, gw: &Arc<Route>) {
+        let (cancel_tx, mut cancel_rx) = tokio::sync::mpsc::unbounded_channel();
+        self.wakes.on_cancel(cancel_tx);
+        let me = self.clone();
+        let cancels = tokio::spawn(async move {
+            while let Some((sid, id)) = cancel_rx.recv().await {
+                if let Some((_, h)) = me.exchanges.remove(&(sid, id.clone())) {
+                    debug!(rpc.id = %id, "upstream request cancelled by another replica");
+                    h.abort();
+                }
+            }
+        });
+        let subs = tokio::spawn(self.wakes.clone().run(self.redis.clone()));
+        let sweeper = tokio::spawn(exchange::sweep(self.clone(), gw.clone()));
+        let me = self.clone();
+        let probe = tokio::spawn(async move {
+            // Keeps readiness current while no traffic flows.
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let _ = me.redis.ping().await;
+            }
+        });
+        if let Ok(mut t) = self.tasks.lock() {
+            t.extend([cancels, subs, sweeper, probe]);
+        }
+        info!(replica = %self.replica, "shared session store in use");
+    }
+
+    /// Stops the background tasks and the exchanges this replica runs (their leases
+    /// let another replica finish them).
+    pub(crate) fn stop(&self) {
+        if let Ok(mut t) = self.tasks.lock() {
+            for h in t.drain(..) {
+                h.abort();
+            }
+        }
+        for e in self.exchanges.iter() {
+            e.value().abort();
+        }
+        self.exchanges.clear();
+    }
+
+    fn new_machine(&self, sid: &str) -> Session {
+        Session::with_shared_config(self.machine.clone(), format!("dualera-{}", &sid[..8]))
+    }
+
+    // ----- discover results -------------------------------------------------------
+
+    fn discover_digest(value: &Value) -> String {
+        let bytes = serde_json::to_vec(value).unwrap_or_default();
+        hex(&Sha256::digest(&bytes))
+    }
+
+    async fn discover(&self, digest: &str) -> Result<Option<Arc<Value>>, StoreError> {
+        if let Ok(d) = self.discovers.lock() {
+            if let Some((_, v)) = d.iter().find(|(k, _)| k == digest) {
+                return Ok(Some(v.clone()));
+            }
+        }
+        let Some(bytes) = self.redis.get(&self.keys.discover(digest)).await? else {
+            return Ok(None);
+        };
+        let value: Value = serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
+            reason: format!("discover result: {e}"),
+        })?;
+        let value = Arc::new(value);
+        self.remember_discover(digest, &value);
+        Ok(Some(value))
+    }
+
+    fn remember_discover(&self, digest: &str, value: &Arc<Value>) {
+        if let Ok(mut d) = self.discovers.lock() {
+            if !d.iter().any(|(k, _)| k == digest) {
+                if d.len() >= DISCOVERS_KEPT {
+                    d.remove(0);
+                }
+                d.push((digest.to_owned(), value.clone()));
+            }
+        }
+    }
+
+    // ----- steps ------------------------------------------------------------------
+
+    async fn decode(&self, state: &[u8]) -> Result<Record, StoreError> {
+        let mut record: Record =
+            serde_json::from_slice(state).map_err(|e| StoreError::Corrupt {
+                reason: format!("session record: {e}"),
+            })?;
+        let discover = match &record.discover {
+            Some(digest) => self.discover(digest).await?,
+            None => None,
+        };
+        let machine = std::mem::take(&mut record.machine);
+        record.machine = machine.restore(self.machine.clone(), discover);
+        Ok(record)
+    }
+
+    /// Reads a session without changing it.
+    async fn read(&self, sid: &str, binding: &str) -> Result<Result<Record, bool>, StoreError> {
+        match self.redis.load(&self.keys.session(sid)).await? {
+            Loaded::Found { state, .. } => {
+                let record = self.decode(&state).await?;
+                Ok(if same(&record.binding, binding) {
+                    Ok(record)
+                } else {
+                    Err(record.anonymous)
+                })
+            }
+            Loaded::Missing | Loaded::Gone => Ok(Err(false)),
+        }
+    }
+
+    /// One step: load, `feed`, store with compare-and-set (again from the current state
+    /// on conflict), then perform. `feed` may run several times; an `Err` from it
+    /// stores nothing.
+    async fn step<T, R>(
+        self: &Arc<Self>,
+        gw: &Arc<Route>,
+        sid: &str,
+        ctx: &Ctx,
+        mut feed: impl FnMut(&mut Record, Timestamp) -> Result<T, R>,
+    ) -> Result<T, StepError<R>> {
+        let lock = self
+            .locks
+            .entry(sid.to_owned())
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+            .clone();
+        let outcome = {
+            let _held = lock.lock().await;
+            self.step_locked(gw, sid, ctx, &mut feed).await
+        };
+        drop(lock);
+        self.locks.remove_if(sid, |_, l| Arc::strong_count(l) == 1);
+        outcome
+    }
+
+    async fn step_locked<T, R>(
+        self: &Arc<Self>,
+        gw: &Arc<Route>,
+        sid: &str,
+        ctx: &Ctx,
+        feed: &mut impl FnMut(&mut Record, Timestamp) -> Result<T, R>,
+    ) -> Result<T, StepError<R>> {
+        let key = self.keys.session(sid);
+        let cached = self.versions.get(sid).and_then(|slot| {
+            let mut r = slot.lock().ok()?;
+            Some((
+                r.version.clone(),
+                r.state.clone(),
+                r.record.take(),
+                r.touched,
+            ))
+        });
+        let touched = cached.as_ref().map_or(0, |c| c.3);
+        let (mut version, mut state, mut remembered, mut decoded) = match cached {
+            Some((v, s, record, _)) => (v, s, true, record),
+            None => match self.redis.load(&key).await? {
+                Loaded::Found { version, state } => (version, Arc::new(state), false, None),
+                Loaded::Missing | Loaded::Gone => {
+                    return Err(StepError::NotFound { anonymous: false })
+                }
+            },
+        };
+        for _ in 0..MAX_ATTEMPTS {
+            let mut record = match decoded.take() {
+                Some(r) => r,
+                None => self.decode(&state).await?,
+            };
+            if let Some(b) = &ctx.binding {
+                if !same(&record.binding, b) {
+                    return Err(StepError::NotFound {
+                        anonymous: record.anonymous,
+                    });
+                }
+            }
+            let now = wall_ms();
+            let value = match feed(&mut record, Timestamp::from_millis(now)) {
+                Ok(v) => v,
+                Err(r) => {
+                    if remembered {
+                        // Refused by a remembered state: it stands only if that state
+                        // is still the current one.
+                        remembered = false;
+                        match self.redis.load(&key).await? {
+                            Loaded::Found {
+                                version: v,
+                                state: s,
+                            } if v != version => {
+                                version = v;
+                                state = Arc::new(s);
+                                continue;
+                            }
+                            Loaded::Found { .. } => {}
+                            Loaded::Missing | Loaded::Gone => {
+                                self.versions.remove(sid);
+                                return Err(StepError::NotFound { anonymous: false });
+                            }
+                        }
+                    }
+                    return Err(StepError::Refused(r));
+                }
+            };
+            let (ops, mut after) = self.plan(sid, &mut record, now, ctx, touched);
+            let blob = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt {
+                reason: format!("session record: {e}"),
+            })?;
+            let nothing = after.starts.is_empty()
+                && after.cancels.is_empty()
+                && ops.xadd.is_empty()
+                && !ctx.tomb
+                && ctx.done_upstream.is_none()
+                && blob == *state;
+            if nothing {
+                after.revert();
+                if remembered {
+                    // Nothing to store, but the answer came from a remembered state:
+                    // it stands only if that state is still the current one.
+                    remembered = false;
+                    match self.redis.load(&key).await? {
+                        Loaded::Found {
+                            version: v,
+                            state: s,
+                        } => {
+                            if v != version {
+                                version = v;
+                                state = Arc::new(s);
+                                continue;
+                            }
+                        }
+                        Loaded::Missing | Loaded::Gone => {
+                            self.versions.remove(sid);
+                            return Err(StepError::NotFound { anonymous: false });
+                        }
+                    }
+                }
+                return Ok(value);
+            }
+            let ops_json = serde_json::to_vec(&ops).map_err(|e| StoreError::Corrupt {
+                reason: format!("step effects: {e}"),
+            })?;
+            match self
+                .redis
+                .step(&key, &version, &blob, &ops_json, &after.payloads)
+                .await
+            {
+                Ok(CasResult::Committed {
+                    version: v,
+                    handed,
+                    local_wake,
+                }) => {
+                    self.observe(gw, &record.machine, std::mem::take(&mut after.observed));
+                    if ctx.tomb {
+                        self.versions.remove(sid);
+                    } else {
+                        let touched = if ops.touch { now } else { touched };
+                        self.versions
+                            .insert(sid.to_owned(), remember(v, blob, Some(record), touched));
+                    }
+                    self.perform(gw, sid, after, ctx, &handed, local_wake);
+                    return Ok(value);
+                }
+                Ok(CasResult::Conflict {
+                    version: v,
+                    state: s,
+                }) => {
+                    after.revert();
+                    version = v;
+                    state = Arc::new(s);
+                    remembered = false;
+                }
+                Ok(CasResult::Missing | CasResult::Gone) => {
+                    after.revert();
+                    self.versions.remove(sid);
+                    return Err(StepError::NotFound { anonymous: false });
+                }
+                Err(e) => {
+                    after.revert();
+                    return Err(StepError::Store(e));
+                }
+            }
+        }
+        Err(StepError::Store(StoreError::Contention {
+            attempts: MAX_ATTEMPTS,
+        }))
+    }
+
+    /// Drains the machine's events into the script's effects and what to do after.
+    /// `touched`: when this replica last moved the session's last use in the zsets.
+    fn plan(
+        &self,
+        sid: &str,
+        record: &mut Record,
+        now: u64,
+        ctx: &Ctx,
+        touched: u64,
+    ) -> (Ops, After) {
+        let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
+        let mut ops = Ops {
+            ttl: ttl.to_string(),
+            sid: sid.to_owned(),
+            now: now.to_string(),
+            keep: self.replay.to_string(),
+            me: self.replica.clone(),
+            wk: self.keys.wake_all(),
+            timers: self.keys.timers(),
+            leases: self.keys.leases(),
+            sessions: self.keys.sessions(),
+            caller: self.keys.caller(&record.binding),
+            busyk: self.keys.busy(),
+            disc: record.discover.as_ref().map(|d| self.keys.discover(d)),
+            ..Ops::default()
+        };
+        let mut after = After::default();
+        // Messages per stream, in the order streams first appear: (stream, messages
+        // with "is last", closed without a last message).
+        let mut groups: Vec<Group> = Vec::new();
+        fn group<'a>(groups: &'a mut Vec<Group>, stream: &PeerStream) -> &'a mut Group {
+            let i = match groups.iter().position(|g| &g.0 == stream) {
+                Some(i) => i,
+                None => {
+                    groups.push((stream.clone(), Vec::new(), false));
+                    groups.len() - 1
+                }
+            };
+            &mut groups[i]
+        }
+        let feeding = ctx
+            .auth
+            .as_deref()
+            .and_then(|a| HeaderValue::from_str(a).ok());
+        let mut plan = {
+            let (machine, mut calls) = record.split();
+            driver::plan(machine, &mut calls, feeding.as_ref())
+        };
+        for out in std::mem::take(&mut plan.out) {
+            match out {
+                Out::Message {
+                    stream,
+                    bytes,
+                    last,
+                } => group(&mut groups, &stream).1.push((bytes, last)),
+                Out::Close { stream } => group(&mut groups, &stream).2 = true,
+            }
+        }
+        for start in std::mem::take(&mut plan.starts) {
+            let lease = (!matches!(start.role, UpstreamRole::Discover)).then(|| {
+                let k = self.keys.lease(sid, &id_text(&start.id));
+                let rec = LeaseRecord {
+                    sid: sid.to_owned(),
+                    request: start.message.to_value(),
+                    headers: start.headers.clone(),
+                    role: start.role.clone(),
+                };
+                ops.lease_new.push(NewLease {
+                    k: k.clone(),
+                    o: self.replica.clone(),
+                    d: (now + self.lease_ms()).to_string(),
+                    r: payload(
+                        &mut after.payloads,
+                        serde_json::to_vec(&rec).unwrap_or_default(),
+                    ),
+                });
+                k
+            });
+            let head = if after.starts.is_empty() {
+                ctx.head.clone()
+            } else {
+                None
+            };
+            after.starts.push(Running {
+                start,
+                lease,
+                head,
+                forwarded: Forwarded::from_pairs(&record.forwarded),
+            });
+        }
+        for (id, reason) in std::mem::take(&mut plan.cancels) {
+            debug!(session = %log_tag(sid), rpc.id = %id, reason, "upstream request cancelled");
+            let lease = self.keys.lease(sid, &id_text(&id));
+            ops.cancel
+                .push((lease.clone(), wake::payload(sid, &Wake::Cancel(id.clone()))));
+            ops.lease_del.push(lease);
+            after.cancels.push(id);
+        }
+        after.observed = std::mem::take(&mut plan.observed);
+        after.plan = plan;
+        if let Some(id) = &ctx.done_upstream {
+            ops.lease_del.push(self.keys.lease(sid, &id_text(id)));
+        }
+        for (peer, messages, closed) in groups {
+            let decider = self
+                .deciders
+                .get(&(sid.to_owned(), peer.clone()))
+                .map(|d| d.value().clone());
+            // This replica's relay of the stream, if it has one: (relay, decided now).
+            let mut handing: Option<(Arc<Decider>, bool)> = None;
+            if let Some(d) = decider {
+                let single_final = !closed && messages.len() == 1 && messages[0].1;
+                let mut state = d
+                    .state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                match *state {
+                    Decision::Deciding => {
+                        if single_final {
+                            *state = Decision::Claimed;
+                            drop(state);
+                            after.json.push((d, messages[0].0.clone()));
+                            record.forget(&peer);
+                            continue;
+                        }
+                        // Streaming once stored and its entries handed over (see
+                        // `perform`): the POST's relay starts with them.
+                        *state = Decision::Claimed;
+                        drop(state);
+                        handing = Some((d, true));
+                    }
+                    Decision::Streaming => {
+                        drop(state);
+                        handing = Some((d, false));
+                    }
+                    _ => {}
+                }
+            }
+            if record.stream(&peer).is_none() {
+                // A stream the peer has not opened (the GET stream before any GET):
+                // its messages are kept for a later resumption.
+                record.open_stream(peer.clone());
+            }
+            let Some(meta) = record.stream_mut(&peer) else {
+                continue;
+            };
+            let key = self.keys.stream(sid, meta.number);
+            let holder = self
+                .keys
+                .holder(sid, (peer != PeerStream::Standalone).then_some(meta.number));
+            let token = handing.as_ref().map(|(d, _)| d.token.clone());
+            let was_finished = meta.finished;
+            let mut handed = Vec::new();
+            for (bytes, last) in messages {
+                meta.seq += 1;
+                let index = payload(&mut after.payloads, bytes.clone());
+                ops.xadd.push(Append {
+                    k: key.clone(),
+                    s: meta.seq.to_string(),
+                    m: Some(index),
+                    e: last,
+                    h: holder.clone(),
+                    t: token.clone(),
+                });
+                meta.finished |= last;
+                if handing.is_some() {
+                    handed.push((meta.seq, bytes, last));
+                }
+            }
+            if closed && !meta.finished {
+                meta.seq += 1;
+                ops.xadd.push(Append {
+                    k: key,
+                    s: meta.seq.to_string(),
+                    m: None,
+                    e: true,
+                    h: holder.clone(),
+                    t: token.clone(),
+                });
+                meta.finished = true;
+                if handing.is_some() {
+                    handed.push((meta.seq, Vec::new(), true));
+                }
+            }
+            if let Some((relay, decided)) = handing {
+                if decided {
+                    // The POST's own relay starts after these, holding the stream
+                    // from this very transaction.
+                    ops.hold
+                        .push((holder.clone(), relay.token.clone(), hold_ms().to_string()));
+                }
+                after.streaming.push(Handing {
+                    relay,
+                    entries: handed,
+                    holder,
+                    decided,
+                });
+            }
+            if meta.finished && !was_finished {
+                let n = meta.number;
+                record.finished.push_back(n);
+            }
+        }
+        while record.finished.len() > FINISHED_KEPT {
+            if let Some(n) = record.finished.pop_front() {
+                record.streams.retain(|s| s.number != n);
+                ops.del.push(self.keys.stream(sid, n));
+                ops.del.push(self.keys.holder(sid, Some(n)));
+            }
+        }
+        // Credentials of requests that ended are dropped.
+        let machine = &record.machine;
+        record
+            .auth
+            .retain(|(k, _)| k.as_ref().is_none_or(|id| machine.has_call(id)));
+        after.appended = !ops.xadd.is_empty();
+        let busy = record.machine.in_flight() > 0;
+        if record.busy != busy {
+            record.busy = busy;
+            ops.busy = Some(busy);
+        }
+        // The last use moves in the zsets at most every `touch_ms` per replica: their
+        // order (idlest first, for eviction) is that coarse, and pruning allows for it.
+        ops.touch = now.saturating_sub(touched) >= self.touch_ms();
+        ops.due = record
+            .machine
+            .poll_timeout()
+            .map(|t| t.as_millis().to_string());
+        if ctx.tomb {
+            ops.tomb = Some(ttl.min(60_000).to_string());
+            for s in &record.streams {
+                ops.del.push(self.keys.stream(sid, s.number));
+                ops.del.push(self.keys.holder(sid, Some(s.number)));
+            }
+            ops.del.push(self.keys.holder(sid, None));
+            ops.publish
+                .push((self.keys.wake_all(), wake::payload(sid, &Wake::Streams)));
+        }
+        (ops, after)
+    }
+
+    /// Records a stored step's observations (metrics, migration report).
+    fn observe(&self, gw: &Arc<Route>, machine: &Session, observed: Vec<Observation>) {
+        if observed.is_empty() {
+            return;
+        }
+        let mut t = gw.telemetry.shared_session(WIRE_HTTP, machine);
+        for o in observed {
+            t.observe(o, machine);
+        }
+    }
+
+    /// Records a feature only the driver sees (the GET stream, a resumption).
+    fn feature(gw: &Arc<Route>, machine: &Session, feature: Feature) {
+        gw.telemetry
+            .shared_session(WIRE_HTTP, machine)
+            .feature(feature);
+    }
+
+    /// How often a session's last use moves in the `sessions` and caller zsets: a
+    /// sixteenth of the idle TTL, at most a minute.
+    fn touch_ms(&self) -> u64 {
+        u64::try_from(self.idle_ttl.as_millis() / 16)
+            .unwrap_or(u64::MAX)
+            .min(60_000)
+    }
+
+    fn lease_ms(&self) -> u64 {
+        u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Carries out a stored step: `handed` the holder keys of the streams whose relay
+    /// here still holds them (the step script checked), `local_wake` whether another
+    /// connection of this replica holds a stream the step appended to.
+    fn perform(
+        self: &Arc<Self>,
+        gw: &Arc<Route>,
+        sid: &str,
+        after: After,
+        ctx: &Ctx,
+        handed: &[String],
+        local_wake: bool,
+    ) {
+        for (d, bytes) in after.json {
+            d.set(Decision::Json(bytes));
+        }
+        let mut wake = local_wake || ctx.tomb;
+        for h in after.streaming {
+            if handed.contains(&h.holder) {
+                h.relay.inbox.hand(h.entries);
+            } else {
+                // Taken over meanwhile: whoever holds it reads the stream.
+                wake = true;
+            }
+            if h.decided {
+                h.relay.set(Decision::Streaming);
+            }
+        }
+        if (after.appended && wake) || ctx.tomb {
+            self.wakes.wake(sid);
+        }
+        for id in after.cancels {
+            if let Some((_, h)) = self.exchanges.remove(&(sid.to_owned(), id)) {
+                h.abort();
+            }
+        }
+        let mut plan = after.plan;
+        plan.log(&log_tag(sid));
+        let mut starts = after.starts.into_iter();
+        if let Some(slot) = &ctx.inline {
+            if let (Ok(mut slot), Some(first)) = (slot.lock(), starts.next()) {
+                *slot = Some(first);
+            }
+        }
+        for start in starts {
+            let me = self.clone();
+            let gw = gw.clone();
+            let sid = sid.to_owned();
+            tokio::spawn(async move { me.run_exchange(gw, sid, start).await });
+        }
+    }
+
+    /// The exchange a step left for its caller to drive ([`Ctx::inline`]).
+    fn inline_exchange(
+        self: &Arc<Self>,
+        gw: &Arc<Route>,
+        sid: &str,
+        ctx: &Ctx,
+    ) -> Option<Exchange> {
+        let start = ctx.inline.as_ref()?.lock().ok()?.take()?;
+        let me = self.clone();
+        let gw = gw.clone();
+        let sid = sid.to_owned();
+        Some(Box::pin(
+            async move { me.run_exchange(gw, sid, start).await },
+        ))
+    }
+
+    // ----- operations -------------------------------------------------------------
+
+    /// The 404 (or the upstream's challenge, see `legacy_http::session_missing`) for a
+    /// session this caller cannot use.
+    async fn missing(
+        gw: &Arc<Route>,
+        auth: Option<&HeaderValue>,
+        anonymous: bool,
+    ) -> Response<GatewayBody> {
+        session_missing(gw, auth, anonymous).await
+    }
+
+    async fn initialize(
+        self: &Arc<Self>,
+        gw: &Arc<Route>,
+        init: Request,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        // Counted by binding across replicas (a caller without credentials is not
+        // told apart by its address here: the shared record has no field for it).
+        let PostContext {
+            auth,
+            forwarded,
+            trace,
+            ..
+        } = cx;
+        let init_id = init.id.clone();
+        let Some(sid) = mint_session_id() else {
+            return legacy_http::internal();
+        };
+        let mut machine = self.new_machine(&sid);
+        if let Some(d) = cache::legacy::discover_for_initialize(&gw.cache, auth.as_ref()) {
+            let _ = machine.handle_discover_shared(d);
+        }
+        if let Err(e) = machine.handle_peer_message(Message::Request(init), wall_ms_ts()) {
+            return rpc_error(
+                StatusCode::BAD_REQUEST,
+                Some(init_id),
+                ErrorCode::INVALID_REQUEST,
+                format!("Invalid request: {e}"),
+            );
+        }
+        // The session exists only once `initialize` succeeded: until then it lives
+        // here, and its discover exchange is driven inline.
+        let mut observed = Vec::new();
+        let answer = tokio::time::timeout(INIT_WAIT, async {
+            loop {
+                let mut plan = driver::plan(
+                    &mut machine,
+                    &mut driver::Fixed {
+                        auth: auth.as_ref(),
+                        trace: trace.as_ref(),
+                    },
+                    auth.as_ref(),
+                );
+                observed.append(&mut plan.observed);
+                let answer = plan.out.into_iter().find_map(|out| match out {
+                    Out::Message {
+                        bytes, last: true, ..
+                    } => Some(bytes),
+                    _ => None,
+                });
+                if let Some(a) = answer {
+                    return Ok(Some(a));
+                }
+                let Some(start) = plan.starts.into_iter().next() else {
+                    return Ok(None);
+                };
+                // The discover's answer, fed whole (its notifications, if any, first).
+                let head = HeadWatch::default();
+                let collected = Collect::default();
+                driver::exchange(gw, &start, &forwarded, Some(&head), &collected).await;
+                // The upstream refused the caller's credentials: its status and
+                // challenge go back as they are, and no session is minted.
+                if let Some(denial) = head.finish() {
+                    return Err(denial);
+                }
+                let now = wall_ms_ts();
+                let id = &start.id;
+                let (got, ended) = collected.take();
+                for m in got {
+                    let _ = machine.handle_upstream_message(Some(id.clone()), m, now);
+                }
+                let _ = match ended {
+                    Some(driver::Ended::Lost(Some((reason, message)))) => {
+                        machine.handle_upstream_refused(id, reason, message, now)
+                    }
+                    Some(driver::Ended::Lost(None)) => machine.handle_upstream_lost(id, now),
+                    _ => Ok(()),
+                };
+            }
+        })
+        .await;
+        let body = match answer {
+            Ok(Ok(Some(body))) => body,
+            Ok(Err(denial)) => {
+                info!(
+                    status = denial.status.as_u16(),
+                    "initialize refused by the upstream"
+                );
+                return denial.response();
+            }
+            Ok(Ok(None)) | Err(_) => {
+                return rpc_error(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    Some(init_id),
+                    ErrorCode::INTERNAL_ERROR,
+                    "the upstream server did not answer in time".into(),
+                )
+            }
+        };
+        let mut response = Response::new(full(body));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if machine.state() != SessionState::Ready {
+            return response;
+        }
+        // What else the answer's step said, the session not stored yet: only its
+        // observations count.
+        let mut rest = driver::plan(
+            &mut machine,
+            &mut driver::Fixed {
+                auth: auth.as_ref(),
+                trace: trace.as_ref(),
+            },
+            None,
+        );
+        observed.append(&mut rest.observed);
+        let discover = machine.discover().cloned();
+        let digest = discover.as_deref().map(Self::discover_digest);
+        if let (Some(d), Some(v)) = (&digest, &discover) {
+            self.remember_discover(d, v);
+        }
+        let binding = BindingKey::of(gw.config.session_binding, auth.as_ref()).to_hex();
+        let caller = self.keys.caller(&binding);
+        let now = wall_ms();
+        let record = Record {
+            binding,
+            anonymous: auth.is_none(),
+            discover: digest.clone(),
+            streams: Vec::new(),
+            finished: Default::default(),
+            next_stream: 0,
+            auth: Vec::new(),
+            forwarded: forwarded.to_pairs(),
+            // CREATE leaves the session out of `busy`.
+            busy: false,
+            machine,
+        };
+        let Ok(blob) = serde_json::to_vec(&record) else {
+            return legacy_http::internal();
+        };
+        let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
+        let (sk1, sk2) = self.keys.session_parts();
+        let ops = serde_json::json!({
+            "ttl": ttl.to_string(),
+            "sid": sid,
+            "now": now.to_string(),
+            "sessions": self.keys.sessions(),
+            "caller": caller,
+            "busyk": self.keys.busy(),
+            "timers": self.keys.timers(),
+            // A live session's last use may lag by up to `touch_ms`.
+            "cutoff": now.saturating_sub(ttl + self.touch_ms()).to_string(),
+            "max": self.max_sessions.to_string(),
+            "maxc": self.max_per_caller.to_string(),
+            "sk1": sk1,
+            "sk2": sk2,
+            "tomb": ttl.min(60_000).to_string(),
+            "wk": self.keys.wake_all(),
+            "disc": digest.as_ref().map(|d| self.keys.discover(d)),
+            "dv": discover.as_deref().map(|v| serde_json::to_string(v).unwrap_or_default()),
+        });
+        let ops = serde_json::to_vec(&ops).unwrap_or_default();
+        match self
+            .redis
+            .create(&self.keys.session(&sid), &blob, &ops)
+            .await
+        {
+            Ok(1) => {}
+            Ok(n @ 2..) => {
+                info!(evicted = n - 1, "idle session evicted to make room");
+            }
+            Ok(-1) => {
+                return legacy_http::sessions_refused(
+                    Some(init_id),
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    self.max_sessions,
+                )
+            }
+            Ok(-2) => {
+                return legacy_http::sessions_refused(
+                    Some(init_id),
+                    StatusCode::TOO_MANY_REQUESTS,
+                    self.max_per_caller,
+                )
+            }
+            Ok(_) => return legacy_http::internal(),
+            Err(e) => return store_unavailable(Some(init_id), &e),
+        }
+        self.observe(gw, &record.machine, observed);
+        // Its next step here starts from what was just stored (version 1, see CREATE):
+        // no read first.
+        self.versions
+            .insert(sid.clone(), remember("1".into(), blob, Some(record), now));
+        info!(session = %log_tag(&sid), replica = %self.replica, "legacy session opened");
+        with_session_header(response, &sid)
+    }
+
+    fn deciding(self: &Arc<Self>, sid: &str, peer: &PeerStream) -> DeciderGuard {
+        let decider = Arc::new(Decider::new(self.token()));
+        self.wakes.register(&decider.token, decider.inbox.clone());
+        self.deciders
+            .insert((sid.to_owned(), peer.clone()), decider.clone());
+        DeciderGuard {
+            sessions: self.clone(),
+            keys: vec![(sid.to_owned(), peer.clone())],
+            decider,
+        }
+    }
+
+    fn ctx(s: &RedisSession, auth: Option<&HeaderValue>, head: Option<Arc<HeadWatch>>) -> Ctx {
+        Ctx {
+            binding: Some(s.binding.clone()),
+            auth: auth_text(auth),
+            inline: head.is_some().then(|| Mutex::new(None)),
+            head,
+            ..Ctx::default()
+        }
+    }
+
+    async fn request(
+        self: &Arc<Self>,
+        gw: &Arc<Route>,
+        s: &RedisSession,
+        r: Request,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        let PostContext { auth, trace, .. } = cx;
+        let id = r.id.clone();
+        let peer = PeerStream::Request(id.clone());
+        let guard = self.deciding(&s.id, &peer);
+        // Registered before the step: a wake-up for the stream from then on is seen.
+        let waiter = self.wakes.waiter(&s.id);
+        let head = Arc::new(HeadWatch::default());
+        let ctx = Self::ctx(s, auth.as_ref(), Some(head.clone()));
+        let fed = self
+            .step(gw, &s.id, &ctx, |record, now| {
+                if record.stream(&peer).is_some_and(|st| !st.finished) {
+                    return Err(None);
+                }
+                let n = record.open_stream(peer.clone());
+                record.set_trace(&peer, trace.as_deref());
+                if let Some(a) = &ctx.auth {
+                    record.set_auth(Some(id.clone()), Some(a.clone()));
+                }
+                match record
+                    .machine
+                    .handle_peer_message(Message::Request(r.clone()), now)
+                {
+                    Ok(()) => Ok((n, record.machine.has_call(&id))),
+                    Err(e) => Err(Some(e)),
+                }
+            })
+            .await;
+        info!(session = %log_tag(&s.id), replica = %self.replica, rpc.id = %id, method = %dualera_adapters::echo::echo(&r.method), "legacy request served");
+        let (number, forwarded) = match fed {
+            Ok(n) => n,
+            Err(StepError::NotFound { anonymous }) => {
+                return Self::missing(gw, auth.as_ref(), anonymous).await
+            }
+            Err(StepError::Store(e)) => return store_unavailable(Some(id), &e),
+            Err(StepError::Refused(None)) => {
+                // Refused before the machine sees it (its stream must survive), in the
+                // machine's own words, as every other wire says it.
+                let e = SessionError::DuplicateRequestId { id: id.clone() };
+                return refusal(Some(id), &e);
+            }
+            Err(StepError::Refused(Some(e))) => return refusal(Some(id), &e),
+        };
+        let exchange = self.inline_exchange(gw, &s.id, &ctx);
+        drop(ctx);
+        let decision = drive(
+            guard.decide(FIRST_MESSAGE_WAIT, forwarded.then_some(&*head)),
+            exchange,
+        )
+        .await;
+        // Nothing is committed before the upstream accepted the exchange: its 401/403
+        // reaches the host as HTTP on this POST.
+        if let Some(denial) = head.finish() {
+            return denial.response();
+        }
+        match decision {
+            Decision::Json(body) => json_body(body),
+            _ => self.post_relay(&s.id, number, guard, waiter).await,
+        }
+    }
+
+    async fn message(
+        self: &Arc<Self>,
+        gw: &Arc<Route>,
+        s: &RedisSession,
+        message: Message,
+        auth: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        let head = Arc::new(HeadWatch::default());
+        let ctx = Self::ctx(s, auth.as_ref(), Some(head.clone()));
+        let kind = match &message {
+            Message::Response(_) => "reply",
+            _ => "notification",
+        };
+        let fed = self
+            .step(gw, &s.id, &ctx, |record, now| {
+                record.machine.handle_peer_message(message.clone(), now)
+            })
+            .await;
+        let exchange = self.inline_exchange(gw, &s.id, &ctx);
+        drop(ctx);
+        info!(session = %log_tag(&s.id), replica = %self.replica, method = kind, "legacy message served");
+        match fed {
+            // A reply to a live request the gateway gave up on: accepted, dropped (the
+            // step stored its observation).
+            Err(StepError::Refused(e)) if e.is_dropped() => {
+                debug!(session = %log_tag(&s.id), error = %e, "late or duplicate reply dropped");
+                accepted()
+            }
+            Ok(()) => {
+                // An answer that completes a round starts the retry on behalf of this
+                // POST (the exchange holds the head): a 401/403 for it answers this
+                // POST, and the round waits for the answer again.
+                if Arc::strong_count(&head) > 1 || exchange.is_some() {
+                    drive(head.settle(HEAD_WAIT), exchange).await;
+                }
+                match head.finish() {
+                    Some(denial) => denial.response(),
+                    None => accepted(),
+                }
+            }
+            Err(StepError::NotFound { anonymous }) => {
+                Self::missing(gw, auth.as_ref(), anonymous).await
+            }
+            Err(StepError::Store(e)) => store_unavailable(None, &e),
+            Err(StepError::Refused(e)) => {
+                warn!(session = %log_tag(&s.id), error = %e, "peer message refused");
+                refusal(None, &e)
+            }
+        }
+    }
+
+    async fn batch(
+        self: &Arc<Self>,
+        gw: &Arc<Route>,
+        s: &RedisSession,
+        items: Vec<Result<Message, EnvelopeError>>,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        let PostContext { auth, trace, .. } = cx;
+        // A batch's upstream calls carry its token; a 401/403 for one of them reaches
+        // the peer as that element's error in the batch's response.
+        let ctx = Self::ctx(s, auth.as_ref(), None);
+        let decider = Arc::new(Decider::new(self.token()));
+        self.wakes.register(&decider.token, decider.inbox.clone());
+        let waiter = self.wakes.waiter(&s.id);
+        let mut registered: Vec<(String, PeerStream)> = Vec::new();
+        let fed = self
+            .step(gw, &s.id, &ctx, |record, now| {
+                let outcome = record.machine.handle_peer_batch(clone_items(&items), now)?;
+                let stream = outcome.batch.map(|b| {
+                    let peer = PeerStream::Batch(b);
+                    let n = record.open_stream(peer.clone());
+                    record.set_trace(&peer, trace.as_deref());
+                    self.deciders
+                        .insert((s.id.clone(), peer.clone()), decider.clone());
+                    registered.push((s.id.clone(), peer));
+                    n
+                });
+                Ok::<_, SessionError>((stream, outcome.refused))
+            })
+            .await;
+        let guard = DeciderGuard {
+            sessions: self.clone(),
+            keys: registered,
+            decider,
+        };
+        let (stream, refused) = match fed {
+            Ok(v) => v,
+            Err(StepError::NotFound { anonymous }) => {
+                return Self::missing(gw, auth.as_ref(), anonymous).await
+            }
+            Err(StepError::Store(e)) => return store_unavailable(None, &e),
+            Err(StepError::Refused(e)) => return refusal(None, &e),
+        };
+        for e in &refused {
+            warn!(session = %log_tag(&s.id), error = %e, "batch element refused");
+        }
+        let Some(number) = stream else {
+            return accepted();
+        };
+        match guard.decide(FIRST_MESSAGE_WAIT, None).await {
+            Decision::Json(body) => json_body(body),
+            _ => self.post_relay(&s.id, number, guard, waiter).await,
+        }
+    }
+
+    async fn stream(
+        self: &Arc<Self>,
+        gw: &Arc<Route>,
+        s: &RedisSession,
+        headers: &HeaderMap,
+        auth: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        if let Some((number, after)) = legacy_http::last_event_id(headers) {
+            let record = match self.read(&s.id, &s.binding).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(anonymous)) => return Self::missing(gw, auth.as_ref(), anonymous).await,
+                Err(e) => return store_unavailable(None, &e),
+            };
+            let Some(meta) = record.by_number(number) else {
+                return rpc_error(
+                    StatusCode::NOT_FOUND,
+                    None,
+                    ErrorCode::INVALID_REQUEST,
+                    "Unknown Last-Event-ID: that stream can no longer be resumed".into(),
+                );
+            };
+            let standalone = meta.peer == PeerStream::Standalone;
+            let holder = (!standalone).then_some(number);
+            Self::feature(gw, &record.machine, Feature::Resumption);
+            info!(session = %log_tag(&s.id), replica = %self.replica, stream = number, after, "stream resumed");
+            return self
+                .open_relay(&s.id, number, after, holder, standalone, false)
+                .await;
+        }
+        // The standalone stream: one connection at a time.
+        let token = self.token();
+        let holder_key = self.keys.holder(&s.id, None);
+        match self.redis.hold(&holder_key, &token, hold_ms(), true).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return rpc_error(
+                    StatusCode::CONFLICT,
+                    None,
+                    ErrorCode::INVALID_REQUEST,
+                    "Conflict: this session already has a GET stream open".into(),
+                )
+            }
+            Err(e) => return store_unavailable(None, &e),
+        }
+        let head = Arc::new(HeadWatch::default());
+        let ctx = Self::ctx(s, auth.as_ref(), Some(head.clone()));
+        let opened = self
+            .step(gw, &s.id, &ctx, |record, _now| {
+                let meta = match record.stream(&PeerStream::Standalone) {
+                    Some(m) => (m.number, m.seq),
+                    None => (record.open_stream(PeerStream::Standalone), 0),
+                };
+                // Kept only while this GET is open: `subscriptions/listen` runs on its
+                // behalf.
+                record.set_auth(None, ctx.auth.clone());
+                record.machine.handle_standalone_opened().map(|()| meta)
+            })
+            .await;
+        let (number, seq) = match opened {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = self.redis.release_holder(&holder_key, &token).await;
+                return match e {
+                    StepError::NotFound { anonymous } => {
+                        Self::missing(gw, auth.as_ref(), anonymous).await
+                    }
+                    StepError::Store(e) => store_unavailable(None, &e),
+                    StepError::Refused(e) => refusal(None, &e),
+                };
+            }
+        };
+        // Opening the stream may start `subscriptions/listen` with this GET's token:
+        // its 401/403 answers the GET, and the stream is closed again. Without one,
+        // the upstream is asked about the token all the same (a bound session only).
+        let exchange = self.inline_exchange(gw, &s.id, &ctx);
+        drop(ctx);
+        let mut denied = None;
+        if Arc::strong_count(&head) > 1 || exchange.is_some() {
+            drive(head.settle(HEAD_WAIT), exchange).await;
+        } else if auth.is_some() && !s.anonymous {
+            denied = crate::auth::upstream_denial(gw, auth.as_ref())
+                .await
+                .map(Box::new);
+        }
+        if let Some(denial) = head.finish().or(denied) {
+            let _ = self.redis.release_holder(&holder_key, &token).await;
+            let closed = self
+                .step(gw, &s.id, &Ctx::default(), |record, _now| {
+                    record.set_auth(None, None);
+                    record.machine.handle_standalone_closed()
+                })
+                .await;
+            if let Err(StepError::Store(e)) = closed {
+                warn!(error = %e, "standalone stream close not recorded");
+            }
+            return denial.response();
+        }
+        info!(session = %log_tag(&s.id), replica = %self.replica, stream = number, "standalone stream opened");
+        self.relay_with(gw, &s.id, number, seq, None, true, token, true)
+    }
+
+    async fn delete(
+        self: &Arc<Self>,
+        gw: &Arc<Route>,
+        s: &RedisSession,
+        auth: Option<&HeaderValue>,
+    ) -> Response<GatewayBody> {
+        let ctx = Ctx {
+            binding: Some(s.binding.clone()),
+            tomb: true,
+            ..Ctx::default()
+        };
+        let closed = self
+            .step(gw, &s.id, &ctx, |record, _now| {
+                record.machine.close();
+                Ok::<(), ()>(())
+            })
+            .await;
+        match closed {
+            Ok(()) => {
+                info!(session = %log_tag(&s.id), replica = %self.replica, "session deleted by the peer");
+                let mut r = Response::new(empty());
+                *r.status_mut() = StatusCode::OK;
+                r
+            }
+            Err(StepError::NotFound { anonymous }) => Self::missing(gw, auth, anonymous).await,
+            Err(StepError::Store(e)) => store_unavailable(None, &e),
+            Err(StepError::Refused(())) => legacy_http::internal(),
+        }
+    }
+}
+
+/// Adds a payload for the step script; its `ARGV` index (the first four are the
+/// version, the state and the effects: payloads start at 4).
+fn payload(payloads: &mut Vec<Vec<u8>>, bytes: Vec<u8>) -> String {
+    payloads.push(bytes);
+    (payloads.len() + 3).to_string()
+}
+
+/// Awaits `wait` while driving `exchange`; if the exchange is not done by then, the
+/// rest of it runs as a task (a host request that stops waiting never cancels
+/// upstream work).
+async fn drive<T>(wait: impl std::future::Future<Output = T>, exchange: Option<Exchange>) -> T {
+    let Some(mut exchange) = exchange else {
+        return wait.await;
+    };
+    tokio::pin!(wait);
+    let mut done = false;
+    let out = loop {
+        tokio::select! {
+            biased;
+            out = &mut wait => break out,
+            () = &mut exchange, if !done => done = true,
+        }
+    };
+    if !done {
+        tokio::spawn(exchange);
+    }
+    out
+}
+
+fn json_body(body: Vec<u8>) -> Response<GatewayBody> {
+    let mut r = Response::new(full(body));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Removes a POST's deciders when it is answered (as JSON, or its relay ended).
+struct DeciderGuard {
+    sessions: Arc<RedisSessions>,
+    keys: Vec<(String, PeerStream)>,
+    decider: Arc<Decider>,
+}
+
+impl DeciderGuard {
+    /// Waits up to `limit` for the first message: JSON if it is the only, final one,
+    /// else a stream to relay. A claim in progress is waited for; with `head`, no
+    /// stream is committed before the upstream accepted (or refused) the exchange, up
+    /// to `HEAD_WAIT`.
+    async fn decide(&self, limit: Duration, head: Option<&HeadWatch>) -> Decision {
+        let start = tokio::time::Instant::now();
+        let deadline = start + limit;
+        let head_deadline = start + HEAD_WAIT;
+        // Subscribed before the first look: a change after it is never missed.
+        let mut head_changes = head.map(HeadWatch::subscribe);
+        loop {
+            let notified = self.decider.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let denied = head.is_some_and(|h| h.denied());
+            let settled = head.is_none_or(|h| h.settled());
+            let now = tokio::time::Instant::now();
+            {
+                let Ok(mut state) = self.decider.state.lock() else {
+                    return Decision::Streaming;
+                };
+                if denied {
+                    return Decision::Deciding;
+                }
+                match &*state {
+                    Decision::Json(_) => return state.clone(),
+                    Decision::Streaming if settled || now >= head_deadline => {
+                        return Decision::Streaming
+                    }
+                    Decision::Deciding if now >= deadline && (settled || now >= head_deadline) => {
+                        *state = Decision::Streaming;
+                        return Decision::Streaming;
+                    }
+                    _ => {}
+                }
+            }
+            let until = if now < deadline {
+                deadline
+            } else {
+                head_deadline
+            };
+            let head_wait = async {
+                let changed = match head_changes.as_mut() {
+                    Some(rx) => rx.changed().await.is_ok(),
+                    None => false,
+                };
+                // No watch, or a closed one (dropped), never changes again.
+                if !changed {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                () = &mut notified => {}
+                () = head_wait => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+}
+
+impl Drop for DeciderGuard {
+    fn drop(&mut self) {
+        self.sessions.wakes.unregister(&self.decider.token);
+        for k in self.keys.drain(..) {
+            self.sessions
+                .deciders
+                .remove_if(&k, |_, d| Arc::ptr_eq(d, &self.decider));
+        }
+    }
+}
+
+fn clone_items(items: &[Result<Message, EnvelopeError>]) -> Vec<Result<Message, EnvelopeError>> {
+    items
+        .iter()
+        .map(|i| match i {
+            Ok(m) => Ok(m.clone()),
+            Err(e) => Err(e.clone()),
+        })
+        .collect()
+}
+
+fn wall_ms_ts() -> Timestamp {
+    Timestamp::from_millis(wall_ms())
+}
+
+fn hold_ms() -> u64 {
+    u64::try_from(HOLD.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A token naming one connection of `replica`: `REPLICA.RANDOM` (the step script
+/// reads whom to wake from the part before the last dot).
+fn connection_token(replica: &str) -> String {
+    let mut bytes = [0u8; 12];
+    let _ = getrandom::fill(&mut bytes);
+    format!("{replica}.{}", hex(&bytes))
+}
+
+fn auth_text(auth: Option<&HeaderValue>) -> Option<String> {
+    auth.and_then(|a| a.to_str().ok()).map(str::to_owned)
+}
+
+fn id_text(id: &RequestId) -> String {
+    match id {
+        RequestId::String(s) => s.clone(),
+        RequestId::Number(n) => n.to_string(),
+    }
+}
+
+impl SessionStore for Arc<RedisSessions> {
+    type Session = RedisSession;
+
+    async fn find(
+        &self,
+        gw: &Arc<Route>,
+        id: &str,
+        authorization: Option<&HeaderValue>,
+    ) -> Result<Lookup<RedisSession>, StoreError> {
+        if !valid_session_id(id) {
+            return Ok(Lookup::NotFound { anonymous: false });
+        }
+        Ok(Lookup::Found(RedisSession {
+            id: id.to_owned(),
+            binding: BindingKey::of(gw.config.session_binding, authorization).to_hex(),
+            anonymous: authorization.is_none(),
+        }))
+    }
+
+    async fn initialize(
+        &self,
+        gw: &Arc<Route>,
+        init: Request,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        RedisSessions::initialize(self, gw, init, cx).await
+    }
+
+    async fn request(
+        &self,
+        gw: &Arc<Route>,
+        session: &RedisSession,
+        request: Request,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        RedisSessions::request(self, gw, session, request, cx).await
+    }
+
+    async fn message(
+        &self,
+        gw: &Arc<Route>,
+        session: &RedisSession,
+        message: Message,
+        authorization: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        RedisSessions::message(self, gw, session, message, authorization).await
+    }
+
+    async fn batch(
+        &self,
+        gw: &Arc<Route>,
+        session: &RedisSession,
+        items: Vec<Result<Message, EnvelopeError>>,
+        cx: PostContext,
+    ) -> Response<GatewayBody> {
+        RedisSessions::batch(self, gw, session, items, cx).await
+    }
+
+    async fn stream(
+        &self,
+        gw: &Arc<Route>,
+        session: &RedisSession,
+        headers: &HeaderMap,
+        authorization: Option<HeaderValue>,
+    ) -> Response<GatewayBody> {
+        RedisSessions::stream(self, gw, session, headers, authorization).await
+    }
+
+    async fn delete(&self, gw: &Arc<Route>, session: &RedisSession) -> Response<GatewayBody> {
+        let auth = (!session.anonymous).then(|| HeaderValue::from_static("present"));
+        RedisSessions::delete(self, gw, session, auth.as_ref()).await
+    }
+}
