@@ -928,7 +928,7 @@ async fn serve_endpoint(
         };
         match legacy {
             // A modern host in front of a legacy server: the reverse bridge.
-            Some(transport) => Box::pin(reverse::handle(gw, req, transport)).await,
+            Some(transport) => Box::pin(reverse::handle(gw, req, transport, fwd)).await,
             None => passthrough::forward(gw, &connection.telemetry, req, &fwd).await,
         }
     } else if legacy_upstream_http(gw, &req, &fwd).await {

@@ -22,6 +22,8 @@ mod partition;
 pub mod seal;
 
 use super::auth::BindingKey;
+use super::forwarded::Forwarded;
+use super::trace::TraceContext;
 use super::passthrough::status_only;
 use super::upstream::legacy::{LegacyTransport, PoolKey};
 use super::{body, GatewayBody, RequestBody, Route};
@@ -34,7 +36,7 @@ use dualera_adapters::session::{META_CLIENT_CAPABILITIES, META_CLIENT_INFO};
 use dualera_adapters::time::Timestamp;
 use http::header::{self, HeaderValue};
 use http::{Request as HttpRequest, Response as HttpResponse, StatusCode};
-use partition::{Answer, Command, Opener, Reply, Task};
+use partition::{Answer, Command, Opener, Relay, Reply, Task};
 use seal::StateKeys;
 use serde_json::{json, Map, Value};
 use sha2::{Digest as _, Sha256};
@@ -150,6 +152,7 @@ pub(super) async fn handle(
     gw: &Arc<Route>,
     req: HttpRequest<RequestBody>,
     transport: LegacyTransport,
+    forwarded: Forwarded,
 ) -> HttpResponse<GatewayBody> {
     let (parts, body) = req.into_parts();
     let bytes = match super::passthrough::read_body(body, gw.config.max_body_bytes).await {
@@ -163,6 +166,12 @@ pub(super) async fn handle(
         Ok(_) => return status_only(StatusCode::ACCEPTED),
         Err(e) => return json(StatusCode::BAD_REQUEST, &Message::Response(e.to_response())),
     };
+    // What the legacy messages this request causes carry (`X-Forwarded-*` or
+    // `Forwarded`, the trace context of its headers or its `_meta`), as in the
+    // forward direction.
+    let trace = TraceContext::from_headers(&parts.headers)
+        .or_else(|| TraceContext::from_meta(request.params.as_ref()));
+    let relay = Relay { forwarded, trace };
     let authorization = parts.headers.get(header::AUTHORIZATION).cloned();
     let principal = crate::digest::hex(
         BindingKey::of(gw.config.session_binding, authorization.as_ref()).as_bytes(),
@@ -175,7 +184,7 @@ pub(super) async fn handle(
         round = tracing::field::Empty,
     );
     use tracing::Instrument;
-    serve(gw, request, authorization, principal, transport)
+    serve(gw, request, authorization, principal, transport, relay)
         .instrument(span)
         .await
 }
@@ -186,6 +195,7 @@ async fn serve(
     authorization: Option<HeaderValue>,
     principal: String,
     transport: LegacyTransport,
+    relay: Relay,
 ) -> HttpResponse<GatewayBody> {
     let bridge = &gw.reverse;
     let id = request.id.clone();
@@ -275,6 +285,7 @@ async fn serve(
     let reply = Reply {
         notifications: notify_tx,
         answer: answer_tx,
+        relay,
     };
     if handle
         .commands
@@ -486,6 +497,7 @@ async fn partition_for(
         clock: bridge.clock,
         hosts: HashMap::new(),
         idle: pool.limits().idle,
+        relay: None,
     };
     let registry = bridge.registry.clone();
     tokio::spawn(task.run(rx, move || {

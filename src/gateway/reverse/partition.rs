@@ -5,6 +5,8 @@
 //! sent upstream or handed to the waiting host request.
 
 use super::Clock;
+use crate::gateway::forwarded::Forwarded;
+use crate::gateway::trace::TraceContext;
 use crate::gateway::upstream::era::Target;
 use crate::gateway::upstream::legacy::{
     Lease, LegacyError, LegacySession as Upstream, LegacyTransport, PoolKey, SessionPool,
@@ -39,6 +41,16 @@ pub(super) enum Command {
 pub(super) struct Reply {
     pub(super) notifications: mpsc::Sender<Message>,
     pub(super) answer: oneshot::Sender<Answer>,
+    /// The headers the legacy messages it causes carry.
+    pub(super) relay: Relay,
+}
+
+/// The headers of one host request the gateway repeats on the legacy messages that
+/// request causes (its call, the answers to the server's requests its retry carries).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Relay {
+    pub(super) forwarded: Forwarded,
+    pub(super) trace: Option<TraceContext>,
 }
 
 /// The end of one host request.
@@ -82,6 +94,9 @@ pub(super) struct Task {
     pub(super) hosts: HashMap<HostKey, Reply>,
     /// How long the task lives with no host request and no call in progress.
     pub(super) idle: Duration,
+    /// The headers of the host request being handled: what the machine emits for it
+    /// carries them ([`Relay`]); `None` for what timers and the server cause.
+    pub(super) relay: Option<Relay>,
 }
 
 impl Task {
@@ -109,27 +124,43 @@ impl Task {
                 tokio::select! {
                     cmd = commands.recv() => match cmd {
                         None => break,
-                        Some(Command::Request(request, reply)) => self.request(*request, reply),
+                        Some(Command::Request(request, reply)) => {
+                            self.relay = Some(reply.relay.clone());
+                            self.request(*request, reply);
+                            let drained = self.drain().await;
+                            self.relay = None;
+                            if !drained {
+                                break;
+                            }
+                        }
                         Some(Command::Gone(key)) => {
                             self.hosts.remove(&key);
                             self.machine.handle_host_gone(key);
                         }
                     },
-                    item = self.lease.recv() => match item {
-                        Some(Ok(message)) => {
-                            // Without the carrying request (`on`), the machine gives a
-                            // server request to the one call in progress and refuses it
-                            // when several are.
-                            if let Err(e) = self.machine.handle_upstream_message(None, message, self.clock.now()) {
+                    item = self.lease.recv_attributed() => match item {
+                        Some((on, Ok(message))) => {
+                            // `on`: the legacy request whose response stream carried
+                            // it. Without one (a stream of the whole session), the
+                            // machine gives a server request to the one call in
+                            // progress and refuses it when several are.
+                            if let Err(e) = self.machine.handle_upstream_message(on.as_ref(), message, self.clock.now()) {
                                 debug!(error = %e, "upstream message refused by the reverse machine");
                             }
                         }
-                        Some(Err(LegacyError::Expired)) => {
+                        Some((_, Err(LegacyError::Expired))) => {
                             if !self.expired(&[]).await {
                                 break;
                             }
                         }
-                        Some(Err(e)) => debug!(error = %e, "upstream answer stream broke"),
+                        Some((on, Err(e))) => {
+                            debug!(error = %e, "upstream answer stream broke");
+                            // That request's answer will not come: its call fails
+                            // instead of waiting for good.
+                            if let Some(id) = on {
+                                let _ = self.machine.handle_upstream_lost(&id, self.clock.now());
+                            }
+                        }
                         None => {
                             self.machine.close();
                             let _ = self.drain().await;
@@ -231,10 +262,11 @@ impl Task {
 
     /// Sends one message upstream on behalf of the partition's credentials.
     async fn send(&mut self, message: Message) -> bool {
+        let relay = self.relay.clone();
         let on_behalf = OnBehalf {
             authorization: self.opener.authorization.as_ref(),
-            forwarded: None,
-            trace: None,
+            forwarded: relay.as_ref().map(|r| &r.forwarded),
+            trace: relay.as_ref().and_then(|r| r.trace.as_ref()),
         };
         let id = match &message {
             Message::Request(r) => Some(r.id.clone()),

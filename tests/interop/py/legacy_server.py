@@ -5,6 +5,10 @@ sessions and the legacy pass-through).
     legacy_server.py streamable-http   Streamable HTTP at /mcp (stateful sessions)
     legacy_server.py sse               the 2024-11-05 HTTP+SSE transport at /sse
     legacy_server.py stdio             newline-delimited JSON-RPC on stdin/stdout
+    legacy_server.py streamable-http-notify
+                                       Streamable HTTP as above, declaring
+                                       `listChanged` for tools, prompts and resources
+                                       and `resources.subscribe` (with handlers)
 
 Over HTTP it binds 127.0.0.1 on a free port and prints `PORT <n>` on stdout. Every HTTP
 request is counted by (method, path, JSON-RPC method) and the counts are served at
@@ -17,7 +21,11 @@ received; `ask(question)`, which elicits an answer from the client
 notifications on the request's stream before its result; `big(n)`, n bytes of text;
 `sample(prompt)`, which asks the client's model (sampling) and returns its text;
 `roots()`, which lists the client's roots and returns their URIs; `wait(seconds)`,
-which sleeps (a call to cancel).
+which sleeps (a call to cancel); `steps(tag, n)`, n steps of a log line `tag i` and a
+progress notification each, on the request's stream, then `tag`; `header(name)`, the
+named HTTP header of this request; `touch(uri)`, `notifications/resources/updated` for
+uri; `grow(name)`, a new tool `name` and `notifications/tools/list_changed`;
+`subscribed()`, the resource URIs subscribed on this server, comma-separated.
 """
 
 from __future__ import annotations
@@ -113,6 +121,75 @@ async def roots(ctx: Context) -> str:
     return "roots: " + ",".join(str(r.uri) for r in result.roots)
 
 
+@mcp.tool()
+async def steps(tag: str, n: int, ctx: Context) -> str:
+    """n steps, each a log line and a progress notification on the request's stream."""
+    for i in range(n):
+        await ctx.info(f"{tag} {i}")
+        await ctx.report_progress(i + 1, n)
+        await anyio.sleep(0.05)
+    return tag
+
+
+@mcp.tool()
+def header(name: str, ctx: Context) -> str:
+    """The named HTTP header of this request, as this server received it."""
+    request = ctx.request_context.request
+    return "" if request is None else request.headers.get(name, "")
+
+
+@mcp.tool()
+async def touch(uri: str, ctx: Context) -> str:
+    """Says resource uri changed (notifications/resources/updated)."""
+    await ctx.session.send_resource_updated(uri)
+    return "touched"
+
+
+@mcp.tool()
+async def grow(name: str, ctx: Context) -> str:
+    """Adds a tool and says so (notifications/tools/list_changed)."""
+    mcp.add_tool(lambda: name, name=name, description="A tool added at run time.")
+    await ctx.session.send_tool_list_changed()
+    return "grown"
+
+
+SUBSCRIBED: set[str] = set()
+
+
+@mcp.tool()
+def subscribed() -> str:
+    """The resource URIs subscribed on this server, comma-separated."""
+    return ",".join(sorted(SUBSCRIBED))
+
+
+def declare_notifications() -> None:
+    """Declares listChanged for tools, prompts and resources and resources.subscribe,
+    with subscribe handlers (FastMCP declares none of these by itself)."""
+    from mcp.server.lowlevel.server import NotificationOptions
+
+    server = mcp._mcp_server
+    options = NotificationOptions(prompts_changed=True, resources_changed=True, tools_changed=True)
+    create = server.create_initialization_options
+    server.create_initialization_options = lambda *a, **k: create(options, *a[1:], **k)
+    capabilities = server.get_capabilities
+
+    def with_subscribe(*a, **k):
+        caps = capabilities(*a, **k)
+        if caps.resources is not None:
+            caps.resources.subscribe = True
+        return caps
+
+    server.get_capabilities = with_subscribe
+
+    @server.subscribe_resource()
+    async def _subscribe(uri) -> None:
+        SUBSCRIBED.add(str(uri))
+
+    @server.unsubscribe_resource()
+    async def _unsubscribe(uri) -> None:
+        SUBSCRIBED.discard(str(uri))
+
+
 def counting(app):
     """Wraps an ASGI app: counts every HTTP request, serves the counts at /stats."""
 
@@ -174,6 +251,9 @@ def main() -> None:
     elif mode == "sse":
         serve_http(mcp.sse_app())
     elif mode == "streamable-http":
+        serve_http(mcp.streamable_http_app())
+    elif mode == "streamable-http-notify":
+        declare_notifications()
         serve_http(mcp.streamable_http_app())
     else:
         sys.exit(f"unknown transport {mode!r}")
