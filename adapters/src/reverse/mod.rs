@@ -269,6 +269,13 @@ impl LegacySession {
         self.queued.len()
     }
 
+    /// The host request attached to the call whose legacy request is `id` (what the
+    /// driver sends on behalf of that host carries its headers).
+    pub fn upstream_host(&self, id: &RequestId) -> Option<HostKey> {
+        let number = self.by_upstream.get(id)?;
+        self.calls.get(number)?.host.as_ref().map(|h| h.host)
+    }
+
     /// Resource URIs subscribed upstream.
     pub fn subscriptions(&self) -> impl Iterator<Item = &str> {
         self.subscribed.iter().map(String::as_str)

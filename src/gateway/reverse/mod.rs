@@ -18,6 +18,7 @@
 //! total bound. An answer is JSON, or an SSE stream when the server sends notifications
 //! for the request (progress, log lines at the host's level) before its result.
 
+mod inflight;
 mod partition;
 pub mod seal;
 
@@ -32,7 +33,9 @@ use dualera_adapters::jsonrpc::{self, ErrorCode, ErrorObject, Message, Request};
 use dualera_adapters::reverse::{
     host_error, Config, HostFailure, HostKey, HostRequest, OpenedState, Partition, StateMismatch,
 };
-use dualera_adapters::session::{META_CLIENT_CAPABILITIES, META_CLIENT_INFO};
+use dualera_adapters::session::{
+    META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_SUBSCRIPTION_ID,
+};
 use dualera_adapters::time::Timestamp;
 use http::header::{self, HeaderValue};
 use http::{Request as HttpRequest, Response as HttpResponse, StatusCode};
@@ -103,6 +106,8 @@ pub struct Bridge {
     clock: Clock,
     next_host: AtomicU64,
     registry: Arc<Mutex<Registry>>,
+    /// Host requests waiting, for the host's `notifications/cancelled`.
+    inflight: inflight::InFlight,
 }
 
 impl std::fmt::Debug for Bridge {
@@ -123,6 +128,7 @@ impl Bridge {
             clock: Clock::new(),
             next_host: AtomicU64::new(0),
             registry: Arc::default(),
+            inflight: inflight::InFlight::default(),
         }
     }
 
@@ -146,6 +152,12 @@ fn sha256_hex(bytes: &[u8]) -> String {
     crate::digest::hex(&Sha256::digest(bytes))
 }
 
+/// The principal round states bind and cancellations are matched by: the digest of
+/// the request's binding key.
+fn principal_of(gw: &Route, authorization: Option<&HeaderValue>) -> String {
+    crate::digest::hex(BindingKey::of(gw.config.session_binding, authorization).as_bytes())
+}
+
 /// Serves one 2026-07-28 request on a route whose upstream is a legacy server over
 /// `transport`.
 pub(super) async fn handle(
@@ -161,8 +173,18 @@ pub(super) async fn handle(
     };
     let request = match jsonrpc::parse(&bytes) {
         Ok(Message::Request(r)) => r,
-        // Notifications and responses have nothing to answer in this revision
-        // (cancellation is the host closing its request's stream).
+        Ok(Message::Notification(n)) => {
+            // Cancellation is the host closing its request's stream; a host that
+            // says it with `notifications/cancelled` as well is heard the same way.
+            if let Some(id) = n.cancelled_request() {
+                let authorization = parts.headers.get(header::AUTHORIZATION);
+                let principal = principal_of(gw, authorization);
+                let cancelled = gw.reverse.inflight.cancel(&principal, &id);
+                tracing::debug!(route = %gw.path, request = ?id, cancelled, "host cancellation");
+            }
+            return status_only(StatusCode::ACCEPTED);
+        }
+        // Responses have nothing to answer in this revision.
         Ok(_) => return status_only(StatusCode::ACCEPTED),
         Err(e) => return json(StatusCode::BAD_REQUEST, &Message::Response(e.to_response())),
     };
@@ -173,9 +195,7 @@ pub(super) async fn handle(
         .or_else(|| TraceContext::from_meta(request.params.as_ref()));
     let relay = Relay { forwarded, trace };
     let authorization = parts.headers.get(header::AUTHORIZATION).cloned();
-    let principal = crate::digest::hex(
-        BindingKey::of(gw.config.session_binding, authorization.as_ref()).as_bytes(),
-    );
+    let principal = principal_of(gw, authorization.as_ref());
     let span = tracing::debug_span!(
         "reverse_request",
         route = %gw.path,
@@ -277,7 +297,7 @@ async fn serve(
         id: id.clone(),
         method: request.method.clone(),
         params,
-        principal,
+        principal: principal.clone(),
         state,
     };
     let (answer_tx, mut answered) = oneshot::channel();
@@ -299,15 +319,22 @@ async fn serve(
     }
     // Dropped with this future (or the stream's task) too: a host that leaves
     // cancels its call upstream.
+    bridge
+        .inflight
+        .insert(&principal, &id, host, handle.commands.clone());
     let mut gone = Gone {
         commands: handle.commands.clone(),
         host,
         armed: true,
+        bridge: bridge.clone(),
+        principal,
+        id: id.clone(),
     };
     let deadline = tokio::time::Instant::now() + gw.config.live_request_timeout_max;
     let sealer = Sealer {
         bridge: gw.reverse.clone(),
         binding,
+        listen: request.method == "subscriptions/listen",
     };
     // 2026-07-28 transports: the answer to a POST is one JSON response, or an SSE
     // stream when messages precede it. JSON unless a notification comes first.
@@ -319,7 +346,7 @@ async fn serve(
             return answer(sealer.finish(&id, a.ok()));
         }
         () = tokio::time::sleep_until(deadline) => {
-            return answer(sealer.finish(&id, None));
+            return answer(sealer.lapsed(&id));
         }
     };
     let Some(first) = first else {
@@ -359,11 +386,21 @@ async fn serve(
                     return;
                 }
                 () = tokio::time::sleep_until(deadline) => break,
+                // The host closed the stream while nothing was being sent (a quiet
+                // listener, a call waiting for the server): `gone` cancels it.
+                () = out.closed() => return,
             }
         }
-        let last = Message::Response(sealer.finish(&id, answered.try_recv().ok()));
-        gone.disarm();
-        let _ = out.send(crate::sse::encode(None, &last.to_vec())).await;
+        // The wait ran out (or the partition ended): `gone`, still armed, cancels the
+        // call upstream or ends the listener (its upstream subscriptions with it).
+        let last = match answered.try_recv().ok() {
+            Some(a) => {
+                gone.disarm();
+                sealer.finish(&id, Some(a))
+            }
+            None => sealer.lapsed(&id),
+        };
+        let _ = out.send(crate::sse::encode(None, &Message::Response(last).to_vec())).await;
     });
     body::sse_response(stream)
 }
@@ -373,9 +410,27 @@ async fn serve(
 struct Sealer {
     bridge: Arc<Bridge>,
     binding: crate::request_state::Binding,
+    /// The request is a `subscriptions/listen`.
+    listen: bool,
 }
 
 impl Sealer {
+    /// The answer of a request whose wait ran out: a listener's stream ends
+    /// gracefully (2026-07-28 `basic/patterns/subscriptions`, "Graceful Closure": a
+    /// server ending a subscription SHOULD answer the `subscriptions/listen` request
+    /// with a complete result carrying the subscription id); any other request gets
+    /// the error of an answer that did not come.
+    fn lapsed(&self, id: &jsonrpc::RequestId) -> jsonrpc::Response {
+        if self.listen {
+            let result = json!({
+                "resultType": "complete",
+                "_meta": { META_SUBSCRIPTION_ID: id.to_value() },
+            });
+            return jsonrpc::Response::result(id.clone(), result);
+        }
+        self.finish(id, None)
+    }
+
     fn finish(&self, id: &jsonrpc::RequestId, outcome: Option<Answer>) -> jsonrpc::Response {
         match outcome {
             Some(Answer::Response(r)) => r,
@@ -400,11 +455,15 @@ impl Sealer {
     }
 }
 
-/// Tells the partition a host request left, unless it was answered.
+/// Tells the partition a host request left, unless it was answered; the request no
+/// longer waits either way.
 struct Gone {
     commands: mpsc::Sender<Command>,
     host: HostKey,
     armed: bool,
+    bridge: Arc<Bridge>,
+    principal: String,
+    id: jsonrpc::RequestId,
 }
 
 impl Gone {
@@ -416,6 +475,9 @@ impl Gone {
 
 impl Drop for Gone {
     fn drop(&mut self) {
+        self.bridge
+            .inflight
+            .remove(&self.principal, &self.id, self.host);
         if self.armed {
             let _ = self.commands.try_send(Command::Gone(self.host));
         }

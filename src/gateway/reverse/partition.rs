@@ -262,7 +262,16 @@ impl Task {
 
     /// Sends one message upstream on behalf of the partition's credentials.
     async fn send(&mut self, message: Message) -> bool {
-        let relay = self.relay.clone();
+        // The host request being handled; else the one whose call this is (a request
+        // queued while the session initialized, sent again after a 404).
+        let relay = self.relay.clone().or_else(|| match &message {
+            Message::Request(r) => self
+                .machine
+                .upstream_host(&r.id)
+                .and_then(|h| self.hosts.get(&h))
+                .map(|reply| reply.relay.clone()),
+            _ => None,
+        });
         let on_behalf = OnBehalf {
             authorization: self.opener.authorization.as_ref(),
             forwarded: relay.as_ref().map(|r| &r.forwarded),
