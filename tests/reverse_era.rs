@@ -243,3 +243,64 @@ async fn a_listener_whose_wait_runs_out_ends_gracefully() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// One request with `token`; the status, `WWW-Authenticate` and body.
+async fn denied(url: &str, token: Option<&str>, body: &Value) -> (u16, String, String) {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = bearer
+        .as_deref()
+        .map(|b| vec![("authorization", b)])
+        .unwrap_or_default();
+    let resp = send(url, &headers, body).await;
+    let status = resp.status().as_u16();
+    let challenge = resp
+        .headers()
+        .get("www-authenticate")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .expect("body")
+        .to_bytes();
+    (status, challenge, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test]
+async fn upstream_oauth_challenges_reach_the_host_as_they_are() {
+    let py = PyServer::spawn("streamable-http-auth");
+    let gw = Gateway::spawn(&["--upstream", &py.url("/mcp")]);
+    // No credentials: the legacy session cannot be opened; the host gets the
+    // upstream's 401, its challenge and body, as in the forward direction.
+    let (status, challenge, body) =
+        denied(&gw.url(), None, &call(1, "session_id", json!({}))).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(
+        challenge,
+        format!(
+            "Bearer error=\"invalid_token\", resource_metadata=\"http://127.0.0.1:{}/.well-known/oauth-protected-resource\"",
+            py.port
+        )
+    );
+    assert_eq!(body, r#"{"error": "invalid_token"}"#);
+    let (status, _, _) = denied(&gw.url(), Some("wrong"), &call(2, "add", json!({}))).await;
+    assert_eq!(status, 401);
+    // A token the upstream takes, on a call it needs more scope for: its 403.
+    let (status, challenge, _body) = denied(
+        &gw.url(),
+        Some("good"),
+        &call(3, "add", json!({ "a": 1, "b": 2 })),
+    )
+    .await;
+    assert_eq!(status, 403, "{challenge} {_body}");
+    assert_eq!(challenge, "Bearer error=\"insufficient_scope\", scope=\"notes:admin\"");
+    // The session of that token goes on serving what the token may do.
+    let good = [("authorization", "Bearer good")];
+    let (status, answer) = post(&gw.url(), &good, &call(4, "session_id", json!({}))).await;
+    assert_eq!(status, 200);
+    assert!(!text(&answer[0]).is_empty());
+    // The stepped-up token is another partition, and may.
+    let admin = [("authorization", "Bearer admin")];
+    let (_, added) = post(&gw.url(), &admin, &call(5, "add", json!({ "a": 1, "b": 2 }))).await;
+    assert_eq!(text(&added[0]), "3");
+}

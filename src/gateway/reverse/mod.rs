@@ -26,7 +26,7 @@ use super::auth::BindingKey;
 use super::forwarded::Forwarded;
 use super::trace::TraceContext;
 use super::passthrough::status_only;
-use super::upstream::legacy::{LegacyTransport, PoolKey};
+use super::upstream::legacy::{LegacyError, LegacyTransport, PoolKey};
 use super::{body, GatewayBody, RequestBody, Route};
 use crate::request_state::StateCodec;
 use dualera_adapters::jsonrpc::{self, ErrorCode, ErrorObject, Message, Request};
@@ -284,7 +284,8 @@ async fn serve(
             .await
             {
                 Ok(h) => h,
-                Err(reason) => {
+                Err(Opening::Denied(denial)) => return denial.response(),
+                Err(Opening::Failed(reason)) => {
                     let e = host_error(&HostFailure::Unusable { reason });
                     return answer(jsonrpc::Response::error(Some(id), e));
                 }
@@ -343,6 +344,9 @@ async fn serve(
         n = notifications.recv() => n,
         a = &mut answered => {
             gone.disarm();
+            if let Ok(Answer::Denied(denial)) = a {
+                return denial.response();
+            }
             return answer(sealer.finish(&id, a.ok()));
         }
         () = tokio::time::sleep_until(deadline) => {
@@ -352,7 +356,10 @@ async fn serve(
     let Some(first) = first else {
         // The partition dropped the request's senders: its answer is final now.
         gone.disarm();
-        return answer(sealer.finish(&id, answered.await.ok()));
+        return match answered.await {
+            Ok(Answer::Denied(denial)) => denial.response(),
+            a => answer(sealer.finish(&id, a.ok())),
+        };
     };
     let (out, stream) = body::ChannelBody::channel(partition::NOTIFICATION_QUEUE);
     tokio::spawn(async move {
@@ -448,7 +455,9 @@ impl Sealer {
                 }
                 jsonrpc::Response::result(id, result)
             }
-            None => {
+            // On a stream already begun the status cannot change: the refusal is an
+            // error like any lost answer.
+            Some(Answer::Denied(_)) | None => {
                 jsonrpc::Response::error(Some(id.clone()), host_error(&HostFailure::UpstreamLost))
             }
         }
@@ -484,6 +493,21 @@ impl Drop for Gone {
     }
 }
 
+/// Why a partition could not be had.
+enum Opening {
+    /// The upstream refused the credentials while the session was opened (the
+    /// HTTP+SSE stream's GET): relayed as it is.
+    Denied(Box<crate::gateway::upstream::Denial>),
+    /// Anything else, for the host's error.
+    Failed(String),
+}
+
+impl From<String> for Opening {
+    fn from(reason: String) -> Self {
+        Self::Failed(reason)
+    }
+}
+
 /// The partition of `key`, its task started when it has none.
 async fn partition_for(
     gw: &Arc<Route>,
@@ -493,7 +517,7 @@ async fn partition_for(
     capabilities: Value,
     client_info: Value,
     transport: LegacyTransport,
-) -> Result<Handle, String> {
+) -> Result<Handle, Opening> {
     let bridge = &gw.reverse;
     if let Some(h) = bridge.by_key(&key) {
         return Ok(h);
@@ -501,9 +525,9 @@ async fn partition_for(
     let pool = gw.upstream_sessions().clone();
     let max = pool.limits().max_sessions;
     if bridge.partitions() >= max {
-        return Err(format!(
+        return Err(Opening::Failed(format!(
             "Too many upstream sessions; try again later (limit {max})"
-        ));
+        )));
     }
     let opener = Opener {
         pool: pool.clone(),
@@ -512,9 +536,14 @@ async fn partition_for(
         transport,
         authorization,
     };
-    let lease = opener.open().await.map_err(|e| e.to_string())?;
+    let lease = opener.open().await.map_err(|e| match e {
+        LegacyError::Upstream(crate::gateway::upstream::UpstreamError::Denied(d)) => {
+            Opening::Denied(d)
+        }
+        e => Opening::Failed(e.to_string()),
+    })?;
     let mut name = [0u8; 16];
-    getrandom::fill(&mut name).map_err(|e| e.to_string())?;
+    getrandom::fill(&mut name).map_err(|e| Opening::Failed(e.to_string()))?;
     let name: Arc<str> = Arc::from(crate::digest::hex(&name));
     let (commands, rx) = mpsc::channel(partition::COMMAND_QUEUE);
     let handle = Handle {
@@ -525,7 +554,7 @@ async fn partition_for(
     // serves this one too and the session just opened goes back.
     let existing = {
         let Ok(mut r) = bridge.registry.lock() else {
-            return Err("the reverse bridge is poisoned".into());
+            return Err(Opening::Failed("the reverse bridge is poisoned".into()));
         };
         match r.by_key.get(&key).filter(|h| !h.commands.is_closed()) {
             Some(h) => Some(h.clone()),
@@ -560,6 +589,8 @@ async fn partition_for(
         hosts: HashMap::new(),
         idle: pool.limits().idle,
         relay: None,
+        current: None,
+        refused: None,
     };
     let registry = bridge.registry.clone();
     tokio::spawn(task.run(rx, move || {

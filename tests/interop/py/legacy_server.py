@@ -9,6 +9,11 @@ sessions and the legacy pass-through).
                                        Streamable HTTP as above, declaring
                                        `listChanged` for tools, prompts and resources
                                        and `resources.subscribe` (with handlers)
+    legacy_server.py streamable-http-auth
+                                       Streamable HTTP as above behind bearer tokens:
+                                       without `good` or `admin` a 401 with a
+                                       `WWW-Authenticate` challenge; `add` needs
+                                       `admin` (else a 403 `insufficient_scope`)
 
 Over HTTP it binds 127.0.0.1 on a free port and prints `PORT <n>` on stdout. Every HTTP
 request is counted by (method, path, JSON-RPC method) and the counts are served at
@@ -234,6 +239,58 @@ def counting(app):
     return wrapped
 
 
+def guarded(app):
+    """Wraps an ASGI app behind bearer tokens (the streamable-http-auth mode)."""
+
+    async def refuse(send, status, challenge, error):
+        body = json.dumps({"error": error}).encode()
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"),
+            (b"www-authenticate", challenge.encode()),
+        ]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def wrapped(scope, receive, send):
+        if scope["type"] != "http" or scope["path"] == "/stats":
+            return await app(scope, receive, send)
+        headers = dict(scope["headers"])
+        token = headers.get(b"authorization", b"").decode()
+        host = headers.get(b"host", b"").decode()
+        if token not in ("Bearer good", "Bearer admin"):
+            challenge = (f'Bearer error="invalid_token", '
+                         f'resource_metadata="http://{host}/.well-known/oauth-protected-resource"')
+            return await refuse(send, 401, challenge, "invalid_token")
+        if scope["method"] != "POST" or token == "Bearer admin":
+            return await app(scope, receive, send)
+        chunks = []
+        more = True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            rpc = json.loads(body)
+            name = rpc.get("params", {}).get("name") if rpc.get("method") == "tools/call" else None
+        except (ValueError, AttributeError):
+            name = None
+        if name == "add":
+            challenge = 'Bearer error="insufficient_scope", scope="notes:admin"'
+            return await refuse(send, 403, challenge, "insufficient_scope")
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await app(scope, replay, send)
+
+    return wrapped
+
+
 def serve_http(app) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -252,6 +309,8 @@ def main() -> None:
         serve_http(mcp.sse_app())
     elif mode == "streamable-http":
         serve_http(mcp.streamable_http_app())
+    elif mode == "streamable-http-auth":
+        serve_http(guarded(mcp.streamable_http_app()))
     elif mode == "streamable-http-notify":
         declare_notifications()
         serve_http(mcp.streamable_http_app())
