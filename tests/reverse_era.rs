@@ -304,3 +304,49 @@ async fn upstream_oauth_challenges_reach_the_host_as_they_are() {
     let (_, added) = post(&gw.url(), &admin, &call(5, "add", json!({ "a": 1, "b": 2 }))).await;
     assert_eq!(text(&added[0]), "3");
 }
+
+#[tokio::test]
+async fn readyz_metrics_and_report_name_the_legacy_upstream_and_count_the_bridge() {
+    let py = PyServer::spawn("streamable-http");
+    let gw = Gateway::spawn(&["--upstream", &py.url("/mcp"), "--admin", "127.0.0.1:0"]);
+    let admin = gw.listening("admin");
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (status, text) = get(&format!("http://{admin}/readyz")).await;
+        if status == 200 {
+            assert!(
+                text.contains("route /mcp (legacy upstream (streamable-http)): ready"),
+                "{text}"
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{status} {text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, added) = post(&gw.url(), &[], &call(1, "add", json!({ "a": 1, "b": 2 }))).await;
+    assert_eq!(text(&added[0]), "3");
+    let (_, asked) = post(&gw.url(), &[], &call(2, "ask", json!({ "question": "?" }))).await;
+    assert_eq!(asked[0]["result"]["resultType"], "input_required");
+    let mut forged = call(3, "ask", json!({ "question": "?" }));
+    forged["params"]["requestState"] = json!("forged");
+    forged["params"]["inputResponses"] = json!({});
+    let (status, _) = post(&gw.url(), &[], &forged).await;
+    assert_eq!(status, 400);
+    let (_, metrics) = get(&format!("http://{admin}/metrics")).await;
+    for line in [
+        r#"dualera_upstream_era{route="/mcp",era="legacy"} 1"#,
+        r#"dualera_bridge_requests_total{route="/mcp",mcp_method_name="tools/call",outcome="complete"} 1"#,
+        r#"dualera_bridge_requests_total{route="/mcp",mcp_method_name="tools/call",outcome="input_required"} 1"#,
+        r#"dualera_bridge_requests_total{route="/mcp",mcp_method_name="tools/call",outcome="refused"} 1"#,
+        "dualera_bridge_partitions 1",
+        "dualera_bridge_waiting 0",
+    ] {
+        assert!(metrics.contains(line), "{line} missing in\n{metrics}");
+    }
+    let (_, report) = get(&format!("http://{admin}/report")).await;
+    let report: Value = serde_json::from_str(&report).expect("report JSON");
+    assert_eq!(
+        report["upstreams"]["/mcp"], "legacy upstream (streamable-http)",
+        "{report}"
+    );
+}

@@ -618,7 +618,8 @@ impl Gateway {
                     .collect(),
                 report.clone(),
             )
-            .with_upstream_sessions(upstream_sessions.clone()),
+            .with_upstream_sessions(upstream_sessions.clone())
+            .with_collector(Box::new(reverse::stats::Collector(reverse.clone()))),
         );
         let readiness = Arc::new(readiness::Readiness::new(
             built.iter().map(|b| b.path.clone()).collect(),

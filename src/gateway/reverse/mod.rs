@@ -21,6 +21,7 @@
 mod inflight;
 mod partition;
 pub mod seal;
+pub mod stats;
 
 use super::auth::BindingKey;
 use super::forwarded::Forwarded;
@@ -40,7 +41,9 @@ use dualera_adapters::time::Timestamp;
 use http::header::{self, HeaderValue};
 use http::{Request as HttpRequest, Response as HttpResponse, StatusCode};
 use partition::{Answer, Command, Opener, Relay, Reply, Task};
+use dualera_adapters::usage::Method;
 use seal::StateKeys;
+use stats::Outcome;
 use serde_json::{json, Map, Value};
 use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
@@ -108,6 +111,8 @@ pub struct Bridge {
     registry: Arc<Mutex<Registry>>,
     /// Host requests waiting, for the host's `notifications/cancelled`.
     inflight: inflight::InFlight,
+    /// What the metrics read.
+    stats: stats::Stats,
 }
 
 impl std::fmt::Debug for Bridge {
@@ -129,6 +134,7 @@ impl Bridge {
             next_host: AtomicU64::new(0),
             registry: Arc::default(),
             inflight: inflight::InFlight::default(),
+            stats: stats::Stats::default(),
         }
     }
 
@@ -180,6 +186,9 @@ pub(super) async fn handle(
                 let authorization = parts.headers.get(header::AUTHORIZATION);
                 let principal = principal_of(gw, authorization);
                 let cancelled = gw.reverse.inflight.cancel(&principal, &id);
+                if cancelled {
+                    gw.reverse.stats.cancelled();
+                }
                 tracing::debug!(route = %gw.path, request = ?id, cancelled, "host cancellation");
             }
             return status_only(StatusCode::ACCEPTED);
@@ -249,6 +258,8 @@ async fn serve(
                     (OpenedState::Opened(s), Some(h))
                 }
                 Err(m) => {
+                    let method = Method::from_name(&request.method).as_str();
+                    bridge.stats.request(&gw.path, method, Outcome::Refused);
                     let e = host_error(&HostFailure::State(m));
                     return answer(jsonrpc::Response::error(Some(id), e));
                 }
@@ -336,6 +347,8 @@ async fn serve(
         bridge: gw.reverse.clone(),
         binding,
         listen: request.method == "subscriptions/listen",
+        route: gw.path.clone(),
+        method: Method::from_name(&request.method).as_str(),
     };
     // 2026-07-28 transports: the answer to a POST is one JSON response, or an SSE
     // stream when messages precede it. JSON unless a notification comes first.
@@ -345,7 +358,7 @@ async fn serve(
         a = &mut answered => {
             gone.disarm();
             if let Ok(Answer::Denied(denial)) = a {
-                return denial.response();
+                return sealer.denied(&denial);
             }
             return answer(sealer.finish(&id, a.ok()));
         }
@@ -357,7 +370,7 @@ async fn serve(
         // The partition dropped the request's senders: its answer is final now.
         gone.disarm();
         return match answered.await {
-            Ok(Answer::Denied(denial)) => denial.response(),
+            Ok(Answer::Denied(denial)) => sealer.denied(&denial),
             a => answer(sealer.finish(&id, a.ok())),
         };
     };
@@ -419,6 +432,9 @@ struct Sealer {
     binding: crate::request_state::Binding,
     /// The request is a `subscriptions/listen`.
     listen: bool,
+    /// For the metrics.
+    route: Arc<str>,
+    method: &'static str,
 }
 
 impl Sealer {
@@ -433,12 +449,37 @@ impl Sealer {
                 "resultType": "complete",
                 "_meta": { META_SUBSCRIPTION_ID: id.to_value() },
             });
+            let stats = &self.bridge.stats;
+            stats.request(&self.route, self.method, Outcome::Complete);
             return jsonrpc::Response::result(id.clone(), result);
         }
         self.finish(id, None)
     }
 
+    /// The upstream's refusal of the credentials, as it is.
+    fn denied(&self, denial: &crate::gateway::upstream::Denial) -> HttpResponse<GatewayBody> {
+        let stats = &self.bridge.stats;
+        stats.request(&self.route, self.method, Outcome::Denied);
+        denial.response()
+    }
+
     fn finish(&self, id: &jsonrpc::RequestId, outcome: Option<Answer>) -> jsonrpc::Response {
+        let response = self.finish_inner(id, outcome);
+        let outcome = match &response.outcome {
+            Ok(r) if r.get("resultType").and_then(Value::as_str) == Some("input_required") => {
+                Outcome::InputRequired
+            }
+            Ok(_) => Outcome::Complete,
+            Err(e) if e.data.as_ref().and_then(|d| d.get("reason")) == Some(&json!("upstreamLost")) => {
+                Outcome::Lost
+            }
+            Err(_) => Outcome::Error,
+        };
+        self.bridge.stats.request(&self.route, self.method, outcome);
+        response
+    }
+
+    fn finish_inner(&self, id: &jsonrpc::RequestId, outcome: Option<Answer>) -> jsonrpc::Response {
         match outcome {
             Some(Answer::Response(r)) => r,
             Some(Answer::InputRequired { id, result, state }) => {
@@ -488,6 +529,7 @@ impl Drop for Gone {
             .inflight
             .remove(&self.principal, &self.id, self.host);
         if self.armed {
+            self.bridge.stats.cancelled();
             let _ = self.commands.try_send(Command::Gone(self.host));
         }
     }
