@@ -659,7 +659,7 @@ impl LegacySession {
                 &self.partition.session,
                 self.epoch,
                 &request.principal,
-                now.as_millis(),
+                self.unix_ms(now),
                 &request.method,
                 &arguments,
             )
@@ -755,6 +755,7 @@ impl LegacySession {
     fn ask(&mut self, number: u64, now: Timestamp) {
         let max_rounds = self.config.max_rounds;
         let expires = now.saturating_add(self.config.retry_wait);
+        let expires_at_ms = self.unix_ms(expires);
         let session = self.partition.session.clone();
         let principal = self.partition.principal.clone();
         let epoch = self.epoch;
@@ -788,7 +789,7 @@ impl LegacySession {
             method: call.method.clone(),
             arguments: call.arguments.clone(),
             principal,
-            expires_at_ms: expires.as_millis(),
+            expires_at_ms,
         };
         self.by_host.remove(&host.host);
         self.events.push_back(Event::InputRequired {
@@ -1391,6 +1392,11 @@ impl LegacySession {
             host,
             Message::Response(Response::error(Some(id), host_error(failure))),
         );
+    }
+
+    /// A driver timestamp as Unix milliseconds ([`Config::unix_at_zero_ms`]).
+    fn unix_ms(&self, t: Timestamp) -> u64 {
+        self.config.unix_at_zero_ms.saturating_add(t.as_millis())
     }
 
     fn mint(&mut self) -> RequestId {

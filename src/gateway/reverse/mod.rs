@@ -49,40 +49,39 @@ use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
-/// The bridge's clock: Unix milliseconds at start plus a monotonic elapsed time, so
-/// timestamps never go backwards and the codec's expiries read as wall time.
+/// The bridge's clock: the machines' timestamps are [`crate::clock`] readings, and
+/// the wall time of round states and sealed `requestState`s is that reading plus the
+/// Unix time at the clock's zero, taken once ([`Config::unix_at_zero_ms`]), so that
+/// the machine's expiry and the codec's agree and never go backwards.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Clock {
-    start: Instant,
-    base_ms: u64,
+    unix_at_zero_ms: u64,
 }
 
 impl Clock {
     fn new() -> Self {
-        let base_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         Self {
-            start: Instant::now(),
-            base_ms,
+            unix_at_zero_ms: crate::clock::unix_at_zero_ms(),
         }
     }
 
+    /// Unix milliseconds now, as the codec and round states count.
     fn now_ms(&self) -> u64 {
-        let elapsed = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.base_ms.saturating_add(elapsed)
+        self.unix_at_zero_ms.saturating_add(crate::clock::now_ms())
     }
 
+    /// The machine's timestamp now.
     pub(crate) fn now(&self) -> Timestamp {
-        Timestamp::from_millis(self.now_ms())
+        Timestamp::from_millis(crate::clock::now_ms())
     }
 
-    /// The tokio instant of a machine timestamp.
+    /// The tokio instant of a machine timestamp (a past one: now; at most a day
+    /// ahead).
     pub(crate) fn instant(&self, t: Timestamp) -> tokio::time::Instant {
-        let ahead = t.as_millis().saturating_sub(self.now_ms());
+        let ahead = t.as_millis().saturating_sub(crate::clock::now_ms());
         tokio::time::Instant::now() + Duration::from_millis(ahead.min(86_400_000))
     }
 }
@@ -613,6 +612,7 @@ async fn partition_for(
     }
     let mut config = Config::new(sha256_hex);
     config.retry_wait = bridge.ttl;
+    config.unix_at_zero_ms = bridge.clock.unix_at_zero_ms;
     let machine = dualera_adapters::reverse::LegacySession::new(
         config,
         Partition {
@@ -661,4 +661,54 @@ fn json(status: StatusCode, message: &Message) -> HttpResponse<GatewayBody> {
         HeaderValue::from_static("application/json"),
     );
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_clocks_wall_time_is_the_machine_time_plus_the_unix_time_at_zero() {
+        let clock = Clock {
+            unix_at_zero_ms: 1_700_000_000_000,
+        };
+        let machine = clock.now().as_millis();
+        let wall = clock.now_ms();
+        // Read one after the other: the same instant within a little.
+        let offset = wall - machine;
+        assert!(
+            (1_700_000_000_000..1_700_000_000_000 + 1000).contains(&offset),
+            "{offset}"
+        );
+        assert!(clock.now_ms() >= wall, "wall time never goes backwards");
+        // A real clock's wall time is today's.
+        let real = Clock::new();
+        let unix = SystemTimeNow::ms();
+        assert!(real.now_ms().abs_diff(unix) < 1000, "{} {unix}", real.now_ms());
+    }
+
+    #[test]
+    fn a_deadline_becomes_the_instant_that_far_ahead_and_a_past_one_now() {
+        let clock = Clock::new();
+        let now = tokio::time::Instant::now();
+        let ahead = clock.instant(clock.now().saturating_add(Duration::from_secs(5)));
+        let d = ahead.duration_since(now);
+        assert!(d >= Duration::from_millis(4900) && d <= Duration::from_millis(5100), "{d:?}");
+        let past = clock.instant(Timestamp::from_millis(0));
+        assert!(past.duration_since(now) < Duration::from_millis(100));
+        // Far-future deadlines are capped at a day (a timer must not overflow).
+        let far = clock.instant(Timestamp::from_millis(u64::MAX));
+        assert!(far.duration_since(now) <= Duration::from_secs(86_400) + Duration::from_secs(1));
+    }
+
+    struct SystemTimeNow;
+
+    impl SystemTimeNow {
+        fn ms() -> u64 {
+            let d = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970");
+            u64::try_from(d.as_millis()).expect("fits")
+        }
+    }
 }
