@@ -104,7 +104,12 @@ async fn a_hosts_cancellation_notification_cancels_its_call_upstream() {
     let py = PyServer::spawn("streamable-http");
     let gw = Gateway::spawn(&["--upstream", &py.url("/mcp")]);
     let token = [("authorization", "Bearer alpha")];
-    let (_, added) = post(&gw.url(), &token, &call(1, "add", json!({ "a": 1, "b": 1 }))).await;
+    let (_, added) = post(
+        &gw.url(),
+        &token,
+        &call(1, "add", json!({ "a": 1, "b": 1 })),
+    )
+    .await;
     assert_eq!(text(&added[0]), "2");
     let url = gw.url();
     let slow = tokio::spawn(async move {
@@ -120,13 +125,19 @@ async fn a_hosts_cancellation_notification_cancels_its_call_upstream() {
     assert_eq!(other.status(), 202);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(py.count("POST /mcp notifications/cancelled").await, 0);
-    assert!(!slow.is_finished(), "the call ended on another's cancellation");
+    assert!(
+        !slow.is_finished(),
+        "the call ended on another's cancellation"
+    );
     let accepted = send(&gw.url(), &token, &cancel).await;
     assert_eq!(accepted.status(), 202);
     // 2025-11-25 basic/utilities/cancellation: the bridge tells the server.
     let deadline = std::time::Instant::now() + WAIT;
     while py.count("POST /mcp notifications/cancelled").await == 0 {
-        assert!(std::time::Instant::now() < deadline, "no cancellation upstream");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no cancellation upstream"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // The cancelled request's own POST ends long before the call would have.
@@ -135,7 +146,12 @@ async fn a_hosts_cancellation_notification_cancels_its_call_upstream() {
         .expect("the cancelled request ended")
         .expect("joined");
     assert!(answer[0]["error"].is_object(), "{answer:?}");
-    let (_, added) = post(&gw.url(), &token, &call(8, "add", json!({ "a": 2, "b": 2 }))).await;
+    let (_, added) = post(
+        &gw.url(),
+        &token,
+        &call(8, "add", json!({ "a": 2, "b": 2 })),
+    )
+    .await;
     assert_eq!(text(&added[0]), "4");
 }
 
@@ -158,8 +174,14 @@ async fn listen_subscribes_upstream_and_relays_the_servers_notifications() {
     let ack = stream.next().await.expect("acknowledgment");
     // 2026-07-28 basic/patterns/subscriptions: the acknowledgment first, with the
     // subscription id and the subset the server honours.
-    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged", "{ack}");
-    assert_eq!(ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], 1);
+    assert_eq!(
+        ack["method"], "notifications/subscriptions/acknowledged",
+        "{ack}"
+    );
+    assert_eq!(
+        ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        1
+    );
     assert_eq!(
         ack["params"]["notifications"],
         json!({ "toolsListChanged": true, "promptsListChanged": true,
@@ -173,24 +195,38 @@ async fn listen_subscribes_upstream_and_relays_the_servers_notifications() {
         if text(&s[0]) == uri {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "never subscribed upstream");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never subscribed upstream"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (_, touched) = post(&gw.url(), &[], &call(3, "touch", json!({ "uri": uri }))).await;
     assert_eq!(text(&touched[0]), "touched");
     let updated = stream.next().await.expect("resources/updated");
-    assert_eq!(updated["method"], "notifications/resources/updated", "{updated}");
+    assert_eq!(
+        updated["method"], "notifications/resources/updated",
+        "{updated}"
+    );
     assert_eq!(updated["params"]["uri"], uri);
     assert_eq!(
         updated["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], 1,
         "{updated}"
     );
     // Another resource's change is not this listener's business.
-    let (_, _) = post(&gw.url(), &[], &call(4, "touch", json!({ "uri": "file:///other" }))).await;
+    let (_, _) = post(
+        &gw.url(),
+        &[],
+        &call(4, "touch", json!({ "uri": "file:///other" })),
+    )
+    .await;
     let (_, grown) = post(&gw.url(), &[], &call(5, "grow", json!({ "name": "extra" }))).await;
     assert_eq!(text(&grown[0]), "grown");
     let changed = stream.next().await.expect("tools/list_changed");
-    assert_eq!(changed["method"], "notifications/tools/list_changed", "{changed}");
+    assert_eq!(
+        changed["method"], "notifications/tools/list_changed",
+        "{changed}"
+    );
     assert_eq!(
         changed["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], 1,
         "{changed}"
@@ -203,7 +239,10 @@ async fn listen_subscribes_upstream_and_relays_the_servers_notifications() {
         if text(&s[0]).is_empty() {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "never unsubscribed upstream");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never unsubscribed upstream"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(py.count("POST /mcp resources/subscribe").await, 1);
@@ -238,7 +277,10 @@ async fn a_listener_whose_wait_runs_out_ends_gracefully() {
     assert!(stream.next().await.is_none(), "the stream ends after it");
     let deadline = std::time::Instant::now() + WAIT;
     while py.count("POST /mcp resources/unsubscribe").await == 0 {
-        assert!(std::time::Instant::now() < deadline, "never unsubscribed upstream");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never unsubscribed upstream"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -263,7 +305,11 @@ async fn denied(url: &str, token: Option<&str>, body: &Value) -> (u16, String, S
         .await
         .expect("body")
         .to_bytes();
-    (status, challenge, String::from_utf8_lossy(&body).into_owned())
+    (
+        status,
+        challenge,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
 }
 
 #[tokio::test]
@@ -293,7 +339,10 @@ async fn upstream_oauth_challenges_reach_the_host_as_they_are() {
     )
     .await;
     assert_eq!(status, 403, "{challenge} {_body}");
-    assert_eq!(challenge, "Bearer error=\"insufficient_scope\", scope=\"notes:admin\"");
+    assert_eq!(
+        challenge,
+        "Bearer error=\"insufficient_scope\", scope=\"notes:admin\""
+    );
     // The session of that token goes on serving what the token may do.
     let good = [("authorization", "Bearer good")];
     let (status, answer) = post(&gw.url(), &good, &call(4, "session_id", json!({}))).await;
@@ -301,7 +350,12 @@ async fn upstream_oauth_challenges_reach_the_host_as_they_are() {
     assert!(!text(&answer[0]).is_empty());
     // The stepped-up token is another partition, and may.
     let admin = [("authorization", "Bearer admin")];
-    let (_, added) = post(&gw.url(), &admin, &call(5, "add", json!({ "a": 1, "b": 2 }))).await;
+    let (_, added) = post(
+        &gw.url(),
+        &admin,
+        &call(5, "add", json!({ "a": 1, "b": 2 })),
+    )
+    .await;
     assert_eq!(text(&added[0]), "3");
 }
 

@@ -25,8 +25,8 @@ pub mod stats;
 
 use super::auth::BindingKey;
 use super::forwarded::Forwarded;
-use super::trace::TraceContext;
 use super::passthrough::status_only;
+use super::trace::TraceContext;
 use super::upstream::legacy::{LegacyError, LegacyTransport, PoolKey};
 use super::{body, GatewayBody, RequestBody, Route};
 use crate::request_state::StateCodec;
@@ -34,18 +34,16 @@ use dualera_adapters::jsonrpc::{self, ErrorCode, ErrorObject, Message, Request};
 use dualera_adapters::reverse::{
     host_error, Config, HostFailure, HostKey, HostRequest, OpenedState, Partition, StateMismatch,
 };
-use dualera_adapters::session::{
-    META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_SUBSCRIPTION_ID,
-};
+use dualera_adapters::session::{META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_SUBSCRIPTION_ID};
 use dualera_adapters::time::Timestamp;
+use dualera_adapters::usage::Method;
 use http::header::{self, HeaderValue};
 use http::{Request as HttpRequest, Response as HttpResponse, StatusCode};
 use partition::{Answer, Command, Opener, Relay, Reply, Task};
-use dualera_adapters::usage::Method;
 use seal::StateKeys;
-use stats::Outcome;
 use serde_json::{json, Map, Value};
 use sha2::{Digest as _, Sha256};
+use stats::Outcome;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -419,7 +417,9 @@ async fn serve(
             }
             None => sealer.lapsed(&id),
         };
-        let _ = out.send(crate::sse::encode(None, &Message::Response(last).to_vec())).await;
+        let _ = out
+            .send(crate::sse::encode(None, &Message::Response(last).to_vec()))
+            .await;
     });
     body::sse_response(stream)
 }
@@ -469,7 +469,10 @@ impl Sealer {
                 Outcome::InputRequired
             }
             Ok(_) => Outcome::Complete,
-            Err(e) if e.data.as_ref().and_then(|d| d.get("reason")) == Some(&json!("upstreamLost")) => {
+            Err(e)
+                if e.data.as_ref().and_then(|d| d.get("reason"))
+                    == Some(&json!("upstreamLost")) =>
+            {
                 Outcome::Lost
             }
             Err(_) => Outcome::Error,
@@ -684,7 +687,11 @@ mod tests {
         // A real clock's wall time is today's.
         let real = Clock::new();
         let unix = SystemTimeNow::ms();
-        assert!(real.now_ms().abs_diff(unix) < 1000, "{} {unix}", real.now_ms());
+        assert!(
+            real.now_ms().abs_diff(unix) < 1000,
+            "{} {unix}",
+            real.now_ms()
+        );
     }
 
     #[test]
@@ -693,7 +700,10 @@ mod tests {
         let now = tokio::time::Instant::now();
         let ahead = clock.instant(clock.now().saturating_add(Duration::from_secs(5)));
         let d = ahead.duration_since(now);
-        assert!(d >= Duration::from_millis(4900) && d <= Duration::from_millis(5100), "{d:?}");
+        assert!(
+            d >= Duration::from_millis(4900) && d <= Duration::from_millis(5100),
+            "{d:?}"
+        );
         let past = clock.instant(Timestamp::from_millis(0));
         assert!(past.duration_since(now) < Duration::from_millis(100));
         // Far-future deadlines are capped at a day (a timer must not overflow).

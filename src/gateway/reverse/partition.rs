@@ -301,10 +301,9 @@ impl Task {
             Message::Request(r) => Some(r.id.clone()),
             _ => None,
         };
-        let caused_by = self.current.or_else(|| {
-            id.as_ref()
-                .and_then(|i| self.machine.upstream_host(i))
-        });
+        let caused_by = self
+            .current
+            .or_else(|| id.as_ref().and_then(|i| self.machine.upstream_host(i)));
         match self.lease.send(&message, on_behalf).await {
             Ok(()) => true,
             Err(LegacyError::Upstream(UpstreamError::Denied(denial))) => {

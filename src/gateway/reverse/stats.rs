@@ -44,10 +44,13 @@ impl Outcome {
     }
 }
 
+/// (route, method, outcome): the labels of one request count.
+type RequestKey = (Arc<str>, &'static str, Outcome);
+
 /// The bridge's counters.
 #[derive(Debug, Default)]
 pub(super) struct Stats {
-    requests: Mutex<HashMap<(Arc<str>, &'static str, Outcome), u64>>,
+    requests: Mutex<HashMap<RequestKey, u64>>,
     cancellations: AtomicU64,
 }
 
