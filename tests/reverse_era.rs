@@ -404,3 +404,38 @@ async fn readyz_metrics_and_report_name_the_legacy_upstream_and_count_the_bridge
         "{report}"
     );
 }
+
+#[tokio::test]
+async fn translated_lists_are_private_with_no_ttl_unless_configured() {
+    let py = PyServer::spawn("streamable-http");
+    let list = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/list",
+        "params": { "_meta": meta() } });
+    let gw = Gateway::spawn(&["--upstream", &py.url("/mcp")]);
+    let (_, listed) = post(&gw.url(), &[], &list).await;
+    // 2026-07-28 server/utilities/caching: cacheable results carry both fields.
+    assert_eq!(listed[0]["result"]["ttlMs"], 0, "{listed:?}");
+    assert_eq!(listed[0]["result"]["cacheScope"], "private", "{listed:?}");
+    drop(gw);
+    let dir = std::env::temp_dir().join(format!("reverse-era-cache-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let config = dir.join("cache.toml");
+    std::fs::write(
+        &config,
+        "[gateway]\nbridge_list_ttl_ms = 60000\nbridge_cache_public = true\n",
+    )
+    .expect("config");
+    let gw = Gateway::spawn(&[
+        "--config",
+        config.to_str().expect("utf-8 path"),
+        "--upstream",
+        &py.url("/mcp"),
+    ]);
+    let (_, listed) = post(&gw.url(), &[], &list).await;
+    assert_eq!(listed[0]["result"]["ttlMs"], 60000, "{listed:?}");
+    assert_eq!(listed[0]["result"]["cacheScope"], "public", "{listed:?}");
+    let discover = json!({ "jsonrpc": "2.0", "id": 2, "method": "server/discover",
+        "params": { "_meta": meta() } });
+    let (_, found) = post(&gw.url(), &[], &discover).await;
+    assert_eq!(found[0]["result"]["ttlMs"], 60000, "{found:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

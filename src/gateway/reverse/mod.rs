@@ -616,6 +616,8 @@ async fn partition_for(
     let mut config = Config::new(sha256_hex);
     config.retry_wait = bridge.ttl;
     config.unix_at_zero_ms = bridge.clock.unix_at_zero_ms;
+    config.list_ttl = gw.config.bridge_list_ttl;
+    config.public_cache = gw.config.bridge_cache_public;
     let machine = dualera_adapters::reverse::LegacySession::new(
         config,
         Partition {
