@@ -641,3 +641,49 @@ fn unanswered_requests_of_its_own_are_remembered_within_a_bound() {
     );
     assert!(matches!(late, Err(ReverseError::UnknownUpstreamId { .. })));
 }
+
+/// A retry of `state` handed to the machine at `at`.
+fn retry_at(h: &mut Harness, state: RoundState, at: Timestamp) -> Vec<Event> {
+    h.next_host += 1;
+    let host = HostKey(h.next_host);
+    let params: Map<String, Value> =
+        serde_json::from_value(retry_params(json!({"in1": {"action": "decline"}}))).unwrap();
+    h.m.handle_host_request(
+        HostRequest {
+            host,
+            id: RequestId::Number(h.next_host as i64),
+            method: "tools/call".into(),
+            params,
+            principal: "alice".into(),
+            state: OpenedState::Opened(state),
+        },
+        at,
+    )
+    .unwrap();
+    h.events()
+}
+
+#[test]
+fn round_expiry_is_wall_time_the_driver_clock_plus_the_unix_time_at_zero() {
+    let unix_at_zero = 1_700_000_000_000;
+    let wait = Duration::from_secs(300);
+    let mut c = config();
+    c.unix_at_zero_ms = unix_at_zero;
+    c.retry_wait = wait;
+    let mut h = Harness::new(c.clone());
+    let (state, _) = one_round(&mut h);
+    // The round was asked at T0: it lapses `retry_wait` later, in Unix milliseconds.
+    assert_eq!(state.expires_at_ms, unix_at_zero + 300_000);
+    // One millisecond before: the retry answers the round.
+    let just_before = T0.saturating_add(wait - Duration::from_millis(1));
+    let events = retry_at(&mut h, state, just_before);
+    assert_eq!(host_error(&events), None, "{events:?}");
+    assert_eq!(upstream_error(&events), None);
+
+    // At the instant of expiry: expired (2026-07-28 basic/patterns/mrtr: a state past
+    // its expiry is refused).
+    let mut h = Harness::new(c);
+    let (state, _) = one_round(&mut h);
+    let events = retry_at(&mut h, state, T0.saturating_add(wait));
+    assert_eq!(host_error(&events), Some((-32602, "expiredState".into())));
+}

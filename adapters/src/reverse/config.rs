@@ -53,6 +53,11 @@ pub struct Config {
     pub fallback_client_info: Value,
     /// The arguments digest ([`Digest`]).
     pub digest: Digest,
+    /// Unix time, in milliseconds, at the driver's [`crate::Timestamp`] `0`: round
+    /// states carry their expiry as wall time ([`super::RoundState::expires_at_ms`]),
+    /// so that the sealed state and the codec agree on it (default 0: transcript
+    /// vectors count from the epoch).
+    pub unix_at_zero_ms: u64,
 }
 
 impl Config {
@@ -77,6 +82,7 @@ impl Config {
             id_prefix: "dualera".to_owned(),
             fallback_client_info: json!({ "name": "dualera", "version": env!("CARGO_PKG_VERSION") }),
             digest,
+            unix_at_zero_ms: 0,
         }
     }
 }

@@ -269,6 +269,13 @@ impl LegacySession {
         self.queued.len()
     }
 
+    /// The host request attached to the call whose legacy request is `id` (what the
+    /// driver sends on behalf of that host carries its headers).
+    pub fn upstream_host(&self, id: &RequestId) -> Option<HostKey> {
+        let number = self.by_upstream.get(id)?;
+        self.calls.get(number)?.host.as_ref().map(|h| h.host)
+    }
+
     /// Resource URIs subscribed upstream.
     pub fn subscriptions(&self) -> impl Iterator<Item = &str> {
         self.subscribed.iter().map(String::as_str)
@@ -652,7 +659,7 @@ impl LegacySession {
                 &self.partition.session,
                 self.epoch,
                 &request.principal,
-                now.as_millis(),
+                self.unix_ms(now),
                 &request.method,
                 &arguments,
             )
@@ -748,6 +755,7 @@ impl LegacySession {
     fn ask(&mut self, number: u64, now: Timestamp) {
         let max_rounds = self.config.max_rounds;
         let expires = now.saturating_add(self.config.retry_wait);
+        let expires_at_ms = self.unix_ms(expires);
         let session = self.partition.session.clone();
         let principal = self.partition.principal.clone();
         let epoch = self.epoch;
@@ -781,7 +789,7 @@ impl LegacySession {
             method: call.method.clone(),
             arguments: call.arguments.clone(),
             principal,
-            expires_at_ms: expires.as_millis(),
+            expires_at_ms,
         };
         self.by_host.remove(&host.host);
         self.events.push_back(Event::InputRequired {
@@ -1384,6 +1392,11 @@ impl LegacySession {
             host,
             Message::Response(Response::error(Some(id), host_error(failure))),
         );
+    }
+
+    /// A driver timestamp as Unix milliseconds ([`Config::unix_at_zero_ms`]).
+    fn unix_ms(&self, t: Timestamp) -> u64 {
+        self.config.unix_at_zero_ms.saturating_add(t.as_millis())
     }
 
     fn mint(&mut self) -> RequestId {

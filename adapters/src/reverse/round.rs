@@ -42,7 +42,8 @@ pub struct RoundState {
     pub arguments: String,
     /// The principal the partition serves.
     pub principal: String,
-    /// When the round lapses, on the driver's clock ([`crate::Timestamp`] milliseconds).
+    /// When the round lapses, in Unix milliseconds: the driver's [`crate::Timestamp`]
+    /// plus [`super::Config::unix_at_zero_ms`].
     pub expires_at_ms: u64,
 }
 

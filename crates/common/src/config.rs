@@ -387,6 +387,13 @@ pub struct GatewaySection {
     /// A legacy upstream session unused this long is closed (`DELETE`), in ms
     /// (default 300000).
     pub upstream_session_idle_ms: Option<u64>,
+    /// `ttlMs` of the lists, `resources/read` and `server/discover` results the
+    /// reverse bridge translates from a legacy upstream, in ms (default 0: a legacy
+    /// server promises nothing about how long they hold).
+    pub bridge_list_ttl_ms: Option<u64>,
+    /// Whether those results are `cacheScope: "public"` (default false: `private`, as
+    /// a legacy server may shape them per user).
+    pub bridge_cache_public: Option<bool>,
     /// What a legacy session is bound to: `"subject"` (default) or `"token"`.
     pub session_binding: Option<SessionBinding>,
     /// Where legacy Streamable HTTP sessions live: `"memory"` (the default; one

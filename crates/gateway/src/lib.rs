@@ -130,6 +130,10 @@ pub struct GatewayConfig {
     pub state_keys: reverse::seal::StateKeys,
     /// How long a reverse-bridge round waits for its retry (`[state] ttl_ms`).
     pub state_ttl: Duration,
+    /// `ttlMs` of what the reverse bridge translates (`bridge_list_ttl_ms`).
+    pub bridge_list_ttl: Duration,
+    /// `cacheScope: "public"` for it (`bridge_cache_public`; default `private`).
+    pub bridge_cache_public: bool,
 }
 
 impl Default for GatewayConfig {
@@ -165,6 +169,8 @@ impl Default for GatewayConfig {
             upstream_session_idle: Duration::from_secs(300),
             state_keys: reverse::seal::StateKeys::default(),
             state_ttl: Duration::from_secs(300),
+            bridge_list_ttl: Duration::ZERO,
+            bridge_cache_public: false,
         }
     }
 }
@@ -219,6 +225,10 @@ impl GatewayConfig {
             max_upstream_sessions_per_key: s
                 .max_upstream_sessions_per_key
                 .unwrap_or(d.max_upstream_sessions_per_key),
+            bridge_list_ttl: s
+                .bridge_list_ttl_ms
+                .map_or(d.bridge_list_ttl, Duration::from_millis),
+            bridge_cache_public: s.bridge_cache_public.unwrap_or(d.bridge_cache_public),
             upstream_session_idle: s
                 .upstream_session_idle_ms
                 .map_or(d.upstream_session_idle, Duration::from_millis),
@@ -626,7 +636,8 @@ impl Gateway {
                     .collect(),
                 report.clone(),
             )
-            .with_upstream_sessions(upstream_sessions.clone()),
+            .with_upstream_sessions(upstream_sessions.clone())
+            .with_collector(Box::new(reverse::stats::Collector(reverse.clone()))),
         );
         let readiness = Arc::new(readiness::Readiness::new(
             built.iter().map(|b| b.path.clone()).collect(),
@@ -936,7 +947,7 @@ async fn serve_endpoint(
         };
         match legacy {
             // A modern host in front of a legacy server: the reverse bridge.
-            Some(transport) => Box::pin(reverse::handle(gw, req, transport)).await,
+            Some(transport) => Box::pin(reverse::handle(gw, req, transport, fwd)).await,
             None => passthrough::forward(gw, &connection.telemetry, req, &fwd).await,
         }
     } else if legacy_upstream_http(gw, &req, &fwd).await {

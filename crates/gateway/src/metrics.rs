@@ -286,6 +286,12 @@ impl Metrics {
         self
     }
 
+    /// Exposes another collector's families (the reverse bridge's).
+    pub fn with_collector(mut self, collector: Box<dyn Collector>) -> Self {
+        self.registry.register_collector(collector);
+        self
+    }
+
     /// The era of the route's upstream (`None`: unknown).
     pub fn upstream_era(&self, route: &Arc<str>, era: Option<super::upstream::era::Era>) {
         let now = era.map_or("unknown", super::upstream::era::Era::as_str);

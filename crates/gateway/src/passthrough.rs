@@ -172,8 +172,12 @@ async fn forward_stdio(
                     gateway.refute_era(seen);
                     let era = gateway.resolve_era(Default::default()).await;
                     if let Ok(super::upstream::era::Era::Legacy(transport)) = era {
-                        return super::reverse::handle_read(gateway, &parts, &body, transport)
-                            .await;
+                        // A stdio upstream carries no HTTP headers: nothing to forward.
+                        let none = Forwarded::default();
+                        return super::reverse::handle_read(
+                            gateway, &parts, &body, transport, none,
+                        )
+                        .await;
                     }
                 }
             }
@@ -286,7 +290,10 @@ async fn forward_http(
     if cacheable.is_some() || discover {
         // Boxed, like every branch but the plain relay below: hyper moves a request's
         // future as it starts serving it, all of its bytes.
-        return Box::pin(read_whole(gateway, connection, parts, body, cacheable)).await;
+        return Box::pin(read_whole(
+            gateway, connection, parts, body, cacheable, forwarded,
+        ))
+        .await;
     }
     let tool_call = cache::passthrough::ToolCall::watch(&gateway.cache, &parts.headers);
     let body: GatewayBody = Limited::new(body, limit)
@@ -361,6 +368,7 @@ async fn read_whole(
     parts: http::request::Parts,
     body: RequestBody,
     cacheable: Option<cache::Cacheable>,
+    forwarded: &Forwarded,
 ) -> Response<GatewayBody> {
     let limit = gateway.config.max_body_bytes;
     let bytes = match read_body(body, limit).await {
@@ -392,7 +400,7 @@ async fn read_whole(
     let resp = match send(gateway, parts, full(bytes)).await {
         Ok(resp) => match discover {
             Some((parts, bytes)) => {
-                match Box::pin(legacy_discover(gateway, &parts, &bytes, resp)).await {
+                match Box::pin(legacy_discover(gateway, &parts, &bytes, resp, forwarded)).await {
                     // Served by the reverse bridge: nothing of the upstream's to cache.
                     Ok(bridged) => return bridged,
                     Err(resp) => resp,
@@ -422,6 +430,7 @@ async fn legacy_discover(
     parts: &http::request::Parts,
     bytes: &[u8],
     resp: Response<Incoming>,
+    forwarded: &Forwarded,
 ) -> Result<Response<GatewayBody>, Response<GatewayBody>> {
     use super::upstream::era::{self, Era};
     let status = resp.status();
@@ -447,7 +456,8 @@ async fn legacy_discover(
     };
     match gateway.resolve_era(on_behalf).await {
         Ok(Era::Legacy(transport)) => {
-            Ok(super::reverse::handle_read(gateway, parts, bytes, transport).await)
+            let forwarded = forwarded.clone();
+            Ok(super::reverse::handle_read(gateway, parts, bytes, transport, forwarded).await)
         }
         _ => Err(refusal),
     }

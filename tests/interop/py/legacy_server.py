@@ -5,6 +5,15 @@ sessions and the legacy pass-through).
     legacy_server.py streamable-http   Streamable HTTP at /mcp (stateful sessions)
     legacy_server.py sse               the 2024-11-05 HTTP+SSE transport at /sse
     legacy_server.py stdio             newline-delimited JSON-RPC on stdin/stdout
+    legacy_server.py streamable-http-notify
+                                       Streamable HTTP as above, declaring
+                                       `listChanged` for tools, prompts and resources
+                                       and `resources.subscribe` (with handlers)
+    legacy_server.py streamable-http-auth
+                                       Streamable HTTP as above behind bearer tokens:
+                                       without `good` or `admin` a 401 with a
+                                       `WWW-Authenticate` challenge; `add` needs
+                                       `admin` (else a 403 `insufficient_scope`)
 
 Over HTTP it binds 127.0.0.1 on a free port and prints `PORT <n>` on stdout. Every HTTP
 request is counted by (method, path, JSON-RPC method) and the counts are served at
@@ -28,6 +37,12 @@ with the action, `sampled`, `roots`) and every call cancelled under it (`cancell
 the client's `notifications/cancelled` ended the call). tests/interop/reverse.py
 checks the reverse bridge from that record. `ts/legacy_server.mjs` is a port of this
 server onto the TypeScript SDK 1.32.2 with the same tools and the same record.
+
+Tools for the bridge's own tests (not ported): `steps(tag, n)`, n steps of a log line `tag i` and a
+progress notification each, on the request's stream, then `tag`; `header(name)`, the
+named HTTP header of this request; `touch(uri)`, `notifications/resources/updated` for
+uri; `grow(name)`, a new tool `name` and `notifications/tools/list_changed`;
+`subscribed()`, the resource URIs subscribed on this server, comma-separated.
 """
 
 from __future__ import annotations
@@ -199,6 +214,75 @@ async def ask_url(url: str, ctx: Context) -> str:
     return f"url: {result.action}"
 
 
+@mcp.tool()
+async def steps(tag: str, n: int, ctx: Context) -> str:
+    """n steps, each a log line and a progress notification on the request's stream."""
+    for i in range(n):
+        await ctx.info(f"{tag} {i}")
+        await ctx.report_progress(i + 1, n)
+        await anyio.sleep(0.05)
+    return tag
+
+
+@mcp.tool()
+def header(name: str, ctx: Context) -> str:
+    """The named HTTP header of this request, as this server received it."""
+    request = ctx.request_context.request
+    return "" if request is None else request.headers.get(name, "")
+
+
+@mcp.tool()
+async def touch(uri: str, ctx: Context) -> str:
+    """Says resource uri changed (notifications/resources/updated)."""
+    await ctx.session.send_resource_updated(uri)
+    return "touched"
+
+
+@mcp.tool()
+async def grow(name: str, ctx: Context) -> str:
+    """Adds a tool and says so (notifications/tools/list_changed)."""
+    mcp.add_tool(lambda: name, name=name, description="A tool added at run time.")
+    await ctx.session.send_tool_list_changed()
+    return "grown"
+
+
+SUBSCRIBED: set[str] = set()
+
+
+@mcp.tool()
+def subscribed() -> str:
+    """The resource URIs subscribed on this server, comma-separated."""
+    return ",".join(sorted(SUBSCRIBED))
+
+
+def declare_notifications() -> None:
+    """Declares listChanged for tools, prompts and resources and resources.subscribe,
+    with subscribe handlers (FastMCP declares none of these by itself)."""
+    from mcp.server.lowlevel.server import NotificationOptions
+
+    server = mcp._mcp_server
+    options = NotificationOptions(prompts_changed=True, resources_changed=True, tools_changed=True)
+    create = server.create_initialization_options
+    server.create_initialization_options = lambda *a, **k: create(options, *a[1:], **k)
+    capabilities = server.get_capabilities
+
+    def with_subscribe(*a, **k):
+        caps = capabilities(*a, **k)
+        if caps.resources is not None:
+            caps.resources.subscribe = True
+        return caps
+
+    server.get_capabilities = with_subscribe
+
+    @server.subscribe_resource()
+    async def _subscribe(uri) -> None:
+        SUBSCRIBED.add(str(uri))
+
+    @server.unsubscribe_resource()
+    async def _unsubscribe(uri) -> None:
+        SUBSCRIBED.discard(str(uri))
+
+
 def counting(app):
     """Wraps an ASGI app: counts every HTTP request, serves the counts at /stats."""
 
@@ -243,6 +327,58 @@ def counting(app):
     return wrapped
 
 
+def guarded(app):
+    """Wraps an ASGI app behind bearer tokens (the streamable-http-auth mode)."""
+
+    async def refuse(send, status, challenge, error):
+        body = json.dumps({"error": error}).encode()
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"),
+            (b"www-authenticate", challenge.encode()),
+        ]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def wrapped(scope, receive, send):
+        if scope["type"] != "http" or scope["path"] == "/stats":
+            return await app(scope, receive, send)
+        headers = dict(scope["headers"])
+        token = headers.get(b"authorization", b"").decode()
+        host = headers.get(b"host", b"").decode()
+        if token not in ("Bearer good", "Bearer admin"):
+            challenge = (f'Bearer error="invalid_token", '
+                         f'resource_metadata="http://{host}/.well-known/oauth-protected-resource"')
+            return await refuse(send, 401, challenge, "invalid_token")
+        if scope["method"] != "POST" or token == "Bearer admin":
+            return await app(scope, receive, send)
+        chunks = []
+        more = True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            rpc = json.loads(body)
+            name = rpc.get("params", {}).get("name") if rpc.get("method") == "tools/call" else None
+        except (ValueError, AttributeError):
+            name = None
+        if name == "add":
+            challenge = 'Bearer error="insufficient_scope", scope="notes:admin"'
+            return await refuse(send, 403, challenge, "insufficient_scope")
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await app(scope, replay, send)
+
+    return wrapped
+
+
 def serve_http(app) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -260,6 +396,11 @@ def main() -> None:
     elif mode == "sse":
         serve_http(mcp.sse_app())
     elif mode == "streamable-http":
+        serve_http(mcp.streamable_http_app())
+    elif mode == "streamable-http-auth":
+        serve_http(guarded(mcp.streamable_http_app()))
+    elif mode == "streamable-http-notify":
+        declare_notifications()
         serve_http(mcp.streamable_http_app())
     else:
         sys.exit(f"unknown transport {mode!r}")

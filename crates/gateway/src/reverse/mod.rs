@@ -18,63 +18,68 @@
 //! total bound. An answer is JSON, or an SSE stream when the server sends notifications
 //! for the request (progress, log lines at the host's level) before its result.
 
+mod inflight;
 mod partition;
 pub mod seal;
+pub mod stats;
 
 use super::auth::BindingKey;
+use super::forwarded::Forwarded;
 use super::passthrough::status_only;
-use super::upstream::legacy::{LegacyTransport, PoolKey};
+use super::trace::TraceContext;
+use super::upstream::legacy::{LegacyError, LegacyTransport, PoolKey};
 use super::{body, GatewayBody, RequestBody, Route};
 use crate::request_state::StateCodec;
 use dualera_adapters::jsonrpc::{self, ErrorCode, ErrorObject, Message, Request};
 use dualera_adapters::reverse::{
     host_error, Config, HostFailure, HostKey, HostRequest, OpenedState, Partition, StateMismatch,
 };
-use dualera_adapters::session::{META_CLIENT_CAPABILITIES, META_CLIENT_INFO};
+use dualera_adapters::session::{META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_SUBSCRIPTION_ID};
 use dualera_adapters::time::Timestamp;
+use dualera_adapters::usage::Method;
 use http::header::{self, HeaderValue};
 use http::{Request as HttpRequest, Response as HttpResponse, StatusCode};
-use partition::{Answer, Command, Opener, Reply, Task};
+use partition::{Answer, Command, Opener, Relay, Reply, Task};
 use seal::StateKeys;
 use serde_json::{json, Map, Value};
 use sha2::{Digest as _, Sha256};
+use stats::Outcome;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
-/// The bridge's clock: Unix milliseconds at start plus a monotonic elapsed time, so
-/// timestamps never go backwards and the codec's expiries read as wall time.
+/// The bridge's clock: the machines' timestamps are [`crate::clock`] readings, and
+/// the wall time of round states and sealed `requestState`s is that reading plus the
+/// Unix time at the clock's zero, taken once ([`Config::unix_at_zero_ms`]), so that
+/// the machine's expiry and the codec's agree and never go backwards.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Clock {
-    start: Instant,
-    base_ms: u64,
+    unix_at_zero_ms: u64,
 }
 
 impl Clock {
     fn new() -> Self {
-        let base_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         Self {
-            start: Instant::now(),
-            base_ms,
+            unix_at_zero_ms: crate::clock::unix_at_zero_ms(),
         }
     }
 
+    /// Unix milliseconds now, as the codec and round states count.
     fn now_ms(&self) -> u64 {
-        let elapsed = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.base_ms.saturating_add(elapsed)
+        self.unix_at_zero_ms.saturating_add(crate::clock::now_ms())
     }
 
+    /// The machine's timestamp now.
     pub(crate) fn now(&self) -> Timestamp {
-        Timestamp::from_millis(self.now_ms())
+        Timestamp::from_millis(crate::clock::now_ms())
     }
 
-    /// The tokio instant of a machine timestamp.
+    /// The tokio instant of a machine timestamp (a past one: now; at most a day
+    /// ahead).
     pub(crate) fn instant(&self, t: Timestamp) -> tokio::time::Instant {
-        let ahead = t.as_millis().saturating_sub(self.now_ms());
+        let ahead = t.as_millis().saturating_sub(crate::clock::now_ms());
         tokio::time::Instant::now() + Duration::from_millis(ahead.min(86_400_000))
     }
 }
@@ -101,6 +106,10 @@ pub struct Bridge {
     clock: Clock,
     next_host: AtomicU64,
     registry: Arc<Mutex<Registry>>,
+    /// Host requests waiting, for the host's `notifications/cancelled`.
+    inflight: inflight::InFlight,
+    /// What the metrics read.
+    stats: stats::Stats,
 }
 
 impl std::fmt::Debug for Bridge {
@@ -121,6 +130,8 @@ impl Bridge {
             clock: Clock::new(),
             next_host: AtomicU64::new(0),
             registry: Arc::default(),
+            inflight: inflight::InFlight::default(),
+            stats: stats::Stats::default(),
         }
     }
 
@@ -144,19 +155,26 @@ fn sha256_hex(bytes: &[u8]) -> String {
     crate::digest::hex(&Sha256::digest(bytes))
 }
 
+/// The principal round states bind and cancellations are matched by: the digest of
+/// the request's binding key.
+fn principal_of(gw: &Route, authorization: Option<&HeaderValue>) -> String {
+    crate::digest::hex(BindingKey::of(gw.config.session_binding, authorization).as_bytes())
+}
+
 /// Serves one 2026-07-28 request on a route whose upstream is a legacy server over
 /// `transport`.
 pub(super) async fn handle(
     gw: &Arc<Route>,
     req: HttpRequest<RequestBody>,
     transport: LegacyTransport,
+    forwarded: Forwarded,
 ) -> HttpResponse<GatewayBody> {
     let (parts, body) = req.into_parts();
     let bytes = match super::passthrough::read_body(body, gw.config.max_body_bytes).await {
         Ok(b) => b,
         Err(too_large) => return too_large,
     };
-    handle_read(gw, &parts, &bytes, transport).await
+    handle_read(gw, &parts, &bytes, transport, forwarded).await
 }
 
 /// [`handle`] for a request whose body was read already (a pass-through request found
@@ -166,18 +184,36 @@ pub(super) async fn handle_read(
     parts: &http::request::Parts,
     bytes: &[u8],
     transport: LegacyTransport,
+    forwarded: Forwarded,
 ) -> HttpResponse<GatewayBody> {
     let request = match jsonrpc::parse(bytes) {
         Ok(Message::Request(r)) => r,
-        // Notifications and responses have nothing to answer in this revision
-        // (cancellation is the host closing its request's stream).
+        Ok(Message::Notification(n)) => {
+            // Cancellation is the host closing its request's stream; a host that
+            // says it with `notifications/cancelled` as well is heard the same way.
+            if let Some(id) = n.cancelled_request() {
+                let authorization = parts.headers.get(header::AUTHORIZATION);
+                let principal = principal_of(gw, authorization);
+                let cancelled = gw.reverse.inflight.cancel(&principal, &id);
+                if cancelled {
+                    gw.reverse.stats.cancelled();
+                }
+                tracing::debug!(route = %gw.path, request = ?id, cancelled, "host cancellation");
+            }
+            return status_only(StatusCode::ACCEPTED);
+        }
+        // Responses have nothing to answer in this revision.
         Ok(_) => return status_only(StatusCode::ACCEPTED),
         Err(e) => return json(StatusCode::BAD_REQUEST, &Message::Response(e.to_response())),
     };
+    // What the legacy messages this request causes carry (`X-Forwarded-*` or
+    // `Forwarded`, the trace context of its headers or its `_meta`), as in the
+    // forward direction.
+    let trace = TraceContext::from_headers(&parts.headers)
+        .or_else(|| TraceContext::from_meta(request.params.as_ref()));
+    let relay = Relay { forwarded, trace };
     let authorization = parts.headers.get(header::AUTHORIZATION).cloned();
-    let principal = crate::digest::hex(
-        BindingKey::of(gw.config.session_binding, authorization.as_ref()).as_bytes(),
-    );
+    let principal = principal_of(gw, authorization.as_ref());
     let span = tracing::debug_span!(
         "reverse_request",
         route = %gw.path,
@@ -186,7 +222,7 @@ pub(super) async fn handle_read(
         round = tracing::field::Empty,
     );
     use tracing::Instrument;
-    serve(gw, request, authorization, principal, transport)
+    serve(gw, request, authorization, principal, transport, relay)
         .instrument(span)
         .await
 }
@@ -197,6 +233,7 @@ async fn serve(
     authorization: Option<HeaderValue>,
     principal: String,
     transport: LegacyTransport,
+    relay: Relay,
 ) -> HttpResponse<GatewayBody> {
     let bridge = &gw.reverse;
     let id = request.id.clone();
@@ -230,6 +267,8 @@ async fn serve(
                     (OpenedState::Opened(s), Some(h))
                 }
                 Err(m) => {
+                    let method = Method::from_name(&request.method).as_str();
+                    bridge.stats.request(&gw.path, method, Outcome::Refused);
                     let e = host_error(&HostFailure::State(m));
                     return answer(jsonrpc::Response::error(Some(id), e));
                 }
@@ -265,7 +304,8 @@ async fn serve(
             .await
             {
                 Ok(h) => h,
-                Err(reason) => {
+                Err(Opening::Denied(denial)) => return denial.response(),
+                Err(Opening::Failed(reason)) => {
                     let e = host_error(&HostFailure::Unusable { reason });
                     return answer(jsonrpc::Response::error(Some(id), e));
                 }
@@ -278,7 +318,7 @@ async fn serve(
         id: id.clone(),
         method: request.method.clone(),
         params,
-        principal,
+        principal: principal.clone(),
         state,
     };
     let (answer_tx, mut answered) = oneshot::channel();
@@ -286,6 +326,7 @@ async fn serve(
     let reply = Reply {
         notifications: notify_tx,
         answer: answer_tx,
+        relay,
     };
     if handle
         .commands
@@ -299,15 +340,24 @@ async fn serve(
     }
     // Dropped with this future (or the stream's task) too: a host that leaves
     // cancels its call upstream.
+    bridge
+        .inflight
+        .insert(&principal, &id, host, handle.commands.clone());
     let mut gone = Gone {
         commands: handle.commands.clone(),
         host,
         armed: true,
+        bridge: bridge.clone(),
+        principal,
+        id: id.clone(),
     };
     let deadline = tokio::time::Instant::now() + gw.config.live_request_timeout_max;
     let sealer = Sealer {
         bridge: gw.reverse.clone(),
         binding,
+        listen: request.method == "subscriptions/listen",
+        route: gw.path.clone(),
+        method: Method::from_name(&request.method).as_str(),
     };
     // 2026-07-28 transports: the answer to a POST is one JSON response, or an SSE
     // stream when messages precede it. JSON unless a notification comes first.
@@ -316,16 +366,22 @@ async fn serve(
         n = notifications.recv() => n,
         a = &mut answered => {
             gone.disarm();
+            if let Ok(Answer::Denied(denial)) = a {
+                return sealer.denied(&denial);
+            }
             return answer(sealer.finish(&id, a.ok()));
         }
         () = tokio::time::sleep_until(deadline) => {
-            return answer(sealer.finish(&id, None));
+            return answer(sealer.lapsed(&id));
         }
     };
     let Some(first) = first else {
         // The partition dropped the request's senders: its answer is final now.
         gone.disarm();
-        return answer(sealer.finish(&id, answered.await.ok()));
+        return match answered.await {
+            Ok(Answer::Denied(denial)) => sealer.denied(&denial),
+            a => answer(sealer.finish(&id, a.ok())),
+        };
     };
     let (out, stream) = body::ChannelBody::channel(partition::NOTIFICATION_QUEUE);
     tokio::spawn(async move {
@@ -359,11 +415,23 @@ async fn serve(
                     return;
                 }
                 () = tokio::time::sleep_until(deadline) => break,
+                // The host closed the stream while nothing was being sent (a quiet
+                // listener, a call waiting for the server): `gone` cancels it.
+                () = out.closed() => return,
             }
         }
-        let last = Message::Response(sealer.finish(&id, answered.try_recv().ok()));
-        gone.disarm();
-        let _ = out.send(crate::sse::encode(None, &last.to_vec())).await;
+        // The wait ran out (or the partition ended): `gone`, still armed, cancels the
+        // call upstream or ends the listener (its upstream subscriptions with it).
+        let last = match answered.try_recv().ok() {
+            Some(a) => {
+                gone.disarm();
+                sealer.finish(&id, Some(a))
+            }
+            None => sealer.lapsed(&id),
+        };
+        let _ = out
+            .send(crate::sse::encode(None, &Message::Response(last).to_vec()))
+            .await;
     });
     body::sse_response(stream)
 }
@@ -373,10 +441,59 @@ async fn serve(
 struct Sealer {
     bridge: Arc<Bridge>,
     binding: crate::request_state::Binding,
+    /// The request is a `subscriptions/listen`.
+    listen: bool,
+    /// For the metrics.
+    route: Arc<str>,
+    method: &'static str,
 }
 
 impl Sealer {
+    /// The answer of a request whose wait ran out: a listener's stream ends
+    /// gracefully (2026-07-28 `basic/patterns/subscriptions`, "Graceful Closure": a
+    /// server ending a subscription SHOULD answer the `subscriptions/listen` request
+    /// with a complete result carrying the subscription id); any other request gets
+    /// the error of an answer that did not come.
+    fn lapsed(&self, id: &jsonrpc::RequestId) -> jsonrpc::Response {
+        if self.listen {
+            let result = json!({
+                "resultType": "complete",
+                "_meta": { META_SUBSCRIPTION_ID: id.to_value() },
+            });
+            let stats = &self.bridge.stats;
+            stats.request(&self.route, self.method, Outcome::Complete);
+            return jsonrpc::Response::result(id.clone(), result);
+        }
+        self.finish(id, None)
+    }
+
+    /// The upstream's refusal of the credentials, as it is.
+    fn denied(&self, denial: &crate::upstream::Denial) -> HttpResponse<GatewayBody> {
+        let stats = &self.bridge.stats;
+        stats.request(&self.route, self.method, Outcome::Denied);
+        denial.response()
+    }
+
     fn finish(&self, id: &jsonrpc::RequestId, outcome: Option<Answer>) -> jsonrpc::Response {
+        let response = self.finish_inner(id, outcome);
+        let outcome = match &response.outcome {
+            Ok(r) if r.get("resultType").and_then(Value::as_str) == Some("input_required") => {
+                Outcome::InputRequired
+            }
+            Ok(_) => Outcome::Complete,
+            Err(e)
+                if e.data.as_ref().and_then(|d| d.get("reason"))
+                    == Some(&json!("upstreamLost")) =>
+            {
+                Outcome::Lost
+            }
+            Err(_) => Outcome::Error,
+        };
+        self.bridge.stats.request(&self.route, self.method, outcome);
+        response
+    }
+
+    fn finish_inner(&self, id: &jsonrpc::RequestId, outcome: Option<Answer>) -> jsonrpc::Response {
         match outcome {
             Some(Answer::Response(r)) => r,
             Some(Answer::InputRequired { id, result, state }) => {
@@ -393,18 +510,24 @@ impl Sealer {
                 }
                 jsonrpc::Response::result(id, result)
             }
-            None => {
+            // On a stream already begun the status cannot change: the refusal is an
+            // error like any lost answer.
+            Some(Answer::Denied(_)) | None => {
                 jsonrpc::Response::error(Some(id.clone()), host_error(&HostFailure::UpstreamLost))
             }
         }
     }
 }
 
-/// Tells the partition a host request left, unless it was answered.
+/// Tells the partition a host request left, unless it was answered; the request no
+/// longer waits either way.
 struct Gone {
     commands: mpsc::Sender<Command>,
     host: HostKey,
     armed: bool,
+    bridge: Arc<Bridge>,
+    principal: String,
+    id: jsonrpc::RequestId,
 }
 
 impl Gone {
@@ -416,9 +539,28 @@ impl Gone {
 
 impl Drop for Gone {
     fn drop(&mut self) {
+        self.bridge
+            .inflight
+            .remove(&self.principal, &self.id, self.host);
         if self.armed {
+            self.bridge.stats.cancelled();
             let _ = self.commands.try_send(Command::Gone(self.host));
         }
+    }
+}
+
+/// Why a partition could not be had.
+enum Opening {
+    /// The upstream refused the credentials while the session was opened (the
+    /// HTTP+SSE stream's GET): relayed as it is.
+    Denied(Box<crate::upstream::Denial>),
+    /// Anything else, for the host's error.
+    Failed(String),
+}
+
+impl From<String> for Opening {
+    fn from(reason: String) -> Self {
+        Self::Failed(reason)
     }
 }
 
@@ -431,7 +573,7 @@ async fn partition_for(
     capabilities: Value,
     client_info: Value,
     transport: LegacyTransport,
-) -> Result<Handle, String> {
+) -> Result<Handle, Opening> {
     let bridge = &gw.reverse;
     if let Some(h) = bridge.by_key(&key) {
         return Ok(h);
@@ -439,9 +581,9 @@ async fn partition_for(
     let pool = gw.upstream_sessions().clone();
     let max = pool.limits().max_sessions;
     if bridge.partitions() >= max {
-        return Err(format!(
+        return Err(Opening::Failed(format!(
             "Too many upstream sessions; try again later (limit {max})"
-        ));
+        )));
     }
     let opener = Opener {
         pool: pool.clone(),
@@ -450,9 +592,12 @@ async fn partition_for(
         transport,
         authorization,
     };
-    let lease = opener.open().await.map_err(|e| e.to_string())?;
+    let lease = opener.open().await.map_err(|e| match e {
+        LegacyError::Upstream(crate::upstream::UpstreamError::Denied(d)) => Opening::Denied(d),
+        e => Opening::Failed(e.to_string()),
+    })?;
     let mut name = [0u8; 16];
-    getrandom::fill(&mut name).map_err(|e| e.to_string())?;
+    getrandom::fill(&mut name).map_err(|e| Opening::Failed(e.to_string()))?;
     let name: Arc<str> = Arc::from(crate::digest::hex(&name));
     let (commands, rx) = mpsc::channel(partition::COMMAND_QUEUE);
     let handle = Handle {
@@ -463,7 +608,7 @@ async fn partition_for(
     // serves this one too and the session just opened goes back.
     let existing = {
         let Ok(mut r) = bridge.registry.lock() else {
-            return Err("the reverse bridge is poisoned".into());
+            return Err(Opening::Failed("the reverse bridge is poisoned".into()));
         };
         match r.by_key.get(&key).filter(|h| !h.commands.is_closed()) {
             Some(h) => Some(h.clone()),
@@ -480,6 +625,9 @@ async fn partition_for(
     }
     let mut config = Config::new(sha256_hex);
     config.retry_wait = bridge.ttl;
+    config.unix_at_zero_ms = bridge.clock.unix_at_zero_ms;
+    config.list_ttl = gw.config.bridge_list_ttl;
+    config.public_cache = gw.config.bridge_cache_public;
     let machine = dualera_adapters::reverse::LegacySession::new(
         config,
         Partition {
@@ -497,6 +645,9 @@ async fn partition_for(
         clock: bridge.clock,
         hosts: HashMap::new(),
         idle: pool.limits().idle,
+        relay: None,
+        current: None,
+        refused: None,
     };
     let registry = bridge.registry.clone();
     tokio::spawn(task.run(rx, move || {
@@ -525,4 +676,61 @@ fn json(status: StatusCode, message: &Message) -> HttpResponse<GatewayBody> {
         HeaderValue::from_static("application/json"),
     );
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_clocks_wall_time_is_the_machine_time_plus_the_unix_time_at_zero() {
+        let clock = Clock {
+            unix_at_zero_ms: 1_700_000_000_000,
+        };
+        let machine = clock.now().as_millis();
+        let wall = clock.now_ms();
+        // Read one after the other: the same instant within a little.
+        let offset = wall - machine;
+        assert!(
+            (1_700_000_000_000..1_700_000_000_000 + 1000).contains(&offset),
+            "{offset}"
+        );
+        assert!(clock.now_ms() >= wall, "wall time never goes backwards");
+        // A real clock's wall time is today's.
+        let real = Clock::new();
+        let unix = SystemTimeNow::ms();
+        assert!(
+            real.now_ms().abs_diff(unix) < 1000,
+            "{} {unix}",
+            real.now_ms()
+        );
+    }
+
+    #[test]
+    fn a_deadline_becomes_the_instant_that_far_ahead_and_a_past_one_now() {
+        let clock = Clock::new();
+        let now = tokio::time::Instant::now();
+        let ahead = clock.instant(clock.now().saturating_add(Duration::from_secs(5)));
+        let d = ahead.duration_since(now);
+        assert!(
+            d >= Duration::from_millis(4900) && d <= Duration::from_millis(5100),
+            "{d:?}"
+        );
+        let past = clock.instant(Timestamp::from_millis(0));
+        assert!(past.duration_since(now) < Duration::from_millis(100));
+        // Far-future deadlines are capped at a day (a timer must not overflow).
+        let far = clock.instant(Timestamp::from_millis(u64::MAX));
+        assert!(far.duration_since(now) <= Duration::from_secs(86_400) + Duration::from_secs(1));
+    }
+
+    struct SystemTimeNow;
+
+    impl SystemTimeNow {
+        fn ms() -> u64 {
+            let d = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970");
+            u64::try_from(d.as_millis()).expect("fits")
+        }
+    }
 }

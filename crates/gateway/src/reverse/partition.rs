@@ -5,11 +5,13 @@
 //! sent upstream or handed to the waiting host request.
 
 use super::Clock;
+use crate::forwarded::Forwarded;
+use crate::trace::TraceContext;
 use crate::upstream::era::Target;
 use crate::upstream::legacy::{
     Lease, LegacyError, LegacySession as Upstream, LegacyTransport, PoolKey, SessionPool,
 };
-use crate::upstream::OnBehalf;
+use crate::upstream::{Denial, OnBehalf, UpstreamError};
 use dualera_adapters::jsonrpc::{Message, RequestId, Response};
 use dualera_adapters::reverse::{Event, HostKey, HostRequest, LegacySession, RoundState};
 use http::header::HeaderValue;
@@ -39,6 +41,16 @@ pub(super) enum Command {
 pub(super) struct Reply {
     pub(super) notifications: mpsc::Sender<Message>,
     pub(super) answer: oneshot::Sender<Answer>,
+    /// The headers the legacy messages it causes carry.
+    pub(super) relay: Relay,
+}
+
+/// The headers of one host request the gateway repeats on the legacy messages that
+/// request causes (its call, the answers to the server's requests its retry carries).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Relay {
+    pub(super) forwarded: Forwarded,
+    pub(super) trace: Option<TraceContext>,
 }
 
 /// The end of one host request.
@@ -52,6 +64,9 @@ pub(super) enum Answer {
         result: Value,
         state: RoundState,
     },
+    /// The upstream refused the credentials (401/403) on a message sent for this
+    /// request: relayed as it is, as in the forward direction.
+    Denied(Box<Denial>),
 }
 
 /// How the task opens a legacy session again after the server forgot one.
@@ -82,7 +97,20 @@ pub(super) struct Task {
     pub(super) hosts: HashMap<HostKey, Reply>,
     /// How long the task lives with no host request and no call in progress.
     pub(super) idle: Duration,
+    /// The headers of the host request being handled: what the machine emits for it
+    /// carries them ([`Relay`]); `None` for what timers and the server cause.
+    pub(super) relay: Option<Relay>,
+    /// The host request being handled.
+    pub(super) current: Option<HostKey>,
+    /// The upstream refused the session itself with these credentials: every host
+    /// request of the partition gets that refusal until the task ends (soon after:
+    /// see [`REFUSED_LINGER`]).
+    pub(super) refused: Option<Box<Denial>>,
 }
+
+/// How long a partition whose session the upstream refused lingers to relay the
+/// refusal to requests already on their way to it.
+const REFUSED_LINGER: Duration = Duration::from_secs(1);
 
 impl Task {
     /// Runs until the machine fails, the session ends for good, the bridge drops the
@@ -106,30 +134,49 @@ impl Task {
                 }
                 let deadline = self.machine.poll_timeout().map(|t| self.clock.instant(t));
                 let quiet = self.hosts.is_empty() && self.machine.calls() == 0;
+                let idle = if self.refused.is_some() { REFUSED_LINGER } else { self.idle };
                 tokio::select! {
                     cmd = commands.recv() => match cmd {
                         None => break,
-                        Some(Command::Request(request, reply)) => self.request(*request, reply),
+                        Some(Command::Request(request, reply)) => {
+                            self.relay = Some(reply.relay.clone());
+                            self.current = Some(request.host);
+                            self.request(*request, reply);
+                            let drained = self.drain().await;
+                            self.relay = None;
+                            self.current = None;
+                            if !drained {
+                                break;
+                            }
+                        }
                         Some(Command::Gone(key)) => {
                             self.hosts.remove(&key);
                             self.machine.handle_host_gone(key);
                         }
                     },
-                    item = self.lease.recv() => match item {
-                        Some(Ok(message)) => {
-                            // Without the carrying request (`on`), the machine gives a
-                            // server request to the one call in progress and refuses it
-                            // when several are.
-                            if let Err(e) = self.machine.handle_upstream_message(None, message, self.clock.now()) {
+                    item = self.lease.recv_attributed() => match item {
+                        Some((on, Ok(message))) => {
+                            // `on`: the legacy request whose response stream carried
+                            // it. Without one (a stream of the whole session), the
+                            // machine gives a server request to the one call in
+                            // progress and refuses it when several are.
+                            if let Err(e) = self.machine.handle_upstream_message(on.as_ref(), message, self.clock.now()) {
                                 debug!(error = %e, "upstream message refused by the reverse machine");
                             }
                         }
-                        Some(Err(LegacyError::Expired)) => {
+                        Some((_, Err(LegacyError::Expired))) => {
                             if !self.expired(&[]).await {
                                 break;
                             }
                         }
-                        Some(Err(e)) => debug!(error = %e, "upstream answer stream broke"),
+                        Some((on, Err(e))) => {
+                            debug!(error = %e, "upstream answer stream broke");
+                            // That request's answer will not come: its call fails
+                            // instead of waiting for good.
+                            if let Some(id) = on {
+                                let _ = self.machine.handle_upstream_lost(&id, self.clock.now());
+                            }
+                        }
                         None => {
                             self.machine.close();
                             let _ = self.drain().await;
@@ -137,7 +184,7 @@ impl Task {
                         }
                     },
                     () = sleep_until(deadline) => self.machine.handle_timeout(self.clock.now()),
-                    () = tokio::time::sleep(self.idle), if quiet => {
+                    () = tokio::time::sleep(idle), if quiet => {
                         debug!("reverse partition idle; closing its legacy session");
                         break;
                     }
@@ -155,6 +202,10 @@ impl Task {
     }
 
     fn request(&mut self, request: HostRequest, reply: Reply) {
+        if let Some(denial) = &self.refused {
+            let _ = reply.answer.send(Answer::Denied(denial.clone()));
+            return;
+        }
         let key = request.host;
         let id = request.id.clone();
         match self.machine.handle_host_request(request, self.clock.now()) {
@@ -231,17 +282,34 @@ impl Task {
 
     /// Sends one message upstream on behalf of the partition's credentials.
     async fn send(&mut self, message: Message) -> bool {
+        // The host request being handled; else the one whose call this is (a request
+        // queued while the session initialized, sent again after a 404).
+        let relay = self.relay.clone().or_else(|| match &message {
+            Message::Request(r) => self
+                .machine
+                .upstream_host(&r.id)
+                .and_then(|h| self.hosts.get(&h))
+                .map(|reply| reply.relay.clone()),
+            _ => None,
+        });
         let on_behalf = OnBehalf {
             authorization: self.opener.authorization.as_ref(),
-            forwarded: None,
-            trace: None,
+            forwarded: relay.as_ref().map(|r| &r.forwarded),
+            trace: relay.as_ref().and_then(|r| r.trace.as_ref()),
         };
         let id = match &message {
             Message::Request(r) => Some(r.id.clone()),
             _ => None,
         };
+        let caused_by = self
+            .current
+            .or_else(|| id.as_ref().and_then(|i| self.machine.upstream_host(i)));
         match self.lease.send(&message, on_behalf).await {
             Ok(()) => true,
+            Err(LegacyError::Upstream(UpstreamError::Denied(denial))) => {
+                self.denied(caused_by, id, &denial);
+                true
+            }
             Err(LegacyError::Expired) => {
                 let refused: Vec<RequestId> = id.into_iter().collect();
                 self.expired(&refused).await
@@ -253,6 +321,35 @@ impl Task {
                 }
                 true
             }
+        }
+    }
+
+    /// The upstream refused the partition's credentials (401/403) on a message: the
+    /// host request it was sent for gets the refusal as it is (status, challenges,
+    /// body; DESIGN.md: challenges are relayed exactly as in the forward direction),
+    /// every host request when it was the session's own (`initialize`: the session
+    /// cannot be opened with these credentials, and the partition ends). A host that
+    /// comes back with new credentials is another partition.
+    fn denied(&mut self, caused_by: Option<HostKey>, id: Option<RequestId>, denial: &Denial) {
+        let own = caused_by.is_none();
+        let targets: Vec<HostKey> = match caused_by {
+            Some(h) => vec![h],
+            None => self.hosts.keys().copied().collect(),
+        };
+        warn!(
+            status = denial.status.as_u16(),
+            hosts = targets.len(),
+            "reverse bridge: the legacy upstream refused the credentials; relayed"
+        );
+        for host in targets {
+            self.answer(host, Answer::Denied(Box::new(denial.clone())));
+        }
+        if own {
+            // Closed rather than failed: the task lingers to relay the refusal.
+            self.refused = Some(Box::new(denial.clone()));
+            self.machine.close();
+        } else if let Some(id) = id {
+            let _ = self.machine.handle_upstream_lost(&id, self.clock.now());
         }
     }
 

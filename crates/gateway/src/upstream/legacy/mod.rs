@@ -112,6 +112,13 @@ impl LegacyError {
 /// One item of a session's inbound stream: a message, or why the session broke.
 pub type Item = Result<Message, LegacyError>;
 
+/// An [`Item`] with the legacy request whose response stream carried it (Streamable
+/// HTTP: a server request or notification sent about that request, 2025-11-25
+/// `basic/transports`, "Sending Messages to the Server"); `None` for what came on a
+/// stream shared by the whole session (the standalone GET stream, the 2024-11-05 SSE
+/// stream, a child's stdout).
+pub type Attributed = (Option<RequestId>, Item);
+
 /// How a session reaches its server and what bounds it.
 #[derive(Debug, Clone)]
 pub struct SessionOptions {
@@ -159,7 +166,7 @@ impl LegacyTransport {
 /// consumer, the pings in flight, and whether the session still lives.
 #[derive(Debug)]
 struct Core {
-    tx: mpsc::Sender<Item>,
+    tx: mpsc::Sender<Attributed>,
     pings: Mutex<HashMap<String, oneshot::Sender<()>>>,
     /// Ids of the server's `ping` requests, answered by the session's pong task.
     pongs: mpsc::Sender<RequestId>,
@@ -172,6 +179,11 @@ impl Core {
     /// full; the gateway's own ping traffic is handled here instead. `false`: the
     /// consumer is gone.
     async fn deliver(&self, message: Message) -> bool {
+        self.deliver_on(None, message).await
+    }
+
+    /// [`Core::deliver`], naming the legacy request whose stream carried `message`.
+    async fn deliver_on(&self, on: Option<RequestId>, message: Message) -> bool {
         match &message {
             Message::Response(Response {
                 id: Some(RequestId::String(id)),
@@ -192,7 +204,7 @@ impl Core {
             }
             _ => {}
         }
-        self.tx.send(Ok(message)).await.is_ok()
+        self.tx.send((on, Ok(message))).await.is_ok()
     }
 
     /// Ends the session, and the consumer's stream with `error` (once). Never waits:
@@ -204,7 +216,7 @@ impl Core {
             self.expired.store(true, Ordering::Relaxed);
         }
         if !self.closed.swap(true, Ordering::Relaxed) {
-            let _ = self.tx.try_send(Err(error));
+            let _ = self.tx.try_send((None, Err(error)));
         }
     }
 
@@ -318,14 +330,14 @@ impl Drop for Inner {
 #[derive(Debug)]
 pub struct LegacySession {
     inner: Arc<Inner>,
-    inbound: tokio::sync::Mutex<mpsc::Receiver<Item>>,
+    inbound: tokio::sync::Mutex<mpsc::Receiver<Attributed>>,
     next_ping: AtomicU64,
 }
 
 impl LegacySession {
     fn assemble(
         transport: Transport,
-        make_core: impl FnOnce(mpsc::Sender<Item>, mpsc::Sender<RequestId>) -> Arc<Core>,
+        make_core: impl FnOnce(mpsc::Sender<Attributed>, mpsc::Sender<RequestId>) -> Arc<Core>,
     ) -> (Self, mpsc::Receiver<RequestId>) {
         let (tx, rx) = mpsc::channel(INBOUND_QUEUE);
         let (pong_tx, pong_rx) = mpsc::channel(INBOUND_QUEUE);
@@ -345,7 +357,7 @@ impl LegacySession {
         )
     }
 
-    fn core(tx: mpsc::Sender<Item>, pongs: mpsc::Sender<RequestId>) -> Arc<Core> {
+    fn core(tx: mpsc::Sender<Attributed>, pongs: mpsc::Sender<RequestId>) -> Arc<Core> {
         Arc::new(Core {
             tx,
             pings: Mutex::new(HashMap::new()),
@@ -493,6 +505,12 @@ impl LegacySession {
     /// ended and everything before was taken. The server's stream is read only as
     /// fast as this is called.
     pub async fn recv(&self) -> Option<Item> {
+        self.recv_attributed().await.map(|(_, item)| item)
+    }
+
+    /// [`LegacySession::recv`], with the legacy request whose response stream carried
+    /// the message, when one did ([`Attributed`]).
+    pub async fn recv_attributed(&self) -> Option<Attributed> {
         self.inbound.lock().await.recv().await
     }
 
@@ -598,11 +616,13 @@ impl SseBody {
 }
 
 /// Feeds the `message` events of an SSE body to the consumer; `on_event` sees each
-/// event first (an event id to remember). Returns how the body ended: `Ok` at its
-/// end, `Err` when it broke or the consumer left (`None`).
+/// event first (an event id to remember). `on` is the legacy request whose response
+/// the body is (`None`: a stream of the whole session). Returns how the body ended:
+/// `Ok` at its end, `Err` when it broke or the consumer left (`None`).
 async fn pump_events(
     body: &mut SseBody,
     core: &Core,
+    on: Option<&RequestId>,
     mut on_message: impl FnMut(&crate::sse::Event, &Message),
 ) -> Result<(), Option<LegacyError>> {
     while let Some(ev) = body.next().await {
@@ -615,7 +635,7 @@ async fn pump_events(
             Err(e) => return Err(Some(e)),
         };
         on_message(&ev, &message);
-        if !core.deliver(message).await {
+        if !core.deliver_on(on.cloned(), message).await {
             return Err(None);
         }
     }

@@ -158,15 +158,22 @@ impl Streamable {
         let core = inner.core.clone();
         let learned = self.learned.clone();
         let max = self.options.max_message;
+        // What this response's stream carries besides the response is about this
+        // request (its log lines, progress, the server's requests during it).
+        let on = match message {
+            Message::Request(r) => Some(r.id.clone()),
+            _ => None,
+        };
         if is_sse && status.is_success() {
             inner.spawn(async move {
                 let mut body = SseBody::new(resp.into_body(), max);
-                let ended = pump_events(&mut body, &core, |_, m| learn(&learned, m)).await;
+                let on = on.as_ref();
+                let ended = pump_events(&mut body, &core, on, |_, m| learn(&learned, m)).await;
                 if let Err(Some(e)) = ended {
                     // The consumer learns that this answer will not come (an event over
                     // the byte limit, a broken stream); the session itself goes on.
                     debug!(error = %e, "upstream response stream broke");
-                    let _ = core.tx.send(Err(e)).await;
+                    let _ = core.tx.send((on.cloned(), Err(e))).await;
                 }
             });
             return Ok(());
@@ -248,7 +255,7 @@ impl Streamable {
                 }
                 failures = 0;
                 let mut body = SseBody::new(resp.into_body(), this.options.max_message);
-                let ended = pump_events(&mut body, &core, |ev, _| {
+                let ended = pump_events(&mut body, &core, None, |ev, _| {
                     if let Some(id) = &ev.id {
                         last_event = Some(id.clone());
                     }
