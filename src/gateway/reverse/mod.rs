@@ -18,6 +18,7 @@
 //! total bound. An answer is JSON, or an SSE stream when the server sends notifications
 //! for the request (progress, log lines at the host's level) before its result.
 
+mod envelope;
 mod partition;
 pub mod seal;
 
@@ -163,6 +164,13 @@ pub(super) async fn handle(
         Ok(_) => return status_only(StatusCode::ACCEPTED),
         Err(e) => return json(StatusCode::BAD_REQUEST, &Message::Response(e.to_response())),
     };
+    let version = parts
+        .headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok());
+    if let Err(e) = envelope::check(&request.method, request.params.as_ref(), version) {
+        return answer(jsonrpc::Response::error(Some(request.id), e));
+    }
     let authorization = parts.headers.get(header::AUTHORIZATION).cloned();
     let principal = crate::digest::hex(
         BindingKey::of(gw.config.session_binding, authorization.as_ref()).as_bytes(),

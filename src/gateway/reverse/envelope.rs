@@ -1,0 +1,125 @@
+//! The 2026-07-28 request checks the reverse bridge makes itself. Toward a modern host
+//! the gateway is the modern server: the legacy server behind it knows neither `_meta`
+//! nor the mirrored `MCP-Protocol-Version` header, and has methods the modern revision
+//! removed, so a malformed modern request would otherwise be served as if it were
+//! well formed.
+//!
+//! The order is the modern server's (2026-07-28 `basic/index.mdx` and
+//! `basic/transports/streamable-http.mdx`): a removed method (`-32601`) → `_meta` with
+//! the protocol version and the client capabilities (`-32602`) → the header equals the
+//! `_meta` version (`-32020`) → a version this gateway speaks (`-32022`, listing them).
+//! The HTTP status follows from the code ([`super::answer`]).
+
+use dualera_adapters::echo::{bounded, echo_quoted};
+use dualera_adapters::jsonrpc::{ErrorCode, ErrorObject};
+use dualera_adapters::session::{META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION};
+use dualera_adapters::ProtocolVersion;
+use serde_json::{json, Value};
+
+/// Methods of the session-based revisions that 2026-07-28 removed; a modern request
+/// naming one is `-32601` (404), whatever the legacy server would make of it.
+const REMOVED: &[&str] = &[
+    "initialize",
+    "ping",
+    "logging/setLevel",
+    "resources/subscribe",
+    "resources/unsubscribe",
+];
+
+/// `Err` with the error the modern server owes a request of `method` with `params`
+/// that arrived with `header` as its `MCP-Protocol-Version`.
+pub(super) fn check(
+    method: &str,
+    params: Option<&Value>,
+    header: Option<&str>,
+) -> Result<(), ErrorObject> {
+    if REMOVED.contains(&method) {
+        return Err(ErrorObject::new(
+            ErrorCode::METHOD_NOT_FOUND,
+            format!("Method not found: {method} was removed in 2026-07-28"),
+        ));
+    }
+    // basic/index.mdx, "Request metadata": every request MUST carry the protocol
+    // version and the client capabilities in `_meta`; without them it is malformed.
+    let invalid = |what: &str| ErrorObject::new(ErrorCode::INVALID_PARAMS, what.to_owned());
+    let meta = params
+        .and_then(|p| p.get("_meta"))
+        .ok_or_else(|| invalid("params._meta is required"))?
+        .as_object()
+        .ok_or_else(|| invalid("params._meta must be an object"))?;
+    let version = match meta.get(META_PROTOCOL_VERSION) {
+        Some(Value::String(v)) => v.as_str(),
+        Some(_) => return Err(invalid("_meta protocolVersion must be a string")),
+        None => return Err(invalid("_meta protocolVersion is required")),
+    };
+    match meta.get(META_CLIENT_CAPABILITIES) {
+        Some(Value::Object(_)) => {}
+        Some(_) => return Err(invalid("_meta clientCapabilities must be an object")),
+        None => return Err(invalid("_meta clientCapabilities is required")),
+    }
+    // streamable-http.mdx, "Protocol Version Header": a header that disagrees with the
+    // body MUST be rejected with 400 and -32020.
+    if header != Some(version) {
+        return Err(ErrorObject::new(
+            ErrorCode::HEADER_MISMATCH,
+            format!(
+                "MCP-Protocol-Version header {} does not match _meta protocolVersion {}",
+                echo_quoted(header.unwrap_or_default()),
+                echo_quoted(version)
+            ),
+        ));
+    }
+    // basic/versioning.mdx: an unsupported version is -32022 naming the supported ones.
+    if !ProtocolVersion::MODERN.contains(&version) {
+        return Err(ErrorObject::new(
+            ErrorCode::UNSUPPORTED_PROTOCOL_VERSION,
+            format!(
+                "Unsupported protocol version {}; this server supports {}",
+                echo_quoted(version),
+                ProtocolVersion::MODERN.join(", ")
+            ),
+        )
+        .with_data(json!({
+            "supported": ProtocolVersion::MODERN,
+            "requested": bounded(version),
+        })));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(version: &str) -> Value {
+        json!({ "_meta": {
+            (META_PROTOCOL_VERSION): version,
+            (META_CLIENT_CAPABILITIES): {},
+        } })
+    }
+
+    fn code(r: Result<(), ErrorObject>) -> i64 {
+        r.err().map(|e| e.code.0).unwrap_or(0)
+    }
+
+    #[test]
+    fn the_ladder_in_order() {
+        let ok = meta("2026-07-28");
+        assert!(check("tools/call", Some(&ok), Some("2026-07-28")).is_ok());
+        assert_eq!(code(check("ping", Some(&ok), Some("2026-07-28"))), -32601);
+        assert_eq!(code(check("tools/list", None, Some("2026-07-28"))), -32602);
+        let no_caps = json!({ "_meta": { (META_PROTOCOL_VERSION): "2026-07-28" } });
+        assert_eq!(
+            code(check("tools/list", Some(&no_caps), Some("2026-07-28"))),
+            -32602
+        );
+        assert_eq!(
+            code(check("tools/list", Some(&ok), Some("2099-01-01"))),
+            -32020
+        );
+        let old = meta("2099-01-01");
+        let e = check("tools/list", Some(&old), Some("2099-01-01")).expect_err("unsupported");
+        assert_eq!(e.code.0, -32022);
+        assert_eq!(e.data.expect("data")["supported"][0], "2026-07-28");
+    }
+}
