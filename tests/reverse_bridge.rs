@@ -11,6 +11,7 @@
 //! - a tampered, replayed or foreign `requestState` is `-32602`;
 //! - two tokens never share an upstream session (the server's own `Mcp-Session-Id`s),
 //!   and the token reaches the server on the session it opened;
+//! - two calls in progress on one legacy session each get their own server request;
 //! - a malformed modern request gets the modern server's error, never the legacy
 //!   server's answer.
 //!
@@ -534,6 +535,60 @@ async fn a_round_not_retried_in_time_expires_and_is_cancelled_upstream() {
     assert_eq!(late["error"]["code"], -32602, "{late}");
     assert_eq!(late["error"]["data"]["reason"], "expiredState", "{late}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn two_calls_in_progress_on_one_session_each_get_their_own_round() {
+    let py = PyServer::spawn("streamable-http");
+    let gw = Gateway::spawn(&py.url("/mcp"));
+    // The first call's round stays open (its call in progress upstream) while the
+    // second call's server request arrives on the same legacy session: each request
+    // came on its own call's response stream, so each call gets its own.
+    let (_, first) = post(
+        &gw.url(),
+        Some("alpha"),
+        &call(1, "ask", json!({ "question": "First?" })),
+    )
+    .await;
+    let (key1, _, params1, state1) = round(&first);
+    assert_eq!(params1["message"], "First?", "{first}");
+    let (_, second) = post(
+        &gw.url(),
+        Some("alpha"),
+        &call(2, "ask", json!({ "question": "Second?" })),
+    )
+    .await;
+    let (key2, _, params2, state2) = round(&second);
+    assert_eq!(params2["message"], "Second?", "{second}");
+
+    let answer =
+        |key: &str, a: &str| json!({ key: { "action": "accept", "content": { "answer": a } } });
+    let (_, done2) = post(
+        &gw.url(),
+        Some("alpha"),
+        &retry(
+            3,
+            "ask",
+            json!({ "question": "Second?" }),
+            answer(&key2, "two"),
+            &state2,
+        ),
+    )
+    .await;
+    assert_eq!(text(&done2), "answered: two");
+    let (_, done1) = post(
+        &gw.url(),
+        Some("alpha"),
+        &retry(
+            4,
+            "ask",
+            json!({ "question": "First?" }),
+            answer(&key1, "one"),
+            &state1,
+        ),
+    )
+    .await;
+    assert_eq!(text(&done1), "answered: one");
 }
 
 #[tokio::test]

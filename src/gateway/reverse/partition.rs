@@ -117,10 +117,14 @@ impl Task {
                     },
                     item = self.lease.recv() => match item {
                         Some(Ok(message)) => {
-                            // Without the carrying request (`on`), the machine gives a
-                            // server request to the one call in progress and refuses it
-                            // when several are.
-                            if let Err(e) = self.machine.handle_upstream_message(None, message, self.clock.now()) {
+                            // A server request on a call's response stream goes to that
+                            // call; one on the standalone stream (`on` is `None`) goes to
+                            // the one call in progress, and is refused when several are.
+                            let on = match &message {
+                                Message::Request(r) => self.lease.carrier(&r.id),
+                                _ => None,
+                            };
+                            if let Err(e) = self.machine.handle_upstream_message(on.as_ref(), message, self.clock.now()) {
                                 debug!(error = %e, "upstream message refused by the reverse machine");
                             }
                         }

@@ -46,6 +46,9 @@ use tokio::task::AbortHandle;
 
 /// Messages from the server queued toward the consumer (its producers wait when full).
 const INBOUND_QUEUE: usize = 64;
+/// Server requests remembered with the request whose response stream carried them
+/// ([`LegacySession::carrier`]); past this, further ones are not remembered.
+const MAX_CARRIERS: usize = 1024;
 /// Keep-alive pings outstanding at once on one session.
 const MAX_PINGS: usize = 4;
 /// The id prefix of the gateway's own pings (their answers never reach the consumer).
@@ -163,11 +166,27 @@ struct Core {
     pings: Mutex<HashMap<String, oneshot::Sender<()>>>,
     /// Ids of the server's `ping` requests, answered by the session's pong task.
     pongs: mpsc::Sender<RequestId>,
+    /// Server request id → the id of the gateway's request on whose response stream it
+    /// came; taken by [`LegacySession::carrier`], bounded by [`MAX_CARRIERS`].
+    carriers: Mutex<HashMap<RequestId, RequestId>>,
     closed: AtomicBool,
     expired: AtomicBool,
 }
 
 impl Core {
+    /// Remembers that server request `message` came on the response stream of the
+    /// gateway's request `carrier` (anything else is ignored).
+    fn note_carrier(&self, message: &Message, carrier: &RequestId) {
+        let Message::Request(Request { id, .. }) = message else {
+            return;
+        };
+        if let Ok(mut carriers) = self.carriers.lock() {
+            if carriers.len() < MAX_CARRIERS {
+                carriers.insert(id.clone(), carrier.clone());
+            }
+        }
+    }
+
     /// Hands one message of the server to the consumer, waiting while the queue is
     /// full; the gateway's own ping traffic is handled here instead. `false`: the
     /// consumer is gone.
@@ -350,6 +369,7 @@ impl LegacySession {
             tx,
             pings: Mutex::new(HashMap::new()),
             pongs,
+            carriers: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             expired: AtomicBool::new(false),
         })
@@ -494,6 +514,19 @@ impl LegacySession {
     /// fast as this is called.
     pub async fn recv(&self) -> Option<Item> {
         self.inbound.lock().await.recv().await
+    }
+
+    /// The gateway's request on whose response stream the server sent its request
+    /// `server_request`, once; `None` when it came on the standalone stream (or another
+    /// transport, which has no per-request streams). Several calls can then be in
+    /// progress on one session and each live request still reaches its own call.
+    pub fn carrier(&self, server_request: &RequestId) -> Option<RequestId> {
+        self.inner
+            .core
+            .carriers
+            .lock()
+            .ok()
+            .and_then(|mut c| c.remove(server_request))
     }
 
     /// Sends a `ping` (basic/utilities/ping.mdx) and waits for its answer. A ping that

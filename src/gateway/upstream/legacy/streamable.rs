@@ -159,9 +159,19 @@ impl Streamable {
         let learned = self.learned.clone();
         let max = self.options.max_message;
         if is_sse && status.is_success() {
+            let carrier = match message {
+                Message::Request(r) => Some(r.id.clone()),
+                _ => None,
+            };
             inner.spawn(async move {
                 let mut body = SseBody::new(resp.into_body(), max);
-                let ended = pump_events(&mut body, &core, |_, m| learn(&learned, m)).await;
+                let ended = pump_events(&mut body, &core, |_, m| {
+                    learn(&learned, m);
+                    if let Some(carrier) = &carrier {
+                        core.note_carrier(m, carrier);
+                    }
+                })
+                .await;
                 if let Err(Some(e)) = ended {
                     // The consumer learns that this answer will not come (an event over
                     // the byte limit, a broken stream); the session itself goes on.
