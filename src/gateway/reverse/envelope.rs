@@ -7,9 +7,12 @@
 //! The order is the modern server's (2026-07-28 `basic/index.mdx` and
 //! `basic/transports/streamable-http.mdx`): a removed method (`-32601`) → `_meta` with
 //! the protocol version and the client capabilities (`-32602`) → the header equals the
-//! `_meta` version (`-32020`) → a version this gateway speaks (`-32022`, listing them).
+//! `_meta` version (`-32020`) → a version this gateway speaks (`-32022`, listing them) →
+//! `Mcp-Method` and `Mcp-Name`, when the host sends them, equal the body (`-32020`).
 //! The HTTP status follows from the code ([`super::answer`]).
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
 use dualera_adapters::echo::{bounded, echo_quoted};
 use dualera_adapters::jsonrpc::{ErrorCode, ErrorObject};
 use dualera_adapters::session::{META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION};
@@ -26,12 +29,22 @@ const REMOVED: &[&str] = &[
     "resources/unsubscribe",
 ];
 
+/// The routing headers a request arrived with (SEP-2243), when the host sent them.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Routing<'a> {
+    /// `Mcp-Method`.
+    pub(super) method: Option<&'a str>,
+    /// `Mcp-Name`, raw (plain, or `=?base64?…?=`).
+    pub(super) name: Option<&'a str>,
+}
+
 /// `Err` with the error the modern server owes a request of `method` with `params`
-/// that arrived with `header` as its `MCP-Protocol-Version`.
+/// that arrived with `header` as its `MCP-Protocol-Version` and `routing`.
 pub(super) fn check(
     method: &str,
     params: Option<&Value>,
     header: Option<&str>,
+    routing: Routing<'_>,
 ) -> Result<(), ErrorObject> {
     if REMOVED.contains(&method) {
         return Err(ErrorObject::new(
@@ -84,7 +97,65 @@ pub(super) fn check(
             "requested": bounded(version),
         })));
     }
+    check_routing(method, params, routing)
+}
+
+/// streamable-http.mdx, "Standard Headers": a server MUST reject with 400 and -32020 a
+/// `Mcp-Method` that differs from the body's method (values compare case-sensitively)
+/// and, on a request naming a tool, prompt or resource, a `Mcp-Name` that is missing,
+/// not validly encoded, or different from the body. Hosts that send no `Mcp-Method`
+/// are not held to it here (the legacy server behind needs none of it).
+fn check_routing(
+    method: &str,
+    params: Option<&Value>,
+    routing: Routing<'_>,
+) -> Result<(), ErrorObject> {
+    let mismatch = |reason: String| ErrorObject::new(ErrorCode::HEADER_MISMATCH, reason);
+    let Some(header) = routing.method else {
+        return Ok(());
+    };
+    if header != method {
+        return Err(mismatch(format!(
+            "Mcp-Method header {} does not match body method {}",
+            echo_quoted(header),
+            echo_quoted(method)
+        )));
+    }
+    let field = match method {
+        "tools/call" | "prompts/get" => "name",
+        "resources/read" => "uri",
+        _ => return Ok(()),
+    };
+    let body = params
+        .and_then(|p| p.get(field))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let raw = routing
+        .name
+        .ok_or_else(|| mismatch("the Mcp-Name header is required".into()))?;
+    let name =
+        decode(raw).ok_or_else(|| mismatch("the Mcp-Name header is not validly encoded".into()))?;
+    if name != body {
+        return Err(mismatch(format!(
+            "Mcp-Name header {} does not match body {field} {}",
+            echo_quoted(&name),
+            echo_quoted(body)
+        )));
+    }
     Ok(())
+}
+
+/// A header value: `=?base64?…?=` decoded to UTF-8, or visible ASCII and blanks as is.
+fn decode(raw: &str) -> Option<String> {
+    if let Some(inner) = raw
+        .strip_prefix("=?base64?")
+        .and_then(|r| r.strip_suffix("?="))
+    {
+        return String::from_utf8(STANDARD.decode(inner).ok()?).ok();
+    }
+    raw.bytes()
+        .all(|b| b == b' ' || b == b'\t' || (0x21..=0x7e).contains(&b))
+        .then(|| raw.to_owned())
 }
 
 #[cfg(test)]
@@ -105,21 +176,78 @@ mod tests {
     #[test]
     fn the_ladder_in_order() {
         let ok = meta("2026-07-28");
-        assert!(check("tools/call", Some(&ok), Some("2026-07-28")).is_ok());
-        assert_eq!(code(check("ping", Some(&ok), Some("2026-07-28"))), -32601);
-        assert_eq!(code(check("tools/list", None, Some("2026-07-28"))), -32602);
+        assert!(check(
+            "tools/call",
+            Some(&ok),
+            Some("2026-07-28"),
+            Routing::default()
+        )
+        .is_ok());
+        assert_eq!(
+            code(check(
+                "ping",
+                Some(&ok),
+                Some("2026-07-28"),
+                Routing::default()
+            )),
+            -32601
+        );
+        assert_eq!(
+            code(check(
+                "tools/list",
+                None,
+                Some("2026-07-28"),
+                Routing::default()
+            )),
+            -32602
+        );
         let no_caps = json!({ "_meta": { (META_PROTOCOL_VERSION): "2026-07-28" } });
         assert_eq!(
-            code(check("tools/list", Some(&no_caps), Some("2026-07-28"))),
+            code(check(
+                "tools/list",
+                Some(&no_caps),
+                Some("2026-07-28"),
+                Routing::default()
+            )),
             -32602
         );
         assert_eq!(
-            code(check("tools/list", Some(&ok), Some("2099-01-01"))),
+            code(check(
+                "tools/list",
+                Some(&ok),
+                Some("2099-01-01"),
+                Routing::default()
+            )),
             -32020
         );
         let old = meta("2099-01-01");
-        let e = check("tools/list", Some(&old), Some("2099-01-01")).expect_err("unsupported");
+        let e = check(
+            "tools/list",
+            Some(&old),
+            Some("2099-01-01"),
+            Routing::default(),
+        )
+        .expect_err("unsupported");
         assert_eq!(e.code.0, -32022);
         assert_eq!(e.data.expect("data")["supported"][0], "2026-07-28");
+    }
+
+    #[test]
+    fn routing_headers_when_sent_match_the_body() {
+        let mut call = meta("2026-07-28");
+        call["name"] = json!("add");
+        let at = |method, name| Routing {
+            method: Some(method),
+            name,
+        };
+        let run = |r| check("tools/call", Some(&call), Some("2026-07-28"), r);
+        assert!(run(Routing::default()).is_ok());
+        assert!(run(at("tools/call", Some("add"))).is_ok());
+        assert!(run(at("tools/call", Some("=?base64?YWRk?="))).is_ok());
+        assert_eq!(code(run(at("TOOLS/CALL", Some("add")))), -32020);
+        assert_eq!(code(run(at("tools/call", None))), -32020);
+        assert_eq!(code(run(at("tools/call", Some("  add  ")))), -32020);
+        assert_eq!(code(run(at("tools/call", Some("other")))), -32020);
+        assert_eq!(code(run(at("tools/call", Some("=?base64?!!?=")))), -32020);
     }
 }

@@ -168,7 +168,12 @@ pub(super) async fn handle(
         .headers
         .get("mcp-protocol-version")
         .and_then(|v| v.to_str().ok());
-    if let Err(e) = envelope::check(&request.method, request.params.as_ref(), version) {
+    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    let routing = envelope::Routing {
+        method: header("mcp-method"),
+        name: header("mcp-name"),
+    };
+    if let Err(e) = envelope::check(&request.method, request.params.as_ref(), version, routing) {
         return answer(jsonrpc::Response::error(Some(request.id), e));
     }
     let authorization = parts.headers.get(header::AUTHORIZATION).cloned();
