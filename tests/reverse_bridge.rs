@@ -10,7 +10,10 @@
 //!   result reflecting the answer;
 //! - a tampered, replayed or foreign `requestState` is `-32602`;
 //! - two tokens never share an upstream session (the server's own `Mcp-Session-Id`s),
-//!   and the token reaches the server on the session it opened.
+//!   and the token reaches the server on the session it opened;
+//! - two calls in progress on one legacy session each get their own server request;
+//! - a malformed modern request gets the modern server's error, never the legacy
+//!   server's answer.
 //!
 //! The Python peer lives in the interop suite's venv. Without it these tests fail (they
 //! never skip); `python3 tests/interop/run.py --prepare-legacy-python` creates it.
@@ -115,6 +118,16 @@ async fn post(url: &str, token: Option<&str>, body: &Value) -> (u16, Value) {
 
 /// One 2026-07-28 request; the HTTP status, content type and body.
 async fn post_raw(url: &str, token: Option<&str>, body: &Value) -> (u16, String, Bytes) {
+    post_version(url, token, "2026-07-28", body).await
+}
+
+/// One request with `version` as its `MCP-Protocol-Version` header.
+async fn post_version(
+    url: &str,
+    token: Option<&str>,
+    version: &str,
+    body: &Value,
+) -> (u16, String, Bytes) {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<Full<Bytes>>();
     let mut b = http::Request::builder()
@@ -122,7 +135,7 @@ async fn post_raw(url: &str, token: Option<&str>, body: &Value) -> (u16, String,
         .uri(url)
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28");
+        .header("mcp-protocol-version", version);
     if let Some(method) = body["method"].as_str() {
         b = b.header("mcp-method", method);
     }
@@ -591,4 +604,137 @@ async fn a_round_not_retried_in_time_expires_and_is_cancelled_upstream() {
     assert_eq!(late["error"]["code"], -32602, "{late}");
     assert_eq!(late["error"]["data"]["reason"], "expiredState", "{late}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn two_calls_in_progress_on_one_session_each_get_their_own_round() {
+    let py = PyServer::spawn("streamable-http");
+    let gw = Gateway::spawn(&py.url("/mcp"));
+    // The first call's round stays open (its call in progress upstream) while the
+    // second call's server request arrives on the same legacy session: each request
+    // came on its own call's response stream, so each call gets its own.
+    let (_, first) = post(
+        &gw.url(),
+        Some("alpha"),
+        &call(1, "ask", json!({ "question": "First?" })),
+    )
+    .await;
+    let (key1, _, params1, state1) = round(&first);
+    assert_eq!(params1["message"], "First?", "{first}");
+    let (_, second) = post(
+        &gw.url(),
+        Some("alpha"),
+        &call(2, "ask", json!({ "question": "Second?" })),
+    )
+    .await;
+    let (key2, _, params2, state2) = round(&second);
+    assert_eq!(params2["message"], "Second?", "{second}");
+
+    let answer =
+        |key: &str, a: &str| json!({ key: { "action": "accept", "content": { "answer": a } } });
+    let (_, done2) = post(
+        &gw.url(),
+        Some("alpha"),
+        &retry(
+            3,
+            "ask",
+            json!({ "question": "Second?" }),
+            answer(&key2, "two"),
+            &state2,
+        ),
+    )
+    .await;
+    assert_eq!(text(&done2), "answered: two");
+    let (_, done1) = post(
+        &gw.url(),
+        Some("alpha"),
+        &retry(
+            4,
+            "ask",
+            json!({ "question": "First?" }),
+            answer(&key1, "one"),
+            &state1,
+        ),
+    )
+    .await;
+    assert_eq!(text(&done1), "answered: one");
+}
+
+#[tokio::test]
+async fn a_malformed_modern_request_gets_the_modern_servers_error() {
+    let py = PyServer::spawn("streamable-http");
+    let gw = Gateway::spawn(&py.url("/mcp"));
+    let refused = |status: u16, bytes: &Bytes| -> (u16, Value) {
+        (
+            status,
+            serde_json::from_slice(bytes).expect("a JSON answer"),
+        )
+    };
+
+    // No `_meta`: -32602, 400.
+    let bare = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {} });
+    let (status, _, bytes) = post_version(&gw.url(), None, "2026-07-28", &bare).await;
+    let (status, answer) = refused(status, &bytes);
+    assert_eq!(
+        (status, answer["error"]["code"].clone()),
+        (400, json!(-32602)),
+        "{answer}"
+    );
+    assert_eq!(answer["id"], 1);
+
+    // `_meta` without the client capabilities: -32602 too.
+    let mut partial = call(2, "add", json!({ "a": 1, "b": 2 }));
+    partial["params"]["_meta"] = json!({ "io.modelcontextprotocol/protocolVersion": "2026-07-28" });
+    let (status, _, bytes) = post_version(&gw.url(), None, "2026-07-28", &partial).await;
+    let (status, answer) = refused(status, &bytes);
+    assert_eq!(
+        (status, answer["error"]["code"].clone()),
+        (400, json!(-32602)),
+        "{answer}"
+    );
+
+    // The header disagrees with `_meta`: -32020.
+    let good = call(3, "add", json!({ "a": 1, "b": 2 }));
+    let (status, _, bytes) = post_version(&gw.url(), None, "2099-01-01", &good).await;
+    let (status, answer) = refused(status, &bytes);
+    assert_eq!(
+        (status, answer["error"]["code"].clone()),
+        (400, json!(-32020)),
+        "{answer}"
+    );
+
+    // A version this gateway does not speak, consistently: -32022 naming 2026-07-28.
+    let mut future = call(4, "add", json!({ "a": 1, "b": 2 }));
+    future["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2099-01-01");
+    let (status, _, bytes) = post_version(&gw.url(), None, "2099-01-01", &future).await;
+    let (status, answer) = refused(status, &bytes);
+    assert_eq!(
+        (status, answer["error"]["code"].clone()),
+        (400, json!(-32022)),
+        "{answer}"
+    );
+    assert_eq!(answer["error"]["data"]["supported"], json!(["2026-07-28"]));
+
+    // Methods the modern revision removed: -32601, 404, though the legacy server has them.
+    for (id, method) in [
+        (5, "ping"),
+        (6, "initialize"),
+        (7, "logging/setLevel"),
+        (8, "resources/subscribe"),
+    ] {
+        let body =
+            json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": { "_meta": meta() } });
+        let (status, answer) = post(&gw.url(), None, &body).await;
+        assert_eq!(
+            (status, answer["error"]["code"].clone()),
+            (404, json!(-32601)),
+            "{method}: {answer}"
+        );
+        assert_eq!(answer["id"], id);
+    }
+
+    // And a well-formed call is still served.
+    let (status, answer) = post(&gw.url(), None, &good).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(text(&answer), "3");
 }

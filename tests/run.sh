@@ -4,7 +4,8 @@
 # MCP SDKs as hosts, and its reverse part: modern-only SDK hosts through the gateway to
 # legacy SDK servers (installs its pinned peers into .cache/ and tests/interop/ts/ on first
 # run; needs python3 and node; ends with the line "N passed, M failed"), then the official
-# conformance suite against the fixture upstream and the gateway (tests/conformance/run.sh:
+# conformance suite against the fixture upstream, the gateway, and the gateway in front of a
+# legacy (session-based) server (tests/conformance/run.sh:
 # installs the pinned suite and a Node 22 into .cache/conformance; same closing line),
 # then authorization end to end (tests/auth/run.py: oidc-provider, the modern server as
 # OAuth resource server behind the gateway, both SDKs as hosts; same closing line).

@@ -145,7 +145,18 @@ impl LegacyClient {
         &mut self,
         name: &str,
         args: Value,
+        meter: Option<&mut StepMeter<'_>>,
+    ) -> Res<Value> {
+        self.tool_answering(name, args, meter, accept_reply).await
+    }
+
+    /// [`LegacyClient::tool_metered`], each live request answered with `reply(request)`.
+    pub(crate) async fn tool_answering(
+        &mut self,
+        name: &str,
+        args: Value,
         mut meter: Option<&mut StepMeter<'_>>,
+        reply: impl Fn(&Value) -> Res<Bytes>,
     ) -> Res<Value> {
         self.next += 1;
         let body = rpc(
@@ -182,8 +193,8 @@ impl LegacyClient {
                         m.mark("tools/call until the elicitation is delivered")
                             .await?;
                     }
-                    let reply = accept_reply(&m)?;
-                    let r = self.b.post(&self.headers, reply).await?;
+                    let answer = reply(&m)?;
+                    let r = self.b.post(&self.headers, answer).await?;
                     let st = r.status();
                     r.into_body().collect().await?;
                     if st != StatusCode::ACCEPTED {

