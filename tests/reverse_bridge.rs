@@ -139,6 +139,11 @@ async fn post_version(
     if let Some(method) = body["method"].as_str() {
         b = b.header("mcp-method", method);
     }
+    // The routing name a 2026-07-28 host sends with a call, a prompt or a read.
+    let params = &body["params"];
+    if let Some(name) = params["name"].as_str().or(params["uri"].as_str()) {
+        b = b.header("mcp-name", name);
+    }
     if let Some(t) = token {
         b = b.header("authorization", format!("Bearer {t}"));
     }

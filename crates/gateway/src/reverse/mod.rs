@@ -18,8 +18,8 @@
 //! total bound. An answer is JSON, or an SSE stream when the server sends notifications
 //! for the request (progress, log lines at the host's level) before its result.
 
-mod inflight;
 mod envelope;
+mod inflight;
 mod partition;
 pub mod seal;
 pub mod stats;
