@@ -3,7 +3,8 @@
 //! a piece either needs lives here: the listener and its limits ([`listener`],
 //! [`inbound`], [`outbound`], [`guard`], [`throttle`]), bodies and framing ([`body`],
 //! [`framing`], [`sse`]), TLS ([`tls`]), digests and signed state ([`digest`],
-//! [`request_state`], [`bearer`]), the endpoint path ([`endpoint`]), the clock
+//! [`request_state`], [`bearer`]), the endpoint path ([`endpoint`]), the mirrored
+//! request headers' encoding ([`mirrored`]), the clock
 //! ([`clock`]) and the configuration file's schema ([`config`], which both programs
 //! read and the binary loads), and the one error for a part a build left out
 //! ([`parts`]). Wall-clock text is `dualera_adapters::time`, which the
@@ -19,6 +20,7 @@ pub mod framing;
 pub mod guard;
 pub mod inbound;
 pub mod listener;
+pub mod mirrored;
 pub mod outbound;
 pub mod parts;
 pub mod request_state;

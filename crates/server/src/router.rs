@@ -11,8 +11,6 @@ use super::meta::{RequestMeta, SERVER_INFO, SUBSCRIPTION_ID};
 use super::tasks::{self, NewTask, TaskSupport};
 use super::tools::{CallContext, Outcome, Sink};
 use super::{now_ms, Server};
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine;
 use dualera_adapters::echo::{echo, echo_quoted};
 use dualera_adapters::jsonrpc::{self, Message, Notification, Request, RequestId, Response};
 use dualera_adapters::param_headers::ParamHeader;
@@ -763,18 +761,7 @@ fn check_param_headers(
     Ok(())
 }
 
-/// Decodes a mirrored header value (plain visible ASCII, or `=?base64?…?=`).
-pub(super) fn decode_header_value(raw: &str) -> Option<String> {
-    if let Some(inner) = raw
-        .strip_prefix("=?base64?")
-        .and_then(|r| r.strip_suffix("?="))
-    {
-        return String::from_utf8(STANDARD.decode(inner).ok()?).ok();
-    }
-    raw.bytes()
-        .all(|b| b == b' ' || b == b'\t' || (0x21..=0x7e).contains(&b))
-        .then(|| raw.to_owned())
-}
+pub(super) use dualera_common::mirrored::decode_header_value;
 
 fn reply_error(id: Option<dualera_adapters::RequestId>, e: ServerError) -> Handled {
     match &e {
@@ -896,19 +883,5 @@ mod tests {
         ] {
             assert!(!check(args.clone(), headers), "{args} {headers:?}");
         }
-    }
-
-    #[test]
-    fn header_values() {
-        assert_eq!(
-            decode_header_value("notes_delete").as_deref(),
-            Some("notes_delete")
-        );
-        assert_eq!(
-            decode_header_value("=?base64?SGVsbG8sIOS4lueVjA==?=").as_deref(),
-            Some("Hello, 世界")
-        );
-        assert_eq!(decode_header_value("=?base64?!!!?="), None);
-        assert_eq!(decode_header_value("a\u{1}b"), None);
     }
 }

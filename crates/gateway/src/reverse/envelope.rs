@@ -11,12 +11,11 @@
 //! `Mcp-Method` and `Mcp-Name`, when the host sends them, equal the body (`-32020`).
 //! The HTTP status follows from the code ([`super::answer`]).
 
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine;
 use dualera_adapters::echo::{bounded, echo_quoted};
 use dualera_adapters::jsonrpc::{ErrorCode, ErrorObject};
 use dualera_adapters::session::{META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION};
 use dualera_adapters::ProtocolVersion;
+use dualera_common::mirrored::decode_header_value;
 use serde_json::{json, Value};
 
 /// Methods of the session-based revisions that 2026-07-28 removed; a modern request
@@ -133,8 +132,8 @@ fn check_routing(
     let raw = routing
         .name
         .ok_or_else(|| mismatch("the Mcp-Name header is required".into()))?;
-    let name =
-        decode(raw).ok_or_else(|| mismatch("the Mcp-Name header is not validly encoded".into()))?;
+    let name = decode_header_value(raw)
+        .ok_or_else(|| mismatch("the Mcp-Name header is not validly encoded".into()))?;
     if name != body {
         return Err(mismatch(format!(
             "Mcp-Name header {} does not match body {field} {}",
@@ -143,19 +142,6 @@ fn check_routing(
         )));
     }
     Ok(())
-}
-
-/// A header value: `=?base64?…?=` decoded to UTF-8, or visible ASCII and blanks as is.
-fn decode(raw: &str) -> Option<String> {
-    if let Some(inner) = raw
-        .strip_prefix("=?base64?")
-        .and_then(|r| r.strip_suffix("?="))
-    {
-        return String::from_utf8(STANDARD.decode(inner).ok()?).ok();
-    }
-    raw.bytes()
-        .all(|b| b == b' ' || b == b'\t' || (0x21..=0x7e).contains(&b))
-        .then(|| raw.to_owned())
 }
 
 #[cfg(test)]
