@@ -1,75 +1,16 @@
 //! Validation of every server response against the 2026-07-28 `schema.json`.
 //!
-//! Each `$defs` entry is compiled once as `{"$defs": <all defs>, "$ref": "#/$defs/<X>"}`;
 //! [`check_response`] picks the defs that apply to a response (the envelope, the result
 //! type for the method, the specific error type for the code) and panics on any
 //! violation, so every test that talks to the server gets it for free.
 
-use jsonschema::{Draft, Validator};
-use serde_json::{json, Value};
-use std::collections::HashMap;
-use std::sync::OnceLock;
+use super::gateway::schema::MODERN_SCHEMA;
+use serde_json::Value;
 
-const DEFS: &[&str] = &[
-    "JSONRPCResultResponse",
-    "JSONRPCErrorResponse",
-    "DiscoverResult",
-    "ListToolsResult",
-    "CallToolResult",
-    "InputRequiredResult",
-    "UnsupportedProtocolVersionError",
-    "MissingRequiredClientCapabilityError",
-    "HeaderMismatchError",
-    "Tool",
-];
-
-fn schema_path() -> String {
-    format!(
-        "{}/../shared/spec/2026-07-28/schema.json",
-        env!("CARGO_MANIFEST_DIR")
-    )
-}
-
-fn validators() -> &'static HashMap<&'static str, Validator> {
-    static V: OnceLock<HashMap<&'static str, Validator>> = OnceLock::new();
-    V.get_or_init(|| {
-        let path = schema_path();
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("cannot read the spec schema at {path}: {e}"));
-        let schema: Value = serde_json::from_str(&text).expect("schema.json is JSON");
-        let defs = schema["$defs"].clone();
-        DEFS.iter()
-            .map(|name| {
-                assert!(defs.get(name).is_some(), "schema.json has no $defs/{name}");
-                let wrapped = json!({
-                    "$schema": "https://json-schema.org/draft/2020-12/schema",
-                    "$defs": defs,
-                    "$ref": format!("#/$defs/{name}"),
-                });
-                let v = jsonschema::options()
-                    .with_draft(Draft::Draft202012)
-                    .build(&wrapped)
-                    .unwrap_or_else(|e| panic!("cannot compile $defs/{name}: {e}"));
-                (*name, v)
-            })
-            .collect()
-    })
-}
-
-/// Validates `instance` against `$defs/<def>`; `Err` lists every violation.
+/// Validates `instance` against the 2026-07-28 `$defs/<def>` (compiled once, by the
+/// one validator cache of [`super::gateway::schema`]); `Err` lists the violations.
 pub(crate) fn validate(def: &str, instance: &Value) -> Result<(), String> {
-    let v = validators()
-        .get(def)
-        .unwrap_or_else(|| panic!("no validator compiled for {def}"));
-    let errors: Vec<String> = v
-        .iter_errors(instance)
-        .map(|e| format!("{} at {}", e, e.instance_path))
-        .collect();
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors.join("; "))
-    }
+    super::gateway::schema::validate(MODERN_SCHEMA, def, instance)
 }
 
 fn must(def: &str, instance: &Value, context: &str) {

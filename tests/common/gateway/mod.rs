@@ -80,17 +80,13 @@ fn up_err(e: impl std::fmt::Display) -> UpError {
     UpError(e.to_string())
 }
 
-/// How long to wait for anything (generous: loaded 2-core CI machines).
-pub const WAIT: Duration = Duration::from_secs(60);
+// One definition of each, shared with the server's harness (`tests/common`).
+pub(crate) use super::{CAPS, CLIENT_INFO, PV, REPO_FILES, SERVER_INFO, WAIT};
 /// The modern revision.
-pub const MODERN: &str = "2026-07-28";
+pub const MODERN: &str = super::VERSION;
 /// The legacy revisions the gateway serves over Streamable HTTP.
 pub const REVISIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
-pub const PV: &str = "io.modelcontextprotocol/protocolVersion";
-pub const CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
-pub const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
 pub const LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
-pub const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
 pub const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
 const STATE_SECRET: &str = "gateway-acceptance-secret-0123456789abcdef";
 
@@ -144,13 +140,6 @@ pub struct Workspace {
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-pub const REPO_FILES: &[(&str, &str)] = &[
-    ("README.md", "# tinyledger\n\nA tiny double-entry ledger library.\n"),
-    ("Cargo.toml", "[package]\nname = \"tinyledger\"\nversion = \"0.3.1\"\n"),
-    ("src/lib.rs", "//! Double-entry bookkeeping.\npub fn balanced(c: &[i64]) -> bool { c.iter().sum::<i64>() == 0 }\n"),
-    ("docs/intro.md", "# Introduction\n\nEvery transaction must balance.\n"),
-];
 
 impl Workspace {
     /// A workspace whose config has these `[gateway]` entries (`key`, TOML value), with
