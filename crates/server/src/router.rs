@@ -780,7 +780,7 @@ fn reply_error(id: Option<dualera_adapters::RequestId>, e: ServerError) -> Handl
 
 #[cfg(test)]
 mod tests {
-    use super::{check_param_headers, decode_header_value, MirroredHeaders};
+    use super::{check_param_headers, MirroredHeaders};
     use dualera_adapters::param_headers::tool_param_headers;
     use serde_json::{json, Value};
 
