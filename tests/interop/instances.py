@@ -150,7 +150,7 @@ class Instances:
         config.write_text(
             f'[state]\n[[state.keys]]\nid = "interop"\nsecret = "{STATE_SECRET}"\n\n'
             f'[[grants]]\nprincipal = "local"\nworkspaces = ["file://{notes}"]\nrepositories = ["{repo}"]\n')
-        env = dict(os.environ, DUALERA_LOG="info,dualera::server::router=debug", NO_COLOR="1",
+        env = dict(os.environ, DUALERA_LOG="info,dualera_server::router=debug", NO_COLOR="1",
                    DUALERA_STORE_URL=url)
         for i in range(INSTANCES):
             log = self.workdir / f"serve-{i}.log"

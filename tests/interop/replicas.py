@@ -92,7 +92,7 @@ class Replicas:
         self.workspace, self.repo = m.group(1), m.group(2).strip()
         self.db = self.dir / "dualera.db"
         store = f"redis://127.0.0.1:{self.redis_port}/0"
-        env = dict(os.environ, DUALERA_LOG="info,dualera::gateway::replicas=debug", NO_COLOR="1")
+        env = dict(os.environ, DUALERA_LOG="info,dualera_gateway::store::redis=debug", NO_COLOR="1")
         backends = []
         for i in range(REPLICAS):
             log = self.workdir / f"gateway-{i}.log"

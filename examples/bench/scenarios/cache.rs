@@ -66,7 +66,7 @@ pub(crate) async fn cache(env: &Env, opts: &Opts, server: &Proc, report: &mut Re
             server,
             &tag,
             &env.gateway_config,
-            "warn,dualera::gateway=info",
+            "warn,dualera_gateway=info",
         )?;
         gateways.push((tag, g));
     }
