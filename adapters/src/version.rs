@@ -32,6 +32,15 @@ impl ProtocolVersion {
 
     /// Modern revisions this implementation speaks, newest first.
     pub const MODERN: &'static [&'static str] = &[Self::V2026_07_28];
+    /// Methods of the legacy era that 2026-07-28 removed: a modern server (and the
+    /// reverse bridge, answering in its place) answers them with `-32601`.
+    pub const REMOVED_IN_MODERN: &'static [&'static str] = &[
+        "initialize",
+        "ping",
+        "logging/setLevel",
+        "resources/subscribe",
+        "resources/unsubscribe",
+    ];
     /// Legacy revisions this implementation speaks, newest first.
     pub const LEGACY: &'static [&'static str] = &[
         Self::V2025_11_25,

@@ -53,13 +53,7 @@ pub enum Handled {
 }
 
 /// Methods of the legacy era that a modern-only server answers with `-32601`.
-const LEGACY_METHODS: &[&str] = &[
-    "initialize",
-    "ping",
-    "logging/setLevel",
-    "resources/subscribe",
-    "resources/unsubscribe",
-];
+const LEGACY_METHODS: &[&str] = dualera_adapters::ProtocolVersion::REMOVED_IN_MODERN;
 
 /// A `subscriptions/listen` request that passed validation: the transport keeps its
 /// stream open and forwards matching changes.

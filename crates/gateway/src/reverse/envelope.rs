@@ -20,13 +20,7 @@ use serde_json::{json, Value};
 
 /// Methods of the session-based revisions that 2026-07-28 removed; a modern request
 /// naming one is `-32601` (404), whatever the legacy server would make of it.
-const REMOVED: &[&str] = &[
-    "initialize",
-    "ping",
-    "logging/setLevel",
-    "resources/subscribe",
-    "resources/unsubscribe",
-];
+const REMOVED: &[&str] = ProtocolVersion::REMOVED_IN_MODERN;
 
 /// The routing headers a request arrived with (SEP-2243), when the host sent them.
 #[derive(Debug, Default, Clone, Copy)]
