@@ -36,6 +36,11 @@ pub struct Decoder {
     id: Option<String>,
     has_data: bool,
     limit: usize,
+    /// The stream's last event id (the SSE "last event ID buffer"): kept across
+    /// events, what a client resumes from.
+    last_id: Option<String>,
+    /// The reconnection time the server asked for with `retry:`, in milliseconds.
+    retry: Option<u64>,
 }
 
 impl Decoder {
@@ -48,7 +53,20 @@ impl Decoder {
             id: None,
             has_data: false,
             limit,
+            last_id: None,
+            retry: None,
         }
+    }
+
+    /// The id of the last event that named one (an empty `id:` clears it), even
+    /// one without data such as a priming event: where a resumed stream starts.
+    pub fn last_event_id(&self) -> Option<&str> {
+        self.last_id.as_deref()
+    }
+
+    /// The reconnection time the stream's last `retry:` field asked for, in ms.
+    pub fn retry_ms(&self) -> Option<u64> {
+        self.retry
     }
 
     /// Adds bytes and returns every event they complete.
@@ -92,7 +110,13 @@ impl Decoder {
                     self.has_data = true;
                 }
                 "event" => self.event = value.to_owned(),
-                "id" => self.id = Some(value.to_owned()),
+                "id" if !value.contains('\0') => {
+                    self.id = Some(value.to_owned());
+                    self.last_id = (!value.is_empty()).then(|| value.to_owned());
+                }
+                "retry" if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) => {
+                    self.retry = value.parse().ok();
+                }
                 _ => {}
             }
             if self.data.len() > self.limit {
@@ -148,5 +172,20 @@ mod tests {
         assert_eq!(ev[1].data, "x\ny");
         let mut d = Decoder::new(8);
         assert!(d.feed(b"data: 0123456789\n").is_err());
+    }
+
+    #[test]
+    fn the_last_event_id_and_retry_outlive_their_events() {
+        let mut d = Decoder::new(1024);
+        assert_eq!(d.last_event_id(), None);
+        let ev = d.feed(b"id: p-1\nretry: 250\ndata: \n\n").unwrap();
+        assert_eq!(ev[0].data, "");
+        assert_eq!(d.last_event_id(), Some("p-1"));
+        assert_eq!(d.retry_ms(), Some(250));
+        d.feed(b"data: {}\n\nretry: soon\n\n").unwrap();
+        assert_eq!(d.last_event_id(), Some("p-1"));
+        assert_eq!(d.retry_ms(), Some(250));
+        d.feed(b"id:\ndata: x\n\n").unwrap();
+        assert_eq!(d.last_event_id(), None);
     }
 }

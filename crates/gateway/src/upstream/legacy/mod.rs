@@ -589,6 +589,18 @@ impl SseBody {
         }
     }
 
+    /// The id of the body's last event that named one (a priming event's too): where
+    /// a resumed stream starts. Read at the end of the body, it names the last event
+    /// handed out.
+    fn last_event_id(&self) -> Option<&str> {
+        self.decoder.last_event_id()
+    }
+
+    /// The reconnection time the body's server asked for (`retry:`).
+    fn retry(&self) -> Option<Duration> {
+        self.decoder.retry_ms().map(Duration::from_millis)
+    }
+
     /// The next event; `None` at the end of the body.
     async fn next(&mut self) -> Option<Result<crate::sse::Event, LegacyError>> {
         use http_body_util::BodyExt;
@@ -615,15 +627,17 @@ impl SseBody {
     }
 }
 
-/// Feeds the `message` events of an SSE body to the consumer; `on_event` sees each
-/// event first (an event id to remember). `on` is the legacy request whose response
+/// Feeds the `message` events of an SSE body to the consumer; `on_message` sees each
+/// message first and says whether the body has nothing more to carry once it is
+/// delivered (a resumed stream's response). `on` is the legacy request whose response
 /// the body is (`None`: a stream of the whole session). Returns how the body ended:
-/// `Ok` at its end, `Err` when it broke or the consumer left (`None`).
+/// `Ok` at its end (or after the message `on_message` called the last), `Err` when it
+/// broke or the consumer left (`None`).
 async fn pump_events(
     body: &mut SseBody,
     core: &Core,
     on: Option<&RequestId>,
-    mut on_message: impl FnMut(&crate::sse::Event, &Message),
+    mut on_message: impl FnMut(&Message) -> bool,
 ) -> Result<(), Option<LegacyError>> {
     while let Some(ev) = body.next().await {
         let ev = ev.map_err(Some)?;
@@ -634,9 +648,12 @@ async fn pump_events(
             Ok(m) => m,
             Err(e) => return Err(Some(e)),
         };
-        on_message(&ev, &message);
+        let last = on_message(&message);
         if !core.deliver_on(on.cloned(), message).await {
             return Err(None);
+        }
+        if last {
+            return Ok(());
         }
     }
     Ok(())

@@ -140,7 +140,7 @@ impl Sse {
 /// Reads the stream after its `endpoint` event: every `message` event to the consumer;
 /// the end of the stream ends the session.
 pub(super) async fn pump(mut body: SseBody, core: Arc<Core>) {
-    match pump_events(&mut body, &core, None, |_, _| {}).await {
+    match pump_events(&mut body, &core, None, |_| false).await {
         Err(None) => {}
         Err(Some(e)) => {
             debug!(error = %e, "upstream HTTP+SSE stream broke");

@@ -7,24 +7,34 @@
 //! notifications that belong to no request; a `404` means the server forgot the
 //! session; `DELETE` ends it.
 
-use super::{parse_one, pump_events, Inner, LegacyError, SessionOptions, SseBody};
+use super::{parse_one, pump_events, Core, Inner, LegacyError, SessionOptions, SseBody};
 use crate::body::full;
 use crate::upstream::{OnBehalf, UpstreamClient, UpstreamError};
 use bytes::Bytes;
 use dualera_adapters::jsonrpc::{Message, Request, RequestId};
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode, Uri};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tracing::debug;
+use tracing::{debug, Instrument};
 
 /// Longest `Mcp-Session-Id` accepted from the server.
 const MAX_SESSION_ID: usize = 256;
 /// Reconnections of the standalone GET stream in a row that may fail before the
 /// session gives up on it.
 const GET_RETRIES: u32 = 5;
+/// Resumptions of one response stream in a row that may fail (refused, unreachable,
+/// ended with nothing new) before its request's answer is declared lost.
+const RESUME_RETRIES: u32 = 5;
+/// Resumptions of one response stream in all (a server that polls: closes the stream
+/// after every few events).
+const MAX_RESUMES: u32 = 256;
+/// The wait before resuming when the server asked for none (`retry:`).
+const RESUME_WAIT: Duration = Duration::from_millis(250);
+/// The longest wait before resuming a server's `retry:` may ask for.
+const MAX_RESUME_WAIT: Duration = Duration::from_secs(5);
 
 /// What the transport learned from the server, shared with its readers.
 #[derive(Debug, Default)]
@@ -165,15 +175,35 @@ impl Streamable {
             _ => None,
         };
         if is_sse && status.is_success() {
+            let this = self.handle();
+            // The host's headers, for a resumption of this stream made on its behalf.
+            let mut behalf = HeaderMap::new();
+            on_behalf.apply(&mut behalf);
             inner.spawn(async move {
                 let mut body = SseBody::new(resp.into_body(), max);
-                let on = on.as_ref();
-                let ended = pump_events(&mut body, &core, on, |_, m| learn(&learned, m)).await;
-                if let Err(Some(e)) = ended {
+                let Some(id) = on else {
+                    let _ = pump_events(&mut body, &core, None, |m| {
+                        learn(&learned, m);
+                        false
+                    })
+                    .await;
+                    return;
+                };
+                let span = tracing::debug_span!(
+                    "upstream_legacy_response_stream",
+                    request = ?id,
+                    attempt = tracing::field::Empty,
+                );
+                let ended = this
+                    .follow(&core, &id, body, &behalf)
+                    .instrument(span)
+                    .await;
+                if let Err(e) = ended {
                     // The consumer learns that this answer will not come (an event over
-                    // the byte limit, a broken stream); the session itself goes on.
-                    debug!(error = %e, "upstream response stream broke");
-                    let _ = core.tx.send((on.cloned(), Err(e))).await;
+                    // the byte limit, a broken stream that cannot be resumed); the
+                    // session itself goes on.
+                    debug!(request = ?id, error = %e, "upstream response stream lost");
+                    let _ = core.tx.send((Some(id), Err(e))).await;
                 }
             });
             return Ok(());
@@ -210,14 +240,7 @@ impl Streamable {
     /// such stream answers `405`, which is fine.
     fn open_stream(&self, inner: &Inner) {
         let core = inner.core.clone();
-        let client = self.client.clone();
-        let this = Self {
-            client,
-            uri: self.uri.clone(),
-            host: self.host.clone(),
-            options: self.options.clone(),
-            learned: self.learned.clone(),
-        };
+        let this = self.handle();
         inner.spawn(async move {
             let mut last_event: Option<String> = None;
             let mut failures = 0u32;
@@ -255,12 +278,10 @@ impl Streamable {
                 }
                 failures = 0;
                 let mut body = SseBody::new(resp.into_body(), this.options.max_message);
-                let ended = pump_events(&mut body, &core, None, |ev, _| {
-                    if let Some(id) = &ev.id {
-                        last_event = Some(id.clone());
-                    }
-                })
-                .await;
+                let ended = pump_events(&mut body, &core, None, |_| false).await;
+                if let Some(id) = body.last_event_id() {
+                    last_event = Some(id.to_owned());
+                }
                 match ended {
                     Err(None) => return,
                     Err(Some(e)) => debug!(error = %e, "upstream GET stream broke"),
@@ -269,6 +290,145 @@ impl Streamable {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         });
+    }
+
+    /// A copy for a task of the session's (the same client, endpoint and learned
+    /// headers).
+    fn handle(&self) -> Self {
+        Self {
+            client: self.client.clone(),
+            uri: self.uri.clone(),
+            host: self.host.clone(),
+            options: self.options.clone(),
+            learned: self.learned.clone(),
+        }
+    }
+
+    /// Reads the response stream of request `id` until its response, resuming it
+    /// (2025-11-25 transports, "Resumability and Redelivery") when it ends before:
+    /// `GET` with `Last-Event-ID` (and the session's and the host's headers) after the
+    /// server's `retry` (at most [`MAX_RESUME_WAIT`]), the replay and whatever follows
+    /// going to the consumer as this request's. `Err`: the response will not come (the
+    /// stream broke or ended with no event id to resume from, or every resumption
+    /// failed); `Ok` also when the consumer left.
+    async fn follow(
+        &self,
+        core: &Core,
+        id: &RequestId,
+        mut body: SseBody,
+        behalf: &HeaderMap,
+    ) -> Result<(), LegacyError> {
+        let mut answered = false;
+        let mut resumed = false;
+        let mut failures = 0u32;
+        let mut resumes = 0u32;
+        let mut wait = RESUME_WAIT;
+        let mut last: Option<String> = None;
+        loop {
+            let ended = pump_events(&mut body, core, Some(id), |m| {
+                learn(&self.learned, m);
+                answered |= is_response_to(m, id);
+                // A resumed stream may stay open after the replay: done at the answer.
+                answered && resumed
+            })
+            .await;
+            let broke = match ended {
+                Err(None) => return Ok(()),
+                _ if answered => return Ok(()),
+                // The connection was cut: what followed can be replayed.
+                Err(Some(e @ LegacyError::Upstream(UpstreamError::Unreachable { .. }))) => Some(e),
+                // An event that cannot be taken (over the byte limit, undecodable):
+                // resuming after it would skip it.
+                Err(Some(e)) => return Err(e),
+                Ok(()) => None,
+            };
+            if let Some(r) = body.retry() {
+                wait = r.min(MAX_RESUME_WAIT);
+            }
+            let now = body.last_event_id().map(str::to_owned);
+            if now.is_some() && now != last {
+                failures = 0;
+            } else if resumed {
+                failures += 1;
+            }
+            let Some(from) = now.or(last.take()) else {
+                return Err(broke.unwrap_or_else(|| {
+                    LegacyError::protocol("the response stream ended without the response")
+                }));
+            };
+            if let Some(e) = &broke {
+                debug!(error = %e, "upstream response stream broke; resuming");
+            }
+            // Opens the resumed stream, failures in a row counted and waited off.
+            body = loop {
+                if failures >= RESUME_RETRIES || resumes >= MAX_RESUMES || !core.is_alive() {
+                    return Err(broke.unwrap_or_else(|| {
+                        LegacyError::protocol(format!(
+                            "the response stream ended without the response; \
+                             {resumes} resumptions did not bring it"
+                        ))
+                    }));
+                }
+                tokio::time::sleep(wait.saturating_mul(1 << failures).min(MAX_RESUME_WAIT)).await;
+                resumes += 1;
+                tracing::Span::current().record("attempt", resumes);
+                match self.resume(&from, behalf).await {
+                    Ok(Some(b)) => break b,
+                    Ok(None) => {
+                        core.fail(LegacyError::Expired).await;
+                        return Err(LegacyError::Expired);
+                    }
+                    Err(e) => {
+                        debug!(error = %e, "upstream response stream not resumed");
+                        failures += 1;
+                    }
+                }
+            };
+            debug!("upstream response stream resumed");
+            last = Some(from);
+            resumed = true;
+        }
+    }
+
+    /// One `GET` with `Last-Event-ID: from`: the resumed stream's body, `None` when the
+    /// server forgot the session (`404`).
+    async fn resume(&self, from: &str, behalf: &HeaderMap) -> Result<Option<SseBody>, LegacyError> {
+        let mut b = self
+            .request(Method::GET, OnBehalf::default())
+            .header(header::ACCEPT, "text/event-stream");
+        if let Some(headers) = b.headers_mut() {
+            for (name, value) in behalf {
+                headers.insert(name, value.clone());
+            }
+        }
+        let from = HeaderValue::from_str(from)
+            .map_err(|_| LegacyError::protocol("the event id is no header value"))?;
+        let req = b
+            .header("last-event-id", from)
+            .body(crate::body::empty())
+            .map_err(|e| LegacyError::protocol(e.to_string()))?;
+        let resp = tokio::time::timeout(super::OPEN_TIMEOUT, self.client.client().request(req))
+            .await
+            .map_err(|_| LegacyError::protocol("the resumption got no answer in time"))?
+            .map_err(|e| LegacyError::Upstream(UpstreamError::from_client(&e)))?;
+        let status = resp.status();
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let is_sse = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if !status.is_success() || !is_sse {
+            return Err(LegacyError::Upstream(UpstreamError::Status {
+                status: status.as_u16(),
+            }));
+        }
+        Ok(Some(SseBody::new(
+            resp.into_body(),
+            self.options.max_message,
+        )))
     }
 
     /// `DELETE` with the session id (bounded; a `405` means the server does not let
@@ -308,6 +468,11 @@ fn learn(learned: &Mutex<Learned>, message: &Message) {
             .filter(|v| v.len() <= 32)
             .and_then(|v| HeaderValue::from_str(v).ok());
     }
+}
+
+/// Whether `message` is the response (a result or an error) to request `id`.
+fn is_response_to(message: &Message, id: &RequestId) -> bool {
+    matches!(message, Message::Response(r) if r.id.as_ref() == Some(id))
 }
 
 /// 2025-11-25 transports: the session id "MUST only contain visible ASCII characters

@@ -1,0 +1,140 @@
+//! The reverse bridge resumes a legacy response stream the server closed before the
+//! response (2025-11-25 transports, "Resumability and Redelivery"): the gateway binary
+//! (`--upstream-era legacy`) in front of the official TypeScript SDK 1.32.2 server with
+//! an event store (`tests/interop/ts/resumable_server.mjs`), whose `relay` tool sends a
+//! log line, closes its response stream, and sends more lines and the result while the
+//! client waits the `retry` it was given (so the store replays them). The gateway must come back with `GET` and `Last-Event-ID` and hand the host
+//! everything, in order, on the host request's own stream.
+//!
+//! The peer needs the interop suite's TypeScript dependencies: without them this test
+//! fails (it never skips); `cd tests/interop/ts && npm ci` installs them.
+
+#[path = "common/legacy_server.rs"]
+mod legacy_server;
+#[path = "common/modern_host.rs"]
+mod modern_host;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use legacy_server::Proc;
+use modern_host::{call, post, text, Gateway, WAIT};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// The TypeScript server with an event store, on a free port.
+struct TsServer {
+    _proc: Proc,
+    port: u16,
+}
+
+impl TsServer {
+    fn spawn() -> Self {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/ts");
+        assert!(
+            dir.join("node_modules/@modelcontextprotocol/sdk").exists(),
+            "{} has no node_modules: run `npm ci` there",
+            dir.display()
+        );
+        let mut child = Command::new("node")
+            .arg("resumable_server.mjs")
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn node");
+        let stdout = child.stdout.take().expect("stdout");
+        let proc = Proc(child);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(p) = line.strip_prefix("PORT ") {
+                    let _ = tx.send(p.trim().parse::<u16>().ok());
+                }
+            }
+        });
+        let port = rx
+            .recv_timeout(WAIT)
+            .ok()
+            .flatten()
+            .expect("the TypeScript server printed its port");
+        Self { _proc: proc, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    /// The server's own counts (`GET /stats`).
+    async fn stats(&self) -> Value {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<Full<Bytes>>();
+        let uri: http::Uri = format!("http://127.0.0.1:{}/stats", self.port)
+            .parse()
+            .expect("uri");
+        let resp = tokio::time::timeout(WAIT, client.get(uri))
+            .await
+            .expect("stats in time")
+            .expect("stats");
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        serde_json::from_slice(&body).expect("stats JSON")
+    }
+}
+
+/// `relay(n)` asking for log lines at `info`.
+fn relay(id: i64, n: u64) -> Value {
+    let mut request = call(id, "relay", json!({ "n": n }));
+    request["params"]["_meta"]["io.modelcontextprotocol/logLevel"] = json!("info");
+    request
+}
+
+#[tokio::test]
+async fn a_response_stream_the_server_closed_is_resumed_with_last_event_id() {
+    let ts = TsServer::spawn();
+    let gw = Gateway::spawn(&["--upstream", &ts.url()]);
+    let (_, added) = post(&gw.url(), &[], &call(1, "add", json!({ "a": 2, "b": 3 }))).await;
+    assert_eq!(text(&added[0]), "5");
+    assert_eq!(ts.stats().await["GET /mcp Last-Event-ID"], Value::Null);
+
+    let (status, messages) = tokio::time::timeout(WAIT, post(&gw.url(), &[], &relay(2, 3)))
+        .await
+        .expect("the relayed call answered in time");
+    assert_eq!(status, 200);
+    let (last, before) = messages.split_last().expect("messages");
+    assert_eq!(last["id"], 2, "{last}");
+    assert_eq!(text(last), "relayed 3");
+    let lines: Vec<&Value> = before
+        .iter()
+        .filter(|m| m["method"] == "notifications/message")
+        .map(|m| &m["params"]["data"])
+        .collect();
+    assert_eq!(
+        lines,
+        ["before", "after 0", "after 1", "after 2"],
+        "{before:?}"
+    );
+    let stats = ts.stats().await;
+    assert!(
+        stats["GET /mcp Last-Event-ID"].as_u64() >= Some(1),
+        "the server saw no resumption: {stats}"
+    );
+    assert!(
+        stats["replayed"].as_u64() >= Some(1),
+        "nothing was replayed: {stats}"
+    );
+
+    // The session goes on: another call, and another resumed one, on it.
+    let (_, added) = post(&gw.url(), &[], &call(3, "add", json!({ "a": 1, "b": 1 }))).await;
+    assert_eq!(text(&added[0]), "2");
+    let (_, messages) = post(&gw.url(), &[], &relay(4, 1)).await;
+    assert_eq!(text(messages.last().expect("answer")), "relayed 1");
+    let stats = ts.stats().await;
+    assert!(
+        stats["GET /mcp Last-Event-ID"].as_u64() >= Some(2),
+        "{stats}"
+    );
+}
