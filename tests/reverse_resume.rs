@@ -3,11 +3,15 @@
 //! (`--upstream-era legacy`) in front of the official TypeScript SDK 1.32.2 server with
 //! an event store (`tests/interop/ts/resumable_server.mjs`), whose `relay` tool sends a
 //! log line, closes its response stream, and sends more lines and the result while the
-//! client waits the `retry` it was given (so the store replays them). The gateway must come back with `GET` and `Last-Event-ID` and hand the host
-//! everything, in order, on the host request's own stream.
+//! client waits the `retry` it was given (so the store replays them); the same with the
+//! official Python SDK's FastMCP server (mcp 1.30.0,
+//! `tests/interop/py/resumable_server.py`, `Context.close_sse_stream`). The gateway
+//! must come back with `GET` and `Last-Event-ID` and hand the host everything, in
+//! order, on the host request's own stream.
 //!
-//! The peer needs the interop suite's TypeScript dependencies: without them this test
-//! fails (it never skips); `cd tests/interop/ts && npm ci` installs them.
+//! The peers need the interop suite's dependencies: without them these tests fail
+//! (they never skip); `cd tests/interop/ts && npm ci` and
+//! `python3 tests/interop/run.py --prepare-legacy-python` install them.
 
 #[path = "common/legacy_server.rs"]
 mod legacy_server;
@@ -23,28 +27,43 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-/// The TypeScript server with an event store, on a free port.
-struct TsServer {
+/// A legacy server with an event store, on a free port.
+struct Peer {
     _proc: Proc,
     port: u16,
 }
 
-impl TsServer {
-    fn spawn() -> Self {
+impl Peer {
+    /// The TypeScript SDK 1.32.2 server.
+    fn typescript() -> Self {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/ts");
         assert!(
             dir.join("node_modules/@modelcontextprotocol/sdk").exists(),
             "{} has no node_modules: run `npm ci` there",
             dir.display()
         );
-        let mut child = Command::new("node")
-            .arg("resumable_server.mjs")
-            .current_dir(&dir)
+        let mut command = Command::new("node");
+        command.arg("resumable_server.mjs").current_dir(&dir);
+        Self::spawn(command)
+    }
+
+    /// The Python SDK mcp 1.30.0 FastMCP server.
+    fn python() -> Self {
+        let mut command = Command::new(legacy_server::python());
+        command.arg(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/py/resumable_server.py"),
+        );
+        Self::spawn(command)
+    }
+
+    /// Runs `command` and waits for the `PORT <n>` line it prints.
+    fn spawn(mut command: Command) -> Self {
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("spawn node");
+            .expect("spawn the legacy server");
         let stdout = child.stdout.take().expect("stdout");
         let proc = Proc(child);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -60,7 +79,15 @@ impl TsServer {
             .recv_timeout(WAIT)
             .ok()
             .flatten()
-            .expect("the TypeScript server printed its port");
+            .expect("the legacy server printed its port");
+        let deadline = std::time::Instant::now() + WAIT;
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "server never listened"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
         Self { _proc: proc, port }
     }
 
@@ -93,12 +120,20 @@ fn relay(id: i64, n: u64) -> Value {
 }
 
 #[tokio::test]
-async fn a_response_stream_the_server_closed_is_resumed_with_last_event_id() {
-    let ts = TsServer::spawn();
-    let gw = Gateway::spawn(&["--upstream", &ts.url()]);
+async fn a_response_stream_the_typescript_server_closed_is_resumed_with_last_event_id() {
+    resumed(Peer::typescript()).await;
+}
+
+#[tokio::test]
+async fn a_response_stream_the_python_server_closed_is_resumed_with_last_event_id() {
+    resumed(Peer::python()).await;
+}
+
+async fn resumed(peer: Peer) {
+    let gw = Gateway::spawn(&["--upstream", &peer.url()]);
     let (_, added) = post(&gw.url(), &[], &call(1, "add", json!({ "a": 2, "b": 3 }))).await;
     assert_eq!(text(&added[0]), "5");
-    assert_eq!(ts.stats().await["GET /mcp Last-Event-ID"], Value::Null);
+    assert_eq!(peer.stats().await["GET /mcp Last-Event-ID"], Value::Null);
 
     let (status, messages) = tokio::time::timeout(WAIT, post(&gw.url(), &[], &relay(2, 3)))
         .await
@@ -117,7 +152,7 @@ async fn a_response_stream_the_server_closed_is_resumed_with_last_event_id() {
         ["before", "after 0", "after 1", "after 2"],
         "{before:?}"
     );
-    let stats = ts.stats().await;
+    let stats = peer.stats().await;
     assert!(
         stats["GET /mcp Last-Event-ID"].as_u64() >= Some(1),
         "the server saw no resumption: {stats}"
@@ -132,7 +167,7 @@ async fn a_response_stream_the_server_closed_is_resumed_with_last_event_id() {
     assert_eq!(text(&added[0]), "2");
     let (_, messages) = post(&gw.url(), &[], &relay(4, 1)).await;
     assert_eq!(text(messages.last().expect("answer")), "relayed 1");
-    let stats = ts.stats().await;
+    let stats = peer.stats().await;
     assert!(
         stats["GET /mcp Last-Event-ID"].as_u64() >= Some(2),
         "{stats}"
