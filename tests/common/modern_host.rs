@@ -25,10 +25,16 @@ pub(crate) struct Gateway {
 impl Gateway {
     /// With these arguments besides the era and the listener.
     pub(crate) fn spawn(args: &[&str]) -> Self {
+        Self::spawn_on("127.0.0.1:0", args)
+    }
+
+    /// [`Self::spawn`] listening on `listen` (a replica whose address other replicas
+    /// are told before it starts).
+    pub(crate) fn spawn_on(listen: &str, args: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dualera"))
             .arg("gateway")
             .args(args)
-            .args(["--upstream-era", "legacy", "--listen", "127.0.0.1:0"])
+            .args(["--upstream-era", "legacy", "--listen", listen])
             .env("DUALERA_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
