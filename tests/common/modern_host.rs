@@ -137,6 +137,18 @@ pub(crate) async fn send(
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
         .header("mcp-protocol-version", "2026-07-28");
+    // The routing headers a 2026-07-28 host sends (streamable-http.mdx, "Standard
+    // Request Headers"), unless the test sends its own.
+    let given = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
+    if let Some(method) = body["method"].as_str().filter(|_| !given("mcp-method")) {
+        b = b.header("mcp-method", method);
+    }
+    let params = &body["params"];
+    if let Some(name) = params["name"].as_str().or(params["uri"].as_str()) {
+        if !given("mcp-name") {
+            b = b.header("mcp-name", name);
+        }
+    }
     for (k, v) in headers {
         b = b.header(*k, *v);
     }
