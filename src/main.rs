@@ -128,6 +128,11 @@ enum Command {
         /// Overrides [gateway] session_store.
         #[arg(long)]
         session_store: Option<String>,
+        /// Where other replicas reach this one (http://HOST:PORT), registered in the
+        /// redis:// session store: a reverse-bridge retry landing on another replica
+        /// is forwarded here. Overrides [gateway] advertise_url.
+        #[arg(long, value_name = "URL")]
+        advertise_url: Option<String>,
     },
     /// The whole thing on the embedded default: sample workspace, modern server and
     /// gateway, no setup.
@@ -322,10 +327,14 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             tls_cert,
             tls_key,
             session_store,
+            advertise_url,
         } => {
             let config = load(config.as_ref())?;
-            let mut gw_config = GatewayConfig::from_config(&config)
-                .with_session_store(&config.gateway, session_store.as_deref())?;
+            let mut gw_config = GatewayConfig::from_config(&config).with_shared_store(
+                &config.gateway,
+                session_store.as_deref(),
+                advertise_url.as_deref(),
+            )?;
             if let Some(era) = upstream_era {
                 gw_config.era = era;
             }

@@ -25,10 +25,16 @@ pub(crate) struct Gateway {
 impl Gateway {
     /// With these arguments besides the era and the listener.
     pub(crate) fn spawn(args: &[&str]) -> Self {
+        Self::spawn_on("127.0.0.1:0", args)
+    }
+
+    /// [`Self::spawn`] listening on `listen` (a replica whose address other replicas
+    /// are told before it starts).
+    pub(crate) fn spawn_on(listen: &str, args: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dualera"))
             .arg("gateway")
             .args(args)
-            .args(["--upstream-era", "legacy", "--listen", "127.0.0.1:0"])
+            .args(["--upstream-era", "legacy", "--listen", listen])
             .env("DUALERA_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -131,6 +137,18 @@ pub(crate) async fn send(
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
         .header("mcp-protocol-version", "2026-07-28");
+    // The routing headers a 2026-07-28 host sends (streamable-http.mdx, "Standard
+    // Request Headers"), unless the test sends its own.
+    let given = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
+    if let Some(method) = body["method"].as_str().filter(|_| !given("mcp-method")) {
+        b = b.header("mcp-method", method);
+    }
+    let params = &body["params"];
+    if let Some(name) = params["name"].as_str().or(params["uri"].as_str()) {
+        if !given("mcp-name") {
+            b = b.header("mcp-name", name);
+        }
+    }
     for (k, v) in headers {
         b = b.header(*k, *v);
     }

@@ -56,9 +56,10 @@ HOST_TIMEOUT = 90.0
 ROOTS = ["file:///work/a", "file:///work/b"]
 TOOLS = {"add", "session_id", "authorization", "chatter", "big", "ask", "wait", "sample", "roots", "journey",
          "ask_url"}
-# The Python server's extra tools for the gateway's own Rust tests (tests/reverse_era.rs);
+# The Python server's extra tools for the gateway's own Rust tests (tests/reverse_era.rs,
+# tests/reverse_replicas.rs);
 # not ported to the TypeScript server, listed here so tools/list is still checked exactly.
-PY_ONLY_TOOLS = {"steps", "header", "touch", "grow", "subscribed"}
+PY_ONLY_TOOLS = {"steps", "header", "touch", "grow", "subscribed", "ask_then_log"}
 CONSENT_URL = "https://example.com/consent"
 PRINCIPAL_TOKENS = ("alpha", "beta", "alpha")
 SCENARIOS = ("tools", "journey", "url_elicitation", "cancel", "expired")

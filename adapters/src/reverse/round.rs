@@ -81,6 +81,10 @@ pub enum StateMismatch {
     /// Names a call or parked requests that are not waiting for this round (already
     /// answered: a replay; or never parked).
     NotWaiting,
+    /// Its round waits in another gateway replica that is gone (no longer registered,
+    /// or refusing connections): the legacy session and the server requests it parked
+    /// went with it. A fresh request (without `requestState`) starts over.
+    SessionLost,
 }
 
 impl StateMismatch {
@@ -98,6 +102,9 @@ impl StateMismatch {
             Self::NotWaiting => {
                 "requestState names input requests that are not waiting (already answered?)"
             }
+            Self::SessionLost => {
+                "The gateway replica holding this round is gone; send the request again without requestState"
+            }
         }
     }
 
@@ -111,6 +118,7 @@ impl StateMismatch {
             Self::Expired => "expiredState",
             Self::OtherRequest => "otherRequest",
             Self::NotWaiting => "notWaiting",
+            Self::SessionLost => "sessionLost",
         }
     }
 }
@@ -234,5 +242,15 @@ mod tests {
         let text = serde_json::to_string(&state).unwrap();
         assert_eq!(serde_json::from_str::<RoundState>(&text).unwrap(), state);
         assert!(serde_json::from_str::<RoundState>(&text.replace("\"call\"", "\"cal\"")).is_err());
+    }
+
+    #[test]
+    fn a_round_lost_with_its_replica_is_invalid_params_named_session_lost() {
+        use crate::jsonrpc::ErrorCode;
+        use crate::reverse::{host_error, HostFailure};
+        let e = host_error(&HostFailure::State(StateMismatch::SessionLost));
+        assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
+        assert_eq!(e.data, Some(json!({"reason": "sessionLost"})));
+        assert!(e.message.contains("without requestState"), "{}", e.message);
     }
 }

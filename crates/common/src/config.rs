@@ -411,6 +411,11 @@ pub struct GatewaySection {
     /// How long one shared-store command may take before the request fails with
     /// `sessionStoreUnavailable`, in ms (default 2000).
     pub session_store_timeout_ms: Option<u64>,
+    /// The URL (`http://HOST:PORT`) other replicas reach this one at, registered in
+    /// the shared session store: a reverse-bridge retry that lands on another replica
+    /// is forwarded there (only with a `redis://` session store). The
+    /// `--advertise-url` flag wins.
+    pub advertise_url: Option<String>,
     /// The instances of the `/mcp` route's upstream (`--upstream`, given once or more,
     /// wins): requests are spread round-robin over the healthy ones.
     #[serde(default)]

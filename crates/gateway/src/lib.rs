@@ -270,22 +270,48 @@ impl GatewayConfig {
     /// Reads `[gateway] session_store` (or the `--session-store` flag, which wins)
     /// with the replica settings.
     pub fn with_session_store(
-        mut self,
+        self,
         s: &crate::config::GatewaySection,
         flag: Option<&str>,
     ) -> Result<Self, String> {
+        self.with_shared_store(s, flag, None)
+    }
+
+    /// [`Self::with_session_store`] with the `--advertise-url` flag too (it wins over
+    /// `[gateway] advertise_url`), refused without a `redis://` store: only replicas
+    /// sharing one forward reverse-bridge retries to each other.
+    pub fn with_shared_store(
+        mut self,
+        s: &crate::config::GatewaySection,
+        flag: Option<&str>,
+        advertise_flag: Option<&str>,
+    ) -> Result<Self, String> {
+        let advertise = advertise_flag.or(s.advertise_url.as_deref());
         let Some(store) = flag.or(s.session_store.as_deref()) else {
-            return Ok(self);
+            return match advertise {
+                Some(_) => Err(ADVERTISE_NEEDS_REDIS.into()),
+                None => Ok(self),
+            };
         };
-        let parsed = store::SessionStoreConfig::parse(
+        let mut parsed = store::SessionStoreConfig::parse(
             store,
             s.replica_id.as_deref(),
             s.session_key_prefix.as_deref(),
             s.upstream_lease_ms.map(Duration::from_millis),
             s.session_store_timeout_ms.map(Duration::from_millis),
         )?;
-        if let store::SessionStoreConfig::Redis(r) = &parsed {
-            store::redis::client::check_url(&r.url)?;
+        match &mut parsed {
+            store::SessionStoreConfig::Redis(r) => {
+                store::redis::client::check_url(&r.url)?;
+                if let Some(url) = advertise {
+                    store::check_advertise_url(url)?;
+                    r.advertise_url = Some(url.trim_end_matches('/').to_owned());
+                }
+            }
+            store::SessionStoreConfig::Memory if advertise.is_some() => {
+                return Err(ADVERTISE_NEEDS_REDIS.into());
+            }
+            store::SessionStoreConfig::Memory => {}
         }
         self.session_store = parsed;
         Ok(self)
@@ -466,6 +492,10 @@ impl Route {
 /// A route's sessions in Redis when `session_store` names it: every route's keys under
 /// the configured prefix, the routes other than `/mcp` each under a prefix of its own
 /// (a session id is only ever found on the route that minted it).
+/// Why `advertise_url` alone is refused.
+const ADVERTISE_NEEDS_REDIS: &str =
+    "advertise_url (--advertise-url) needs a redis:// session_store: only replicas sharing one forward retries to each other";
+
 fn redis_sessions(path: &str, config: &GatewayConfig) -> Option<Arc<store::redis::RedisSessions>> {
     let store::SessionStoreConfig::Redis(r) = &config.session_store else {
         return None;
@@ -767,6 +797,7 @@ impl Gateway {
             let on = &self.table.list[route];
             if let Some(shared) = &on.redis {
                 shared.start(on);
+                shared.advertise();
             }
         }
         let flusher = tokio::spawn(report::flush_loop(self.telemetry().report().clone()));

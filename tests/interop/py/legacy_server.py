@@ -28,7 +28,8 @@ notifications on the request's stream before its result; `big(n)`, n bytes of te
 `roots()`, which lists the client's roots and returns their URIs; `wait(seconds)`,
 which sleeps (a call to cancel); `journey(topic)`, which elicits a form, then samples,
 then lists the roots, one after the other, and returns all three answers; `ask_url(url)`,
-a URL-mode elicitation.
+a URL-mode elicitation; `ask_then_log(question, n)`, which elicits an answer, then sends
+n log notifications on the request's stream before returning it.
 
 With `LEGACY_SERVER_LOG=path` in its environment it appends one JSON object per line
 to that file for what it saw: every tool call (`call`: the tool, the session id it is
@@ -127,6 +128,19 @@ async def chatter(n: int, ctx: Context) -> int:
     for i in range(n):
         await ctx.info(f"line {i}")
     return n
+
+
+@mcp.tool()
+async def ask_then_log(question: str, n: int, ctx: Context) -> str:
+    """Elicits an answer, then sends n log notifications, then returns the answer."""
+    with recorded("ask_then_log", ctx):
+        result = await ctx.elicit(message=question, schema=Answer)
+        record("elicit", tool="ask_then_log", mode="form", action=result.action)
+        for i in range(n):
+            await ctx.info(f"after {i}")
+    if result.action == "accept" and result.data is not None:
+        return f"answered: {result.data.answer}"
+    return f"not answered: {result.action}"
 
 
 @mcp.tool()

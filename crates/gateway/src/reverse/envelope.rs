@@ -8,7 +8,8 @@
 //! `basic/transports/streamable-http.mdx`): a removed method (`-32601`) → `_meta` with
 //! the protocol version and the client capabilities (`-32602`) → the header equals the
 //! `_meta` version (`-32020`) → a version this gateway speaks (`-32022`, listing them) →
-//! `Mcp-Method` and `Mcp-Name`, when the host sends them, equal the body (`-32020`).
+//! `Mcp-Method` present and equal to the body's method, `Mcp-Name` on a call, a prompt
+//! or a read, equal to the body's name (`-32020`).
 //! The HTTP status follows from the code ([`super::answer`]).
 
 use dualera_adapters::echo::{bounded, echo_quoted};
@@ -93,11 +94,12 @@ pub(super) fn check(
     check_routing(method, params, routing)
 }
 
-/// streamable-http.mdx, "Standard Headers": a server MUST reject with 400 and -32020 a
-/// `Mcp-Method` that differs from the body's method (values compare case-sensitively)
-/// and, on a request naming a tool, prompt or resource, a `Mcp-Name` that is missing,
-/// not validly encoded, or different from the body. Hosts that send no `Mcp-Method`
-/// are not held to it here (the legacy server behind needs none of it).
+/// streamable-http.mdx, "Standard Request Headers" and "Server Validation": `Mcp-Method`
+/// is REQUIRED on every request and a server MUST reject with 400 and -32020 one that
+/// is missing or differs from the body's method (values compare case-sensitively) and,
+/// on a request naming a tool, prompt or resource, a `Mcp-Name` that is missing, not
+/// validly encoded, or different from the body: as the modern server does, though the
+/// legacy server behind needs none of it.
 fn check_routing(
     method: &str,
     params: Option<&Value>,
@@ -105,7 +107,7 @@ fn check_routing(
 ) -> Result<(), ErrorObject> {
     let mismatch = |reason: String| ErrorObject::new(ErrorCode::HEADER_MISMATCH, reason);
     let Some(header) = routing.method else {
-        return Ok(());
+        return Err(mismatch("the Mcp-Method header is required".into()));
     };
     if header != method {
         return Err(mismatch(format!(
@@ -156,13 +158,21 @@ mod tests {
     #[test]
     fn the_ladder_in_order() {
         let ok = meta("2026-07-28");
-        assert!(check(
-            "tools/call",
-            Some(&ok),
-            Some("2026-07-28"),
-            Routing::default()
-        )
-        .is_ok());
+        let listing = Routing {
+            method: Some("tools/list"),
+            name: None,
+        };
+        assert!(check("tools/list", Some(&ok), Some("2026-07-28"), listing).is_ok());
+        // Everything else right, no Mcp-Method: -32020, as the modern server answers.
+        assert_eq!(
+            code(check(
+                "tools/list",
+                Some(&ok),
+                Some("2026-07-28"),
+                Routing::default()
+            )),
+            -32020
+        );
         assert_eq!(
             code(check(
                 "ping",
@@ -213,7 +223,7 @@ mod tests {
     }
 
     #[test]
-    fn routing_headers_when_sent_match_the_body() {
+    fn routing_headers_are_required_and_match_the_body() {
         let mut call = meta("2026-07-28");
         call["name"] = json!("add");
         let at = |method, name| Routing {
@@ -221,7 +231,7 @@ mod tests {
             name,
         };
         let run = |r| check("tools/call", Some(&call), Some("2026-07-28"), r);
-        assert!(run(Routing::default()).is_ok());
+        assert_eq!(code(run(Routing::default())), -32020);
         assert!(run(at("tools/call", Some("add"))).is_ok());
         assert!(run(at("tools/call", Some("=?base64?YWRk?="))).is_ok());
         assert_eq!(code(run(at("TOOLS/CALL", Some("add")))), -32020);

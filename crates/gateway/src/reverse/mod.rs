@@ -19,6 +19,7 @@
 //! for the request (progress, log lines at the host's level) before its result.
 
 mod envelope;
+mod forward;
 mod inflight;
 mod partition;
 pub mod seal;
@@ -111,6 +112,8 @@ pub struct Bridge {
     inflight: inflight::InFlight,
     /// What the metrics read.
     stats: stats::Stats,
+    /// Sends retries on to the replica holding their round.
+    forwarder: forward::Forwarder,
 }
 
 impl std::fmt::Debug for Bridge {
@@ -133,6 +136,7 @@ impl Bridge {
             registry: Arc::default(),
             inflight: inflight::InFlight::default(),
             stats: stats::Stats::default(),
+            forwarder: forward::Forwarder::default(),
         }
     }
 
@@ -223,6 +227,8 @@ pub(super) async fn handle_read(
         name: header("mcp-name"),
     };
     if let Err(e) = envelope::check(&request.method, request.params.as_ref(), version, routing) {
+        let method = Method::from_name(&request.method).as_str();
+        gw.reverse.stats.request(&gw.path, method, Outcome::Invalid);
         return answer(jsonrpc::Response::error(Some(request.id), e));
     }
     let authorization = parts.headers.get(header::AUTHORIZATION).cloned();
@@ -235,9 +241,18 @@ pub(super) async fn handle_read(
         round = tracing::field::Empty,
     );
     use tracing::Instrument;
-    serve(gw, request, authorization, principal, transport, relay)
-        .instrument(span)
-        .await
+    let retry = forward::Retry { parts, bytes };
+    serve(
+        gw,
+        request,
+        authorization,
+        principal,
+        transport,
+        relay,
+        retry,
+    )
+    .instrument(span)
+    .await
 }
 
 async fn serve(
@@ -247,6 +262,7 @@ async fn serve(
     principal: String,
     transport: LegacyTransport,
     relay: Relay,
+    retry: forward::Retry<'_>,
 ) -> HttpResponse<GatewayBody> {
     let bridge = &gw.reverse;
     let id = request.id.clone();
@@ -268,16 +284,17 @@ async fn serve(
                 .as_str()
                 .ok_or(StateMismatch::Invalid)
                 .and_then(|t| seal::open(&bridge.codec, t, &binding, now_ms));
-            let routed = opened.and_then(|s| {
-                bridge
-                    .by_name(&s.session)
-                    .map(|h| (s, h))
-                    .ok_or(StateMismatch::OtherSession)
+            let routed = opened.and_then(|o| match bridge.by_name(&o.state.session) {
+                Some(h) => Ok(Routed::Here(o.state, h)),
+                None => elsewhere(gw, o.owner, &retry.parts.headers),
             });
             match routed {
-                Ok((s, h)) => {
+                Ok(Routed::Here(s, h)) => {
                     tracing::Span::current().record("round", s.round);
                     (OpenedState::Opened(s), Some(h))
+                }
+                Ok(Routed::Owner(shared, owner)) => {
+                    return forward_retry(gw, &shared, &owner, &request.method, &id, retry).await;
                 }
                 Err(m) => {
                     let method = Method::from_name(&request.method).as_str();
@@ -367,6 +384,7 @@ async fn serve(
     let deadline = tokio::time::Instant::now() + gw.config.live_request_timeout_max;
     let sealer = Sealer {
         bridge: gw.reverse.clone(),
+        owner: gw.redis.as_ref().map(|s| s.replica().to_owned()),
         binding,
         listen: request.method == "subscriptions/listen",
         route: gw.path.clone(),
@@ -449,10 +467,81 @@ async fn serve(
     body::sse_response(stream)
 }
 
+/// Where a retry's round is.
+enum Routed {
+    /// In a partition task of this replica.
+    Here(dualera_adapters::reverse::RoundState, Handle),
+    /// In another replica's, reached through the shared store's registration.
+    Owner(Arc<crate::store::redis::RedisSessions>, String),
+}
+
+/// The round of a retry this replica does not hold: another replica's when the sealed
+/// owner names one and the retry was not forwarded already (one hop at most: a
+/// forwarded retry whose round is not here is refused, never sent on); else a round
+/// of a session that is gone.
+fn elsewhere(
+    gw: &Route,
+    owner: Option<String>,
+    headers: &http::HeaderMap,
+) -> Result<Routed, StateMismatch> {
+    let (Some(shared), Some(owner)) = (gw.redis.as_ref(), owner) else {
+        return Err(StateMismatch::OtherSession);
+    };
+    if owner == shared.replica() {
+        // Sealed here, and its partition ended (idle, or the session failed).
+        return Err(StateMismatch::OtherSession);
+    }
+    if let Some(by) = headers.get(forward::HOP_HEADER) {
+        tracing::warn!(by = ?by, %owner, "reverse bridge: a forwarded retry whose round is not here; not forwarded again");
+        return Err(StateMismatch::OtherSession);
+    }
+    Ok(Routed::Owner(shared.clone(), owner))
+}
+
+/// Sends a retry on to `owner` and relays its answer; an owner that is gone is the
+/// host's `sessionLost`, at once.
+async fn forward_retry(
+    gw: &Arc<Route>,
+    shared: &crate::store::redis::RedisSessions,
+    owner: &str,
+    method: &str,
+    id: &jsonrpc::RequestId,
+    retry: forward::Retry<'_>,
+) -> HttpResponse<GatewayBody> {
+    let bridge = &gw.reverse;
+    let metric = Method::from_name(method).as_str();
+    let wait = gw.config.live_request_timeout_max + Duration::from_secs(5);
+    let forwarded = bridge
+        .forwarder
+        .forward(
+            shared,
+            owner,
+            retry,
+            wait,
+            gw.config.max_body_bytes.max(1 << 20),
+        )
+        .await;
+    match forwarded {
+        Ok(response) => {
+            tracing::debug!(%owner, status = response.status().as_u16(), "retry forwarded to the replica holding its round");
+            bridge.stats.request(&gw.path, metric, Outcome::Forwarded);
+            response
+        }
+        Err(e) => {
+            tracing::warn!(%owner, error = %e, "reverse bridge: the replica holding the round is gone");
+            bridge.stats.request(&gw.path, metric, Outcome::Refused);
+            let e = host_error(&HostFailure::State(StateMismatch::SessionLost));
+            answer(jsonrpc::Response::error(Some(id.clone()), e))
+        }
+    }
+}
+
 /// Turns a partition's answer into the host's response: an `input_required`
 /// result gets its sealed `requestState`.
 struct Sealer {
     bridge: Arc<Bridge>,
+    /// This replica, sealed beside the round when replicas share a store.
+    owner: Option<String>,
     binding: crate::request_state::Binding,
     /// The request is a `subscriptions/listen`.
     listen: bool,
@@ -511,7 +600,13 @@ impl Sealer {
             Some(Answer::Response(r)) => r,
             Some(Answer::InputRequired { id, result, state }) => {
                 let now = self.bridge.clock.now_ms();
-                let Some(token) = seal::seal(&self.bridge.codec, &self.binding, &state, now) else {
+                let Some(token) = seal::seal(
+                    &self.bridge.codec,
+                    &self.binding,
+                    &state,
+                    self.owner.as_deref(),
+                    now,
+                ) else {
                     let e = host_error(&HostFailure::Unusable {
                         reason: "the round state could not be sealed".into(),
                     });

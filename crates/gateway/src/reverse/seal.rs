@@ -87,14 +87,37 @@ pub(super) fn binding(principal: &str, method: &str, params: &Map<String, Value>
     }
 }
 
-/// Seals `state` for the host request bound by `binding`.
+/// A retry's opened `requestState`: the round, and the replica whose partition task
+/// holds it (sealed beside it, so a host can no more redirect a retry than alter the
+/// round; `None` when the gateway keeps no shared store).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Opened {
+    pub(super) state: RoundState,
+    pub(super) owner: Option<String>,
+}
+
+/// The sealed payload: the round and its owner.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Sealed {
+    round: RoundState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner: Option<String>,
+}
+
+/// Seals `state`, held by replica `owner`, for the host request bound by `binding`.
 pub(super) fn seal(
     codec: &StateCodec,
     binding: &Binding,
     state: &RoundState,
+    owner: Option<&str>,
     now_ms: u64,
 ) -> Option<String> {
-    let data = serde_json::to_value(state).ok()?;
+    let data = serde_json::to_value(Sealed {
+        round: state.clone(),
+        owner: owner.map(str::to_owned),
+    })
+    .ok()?;
     codec
         .seal(binding, "reverse", state.round, data, now_ms)
         .ok()
@@ -107,7 +130,7 @@ pub(super) fn open(
     token: &str,
     binding: &Binding,
     now_ms: u64,
-) -> Result<RoundState, StateMismatch> {
+) -> Result<Opened, StateMismatch> {
     let opened = codec.open(token, binding, now_ms).map_err(|e| match e {
         StateError::Expired => StateMismatch::Expired,
         StateError::WrongPrincipal => StateMismatch::OtherPrincipal,
@@ -117,7 +140,11 @@ pub(super) fn open(
     if opened.phase != "reverse" {
         return Err(StateMismatch::Invalid);
     }
-    serde_json::from_value(opened.data).map_err(|_| StateMismatch::Invalid)
+    let sealed: Sealed = serde_json::from_value(opened.data).map_err(|_| StateMismatch::Invalid)?;
+    Ok(Opened {
+        state: sealed.round,
+        owner: sealed.owner,
+    })
 }
 
 #[cfg(test)]
@@ -149,14 +176,19 @@ mod tests {
         let codec = StateCodec::new(vec![("k".into(), b"0123456789abcdef".to_vec())], 1000, 4096);
         let p = params(json!({"name": "ask", "arguments": {"q": 1}}));
         let b = binding("p", "tools/call", &p);
-        let token = seal(&codec, &b, &state(), 0).expect("sealed");
+        let token = seal(&codec, &b, &state(), Some("replica-a"), 0).expect("sealed");
         let retry = params(
             json!({"name": "ask", "arguments": {"q": 1}, "requestState": token, "inputResponses": {}}),
         );
         assert_eq!(
             open(&codec, &token, &binding("p", "tools/call", &retry), 1),
-            Ok(state())
+            Ok(Opened {
+                state: state(),
+                owner: Some("replica-a".into())
+            })
         );
+        let alone = seal(&codec, &b, &state(), None, 0).expect("sealed");
+        assert_eq!(open(&codec, &alone, &b, 1).map(|o| o.owner), Ok(None));
         let other = params(json!({"name": "ask", "arguments": {"q": 2}}));
         assert_eq!(
             open(&codec, &token, &binding("p", "tools/call", &other), 1),

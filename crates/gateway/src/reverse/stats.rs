@@ -29,6 +29,11 @@ pub(super) enum Outcome {
     Lost,
     /// Refused before reaching a legacy session (its `requestState`, a bound).
     Refused,
+    /// Refused as a malformed 2026-07-28 request (its envelope: `_meta`, the
+    /// mirrored headers, a removed method).
+    Invalid,
+    /// A retry sent on to the replica holding its round, which answered it.
+    Forwarded,
 }
 
 impl Outcome {
@@ -40,6 +45,8 @@ impl Outcome {
             Self::Denied => "denied",
             Self::Lost => "lost",
             Self::Refused => "refused",
+            Self::Invalid => "invalid",
+            Self::Forwarded => "forwarded",
         }
     }
 }

@@ -70,6 +70,9 @@ pub struct RedisStoreConfig {
     pub lease: Duration,
     /// Bound on one store command.
     pub timeout: Duration,
+    /// Where other replicas reach this one (`http://HOST:PORT`), registered under the
+    /// replica id while it runs: reverse-bridge retries are forwarded there.
+    pub advertise_url: Option<String>,
 }
 
 impl SessionStoreConfig {
@@ -113,7 +116,24 @@ impl SessionStoreConfig {
             key_prefix: key_prefix.to_owned(),
             lease,
             timeout: timeout.unwrap_or(Duration::from_secs(2)),
+            advertise_url: None,
         }))
+    }
+}
+
+/// Checks an `advertise_url`: `http://HOST:PORT` (a trailing `/` allowed), nothing
+/// else, since the path of a forwarded request is its own.
+pub fn check_advertise_url(url: &str) -> Result<(), String> {
+    let refused = || format!("advertise_url must be http://HOST:PORT, not {url:?}");
+    let uri: http::Uri = url.parse().map_err(|_| refused())?;
+    let plain = uri.scheme_str() == Some("http")
+        && uri.authority().is_some_and(|a| a.port_u16().is_some())
+        && matches!(uri.path(), "" | "/")
+        && uri.query().is_none();
+    if plain {
+        Ok(())
+    } else {
+        Err(refused())
     }
 }
 

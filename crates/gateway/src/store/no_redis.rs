@@ -57,6 +57,14 @@ impl RedisSessions {
     pub(crate) fn stop(&self) {
         match *self {}
     }
+
+    pub(crate) fn advertise(self: &Arc<Self>) {
+        match **self {}
+    }
+
+    pub(crate) async fn replica_url(&self, _replica: &str) -> Result<Option<String>, StoreError> {
+        match *self {}
+    }
 }
 
 impl SessionStore for Arc<RedisSessions> {

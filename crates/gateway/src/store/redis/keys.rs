@@ -8,6 +8,7 @@
 //! | `P x:{SID}:N` | stream, entry ids `0-SEQ`, fields `m` message, `e` end | SSE stream N (event ids `N.SEQ`) | idle TTL from its last entry |
 //! | `P h:{SID}:N` / `:g` | string: a connection token | the live connection relaying stream N / the GET stream | a few seconds, renewed while it relays |
 //! | `P l:{SID}:UPID` | hash: `owner`, `deadline`, `rec` | the lease of a running upstream exchange | idle TTL |
+//! | `P r:REPLICA` | string: `http://HOST:PORT` | where the replica's reverse-bridge rounds are reached (its `advertise_url`) | 5 s, refreshed every second |
 //! | `P d:DIGEST` | string | a `server/discover` result shared by sessions | idle TTL, refreshed by steps |
 //! | `P timers` | zset SID → due ms | the machines' next deadlines | none (members removed by steps) |
 //! | `P leases` | zset lease key → deadline ms | leases to take over when due | none |
@@ -39,6 +40,11 @@ impl Keys {
         Self {
             prefix: prefix.to_owned(),
         }
+    }
+
+    /// Where replica `id` can be reached (its `advertise_url`).
+    pub(super) fn replica(&self, id: &str) -> String {
+        format!("{}r:{id}", self.prefix)
     }
 
     pub(super) fn session(&self, sid: &str) -> String {

@@ -309,6 +309,12 @@ impl After {
     }
 }
 
+/// How long a replica's registration ([`RedisSessions::advertise`]) outlives its
+/// last refresh.
+const REGISTRATION_TTL: Duration = Duration::from_secs(5);
+/// How often a running replica refreshes it.
+const REGISTRATION_REFRESH: Duration = Duration::from_secs(1);
+
 /// The shared sessions of one replica.
 pub(crate) struct RedisSessions {
     redis: Arc<Redis>,
@@ -336,6 +342,8 @@ pub(crate) struct RedisSessions {
     versions: quick_cache::sync::Cache<String, Arc<Mutex<Remembered>>>,
     discovers: Mutex<Vec<(String, Arc<Value>)>>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Where other replicas reach this one ([`Self::advertise`]).
+    advertise_url: Option<String>,
 }
 
 impl std::fmt::Debug for RedisSessions {
@@ -384,6 +392,7 @@ impl RedisSessions {
             versions: quick_cache::sync::Cache::new(VERSIONS_KEPT),
             discovers: Mutex::new(Vec::new()),
             tasks: Mutex::new(Vec::new()),
+            advertise_url: store.advertise_url.clone(),
         }))
     }
 
@@ -429,6 +438,37 @@ impl RedisSessions {
             t.extend([cancels, subs, sweeper, probe]);
         }
         info!(replica = %self.replica, "shared session store in use");
+    }
+
+    /// Registers this replica's `advertise_url` under its id, for
+    /// [`REGISTRATION_TTL`], again every [`REGISTRATION_REFRESH`] while it runs (a
+    /// task of its own, stopped with the others): a replica that dies is no longer
+    /// found a few seconds later. Nothing without an `advertise_url`.
+    pub(crate) fn advertise(self: &Arc<Self>) {
+        let Some(url) = self.advertise_url.clone() else {
+            return;
+        };
+        let me = self.clone();
+        let key = self.keys.replica(&self.replica);
+        let ttl_ms = u64::try_from(REGISTRATION_TTL.as_millis()).unwrap_or(u64::MAX);
+        let refresh = tokio::spawn(async move {
+            loop {
+                if let Err(e) = me.redis.hold(&key, &url, ttl_ms, false).await {
+                    debug!(error = %e, "replica registration not refreshed");
+                }
+                tokio::time::sleep(REGISTRATION_REFRESH).await;
+            }
+        });
+        if let Ok(mut t) = self.tasks.lock() {
+            t.push(refresh);
+        }
+        info!(replica = %self.replica, url = %self.advertise_url.as_deref().unwrap_or_default(), "replica registered for forwarded retries");
+    }
+
+    /// Where replica `replica` said it is reached, if it is registered.
+    pub(crate) async fn replica_url(&self, replica: &str) -> Result<Option<String>, StoreError> {
+        let raw = self.redis.get(&self.keys.replica(replica)).await?;
+        Ok(raw.and_then(|b| String::from_utf8(b).ok()))
     }
 
     /// Stops the background tasks and the exchanges this replica runs (their leases
