@@ -401,12 +401,8 @@ async fn serve(
         let mut next = Some(first);
         loop {
             if let Some(message) = next.take() {
-                if out
-                    .send(crate::sse::encode(None, &message.to_vec()))
-                    .await
-                    .is_err()
-                {
-                    return; // The host left: `gone` cancels its call.
+                if !put(&out, &message).await {
+                    return; // The host left or stopped reading: `gone` cancels its call.
                 }
             }
             tokio::select! {
@@ -418,13 +414,13 @@ async fn serve(
                 a = &mut answered => {
                     // What was queued before the answer goes first.
                     while let Ok(m) = notifications.try_recv() {
-                        if out.send(crate::sse::encode(None, &m.to_vec())).await.is_err() {
+                        if !put(&out, &m).await {
                             return;
                         }
                     }
                     gone.disarm();
                     let last = Message::Response(sealer.finish(&id, a.ok()));
-                    let _ = out.send(crate::sse::encode(None, &last.to_vec())).await;
+                    let _ = put(&out, &last).await;
                     return;
                 }
                 () = tokio::time::sleep_until(deadline) => break,
@@ -442,11 +438,17 @@ async fn serve(
             }
             None => sealer.lapsed(&id),
         };
-        let _ = out
-            .send(crate::sse::encode(None, &Message::Response(last).to_vec()))
-            .await;
+        let _ = put(&out, &Message::Response(last)).await;
     });
     body::sse_response(stream)
+}
+
+/// Puts one event on a host request's SSE stream once it has room, waiting up to
+/// [`partition::STALLED_READER_TIMEOUT`]; false when the host left or stopped reading.
+async fn put(out: &mpsc::Sender<bytes::Bytes>, message: &Message) -> bool {
+    let frame = crate::sse::encode(None, &message.to_vec());
+    let sent = tokio::time::timeout(partition::STALLED_READER_TIMEOUT, out.send(frame)).await;
+    matches!(sent, Ok(Ok(())))
 }
 
 /// Turns a partition's answer into the host's response: an `input_required`

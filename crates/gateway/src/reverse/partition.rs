@@ -24,9 +24,14 @@ use tracing::{debug, warn, Instrument};
 
 /// Host requests queued toward one partition's task.
 pub(super) const COMMAND_QUEUE: usize = 64;
-/// Notifications queued toward one host request's stream; one more while it is full
-/// is dropped (a host that does not read its stream must not stall the session).
+/// Notifications queued toward one host request's stream. While it is full the task
+/// waits for room (a host that reads slowly slows the upstream read; nothing is
+/// dropped), up to [`STALLED_READER_TIMEOUT`].
 pub(super) const NOTIFICATION_QUEUE: usize = 64;
+/// How long a host request's stream may take nothing before the request ends and its
+/// legacy call is cancelled (`notifications/cancelled`): one host that stopped
+/// reading holds its partition's session that long at most.
+pub(super) const STALLED_READER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What a host request's HTTP handler hands the task.
 pub(super) enum Command {
@@ -240,13 +245,7 @@ impl Task {
                     host,
                     message: Message::Response(r),
                 } => self.answer(host, Answer::Response(r)),
-                Event::ToHost { host, message } => {
-                    if let Some(reply) = self.hosts.get(&host) {
-                        if reply.notifications.try_send(message).is_err() {
-                            debug!(%host, "notification for a host stream that is full or gone dropped");
-                        }
-                    }
-                }
+                Event::ToHost { host, message } => self.notify(host, message).await,
                 Event::InputRequired {
                     host,
                     id,
@@ -271,6 +270,31 @@ impl Task {
             }
         }
         true
+    }
+
+    /// Hands a notification to host request `host`'s stream once it has room. A host
+    /// whose stream takes nothing for [`STALLED_READER_TIMEOUT`] is gone: its request
+    /// ends and its call is cancelled upstream, as when it leaves.
+    async fn notify(&mut self, host: HostKey, message: Message) {
+        let Some(reply) = self.hosts.get(&host) else {
+            return;
+        };
+        let sent =
+            tokio::time::timeout(STALLED_READER_TIMEOUT, reply.notifications.send(message)).await;
+        match sent {
+            Ok(Ok(())) => {}
+            // The host left; its `Gone` is on its way.
+            Ok(Err(_)) => debug!(%host, "notification for a host stream that is gone dropped"),
+            Err(_) => {
+                warn!(
+                    %host,
+                    limit_s = STALLED_READER_TIMEOUT.as_secs(),
+                    "host request stopped reading its stream; ended and cancelled upstream"
+                );
+                self.hosts.remove(&host);
+                self.machine.handle_host_gone(host);
+            }
+        }
     }
 
     /// Ends host request `host` with `answer`.
