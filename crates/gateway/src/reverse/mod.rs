@@ -40,7 +40,7 @@ use dualera_adapters::time::Timestamp;
 use dualera_adapters::usage::Method;
 use http::header::{self, HeaderValue};
 use http::{Request as HttpRequest, Response as HttpResponse, StatusCode};
-use partition::{Answer, Command, Opener, Relay, Reply, Task};
+use partition::{Answer, Command, Opener, Relay, Reply};
 use seal::StateKeys;
 use serde_json::{json, Map, Value};
 use sha2::{Digest as _, Sha256};
@@ -653,19 +653,9 @@ async fn partition_for(
         },
         bridge.clock.now(),
     );
-    let task = Task {
-        machine,
-        lease,
-        opener,
-        clock: bridge.clock,
-        hosts: HashMap::new(),
-        idle: pool.limits().idle,
-        relay: None,
-        current: None,
-        refused: None,
-    };
+    let task = partition::Partition::new(lease, opener, bridge.clock, pool.limits().idle, rx);
     let registry = bridge.registry.clone();
-    tokio::spawn(task.run(rx, move || {
+    tokio::spawn(partition::run(machine, task, move || {
         if let Ok(mut r) = registry.lock() {
             if r.by_key.get(&key).is_some_and(|h| h.name == name) {
                 r.by_key.remove(&key);
