@@ -787,7 +787,7 @@ async fn a_host_that_reads_late_and_slowly_gets_every_notification_in_order() {
             text_body.push_str(&String::from_utf8_lossy(&data));
         }
         frames += 1;
-        if frames % 50 == 0 {
+        if frames.is_multiple_of(50) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
