@@ -743,3 +743,70 @@ async fn a_malformed_modern_request_gets_the_modern_servers_error() {
     assert_eq!(status, 200, "{answer}");
     assert_eq!(text(&answer), "3");
 }
+
+#[tokio::test]
+async fn a_host_that_reads_late_and_slowly_gets_every_notification_in_order() {
+    const N: usize = 2_000;
+    const PAD: usize = 4_000;
+    let py = PyServer::spawn("streamable-http");
+    let gw = Gateway::spawn(&py.url("/mcp"));
+    // Padded lines (8 MB in all, more than loopback socket buffers hold) and a small
+    // receive buffer: the gateway's queues and the sockets' buffers fill long before
+    // the host starts reading.
+    let mut request = call(1, "chatter", json!({ "n": N, "pad": PAD }));
+    request["params"]["_meta"]["io.modelcontextprotocol/logLevel"] = json!("info");
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_recv_buffer_size(Some(4096));
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build::<_, Full<Bytes>>(connector);
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(gw.url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "chatter")
+        .body(Full::new(Bytes::from(request.to_string())))
+        .expect("request");
+    let resp = tokio::time::timeout(WAIT, client.request(req))
+        .await
+        .expect("answered in time")
+        .expect("request sent");
+    assert_eq!(resp.status(), 200);
+    // The host reads nothing for a while, then reads slowly.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut body = resp.into_body();
+    let mut text_body = String::new();
+    let mut frames = 0u32;
+    while let Some(frame) = tokio::time::timeout(WAIT, body.frame())
+        .await
+        .expect("a frame in time")
+    {
+        if let Ok(data) = frame.expect("frame").into_data() {
+            text_body.push_str(&String::from_utf8_lossy(&data));
+        }
+        frames += 1;
+        if frames.is_multiple_of(50) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let messages: Vec<Value> = text_body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(|d| serde_json::from_str(d.trim()).expect("JSON event"))
+        .collect();
+    let (last, before) = messages.split_last().expect("events");
+    assert_eq!(before.len(), N, "notifications received before the result");
+    let pad = ".".repeat(PAD);
+    for (i, n) in before.iter().enumerate() {
+        assert_eq!(n["method"], "notifications/message");
+        assert_eq!(
+            n["params"]["data"],
+            format!("line {i}{pad}"),
+            "out of order at {i}"
+        );
+    }
+    assert_eq!(last["id"], 1);
+    assert_eq!(text(last), N.to_string());
+}

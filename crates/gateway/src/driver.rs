@@ -26,8 +26,9 @@ use super::forwarded::Forwarded;
 use super::trace::TraceContext;
 use super::upstream::{Denial, OnBehalf, UpstreamError};
 use super::Route;
+use dualera_adapters::reverse;
 use dualera_adapters::{Event, Failure, Message, PeerStream, RequestId, Session, UpstreamRole};
-use dualera_adapters::{Observation, Request};
+use dualera_adapters::{Observation, Request, SessionState, Timestamp};
 use http::header::HeaderValue;
 use serde_json::Value;
 use std::future::Future;
@@ -141,7 +142,22 @@ pub(super) fn plan(
     feeding: Option<&HeaderValue>,
 ) -> Plan {
     let mut plan = Plan::default();
-    while let Some(event) = machine.poll_event() {
+    while let Some(event) = Machine::poll_event(machine) {
+        plan.add(event, machine, cx, feeding);
+    }
+    plan
+}
+
+impl Plan {
+    /// Plans one event of the machine, in the order it came.
+    pub(super) fn add(
+        &mut self,
+        event: Event,
+        machine: &Session,
+        cx: &mut impl CallContext,
+        feeding: Option<&HeaderValue>,
+    ) {
+        let plan = self;
         match event {
             Event::ToPeer { stream, message } => {
                 let last = matches!(&message, Message::Response(r) if matches!(&stream, PeerStream::Request(id) if r.id.as_ref() == Some(id)));
@@ -190,7 +206,6 @@ pub(super) fn plan(
             _ => {}
         }
     }
-    plan
 }
 
 /// What an upstream call of `role` carries: its credentials and trace context.
@@ -398,4 +413,183 @@ impl HeadWatch {
         });
         refusal
     }
+}
+
+/// Which peer of a driven machine a message comes from or goes to: the host (the
+/// gateway's client) or the upstream (the server the gateway calls).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Side {
+    Host,
+    Upstream,
+}
+
+/// A sans-IO machine [`run`] drives: `adapters::Session` (a legacy host in front of
+/// a modern upstream) and `adapters::reverse::LegacySession` (a modern host in front
+/// of a legacy upstream). What comes from the host differs between them and is fed
+/// by the IO side ([`Io::feed`]); what comes from the upstream, time and the end are
+/// fed here.
+pub(super) trait Machine {
+    /// What the machine asks for after a step ([`Machine::poll_event`]).
+    type Event;
+    /// Why the machine refused a message.
+    type Error: std::fmt::Display;
+    /// Feeds one message from the upstream; `on`: the upstream request whose exchange
+    /// (response stream) carried it, if one did.
+    fn feed_upstream(
+        &mut self,
+        on: Option<&RequestId>,
+        message: Message,
+        now: Timestamp,
+    ) -> Result<(), Self::Error>;
+    /// The next thing the machine asks for, in order.
+    fn poll_event(&mut self) -> Option<Self::Event>;
+    /// When [`Machine::handle_timeout`] is due next, if ever.
+    fn poll_timeout(&self) -> Option<Timestamp>;
+    /// Hands in the time once a deadline passed.
+    fn handle_timeout(&mut self, now: Timestamp);
+    /// Whether the machine is over (closed or failed).
+    fn is_closed(&self) -> bool;
+    /// Ends the machine: what is in progress fails, what it still asks for is queued.
+    fn close(&mut self);
+}
+
+impl Machine for Session {
+    type Event = Event;
+    type Error = dualera_adapters::SessionError;
+    fn feed_upstream(
+        &mut self,
+        on: Option<&RequestId>,
+        message: Message,
+        now: Timestamp,
+    ) -> Result<(), Self::Error> {
+        self.handle_upstream_message(on.cloned(), message, now)
+    }
+    fn poll_event(&mut self) -> Option<Event> {
+        Session::poll_event(self)
+    }
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        Session::poll_timeout(self)
+    }
+    fn handle_timeout(&mut self, now: Timestamp) {
+        Session::handle_timeout(self, now);
+    }
+    fn is_closed(&self) -> bool {
+        self.state() == SessionState::Closed
+    }
+    fn close(&mut self) {
+        Session::close(self);
+    }
+}
+
+impl Machine for reverse::LegacySession {
+    type Event = reverse::Event;
+    type Error = reverse::ReverseError;
+    fn feed_upstream(
+        &mut self,
+        on: Option<&RequestId>,
+        message: Message,
+        now: Timestamp,
+    ) -> Result<(), Self::Error> {
+        self.handle_upstream_message(on, message, now)
+    }
+    fn poll_event(&mut self) -> Option<reverse::Event> {
+        reverse::LegacySession::poll_event(self)
+    }
+    fn poll_timeout(&self) -> Option<Timestamp> {
+        reverse::LegacySession::poll_timeout(self)
+    }
+    fn handle_timeout(&mut self, now: Timestamp) {
+        reverse::LegacySession::handle_timeout(self, now);
+    }
+    fn is_closed(&self) -> bool {
+        matches!(
+            self.state(),
+            reverse::SessionState::Closed | reverse::SessionState::Failed
+        )
+    }
+    fn close(&mut self) {
+        reverse::LegacySession::close(self);
+    }
+}
+
+/// What arrives at a driven machine, one item at a time.
+#[derive(Debug)]
+pub(super) enum Inbox<H> {
+    /// From the host: what its wire carries (a message, a request and where its
+    /// answer goes, the host leaving), fed by [`Io::feed`].
+    Host(H),
+    /// A message from the upstream.
+    Upstream {
+        on: Option<RequestId>,
+        message: Message,
+    },
+    /// An upstream exchange ended (`id`), or the upstream session as a whole (`None`:
+    /// the server forgot it).
+    Ended { id: Option<RequestId>, ended: Ended },
+    /// The machine's next deadline passed.
+    Timer,
+    /// That side went away, or the IO side has nothing more to do: the machine ends.
+    Closed(Side),
+}
+
+/// The IO side of a driven machine: where its inputs come from and where what it asks
+/// for goes. `Pipe` (single-channel legacy wires) and the reverse bridge's
+/// `Partition` are the two.
+pub(super) trait Io<M: Machine> {
+    /// What the host's side of the wire carries.
+    type Host;
+    /// The machine's clock.
+    fn now(&self) -> Timestamp;
+    /// When the machine's timestamp `t` falls.
+    fn instant(&self, t: Timestamp) -> tokio::time::Instant;
+    /// Waits for the next input. Bounded queues only: a side that is not read waits.
+    fn recv(&mut self, machine: &M) -> impl Future<Output = Inbox<Self::Host>> + Send;
+    /// Feeds a host item or an exchange's end; false when the machine is over.
+    fn feed(&mut self, machine: &mut M, inbox: Inbox<Self::Host>) -> impl Future<Output = bool>;
+    /// Carries out everything the machine asked for; false when the machine is over.
+    fn perform(&mut self, machine: &mut M) -> impl Future<Output = bool>;
+    /// After the machine closed: carries out its last events, lets go of what is open.
+    fn finish(self, machine: &mut M) -> impl Future<Output = ()>
+    where
+        Self: Sized;
+}
+
+/// The one loop: owns `machine` and its IO side, waits on the inbox and the machine's
+/// next timeout, steps the machine and carries out what it asked, until either side
+/// ends or the machine does. Every wait is bounded by the IO side's queues.
+pub(super) async fn run<M: Machine, I: Io<M>>(mut machine: M, mut io: I) {
+    loop {
+        if !io.perform(&mut machine).await || machine.is_closed() {
+            break;
+        }
+        let deadline = machine.poll_timeout().map(|t| io.instant(t));
+        let inbox = tokio::select! {
+            inbox = io.recv(&machine) => inbox,
+            () = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            } => Inbox::Timer,
+        };
+        match inbox {
+            Inbox::Timer => machine.handle_timeout(io.now()),
+            Inbox::Upstream { on, message } => {
+                if let Err(e) = machine.feed_upstream(on.as_ref(), message, io.now()) {
+                    debug!(error = %e, "upstream message refused by the machine");
+                }
+            }
+            Inbox::Closed(side) => {
+                debug!(?side, "driven machine's side ended");
+                break;
+            }
+            inbox => {
+                if !io.feed(&mut machine, inbox).await {
+                    break;
+                }
+            }
+        }
+    }
+    machine.close();
+    io.finish(&mut machine).await;
 }

@@ -1,43 +1,34 @@
-//! The driver for legacy wires with one channel per session — the stdio host bridge,
-//! WebSocket, and the 2024-11-05 HTTP+SSE transport: one task owns the session
-//! machine, feeds it what the peer and the upstream say, and carries out its events.
-//! Every stream the machine names maps onto the one outgoing channel.
+//! The IO side ([`Pipe`]) of legacy wires with one channel per session — the stdio
+//! host bridge, WebSocket, and the 2024-11-05 HTTP+SSE transport — which
+//! [`driver::run`] drives: one task owns the session machine, feeds it what the peer
+//! and the upstream say, and carries out its events. Every stream the machine names
+//! maps onto the one outgoing channel.
 
-use super::driver::{self, Ended, Out};
+use super::driver::{self, Ended, Inbox, Io as _, Out, Side};
 use super::forwarded::Forwarded;
 use super::telemetry::SessionTelemetry;
 use super::Route;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
-use dualera_adapters::{Message, RequestId, Session, SessionState, Timestamp, UpstreamRole};
+use dualera_adapters::{Message, RequestId, Session, Timestamp, UpstreamRole};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tracing::{debug, info, warn, Instrument};
 
-/// What an upstream exchange task reports back to the session task.
-enum FromUpstream {
-    Message(RequestId, Message),
-    Lost(RequestId, Option<(&'static str, String)>),
-    Done(RequestId),
-}
-
 /// Runs one legacy session until `incoming` ends (EOF, closed socket) or the peer's
 /// side of `outgoing` goes away. Each item of `incoming` is one JSON-RPC message or
 /// batch as text; each item sent on `outgoing` is one message or batch.
 pub(super) async fn run_session(
     gw: Arc<Route>,
-    mut incoming: mpsc::Receiver<Vec<u8>>,
+    incoming: mpsc::Receiver<Vec<u8>>,
     outgoing: mpsc::Sender<Vec<u8>>,
     transport: &'static str,
     authorization: Option<http::HeaderValue>,
     forwarded: Arc<Forwarded>,
 ) {
-    // The same clock as the in-memory HTTP driver, whose zero the machine config
-    // places on the wall clock (task timestamps).
-    let now = || Timestamp::from_millis(crate::clock::now_ms());
     let mut machine = gw.legacy.new_machine(transport);
-    let mut telemetry = gw.telemetry.session(transport);
+    let telemetry = gw.telemetry.session(transport);
     if let Some(d) =
         super::cache::legacy::discover_for_initialize(&gw.cache, authorization.as_ref())
     {
@@ -45,192 +36,211 @@ pub(super) async fn run_session(
     }
     // One channel: the "standalone stream" is always open.
     let _ = machine.handle_standalone_opened();
-    let (up_tx, mut up_rx) = mpsc::channel::<FromUpstream>(256);
-    let mut tasks: HashMap<RequestId, AbortHandle> = HashMap::new();
-    let links = Links {
-        gw: &gw,
-        outgoing: &outgoing,
-        up_tx: &up_tx,
-        authorization: authorization.as_ref(),
-        forwarded: &forwarded,
+    let (up_tx, up_rx) = mpsc::channel::<Inbox<Vec<u8>>>(UPSTREAM_QUEUE);
+    let pipe = Pipe {
+        gw,
+        incoming,
+        outgoing,
+        up_tx,
+        up_rx,
+        tasks: HashMap::new(),
+        telemetry,
+        transport,
+        authorization,
+        forwarded,
     };
     info!(transport, "legacy session opened");
-    loop {
-        perform(&links, &mut machine, &mut telemetry, &mut tasks).await;
-        if machine.state() == SessionState::Closed {
-            break;
-        }
-        let deadline = machine
-            .poll_timeout()
-            .map(|t| tokio::time::Instant::now() + t.saturating_duration_since(now()));
-        tokio::select! {
-            line = incoming.recv() => {
-                let Some(line) = line else { break };
-                match jsonrpc::parse_incoming(&line) {
-                    Ok(Parsed::Single(msg)) => {
-                        if let Message::Request(r) = &msg {
-                            telemetry.request_started(&r.id);
-                        }
-                        if let Err(e) = machine.handle_peer_message(msg, now()) {
-                            if e.is_dropped() {
-                                // Accepted and dropped: no error goes back on the pipe.
-                                debug!(transport, error = %e, "late or duplicate reply dropped");
-                            } else {
-                                warn!(transport, error = %e, "peer message refused");
-                            }
-                            if let Some(resp) = e.to_response() {
-                                let _ = outgoing.send(Message::Response(resp).to_vec()).await;
-                            }
-                        }
-                    }
-                    Ok(Parsed::Batch(items)) => {
-                        for item in &items {
-                            if let Ok(Message::Request(r)) = item {
-                                telemetry.request_started(&r.id);
-                            }
-                        }
-                        match machine.handle_peer_batch(items, now()) {
-                            Ok(outcome) => {
-                                for e in outcome.refused {
-                                    debug!(transport, error = %e, "batch element refused");
-                                }
-                            }
-                            Err(e) => {
-                                if let Some(resp) = e.to_response() {
-                                    let _ = outgoing.send(Message::Response(resp).to_vec()).await;
-                                }
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        let _ = outgoing.send(Message::Response(e.to_response()).to_vec()).await;
-                    }
-                }
-            }
-            from = up_rx.recv() => match from {
-                Some(FromUpstream::Message(id, msg)) => {
-                    if let Err(e) = machine.handle_upstream_message(Some(id), msg, now()) {
-                        debug!(transport, error = %e, "upstream message refused");
-                    }
-                }
-                Some(FromUpstream::Lost(id, refusal)) => {
-                    tasks.remove(&id);
-                    let _ = match refusal {
-                        Some((reason, message)) => {
-                            machine.handle_upstream_refused(&id, reason, message, now())
-                        }
-                        None => machine.handle_upstream_lost(&id, now()),
-                    };
-                }
-                Some(FromUpstream::Done(id)) => {
-                    tasks.remove(&id);
-                }
-                None => break,
-            },
-            () = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
-                }
-            } => machine.handle_timeout(now()),
-            () = outgoing.closed() => break,
-        }
-    }
-    machine.close();
-    perform(&links, &mut machine, &mut telemetry, &mut tasks).await;
-    for (_, t) in tasks.drain() {
-        t.abort();
-    }
-    telemetry.close();
+    driver::run(machine, pipe).await;
     info!(transport, "legacy session closed");
 }
 
-/// What performing a session's events reaches, fixed for the session's life.
-struct Links<'a> {
-    gw: &'a Arc<Route>,
-    outgoing: &'a mpsc::Sender<Vec<u8>>,
-    up_tx: &'a mpsc::Sender<FromUpstream>,
+/// Messages and ends of the session's upstream exchanges queued toward its task: the
+/// bound is the backpressure (a host that reads slowly fills the outgoing queue, the
+/// task stops taking, the exchanges' sends wait).
+const UPSTREAM_QUEUE: usize = 256;
+
+/// The IO side of a single-channel session: the peer's one channel in each direction
+/// and the upstream exchanges in progress.
+struct Pipe {
+    gw: Arc<Route>,
+    incoming: mpsc::Receiver<Vec<u8>>,
+    outgoing: mpsc::Sender<Vec<u8>>,
+    up_tx: mpsc::Sender<Inbox<Vec<u8>>>,
+    up_rx: mpsc::Receiver<Inbox<Vec<u8>>>,
+    tasks: HashMap<RequestId, AbortHandle>,
+    telemetry: SessionTelemetry,
+    transport: &'static str,
     /// The credentials and forwarded headers of the request that opened the session:
     /// these wires have no per-message headers.
-    authorization: Option<&'a http::HeaderValue>,
-    forwarded: &'a Arc<Forwarded>,
+    authorization: Option<http::HeaderValue>,
+    forwarded: Arc<Forwarded>,
 }
 
-/// Carries out everything the machine asked for ([`driver::plan`]) on this wire:
-/// every stream maps onto the one outgoing channel, in order.
-async fn perform(
-    links: &Links<'_>,
-    machine: &mut Session,
-    telemetry: &mut SessionTelemetry,
-    tasks: &mut HashMap<RequestId, AbortHandle>,
-) {
-    let Links {
-        gw,
-        outgoing,
-        up_tx,
-        authorization,
-        forwarded,
-    } = *links;
-    let mut fixed = driver::Fixed {
-        auth: authorization,
-        trace: None,
-    };
-    let mut plan = driver::plan(machine, &mut fixed, authorization);
-    for out in std::mem::take(&mut plan.out) {
-        if let Out::Message { bytes, .. } = out {
-            let _ = outgoing.send(bytes).await;
+impl driver::Io<Session> for Pipe {
+    type Host = Vec<u8>;
+
+    fn now(&self) -> Timestamp {
+        // The same clock as the in-memory HTTP driver, whose zero the machine config
+        // places on the wall clock (task timestamps).
+        Timestamp::from_millis(crate::clock::now_ms())
+    }
+
+    fn instant(&self, t: Timestamp) -> tokio::time::Instant {
+        tokio::time::Instant::now() + t.saturating_duration_since(self.now())
+    }
+
+    async fn recv(&mut self, _: &Session) -> Inbox<Vec<u8>> {
+        tokio::select! {
+            line = self.incoming.recv() => line.map_or(Inbox::Closed(Side::Host), Inbox::Host),
+            from = self.up_rx.recv() => from.unwrap_or(Inbox::Closed(Side::Upstream)),
+            () = self.outgoing.closed() => Inbox::Closed(Side::Host),
         }
     }
-    for start in std::mem::take(&mut plan.starts) {
-        let id = start.id.clone();
-        let span = tracing::debug_span!(
-            "upstream",
-            rpc.id = %id,
-            role = ?start.role,
-            trace_id = start.trace.as_ref().map_or("", |t| t.trace_id()),
-        );
-        let gw = gw.clone();
-        let feed = PipeFeed(up_tx.clone());
-        let fwd = forwarded.clone();
-        let task = tokio::spawn(
-            async move { driver::exchange(&gw, &start, &fwd, None, &feed).await }.instrument(span),
-        );
-        tasks.insert(id, task.abort_handle());
+
+    async fn feed(&mut self, machine: &mut Session, inbox: Inbox<Vec<u8>>) -> bool {
+        match inbox {
+            Inbox::Host(line) => self.peer(machine, &line).await,
+            Inbox::Ended {
+                id: Some(id),
+                ended,
+            } => {
+                self.tasks.remove(&id);
+                let now = self.now();
+                let _ = match ended {
+                    Ended::Done => Ok(()),
+                    Ended::Lost(Some((reason, message))) => {
+                        machine.handle_upstream_refused(&id, reason, message, now)
+                    }
+                    // No host request waits on a pipe's exchange head.
+                    Ended::Lost(None) | Ended::Denied => machine.handle_upstream_lost(&id, now),
+                };
+            }
+            _ => {}
+        }
+        true
     }
-    for (id, reason) in std::mem::take(&mut plan.cancels) {
-        if let Some(t) = tasks.remove(&id) {
-            debug!(rpc.id = %id, reason, "upstream request cancelled");
+
+    async fn perform(&mut self, machine: &mut Session) -> bool {
+        self.carry_out(machine).await;
+        true
+    }
+
+    async fn finish(mut self, machine: &mut Session) {
+        self.carry_out(machine).await;
+        for (_, t) in self.tasks.drain() {
             t.abort();
         }
+        self.telemetry.close();
     }
-    plan.log("pipe");
-    for o in plan.observed {
-        telemetry.observe(o, machine);
+}
+
+impl Pipe {
+    /// Feeds one message or batch from the peer.
+    async fn peer(&mut self, machine: &mut Session, line: &[u8]) {
+        let (transport, now) = (self.transport, self.now());
+        match jsonrpc::parse_incoming(line) {
+            Ok(Parsed::Single(msg)) => {
+                if let Message::Request(r) = &msg {
+                    self.telemetry.request_started(&r.id);
+                }
+                if let Err(e) = machine.handle_peer_message(msg, now) {
+                    if e.is_dropped() {
+                        // Accepted and dropped: no error goes back on the pipe.
+                        debug!(transport, error = %e, "late or duplicate reply dropped");
+                    } else {
+                        warn!(transport, error = %e, "peer message refused");
+                    }
+                    if let Some(resp) = e.to_response() {
+                        let _ = self.outgoing.send(Message::Response(resp).to_vec()).await;
+                    }
+                }
+            }
+            Ok(Parsed::Batch(items)) => {
+                for item in &items {
+                    if let Ok(Message::Request(r)) = item {
+                        self.telemetry.request_started(&r.id);
+                    }
+                }
+                match machine.handle_peer_batch(items, now) {
+                    Ok(outcome) => {
+                        for e in outcome.refused {
+                            debug!(transport, error = %e, "batch element refused");
+                        }
+                    }
+                    Err(e) => {
+                        if let Some(resp) = e.to_response() {
+                            let _ = self.outgoing.send(Message::Response(resp).to_vec()).await;
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = self
+                    .outgoing
+                    .send(Message::Response(e.to_response()).to_vec())
+                    .await;
+            }
+        }
+    }
+
+    /// Carries out everything the machine asked for ([`driver::plan`]) on this wire:
+    /// every stream maps onto the one outgoing channel, in order.
+    async fn carry_out(&mut self, machine: &mut Session) {
+        let mut fixed = driver::Fixed {
+            auth: self.authorization.as_ref(),
+            trace: None,
+        };
+        let mut plan = driver::plan(machine, &mut fixed, self.authorization.as_ref());
+        for out in std::mem::take(&mut plan.out) {
+            if let Out::Message { bytes, .. } = out {
+                let _ = self.outgoing.send(bytes).await;
+            }
+        }
+        for start in std::mem::take(&mut plan.starts) {
+            let id = start.id.clone();
+            let span = tracing::debug_span!(
+                "upstream",
+                rpc.id = %id,
+                role = ?start.role,
+                trace_id = start.trace.as_ref().map_or("", |t| t.trace_id()),
+            );
+            let gw = self.gw.clone();
+            let feed = PipeFeed(self.up_tx.clone());
+            let fwd = self.forwarded.clone();
+            let task = tokio::spawn(
+                async move { driver::exchange(&gw, &start, &fwd, None, &feed).await }
+                    .instrument(span),
+            );
+            self.tasks.insert(id, task.abort_handle());
+        }
+        for (id, reason) in std::mem::take(&mut plan.cancels) {
+            if let Some(t) = self.tasks.remove(&id) {
+                debug!(rpc.id = %id, reason, "upstream request cancelled");
+                t.abort();
+            }
+        }
+        plan.log("pipe");
+        for o in plan.observed {
+            self.telemetry.observe(o, machine);
+        }
     }
 }
 
 /// An upstream exchange of a single-channel session hands its messages to the
 /// session's task: the bounded channel is the backpressure (a host that reads slowly
 /// fills the outgoing queue, the session task stops taking, the send here waits).
-struct PipeFeed(mpsc::Sender<FromUpstream>);
+struct PipeFeed(mpsc::Sender<Inbox<Vec<u8>>>);
 
 impl driver::Feed for PipeFeed {
     async fn room(&self, _: &UpstreamRole) {}
 
     async fn message(&self, id: &RequestId, message: Message, _last: bool) -> bool {
-        self.0
-            .send(FromUpstream::Message(id.clone(), message))
-            .await
-            .is_ok()
+        let on = Some(id.clone());
+        self.0.send(Inbox::Upstream { on, message }).await.is_ok()
     }
 
     async fn ended(&self, id: &RequestId, ended: Ended) {
-        let last = match ended {
-            Ended::Done => FromUpstream::Done(id.clone()),
-            Ended::Lost(refusal) => FromUpstream::Lost(id.clone(), refusal),
-            // No host request waits on a pipe's exchange head.
-            Ended::Denied => FromUpstream::Lost(id.clone(), None),
-        };
-        let _ = self.0.send(last).await;
+        let id = Some(id.clone());
+        let _ = self.0.send(Inbox::Ended { id, ended }).await;
     }
 }

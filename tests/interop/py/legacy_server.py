@@ -22,8 +22,8 @@ request is counted by (method, path, JSON-RPC method) and the counts are served 
 Tools: `add(a, b)`; `session_id()`, the `Mcp-Session-Id` this server sees on the request
 (its own id for the session; over HTTP+SSE the endpoint's `session_id`); `authorization()`, the `Authorization` header it
 received; `ask(question)`, which elicits an answer from the client
-(a server-to-client request inside the call) and returns it; `chatter(n)`, n log
-notifications on the request's stream before its result; `big(n)`, n bytes of text;
+(a server-to-client request inside the call) and returns it; `chatter(n, pad=0)`, n log
+notifications on the request's stream before its result (each padded with pad dots); `big(n)`, n bytes of text;
 `sample(prompt)`, which asks the client's model (sampling) and returns its text;
 `roots()`, which lists the client's roots and returns their URIs; `wait(seconds)`,
 which sleeps (a call to cancel); `journey(topic)`, which elicits a form, then samples,
@@ -123,10 +123,11 @@ def authorization(ctx: Context) -> str:
 
 
 @mcp.tool()
-async def chatter(n: int, ctx: Context) -> int:
-    """Sends n log notifications on the request's stream, then returns n."""
+async def chatter(n: int, ctx: Context, pad: int = 0) -> int:
+    """Sends n log notifications on the request's stream ("line i", then pad dots),
+    then returns n."""
     for i in range(n):
-        await ctx.info(f"line {i}")
+        await ctx.info(f"line {i}" + "." * pad)
     return n
 
 

@@ -41,7 +41,7 @@ use dualera_adapters::time::Timestamp;
 use dualera_adapters::usage::Method;
 use http::header::{self, HeaderValue};
 use http::{Request as HttpRequest, Response as HttpResponse, StatusCode};
-use partition::{Answer, Command, Opener, Relay, Reply, Task};
+use partition::{Answer, Command, Opener, Relay, Reply};
 use seal::StateKeys;
 use serde_json::{json, Map, Value};
 use sha2::{Digest as _, Sha256};
@@ -419,12 +419,8 @@ async fn serve(
         let mut next = Some(first);
         loop {
             if let Some(message) = next.take() {
-                if out
-                    .send(crate::sse::encode(None, &message.to_vec()))
-                    .await
-                    .is_err()
-                {
-                    return; // The host left: `gone` cancels its call.
+                if !put(&out, &message).await {
+                    return; // The host left or stopped reading: `gone` cancels its call.
                 }
             }
             tokio::select! {
@@ -436,13 +432,13 @@ async fn serve(
                 a = &mut answered => {
                     // What was queued before the answer goes first.
                     while let Ok(m) = notifications.try_recv() {
-                        if out.send(crate::sse::encode(None, &m.to_vec())).await.is_err() {
+                        if !put(&out, &m).await {
                             return;
                         }
                     }
                     gone.disarm();
                     let last = Message::Response(sealer.finish(&id, a.ok()));
-                    let _ = out.send(crate::sse::encode(None, &last.to_vec())).await;
+                    let _ = put(&out, &last).await;
                     return;
                 }
                 () = tokio::time::sleep_until(deadline) => break,
@@ -460,9 +456,7 @@ async fn serve(
             }
             None => sealer.lapsed(&id),
         };
-        let _ = out
-            .send(crate::sse::encode(None, &Message::Response(last).to_vec()))
-            .await;
+        let _ = put(&out, &Message::Response(last)).await;
     });
     body::sse_response(stream)
 }
@@ -534,6 +528,14 @@ async fn forward_retry(
             answer(jsonrpc::Response::error(Some(id.clone()), e))
         }
     }
+}
+
+/// Puts one event on a host request's SSE stream once it has room, waiting up to
+/// [`partition::STALLED_READER_TIMEOUT`]; false when the host left or stopped reading.
+async fn put(out: &mpsc::Sender<bytes::Bytes>, message: &Message) -> bool {
+    let frame = crate::sse::encode(None, &message.to_vec());
+    let sent = tokio::time::timeout(partition::STALLED_READER_TIMEOUT, out.send(frame)).await;
+    matches!(sent, Ok(Ok(())))
 }
 
 /// Turns a partition's answer into the host's response: an `input_required`
@@ -746,19 +748,9 @@ async fn partition_for(
         },
         bridge.clock.now(),
     );
-    let task = Task {
-        machine,
-        lease,
-        opener,
-        clock: bridge.clock,
-        hosts: HashMap::new(),
-        idle: pool.limits().idle,
-        relay: None,
-        current: None,
-        refused: None,
-    };
+    let task = partition::Partition::new(lease, opener, bridge.clock, pool.limits().idle, rx);
     let registry = bridge.registry.clone();
-    tokio::spawn(task.run(rx, move || {
+    tokio::spawn(partition::run(machine, task, move || {
         if let Ok(mut r) = registry.lock() {
             if r.by_key.get(&key).is_some_and(|h| h.name == name) {
                 r.by_key.remove(&key);

@@ -1,10 +1,12 @@
-//! One partition's task: the reverse machine of one legacy session and the pooled
-//! session under it, owned by one task (actor style, like `pipe`). Host requests
-//! arrive on a bounded channel, the server's messages on the session's bounded
-//! stream, timers from [`LegacySession::poll_timeout`]; whatever the machine emits is
-//! sent upstream or handed to the waiting host request.
+//! One partition's IO side ([`Partition`]): the reverse machine of one legacy session
+//! and the pooled session under it, driven by one task on [`driver::run`], the loop
+//! the single-channel wires (`pipe`) run on too. Host requests arrive on a bounded
+//! channel, the server's messages on the session's bounded stream, timers from
+//! [`LegacySession::poll_timeout`]; whatever the machine emits is sent upstream or
+//! handed to the waiting host request.
 
 use super::Clock;
+use crate::driver::{self, Ended, Inbox, Side};
 use crate::forwarded::Forwarded;
 use crate::trace::TraceContext;
 use crate::upstream::era::Target;
@@ -14,6 +16,7 @@ use crate::upstream::legacy::{
 use crate::upstream::{Denial, OnBehalf, UpstreamError};
 use dualera_adapters::jsonrpc::{Message, RequestId, Response};
 use dualera_adapters::reverse::{Event, HostKey, HostRequest, LegacySession, RoundState};
+use dualera_adapters::time::Timestamp;
 use http::header::HeaderValue;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -24,9 +27,14 @@ use tracing::{debug, warn, Instrument};
 
 /// Host requests queued toward one partition's task.
 pub(super) const COMMAND_QUEUE: usize = 64;
-/// Notifications queued toward one host request's stream; one more while it is full
-/// is dropped (a host that does not read its stream must not stall the session).
+/// Notifications queued toward one host request's stream. While it is full the task
+/// waits for room (a host that reads slowly slows the upstream read; nothing is
+/// dropped), up to [`STALLED_READER_TIMEOUT`].
 pub(super) const NOTIFICATION_QUEUE: usize = 64;
+/// How long a host request's stream may take nothing before the request ends and its
+/// legacy call is cancelled (`notifications/cancelled`): one host that stopped
+/// reading holds its partition's session that long at most.
+pub(super) const STALLED_READER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What a host request's HTTP handler hands the task.
 pub(super) enum Command {
@@ -87,128 +95,183 @@ impl Opener {
     }
 }
 
-/// The task's state besides the machine.
-pub(super) struct Task {
-    pub(super) machine: LegacySession,
-    pub(super) lease: Lease,
-    pub(super) opener: Opener,
-    pub(super) clock: Clock,
+/// The IO side of one partition, which [`driver::run`] drives with the reverse
+/// machine: host requests on the bounded command channel, the pooled legacy
+/// session's stream, the host requests waiting for their answer.
+pub(super) struct Partition {
+    lease: Lease,
+    opener: Opener,
+    clock: Clock,
+    commands: mpsc::Receiver<Command>,
     /// Host requests waiting for their answer.
-    pub(super) hosts: HashMap<HostKey, Reply>,
-    /// How long the task lives with no host request and no call in progress.
-    pub(super) idle: Duration,
+    hosts: HashMap<HostKey, Reply>,
+    /// How long the partition lives with no host request and no call in progress.
+    idle: Duration,
     /// The headers of the host request being handled: what the machine emits for it
     /// carries them ([`Relay`]); `None` for what timers and the server cause.
-    pub(super) relay: Option<Relay>,
+    relay: Option<Relay>,
     /// The host request being handled.
-    pub(super) current: Option<HostKey>,
+    current: Option<HostKey>,
     /// The upstream refused the session itself with these credentials: every host
     /// request of the partition gets that refusal until the task ends (soon after:
     /// see [`REFUSED_LINGER`]).
-    pub(super) refused: Option<Box<Denial>>,
+    refused: Option<Box<Denial>>,
 }
 
 /// How long a partition whose session the upstream refused lingers to relay the
 /// refusal to requests already on their way to it.
 const REFUSED_LINGER: Duration = Duration::from_secs(1);
 
-impl Task {
-    /// Runs until the machine fails, the session ends for good, the bridge drops the
-    /// partition, or it stays idle for `idle`. `on_exit` unregisters it.
-    pub(super) async fn run(
-        mut self,
-        mut commands: mpsc::Receiver<Command>,
-        on_exit: impl FnOnce(),
-    ) {
-        let span = tracing::debug_span!("reverse_partition", session = tracing::field::Empty);
-        if let Some(id) = self.lease.upstream_session_id() {
-            span.record(
-                "session",
-                crate::digest::short_digest(id.as_bytes(), 4).as_str(),
-            );
-        }
-        async {
-            loop {
-                if !self.drain().await {
-                    break;
-                }
-                let deadline = self.machine.poll_timeout().map(|t| self.clock.instant(t));
-                let quiet = self.hosts.is_empty() && self.machine.calls() == 0;
-                let idle = if self.refused.is_some() { REFUSED_LINGER } else { self.idle };
-                tokio::select! {
-                    cmd = commands.recv() => match cmd {
-                        None => break,
-                        Some(Command::Request(request, reply)) => {
-                            self.relay = Some(reply.relay.clone());
-                            self.current = Some(request.host);
-                            self.request(*request, reply);
-                            let drained = self.drain().await;
-                            self.relay = None;
-                            self.current = None;
-                            if !drained {
-                                break;
-                            }
-                        }
-                        Some(Command::Gone(key)) => {
-                            self.hosts.remove(&key);
-                            self.machine.handle_host_gone(key);
-                        }
-                    },
-                    item = self.lease.recv_attributed() => match item {
-                        Some((on, Ok(message))) => {
-                            // `on`: the legacy request whose response stream carried
-                            // it. Without one (a stream of the whole session), the
-                            // machine gives a server request to the one call in
-                            // progress and refuses it when several are.
-                            if let Err(e) = self.machine.handle_upstream_message(on.as_ref(), message, self.clock.now()) {
-                                debug!(error = %e, "upstream message refused by the reverse machine");
-                            }
-                        }
-                        Some((_, Err(LegacyError::Expired))) => {
-                            if !self.expired(&[]).await {
-                                break;
-                            }
-                        }
-                        Some((on, Err(e))) => {
-                            debug!(error = %e, "upstream answer stream broke");
-                            // That request's answer will not come: its call fails
-                            // instead of waiting for good.
-                            if let Some(id) = on {
-                                let _ = self.machine.handle_upstream_lost(&id, self.clock.now());
-                            }
-                        }
-                        None => {
-                            self.machine.close();
-                            let _ = self.drain().await;
-                            break;
-                        }
-                    },
-                    () = sleep_until(deadline) => self.machine.handle_timeout(self.clock.now()),
-                    () = tokio::time::sleep(idle), if quiet => {
-                        debug!("reverse partition idle; closing its legacy session");
-                        break;
-                    }
-                }
-            }
-            self.machine.close();
-            for (_, reply) in self.hosts.drain() {
-                drop(reply);
-            }
-            self.opener.pool.discard(self.lease).await;
-        }
-        .instrument(span)
-        .await;
-        on_exit();
+/// Runs one partition on [`driver::run`] until the machine fails, the session ends
+/// for good, the bridge drops the partition, or it stays idle. `on_exit` unregisters
+/// it.
+pub(super) async fn run(machine: LegacySession, partition: Partition, on_exit: impl FnOnce()) {
+    let span = tracing::debug_span!("reverse_partition", session = tracing::field::Empty);
+    if let Some(id) = partition.lease.upstream_session_id() {
+        span.record(
+            "session",
+            crate::digest::short_digest(id.as_bytes(), 4).as_str(),
+        );
+    }
+    driver::run(machine, partition).instrument(span).await;
+    on_exit();
+}
+
+impl driver::Io<LegacySession> for Partition {
+    type Host = Command;
+
+    fn now(&self) -> Timestamp {
+        self.clock.now()
     }
 
-    fn request(&mut self, request: HostRequest, reply: Reply) {
+    fn instant(&self, t: Timestamp) -> tokio::time::Instant {
+        self.clock.instant(t)
+    }
+
+    async fn recv(&mut self, machine: &LegacySession) -> Inbox<Command> {
+        let quiet = self.hosts.is_empty() && machine.calls() == 0;
+        let idle = if self.refused.is_some() {
+            REFUSED_LINGER
+        } else {
+            self.idle
+        };
+        let idle = async {
+            if quiet {
+                tokio::time::sleep(idle).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::pin!(idle);
+        loop {
+            tokio::select! {
+                cmd = self.commands.recv() => {
+                    return cmd.map_or(Inbox::Closed(Side::Host), Inbox::Host);
+                }
+                item = self.lease.recv_attributed() => match item {
+                    // `on`: the legacy request whose response stream carried it.
+                    // Without one (a stream of the whole session), the machine gives a
+                    // server request to the one call in progress and refuses it when
+                    // several are.
+                    Some((on, Ok(message))) => return Inbox::Upstream { on, message },
+                    // The server forgot the session.
+                    Some((_, Err(LegacyError::Expired))) => {
+                        return Inbox::Ended { id: None, ended: Ended::Lost(None) };
+                    }
+                    Some((on, Err(e))) => {
+                        debug!(error = %e, "upstream answer stream broke");
+                        // That request's answer will not come: its call fails instead
+                        // of waiting for good.
+                        if let Some(id) = on {
+                            return Inbox::Ended { id: Some(id), ended: Ended::Lost(None) };
+                        }
+                    }
+                    None => return Inbox::Closed(Side::Upstream),
+                },
+                () = &mut idle => {
+                    debug!("reverse partition idle; closing its legacy session");
+                    return Inbox::Closed(Side::Host);
+                }
+            }
+        }
+    }
+
+    async fn feed(&mut self, machine: &mut LegacySession, inbox: Inbox<Command>) -> bool {
+        match inbox {
+            Inbox::Host(Command::Request(request, reply)) => {
+                // Cleared once what the machine emitted for it is carried out.
+                self.relay = Some(reply.relay.clone());
+                self.current = Some(request.host);
+                self.request(machine, *request, reply);
+                true
+            }
+            Inbox::Host(Command::Gone(key)) => {
+                self.hosts.remove(&key);
+                machine.handle_host_gone(key);
+                true
+            }
+            Inbox::Ended { id: None, .. } => self.expired(machine, &[]).await,
+            Inbox::Ended { id: Some(id), .. } => {
+                let _ = machine.handle_upstream_lost(&id, self.clock.now());
+                true
+            }
+            _ => true,
+        }
+    }
+
+    async fn perform(&mut self, machine: &mut LegacySession) -> bool {
+        let going = self.drain(machine).await;
+        self.relay = None;
+        self.current = None;
+        going
+    }
+
+    async fn finish(mut self, machine: &mut LegacySession) {
+        // The host requests still waiting get the machine's last answers; nothing more
+        // goes upstream.
+        while let Some(event) = machine.poll_event() {
+            if let Event::ToHost {
+                host,
+                message: Message::Response(r),
+            } = event
+            {
+                self.answer(host, Answer::Response(r));
+            }
+        }
+        self.hosts.clear();
+        self.opener.pool.discard(self.lease).await;
+    }
+}
+
+impl Partition {
+    pub(super) fn new(
+        lease: Lease,
+        opener: Opener,
+        clock: Clock,
+        idle: Duration,
+        commands: mpsc::Receiver<Command>,
+    ) -> Self {
+        Self {
+            lease,
+            opener,
+            clock,
+            commands,
+            hosts: HashMap::new(),
+            idle,
+            relay: None,
+            current: None,
+            refused: None,
+        }
+    }
+
+    fn request(&mut self, machine: &mut LegacySession, request: HostRequest, reply: Reply) {
         if let Some(denial) = &self.refused {
             let _ = reply.answer.send(Answer::Denied(denial.clone()));
             return;
         }
         let key = request.host;
         let id = request.id.clone();
-        match self.machine.handle_host_request(request, self.clock.now()) {
+        match machine.handle_host_request(request, self.clock.now()) {
             Ok(()) => {
                 self.hosts.insert(key, reply);
             }
@@ -226,12 +289,12 @@ impl Task {
     }
 
     /// Carries out what the machine emitted. `false`: the partition is over.
-    async fn drain(&mut self) -> bool {
+    async fn drain(&mut self, machine: &mut LegacySession) -> bool {
         // Bounded: every event is the answer to an input, and the machine's maps are.
-        while let Some(event) = self.machine.poll_event() {
+        while let Some(event) = machine.poll_event() {
             match event {
                 Event::ToUpstream { message } => {
-                    let sent = self.send(message).await;
+                    let sent = self.send(machine, message).await;
                     if !sent {
                         return false;
                     }
@@ -240,13 +303,7 @@ impl Task {
                     host,
                     message: Message::Response(r),
                 } => self.answer(host, Answer::Response(r)),
-                Event::ToHost { host, message } => {
-                    if let Some(reply) = self.hosts.get(&host) {
-                        if reply.notifications.try_send(message).is_err() {
-                            debug!(%host, "notification for a host stream that is full or gone dropped");
-                        }
-                    }
-                }
+                Event::ToHost { host, message } => self.notify(machine, host, message).await,
                 Event::InputRequired {
                     host,
                     id,
@@ -261,7 +318,7 @@ impl Task {
                     while let Some(Event::ToHost {
                         host,
                         message: Message::Response(r),
-                    }) = self.machine.poll_event()
+                    }) = machine.poll_event()
                     {
                         self.answer(host, Answer::Response(r));
                     }
@@ -273,6 +330,31 @@ impl Task {
         true
     }
 
+    /// Hands a notification to host request `host`'s stream once it has room. A host
+    /// whose stream takes nothing for [`STALLED_READER_TIMEOUT`] is gone: its request
+    /// ends and its call is cancelled upstream, as when it leaves.
+    async fn notify(&mut self, machine: &mut LegacySession, host: HostKey, message: Message) {
+        let Some(reply) = self.hosts.get(&host) else {
+            return;
+        };
+        let sent =
+            tokio::time::timeout(STALLED_READER_TIMEOUT, reply.notifications.send(message)).await;
+        match sent {
+            Ok(Ok(())) => {}
+            // The host left; its `Gone` is on its way.
+            Ok(Err(_)) => debug!(%host, "notification for a host stream that is gone dropped"),
+            Err(_) => {
+                warn!(
+                    %host,
+                    limit_s = STALLED_READER_TIMEOUT.as_secs(),
+                    "host request stopped reading its stream; ended and cancelled upstream"
+                );
+                self.hosts.remove(&host);
+                machine.handle_host_gone(host);
+            }
+        }
+    }
+
     /// Ends host request `host` with `answer`.
     fn answer(&mut self, host: HostKey, answer: Answer) {
         if let Some(reply) = self.hosts.remove(&host) {
@@ -281,12 +363,11 @@ impl Task {
     }
 
     /// Sends one message upstream on behalf of the partition's credentials.
-    async fn send(&mut self, message: Message) -> bool {
+    async fn send(&mut self, machine: &mut LegacySession, message: Message) -> bool {
         // The host request being handled; else the one whose call this is (a request
         // queued while the session initialized, sent again after a 404).
         let relay = self.relay.clone().or_else(|| match &message {
-            Message::Request(r) => self
-                .machine
+            Message::Request(r) => machine
                 .upstream_host(&r.id)
                 .and_then(|h| self.hosts.get(&h))
                 .map(|reply| reply.relay.clone()),
@@ -303,21 +384,21 @@ impl Task {
         };
         let caused_by = self
             .current
-            .or_else(|| id.as_ref().and_then(|i| self.machine.upstream_host(i)));
+            .or_else(|| id.as_ref().and_then(|i| machine.upstream_host(i)));
         match self.lease.send(&message, on_behalf).await {
             Ok(()) => true,
             Err(LegacyError::Upstream(UpstreamError::Denied(denial))) => {
-                self.denied(caused_by, id, &denial);
+                self.denied(machine, caused_by, id, &denial);
                 true
             }
             Err(LegacyError::Expired) => {
                 let refused: Vec<RequestId> = id.into_iter().collect();
-                self.expired(&refused).await
+                self.expired(machine, &refused).await
             }
             Err(e) => {
                 debug!(error = %e, "upstream send failed");
                 if let Some(id) = id {
-                    let _ = self.machine.handle_upstream_lost(&id, self.clock.now());
+                    let _ = machine.handle_upstream_lost(&id, self.clock.now());
                 }
                 true
             }
@@ -330,7 +411,13 @@ impl Task {
     /// every host request when it was the session's own (`initialize`: the session
     /// cannot be opened with these credentials, and the partition ends). A host that
     /// comes back with new credentials is another partition.
-    fn denied(&mut self, caused_by: Option<HostKey>, id: Option<RequestId>, denial: &Denial) {
+    fn denied(
+        &mut self,
+        machine: &mut LegacySession,
+        caused_by: Option<HostKey>,
+        id: Option<RequestId>,
+        denial: &Denial,
+    ) {
         let own = caused_by.is_none();
         let targets: Vec<HostKey> = match caused_by {
             Some(h) => vec![h],
@@ -347,37 +434,28 @@ impl Task {
         if own {
             // Closed rather than failed: the task lingers to relay the refusal.
             self.refused = Some(Box::new(denial.clone()));
-            self.machine.close();
+            machine.close();
         } else if let Some(id) = id {
-            let _ = self.machine.handle_upstream_lost(&id, self.clock.now());
+            let _ = machine.handle_upstream_lost(&id, self.clock.now());
         }
     }
 
     /// The server forgot the session (2025-11-25 transports, "Session Management": on
     /// a 404 the client MUST start a new session): a new pooled session, and the
     /// machine initializes again on it. `false`: no new session could be opened.
-    async fn expired(&mut self, refused: &[RequestId]) -> bool {
+    async fn expired(&mut self, machine: &mut LegacySession, refused: &[RequestId]) -> bool {
         match self.opener.open().await {
             Ok(fresh) => {
                 let old = std::mem::replace(&mut self.lease, fresh);
                 self.opener.pool.discard(old).await;
-                let _ = self
-                    .machine
-                    .handle_upstream_expired(refused, self.clock.now());
+                let _ = machine.handle_upstream_expired(refused, self.clock.now());
                 true
             }
             Err(e) => {
                 warn!(error = %e, "reverse bridge: the legacy session expired and cannot be opened again");
-                self.machine.close();
+                machine.close();
                 false
             }
         }
-    }
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
     }
 }
