@@ -23,6 +23,12 @@ use crate::{v2025_06_18, v2025_11_25};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap, VecDeque};
+
+/// A map keyed by ids this machine mints (upstream request ids, live request ids, batch
+/// numbers). No peer chooses these keys, so flooding one bucket (HashDoS) is not
+/// possible and foldhash replaces std's slower SipHash. Maps keyed by ids a peer
+/// chooses (`calls`, keyed by the legacy request id) keep SipHash.
+type OwnMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -300,7 +306,8 @@ enum RetiredKind {
 #[serde(into = "RetiredData", try_from = "RetiredData")]
 struct Retired {
     order: VecDeque<RequestId>,
-    kinds: HashMap<RequestId, RetiredKind>,
+    /// Retired live and upstream ids: minted here.
+    kinds: OwnMap<RequestId, RetiredKind>,
     cap: usize,
 }
 
@@ -314,7 +321,7 @@ impl Retired {
     fn new(cap: usize) -> Self {
         Self {
             order: VecDeque::new(),
-            kinds: HashMap::new(),
+            kinds: OwnMap::default(),
             cap: cap.max(1),
         }
     }
@@ -483,13 +490,13 @@ pub struct Session {
     #[serde(with = "snapshot::pairs")]
     calls: HashMap<RequestId, Call>,
     #[serde(with = "snapshot::pairs")]
-    live: HashMap<RequestId, Live>,
+    live: OwnMap<RequestId, Live>,
     #[serde(with = "snapshot::pairs")]
-    upstream: HashMap<RequestId, UpstreamEntry>,
+    upstream: OwnMap<RequestId, UpstreamEntry>,
     retired_live: Retired,
     retired_upstream: Retired,
     #[serde(with = "snapshot::pairs")]
-    batches: HashMap<BatchId, Batch>,
+    batches: OwnMap<BatchId, Batch>,
     subscriptions: BTreeSet<String>,
     standalone_open: bool,
     listen: Option<Listen>,
@@ -543,11 +550,11 @@ impl Session {
             init: None,
             initialized_notified: false,
             calls: HashMap::new(),
-            live: HashMap::new(),
-            upstream: HashMap::new(),
+            live: OwnMap::default(),
+            upstream: OwnMap::default(),
             retired_live: Retired::new(retired),
             retired_upstream: Retired::new(retired),
-            batches: HashMap::new(),
+            batches: OwnMap::default(),
             subscriptions: BTreeSet::new(),
             standalone_open: false,
             listen: None,
@@ -1122,7 +1129,7 @@ impl Session {
         self.check_open()?;
         match message {
             Message::Response(response) => {
-                let Some(id) = response.id.clone().or(on) else {
+                let Some(id) = response.id.or(on) else {
                     return Err(SessionError::UpstreamResponseWithoutId);
                 };
                 let entry = self.take_upstream(&id)?;
@@ -1834,8 +1841,14 @@ impl Session {
         } else {
             result
         };
-        let shaped = downgrade::result(revision, &call.method, result.clone());
-        let result = self.keep_task_support(&call.method, &result, shaped);
+        // Only tasks' `tools/list` needs the upstream's form beside the shaped one; every
+        // other result moves through unchanged in size (no deep copy of its `Value`).
+        let result = if call.method == "tools/list" && self.tasks.is_some() {
+            let shaped = downgrade::result(revision, &call.method, result.clone());
+            self.keep_task_support(&call.method, &result, shaped)
+        } else {
+            downgrade::result(revision, &call.method, result)
+        };
         let method = usage::Method::from_name(&call.method);
         self.ended(&legacy, method, RequestOutcome::Ok, call.rounds);
         self.respond(call.stream, Response::result(legacy, result));

@@ -68,7 +68,10 @@ impl<'de> Deserialize<'de> for Message {
 pub(crate) mod pairs {
     use super::*;
 
-    pub(crate) fn serialize<K, V, S>(map: &HashMap<K, V>, serializer: S) -> Result<S::Ok, S::Error>
+    pub(crate) fn serialize<K, V, H, S>(
+        map: &HashMap<K, V, H>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error>
     where
         K: Serialize + Ord,
         V: Serialize,
@@ -79,15 +82,18 @@ pub(crate) mod pairs {
         serializer.collect_seq(entries)
     }
 
-    pub(crate) fn deserialize<'de, K, V, D>(deserializer: D) -> Result<HashMap<K, V>, D::Error>
+    pub(crate) fn deserialize<'de, K, V, H, D>(
+        deserializer: D,
+    ) -> Result<HashMap<K, V, H>, D::Error>
     where
         K: Deserialize<'de> + Eq + Hash,
         V: Deserialize<'de>,
+        H: std::hash::BuildHasher + Default,
         D: Deserializer<'de>,
     {
         let entries: Vec<(K, V)> = Vec::deserialize(deserializer)?;
         let len = entries.len();
-        let map: HashMap<K, V> = entries.into_iter().collect();
+        let map: HashMap<K, V, H> = entries.into_iter().collect();
         if map.len() != len {
             return Err(D::Error::custom("duplicate key in a serialized map"));
         }

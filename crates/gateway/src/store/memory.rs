@@ -56,10 +56,18 @@ pub(crate) fn now() -> Timestamp {
 /// local hosts do not share one bound.
 pub(crate) type Binding = BindingKey;
 
+/// The hasher of maps keyed by ids the gateway or its machine minted (session ids,
+/// stream numbers, upstream request ids): no peer chooses their keys, so HashDoS does
+/// not apply and foldhash is cheaper than SipHash. Maps keyed by a peer's request ids
+/// (`streams`, `call_auth`) or by callers (`per_caller`) keep SipHash.
+type OwnHasher = foldhash::fast::RandomState;
+
 /// Live legacy sessions.
 #[derive(Debug)]
 pub(crate) struct Sessions {
-    map: DashMap<String, Arc<SessionHandle>>,
+    /// By session id. Only ids the gateway minted (random) are inserted, so a peer's
+    /// chosen `Mcp-Session-Id` cannot crowd a bucket: foldhash, not SipHash.
+    map: DashMap<String, Arc<SessionHandle>, OwnHasher>,
     /// Sessions per caller (kept with `map`, so admission never scans for it).
     per_caller: DashMap<Binding, usize>,
     /// The machine's bounds and timings, shared by every session.
@@ -80,7 +88,7 @@ enum Refused {
 impl Sessions {
     pub(crate) fn new(config: &GatewayConfig) -> Self {
         Self {
-            map: DashMap::new(),
+            map: DashMap::default(),
             per_caller: DashMap::new(),
             machine: Arc::new(machine_config(config)),
             max_sessions: config.max_sessions,
@@ -187,7 +195,9 @@ struct StreamState {
     ring: ReplayRing<Bytes>,
     /// The live connection, if one is attached.
     tx: Option<MeteredSender>,
-    /// Before the POST handler decides between JSON and SSE: the messages so far.
+    /// Before the POST handler decides between JSON and SSE: the messages so far, as
+    /// JSON. They become SSE events (in `ring`, numbered from 1) only if the answer is
+    /// a stream; a request answered with one JSON body is never SSE-encoded.
     pending: Option<Vec<Vec<u8>>>,
     /// The stream's last message was sent.
     finished: bool,
@@ -202,10 +212,10 @@ struct StreamState {
 struct Shared {
     machine: Session,
     streams: HashMap<PeerStream, StreamState>,
-    by_number: HashMap<u64, PeerStream>,
+    by_number: HashMap<u64, PeerStream, OwnHasher>,
     finished_order: VecDeque<PeerStream>,
     next_stream: u64,
-    upstream_tasks: HashMap<RequestId, AbortHandle>,
+    upstream_tasks: HashMap<RequestId, AbortHandle, OwnHasher>,
     /// Where `perform` leaves the first upstream exchange it starts for the POST handler
     /// that is feeding the machine, instead of spawning it.
     inline: InlineSlot,
@@ -513,10 +523,10 @@ async fn initialize(
         shared: Mutex::new(Shared {
             machine,
             streams: HashMap::new(),
-            by_number: HashMap::new(),
+            by_number: HashMap::default(),
             finished_order: VecDeque::new(),
             next_stream: 0,
-            upstream_tasks: HashMap::new(),
+            upstream_tasks: HashMap::default(),
             inline: InlineSlot::Closed,
             telemetry: gw.telemetry.session(WIRE_HTTP),
             init_trace: trace,
@@ -823,6 +833,11 @@ fn respond_on(
         );
         return r;
     }
+    // Answered as a stream: what it carried so far becomes its first events.
+    for (seq, message) in (1..).zip(&pending) {
+        let event = sse::encode(Some(&format!("{}.{seq}", st.number)), message);
+        st.ring.push(seq, event);
+    }
     // Priming event (lets the client resume this stream from its start), then what
     // the stream carried so far.
     let backlog = std::iter::once(sse::prime(&format!("{}.0", st.number)))
@@ -898,8 +913,15 @@ fn open_get(
                 "Unknown Last-Event-ID: that stream can no longer be resumed".into(),
             );
         };
-        let Some(st) = s.streams.get_mut(&stream) else {
-            return internal();
+        // A stream still `pending` was never announced to the peer (its events are
+        // not encoded yet): it cannot be resumed.
+        let Some(st) = s.streams.get_mut(&stream).filter(|st| st.pending.is_none()) else {
+            return rpc_error(
+                StatusCode::NOT_FOUND,
+                None,
+                ErrorCode::INVALID_REQUEST,
+                "Unknown Last-Event-ID: that stream can no longer be resumed".into(),
+            );
         };
         if st.ring.has_gap_after(after) {
             warn!(session = %handle.tag, stream = number, "resumption gap: older events were dropped");
@@ -1141,30 +1163,18 @@ fn deliver(
     let Some(st) = s.streams.get_mut(stream) else {
         return;
     };
-    let mut woke = false;
-    if let Some(p) = st.pending.as_mut() {
-        p.push(bytes.clone());
-        woke = true;
-    }
     st.seq += 1;
-    let event = sse::encode(Some(&format!("{}.{}", st.number, st.seq)), &bytes);
-    st.ring.push(st.seq, event.clone());
-    if let Some(tx) = &st.tx {
-        match tx.try_send(event) {
-            Ok(()) => {}
-            Err(SendError::Stalled) => {
-                // The host does not read: close the connection rather than buffer
-                // without bound; the session and the ring stay for Last-Event-ID.
-                warn!(session = %handle.tag, stream = st.number, queued = tx.queued(), limit = handle.max_buffered, "host not reading its SSE stream: closed; events kept for resumption");
-                tx.cut();
-                st.tx = None;
-            }
-            Err(_) => {
-                debug!(session = %handle.tag, stream = st.number, "stream detached (closed); events kept for resumption");
-                st.tx = None;
-            }
-        }
-    }
+    let woke = if let Some(p) = st.pending.as_mut() {
+        // Not yet answered: JSON or SSE is decided by `respond_on`, which encodes the
+        // events then if it is SSE. Nothing is attached to read them before that.
+        p.push(bytes);
+        true
+    } else {
+        let event = sse::encode(Some(&format!("{}.{}", st.number, st.seq)), &bytes);
+        st.ring.push(st.seq, event.clone());
+        push_live(handle, st, event);
+        false
+    };
     if last {
         st.finished = true;
         st.tx = None;
@@ -1175,6 +1185,27 @@ fn deliver(
     if last || woke {
         if let Some(w) = st.waiter.take() {
             w.wake();
+        }
+    }
+}
+
+/// Sends one event to the stream's attached connection, if any.
+fn push_live(handle: &SessionHandle, st: &mut StreamState, event: Bytes) {
+    let Some(tx) = &st.tx else {
+        return;
+    };
+    match tx.try_send(event) {
+        Ok(()) => {}
+        Err(SendError::Stalled) => {
+            // The host does not read: close the connection rather than buffer
+            // without bound; the session and the ring stay for Last-Event-ID.
+            warn!(session = %handle.tag, stream = st.number, queued = tx.queued(), limit = handle.max_buffered, "host not reading its SSE stream: closed; events kept for resumption");
+            tx.cut();
+            st.tx = None;
+        }
+        Err(_) => {
+            debug!(session = %handle.tag, stream = st.number, "stream detached (closed); events kept for resumption");
+            st.tx = None;
         }
     }
 }
