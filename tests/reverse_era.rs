@@ -403,6 +403,14 @@ async fn readyz_metrics_and_report_name_the_legacy_upstream_and_count_the_bridge
         report["upstreams"]["/mcp"], "legacy upstream (streamable-http)",
         "{report}"
     );
+    // The modern host of the bridge has its row, named by its `_meta.clientInfo`.
+    let hosts = report["hosts"].as_array().expect("hosts");
+    let row = hosts
+        .iter()
+        .find(|h| h["era"] == "modern" && h["route"] == "/mcp")
+        .unwrap_or_else(|| panic!("no modern row in {report}"));
+    assert_eq!(row["name"], "modern-host", "{row}");
+    assert_eq!(row["requests"]["tools/call"], 3, "{row}");
 }
 
 #[tokio::test]

@@ -978,7 +978,16 @@ async fn serve_endpoint(
         };
         match legacy {
             // A modern host in front of a legacy server: the reverse bridge.
-            Some(transport) => Box::pin(reverse::handle(gw, req, transport, fwd)).await,
+            Some(transport) => {
+                Box::pin(reverse::handle(
+                    gw,
+                    &connection.telemetry,
+                    req,
+                    transport,
+                    fwd,
+                ))
+                .await
+            }
             None => passthrough::forward(gw, &connection.telemetry, req, &fwd).await,
         }
     } else if legacy_upstream_http(gw, &req, &fwd).await {

@@ -28,6 +28,7 @@ pub mod stats;
 use super::auth::BindingKey;
 use super::forwarded::Forwarded;
 use super::passthrough::status_only;
+use super::telemetry::ConnectionTelemetry;
 use super::trace::TraceContext;
 use super::upstream::legacy::{LegacyError, LegacyTransport, PoolKey};
 use super::{body, GatewayBody, RequestBody, Route};
@@ -168,18 +169,39 @@ fn principal_of(gw: &Route, authorization: Option<&HeaderValue>) -> String {
 
 /// Serves one 2026-07-28 request on a route whose upstream is a legacy server over
 /// `transport`.
+///
+/// The host gets its row in the migration report as any modern host does (its
+/// `_meta.clientInfo`, the revision it sent), on a route the report names as having a
+/// legacy upstream.
 pub(super) async fn handle(
     gw: &Arc<Route>,
+    connection: &ConnectionTelemetry,
     req: HttpRequest<RequestBody>,
     transport: LegacyTransport,
     forwarded: Forwarded,
 ) -> HttpResponse<GatewayBody> {
+    let started = std::time::Instant::now();
     let (parts, body) = req.into_parts();
+    let revision = parts
+        .headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let method = parts
+        .headers
+        .get("mcp-method")
+        .and_then(|v| v.to_str().ok())
+        .map_or(Method::Other, Method::from_name);
     let bytes = match super::passthrough::read_body(body, gw.config.max_body_bytes).await {
         Ok(b) => b,
         Err(too_large) => return too_large,
     };
-    handle_read(gw, &parts, &bytes, transport, forwarded).await
+    gw.telemetry.identify(connection, &revision, &bytes);
+    let response = handle_read(gw, &parts, &bytes, transport, forwarded).await;
+    gw.telemetry
+        .passthrough(connection, method, &revision, response.status(), started);
+    response
 }
 
 /// [`handle`] for a request whose body was read already (a pass-through request found
