@@ -23,9 +23,8 @@ use http_body_util::{BodyExt, Full};
 use legacy_server::Proc;
 use modern_host::{call, post, text, Gateway, WAIT};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// A legacy server with an event store, on a free port.
 struct Peer {
@@ -57,37 +56,8 @@ impl Peer {
     }
 
     /// Runs `command` and waits for the `PORT <n>` line it prints.
-    fn spawn(mut command: Command) -> Self {
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn the legacy server");
-        let stdout = child.stdout.take().expect("stdout");
-        let proc = Proc(child);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(p) = line.strip_prefix("PORT ") {
-                    let _ = tx.send(p.trim().parse::<u16>().ok());
-                }
-            }
-        });
-        let port = rx
-            .recv_timeout(WAIT)
-            .ok()
-            .flatten()
-            .expect("the legacy server printed its port");
-        let deadline = std::time::Instant::now() + WAIT;
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "server never listened"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+    fn spawn(command: Command) -> Self {
+        let (proc, port) = legacy_server::listening(command);
         Self { _proc: proc, port }
     }
 

@@ -48,6 +48,42 @@ impl Drop for Proc {
     }
 }
 
+/// Spawns a server that prints `PORT n` on its stdout once bound, and returns it with
+/// that port once it accepts connections (both fail the test after [`WAIT`]).
+pub(crate) fn listening(mut command: Command) -> (Proc, u16) {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn the legacy server");
+    let stdout = child.stdout.take().expect("stdout");
+    let proc = Proc(child);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(p) = line.strip_prefix("PORT ") {
+                let _ = tx.send(p.trim().parse::<u16>().ok());
+            }
+        }
+    });
+    let port = rx
+        .recv_timeout(WAIT)
+        .ok()
+        .flatten()
+        .expect("the legacy server printed its port");
+    let deadline = std::time::Instant::now() + WAIT;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server never listened"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (proc, port)
+}
+
 /// The Python FastMCP server over HTTP (`streamable-http` or `sse`).
 pub(crate) struct PyServer {
     _proc: Proc,
@@ -62,39 +98,9 @@ impl PyServer {
 
     /// On `port` (0: any free one); returns once it accepts connections.
     pub(crate) fn spawn_on(mode: &str, port: u16) -> Self {
-        let mut child = Command::new(python())
-            .arg(server_script())
-            .arg(mode)
-            .arg(port.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn the Python legacy server");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(p) = line.strip_prefix("PORT ") {
-                    let _ = tx.send(p.trim().parse::<u16>().ok());
-                }
-            }
-        });
-        let proc = Proc(child);
-        let port = rx
-            .recv_timeout(WAIT)
-            .ok()
-            .flatten()
-            .expect("the Python server printed its port");
-        let deadline = std::time::Instant::now() + WAIT;
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "server never listened"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mut command = Command::new(python());
+        command.arg(server_script()).arg(mode).arg(port.to_string());
+        let (proc, port) = listening(command);
         Self { _proc: proc, port }
     }
 
