@@ -10,8 +10,8 @@
 //! order, on the host request's own stream.
 //!
 //! The peers need the interop suite's dependencies: without them these tests fail
-//! (they never skip); `cd tests/interop/ts && npm ci` and
-//! `python3 tests/interop/run.py --prepare-legacy-python` install them.
+//! (they never skip); `python3 tests/interop/run.py --prepare-legacy-peers` installs
+//! them.
 
 #[path = "common/legacy_server.rs"]
 mod legacy_server;
@@ -38,7 +38,7 @@ impl Peer {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/ts");
         assert!(
             dir.join("node_modules/@modelcontextprotocol/sdk").exists(),
-            "{} has no node_modules: run `npm ci` there",
+            "{} has no node_modules: run `python3 tests/interop/run.py --prepare-legacy-peers`",
             dir.display()
         );
         let mut command = Command::new("node");

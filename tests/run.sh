@@ -17,8 +17,9 @@ cd "$(dirname "$0")/.."
 # The real peers of the service-backed tests (Redis, HAProxy, PostgreSQL, Chromium),
 # installed from Debian when missing.
 bash tests/services/debian.sh
-# The legacy upstream of tests/legacy_upstream.rs: the interop suite's mcp 1.30.0 venv.
-python3 tests/interop/run.py --prepare-legacy-python
+# The legacy servers the cargo tests spawn: the interop suite's mcp 1.30.0 venv and its
+# pinned TypeScript SDK (tests/legacy_upstream.rs, tests/reverse_*.rs).
+python3 tests/interop/run.py --prepare-legacy-peers
 cargo test --workspace --locked --all-features "$@"
 python3 tests/interop/run.py
 bash tests/kit/run.sh

@@ -1361,8 +1361,17 @@ def main() -> int:
                     help="the reverse part's legacy server columns to run (default: all)")
     ap.add_argument("--prepare-legacy-python", action="store_true",
                     help="only install the mcp 1.30.0 venv (the legacy upstream of tests/legacy_upstream.rs)")
+    ap.add_argument("--prepare-legacy-peers", action="store_true",
+                    help="only install the legacy servers the cargo tests spawn: the mcp 1.30.0 venv "
+                         "and the TypeScript SDK 1.32.2 in tests/interop/ts (tests/reverse_resume.rs)")
     args = ap.parse_args()
-    if args.prepare_legacy_python:
+    if args.prepare_legacy_peers:
+        try:
+            ensure_ts()
+        except PeerError as e:
+            print(f"TypeScript SDK 1.32.2: NOT AVAILABLE: {e}", flush=True)
+            return 1
+    if args.prepare_legacy_python or args.prepare_legacy_peers:
         CACHE.mkdir(parents=True, exist_ok=True)
         PY_LEGACY.ensure()
         if PY_LEGACY.error:
