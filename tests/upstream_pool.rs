@@ -243,7 +243,7 @@ async fn a_pass_through_request_goes_to_the_next_instance_with_its_body() {
     let b = instance("b", json!({"tools": {}})).await;
     let (gw, _admin) = gateway(&ws, &[&a.url, &b.url]);
     // The first request's turn is a's, which is gone before anything reached it.
-    a.stop();
+    a.stopped().await;
     let client = http_client();
     let args = json!({"name": "confirm", "arguments": {"note": "x".repeat(200_000)}});
     let body = modern_request(json!("big"), "tools/call", args.clone(), json!({}));

@@ -916,6 +916,27 @@ impl Upstream {
         }
     }
 
+    /// [`Upstream::stop`], returning once the address refuses connections (the
+    /// accept loop's abort lands at its next await, so a connection it accepted just
+    /// before may have started a task `stop` did not see: those are aborted too).
+    pub async fn stopped(&self) {
+        self.stop();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(self.serving.addr)
+            .await
+            .is_ok()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the stopped upstream still accepts"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for c in self.state.conn_tasks.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+
     /// Serves again on the same address, after [`Upstream::stop`].
     pub async fn restart(&mut self) {
         let mut listener = None;
