@@ -18,8 +18,6 @@ mod legacy_server;
 #[path = "common/modern_host.rs"]
 mod modern_host;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 use legacy_server::Proc;
 use modern_host::{call, post, text, Gateway, WAIT};
 use serde_json::{json, Value};
@@ -67,18 +65,7 @@ impl Peer {
 
     /// The server's own counts (`GET /stats`).
     async fn stats(&self) -> Value {
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build_http::<Full<Bytes>>();
-        let uri: http::Uri = format!("http://127.0.0.1:{}/stats", self.port)
-            .parse()
-            .expect("uri");
-        let resp = tokio::time::timeout(WAIT, client.get(uri))
-            .await
-            .expect("stats in time")
-            .expect("stats");
-        let body = resp.into_body().collect().await.expect("body").to_bytes();
-        serde_json::from_slice(&body).expect("stats JSON")
+        legacy_server::stats_of(&format!("http://127.0.0.1:{}/stats", self.port)).await
     }
 }
 

@@ -111,16 +111,7 @@ impl PyServer {
 
     /// The server's own request counts: "POST /mcp initialize", "DELETE /mcp", …
     pub(crate) async fn stats(&self) -> Value {
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build_http::<Full<Bytes>>();
-        let uri: http::Uri = self.url("/stats").parse().expect("uri");
-        let resp = tokio::time::timeout(WAIT, client.get(uri))
-            .await
-            .expect("stats in time")
-            .expect("stats");
-        let body = resp.into_body().collect().await.expect("body").to_bytes();
-        serde_json::from_slice(&body).expect("stats JSON")
+        stats_of(&self.url("/stats")).await
     }
 
     /// How many requests of `key` reached it.
@@ -131,4 +122,17 @@ impl PyServer {
             .and_then(Value::as_u64)
             .unwrap_or(0)
     }
+}
+
+/// A test server's own counts (`GET url`, JSON).
+pub(crate) async fn stats_of(url: &str) -> Value {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let uri: http::Uri = url.parse().expect("uri");
+    let resp = tokio::time::timeout(WAIT, client.get(uri))
+        .await
+        .expect("stats in time")
+        .expect("stats");
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    serde_json::from_slice(&body).expect("stats JSON")
 }
