@@ -89,10 +89,15 @@ async fn any_replica_serves_any_request_of_a_session() {
     let (live, event) = until_elicitation(&mut stream).await;
     assert!(event.contains('.'), "event ids are <stream>.<seq>: {event}");
 
-    // The answer on A, the result on B's stream.
+    // The answer on A, the result on B's stream; A counts the round trips its step
+    // (and the retry's) made.
+    let trips = round_trips(&c, 0).await;
+    assert!(trips > 0.0, "A has sent Redis round trips: {trips}");
     host.url = a.clone();
     let answered = host.post(&accept(&live)).await;
     assert_eq!(answered.status, 202);
+    let moved = round_trips(&c, 0).await;
+    assert!(moved > trips, "A's round trips moved: {trips} -> {moved}");
     let result = until_response(&mut stream, &call).await;
     assert!(
         result["result"]["content"][0]["text"]
@@ -326,6 +331,24 @@ async fn redis_trouble_gives_a_clear_error_and_heals_by_itself() {
         .await;
     assert_eq!(reply.status, 404);
     readyz_until(&admin, 200, "session store: ready").await;
+}
+
+/// Gateway `i`'s `dualera_store_redis_round_trips_total` (its `/metrics`).
+async fn round_trips(c: &Cluster, i: usize) -> f64 {
+    let r = raw(
+        &http_client(),
+        http::Method::GET,
+        &format!("{}/metrics", c.admin(i)),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    metric(
+        &String::from_utf8_lossy(&r.body),
+        "dualera_store_redis_round_trips_total",
+        &[],
+    )
 }
 
 /// Polls `/readyz` until it answers `status` with a body containing `text`.

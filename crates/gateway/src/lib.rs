@@ -657,18 +657,21 @@ impl Gateway {
                 }
             })
             .collect();
-        let metrics = Arc::new(
-            metrics::Metrics::new(
-                built.iter().map(|b| b.cache.clone()).collect(),
-                built
-                    .iter()
-                    .map(|b| (b.path.clone(), b.upstream.clone()))
-                    .collect(),
-                report.clone(),
-            )
-            .with_upstream_sessions(upstream_sessions.clone())
-            .with_collector(Box::new(reverse::stats::Collector(reverse.clone()))),
-        );
+        let mut metrics = metrics::Metrics::new(
+            built.iter().map(|b| b.cache.clone()).collect(),
+            built
+                .iter()
+                .map(|b| (b.path.clone(), b.upstream.clone()))
+                .collect(),
+            report.clone(),
+        )
+        .with_upstream_sessions(upstream_sessions.clone())
+        .with_collector(Box::new(reverse::stats::Collector(reverse.clone())));
+        if let Some(shared) = built.iter().find_map(|b| b.redis.clone()) {
+            // One store for every route: its counters once.
+            metrics = metrics.with_collector(Box::new(store::StoreCollector(shared)));
+        }
+        let metrics = Arc::new(metrics);
         let readiness = Arc::new(readiness::Readiness::new(
             built.iter().map(|b| b.path.clone()).collect(),
         ));

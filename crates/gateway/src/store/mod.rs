@@ -261,3 +261,28 @@ pub(super) trait SessionStore: Send + Sync {
         session: &Self::Session,
     ) -> impl Future<Output = Response<GatewayBody>> + Send;
 }
+
+/// The shared store's counters, read at each scrape (registered only when a
+/// `redis://` store is configured).
+#[derive(Debug)]
+pub(crate) struct StoreCollector(pub(crate) Arc<redis::RedisSessions>);
+
+impl prometheus_client::collector::Collector for StoreCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::TypedMetric;
+        let metric = ConstCounter::new(self.0.round_trips());
+        let family = encoder.encode_descriptor(
+            "dualera_store_redis_round_trips",
+            "Calls this replica sent to Redis through its session store (a script or a \
+             pipeline counts one)",
+            None,
+            ConstCounter::<u64>::TYPE,
+        )?;
+        metric.encode(family)
+    }
+}

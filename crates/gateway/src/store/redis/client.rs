@@ -15,11 +15,12 @@ use crate::store::StoreError;
 use redis::aio::AsyncPushSender;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script, Value as RValue};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Compare-and-set of one session, with every effect of the step in the same
-/// transaction: stream entries, leases created and dropped, keys deleted, the timer,
+/// transaction: stream entries, leases created and dropped, keys deleted, the timer
+/// (when it changed),
 /// the session count, wake-ups. `KEYS[1]` the session hash; `ARGV[1]` the version read,
 /// `ARGV[2]` the new state, `ARGV[3]` the effects (JSON, see `stored::Ops`), then the
 /// payloads the effects name by their `ARGV` index (messages, lease records: passed
@@ -96,10 +97,12 @@ for _, k in ipairs(ops.lease_del) do
   redis.call('ZREM', ops.leases, k)
 end
 for _, k in ipairs(ops.del) do redis.call('DEL', k) end
-if ops.due and not ops.tomb then
-  redis.call('ZADD', ops.timers, ops.due, ops.sid)
-else
-  redis.call('ZREM', ops.timers, ops.sid)
+if ops.tw then
+  if ops.due and not ops.tomb then
+    redis.call('ZADD', ops.timers, ops.due, ops.sid)
+  else
+    redis.call('ZREM', ops.timers, ops.sid)
+  end
 end
 for _, h in ipairs(ops.hold) do redis.call('SET', h[1], h[2], 'PX', h[3]) end
 local handed = {}
@@ -192,40 +195,39 @@ if o.disc then redis.call('SET', o.disc, o.dv, 'PX', o.ttl) end
 return 1 + evicted
 ";
 
-/// Claims due timers: each returned session's score moves to `ARGV[3]`, so a replica
-/// that dies before handling it leaves it to another after that. `KEYS[1]` the zset.
-const CLAIM_TIMERS: &str = r"
+/// The sweeper's periodic work in one round trip: claims due timers (each returned
+/// session's score moves to `ARGV[3]`, so a replica that dies before handling it leaves
+/// it to another after that) and, when `ARGV[4]` is not 0, takes over leases past
+/// their deadline (owner := `ARGV[5]`, deadline := `ARGV[6]`). `KEYS` the timers zset,
+/// the leases zset; `ARGV` now, timers at most, claim until, leases at most, owner,
+/// deadline. Returns `{due sessions, flat (lease key, record, previous owner)}`.
+const SWEEP: &str = r"
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 for _, sid in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[3], sid) end
-return due
-";
-
-/// Takes over leases past their deadline: owner := `ARGV[3]`, deadline := `ARGV[4]`.
-/// Returns a flat list of (lease key, record, previous owner).
-const CLAIM_LEASES: &str = r"
 local out = {}
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-for _, k in ipairs(due) do
-  local rec = redis.call('HGET', k, 'rec')
-  if not rec then
-    redis.call('ZREM', KEYS[1], k)
-  else
-    local d = tonumber(redis.call('HGET', k, 'deadline'))
-    if d and d <= tonumber(ARGV[1]) then
-      local prev = redis.call('HGET', k, 'owner') or ''
-      redis.call('HSET', k, 'owner', ARGV[3], 'deadline', ARGV[4])
-      redis.call('ZADD', KEYS[1], ARGV[4], k)
+if ARGV[4] ~= '0' then
+  local now = tonumber(ARGV[1])
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[4]))
+  for _, k in ipairs(gone) do
+    local l = redis.call('HMGET', k, 'rec', 'deadline', 'owner')
+    local rec = l[1]
+    local d = tonumber(l[2])
+    if not rec then
+      redis.call('ZREM', KEYS[2], k)
+    elseif d and d <= now then
+      redis.call('HSET', k, 'owner', ARGV[5], 'deadline', ARGV[6])
+      redis.call('ZADD', KEYS[2], ARGV[6], k)
       table.insert(out, k)
       table.insert(out, rec)
-      table.insert(out, prev)
+      table.insert(out, l[3] or '')
     elseif d then
-      redis.call('ZADD', KEYS[1], d, k)
+      redis.call('ZADD', KEYS[2], d, k)
     else
-      redis.call('ZREM', KEYS[1], k)
+      redis.call('ZREM', KEYS[2], k)
     end
   end
 end
-return out
+return {due, out}
 ";
 
 /// Renews a lease this replica holds (and the session's TTL). `KEYS` lease, leases
@@ -287,6 +289,15 @@ pub(super) enum Stored {
     Gone,
 }
 
+/// What one sweeper tick claimed.
+#[derive(Debug)]
+pub(super) struct Swept {
+    /// Sessions whose timers are due.
+    pub(super) due: Vec<String>,
+    /// Leases taken over: (lease key, record, previous owner).
+    pub(super) leases: Vec<(String, Vec<u8>, String)>,
+}
+
 /// One entry of a stream: its sequence number, message (absent on a bare end
 /// marker), and whether it ends the stream.
 #[derive(Debug)]
@@ -303,13 +314,14 @@ pub(super) struct Redis {
     timeout: Duration,
     step: Script,
     create: Script,
-    claim_timers: Script,
-    claim_leases: Script,
+    sweep: Script,
     renew_lease: Script,
     renew_holder: Script,
     release_holder: Script,
     /// Whether the last command reached Redis (readiness).
     up: AtomicBool,
+    /// Calls sent to Redis (a script or a pipeline is one).
+    trips: AtomicU64,
 }
 
 impl std::fmt::Debug for Redis {
@@ -363,12 +375,12 @@ impl Redis {
             timeout,
             step: Script::new(STEP),
             create: Script::new(CREATE),
-            claim_timers: Script::new(CLAIM_TIMERS),
-            claim_leases: Script::new(CLAIM_LEASES),
+            sweep: Script::new(SWEEP),
             renew_lease: Script::new(RENEW_LEASE),
             renew_holder: Script::new(RENEW_HOLDER),
             release_holder: Script::new(RELEASE_HOLDER),
             up: AtomicBool::new(true),
+            trips: AtomicU64::new(0),
         })
     }
 
@@ -377,10 +389,17 @@ impl Redis {
         self.up.load(Ordering::Relaxed)
     }
 
+    /// Round trips to Redis so far: every call through this client, a script or a
+    /// pipeline counting one.
+    pub(super) fn round_trips(&self) -> u64 {
+        self.trips.load(Ordering::Relaxed)
+    }
+
     async fn bounded<T>(
         &self,
         f: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
+        self.trips.fetch_add(1, Ordering::Relaxed);
         let outcome = match tokio::time::timeout(self.timeout, f).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(source)) => Err(StoreError::Unreachable { source }),
@@ -503,49 +522,37 @@ impl Redis {
         self.bounded(p.query_async::<()>(&mut c)).await
     }
 
-    /// Due timers, claimed until `claim_until`.
-    pub(super) async fn claim_timers(
+    /// The sweeper's tick (see [`SWEEP`]): sessions with due timers, claimed until
+    /// `claim_until`; with `leases` above 0, leases past their deadline taken over by
+    /// `owner` until `deadline`: (lease key, record, previous owner).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn sweep(
         &self,
-        zset: &str,
+        timers: &str,
+        leases_zset: &str,
         now: u64,
-        limit: usize,
+        due_at_once: usize,
         claim_until: u64,
-    ) -> Result<Vec<String>, StoreError> {
-        let mut c = self.commands.clone();
-        self.bounded(
-            self.claim_timers
-                .key(zset)
-                .arg(now)
-                .arg(limit)
-                .arg(claim_until)
-                .invoke_async(&mut c),
-        )
-        .await
-    }
-
-    /// Leases past their deadline, taken over by `owner` until `deadline`: (lease key,
-    /// record, previous owner).
-    pub(super) async fn claim_leases(
-        &self,
-        zset: &str,
-        now: u64,
-        limit: usize,
+        leases: usize,
         owner: &str,
         deadline: u64,
-    ) -> Result<Vec<(String, Vec<u8>, String)>, StoreError> {
+    ) -> Result<Swept, StoreError> {
         let mut c = self.commands.clone();
-        let flat: Vec<RValue> = self
+        let (due, flat): (Vec<String>, Vec<RValue>) = self
             .bounded(
-                self.claim_leases
-                    .key(zset)
+                self.sweep
+                    .key(timers)
+                    .key(leases_zset)
                     .arg(now)
-                    .arg(limit)
+                    .arg(due_at_once)
+                    .arg(claim_until)
+                    .arg(leases)
                     .arg(owner)
                     .arg(deadline)
                     .invoke_async(&mut c),
             )
             .await?;
-        Ok(flat
+        let leases = flat
             .chunks(3)
             .filter_map(|c| {
                 Some((
@@ -554,7 +561,8 @@ impl Redis {
                     as_string(c.get(2)?).unwrap_or_default(),
                 ))
             })
-            .collect())
+            .collect();
+        Ok(Swept { due, leases })
     }
 
     /// Renews `owner`'s lease; false when it lost it.
@@ -685,13 +693,6 @@ impl Redis {
     pub(super) async fn subscribe(&self, channel: &str) -> Result<(), StoreError> {
         let mut c = self.pubsub.clone();
         self.bounded(c.subscribe(channel)).await
-    }
-
-    /// `PING` on the command connection.
-    pub(super) async fn ping(&self) -> Result<(), StoreError> {
-        let mut c = self.commands.clone();
-        self.bounded(redis::cmd("PING").query_async::<()>(&mut c))
-            .await
     }
 }
 

@@ -58,10 +58,10 @@ impl driver::Feed for RedisFeed<'_> {
     }
 }
 
-/// How often due timers are looked for.
+/// How often due timers are looked for (the sweeper's tick).
 const TIMER_PERIOD: Duration = Duration::from_millis(100);
-/// How often leases past their deadline are looked for.
-const LEASE_PERIOD: Duration = Duration::from_millis(250);
+/// Leases past their deadline are looked for every so many ticks.
+const LEASE_EVERY: u64 = 2;
 /// Timers claimed per look.
 const TIMERS_AT_ONCE: usize = 32;
 /// Leases taken over per look.
@@ -232,8 +232,12 @@ impl RedisSessions {
 
     /// Fires one session's due timers.
     async fn fire_timers(self: Arc<Self>, gw: Arc<Route>, sid: String) {
+        let ctx = Ctx {
+            timer: true,
+            ..Ctx::default()
+        };
         let fed = self
-            .step(&gw, &sid, &Ctx::default(), |record, now| {
+            .step(&gw, &sid, &ctx, |record, now| {
                 record.machine.handle_timeout(now);
                 Ok::<(), ()>(())
             })
@@ -305,35 +309,51 @@ impl RedisSessions {
     }
 }
 
-/// The sweeper: due timers and leases past their deadline, forever (aborted at stop).
+/// The sweeper: due timers and leases past their deadline, forever (aborted at stop),
+/// one script per tick. Its round trip also keeps readiness current while no traffic
+/// flows.
 pub(super) async fn sweep(sessions: Arc<RedisSessions>, gw: Arc<Route>) {
-    let mut timers = tokio::time::interval(TIMER_PERIOD);
-    let mut leases = tokio::time::interval(LEASE_PERIOD);
+    let mut tick = tokio::time::interval(TIMER_PERIOD);
     let claim = u64::try_from(TIMER_CLAIM.as_millis()).unwrap_or(u64::MAX);
+    let timers = sessions.keys.timers();
+    let leases = sessions.keys.leases();
+    let mut n = 0u64;
     loop {
-        tokio::select! {
-            _ = timers.tick() => {
-                let now = wall_ms();
-                match sessions.redis.claim_timers(&sessions.keys.timers(), now, TIMERS_AT_ONCE, now + claim).await {
-                    Ok(due) => {
-                        for sid in due {
-                            tokio::spawn(sessions.clone().fire_timers(gw.clone(), sid));
-                        }
-                    }
-                    Err(e) => debug!(error = %e, "timers not swept"),
+        tick.tick().await;
+        n = n.wrapping_add(1);
+        let now = wall_ms();
+        let look = if n % LEASE_EVERY == 0 {
+            LEASES_AT_ONCE
+        } else {
+            0
+        };
+        let swept = sessions
+            .redis
+            .sweep(
+                &timers,
+                &leases,
+                now,
+                TIMERS_AT_ONCE,
+                now + claim,
+                look,
+                &sessions.replica,
+                now + sessions.lease_ms(),
+            )
+            .await;
+        match swept {
+            Ok(swept) => {
+                for sid in swept.due {
+                    tokio::spawn(sessions.clone().fire_timers(gw.clone(), sid));
+                }
+                for (lease, record, previous) in swept.leases {
+                    tokio::spawn(
+                        sessions
+                            .clone()
+                            .take_over(gw.clone(), lease, record, previous),
+                    );
                 }
             }
-            _ = leases.tick() => {
-                let now = wall_ms();
-                match sessions.redis.claim_leases(&sessions.keys.leases(), now, LEASES_AT_ONCE, &sessions.replica, now + sessions.lease_ms()).await {
-                    Ok(taken) => {
-                        for (lease, record, previous) in taken {
-                            tokio::spawn(sessions.clone().take_over(gw.clone(), lease, record, previous));
-                        }
-                    }
-                    Err(e) => debug!(error = %e, "leases not swept"),
-                }
-            }
+            Err(e) => debug!(error = %e, "timers and leases not swept"),
         }
     }
 }

@@ -210,6 +210,8 @@ struct Ctx {
     auth: Option<String>,
     /// The step ends the session (DELETE).
     tomb: bool,
+    /// The step fires timers the sweeper claimed.
+    timer: bool,
     /// The step feeds the end of this upstream exchange (its lease goes).
     done_upstream: Option<RequestId>,
     /// The host request waiting on the first exchange the step starts.
@@ -411,6 +413,11 @@ impl RedisSessions {
         self.redis.is_up()
     }
 
+    /// Round trips this replica made to Redis (`dualera_store_redis_round_trips`).
+    pub(crate) fn round_trips(&self) -> u64 {
+        self.redis.round_trips()
+    }
+
     /// Starts the background tasks: subscriptions, the sweeper, cancellations.
     pub(crate) fn start(self: &Arc<Self>, gw: &Arc<Route>) {
         let (cancel_tx, mut cancel_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -425,17 +432,10 @@ impl RedisSessions {
             }
         });
         let subs = tokio::spawn(self.wakes.clone().run(self.redis.clone()));
+        // The sweeper's tick also keeps readiness current while no traffic flows.
         let sweeper = tokio::spawn(exchange::sweep(self.clone(), gw.clone()));
-        let me = self.clone();
-        let probe = tokio::spawn(async move {
-            // Keeps readiness current while no traffic flows.
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                let _ = me.redis.ping().await;
-            }
-        });
         if let Ok(mut t) = self.tasks.lock() {
-            t.extend([cancels, subs, sweeper, probe]);
+            t.extend([cancels, subs, sweeper]);
         }
         info!(replica = %self.replica, "shared session store in use");
     }
@@ -953,10 +953,13 @@ impl RedisSessions {
         // The last use moves in the zsets at most every `touch_ms` per replica: their
         // order (idlest first, for eviction) is that coarse, and pruning allows for it.
         ops.touch = now.saturating_sub(touched) >= self.touch_ms();
-        ops.due = record
-            .machine
-            .poll_timeout()
-            .map(|t| t.as_millis().to_string());
+        // The timers zset is written only when the deadline changes (the record keeps
+        // what was last written), when a claimed timer fires (its claim moved the
+        // score), and when the session ends.
+        let due = record.machine.poll_timeout().map(|t| t.as_millis());
+        ops.tw = due != record.due || ctx.timer || ctx.tomb;
+        record.due = due;
+        ops.due = due.map(|d| d.to_string());
         if ctx.tomb {
             ops.tomb = Some(ttl.min(60_000).to_string());
             for s in &record.streams {
@@ -1214,8 +1217,9 @@ impl RedisSessions {
             next_stream: 0,
             auth: Vec::new(),
             forwarded: forwarded.to_pairs(),
-            // CREATE leaves the session out of `busy`.
+            // CREATE leaves the session out of `busy`, and of the timers zset.
             busy: false,
+            due: None,
             machine,
         };
         let Ok(blob) = serde_json::to_vec(&record) else {

@@ -66,6 +66,10 @@ pub(super) struct Record {
     /// is).
     #[serde(default, rename = "b", skip_serializing_if = "std::ops::Not::not")]
     pub(super) busy: bool,
+    /// The machine's next deadline as the last step wrote it to the timers zset, ms
+    /// since the Unix epoch (a step writes the zset only when this changes).
+    #[serde(default, rename = "t", skip_serializing_if = "Option::is_none")]
+    pub(super) due: Option<u64>,
     /// The session machine.
     pub(super) machine: Session,
 }
@@ -251,6 +255,10 @@ pub(super) struct Ops {
     /// The machine's next deadline.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) due: Option<String>,
+    /// The step writes the timers zset (`due`, or its removal): the deadline changed,
+    /// the step fires a claimed timer, or it ends the session.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(super) tw: bool,
     /// The discover key to keep alive.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) disc: Option<String>,
