@@ -11,7 +11,8 @@
 //!
 //! The sweeper also fires the machines' timers: every replica claims due sessions from
 //! a shared sorted set (moving them a few seconds ahead, so a replica that dies while
-//! handling one leaves it to another) and feeds `handle_timeout`.
+//! handling one leaves it to another) and feeds `handle_timeout`. Both looks are one
+//! script, one round trip per tick.
 
 use super::stored::{LeaseRecord, Record};
 use super::{wall_ms, Ctx, RedisSessions, Running, StepError};
@@ -322,7 +323,7 @@ pub(super) async fn sweep(sessions: Arc<RedisSessions>, gw: Arc<Route>) {
         tick.tick().await;
         n = n.wrapping_add(1);
         let now = wall_ms();
-        let look = if n % LEASE_EVERY == 0 {
+        let look = if n.is_multiple_of(LEASE_EVERY) {
             LEASES_AT_ONCE
         } else {
             0
