@@ -26,7 +26,7 @@ impl fmt::Display for BatchId {
 /// that carried that request, [`PeerStream::Batch`] the one of a POST that carried a
 /// batch, and [`PeerStream::Standalone`] the GET stream. The 2024-11-05 HTTP+SSE
 /// transport, stdio and WebSocket have one channel: the driver sends everything there.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PeerStream {
     /// The response stream of the legacy request with this id. A response carrying this
     /// id is the last message on it.
@@ -35,6 +35,21 @@ pub enum PeerStream {
     Batch(BatchId),
     /// The stream for messages unrelated to any request (HTTP GET).
     Standalone,
+}
+
+/// As [`RequestId`]'s hash: the id alone for a request's stream (the most looked-up
+/// key of a session's stream table), a tag byte after the others.
+impl std::hash::Hash for PeerStream {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        match self {
+            Self::Request(id) => id.hash(state),
+            Self::Batch(b) => {
+                state.write_u64(b.0);
+                state.write_u8(1);
+            }
+            Self::Standalone => state.write_u8(2),
+        }
+    }
 }
 
 /// Why the machine sends a request upstream.

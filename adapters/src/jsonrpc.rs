@@ -10,12 +10,25 @@ use std::fmt;
 
 /// A JSON-RPC request id. MCP allows strings and integers, never `null`. Ordered
 /// (integers first) so that serialized maps keyed by ids are deterministic.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum RequestId {
     /// An integer id.
     Number(i64),
     /// A string id.
     String(String),
+}
+
+/// One write per id where the derived hash made two (the variant, then the value): a
+/// session's maps are keyed by ids, and a request looks them up a dozen times. Equal
+/// ids still hash equally; a number and a string may share a hash, which equality
+/// tells apart (a pair at most: nothing to flood a table with).
+impl std::hash::Hash for RequestId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        match self {
+            Self::Number(n) => state.write_i64(*n),
+            Self::String(s) => s.hash(state),
+        }
+    }
 }
 
 impl RequestId {

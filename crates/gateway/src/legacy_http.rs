@@ -116,11 +116,6 @@ async fn front<S: SessionStore>(
     req: Request<RequestBody>,
     forwarded: Forwarded,
 ) -> Response<GatewayBody> {
-    let session_header = req
-        .headers()
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
     if let Some(v) = req.headers().get("mcp-protocol-version") {
         let known = v
             .to_str()
@@ -139,7 +134,12 @@ async fn front<S: SessionStore>(
         }
     }
     let auth = super::auth::credentials(req.headers());
-    let existing = match &session_header {
+    // Borrowed from the request's head, which lives as long as this call.
+    let session_header = req
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok());
+    let existing = match session_header {
         None => None,
         Some(id) => match store.find(gw, id, auth.as_ref()).await {
             Ok(Lookup::Found(h)) => Some(h),

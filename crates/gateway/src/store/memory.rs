@@ -1101,7 +1101,10 @@ fn perform(
             handle: handle.clone(),
         };
         let inline = watch.is_some();
-        let (exchange, abort) = abortable(
+        // Boxed where it is built: the exchange's future is large (the upstream stack's
+        // futures inline), and every wrapper taking it by value (the abort handle, the
+        // boxed `Exchange`) would copy all of it again.
+        let exchange: Exchange = Box::pin(
             async move {
                 driver::exchange(
                     &feed.gw,
@@ -1114,6 +1117,7 @@ fn perform(
             }
             .instrument(span),
         );
+        let (exchange, abort) = abortable(exchange);
         s.upstream_tasks.insert(id, abort);
         let exchange: Exchange = Box::pin(async move {
             let _ = exchange.await;

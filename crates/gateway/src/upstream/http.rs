@@ -161,14 +161,31 @@ impl HttpUpstream {
                 detail: "only requests are exchanged".into(),
             });
         };
-        let mut builder = Request::post(self.uri.clone())
-            .header(header::CONTENT_TYPE, "application/json")
-            .header(header::ACCEPT, "application/json, text/event-stream")
-            .header("mcp-protocol-version", ProtocolVersion::V2026_07_28)
-            .header("mcp-method", r.method.as_str());
-        if let Some(a) = &self.authority {
-            builder = builder.header(header::HOST, a.as_str());
+        // The head is written into the request's own map with names known at compile
+        // time: a `Request::builder` parses every name and moves itself per header.
+        let mut req = Request::new(full(Bytes::from(request.to_vec())));
+        *req.method_mut() = http::Method::POST;
+        *req.uri_mut() = self.uri.clone();
+        let h = req.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        h.insert(
+            MCP_PROTOCOL_VERSION,
+            HeaderValue::from_static(ProtocolVersion::V2026_07_28),
+        );
+        if let Some(host) = &self.host {
+            h.insert(header::HOST, host.clone());
         }
+        let method =
+            HeaderValue::from_str(r.method.as_str()).map_err(|e| UpstreamError::Protocol {
+                detail: e.to_string(),
+            })?;
         let name_field = match r.method.as_str() {
             "tools/call" | "prompts/get" => Some("name"),
             "resources/read" => Some("uri"),
@@ -177,25 +194,29 @@ impl HttpUpstream {
             "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
             _ => None,
         };
+        h.insert(MCP_METHOD, method);
         if let Some(name) = name_field
             .and_then(|f| r.params.as_ref()?.get(f))
             .and_then(Value::as_str)
         {
-            builder = builder.header("mcp-name", encode_header_value(name));
+            let value = HeaderValue::try_from(encode_header_value(name)).map_err(|e| {
+                UpstreamError::Protocol {
+                    detail: e.to_string(),
+                }
+            })?;
+            h.insert(MCP_NAME, value);
         }
         // `x-mcp-header` parameters, encoded like `Mcp-Name` (2026-07-28 transports,
         // "Value Encoding"); names were checked as field-name tokens when learned.
         for (name, value) in params {
-            builder = builder.header(name.as_str(), encode_header_value(value));
+            let invalid = |detail: String| UpstreamError::Protocol { detail };
+            let name = http::header::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|e| invalid(e.to_string()))?;
+            let value = HeaderValue::try_from(encode_header_value(value))
+                .map_err(|e| invalid(e.to_string()))?;
+            h.append(name, value);
         }
-        if let Some(h) = builder.headers_mut() {
-            on_behalf.apply(h);
-        }
-        let req = builder
-            .body(full(Bytes::from(request.to_vec())))
-            .map_err(|e| UpstreamError::Protocol {
-                detail: e.to_string(),
-            })?;
+        on_behalf.apply(h);
         let resp = self
             .client()
             .request(req)
@@ -234,6 +255,11 @@ impl HttpUpstream {
         })))
     }
 }
+
+const MCP_PROTOCOL_VERSION: http::header::HeaderName =
+    http::header::HeaderName::from_static("mcp-protocol-version");
+const MCP_METHOD: http::header::HeaderName = http::header::HeaderName::from_static("mcp-method");
+const MCP_NAME: http::header::HeaderName = http::header::HeaderName::from_static("mcp-name");
 
 /// An upstream SSE response body decoded into messages, one body frame at a time:
 /// the next frame is read only once every message of the last one was taken.
