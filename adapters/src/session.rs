@@ -665,7 +665,33 @@ impl Session {
 
     /// The next thing the driver must do, in order; `None` when there is nothing left.
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        let event = self.events.pop_front();
+        if event.is_none() && self.calls.is_empty() {
+            self.shrink_idle();
+        }
+        event
+    }
+
+    /// An idle session (no request in flight, every event drained) gives back what its
+    /// busiest moment left allocated: the event queue and the per-request tables keep
+    /// their capacity when emptied, and at 100k idle sessions that is most of their
+    /// memory. Only empty ones are shrunk, so a busy session never reallocates here.
+    fn shrink_idle(&mut self) {
+        if self.events.capacity() != 0 {
+            self.events = VecDeque::new();
+        }
+        if self.calls.capacity() != 0 {
+            self.calls.shrink_to_fit();
+        }
+        if self.live.is_empty() && self.live.capacity() != 0 {
+            self.live.shrink_to_fit();
+        }
+        if self.upstream.is_empty() && self.upstream.capacity() != 0 {
+            self.upstream.shrink_to_fit();
+        }
+        if self.batches.is_empty() && self.batches.capacity() != 0 {
+            self.batches.shrink_to_fit();
+        }
     }
 
     /// The earliest time [`handle_timeout`](Self::handle_timeout) must be called, if any
