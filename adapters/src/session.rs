@@ -485,7 +485,9 @@ pub struct Session {
     log_level: Option<String>,
     #[serde(skip)]
     discover: Option<Arc<Value>>,
-    init: Option<PendingInit>,
+    /// Boxed, like `listen`: set only while `initialize` waits, and the machine is
+    /// inline in every session's allocation (8 bytes of it instead of 48).
+    init: Option<Box<PendingInit>>,
     initialized_notified: bool,
     #[serde(with = "snapshot::pairs")]
     calls: HashMap<RequestId, Call>,
@@ -499,7 +501,7 @@ pub struct Session {
     batches: OwnMap<BatchId, Batch>,
     subscriptions: BTreeSet<String>,
     standalone_open: bool,
-    listen: Option<Listen>,
+    listen: Option<Box<Listen>>,
     ping: Option<RequestId>,
     /// `x-mcp-header` parameters of the upstream's tools, by tool name, as learned from
     /// the `tools/list` results that passed through.
@@ -1507,10 +1509,10 @@ impl Session {
         self.host_tasks = revision.version == ProtocolVersion::V2025_11_25
             && crate::tasks::host_declares(declared);
         self.state = SessionState::Initializing;
-        self.init = Some(PendingInit {
+        self.init = Some(Box::new(PendingInit {
             id: request.id,
             stream,
-        });
+        }));
         if self.discover.is_some() {
             self.answer_initialize();
         } else {
@@ -2250,11 +2252,7 @@ impl Session {
         if desired.as_ref() == self.listen.as_ref().map(|l| &l.filter) {
             return;
         }
-        if let Some(Listen {
-            state: ListenState::Open(id),
-            ..
-        }) = self.listen.take()
-        {
+        if let Some(ListenState::Open(id)) = self.listen.take().map(|l| l.state) {
             self.cancel_upstream(id, "subscription filter changed");
         }
         if let Some(filter) = desired {
@@ -2268,11 +2266,11 @@ impl Session {
             "_meta": self.upstream_meta(None, false),
             "notifications": filter.clone(),
         });
-        self.listen = Some(Listen {
+        self.listen = Some(Box::new(Listen {
             filter,
             state: ListenState::Open(id.clone()),
             failures,
-        });
+        }));
         self.send_upstream(UpstreamRole::Listen, id, "subscriptions/listen", params);
     }
 
