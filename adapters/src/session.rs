@@ -485,7 +485,9 @@ pub struct Session {
     log_level: Option<String>,
     #[serde(skip)]
     discover: Option<Arc<Value>>,
-    init: Option<PendingInit>,
+    /// Boxed, like `listen`: set only while `initialize` waits, and the machine is
+    /// inline in every session's allocation (8 bytes of it instead of 48).
+    init: Option<Box<PendingInit>>,
     initialized_notified: bool,
     #[serde(with = "snapshot::pairs")]
     calls: HashMap<RequestId, Call>,
@@ -499,7 +501,7 @@ pub struct Session {
     batches: OwnMap<BatchId, Batch>,
     subscriptions: BTreeSet<String>,
     standalone_open: bool,
-    listen: Option<Listen>,
+    listen: Option<Box<Listen>>,
     ping: Option<RequestId>,
     /// `x-mcp-header` parameters of the upstream's tools, by tool name, as learned from
     /// the `tools/list` results that passed through.
@@ -665,7 +667,33 @@ impl Session {
 
     /// The next thing the driver must do, in order; `None` when there is nothing left.
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        let event = self.events.pop_front();
+        if event.is_none() && self.calls.is_empty() {
+            self.shrink_idle();
+        }
+        event
+    }
+
+    /// An idle session (no request in flight, every event drained) gives back what its
+    /// busiest moment left allocated: the event queue and the per-request tables keep
+    /// their capacity when emptied, and at 100k idle sessions that is most of their
+    /// memory. Only empty ones are shrunk, so a busy session never reallocates here.
+    fn shrink_idle(&mut self) {
+        if self.events.capacity() != 0 {
+            self.events = VecDeque::new();
+        }
+        if self.calls.capacity() != 0 {
+            self.calls.shrink_to_fit();
+        }
+        if self.live.is_empty() && self.live.capacity() != 0 {
+            self.live.shrink_to_fit();
+        }
+        if self.upstream.is_empty() && self.upstream.capacity() != 0 {
+            self.upstream.shrink_to_fit();
+        }
+        if self.batches.is_empty() && self.batches.capacity() != 0 {
+            self.batches.shrink_to_fit();
+        }
     }
 
     /// The earliest time [`handle_timeout`](Self::handle_timeout) must be called, if any
@@ -1481,10 +1509,10 @@ impl Session {
         self.host_tasks = revision.version == ProtocolVersion::V2025_11_25
             && crate::tasks::host_declares(declared);
         self.state = SessionState::Initializing;
-        self.init = Some(PendingInit {
+        self.init = Some(Box::new(PendingInit {
             id: request.id,
             stream,
-        });
+        }));
         if self.discover.is_some() {
             self.answer_initialize();
         } else {
@@ -2224,11 +2252,7 @@ impl Session {
         if desired.as_ref() == self.listen.as_ref().map(|l| &l.filter) {
             return;
         }
-        if let Some(Listen {
-            state: ListenState::Open(id),
-            ..
-        }) = self.listen.take()
-        {
+        if let Some(ListenState::Open(id)) = self.listen.take().map(|l| l.state) {
             self.cancel_upstream(id, "subscription filter changed");
         }
         if let Some(filter) = desired {
@@ -2242,11 +2266,11 @@ impl Session {
             "_meta": self.upstream_meta(None, false),
             "notifications": filter.clone(),
         });
-        self.listen = Some(Listen {
+        self.listen = Some(Box::new(Listen {
             filter,
             state: ListenState::Open(id.clone()),
             failures,
-        });
+        }));
         self.send_upstream(UpstreamRole::Listen, id, "subscriptions/listen", params);
     }
 

@@ -181,8 +181,15 @@ impl Report {
             );
         }
         if let Some((n, b)) = self.bytes_per_session {
+            // The figure: RSS over the empty gateway, per session, at the
+            // highest level reached (100k unless `--sessions` says otherwise).
+            let at = if n >= 1000 && n % 1000 == 0 {
+                format!("{}k", n / 1000)
+            } else {
+                n.to_string()
+            };
             row(
-                &format!("≤ 4 KiB per idle legacy session (at {n})"),
+                &format!("bytes per idle session at {at} ≤ 4,096 (legacy, in memory)"),
                 format!("{} B", fmt_f(b, 0)),
                 Some(b <= 4096.0),
                 None,

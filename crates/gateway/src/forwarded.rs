@@ -17,7 +17,9 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 /// The forwarded headers for one downstream request (or the session it opened).
 #[derive(Debug, Clone, Default)]
 pub struct Forwarded {
-    headers: Vec<(HeaderName, HeaderValue)>,
+    /// Boxed, not a `Vec`: a session keeps its opening request's headers for its
+    /// whole life, so no spare capacity.
+    headers: Box<[(HeaderName, HeaderValue)]>,
 }
 
 use crate::guard::requested_host;
@@ -91,7 +93,9 @@ impl Forwarded {
                 }
             }
         }
-        Self { headers }
+        Self {
+            headers: headers.into_boxed_slice(),
+        }
     }
 
     /// Sets these headers on an upstream request (replacing what the client sent).

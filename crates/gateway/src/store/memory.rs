@@ -67,7 +67,8 @@ type OwnHasher = foldhash::fast::RandomState;
 pub(crate) struct Sessions {
     /// By session id. Only ids the gateway minted (random) are inserted, so a peer's
     /// chosen `Mcp-Session-Id` cannot crowd a bucket: foldhash, not SipHash.
-    map: DashMap<String, Arc<SessionHandle>, OwnHasher>,
+    /// The key is the handle's own `id`, shared (one copy of the id per session).
+    map: DashMap<Arc<str>, Arc<SessionHandle>, OwnHasher>,
     /// Sessions per caller (kept with `map`, so admission never scans for it).
     per_caller: DashMap<Binding, usize>,
     /// The machine's bounds and timings, shared by every session.
@@ -141,7 +142,7 @@ impl Sessions {
 
     /// Evicts the longest-idle session without a request in flight (of `caller` only,
     /// when given; else of the caller holding the most); returns its log tag.
-    fn evict_idlest(&self, caller: Option<&Binding>) -> Option<String> {
+    fn evict_idlest(&self, caller: Option<&Binding>) -> Option<Box<str>> {
         let held = |c: &Binding| self.per_caller.get(c).map_or(0, |n| *n);
         let victim = self
             .map
@@ -282,9 +283,9 @@ impl Drop for Detachable {
 /// A legacy session: the machine, its streams, and what binds it to its caller.
 #[derive(Debug)]
 pub(crate) struct SessionHandle {
-    id: String,
+    id: Arc<str>,
     /// What logs show instead of the id (a bearer secret): [`crate::digest::log_tag`].
-    tag: String,
+    tag: Box<str>,
     /// The principal (or token digest) the session is bound to.
     binding: BindingKey,
     /// Who it counts against for `max_sessions_per_caller` ([`Binding`]).
@@ -514,8 +515,8 @@ async fn initialize(
         let _ = machine.handle_discover_shared(d);
     }
     let handle = Arc::new(SessionHandle {
-        id: id.clone(),
-        tag: tag.clone(),
+        id: id.as_str().into(),
+        tag: tag.as_str().into(),
         binding,
         caller,
         anonymous: auth.is_none(),
@@ -1143,7 +1144,21 @@ fn perform(
         let machine = &s.machine;
         s.call_auth.retain(|id, _| machine.has_call(id));
     }
+    if s.machine.in_flight() == 0 {
+        shrink_idle(s);
+    }
     rearm(gw, handle, s);
+}
+
+/// An idle session keeps no table sized for its busiest moment (the machine does the
+/// same for its own, [`Session::poll_event`]): emptied maps keep their capacity.
+fn shrink_idle(s: &mut Shared) {
+    if s.upstream_tasks.is_empty() && s.upstream_tasks.capacity() != 0 {
+        s.upstream_tasks.shrink_to_fit();
+    }
+    if s.call_auth.is_empty() && s.call_auth.capacity() != 0 {
+        s.call_auth.shrink_to_fit();
+    }
 }
 
 /// Queues one message on a stream, and wakes the POST waiting on it when the stream
@@ -1463,7 +1478,7 @@ pub(crate) async fn reap(gw: Arc<Route>) {
         let cutoff = now()
             .as_millis()
             .saturating_sub(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
-        let idle: Vec<String> = gw
+        let idle: Vec<Arc<str>> = gw
             .legacy
             .map
             .iter()
