@@ -5,6 +5,7 @@
 //! belong to their route: another route's messages path does not find them.
 
 use super::forwarded::Forwarded;
+use super::wire::Wire;
 use super::{pipe, Route};
 use crate::body::{empty, ChannelBody, GatewayBody};
 use crate::inbound::RequestBody;
@@ -72,7 +73,6 @@ pub(super) fn open(
     let id = crate::digest::hex(&raw);
     let auth = super::auth::credentials(req.headers());
     let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(64);
-    let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(256);
     let (stream_tx, body) = ChannelBody::channel(256);
     gw.sse
         .map
@@ -84,49 +84,57 @@ pub(super) fn open(
     let tag = crate::digest::log_tag(&id);
     let span = tracing::info_span!("session", transport = "http+sse", session = %tag);
     let sessions: Arc<SseSessions> = gw.sse.clone();
-    let keepalive = gw.config.keepalive;
-    let session = tokio::spawn(
-        pipe::run_session(
-            gw.clone(),
-            in_rx,
-            out_tx,
-            "http+sse",
-            auth,
-            Arc::new(forwarded),
-        )
-        .instrument(span.clone()),
-    );
+    let mut keepalive = tokio::time::interval(gw.config.keepalive);
+    keepalive.reset();
+    let wire = SseWire {
+        incoming: in_rx,
+        stream: stream_tx,
+        keepalive,
+    };
+    let gw = gw.clone();
     tokio::spawn(
         async move {
-            let mut tick = tokio::time::interval(keepalive);
-            tick.tick().await;
-            loop {
-                tokio::select! {
-                    m = out_rx.recv() => match m {
-                        Some(m) => {
-                            if stream_tx.send(sse::encode(None, &m)).await.is_err() {
-                                break;
-                            }
-                        }
-                        None => break,
-                    },
-                    _ = tick.tick() => {
-                        if stream_tx.send(sse::keepalive()).await.is_err() {
-                            break;
-                        }
-                    }
-                    () = stream_tx.closed() => break,
-                }
-            }
-            // The stream is gone: so is the session.
+            pipe::run_session(gw, wire, auth, Arc::new(forwarded)).await;
+            // The stream is gone, or the session ended: so is its message URL.
             sessions.map.remove(&id);
-            drop(out_rx);
-            let _ = session.await;
             info!("HTTP+SSE session ended");
         }
         .instrument(span),
     );
     crate::body::sse_response(body)
+}
+
+/// A session's stream and message URL: the POSTs' messages come through `incoming`,
+/// every message for the host is an event on `stream`, with keepalive comments
+/// between them.
+struct SseWire {
+    incoming: mpsc::Receiver<Vec<u8>>,
+    stream: mpsc::Sender<Bytes>,
+    keepalive: tokio::time::Interval,
+}
+
+impl Wire for SseWire {
+    const TRANSPORT: &'static str = "http+sse";
+
+    async fn recv(&mut self) -> Option<Vec<u8>> {
+        loop {
+            tokio::select! {
+                m = self.incoming.recv() => return m,
+                _ = self.keepalive.tick() => {
+                    if self.stream.send(sse::keepalive()).await.is_err() {
+                        return None;
+                    }
+                }
+                () = self.stream.closed() => return None,
+            }
+        }
+    }
+
+    async fn send(&mut self, message: Vec<u8>) -> bool {
+        self.stream.send(sse::encode(None, &message)).await.is_ok()
+    }
+
+    async fn finish(self) {}
 }
 
 /// `POST /messages?sessionId=…`: one message into a session.

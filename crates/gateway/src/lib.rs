@@ -42,6 +42,7 @@ pub mod token_exchange;
 pub mod trace;
 pub mod upstream;
 pub mod websocket;
+mod wire;
 
 use crate::config::ForwardedHeaders;
 use crate::inbound::RequestBody;
@@ -853,27 +854,18 @@ impl Gateway {
     /// Serves one legacy session over a byte stream (the stdio host bridge): one
     /// JSON-RPC message per line each way. Returns at EOF, after cancelling what the
     /// session still had in flight upstream.
-    pub async fn serve_stdio<R, W>(self, mut reader: R, mut writer: W) -> std::io::Result<()>
+    pub async fn serve_stdio<R, W>(self, mut reader: R, writer: W) -> std::io::Result<()>
     where
         R: tokio::io::AsyncBufRead + Unpin,
         W: tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        use tokio::io::AsyncWriteExt;
+        // Lines are read here, not by the session task: a line read cut short by a
+        // cancel would lose its start.
         let (in_tx, in_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
-        let (out_tx, mut out_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(256);
-        let writer_task = tokio::spawn(async move {
-            while let Some(mut line) = out_rx.recv().await {
-                line.push(b'\n');
-                if writer.write_all(&line).await.is_err() || writer.flush().await.is_err() {
-                    break;
-                }
-            }
-        });
+        let wire = wire::Stdio::new(in_rx, writer);
         let session = tokio::spawn(pipe::run_session(
             self.route.clone(),
-            in_rx,
-            out_tx,
-            "stdio",
+            wire,
             None,
             Arc::default(),
         ));
@@ -899,7 +891,6 @@ impl Gateway {
         drop(in_tx);
         let _ = session.await;
         self.route.cache.stop_listening();
-        let _ = writer_task.await;
         let gw = self.clone();
         let _ = tokio::task::spawn_blocking(move || gw.flush_report()).await;
         Ok(())

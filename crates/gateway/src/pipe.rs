@@ -1,12 +1,13 @@
 //! The IO side ([`Pipe`]) of legacy wires with one channel per session — the stdio
-//! host bridge, WebSocket, and the 2024-11-05 HTTP+SSE transport — which
-//! [`driver::run`] drives: one task owns the session machine, feeds it what the peer
-//! and the upstream say, and carries out its events. Every stream the machine names
-//! maps onto the one outgoing channel.
+//! host bridge, WebSocket, and the 2024-11-05 HTTP+SSE transport, each a [`Wire`] —
+//! which [`driver::run`] drives: one task owns the session machine, feeds it what the
+//! peer and the upstream say, and carries out its events. Every stream the machine
+//! names maps onto the wire's one direction towards the host.
 
 use super::driver::{self, Ended, Inbox, Io as _, Out, Side};
 use super::forwarded::Forwarded;
 use super::telemetry::SessionTelemetry;
+use super::wire::Wire;
 use super::Route;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
 use dualera_adapters::{Message, RequestId, Session, Timestamp, UpstreamRole};
@@ -16,17 +17,15 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tracing::{debug, info, warn, Instrument};
 
-/// Runs one legacy session until `incoming` ends (EOF, closed socket) or the peer's
-/// side of `outgoing` goes away. Each item of `incoming` is one JSON-RPC message or
-/// batch as text; each item sent on `outgoing` is one message or batch.
-pub(super) async fn run_session(
+/// Runs one legacy session on `wire` until the host is gone (EOF, closed socket, a
+/// host that stopped reading) or the machine closes.
+pub(super) async fn run_session<W: Wire>(
     gw: Arc<Route>,
-    incoming: mpsc::Receiver<Vec<u8>>,
-    outgoing: mpsc::Sender<Vec<u8>>,
-    transport: &'static str,
+    wire: W,
     authorization: Option<http::HeaderValue>,
     forwarded: Arc<Forwarded>,
 ) {
+    let transport = W::TRANSPORT;
     let mut machine = gw.legacy.new_machine(transport);
     let telemetry = gw.telemetry.session(transport);
     if let Some(d) =
@@ -39,8 +38,8 @@ pub(super) async fn run_session(
     let (up_tx, up_rx) = mpsc::channel::<Inbox<Vec<u8>>>(UPSTREAM_QUEUE);
     let pipe = Pipe {
         gw,
-        incoming,
-        outgoing,
+        wire,
+        host_gone: false,
         up_tx,
         up_rx,
         tasks: HashMap::new(),
@@ -55,16 +54,17 @@ pub(super) async fn run_session(
 }
 
 /// Messages and ends of the session's upstream exchanges queued toward its task: the
-/// bound is the backpressure (a host that reads slowly fills the outgoing queue, the
-/// task stops taking, the exchanges' sends wait).
+/// bound is the backpressure (a host that reads slowly blocks the task's send on the
+/// wire, the task stops taking, the exchanges' sends wait).
 const UPSTREAM_QUEUE: usize = 256;
 
-/// The IO side of a single-channel session: the peer's one channel in each direction
-/// and the upstream exchanges in progress.
-struct Pipe {
+/// The IO side of a single-channel session: the peer's wire and the upstream
+/// exchanges in progress.
+struct Pipe<W> {
     gw: Arc<Route>,
-    incoming: mpsc::Receiver<Vec<u8>>,
-    outgoing: mpsc::Sender<Vec<u8>>,
+    wire: W,
+    /// A send found the host gone: the next wait reports it.
+    host_gone: bool,
     up_tx: mpsc::Sender<Inbox<Vec<u8>>>,
     up_rx: mpsc::Receiver<Inbox<Vec<u8>>>,
     tasks: HashMap<RequestId, AbortHandle>,
@@ -76,7 +76,7 @@ struct Pipe {
     forwarded: Arc<Forwarded>,
 }
 
-impl driver::Io<Session> for Pipe {
+impl<W: Wire> driver::Io<Session> for Pipe<W> {
     type Host = Vec<u8>;
 
     fn now(&self) -> Timestamp {
@@ -90,10 +90,12 @@ impl driver::Io<Session> for Pipe {
     }
 
     async fn recv(&mut self, _: &Session) -> Inbox<Vec<u8>> {
+        if self.host_gone {
+            return Inbox::Closed(Side::Host);
+        }
         tokio::select! {
-            line = self.incoming.recv() => line.map_or(Inbox::Closed(Side::Host), Inbox::Host),
+            line = self.wire.recv() => line.map_or(Inbox::Closed(Side::Host), Inbox::Host),
             from = self.up_rx.recv() => from.unwrap_or(Inbox::Closed(Side::Upstream)),
-            () = self.outgoing.closed() => Inbox::Closed(Side::Host),
         }
     }
 
@@ -131,10 +133,19 @@ impl driver::Io<Session> for Pipe {
             t.abort();
         }
         self.telemetry.close();
+        self.wire.finish().await;
     }
 }
 
-impl Pipe {
+impl<W: Wire> Pipe<W> {
+    /// Sends one message or batch to the host; a host found gone ends the session at
+    /// the next wait.
+    async fn send(&mut self, bytes: Vec<u8>) {
+        if !self.host_gone && !self.wire.send(bytes).await {
+            self.host_gone = true;
+        }
+    }
+
     /// Feeds one message or batch from the peer.
     async fn peer(&mut self, machine: &mut Session, line: &[u8]) {
         let (transport, now) = (self.transport, self.now());
@@ -151,7 +162,7 @@ impl Pipe {
                         warn!(transport, error = %e, "peer message refused");
                     }
                     if let Some(resp) = e.to_response() {
-                        let _ = self.outgoing.send(Message::Response(resp).to_vec()).await;
+                        self.send(Message::Response(resp).to_vec()).await;
                     }
                 }
             }
@@ -169,22 +180,19 @@ impl Pipe {
                     }
                     Err(e) => {
                         if let Some(resp) = e.to_response() {
-                            let _ = self.outgoing.send(Message::Response(resp).to_vec()).await;
+                            self.send(Message::Response(resp).to_vec()).await;
                         }
                     }
                 }
             }
             Err(e) => {
-                let _ = self
-                    .outgoing
-                    .send(Message::Response(e.to_response()).to_vec())
-                    .await;
+                self.send(Message::Response(e.to_response()).to_vec()).await;
             }
         }
     }
 
     /// Carries out everything the machine asked for ([`driver::plan`]) on this wire:
-    /// every stream maps onto the one outgoing channel, in order.
+    /// every stream maps onto the wire's one direction towards the host, in order.
     async fn carry_out(&mut self, machine: &mut Session) {
         let mut fixed = driver::Fixed {
             auth: self.authorization.as_ref(),
@@ -193,7 +201,7 @@ impl Pipe {
         let mut plan = driver::plan(machine, &mut fixed, self.authorization.as_ref());
         for out in std::mem::take(&mut plan.out) {
             if let Out::Message { bytes, .. } = out {
-                let _ = self.outgoing.send(bytes).await;
+                self.send(bytes).await;
             }
         }
         for start in std::mem::take(&mut plan.starts) {
@@ -228,7 +236,8 @@ impl Pipe {
 
 /// An upstream exchange of a single-channel session hands its messages to the
 /// session's task: the bounded channel is the backpressure (a host that reads slowly
-/// fills the outgoing queue, the session task stops taking, the send here waits).
+/// blocks the session task's send on the wire, the task stops taking, the send here
+/// waits).
 struct PipeFeed(mpsc::Sender<Inbox<Vec<u8>>>);
 
 impl driver::Feed for PipeFeed {

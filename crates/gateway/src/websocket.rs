@@ -12,6 +12,7 @@
 //! if it stays blocked past the idle timeout.
 
 use super::forwarded::Forwarded;
+use super::wire::Wire;
 use super::{pipe, text, Route};
 use crate::body::{empty, GatewayBody};
 use crate::inbound::RequestBody;
@@ -20,7 +21,6 @@ use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use std::sync::Arc;
-use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
@@ -123,100 +123,131 @@ pub(super) async fn upgrade(
 
 async fn run<S>(
     gw: Arc<Route>,
-    mut ws: WebSocketStream<S>,
+    ws: WebSocketStream<S>,
     auth: Option<HeaderValue>,
     forwarded: Forwarded,
 ) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send,
 {
-    let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(64);
-    let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(256);
-    let session = tokio::spawn(
-        pipe::run_session(
-            gw.clone(),
-            in_rx,
-            out_tx,
-            "websocket",
-            auth,
-            Arc::new(forwarded),
-        )
-        .in_current_span(),
-    );
     let mut keepalive = tokio::time::interval(gw.config.keepalive);
-    keepalive.tick().await;
-    let idle = gw.config.idle_timeout;
-    let mut last_heard = tokio::time::Instant::now();
-    let close = |code: CloseCode, reason: &'static str| {
-        WsMessage::Close(Some(CloseFrame {
-            code,
-            reason: reason.into(),
-        }))
+    keepalive.reset();
+    let wire = WsWire {
+        ws,
+        keepalive,
+        idle: gw.config.idle_timeout,
+        last_heard: tokio::time::Instant::now(),
+        closed: false,
     };
-    loop {
-        tokio::select! {
-            frame = ws.next() => {
-                last_heard = tokio::time::Instant::now();
-                match frame {
-                    Some(Ok(WsMessage::Text(t))) => {
-                        if in_tx.send(t.as_str().as_bytes().to_vec()).await.is_err() {
-                            let _ = ws.send(close(CloseCode::Error, "session ended")).await;
-                            break;
+    pipe::run_session(gw, wire, auth, Arc::new(forwarded)).await;
+}
+
+fn close(code: CloseCode, reason: &'static str) -> WsMessage {
+    WsMessage::Close(Some(CloseFrame {
+        code,
+        reason: reason.into(),
+    }))
+}
+
+/// A session's WebSocket connection: text frames carry messages; pings, pongs,
+/// keepalives and close frames are answered here, between the host's messages.
+struct WsWire<S> {
+    ws: WebSocketStream<S>,
+    keepalive: tokio::time::Interval,
+    idle: std::time::Duration,
+    last_heard: tokio::time::Instant,
+    /// The connection is over (closed by either side, or failed).
+    closed: bool,
+}
+
+impl<S> WsWire<S>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send,
+{
+    /// Says goodbye with `code` (bounded by the idle timeout) and ends the connection.
+    async fn close_with(&mut self, code: CloseCode, reason: &'static str) {
+        self.closed = true;
+        let _ = tokio::time::timeout(self.idle, self.ws.send(close(code, reason))).await;
+    }
+}
+
+impl<S> Wire for WsWire<S>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send,
+{
+    const TRANSPORT: &'static str = "websocket";
+
+    async fn recv(&mut self) -> Option<Vec<u8>> {
+        // Cancel-safe: `next` and `tick` are; a control frame's flush or a ping that a
+        // cancel cuts short is finished by the next write.
+        while !self.closed {
+            tokio::select! {
+                frame = self.ws.next() => {
+                    self.last_heard = tokio::time::Instant::now();
+                    match frame {
+                        Some(Ok(WsMessage::Text(t))) => return Some(t.as_str().as_bytes().to_vec()),
+                        Some(Ok(WsMessage::Binary(_))) => {
+                            self.close_with(CloseCode::Unsupported, "MCP messages are JSON-RPC text frames").await;
                         }
-                    }
-                    Some(Ok(WsMessage::Binary(_))) => {
-                        let _ = ws.send(close(CloseCode::Unsupported, "MCP messages are JSON-RPC text frames")).await;
-                        break;
-                    }
-                    Some(Ok(WsMessage::Close(_))) | None => break,
-                    Some(Ok(_)) => {
-                        // A ping (its pong is queued, replacing any older one) or a
-                        // pong: write it out before reading on, so a peer that does not
-                        // read is not read either.
-                        match tokio::time::timeout(idle, ws.flush()).await {
-                            Ok(Ok(())) => {}
-                            Ok(Err(_)) => break,
-                            Err(_) => {
-                                debug!("WebSocket peer does not read; connection dropped");
-                                break;
+                        Some(Ok(WsMessage::Close(_))) | None => self.closed = true,
+                        Some(Ok(_)) => {
+                            // A ping (its pong is queued, replacing any older one) or a
+                            // pong: write it out before reading on, so a peer that does
+                            // not read is not read either.
+                            match tokio::time::timeout(self.idle, self.ws.flush()).await {
+                                Ok(Ok(())) => {}
+                                Ok(Err(_)) => self.closed = true,
+                                Err(_) => {
+                                    debug!("WebSocket peer does not read; connection dropped");
+                                    self.closed = true;
+                                }
+                            }
+                        }
+                        Some(Err(e)) => {
+                            let (code, reason) = close_code(&e);
+                            debug!(error = %e, code = u16::from(code), "WebSocket read failed");
+                            if matches!(e, WsError::ConnectionClosed | WsError::AlreadyClosed | WsError::Io(_)) {
+                                self.closed = true;
+                            } else {
+                                self.close_with(code, reason).await;
                             }
                         }
                     }
-                    Some(Err(e)) => {
-                        let (code, reason) = close_code(&e);
-                        debug!(error = %e, code = u16::from(code), "WebSocket read failed");
-                        if !matches!(e, WsError::ConnectionClosed | WsError::AlreadyClosed | WsError::Io(_)) {
-                            let _ = tokio::time::timeout(idle, ws.send(close(code, reason))).await;
-                        }
-                        break;
+                },
+                _ = self.keepalive.tick() => {
+                    if self.last_heard.elapsed() >= self.idle {
+                        debug!("WebSocket peer silent past the idle timeout; closing");
+                        self.close_with(CloseCode::Away, "idle").await;
+                    } else if !matches!(
+                        tokio::time::timeout(self.idle, self.ws.send(WsMessage::Ping(Vec::new().into()))).await,
+                        Ok(Ok(()))
+                    ) {
+                        self.closed = true;
                     }
-                }
-            },
-            out = out_rx.recv() => match out {
-                Some(bytes) => {
-                    let Ok(text) = String::from_utf8(bytes) else { continue };
-                    match tokio::time::timeout(idle, ws.send(WsMessage::Text(text.into()))).await {
-                        Ok(Ok(())) => {}
-                        _ => break,
-                    }
-                }
-                None => {
-                    let _ = tokio::time::timeout(idle, ws.send(close(CloseCode::Error, "session ended"))).await;
-                    break;
-                }
-            },
-            _ = keepalive.tick() => {
-                if last_heard.elapsed() >= idle {
-                    debug!("WebSocket peer silent past the idle timeout; closing");
-                    let _ = tokio::time::timeout(idle, ws.send(close(CloseCode::Away, "idle"))).await;
-                    break;
-                }
-                match tokio::time::timeout(idle, ws.send(WsMessage::Ping(Vec::new().into()))).await {
-                    Ok(Ok(())) => {}
-                    _ => break,
                 }
             }
         }
+        None
     }
-    drop(in_tx);
-    let _ = session.await;
+
+    async fn send(&mut self, message: Vec<u8>) -> bool {
+        if self.closed {
+            return false;
+        }
+        // What the session sends is serialized JSON: always UTF-8.
+        let Ok(text) = String::from_utf8(message) else {
+            return true;
+        };
+        let sent =
+            tokio::time::timeout(self.idle, self.ws.send(WsMessage::Text(text.into()))).await;
+        if !matches!(sent, Ok(Ok(()))) {
+            self.closed = true;
+        }
+        !self.closed
+    }
+
+    async fn finish(mut self) {
+        if !self.closed {
+            self.close_with(CloseCode::Error, "session ended").await;
+        }
+    }
 }
