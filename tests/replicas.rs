@@ -569,3 +569,58 @@ async fn hardening_bounds_hold_for_shared_sessions() {
         "the idle session was evicted for the new one"
     );
 }
+
+/// The number of keys matching `pattern` (a `KEYS` reply's `*N` header).
+fn keys_matching(c: &Cluster, pattern: &str) -> usize {
+    let reply = c.redis.command(&["KEYS", pattern]);
+    reply
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix('*'))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("a KEYS reply: {reply:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discover_result_is_stored_once_and_again_when_it_expired() {
+    let c = Cluster::start(2, &[]).await;
+    // The first session stores the upstream's discover result under its digest.
+    let mut first = Legacy::new(&c.url(0));
+    first.initialize(REV, caps()).await;
+    assert_eq!(keys_matching(&c, "dualera:d:*"), 1, "one discover result");
+    let stored = c.redis.command(&["KEYS", "dualera:d:*"]);
+    let key = stored
+        .lines()
+        .nth(2)
+        .expect("the discover key's name")
+        .to_owned();
+    let sets = |c: &Cluster| {
+        // `cmdstat_set:calls=N,usec=…` (no line before the first SET).
+        let stats = c.redis.command(&["INFO", "commandstats"]);
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_set:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let before = sets(&c);
+    // A second session on the replica that stored it does not send it again.
+    let mut second = Legacy::new(&c.url(0));
+    second.initialize(REV, caps()).await;
+    assert_eq!(
+        sets(&c),
+        before,
+        "a known discover result is not written again"
+    );
+    // Gone from Redis (expired, flushed): the next session sends it again, and the other
+    // replica serves that session with it.
+    assert_eq!(c.redis.int(&["DEL", &key]), 1);
+    let mut third = Legacy::new(&c.url(0));
+    let (reply, _) = third.initialize(REV, caps()).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(c.redis.int(&["EXISTS", &key]), 1, "stored again");
+    third.url = c.url(1);
+    let (_, r) = third.request("tools/list", json!({})).await;
+    assert_eq!(r.status, 200, "the other replica serves the session");
+}

@@ -135,6 +135,19 @@ for _, p in ipairs(ops.pub) do redis.call('PUBLISH', p[1], p[2]) end
 return {1, nv, handed, lw}
 ";
 
+/// Whether a session is still at the version a replica remembers, sending its state
+/// back only when it is not: a step answered from a remembered state with nothing to
+/// store (or refused by it) needs no more. `KEYS[1]` the session hash, `ARGV[1]` the
+/// version. Returns `{1}` current, `{0, v, d}` changed (the current state), `{-1}`
+/// missing, `{-2}` tombstone.
+const CHECK: &str = r"
+local cur = redis.call('HMGET', KEYS[1], 'v', 'gone')
+if not cur[1] then return {-1} end
+if cur[2] then return {-2} end
+if cur[1] == ARGV[1] then return {1} end
+return {0, cur[1], redis.call('HGET', KEYS[1], 'd')}
+";
+
 /// A new session, unless the id is taken or a bound is reached: the one place that
 /// applies `max_sessions` and `max_sessions_per_caller` over every replica. At a bound,
 /// the longest-idle session without a request in flight (of that caller, for its own
@@ -142,11 +155,15 @@ return {1, nv, handed, lw}
 /// broadcast channel `wk`); only when every candidate is busy is the new one refused.
 /// `KEYS[1]` the session hash; `ARGV[1]` the state, `ARGV[2]` `{ttl, sid, now,
 /// sessions, caller, busyk, timers, cutoff, max, maxc, sk1, sk2, tomb, wk, disc, dv}` (a
-/// session key is `sk1 .. SID .. sk2`). Returns 1 + the number of sessions evicted, 0 (id taken), -1 (full),
-/// -2 (the caller's share is full).
+/// session key is `sk1 .. SID .. sk2`). The discover result `dv` is stored under `disc`
+/// when given; without it, `disc` must still be there (its TTL is renewed), else
+/// nothing is created and -3 asks for it. Returns 1 + the number of sessions evicted,
+/// 0 (id taken), -1 (full), -2 (the caller's share is full), -3 (send the discover
+/// result).
 const CREATE: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local o = cjson.decode(ARGV[2])
+if o.disc and not o.dv and redis.call('PEXPIRE', o.disc, o.ttl) == 0 then return -3 end
 local function prune(z)
   local old = redis.call('ZRANGEBYSCORE', z, '-inf', o.cutoff, 'LIMIT', 0, 256)
   for _, sid in ipairs(old) do
@@ -191,7 +208,7 @@ redis.call('HSET', KEYS[1], 'v', '1', 'd', ARGV[1], 'c', o.caller)
 redis.call('PEXPIRE', KEYS[1], o.ttl)
 redis.call('ZADD', o.sessions, o.now, o.sid)
 redis.call('ZADD', o.caller, o.now, o.sid)
-if o.disc then redis.call('SET', o.disc, o.dv, 'PX', o.ttl) end
+if o.dv then redis.call('SET', o.disc, o.dv, 'PX', o.ttl) end
 return 1 + evicted
 ";
 
@@ -270,6 +287,19 @@ pub(super) enum Loaded {
     Found { version: String, state: Vec<u8> },
 }
 
+/// What checking a remembered version found.
+#[derive(Debug)]
+pub(super) enum Checked {
+    /// Still the current version.
+    Current,
+    /// Changed: the current version and state.
+    Changed { version: String, state: Vec<u8> },
+    /// No such session any more.
+    Missing,
+    /// Deleted by its peer.
+    Gone,
+}
+
 /// What a compare-and-set did.
 #[derive(Debug)]
 pub(super) enum Stored {
@@ -313,6 +343,7 @@ pub(super) struct Redis {
     pubsub: ConnectionManager,
     timeout: Duration,
     step: Script,
+    check: Script,
     create: Script,
     sweep: Script,
     renew_lease: Script,
@@ -374,6 +405,7 @@ impl Redis {
             pubsub,
             timeout,
             step: Script::new(STEP),
+            check: Script::new(CHECK),
             create: Script::new(CREATE),
             sweep: Script::new(SWEEP),
             renew_lease: Script::new(RENEW_LEASE),
@@ -441,6 +473,27 @@ impl Redis {
         })
     }
 
+    /// Whether `session` is still at `version` (see [`CHECK`]); its state only when not.
+    pub(super) async fn check(&self, session: &str, version: &str) -> Result<Checked, StoreError> {
+        let mut c = self.commands.clone();
+        let reply: RValue = self
+            .bounded(self.check.key(session).arg(version).invoke_async(&mut c))
+            .await?;
+        let RValue::Array(items) = reply else {
+            return Err(corrupt("the check script answered something else".into()));
+        };
+        Ok(match items.first().and_then(as_i64) {
+            Some(1) => Checked::Current,
+            Some(0) => Checked::Changed {
+                version: items.get(1).and_then(as_string).unwrap_or_default(),
+                state: items.get(2).and_then(as_bytes).unwrap_or_default(),
+            },
+            Some(-1) => Checked::Missing,
+            Some(-2) => Checked::Gone,
+            _ => return Err(corrupt("the check script answered an unknown code".into())),
+        })
+    }
+
     /// The compare-and-set of one step (see [`STEP`]).
     pub(super) async fn step(
         &self,
@@ -479,7 +532,8 @@ impl Redis {
         })
     }
 
-    /// Stores a new session (see [`CREATE`]): 1 stored, 0 id taken, -1 full.
+    /// Stores a new session (see [`CREATE`]): 1 + evicted stored, 0 id taken, -1 full,
+    /// -2 the caller's share full, -3 the discover result is to be sent.
     pub(super) async fn create(
         &self,
         session: &str,

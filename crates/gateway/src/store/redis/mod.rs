@@ -35,7 +35,7 @@ mod relay;
 mod stored;
 mod wake;
 
-use self::client::{Loaded, Redis, Stored as CasResult};
+use self::client::{Checked, Loaded, Redis, Stored as CasResult};
 use self::keys::{valid_session_id, Keys};
 use self::stored::{Append, LeaseRecord, NewLease, Ops, Record};
 use self::wake::{Handed, Inbox, Wake, Wakes};
@@ -509,19 +509,23 @@ impl RedisSessions {
             reason: format!("discover result: {e}"),
         })?;
         let value = Arc::new(value);
-        self.remember_discover(digest, &value);
+        let _ = self.remember_discover(digest, &value);
         Ok(Some(value))
     }
 
-    fn remember_discover(&self, digest: &str, value: &Arc<Value>) {
-        if let Ok(mut d) = self.discovers.lock() {
-            if !d.iter().any(|(k, _)| k == digest) {
-                if d.len() >= DISCOVERS_KEPT {
-                    d.remove(0);
-                }
-                d.push((digest.to_owned(), value.clone()));
-            }
+    /// Keeps a discover result this replica stored or read; true when it was new here.
+    fn remember_discover(&self, digest: &str, value: &Arc<Value>) -> bool {
+        let Ok(mut d) = self.discovers.lock() else {
+            return true;
+        };
+        if d.iter().any(|(k, _)| k == digest) {
+            return false;
         }
+        if d.len() >= DISCOVERS_KEPT {
+            d.remove(0);
+        }
+        d.push((digest.to_owned(), value.clone()));
+        true
     }
 
     // ----- steps ------------------------------------------------------------------
@@ -624,19 +628,20 @@ impl RedisSessions {
                 Err(r) => {
                     if remembered {
                         // Refused by a remembered state: it stands only if that state
-                        // is still the current one.
+                        // is still the current one (its version is checked; the state
+                        // comes back only when it changed).
                         remembered = false;
-                        match self.redis.load(&key).await? {
-                            Loaded::Found {
+                        match self.redis.check(&key, &version).await? {
+                            Checked::Current => {}
+                            Checked::Changed {
                                 version: v,
                                 state: s,
-                            } if v != version => {
+                            } => {
                                 version = v;
                                 state = Arc::new(s);
                                 continue;
                             }
-                            Loaded::Found { .. } => {}
-                            Loaded::Missing | Loaded::Gone => {
+                            Checked::Missing | Checked::Gone => {
                                 self.versions.remove(sid);
                                 return Err(StepError::NotFound { anonymous: false });
                             }
@@ -659,20 +664,20 @@ impl RedisSessions {
                 after.revert();
                 if remembered {
                     // Nothing to store, but the answer came from a remembered state:
-                    // it stands only if that state is still the current one.
+                    // it stands only if that state is still the current one (checked
+                    // as above).
                     remembered = false;
-                    match self.redis.load(&key).await? {
-                        Loaded::Found {
+                    match self.redis.check(&key, &version).await? {
+                        Checked::Current => {}
+                        Checked::Changed {
                             version: v,
                             state: s,
                         } => {
-                            if v != version {
-                                version = v;
-                                state = Arc::new(s);
-                                continue;
-                            }
+                            version = v;
+                            state = Arc::new(s);
+                            continue;
                         }
-                        Loaded::Missing | Loaded::Gone => {
+                        Checked::Missing | Checked::Gone => {
                             self.versions.remove(sid);
                             return Err(StepError::NotFound { anonymous: false });
                         }
@@ -1202,8 +1207,11 @@ impl RedisSessions {
         observed.append(&mut rest.observed);
         let discover = machine.discover().cloned();
         let digest = discover.as_deref().map(Self::discover_digest);
+        // A digest this replica stored or read is sent without its result (CREATE
+        // asks for it if it expired meanwhile).
+        let mut known = false;
         if let (Some(d), Some(v)) = (&digest, &discover) {
-            self.remember_discover(d, v);
+            known = !self.remember_discover(d, v);
         }
         let binding = BindingKey::of(gw.config.session_binding, auth.as_ref()).to_hex();
         let caller = self.keys.caller(&binding);
@@ -1227,7 +1235,7 @@ impl RedisSessions {
         };
         let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
         let (sk1, sk2) = self.keys.session_parts();
-        let ops = serde_json::json!({
+        let mut ops = serde_json::json!({
             "ttl": ttl.to_string(),
             "sid": sid,
             "now": now.to_string(),
@@ -1243,15 +1251,25 @@ impl RedisSessions {
             "sk2": sk2,
             "tomb": ttl.min(60_000).to_string(),
             "wk": self.keys.wake_all(),
-            "disc": digest.as_ref().map(|d| self.keys.discover(d)),
-            "dv": discover.as_deref().map(|v| serde_json::to_string(v).unwrap_or_default()),
         });
-        let ops = serde_json::to_vec(&ops).unwrap_or_default();
-        match self
-            .redis
-            .create(&self.keys.session(&sid), &blob, &ops)
-            .await
-        {
+        if let Some(d) = &digest {
+            ops["disc"] = self.keys.discover(d).into();
+        }
+        let mut created = Ok(-3);
+        for send in [!known, true] {
+            if let (true, Some(v)) = (send, discover.as_deref()) {
+                ops["dv"] = serde_json::to_string(v).unwrap_or_default().into();
+            }
+            let bytes = serde_json::to_vec(&ops).unwrap_or_default();
+            created = self
+                .redis
+                .create(&self.keys.session(&sid), &blob, &bytes)
+                .await;
+            if !matches!(created, Ok(-3)) {
+                break;
+            }
+        }
+        match created {
             Ok(1) => {}
             Ok(n @ 2..) => {
                 info!(evicted = n - 1, "idle session evicted to make room");
