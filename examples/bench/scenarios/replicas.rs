@@ -590,7 +590,15 @@ pub(crate) async fn replicas(
     let (passes, background, state_bytes) = replica_steps(env, server, &redis, 20).await?;
     let commands_per_flow = commands as f64 / flows[1].max(1) as f64;
     let load_commands_per_flow = load_commands as f64 / load_flows[1].max(1) as f64;
-    report.replicas = Some((ratio, load_ratio, hosts, opened.len(), per_session));
+    report.replicas = Some(Replicas {
+        ratio,
+        load_ratio,
+        hosts,
+        gateway_cpu_us: [cpu_us[0], cpu_us[1]],
+        redis_cpu_us: cpu_us[2],
+        sessions: opened.len(),
+        bytes_per_session: per_session,
+    });
     let mut md = String::new();
     let _ = writeln!(
         md,
