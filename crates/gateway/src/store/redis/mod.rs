@@ -583,6 +583,27 @@ impl RedisSessions {
         outcome
     }
 
+    /// Whether the session moved on from the `version` this replica remembers: the
+    /// current version and state when it did, `None` when it did not ([`CHECK`]: the
+    /// state comes back only when it changed). A session gone is `NotFound`.
+    ///
+    /// [`CHECK`]: client::Redis::check
+    async fn changed_since<R>(
+        &self,
+        sid: &str,
+        key: &str,
+        version: &str,
+    ) -> Result<Option<(String, Vec<u8>)>, StepError<R>> {
+        match self.redis.check(key, version).await? {
+            Checked::Current => Ok(None),
+            Checked::Changed { version, state } => Ok(Some((version, state))),
+            Checked::Missing | Checked::Gone => {
+                self.versions.remove(sid);
+                Err(StepError::NotFound { anonymous: false })
+            }
+        }
+    }
+
     async fn step_locked<T, R>(
         self: &Arc<Self>,
         gw: &Arc<Route>,
@@ -628,23 +649,12 @@ impl RedisSessions {
                 Err(r) => {
                     if remembered {
                         // Refused by a remembered state: it stands only if that state
-                        // is still the current one (its version is checked; the state
-                        // comes back only when it changed).
+                        // is still the current one.
                         remembered = false;
-                        match self.redis.check(&key, &version).await? {
-                            Checked::Current => {}
-                            Checked::Changed {
-                                version: v,
-                                state: s,
-                            } => {
-                                version = v;
-                                state = Arc::new(s);
-                                continue;
-                            }
-                            Checked::Missing | Checked::Gone => {
-                                self.versions.remove(sid);
-                                return Err(StepError::NotFound { anonymous: false });
-                            }
+                        if let Some((v, s)) = self.changed_since(sid, &key, &version).await? {
+                            version = v;
+                            state = Arc::new(s);
+                            continue;
                         }
                     }
                     return Err(StepError::Refused(r));
@@ -664,23 +674,12 @@ impl RedisSessions {
                 after.revert();
                 if remembered {
                     // Nothing to store, but the answer came from a remembered state:
-                    // it stands only if that state is still the current one (checked
-                    // as above).
+                    // it stands only if that state is still the current one.
                     remembered = false;
-                    match self.redis.check(&key, &version).await? {
-                        Checked::Current => {}
-                        Checked::Changed {
-                            version: v,
-                            state: s,
-                        } => {
-                            version = v;
-                            state = Arc::new(s);
-                            continue;
-                        }
-                        Checked::Missing | Checked::Gone => {
-                            self.versions.remove(sid);
-                            return Err(StepError::NotFound { anonymous: false });
-                        }
+                    if let Some((v, s)) = self.changed_since(sid, &key, &version).await? {
+                        version = v;
+                        state = Arc::new(s);
+                        continue;
                     }
                 }
                 return Ok(value);
