@@ -454,6 +454,10 @@ fn corrupt_snapshots_are_refused() {
         r#"{"retired_live": {"cap": 4, "ids": [[1, "Answered"], [1, "Answered"]]}}"#,
         r#"{"upstream": [[null, {"seq": 1, "role": "Discover"}]]}"#,
         r#"{"live": [["a", {}], ["a", {}]]}"#,
+        r#"{"retired_live": {"cap": 4, "p": "p7-l", "r": ["1", "2"], "k": "a"}}"#,
+        r#"{"retired_live": {"cap": 4, "p": "p7-l", "r": ["1"], "k": "z"}}"#,
+        r#"{"retired_live": {"cap": 4, "p": "p7-l", "r": ["1", "1"], "k": "aa"}}"#,
+        r#"{"retired_live": {"cap": 4, "ids": [["p7-l1", "Answered"]], "p": "p7-l", "r": ["2"], "k": "a"}}"#,
     ] {
         assert!(
             serde_json::from_str::<Session>(bad).is_err(),
@@ -465,4 +469,26 @@ fn corrupt_snapshots_are_refused() {
         empty.state(),
         dualera_adapters::SessionState::AwaitingInitialize
     );
+}
+
+#[test]
+fn retired_ids_are_stored_once_prefixed_and_the_older_form_is_still_read() {
+    let older = r#"{"retired_live": {"cap": 4, "ids": [["p7-l1", "Answered"], ["p7-l12", "Abandoned"]]},
+                    "retired_upstream": {"cap": 4, "ids": [[3, "Answered"]]}}"#;
+    let compact = r#"{"retired_live": {"cap": 4, "p": "p7-l1", "r": ["", "2"], "k": "ax"},
+                      "retired_upstream": {"cap": 4, "ids": [[3, "Answered"]]}}"#;
+    let a: Session = serde_json::from_str(older).unwrap();
+    let b: Session = serde_json::from_str(compact).unwrap();
+    let text = serde_json::to_string(&a).unwrap();
+    assert_eq!(text, serde_json::to_string(&b).unwrap());
+    assert!(
+        text.contains(r#""retired_live":{"cap":4,"p":"p7-l1","r":["","2"],"k":"ax"}"#),
+        "string ids share their prefix: {text}"
+    );
+    assert!(
+        text.contains(r#""retired_upstream":{"cap":4,"ids":[[3,"Answered"]]}"#),
+        "other ids keep the pairs: {text}"
+    );
+    assert_eq!(a.footprint().retired_live, 2);
+    assert_eq!(b.footprint().retired_upstream, 1);
 }

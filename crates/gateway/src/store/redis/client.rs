@@ -20,118 +20,145 @@ use std::time::Duration;
 
 /// Compare-and-set of one session, with every effect of the step in the same
 /// transaction: stream entries, leases created and dropped, keys deleted, the timer
-/// (when it changed),
-/// the session count, wake-ups. `KEYS[1]` the session hash; `ARGV[1]` the version read,
-/// `ARGV[2]` the new state, `ARGV[3]` the effects (JSON, see `stored::Ops`), then the
-/// payloads the effects name by their `ARGV` index (messages, lease records: passed
-/// as they are, not escaped into the JSON).
+/// (when it changed), the session count, wake-ups. `KEYS[1]` the session hash;
+/// `ARGV[1]` the version read, `ARGV[2]` the new state, then the effects as flat
+/// arguments (`stored::Ops::args`): `ARGV[3..17]` ttl, sid, now, keep, the timers,
+/// leases, sessions, caller and busy keys, the flags (`t` touch, `B`/`b` busy set or
+/// cleared, `w` write the timer), due, tomb, the discover key, this replica's name and
+/// the broadcast channel (an absent value is empty); `ARGV[18..24]` how many stream
+/// entries (6 arguments each: key, seq, message, end, holder key, handing token),
+/// new leases (4: key, owner, deadline, record), cancellations (2: lease key, wake),
+/// leases dropped (1), keys deleted (1), holders set (3: key, token, ms) and
+/// broadcasts (2: channel, payload) follow, in that order, from `ARGV[25]`.
 ///
 /// Wake-ups go to whom they concern, read from what the step touches: the entries of
 /// each stream it appended to go to the replica whose connection holds it (a holder
 /// token starts with its replica's name and a dot), addressed to that connection (see
-/// `wake::payload`); none when that is this replica (`ops.me`: it hands the entries to
-/// its relay itself); a cancellation wakes the lease's owner.
+/// `wake::payload`); none when that is this replica (it hands the entries to its
+/// relay itself); a cancellation wakes the lease's owner.
 /// Returns `{1, v, handed, lw}` stored (`handed`: the streams whose holder is still the
-/// token `x.t` the step meant to hand its entries to, by `x.h`; `lw` 1 when a stream
-/// another connection of this replica holds got entries), `{0, v, d}` conflict (the
-/// current state), `{-1}` missing, `{-2}` tombstone.
+/// token the step meant to hand its entries to; `lw` 1 when a stream another
+/// connection of this replica holds got entries), `{0, v, d}` conflict (the current
+/// state), `{-1}` missing, `{-2}` tombstone.
 const STEP: &str = r"
 local cur = redis.call('HMGET', KEYS[1], 'v', 'gone')
 local v = cur[1]
 if not v then return {-1} end
 if cur[2] then return {-2} end
 if v ~= ARGV[1] then return {0, v, redis.call('HGET', KEYS[1], 'd')} end
-local ops = cjson.decode(ARGV[3])
-local ttl = ops.ttl
+local ttl, sid, now, keep = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local timers, leases, sessions, caller, busyk = ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]
+local flags, due, tomb, disc, me, wk = ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17]
+local function has(c) return string.find(flags, c, 1, true) ~= nil end
 local nv = tostring(tonumber(v) + 1)
-if ops.tomb then
+if tomb ~= '' then
   redis.call('HDEL', KEYS[1], 'd')
   redis.call('HSET', KEYS[1], 'v', nv, 'gone', '1')
-  redis.call('PEXPIRE', KEYS[1], ops.tomb)
-  redis.call('ZREM', ops.sessions, ops.sid)
-  redis.call('ZREM', ops.caller, ops.sid)
-  redis.call('SREM', ops.busyk, ops.sid)
+  redis.call('PEXPIRE', KEYS[1], tomb)
+  redis.call('ZREM', sessions, sid)
+  redis.call('ZREM', caller, sid)
+  redis.call('SREM', busyk, sid)
 else
   redis.call('HSET', KEYS[1], 'v', nv, 'd', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ttl)
-  if ops.touch then
-    redis.call('ZADD', ops.sessions, ops.now, ops.sid)
-    redis.call('ZADD', ops.caller, ops.now, ops.sid)
-    if ops.disc then redis.call('PEXPIRE', ops.disc, ttl) end
+  if has('t') then
+    redis.call('ZADD', sessions, now, sid)
+    redis.call('ZADD', caller, now, sid)
+    if disc ~= '' then redis.call('PEXPIRE', disc, ttl) end
   end
-  if ops.busy == true then
-    redis.call('SADD', ops.busyk, ops.sid)
-  elseif ops.busy == false then
-    redis.call('SREM', ops.busyk, ops.sid)
+  if has('B') then
+    redis.call('SADD', busyk, sid)
+  elseif has('b') then
+    redis.call('SREM', busyk, sid)
   end
 end
+local i = 25
 local streams = {}
-for _, x in ipairs(ops.xadd) do
-  local args = {'XADD', x.k, 'MAXLEN', '=', ops.keep, '0-' .. x.s}
-  if x.m then table.insert(args, 'm'); table.insert(args, ARGV[tonumber(x.m)]) end
-  if x.e then table.insert(args, 'e'); table.insert(args, '1') end
-  redis.call(unpack(args))
-  local g = streams[x.k]
+for _ = 1, tonumber(ARGV[18]) do
+  local k, s, m, e = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  if m ~= '' then
+    if e ~= '' then
+      redis.call('XADD', k, 'MAXLEN', '=', keep, '0-' .. s, 'm', m, 'e', '1')
+    else
+      redis.call('XADD', k, 'MAXLEN', '=', keep, '0-' .. s, 'm', m)
+    end
+  else
+    redis.call('XADD', k, 'MAXLEN', '=', keep, '0-' .. s, 'e', '1')
+  end
+  local g = streams[k]
   if not g then
     g = {}
-    streams[x.k] = g
+    streams[k] = g
     table.insert(streams, g)
   end
-  table.insert(g, x)
+  table.insert(g, i)
+  i = i + 6
 end
-for _, l in ipairs(ops.lease_new) do
-  redis.call('HSET', l.k, 'owner', l.o, 'deadline', l.d, 'rec', ARGV[tonumber(l.r)])
-  redis.call('PEXPIRE', l.k, ttl)
-  redis.call('ZADD', ops.leases, l.d, l.k)
+for _ = 1, tonumber(ARGV[19]) do
+  local k, d = ARGV[i], ARGV[i + 2]
+  redis.call('HSET', k, 'owner', ARGV[i + 1], 'deadline', d, 'rec', ARGV[i + 3])
+  redis.call('PEXPIRE', k, ttl)
+  redis.call('ZADD', leases, d, k)
+  i = i + 4
 end
-for _, c in ipairs(ops.cancel) do
-  local owner = redis.call('HGET', c[1], 'owner')
+for _ = 1, tonumber(ARGV[20]) do
+  local owner = redis.call('HGET', ARGV[i], 'owner')
   if not owner then
-    redis.call('PUBLISH', ops.wk, c[2])
-  elseif owner ~= ops.me then
-    redis.call('PUBLISH', ops.wk .. ':' .. owner, c[2])
+    redis.call('PUBLISH', wk, ARGV[i + 1])
+  elseif owner ~= me then
+    redis.call('PUBLISH', wk .. ':' .. owner, ARGV[i + 1])
   end
+  i = i + 2
 end
-for _, k in ipairs(ops.lease_del) do
-  redis.call('DEL', k)
-  redis.call('ZREM', ops.leases, k)
+for _ = 1, tonumber(ARGV[21]) do
+  redis.call('DEL', ARGV[i])
+  redis.call('ZREM', leases, ARGV[i])
+  i = i + 1
 end
-for _, k in ipairs(ops.del) do redis.call('DEL', k) end
-if ops.tw then
-  if ops.due and not ops.tomb then
-    redis.call('ZADD', ops.timers, ops.due, ops.sid)
+for _ = 1, tonumber(ARGV[22]) do
+  redis.call('DEL', ARGV[i])
+  i = i + 1
+end
+if has('w') then
+  if due ~= '' and tomb == '' then
+    redis.call('ZADD', timers, due, sid)
   else
-    redis.call('ZREM', ops.timers, ops.sid)
+    redis.call('ZREM', timers, sid)
   end
 end
-for _, h in ipairs(ops.hold) do redis.call('SET', h[1], h[2], 'PX', h[3]) end
+for _ = 1, tonumber(ARGV[23]) do
+  redis.call('SET', ARGV[i], ARGV[i + 1], 'PX', ARGV[i + 2])
+  i = i + 3
+end
 local handed = {}
 local lw = 0
 for _, g in ipairs(streams) do
   local x = g[1]
-  redis.call('PEXPIRE', x.k, ttl)
-  local tok = redis.call('GET', x.h)
+  local k = ARGV[x]
+  redis.call('PEXPIRE', k, ttl)
+  local tok = redis.call('GET', ARGV[x + 4])
   if tok then
-    if tok == x.t then
-      table.insert(handed, x.h)
+    if tok == ARGV[x + 5] then
+      table.insert(handed, ARGV[x + 4])
     else
       local rep = string.match(tok, '^(.*)%.')
-      if rep == ops.me then
+      if rep == me then
         lw = 1
       elseif rep then
-        local ch = ops.wk .. ':' .. rep
+        local ch = wk .. ':' .. rep
         for _, y in ipairs(g) do
-          local m = ''
-          if y.m then m = ARGV[tonumber(y.m)] end
           local e = '0'
-          if y.e then e = '1' end
-          redis.call('PUBLISH', ch, 'e' .. ops.sid .. tok .. '\n' .. y.s .. ' ' .. e .. '\n' .. m)
+          if ARGV[y + 3] ~= '' then e = '1' end
+          redis.call('PUBLISH', ch, 'e' .. sid .. tok .. '\n' .. ARGV[y + 1] .. ' ' .. e .. '\n' .. ARGV[y + 2])
         end
       end
     end
   end
 end
-for _, p in ipairs(ops.pub) do redis.call('PUBLISH', p[1], p[2]) end
+for _ = 1, tonumber(ARGV[24]) do
+  redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
 return {1, nv, handed, lw}
 ";
 
@@ -504,14 +531,13 @@ impl Redis {
         session: &str,
         version: &str,
         state: &[u8],
-        ops: &[u8],
-        payloads: &[Vec<u8>],
+        effects: &[std::borrow::Cow<'_, [u8]>],
     ) -> Result<Stored, StoreError> {
         let mut c = self.commands.clone();
         let mut invocation = self.step.key(session);
-        invocation.arg(version).arg(state).arg(ops);
-        for p in payloads {
-            invocation.arg(p.as_slice());
+        invocation.arg(version).arg(state);
+        for e in effects {
+            invocation.arg(e.as_ref());
         }
         let reply: RValue = self.bounded(invocation.invoke_async(&mut c)).await?;
         let RValue::Array(items) = reply else {

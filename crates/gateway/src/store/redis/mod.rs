@@ -290,7 +290,7 @@ struct After {
     /// Entries for this replica's relays (they are handed over if the step script
     /// found the relay still holding the stream).
     streaming: Vec<Handing>,
-    /// What the step script receives after its effects, by `ARGV` index.
+    /// The messages and lease records the step's effects name by index.
     payloads: Vec<Vec<u8>>,
     appended: bool,
     /// The machine's observations, recorded once the step is stored.
@@ -684,12 +684,9 @@ impl RedisSessions {
                 }
                 return Ok(value);
             }
-            let ops_json = serde_json::to_vec(&ops).map_err(|e| StoreError::Corrupt {
-                reason: format!("step effects: {e}"),
-            })?;
             match self
                 .redis
-                .step(&key, &version, &blob, &ops_json, &after.payloads)
+                .step(&key, &version, &blob, &ops.args(&after.payloads))
                 .await
             {
                 Ok(CasResult::Committed {
@@ -1626,11 +1623,11 @@ impl RedisSessions {
     }
 }
 
-/// Adds a payload for the step script; its `ARGV` index (the first four are the
-/// version, the state and the effects: payloads start at 4).
-fn payload(payloads: &mut Vec<Vec<u8>>, bytes: Vec<u8>) -> String {
+/// Adds a payload (a message, a lease record) for the step script; its index, by
+/// which the effects name it ([`Ops::args`]).
+fn payload(payloads: &mut Vec<Vec<u8>>, bytes: Vec<u8>) -> usize {
     payloads.push(bytes);
-    (payloads.len() + 3).to_string()
+    payloads.len() - 1
 }
 
 /// Awaits `wait` while driving `exchange`; if the exchange is not done by then, the

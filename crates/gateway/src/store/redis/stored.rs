@@ -13,11 +13,14 @@ use crate::trace::TraceContext;
 use dualera_adapters::{PeerStream, RequestId, Session, UpstreamRole};
 use http::header::HeaderValue;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-/// One SSE stream of a session.
+/// One SSE stream of a session, stored as an array (`[number, peer, seq, finished,
+/// trace]`, see [`StreamWire`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(into = "StreamWire", from = "StreamWire")]
 pub(super) struct StreamMeta {
     /// Its number (first part of every event id).
     pub(super) number: u64,
@@ -29,8 +32,51 @@ pub(super) struct StreamMeta {
     pub(super) finished: bool,
     /// The `traceparent` (and `tracestate`) of the HTTP request that opened it: every
     /// upstream attempt of its legacy request carries it, whichever replica sends it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) trace: Option<(String, Option<String>)>,
+}
+
+/// A stream as stored: an array, since a session keeps up to 17 of them in every
+/// step's state (`[7,{"Request":8},2,true,null]` is 35 bytes; the object naming each
+/// field was 62). Records written before as objects are still read.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum StreamWire {
+    Compact(u64, PeerStream, u64, bool, Option<(String, Option<String>)>),
+    Named {
+        number: u64,
+        peer: PeerStream,
+        seq: u64,
+        finished: bool,
+        #[serde(default)]
+        trace: Option<(String, Option<String>)>,
+    },
+}
+
+impl From<StreamMeta> for StreamWire {
+    fn from(m: StreamMeta) -> Self {
+        Self::Compact(m.number, m.peer, m.seq, m.finished, m.trace)
+    }
+}
+
+impl From<StreamWire> for StreamMeta {
+    fn from(w: StreamWire) -> Self {
+        match w {
+            StreamWire::Compact(number, peer, seq, finished, trace)
+            | StreamWire::Named {
+                number,
+                peer,
+                seq,
+                finished,
+                trace,
+            } => Self {
+                number,
+                peer,
+                seq,
+                finished,
+                trace,
+            },
+        }
+    }
 }
 
 /// A shared session.
@@ -181,36 +227,33 @@ impl driver::CallContext for Calls<'_> {
 }
 
 /// A stream entry to append.
-#[derive(Debug, Serialize)]
+#[derive(Debug)]
 pub(super) struct Append {
     /// The stream key.
     pub(super) k: String,
     /// Its sequence number (entry id `0-s`).
     pub(super) s: String,
-    /// The `ARGV` index of the message, absent on a bare end marker.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) m: Option<String>,
+    /// The message, by its index in the step's payloads; absent on a bare end marker.
+    pub(super) m: Option<usize>,
     /// Whether it ends the stream.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub(super) e: bool,
     /// The key of the stream's connection holder (who gets woken).
     pub(super) h: String,
     /// The token of this replica's relay the step hands its entries to, if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) t: Option<String>,
 }
 
 /// A lease to create: the replica running an upstream exchange.
-#[derive(Debug, Serialize)]
+#[derive(Debug)]
 pub(super) struct NewLease {
     pub(super) k: String,
     /// Owner.
     pub(super) o: String,
     /// Deadline, ms since the Unix epoch.
     pub(super) d: String,
-    /// The `ARGV` index of what another replica needs to redo the exchange
-    /// ([`LeaseRecord`], JSON).
-    pub(super) r: String,
+    /// What another replica needs to redo the exchange ([`LeaseRecord`], JSON), by
+    /// its index in the step's payloads.
+    pub(super) r: usize,
 }
 
 /// What a lease records about its exchange.
@@ -227,9 +270,9 @@ pub(super) struct LeaseRecord {
 }
 
 /// The effects of one step, executed by the step script in the same transaction as
-/// the state (see `redis::STEP`). Numbers are strings: Lua would print large ones in
-/// exponent form.
-#[derive(Debug, Default, Serialize)]
+/// the state (see `client::STEP`), which reads them as flat `ARGV` ([`Ops::args`]).
+/// Numbers are strings: Lua would print large ones in exponent form.
+#[derive(Debug, Default)]
 pub(super) struct Ops {
     pub(super) ttl: String,
     pub(super) sid: String,
@@ -243,24 +286,18 @@ pub(super) struct Ops {
     /// The set of sessions with requests in flight (never evicted to make room).
     pub(super) busyk: String,
     /// This session has requests in flight after the step, when that changed.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) busy: Option<bool>,
     /// The step sets the session's last use (zsets `sessions`, `caller`) and keeps
     /// the discover key alive.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub(super) touch: bool,
     /// The tombstone's TTL, when the step ends the session.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) tomb: Option<String>,
     /// The machine's next deadline.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) due: Option<String>,
     /// The step writes the timers zset (`due`, or its removal): the deadline changed,
     /// the step fires a claimed timer, or it ends the session.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub(super) tw: bool,
     /// The discover key to keep alive.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) disc: Option<String>,
     pub(super) xadd: Vec<Append>,
     pub(super) lease_new: Vec<NewLease>,
@@ -275,6 +312,199 @@ pub(super) struct Ops {
     /// Cancellations: the lease key, the wake payload for its owner.
     pub(super) cancel: Vec<(String, String)>,
     /// Broadcasts: channel, payload.
-    #[serde(rename = "pub")]
     pub(super) publish: Vec<(String, String)>,
+}
+
+impl Ops {
+    /// The step script's `ARGV` after the version and the state, in the order
+    /// `client::STEP` reads them: the scalars (an absent one is empty), the flags, the
+    /// seven list lengths, then each list's items, flattened. `payloads` are the
+    /// messages and lease records the lists name by index; they travel as they are.
+    ///
+    /// Flat arguments rather than one JSON document: decoding the JSON (`cjson`) was
+    /// the largest single cost of the script after its commands.
+    pub(super) fn args<'a>(&'a self, payloads: &'a [Vec<u8>]) -> Vec<Cow<'a, [u8]>> {
+        fn text(s: &str) -> Cow<'_, [u8]> {
+            Cow::Borrowed(s.as_bytes())
+        }
+        fn opt(s: Option<&String>) -> Cow<'_, [u8]> {
+            Cow::Borrowed(s.map_or(&b""[..], |s| s.as_bytes()))
+        }
+        fn count(n: usize) -> Cow<'static, [u8]> {
+            Cow::Owned(n.to_string().into_bytes())
+        }
+        let payload = |i: usize| Cow::Borrowed(payloads.get(i).map_or(&b""[..], Vec::as_slice));
+        let mut flags = String::new();
+        if self.touch {
+            flags.push('t');
+        }
+        match self.busy {
+            Some(true) => flags.push('B'),
+            Some(false) => flags.push('b'),
+            None => {}
+        }
+        if self.tw {
+            flags.push('w');
+        }
+        let mut args = Vec::with_capacity(
+            22 + 6 * self.xadd.len()
+                + 4 * self.lease_new.len()
+                + 2 * self.cancel.len()
+                + self.lease_del.len()
+                + self.del.len()
+                + 3 * self.hold.len()
+                + 2 * self.publish.len(),
+        );
+        args.extend([
+            text(&self.ttl),
+            text(&self.sid),
+            text(&self.now),
+            text(&self.keep),
+            text(&self.timers),
+            text(&self.leases),
+            text(&self.sessions),
+            text(&self.caller),
+            text(&self.busyk),
+            Cow::Owned(flags.into_bytes()),
+            opt(self.due.as_ref()),
+            opt(self.tomb.as_ref()),
+            opt(self.disc.as_ref()),
+            text(&self.me),
+            text(&self.wk),
+        ]);
+        args.extend([
+            count(self.xadd.len()),
+            count(self.lease_new.len()),
+            count(self.cancel.len()),
+            count(self.lease_del.len()),
+            count(self.del.len()),
+            count(self.hold.len()),
+            count(self.publish.len()),
+        ]);
+        for x in &self.xadd {
+            args.extend([
+                text(&x.k),
+                text(&x.s),
+                x.m.map_or(Cow::Borrowed(&b""[..]), payload),
+                Cow::Borrowed(if x.e { &b"1"[..] } else { &b""[..] }),
+                text(&x.h),
+                opt(x.t.as_ref()),
+            ]);
+        }
+        for l in &self.lease_new {
+            args.extend([text(&l.k), text(&l.o), text(&l.d), payload(l.r)]);
+        }
+        for (lease, wake) in &self.cancel {
+            args.extend([text(lease), text(wake)]);
+        }
+        args.extend(self.lease_del.iter().map(|k| text(k)));
+        args.extend(self.del.iter().map(|k| text(k)));
+        for (key, token, ms) in &self.hold {
+            args.extend([text(key), text(token), text(ms)]);
+        }
+        for (channel, message) in &self.publish {
+            args.extend([text(channel), text(message)]);
+        }
+        args
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dualera_adapters::{Config, Session};
+
+    fn record(streams: &str) -> String {
+        let machine = serde_json::to_string(&Session::new(Config::default())).unwrap();
+        format!(r#"{{"binding":"b","streams":{streams},"machine":{machine}}}"#)
+    }
+
+    #[test]
+    fn streams_are_stored_as_arrays_and_objects_are_still_read() {
+        let older = record(
+            r#"[{"number":7,"peer":{"Request":8},"seq":2,"finished":true},
+                {"number":9,"peer":"Standalone","seq":0,"finished":false,"trace":["00-a-b-01",null]}]"#,
+        );
+        let r: Record = serde_json::from_str(&older).unwrap();
+        assert_eq!(r.streams.len(), 2);
+        assert_eq!(r.streams[1].trace, Some(("00-a-b-01".into(), None)));
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(
+            text.contains(r#""streams":[[7,{"Request":8},2,true,null],[9,"Standalone",0,false,["00-a-b-01",null]]]"#),
+            "{text}"
+        );
+        let again: Record = serde_json::from_str(&text).unwrap();
+        assert_eq!(serde_json::to_string(&again).unwrap(), text);
+        assert!(serde_json::from_str::<Record>(&record(r#"[[7,{"Request":8},2]]"#)).is_err());
+    }
+
+    #[test]
+    fn the_effects_are_flat_arguments_in_the_order_the_script_reads() {
+        let ops = Ops {
+            ttl: "60000".into(),
+            sid: "s".into(),
+            now: "5".into(),
+            keep: "64".into(),
+            timers: "T".into(),
+            leases: "L".into(),
+            sessions: "S".into(),
+            caller: "C".into(),
+            busyk: "B".into(),
+            busy: Some(false),
+            touch: true,
+            tw: true,
+            due: Some("9".into()),
+            me: "r1".into(),
+            wk: "w".into(),
+            xadd: vec![
+                Append {
+                    k: "x1".into(),
+                    s: "1".into(),
+                    m: Some(1),
+                    e: true,
+                    h: "h1".into(),
+                    t: Some("r1.t".into()),
+                },
+                Append {
+                    k: "x2".into(),
+                    s: "4".into(),
+                    m: None,
+                    e: true,
+                    h: "h2".into(),
+                    t: None,
+                },
+            ],
+            lease_new: vec![NewLease {
+                k: "l1".into(),
+                o: "r1".into(),
+                d: "99".into(),
+                r: 0,
+            }],
+            lease_del: vec!["l0".into()],
+            del: vec!["x0".into(), "h0".into()],
+            hold: vec![("h1".into(), "r1.t".into(), "8000".into())],
+            cancel: vec![("l2".into(), "c".into())],
+            publish: vec![("w".into(), "ss".into())],
+            ..Ops::default()
+        };
+        let payloads = vec![b"REC".to_vec(), b"MSG".to_vec()];
+        let args: Vec<String> = ops
+            .args(&payloads)
+            .iter()
+            .map(|a| String::from_utf8(a.to_vec()).unwrap())
+            .collect();
+        let expected = [
+            "60000", "s", "5", "64", "T", "L", "S", "C", "B", "tbw", "9", "", "", "r1",
+            "w", // scalars
+            "2", "1", "1", "1", "2", "1", "1", // counts
+            "x1", "1", "MSG", "1", "h1", "r1.t", "x2", "4", "", "1", "h2", "", // entries
+            "l1", "r1", "99", "REC", // new lease
+            "l2", "c",  // cancellation
+            "l0", // lease dropped
+            "x0", "h0", // deleted
+            "h1", "r1.t", "8000", // holder
+            "w", "ss", // broadcast
+        ];
+        assert_eq!(args, expected);
+    }
 }
