@@ -182,10 +182,13 @@ impl HttpUpstream {
         if let Some(host) = &self.host {
             h.insert(header::HOST, host.clone());
         }
-        let method =
-            HeaderValue::from_str(r.method.as_str()).map_err(|e| UpstreamError::Protocol {
+        // A method, name or parameter that cannot be a header value fails the exchange.
+        fn invalid(e: impl std::fmt::Display) -> UpstreamError {
+            UpstreamError::Protocol {
                 detail: e.to_string(),
-            })?;
+            }
+        }
+        let method = HeaderValue::from_str(r.method.as_str()).map_err(invalid)?;
         let name_field = match r.method.as_str() {
             "tools/call" | "prompts/get" => Some("name"),
             "resources/read" => Some("uri"),
@@ -199,21 +202,14 @@ impl HttpUpstream {
             .and_then(|f| r.params.as_ref()?.get(f))
             .and_then(Value::as_str)
         {
-            let value = HeaderValue::try_from(encode_header_value(name)).map_err(|e| {
-                UpstreamError::Protocol {
-                    detail: e.to_string(),
-                }
-            })?;
+            let value = HeaderValue::try_from(encode_header_value(name)).map_err(invalid)?;
             h.insert(MCP_NAME, value);
         }
         // `x-mcp-header` parameters, encoded like `Mcp-Name` (2026-07-28 transports,
         // "Value Encoding"); names were checked as field-name tokens when learned.
         for (name, value) in params {
-            let invalid = |detail: String| UpstreamError::Protocol { detail };
-            let name = http::header::HeaderName::from_bytes(name.as_bytes())
-                .map_err(|e| invalid(e.to_string()))?;
-            let value = HeaderValue::try_from(encode_header_value(value))
-                .map_err(|e| invalid(e.to_string()))?;
+            let name = http::header::HeaderName::from_bytes(name.as_bytes()).map_err(invalid)?;
+            let value = HeaderValue::try_from(encode_header_value(value)).map_err(invalid)?;
             h.append(name, value);
         }
         on_behalf.apply(h);

@@ -350,6 +350,27 @@ pub(super) enum Stored {
     Gone,
 }
 
+/// What one sweeper tick asks for (see [`SWEEP`]).
+#[derive(Debug)]
+pub(super) struct SweepTick<'a> {
+    /// The timers zset.
+    pub(super) timers: &'a str,
+    /// The leases zset.
+    pub(super) leases_zset: &'a str,
+    /// Now, ms since the Unix epoch.
+    pub(super) now: u64,
+    /// At most this many due sessions.
+    pub(super) due_at_once: usize,
+    /// Until when the due sessions returned are claimed.
+    pub(super) claim_until: u64,
+    /// At most this many expired leases taken over (0: none this tick).
+    pub(super) leases: usize,
+    /// Who takes them over.
+    pub(super) owner: &'a str,
+    /// Their new deadline.
+    pub(super) deadline: u64,
+}
+
 /// What one sweeper tick claimed.
 #[derive(Debug)]
 pub(super) struct Swept {
@@ -607,32 +628,21 @@ impl Redis {
     }
 
     /// The sweeper's tick (see [`SWEEP`]): sessions with due timers, claimed until
-    /// `claim_until`; with `leases` above 0, leases past their deadline taken over by
-    /// `owner` until `deadline`: (lease key, record, previous owner).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn sweep(
-        &self,
-        timers: &str,
-        leases_zset: &str,
-        now: u64,
-        due_at_once: usize,
-        claim_until: u64,
-        leases: usize,
-        owner: &str,
-        deadline: u64,
-    ) -> Result<Swept, StoreError> {
+    /// `tick.claim_until`; with `tick.leases` above 0, leases past their deadline taken
+    /// over by `tick.owner` until `tick.deadline`: (lease key, record, previous owner).
+    pub(super) async fn sweep(&self, tick: &SweepTick<'_>) -> Result<Swept, StoreError> {
         let mut c = self.commands.clone();
         let (due, flat): (Vec<String>, Vec<RValue>) = self
             .bounded(
                 self.sweep
-                    .key(timers)
-                    .key(leases_zset)
-                    .arg(now)
-                    .arg(due_at_once)
-                    .arg(claim_until)
-                    .arg(leases)
-                    .arg(owner)
-                    .arg(deadline)
+                    .key(tick.timers)
+                    .key(tick.leases_zset)
+                    .arg(tick.now)
+                    .arg(tick.due_at_once)
+                    .arg(tick.claim_until)
+                    .arg(tick.leases)
+                    .arg(tick.owner)
+                    .arg(tick.deadline)
                     .invoke_async(&mut c),
             )
             .await?;

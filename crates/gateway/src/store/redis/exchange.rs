@@ -14,6 +14,7 @@
 //! handling one leaves it to another) and feeds `handle_timeout`. Both looks are one
 //! script, one round trip per tick.
 
+use super::client::SweepTick;
 use super::stored::{LeaseRecord, Record};
 use super::{wall_ms, Ctx, RedisSessions, Running, StepError};
 use crate::digest::log_tag;
@@ -330,16 +331,16 @@ pub(super) async fn sweep(sessions: Arc<RedisSessions>, gw: Arc<Route>) {
         };
         let swept = sessions
             .redis
-            .sweep(
-                &timers,
-                &leases,
+            .sweep(&SweepTick {
+                timers: &timers,
+                leases_zset: &leases,
                 now,
-                TIMERS_AT_ONCE,
-                now + claim,
-                look,
-                &sessions.replica,
-                now + sessions.lease_ms(),
-            )
+                due_at_once: TIMERS_AT_ONCE,
+                claim_until: now + claim,
+                leases: look,
+                owner: &sessions.replica,
+                deadline: now + sessions.lease_ms(),
+            })
             .await;
         match swept {
             Ok(swept) => {
