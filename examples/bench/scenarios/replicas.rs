@@ -112,6 +112,24 @@ impl Redis {
             .collect())
     }
 
+    /// Script calls (`EVALSHA`) and the microseconds Redis spent in them, commands
+    /// they ran included (`INFO commandstats`).
+    pub(crate) fn script_time(&self) -> Res<(u64, u64)> {
+        let info = self.command(&["INFO", "commandstats"])?;
+        let Some(line) = info
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+        else {
+            return Ok((0, 0));
+        };
+        let field = |name: &str| {
+            line.split(',')
+                .find_map(|f| f.strip_prefix(name)?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        Ok((field("calls="), field("usec=")))
+    }
+
     /// Commands run since `before` (a [`Redis::commandstats`]), the `INFO` asking
     /// for them left out.
     pub(crate) fn commands_since(
@@ -454,8 +472,11 @@ pub(crate) async fn replicas(
     let mut cpu = [0.0f64; 3];
     let mut flows = [0usize; 2];
     let mut commands = 0u64;
+    // Script calls and the µs Redis spent in them, over the rounds.
+    let mut scripts = (0u64, 0u64);
     for round in 0..opts.rounds {
         let stats0 = redis.commandstats()?;
+        let scripts0 = redis.script_time()?;
         let mut busy = [0.0f64; 2];
         let mut n = [0usize; 2];
         let mut ns: [Vec<f64>; 2] = Default::default();
@@ -489,6 +510,9 @@ pub(crate) async fn replicas(
         cpu[1] += cpu_of(first.pid()) + cpu_of(second.pid()) - cpu0[1];
         cpu[2] += cpu_of(redis.pid()) - cpu0[2];
         commands += redis.commands_since(&stats0)?.values().sum::<u64>();
+        let scripts1 = redis.script_time()?;
+        scripts.0 += scripts1.0.saturating_sub(scripts0.0);
+        scripts.1 += scripts1.1.saturating_sub(scripts0.1);
         flows[0] += n[0];
         flows[1] += n[1];
         let this = [0, 1].map(|v| n[v] as f64 / busy[v].max(1e-9));
@@ -599,6 +623,9 @@ pub(crate) async fn replicas(
         sessions: opened.len(),
         bytes_per_session: per_session,
     });
+    let scripts_per_flow = scripts.0 as f64 / flows[1].max(1) as f64;
+    let script_us_per_flow = scripts.1 as f64 / flows[1].max(1) as f64;
+    let script_us_per_call = scripts.1 as f64 / scripts.0.max(1) as f64;
     let mut md = String::new();
     let _ = writeln!(
         md,
@@ -624,9 +651,12 @@ pub(crate) async fn replicas(
     }
     let _ = writeln!(
         md,
-        "\nOne host, flows one after another (latency): replicas/memory ratio (median of per-round ratios) **{}**; Redis CPU per replicated flow: {} µs (both replicas' CPU is the gateway figure above).\n",
+        "\nOne host, flows one after another (latency): replicas/memory ratio (median of per-round ratios) **{}**; Redis CPU per replicated flow: {} µs (both replicas' CPU is the gateway figure above), of which {} µs inside scripts: {} script calls per flow at {} µs each (`INFO commandstats`, `evalsha`, the commands they ran included).\n",
         fmt_f(ratio, 3),
-        fmt_f(cpu_us[2], 0)
+        fmt_f(cpu_us[2], 0),
+        fmt_f(script_us_per_flow, 0),
+        fmt_f(scripts_per_flow, 1),
+        fmt_f(script_us_per_call, 1)
     );
     let _ = writeln!(
         md,
@@ -701,9 +731,11 @@ pub(crate) async fn replicas(
         "\nOne session's serialized state after a flow: {state_bytes} bytes."
     );
     eprintln!(
-        "  per flow: Redis commands {} (rounds) / {} ({hosts} hosts); per-step total {} commands, {} round trips (any replica), {} commands, {} round trips (one replica); state {state_bytes} bytes",
+        "  per flow: Redis commands {} (rounds) / {} ({hosts} hosts), scripts {} at {} µs each; per-step total {} commands, {} round trips (any replica), {} commands, {} round trips (one replica); state {state_bytes} bytes",
         fmt_f(commands_per_flow, 1),
         fmt_f(load_commands_per_flow, 1),
+        fmt_f(scripts_per_flow, 1),
+        fmt_f(script_us_per_call, 1),
         fmt_f(flow_cmds, 1),
         fmt_f(flow_trips, 1),
         fmt_f(flow_totals[1].0, 1),
@@ -716,6 +748,8 @@ pub(crate) async fn replicas(
                "per_round_memory": rates[0], "per_round_replicas": rates[1],
                "gateway_cpu_us_per_flow_memory": cpu_us[0], "gateway_cpu_us_per_flow_replicas": cpu_us[1],
                "redis_cpu_us_per_flow": cpu_us[2], "idle_sessions": opened.len(),
+               "redis_script_calls_per_flow": scripts_per_flow, "redis_script_us_per_flow": script_us_per_flow,
+               "redis_script_us_per_call": script_us_per_call,
                "hosts": hosts, "load_memory_flows_per_s": load_rate[0], "load_replicas_flows_per_s": load_rate[1],
                "load_ratio": load_ratio, "load_gateway_cpu_us_per_flow_memory": load_cpu_us[0],
                "load_gateway_cpu_us_per_flow_replicas": load_cpu_us[1], "load_redis_cpu_us_per_flow": load_cpu_us[2],
