@@ -290,8 +290,6 @@ struct After {
     /// Entries for this replica's relays (they are handed over if the step script
     /// found the relay still holding the stream).
     streaming: Vec<Handing>,
-    /// The messages and lease records the step's effects name by index.
-    payloads: Vec<Vec<u8>>,
     appended: bool,
     /// The machine's observations, recorded once the step is stored.
     observed: Vec<Observation>,
@@ -684,11 +682,7 @@ impl RedisSessions {
                 }
                 return Ok(value);
             }
-            match self
-                .redis
-                .step(&key, &version, &blob, &ops.args(&after.payloads))
-                .await
-            {
+            match self.redis.step(&key, &version, &blob, &ops.args()).await {
                 Ok(CasResult::Committed {
                     version: v,
                     handed,
@@ -801,10 +795,7 @@ impl RedisSessions {
                     k: k.clone(),
                     o: self.replica.clone(),
                     d: (now + self.lease_ms()).to_string(),
-                    r: payload(
-                        &mut after.payloads,
-                        serde_json::to_vec(&rec).unwrap_or_default(),
-                    ),
+                    r: serde_json::to_vec(&rec).unwrap_or_default(),
                 });
                 k
             });
@@ -885,19 +876,19 @@ impl RedisSessions {
             let mut handed = Vec::new();
             for (bytes, last) in messages {
                 meta.seq += 1;
-                let index = payload(&mut after.payloads, bytes.clone());
+                // A copy only for this replica's relay; the script gets the message.
+                if handing.is_some() {
+                    handed.push((meta.seq, bytes.clone(), last));
+                }
                 ops.xadd.push(Append {
                     k: key.clone(),
                     s: meta.seq.to_string(),
-                    m: Some(index),
+                    m: Some(bytes),
                     e: last,
                     h: holder.clone(),
                     t: token.clone(),
                 });
                 meta.finished |= last;
-                if handing.is_some() {
-                    handed.push((meta.seq, bytes, last));
-                }
             }
             if closed && !meta.finished {
                 meta.seq += 1;
@@ -1621,13 +1612,6 @@ impl RedisSessions {
             Err(StepError::Refused(())) => legacy_http::internal(),
         }
     }
-}
-
-/// Adds a payload (a message, a lease record) for the step script; its index, by
-/// which the effects name it ([`Ops::args`]).
-fn payload(payloads: &mut Vec<Vec<u8>>, bytes: Vec<u8>) -> usize {
-    payloads.push(bytes);
-    payloads.len() - 1
 }
 
 /// Awaits `wait` while driving `exchange`; if the exchange is not done by then, the

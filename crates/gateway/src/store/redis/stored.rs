@@ -233,8 +233,8 @@ pub(super) struct Append {
     pub(super) k: String,
     /// Its sequence number (entry id `0-s`).
     pub(super) s: String,
-    /// The message, by its index in the step's payloads; absent on a bare end marker.
-    pub(super) m: Option<usize>,
+    /// The message, absent on a bare end marker.
+    pub(super) m: Option<Vec<u8>>,
     /// Whether it ends the stream.
     pub(super) e: bool,
     /// The key of the stream's connection holder (who gets woken).
@@ -251,9 +251,8 @@ pub(super) struct NewLease {
     pub(super) o: String,
     /// Deadline, ms since the Unix epoch.
     pub(super) d: String,
-    /// What another replica needs to redo the exchange ([`LeaseRecord`], JSON), by
-    /// its index in the step's payloads.
-    pub(super) r: usize,
+    /// What another replica needs to redo the exchange ([`LeaseRecord`], JSON).
+    pub(super) r: Vec<u8>,
 }
 
 /// What a lease records about its exchange.
@@ -318,12 +317,12 @@ pub(super) struct Ops {
 impl Ops {
     /// The step script's `ARGV` after the version and the state, in the order
     /// `client::STEP` reads them: the scalars (an absent one is empty), the flags, the
-    /// seven list lengths, then each list's items, flattened. `payloads` are the
-    /// messages and lease records the lists name by index; they travel as they are.
+    /// seven list lengths, then each list's items, flattened; messages and lease
+    /// records travel as they are.
     ///
     /// Flat arguments rather than one JSON document: decoding the JSON (`cjson`) was
     /// the largest single cost of the script after its commands.
-    pub(super) fn args<'a>(&'a self, payloads: &'a [Vec<u8>]) -> Vec<Cow<'a, [u8]>> {
+    pub(super) fn args(&self) -> Vec<Cow<'_, [u8]>> {
         fn text(s: &str) -> Cow<'_, [u8]> {
             Cow::Borrowed(s.as_bytes())
         }
@@ -333,7 +332,6 @@ impl Ops {
         fn count(n: usize) -> Cow<'static, [u8]> {
             Cow::Owned(n.to_string().into_bytes())
         }
-        let payload = |i: usize| Cow::Borrowed(payloads.get(i).map_or(&b""[..], Vec::as_slice));
         let mut flags = String::new();
         if self.touch {
             flags.push('t');
@@ -385,14 +383,14 @@ impl Ops {
             args.extend([
                 text(&x.k),
                 text(&x.s),
-                x.m.map_or(Cow::Borrowed(&b""[..]), payload),
+                Cow::Borrowed(x.m.as_deref().unwrap_or_default()),
                 Cow::Borrowed(if x.e { &b"1"[..] } else { &b""[..] }),
                 text(&x.h),
                 opt(x.t.as_ref()),
             ]);
         }
         for l in &self.lease_new {
-            args.extend([text(&l.k), text(&l.o), text(&l.d), payload(l.r)]);
+            args.extend([text(&l.k), text(&l.o), text(&l.d), Cow::Borrowed(&l.r[..])]);
         }
         for (lease, wake) in &self.cancel {
             args.extend([text(lease), text(wake)]);
@@ -460,7 +458,7 @@ mod tests {
                 Append {
                     k: "x1".into(),
                     s: "1".into(),
-                    m: Some(1),
+                    m: Some(b"MSG".to_vec()),
                     e: true,
                     h: "h1".into(),
                     t: Some("r1.t".into()),
@@ -478,7 +476,7 @@ mod tests {
                 k: "l1".into(),
                 o: "r1".into(),
                 d: "99".into(),
-                r: 0,
+                r: b"REC".to_vec(),
             }],
             lease_del: vec!["l0".into()],
             del: vec!["x0".into(), "h0".into()],
@@ -487,9 +485,8 @@ mod tests {
             publish: vec![("w".into(), "ss".into())],
             ..Ops::default()
         };
-        let payloads = vec![b"REC".to_vec(), b"MSG".to_vec()];
         let args: Vec<String> = ops
-            .args(&payloads)
+            .args()
             .iter()
             .map(|a| String::from_utf8(a.to_vec()).unwrap())
             .collect();
