@@ -719,10 +719,15 @@ async fn call_flood(wire: &str, mut host: Host, gateway_pid: u32, legacy: Option
     if let Some(version) = legacy {
         host.initialize(version).await;
     }
+    flood(wire, host, gateway_pid, legacy.is_none()).await;
+}
+
+/// [`call_flood`] once the host is initialized (or, `modern`, needs no session).
+async fn flood(wire: &str, mut host: Host, gateway_pid: u32, modern: bool) {
     let baseline = rss(gateway_pid);
     let sampler = RssPeak::sample(gateway_pid);
     host.pace.stall();
-    host.send(flood_call("flood", legacy.is_none())).await;
+    host.send(flood_call("flood", modern)).await;
     let got = receive(&mut host.inbox, progress_seq, |m| {
         m["id"] == 2 && m.get("method").is_none()
     })
@@ -754,6 +759,12 @@ async fn streamable_http_post_stream_delivers_a_flood_to_a_slow_host() {
 async fn streamable_http_get_stream_delivers_a_flood_to_a_slow_host() {
     let upstream = fixture_http();
     let gw = gateway(&["--upstream", &upstream.url]);
+    get_flood("Streamable HTTP GET stream", &gw).await;
+}
+
+/// A legacy session on `gw`, its GET stream read at a slow host's pace while a
+/// `flood_changes` call announces the flood on it.
+async fn get_flood(wire: &str, gw: &Proc) {
     let mut host = streamable_http(gw.url.clone(), false);
     host.initialize("2025-11-25").await;
     let session = host.session.lock().unwrap().clone().expect("session id");
@@ -792,13 +803,7 @@ async fn streamable_http_get_stream_delivers_a_flood_to_a_slow_host() {
         .end
         .as_ref()
         .is_some_and(|m| m["params"]["count"] == COUNT);
-    check(
-        "Streamable HTTP GET stream",
-        &got,
-        end_ok,
-        baseline,
-        sampler.peak(),
-    );
+    check(wire, &got, end_ok, baseline, sampler.peak());
     let answer = host.response(2).await;
     assert!(names_count(&answer), "flood_changes answered {answer}");
 }
@@ -840,4 +845,65 @@ async fn modern_pass_through_over_stdio_delivers_a_flood_to_a_slow_host() {
     let gw = gateway(&["--upstream-cmd", &cmd]);
     let host = streamable_http(gw.url.clone(), true);
     call_flood("pass-through, stdio upstream", host, gw.pid(), None).await;
+}
+
+// ---------------------------------------------------------------------------------
+// The same streams with the session in Redis (`--session-store`): each upstream
+// message is a step that appends it to a Redis Stream capped at the replay size, and
+// the exchange reads the next one only once this replica's relay of that stream is
+// within half of it (`store/redis/backlog.rs`); before, the stream was trimmed under
+// a slow host and the relay skipped what was gone.
+
+#[cfg(feature = "redis")]
+mod shared_sessions {
+    use super::*;
+    use gateway_support::replicas::RedisServer;
+
+    fn shared_gateway(upstream: &Proc, redis: &RedisServer) -> Proc {
+        gateway(&["--upstream", &upstream.url, "--session-store", &redis.url()])
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn post_stream_delivers_a_flood_to_a_slow_host() {
+        let redis = RedisServer::start();
+        let upstream = fixture_http();
+        let gw = shared_gateway(&upstream, &redis);
+        let host = streamable_http(gw.url.clone(), false);
+        call_flood(
+            "shared session, POST stream",
+            host,
+            gw.pid(),
+            Some("2025-11-25"),
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn get_stream_delivers_a_flood_to_a_slow_host() {
+        let redis = RedisServer::start();
+        let upstream = fixture_http();
+        let gw = shared_gateway(&upstream, &redis);
+        get_flood("shared session, GET stream", &gw).await;
+    }
+
+    /// The session opened on one replica, the flood called on the other: the replica
+    /// that serves the call runs its exchange and relays its stream.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flood_called_on_another_replica_reaches_a_slow_host() {
+        let redis = RedisServer::start();
+        let upstream = fixture_http();
+        let a = shared_gateway(&upstream, &redis);
+        let b = shared_gateway(&upstream, &redis);
+        let mut opener = streamable_http(a.url.clone(), false);
+        opener.initialize("2025-11-25").await;
+        let host = streamable_http(b.url.clone(), false);
+        *host.session.lock().unwrap() = opener.session.lock().unwrap().clone();
+        flood(
+            "shared session, call on the other replica",
+            host,
+            b.pid(),
+            false,
+        )
+        .await;
+    }
 }

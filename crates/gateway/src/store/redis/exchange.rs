@@ -30,20 +30,46 @@ use tracing::{debug, info, warn, Instrument};
 
 /// Each upstream message of a shared session is fed (and stored) as a step of its
 /// own before the next is read from the upstream; the SSE relays read the session's
-/// streams from Redis at their hosts' pace.
+/// streams from Redis at their hosts' pace, and the next message is read only once
+/// this replica's relay of the stream the last one went to has caught up to within
+/// half the replay size (`backlog`).
 struct RedisFeed<'a> {
     sessions: &'a Arc<RedisSessions>,
     gw: &'a Arc<Route>,
     sid: &'a str,
+    /// What the last message's step appended: (holder key, sequence number).
+    appended: std::sync::Mutex<Vec<(String, u64)>>,
 }
 
 impl driver::Feed for RedisFeed<'_> {
-    async fn room(&self, _: &UpstreamRole) {}
+    async fn room(&self, _: &UpstreamRole) {
+        let appended = self
+            .appended
+            .lock()
+            .map(|mut a| std::mem::take(&mut *a))
+            .unwrap_or_default();
+        let s = self.sessions;
+        // Half the stream's cap, so a step's entries never push out what the relay
+        // has still to send (0 with a cap of 1: the relay must be caught up).
+        let window = u64::try_from(s.replay / 2).unwrap_or(u64::MAX);
+        // A relay stuck on its host gives up after `stalled_reader_timeout` (and one
+        // taken over elsewhere notices within a hold tick): no longer than that here.
+        let limit = s.stalled_reader_timeout + super::HOLD_TICK;
+        for (holder, seq) in appended {
+            if s.backlog.room(&holder, seq, window, limit).await {
+                debug!(seq, "upstream read waited for a slow host");
+            }
+        }
+    }
 
     async fn message(&self, id: &RequestId, message: Message, last: bool) -> bool {
-        self.sessions
+        let appended = self
+            .sessions
             .feed_upstream(self.gw, self.sid, id, message, last)
             .await;
+        if let Ok(mut a) = self.appended.lock() {
+            *a = appended;
+        }
         true
     }
 
@@ -96,6 +122,7 @@ impl RedisSessions {
             sessions: &self,
             gw: &gw,
             sid: &sid,
+            appended: std::sync::Mutex::default(),
         };
         tokio::select! {
             () = driver::exchange(&gw, &running.start, &running.forwarded, running.head.as_deref(), &feed) => {}
@@ -151,7 +178,7 @@ impl RedisSessions {
         id: &RequestId,
         message: Message,
         last: bool,
-    ) {
+    ) -> Vec<(String, u64)> {
         let ctx = Ctx {
             done_upstream: last.then(|| id.clone()),
             ..Ctx::default()
@@ -172,6 +199,7 @@ impl RedisSessions {
                 warn!(error = %e, "upstream message not stored; the lease will redo it");
             }
         }
+        ctx.appended.into_inner().unwrap_or_default()
     }
 
     /// The exchange ended without an answer: lost (`refusal` `None`: the machine

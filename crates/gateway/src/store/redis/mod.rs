@@ -28,6 +28,7 @@
 //! - Nothing is served from a copy: when Redis cannot be reached, requests of shared
 //!   sessions fail with `-32603` and `data.reason = "sessionStoreUnavailable"`.
 
+mod backlog;
 pub(crate) mod client;
 mod exchange;
 pub(crate) mod keys;
@@ -35,6 +36,7 @@ mod relay;
 mod stored;
 mod wake;
 
+use self::backlog::{Backlog, Progress};
 use self::client::{Checked, Loaded, Redis, Stored as CasResult};
 use self::keys::{valid_session_id, Keys};
 use self::stored::{Append, LeaseRecord, NewLease, Ops, Record};
@@ -123,6 +125,10 @@ struct Decider {
     /// compare-and-set checks); another replica's come through pub/sub, addressed to
     /// `token`.
     inbox: Arc<Inbox>,
+    /// How far its relay has sent the stream (registered in the [`Backlog`] once a
+    /// step decided that the POST streams, so the exchange waits for the relay from
+    /// its first entries on).
+    progress: Arc<Progress>,
 }
 
 impl Decider {
@@ -132,6 +138,7 @@ impl Decider {
             notify: Notify::new(),
             token,
             inbox: Arc::new(Inbox::default()),
+            progress: Progress::starting_after(0),
         }
     }
 }
@@ -219,6 +226,10 @@ struct Ctx {
     /// Where that first exchange is left for the host request's handler to drive
     /// itself (no hand-off to a task and back on the common path), when it asks.
     inline: Option<Mutex<Option<Running>>>,
+    /// Set when the step is stored: the last sequence number it appended to each
+    /// stream, by the stream's holder key (what an exchange waits for its relay to
+    /// send before feeding more, see `backlog`).
+    appended: Mutex<Vec<(String, u64)>>,
 }
 
 /// One upstream exchange, driven by whoever holds it.
@@ -332,6 +343,8 @@ pub(crate) struct RedisSessions {
     /// How long a relay waits for a slow host to take what is queued.
     stalled_reader_timeout: std::time::Duration,
     wakes: Arc<Wakes>,
+    /// How far this replica's relays have sent their streams.
+    backlog: Backlog,
     deciders: DashMap<(String, PeerStream), Arc<Decider>>,
     exchanges: DashMap<(String, RequestId), futures_util::future::AbortHandle>,
     locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
@@ -386,6 +399,7 @@ impl RedisSessions {
             max_buffered: config.max_buffered_bytes,
             stalled_reader_timeout: config.stalled_reader_timeout,
             wakes,
+            backlog: Backlog::default(),
             deciders: DashMap::new(),
             exchanges: DashMap::new(),
             locks: DashMap::new(),
@@ -695,6 +709,16 @@ impl RedisSessions {
                         let touched = if ops.touch { now } else { touched };
                         self.versions
                             .insert(sid.to_owned(), remember(v, blob, Some(record), touched));
+                    }
+                    if let Ok(mut last) = ctx.appended.lock() {
+                        last.clear();
+                        for a in &ops.xadd {
+                            let seq = a.s.parse().unwrap_or(0);
+                            match last.iter_mut().find(|(h, _)| *h == a.h) {
+                                Some(l) => l.1 = l.1.max(seq),
+                                None => last.push((a.h.clone(), seq)),
+                            }
+                        }
                     }
                     self.perform(gw, sid, after, ctx, &handed, local_wake);
                     return Ok(value);
@@ -1013,6 +1037,10 @@ impl RedisSessions {
         let mut wake = local_wake || ctx.tomb;
         for h in after.streaming {
             if handed.contains(&h.holder) {
+                if h.decided {
+                    // The POST's relay starts with these: the exchange waits for it.
+                    self.backlog.register(&h.holder, &h.relay.progress);
+                }
                 h.relay.inbox.hand(h.entries);
             } else {
                 // Taken over meanwhile: whoever holds it reads the stream.

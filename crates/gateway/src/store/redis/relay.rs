@@ -10,6 +10,7 @@
 //! stream), so the relay reads Redis only when another replica wrote (it is woken
 //! through its replica's channel) or a sequence number is missing.
 
+use super::backlog::Progress;
 use super::wake::{Inbox, Waiter};
 use super::{hold_ms, Ctx, DeciderGuard, RedisSessions, StepError, HOLD_TICK};
 use crate::body::{ChannelBody, GatewayBody, MeteredSender, SendError};
@@ -218,10 +219,18 @@ impl RedisSessions {
         }
         let me = self.clone();
         let sid = sid.to_owned();
+        let holder_key = me.keys.holder(&sid, holder);
+        // Registered before the task runs: an exchange feeding this stream waits for
+        // this relay from now on (a POST's was registered by its deciding step).
+        let progress = feed.inbox.as_ref().map_or_else(
+            || Progress::starting_after(after),
+            |g| g.decider.progress.clone(),
+        );
+        progress.sent(after);
+        self.backlog.register(&holder_key, &progress);
         let span = tracing::debug_span!("relay", session = %log_tag(&sid), stream = number);
         tokio::spawn(
             async move {
-                let holder_key = me.keys.holder(&sid, holder);
                 let finished = me
                     .relay(
                         &sid,
@@ -233,8 +242,10 @@ impl RedisSessions {
                         take_over,
                         read,
                         feed,
+                        &progress,
                     )
                     .await;
+                me.backlog.unregister(&holder_key, &progress);
                 // The host sees the end of the stream now, not after the bookkeeping.
                 drop(tx);
                 if finished {
@@ -282,6 +293,7 @@ impl RedisSessions {
         mut take_over: bool,
         mut read: bool,
         feed: Feed,
+        progress: &Progress,
     ) -> bool {
         let mut waiter = match feed.waiter {
             Some(w) => w,
@@ -324,6 +336,7 @@ impl RedisSessions {
                         return false;
                     }
                 }
+                progress.sent(after);
                 if end {
                     debug!("stream finished");
                     return true;
@@ -335,6 +348,7 @@ impl RedisSessions {
             if read || take_over {
                 waiter.rx.borrow_and_update();
                 let hold = take_over.then(|| (token, hold_ms()));
+                let resuming = take_over;
                 take_over = false;
                 let (entries, current) =
                     match self.redis.read(&key, after, BATCH, holder_key, hold).await {
@@ -350,6 +364,21 @@ impl RedisSessions {
                     return false;
                 }
                 read = entries.len() == BATCH;
+                let missing = entries
+                    .first()
+                    .map_or(0, |e| e.seq.saturating_sub(after + 1));
+                if missing > 0 && resuming {
+                    // The host asked for events older than the stream keeps.
+                    debug!(missing, "resumed after events the stream no longer keeps");
+                } else if missing > 0 {
+                    // Trimmed while this relay had them still to send: only a stream
+                    // whose writer does not wait for this relay (an exchange on
+                    // another replica, see `backlog`) gets here.
+                    warn!(
+                        missing,
+                        "stream entries past the replay size were trimmed before this connection got them"
+                    );
+                }
                 for entry in entries {
                     after = entry.seq;
                     if let Some(m) = &entry.message {
@@ -358,6 +387,7 @@ impl RedisSessions {
                             return false;
                         }
                     }
+                    progress.sent(after);
                     if entry.end {
                         debug!("stream finished");
                         return true;
