@@ -66,6 +66,11 @@ const PAUSE: Duration = Duration::from_millis(1);
 const SILENCE: Duration = Duration::from_secs(10);
 /// The whole flood, stall included, must be over by then.
 const DEADLINE: Duration = Duration::from_secs(45);
+/// The same with the session in Redis, where every upstream message is a step (a
+/// Redis round trip) of its own: a flood takes 10–12 s on this machine, 22–26 s while
+/// it builds something else.
+#[cfg(feature = "redis")]
+const SHARED_DEADLINE: Duration = Duration::from_secs(120);
 /// The gateway's RSS may grow by at most this much over its idle session's.
 const RSS_HEADROOM: u64 = 24 * 1024 * 1024;
 /// RSS sampling interval.
@@ -598,7 +603,7 @@ struct Received {
     /// The closing message (the call's result, or the GET stream's last notification).
     end: Option<Value>,
     /// Why the host stopped before the end: nothing arrived for [`SILENCE`] (after
-    /// the [`STALL`]), the [`DEADLINE`] passed, or the wire closed.
+    /// the [`STALL`]), the deadline passed, or the wire closed.
     stopped: Option<&'static str>,
     /// From sending the call to the end.
     took: Duration,
@@ -608,13 +613,14 @@ struct Received {
 /// `is_end` recognises the close.
 async fn receive(
     inbox: &mut Inbox,
+    deadline: Duration,
     seq: impl Fn(&Value) -> Option<u64>,
     is_end: impl Fn(&Value) -> bool,
 ) -> Received {
     let start = Instant::now();
     let mut got = Received::default();
     loop {
-        let left = DEADLINE.saturating_sub(start.elapsed());
+        let left = deadline.saturating_sub(start.elapsed());
         let m = match tokio::time::timeout(left.min(STALL + SILENCE), inbox.recv()).await {
             Ok(Some(m)) => m,
             Ok(None) => {
@@ -719,16 +725,16 @@ async fn call_flood(wire: &str, mut host: Host, gateway_pid: u32, legacy: Option
     if let Some(version) = legacy {
         host.initialize(version).await;
     }
-    flood(wire, host, gateway_pid, legacy.is_none()).await;
+    flood(wire, host, gateway_pid, legacy.is_none(), DEADLINE).await;
 }
 
 /// [`call_flood`] once the host is initialized (or, `modern`, needs no session).
-async fn flood(wire: &str, mut host: Host, gateway_pid: u32, modern: bool) {
+async fn flood(wire: &str, mut host: Host, gateway_pid: u32, modern: bool, deadline: Duration) {
     let baseline = rss(gateway_pid);
     let sampler = RssPeak::sample(gateway_pid);
     host.pace.stall();
     host.send(flood_call("flood", modern)).await;
-    let got = receive(&mut host.inbox, progress_seq, |m| {
+    let got = receive(&mut host.inbox, deadline, progress_seq, |m| {
         m["id"] == 2 && m.get("method").is_none()
     })
     .await;
@@ -759,12 +765,12 @@ async fn streamable_http_post_stream_delivers_a_flood_to_a_slow_host() {
 async fn streamable_http_get_stream_delivers_a_flood_to_a_slow_host() {
     let upstream = fixture_http();
     let gw = gateway(&["--upstream", &upstream.url]);
-    get_flood("Streamable HTTP GET stream", &gw).await;
+    get_flood("Streamable HTTP GET stream", &gw, DEADLINE).await;
 }
 
 /// A legacy session on `gw`, its GET stream read at a slow host's pace while a
 /// `flood_changes` call announces the flood on it.
-async fn get_flood(wire: &str, gw: &Proc) {
+async fn get_flood(wire: &str, gw: &Proc, deadline: Duration) {
     let mut host = streamable_http(gw.url.clone(), false);
     host.initialize("2025-11-25").await;
     let session = host.session.lock().unwrap().clone().expect("session id");
@@ -791,6 +797,7 @@ async fn get_flood(wire: &str, gw: &Proc) {
     host.send(flood_call("flood_changes", false)).await;
     let got = receive(
         &mut get_inbox,
+        deadline,
         |m| {
             (m["method"] == "notifications/resources/list_changed")
                 .then(|| m["params"]["seq"].as_u64())
@@ -868,14 +875,10 @@ mod shared_sessions {
         let redis = RedisServer::start();
         let upstream = fixture_http();
         let gw = shared_gateway(&upstream, &redis);
-        let host = streamable_http(gw.url.clone(), false);
-        call_flood(
-            "shared session, POST stream",
-            host,
-            gw.pid(),
-            Some("2025-11-25"),
-        )
-        .await;
+        let mut host = streamable_http(gw.url.clone(), false);
+        host.initialize("2025-11-25").await;
+        let wire = "shared session, POST stream";
+        flood(wire, host, gw.pid(), false, SHARED_DEADLINE).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -883,7 +886,7 @@ mod shared_sessions {
         let redis = RedisServer::start();
         let upstream = fixture_http();
         let gw = shared_gateway(&upstream, &redis);
-        get_flood("shared session, GET stream", &gw).await;
+        get_flood("shared session, GET stream", &gw, SHARED_DEADLINE).await;
     }
 
     /// The session opened on one replica, the flood called on the other: the replica
@@ -898,12 +901,109 @@ mod shared_sessions {
         opener.initialize("2025-11-25").await;
         let host = streamable_http(b.url.clone(), false);
         *host.session.lock().unwrap() = opener.session.lock().unwrap().clone();
-        flood(
-            "shared session, call on the other replica",
-            host,
-            b.pid(),
-            false,
-        )
-        .await;
+        let wire = "shared session, call on the other replica";
+        flood(wire, host, b.pid(), false, SHARED_DEADLINE).await;
+    }
+
+    /// The flood's POST stream, read fast on replica A for its first `RESUME_AT`
+    /// notifications, then resumed with `Last-Event-ID` on replica B by a host that
+    /// stalls, then reads slowly, while the call still runs on A: B's relay acks how
+    /// far it has sent to A, whose exchange waits for it. What A appended while no
+    /// connection held the stream may be gone (as from an in-memory replay ring);
+    /// from the first notification B delivers on, none may be missing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_post_stream_resumed_on_another_replica_stays_whole() {
+        const RESUME_AT: u64 = 100;
+        let redis = RedisServer::start();
+        let upstream = fixture_http();
+        let a = shared_gateway(&upstream, &redis);
+        let b = shared_gateway(&upstream, &redis);
+        let mut host = streamable_http(a.url.clone(), false);
+        host.initialize("2025-11-25").await;
+        let sid = host.session.lock().unwrap().clone().expect("session id");
+        let session = [
+            ("mcp-session-id".to_owned(), sid),
+            ("mcp-protocol-version".to_owned(), "2025-11-25".to_owned()),
+        ];
+        let mut post = vec![
+            ("content-type".to_owned(), "application/json".to_owned()),
+            (
+                "accept".to_owned(),
+                "application/json, text/event-stream".to_owned(),
+            ),
+        ];
+        post.extend(session.iter().cloned());
+        let call = serde_json::to_vec(&flood_call("flood", false)).unwrap();
+        let (head, mut body) =
+            http_open(&a.url, http::Method::POST, &post, call, &Pace::default()).await;
+        assert_eq!(head.status, 200);
+        let mut dec = sse::Decoder::new(MAX_EVENT);
+        let mut last_id = None;
+        'first: while let Some(Ok(frame)) = body.frame().await {
+            let Some(d) = frame.data_ref() else { continue };
+            for ev in dec.feed(d).expect("SSE") {
+                let v: Value = serde_json::from_str(&ev.data).unwrap_or_default();
+                if progress_seq(&v).is_some_and(|n| n >= RESUME_AT) {
+                    last_id = ev.id.clone();
+                    break 'first;
+                }
+            }
+        }
+        let last_id = last_id.expect("an event id on the POST stream");
+        // The host's connection to A goes away.
+        drop(body);
+        let pace = Pace::default();
+        pace.stall();
+        let (out, mut inbox) = mpsc::channel(16);
+        let mut get = vec![
+            ("accept".to_owned(), "text/event-stream".to_owned()),
+            ("last-event-id".to_owned(), last_id),
+        ];
+        get.extend(session.iter().cloned());
+        let baseline = rss(b.pid());
+        let sampler = RssPeak::sample(b.pid());
+        let head = http_request(&b.url, http::Method::GET, &get, Vec::new(), &pace, out).await;
+        assert_eq!(head.status, 200, "resumed on B");
+        let mut first = None;
+        let mut next = 0;
+        let mut gaps = Vec::new();
+        let mut end = None;
+        let deadline = Instant::now() + SHARED_DEADLINE;
+        while end.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let m = match tokio::time::timeout(left.min(STALL + SILENCE), inbox.recv()).await {
+                Ok(Some(m)) => m,
+                other => panic!(
+                    "resumed stream stopped ({}) after notification {next}, first {first:?}",
+                    if other.is_ok() { "closed" } else { "silence" }
+                ),
+            };
+            if let Some(n) = progress_seq(&m) {
+                if first.is_none() {
+                    first = Some(n);
+                } else if n != next + 1 {
+                    gaps.push((next, n));
+                }
+                next = n;
+            } else if m["id"] == 2 && m.get("method").is_none() {
+                end = Some(m);
+            }
+        }
+        let first = first.expect("notifications after the resumption");
+        eprintln!(
+            "resumed on another replica: notifications {first}..={next} (resumed after \
+             {RESUME_AT}), gaps after the first {gaps:?}; B's RSS baseline {} MiB, peak {} MiB",
+            baseline / (1 << 20),
+            sampler.peak() / (1 << 20)
+        );
+        assert!(first > RESUME_AT, "resumed after {RESUME_AT}, got {first}");
+        assert_eq!(
+            gaps,
+            Vec::<(u64, u64)>::new(),
+            "notifications lost after the resumption"
+        );
+        assert_eq!(next, COUNT, "the last notification");
+        assert!(names_count(end.as_ref().unwrap()), "{end:?}");
+        assert!(sampler.peak() <= baseline + RSS_HEADROOM);
     }
 }

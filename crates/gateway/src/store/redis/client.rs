@@ -34,12 +34,15 @@ use std::time::Duration;
 /// Wake-ups go to whom they concern, read from what the step touches: the entries of
 /// each stream it appended to go to the replica whose connection holds it (a holder
 /// token starts with its replica's name and a dot), addressed to that connection (see
-/// `wake::payload`); none when that is this replica (it hands the entries to its
-/// relay itself); a cancellation wakes the lease's owner.
-/// Returns `{1, v, handed, lw}` stored (`handed`: the streams whose holder is still the
-/// token the step meant to hand its entries to; `lw` 1 when a stream another
-/// connection of this replica holds got entries), `{0, v, d}` conflict (the current
-/// state), `{-1}` missing, `{-2}` tombstone.
+/// `wake::payload`, which names this replica for the relay's acks); none when that is
+/// this replica (it hands the entries to its relay itself); a cancellation wakes the
+/// lease's owner.
+/// Returns `{1, v, handed, lw, remote}` stored (`handed`: the streams whose holder is
+/// still the token the step meant to hand its entries to; `lw` 1 when a stream another
+/// connection of this replica holds got entries; `remote`: the holder keys of the
+/// streams whose entries went to another replica's relay, which acks them, see
+/// `backlog`), `{0, v, d}` conflict (the current state), `{-1}` missing, `{-2}`
+/// tombstone.
 const STEP: &str = r"
 local cur = redis.call('HMGET', KEYS[1], 'v', 'gone')
 local v = cur[1]
@@ -131,6 +134,7 @@ for _ = 1, tonumber(ARGV[23]) do
   i = i + 3
 end
 local handed = {}
+local remote = {}
 local lw = 0
 for _, g in ipairs(streams) do
   local x = g[1]
@@ -149,8 +153,9 @@ for _, g in ipairs(streams) do
         for _, y in ipairs(g) do
           local e = '0'
           if ARGV[y + 3] ~= '' then e = '1' end
-          redis.call('PUBLISH', ch, 'e' .. sid .. tok .. '\n' .. ARGV[y + 1] .. ' ' .. e .. '\n' .. ARGV[y + 2])
+          redis.call('PUBLISH', ch, 'e' .. sid .. tok .. '\n' .. ARGV[y + 1] .. ' ' .. e .. ' ' .. me .. '\n' .. ARGV[y + 2])
         end
+        table.insert(remote, ARGV[x + 4])
       end
     end
   end
@@ -159,7 +164,7 @@ for _ = 1, tonumber(ARGV[24]) do
   redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
   i = i + 2
 end
-return {1, nv, handed, lw}
+return {1, nv, handed, lw, remote}
 ";
 
 /// Whether a session is still at the version a replica remembers, sending its state
@@ -336,11 +341,13 @@ pub(super) enum Checked {
 pub(super) enum Stored {
     /// Stored as this version; `handed` the holder keys of the streams whose entries
     /// the step may hand to its relay (still holding them), `local_wake` whether a
-    /// stream another connection of this replica holds got entries.
+    /// stream another connection of this replica holds got entries, `remote` the
+    /// holder keys of the streams whose entries went to another replica's relay.
     Committed {
         version: String,
         handed: Vec<String>,
         local_wake: bool,
+        remote: Vec<String>,
     },
     /// Someone else stored first: the current version and state.
     Conflict { version: String, state: Vec<u8> },
@@ -572,6 +579,10 @@ impl Redis {
                     _ => Vec::new(),
                 },
                 local_wake: items.get(3).and_then(as_i64) == Some(1),
+                remote: match items.get(4) {
+                    Some(RValue::Array(keys)) => keys.iter().filter_map(as_string).collect(),
+                    _ => Vec::new(),
+                },
             },
             Some(0) => Stored::Conflict {
                 version: items.get(1).and_then(as_string).unwrap_or_default(),
@@ -607,6 +618,19 @@ impl Redis {
         let mut c = self.commands.clone();
         self.bounded(redis::cmd("GET").arg(key).query_async(&mut c))
             .await
+    }
+
+    /// `PUBLISH` of one message (a relay's ack to the replica writing its stream).
+    pub(super) async fn publish(&self, channel: &str, payload: &str) -> Result<(), StoreError> {
+        let mut c = self.commands.clone();
+        self.bounded(
+            redis::cmd("PUBLISH")
+                .arg(channel)
+                .arg(payload)
+                .query_async::<i64>(&mut c),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// `DEL` of keys and `ZREM` of members of `zset`.

@@ -14,9 +14,10 @@
 //! handling one leaves it to another) and feeds `handle_timeout`. Both looks are one
 //! script, one round trip per tick.
 
+use super::backlog::{self, Progress, Room};
 use super::client::SweepTick;
 use super::stored::{LeaseRecord, Record};
-use super::{wall_ms, Ctx, RedisSessions, Running, StepError};
+use super::{wall_ms, Appended, Ctx, RedisSessions, Running, StepError};
 use crate::digest::log_tag;
 use crate::driver::{self, Ended};
 use crate::forwarded::Forwarded;
@@ -24,21 +25,99 @@ use crate::Route;
 use dualera_adapters::session::Denied;
 use dualera_adapters::{Message, PeerStream, RequestId, UpstreamRole};
 use futures_util::future::abortable;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::{debug, info, warn, Instrument};
 
 /// Each upstream message of a shared session is fed (and stored) as a step of its
 /// own before the next is read from the upstream; the SSE relays read the session's
 /// streams from Redis at their hosts' pace, and the next message is read only once
-/// this replica's relay of the stream the last one went to has caught up to within
-/// half the replay size (`backlog`).
+/// the relay of the stream the last one went to has caught up to within half the
+/// replay size (`backlog`): this replica's relay, or another replica's through acks.
 struct RedisFeed<'a> {
     sessions: &'a Arc<RedisSessions>,
     gw: &'a Arc<Route>,
     sid: &'a str,
-    /// What the last message's step appended: (holder key, sequence number).
-    appended: std::sync::Mutex<Vec<(String, u64)>>,
+    /// What the last message's step appended.
+    appended: Mutex<Vec<Appended>>,
+    /// The streams this exchange feeds whose relay is on another replica, by holder
+    /// key: their progress lives as long as this exchange waits for it.
+    remote: Mutex<Vec<(String, Arc<Progress>)>>,
+    /// Streams whose remote relay did not keep up within the limit: not followed
+    /// again by this exchange.
+    gave_up: Mutex<Vec<String>>,
+}
+
+/// Streams of one exchange whose remote relays are followed (an exchange feeds one
+/// stream; a few more are resumptions racing each other).
+const REMOTE_FOLLOWED: usize = 4;
+
+impl RedisFeed<'_> {
+    /// After a stored step: a stream that went to another replica's relay is
+    /// followed from just before what the step appended (the relay acks from there),
+    /// unless it already is; one that did not is no longer followed.
+    fn follow(&self, appended: &[Appended]) {
+        let Ok(mut remote) = self.remote.lock() else {
+            return;
+        };
+        let backlog = &self.sessions.backlog;
+        let gave_up = self.gave_up.lock().map(|g| g.clone()).unwrap_or_default();
+        for (holder, seq, elsewhere) in appended {
+            if gave_up.contains(holder) {
+                continue;
+            }
+            let followed = remote.iter().position(|(h, _)| h == holder);
+            if !elsewhere {
+                if let Some(i) = followed {
+                    let (h, p) = remote.remove(i);
+                    backlog.unregister(&h, &p);
+                }
+                continue;
+            }
+            if followed.is_some_and(|i| backlog.holds(holder, &remote[i].1)) {
+                continue;
+            }
+            if let Some(i) = followed {
+                remote.remove(i);
+            }
+            let progress = Progress::remote_after(seq.saturating_sub(1));
+            backlog.register(holder, &progress);
+            if remote.len() >= REMOTE_FOLLOWED {
+                let (h, p) = remote.remove(0);
+                backlog.unregister(&h, &p);
+            }
+            remote.push((holder.clone(), progress));
+        }
+    }
+
+    /// A remote relay that did not catch up within the limit (its replica may be
+    /// gone) is no longer waited for.
+    fn give_up(&self, holder: &str) {
+        let Ok(mut remote) = self.remote.lock() else {
+            return;
+        };
+        let Some(i) = remote.iter().position(|(h, _)| h == holder) else {
+            // A relay of this replica: it ends itself when its host stalls too long.
+            return;
+        };
+        let (h, p) = remote.remove(i);
+        self.sessions.backlog.unregister(&h, &p);
+        if let Ok(mut g) = self.gave_up.lock() {
+            if g.len() < REMOTE_FOLLOWED {
+                g.push(h);
+            }
+        }
+    }
+}
+
+impl Drop for RedisFeed<'_> {
+    fn drop(&mut self) {
+        if let Ok(remote) = self.remote.get_mut() {
+            for (h, p) in remote.drain(..) {
+                self.sessions.backlog.unregister(&h, &p);
+            }
+        }
+    }
 }
 
 impl driver::Feed for RedisFeed<'_> {
@@ -49,15 +128,21 @@ impl driver::Feed for RedisFeed<'_> {
             .map(|mut a| std::mem::take(&mut *a))
             .unwrap_or_default();
         let s = self.sessions;
-        // Half the stream's cap, so a step's entries never push out what the relay
-        // has still to send (0 with a cap of 1: the relay must be caught up).
-        let window = u64::try_from(s.replay / 2).unwrap_or(u64::MAX);
+        let window = backlog::window(s.replay);
         // A relay stuck on its host gives up after `stalled_reader_timeout` (and one
         // taken over elsewhere notices within a hold tick): no longer than that here.
         let limit = s.stalled_reader_timeout + super::HOLD_TICK;
-        for (holder, seq) in appended {
-            if s.backlog.room(&holder, seq, window, limit).await {
-                debug!(seq, "upstream read waited for a slow host");
+        for (holder, seq, _) in appended {
+            match s.backlog.room(&holder, seq, window, limit).await {
+                Room::Free => {}
+                Room::Waited => debug!(seq, "upstream read waited for a slow host"),
+                Room::TimedOut => {
+                    info!(
+                        seq,
+                        "the relay of this stream stopped answering; no longer waited for"
+                    );
+                    self.give_up(&holder);
+                }
             }
         }
     }
@@ -67,6 +152,7 @@ impl driver::Feed for RedisFeed<'_> {
             .sessions
             .feed_upstream(self.gw, self.sid, id, message, last)
             .await;
+        self.follow(&appended);
         if let Ok(mut a) = self.appended.lock() {
             *a = appended;
         }
@@ -122,7 +208,9 @@ impl RedisSessions {
             sessions: &self,
             gw: &gw,
             sid: &sid,
-            appended: std::sync::Mutex::default(),
+            appended: Mutex::default(),
+            remote: Mutex::default(),
+            gave_up: Mutex::default(),
         };
         tokio::select! {
             () = driver::exchange(&gw, &running.start, &running.forwarded, running.head.as_deref(), &feed) => {}
@@ -178,7 +266,7 @@ impl RedisSessions {
         id: &RequestId,
         message: Message,
         last: bool,
-    ) -> Vec<(String, u64)> {
+    ) -> Vec<Appended> {
         let ctx = Ctx {
             done_upstream: last.then(|| id.clone()),
             ..Ctx::default()

@@ -73,6 +73,8 @@ use tracing::{debug, info, warn};
 const HOLD_TICK: Duration = Duration::from_secs(2);
 /// A relay's hold lasts this long without renewal.
 const HOLD: Duration = Duration::from_secs(8);
+/// Cancellations from other replicas waiting for this one's exchanges to be aborted.
+const CANCELS_QUEUED: usize = 1024;
 /// Compare-and-set attempts before a step gives up.
 const MAX_ATTEMPTS: u32 = 32;
 /// Discover results kept decoded, by digest.
@@ -227,10 +229,15 @@ struct Ctx {
     /// itself (no hand-off to a task and back on the common path), when it asks.
     inline: Option<Mutex<Option<Running>>>,
     /// Set when the step is stored: the last sequence number it appended to each
-    /// stream, by the stream's holder key (what an exchange waits for its relay to
-    /// send before feeding more, see `backlog`).
-    appended: Mutex<Vec<(String, u64)>>,
+    /// stream, by the stream's holder key, and whether another replica's relay holds
+    /// that stream (what an exchange waits for its relay to send before feeding more,
+    /// see `backlog`).
+    appended: Mutex<Vec<Appended>>,
 }
+
+/// What a stored step appended to one stream: its holder key, the last sequence
+/// number, whether another replica's relay holds it.
+type Appended = (String, u64, bool);
 
 /// One upstream exchange, driven by whoever holds it.
 type Exchange = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
@@ -343,8 +350,9 @@ pub(crate) struct RedisSessions {
     /// How long a relay waits for a slow host to take what is queued.
     stalled_reader_timeout: std::time::Duration,
     wakes: Arc<Wakes>,
-    /// How far this replica's relays have sent their streams.
-    backlog: Backlog,
+    /// How far the relays of the streams this replica's exchanges feed have sent them
+    /// (this replica's, and others' through their acks).
+    backlog: Arc<Backlog>,
     deciders: DashMap<(String, PeerStream), Arc<Decider>>,
     exchanges: DashMap<(String, RequestId), futures_util::future::AbortHandle>,
     locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
@@ -373,7 +381,8 @@ impl RedisSessions {
         config: &GatewayConfig,
     ) -> Result<Arc<Self>, StoreError> {
         let keys = Keys::new(&store.key_prefix);
-        let wakes = Wakes::new(&keys, &store.replica_id);
+        let backlog = Arc::new(Backlog::default());
+        let wakes = Wakes::new(&keys, &store.replica_id, backlog.clone());
         let sink = wakes.clone();
         let redis = Redis::open(&store.url, store.timeout, move |info: ::redis::PushInfo| {
             sink.push(info);
@@ -399,7 +408,7 @@ impl RedisSessions {
             max_buffered: config.max_buffered_bytes,
             stalled_reader_timeout: config.stalled_reader_timeout,
             wakes,
-            backlog: Backlog::default(),
+            backlog,
             deciders: DashMap::new(),
             exchanges: DashMap::new(),
             locks: DashMap::new(),
@@ -432,7 +441,7 @@ impl RedisSessions {
 
     /// Starts the background tasks: subscriptions, the sweeper, cancellations.
     pub(crate) fn start(self: &Arc<Self>, gw: &Arc<Route>) {
-        let (cancel_tx, mut cancel_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (cancel_tx, mut cancel_rx) = tokio::sync::mpsc::channel(CANCELS_QUEUED);
         self.wakes.on_cancel(cancel_tx);
         let me = self.clone();
         let cancels = tokio::spawn(async move {
@@ -701,6 +710,7 @@ impl RedisSessions {
                     version: v,
                     handed,
                     local_wake,
+                    remote,
                 }) => {
                     self.observe(gw, &record.machine, std::mem::take(&mut after.observed));
                     if ctx.tomb {
@@ -714,9 +724,9 @@ impl RedisSessions {
                         last.clear();
                         for a in &ops.xadd {
                             let seq = a.s.parse().unwrap_or(0);
-                            match last.iter_mut().find(|(h, _)| *h == a.h) {
+                            match last.iter_mut().find(|(h, _, _)| *h == a.h) {
                                 Some(l) => l.1 = l.1.max(seq),
-                                None => last.push((a.h.clone(), seq)),
+                                None => last.push((a.h.clone(), seq, remote.contains(&a.h))),
                             }
                         }
                     }

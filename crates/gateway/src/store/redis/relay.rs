@@ -10,8 +10,8 @@
 //! stream), so the relay reads Redis only when another replica wrote (it is woken
 //! through its replica's channel) or a sequence number is missing.
 
-use super::backlog::Progress;
-use super::wake::{Inbox, Waiter};
+use super::backlog::{self, Progress};
+use super::wake::{self, Inbox, Waiter, Wake};
 use super::{hold_ms, Ctx, DeciderGuard, RedisSessions, StepError, HOLD_TICK};
 use crate::body::{ChannelBody, GatewayBody, MeteredSender, SendError};
 use crate::digest::log_tag;
@@ -231,6 +231,7 @@ impl RedisSessions {
         let span = tracing::debug_span!("relay", session = %log_tag(&sid), stream = number);
         tokio::spawn(
             async move {
+                let mut acks = Acks::new(me.replay, after);
                 let finished = me
                     .relay(
                         &sid,
@@ -243,11 +244,16 @@ impl RedisSessions {
                         read,
                         feed,
                         &progress,
+                        &mut acks,
                     )
                     .await;
                 me.backlog.unregister(&holder_key, &progress);
                 // The host sees the end of the stream now, not after the bookkeeping.
                 drop(tx);
+                if let Some(writer) = acks.to.filter(|_| !finished) {
+                    // Its exchange there stops waiting for this relay.
+                    me.ack(&sid, &holder_key, &writer, None).await;
+                }
                 if finished {
                     // A finished stream's hold just expires.
                     return;
@@ -280,7 +286,8 @@ impl RedisSessions {
     /// Sends what the stream holds after `after`, then what arrives, until it ends
     /// (true), the host goes away, or another connection takes the stream over. With
     /// `take_over`, the first read first makes this connection the stream's holder;
-    /// without `read`, the first read waits for a wake-up.
+    /// without `read`, the first read waits for a wake-up. `acks` learns the other
+    /// replica that writes the stream, if one does, and what it was told.
     #[allow(clippy::too_many_arguments)]
     async fn relay(
         self: &Arc<Self>,
@@ -294,6 +301,7 @@ impl RedisSessions {
         mut read: bool,
         feed: Feed,
         progress: &Progress,
+        acks: &mut Acks,
     ) -> bool {
         let mut waiter = match feed.waiter {
             Some(w) => w,
@@ -337,6 +345,7 @@ impl RedisSessions {
                     }
                 }
                 progress.sent(after);
+                self.acked(sid, holder_key, &inbox, after, acks).await;
                 if end {
                     debug!("stream finished");
                     return true;
@@ -388,6 +397,7 @@ impl RedisSessions {
                         }
                     }
                     progress.sent(after);
+                    self.acked(sid, holder_key, &inbox, after, acks).await;
                     if entry.end {
                         debug!("stream finished");
                         return true;
@@ -434,6 +444,56 @@ impl RedisSessions {
                     }
                     () = tx.closed() => return false,
             }
+        }
+    }
+}
+
+/// A relay's acks to the replica whose exchange writes its stream (`backlog`).
+struct Acks {
+    /// Sent every so many entries.
+    every: u64,
+    /// The last sequence number acked.
+    acked: u64,
+    /// The replica whose steps write the stream (known from its first entry here).
+    to: Option<String>,
+}
+
+impl Acks {
+    fn new(replay: usize, after: u64) -> Self {
+        Self {
+            every: backlog::ack_every(replay),
+            acked: after,
+            to: None,
+        }
+    }
+}
+
+impl RedisSessions {
+    /// After sending up to `after`: an ack to the other replica writing the stream,
+    /// when one does (its entries came through pub/sub) and `every` entries passed.
+    async fn acked(&self, sid: &str, holder_key: &str, inbox: &Inbox, after: u64, acks: &mut Acks) {
+        let first = acks.to.is_none();
+        if first {
+            acks.to = inbox.writer();
+        }
+        let Some(writer) = &acks.to else {
+            return;
+        };
+        // The first one at once: the writer learns that this relay acks.
+        if !first && after < acks.acked.saturating_add(acks.every) {
+            return;
+        }
+        acks.acked = after;
+        self.ack(sid, holder_key, writer, Some(after)).await;
+    }
+
+    /// Publishes an ack (`None`: this relay stopped) to `writer`'s channel. A lost
+    /// one delays the writer at most until its wait's limit.
+    async fn ack(&self, sid: &str, holder_key: &str, writer: &str, sent: Option<u64>) {
+        let payload = wake::payload(sid, &Wake::Ack(holder_key.to_owned(), sent));
+        let channel = self.keys.wake_replica(writer);
+        if let Err(e) = self.redis.publish(&channel, &payload).await {
+            debug!(error = %e, "relay ack not published");
         }
     }
 }

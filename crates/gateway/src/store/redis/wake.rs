@@ -6,12 +6,15 @@
 //! relays the stream it wrote to (see `redis::STEP`).
 //!
 //! A message for a stream carries its new entries, addressed to the connection that
-//! holds it (by its token): that relay sends them as they are, and reads the stream
-//! only when a sequence number is missing. Other messages only say "read again" (or
+//! holds it (by its token), and the replica that wrote them: that relay sends them as
+//! they are, reads the stream only when a sequence number is missing, and tells the
+//! writer how far it has sent (an *ack*, see `backlog`), so that the writer's
+//! exchange waits for it. Other messages only say "read again" (or
 //! "cancel upstream request X"); the stream itself stays the record, so a lost message
 //! delays, never loses. When the pub/sub connection drops, every waiter is woken to
 //! re-read (the client resubscribes by itself).
 
+use super::backlog::Backlog;
 use super::client::Redis;
 use super::keys::Keys;
 use dualera_adapters::RequestId;
@@ -37,6 +40,9 @@ pub(super) type Handed = (u64, Vec<u8>, bool);
 pub(super) struct Inbox {
     entries: Mutex<Vec<Handed>>,
     pub(super) notify: tokio::sync::Notify,
+    /// The other replica whose steps last published entries for this relay: the one
+    /// its acks go to.
+    writer: Mutex<Option<String>>,
 }
 
 impl Inbox {
@@ -50,6 +56,23 @@ impl Inbox {
             }
         }
         self.notify.notify_waiters();
+    }
+
+    /// Another replica's entry, through pub/sub.
+    fn hand_from(&self, writer: Option<String>, entry: Handed) {
+        if let Some(w) = writer {
+            if let Ok(mut cur) = self.writer.lock() {
+                if cur.as_deref() != Some(w.as_str()) {
+                    *cur = Some(w);
+                }
+            }
+        }
+        self.hand([entry]);
+    }
+
+    /// The replica to send acks to, if another one writes this relay's stream.
+    pub(super) fn writer(&self) -> Option<String> {
+        self.writer.lock().ok()?.clone()
     }
 
     /// What is queued.
@@ -68,8 +91,12 @@ pub(super) enum Wake {
     Streams,
     /// Cancel the upstream request with this id, if it runs here.
     Cancel(RequestId),
-    /// An entry for the relay holding its stream with this token.
-    Entry(String, Handed),
+    /// An entry for the relay holding its stream with this token, and the replica
+    /// that wrote it (absent from replicas that predate acks).
+    Entry(String, Handed, Option<String>),
+    /// The relay of the stream whose holder key this is has sent up to this sequence
+    /// number (`None`: it stopped).
+    Ack(String, Option<u64>),
 }
 
 #[derive(Debug)]
@@ -86,7 +113,9 @@ pub(super) struct Wakes {
     inboxes: Mutex<HashMap<String, Arc<Inbox>>>,
     /// Whether both channels are subscribed.
     subscribed: watch::Sender<bool>,
-    cancel: Mutex<Option<mpsc::UnboundedSender<(String, RequestId)>>>,
+    cancel: Mutex<Option<mpsc::Sender<(String, RequestId)>>>,
+    /// Where acks from other replicas' relays go.
+    backlog: Arc<Backlog>,
 }
 
 impl std::fmt::Debug for Wakes {
@@ -116,18 +145,21 @@ impl Drop for Waiter {
 }
 
 impl Wakes {
-    pub(super) fn new(keys: &Keys, replica: &str) -> Arc<Self> {
+    pub(super) fn new(keys: &Keys, replica: &str, backlog: Arc<Backlog>) -> Arc<Self> {
         Arc::new(Self {
             channels: [keys.wake_replica(replica), keys.wake_all()],
             map: Mutex::new(HashMap::new()),
             inboxes: Mutex::new(HashMap::new()),
             subscribed: watch::channel(false).0,
             cancel: Mutex::new(None),
+            backlog,
         })
     }
 
-    /// Where cancellations for exchanges are delivered.
-    pub(super) fn on_cancel(&self, tx: mpsc::UnboundedSender<(String, RequestId)>) {
+    /// Where cancellations for exchanges are delivered (a bounded queue: one that
+    /// finds it full is dropped, and the exchange still stops at its next lease
+    /// renewal, which finds the lease gone).
+    pub(super) fn on_cancel(&self, tx: mpsc::Sender<(String, RequestId)>) {
         if let Ok(mut c) = self.cancel.lock() {
             *c = Some(tx);
         }
@@ -217,23 +249,25 @@ impl Wakes {
                 }
                 match parse(&payload) {
                     Some((sid, Wake::Streams)) => self.wake(sid),
-                    Some((sid, Wake::Entry(token, entry))) => {
+                    Some((sid, Wake::Entry(token, entry, writer))) => {
                         let inbox = self
                             .inboxes
                             .lock()
                             .ok()
                             .and_then(|m| m.get(&token).cloned());
                         match inbox {
-                            Some(inbox) => inbox.hand([entry]),
+                            Some(inbox) => inbox.hand_from(writer, entry),
                             // That connection is gone: whoever holds the stream now
                             // reads it.
                             None => self.wake(sid),
                         }
                     }
+                    Some((_, Wake::Ack(holder, Some(seq)))) => self.backlog.acked(&holder, seq),
+                    Some((_, Wake::Ack(holder, None))) => self.backlog.stopped(&holder),
                     Some((sid, Wake::Cancel(id))) => {
                         if let Ok(c) = self.cancel.lock() {
                             if let Some(tx) = c.as_ref() {
-                                let _ = tx.send((sid.to_owned(), id));
+                                let _ = tx.try_send((sid.to_owned(), id));
                             }
                         }
                     }
@@ -272,19 +306,26 @@ impl Wakes {
 /// The wire form of a wake-up:
 /// - `s` SID: read the streams again;
 /// - `c` SID, the id as JSON: cancel that upstream request;
-/// - `e` SID, token, `\n`, SEQ, space, `1` if it ends the stream (else `0`), `\n`, the
-///   message: an entry for the relay holding its stream with that token (written by
-///   the step script, `redis::STEP`).
+/// - `e` SID, token, `\n`, SEQ, space, `1` if it ends the stream (else `0`), space and
+///   the writing replica's name (older replicas leave both out), `\n`, the message: an
+///   entry for the relay holding its stream with that token (written by the step
+///   script, `redis::STEP`);
+/// - `a` SID, holder key, `\n`, SEQ or `-`: the relay holding that stream has sent up
+///   to SEQ, or has stopped (`-`).
 pub(super) fn payload(sid: &str, wake: &Wake) -> String {
     match wake {
         Wake::Streams => format!("s{sid}"),
         Wake::Cancel(id) => format!("c{sid}{}", id.to_value()),
         // Messages are JSON text.
-        Wake::Entry(token, (seq, message, end)) => format!(
-            "e{sid}{token}\n{seq} {}\n{}",
+        Wake::Entry(token, (seq, message, end), writer) => format!(
+            "e{sid}{token}\n{seq} {}{}{}\n{}",
             u8::from(*end),
+            if writer.is_some() { " " } else { "" },
+            writer.as_deref().unwrap_or(""),
             String::from_utf8_lossy(message)
         ),
+        Wake::Ack(holder, Some(seq)) => format!("a{sid}{holder}\n{seq}"),
+        Wake::Ack(holder, None) => format!("a{sid}{holder}\n-"),
     }
 }
 
@@ -301,14 +342,27 @@ fn parse(payload: &[u8]) -> Option<(&str, Wake)> {
         b'e' => {
             let mut parts = rest.splitn(3, |b| *b == b'\n');
             let token = std::str::from_utf8(parts.next()?).ok()?;
-            let (seq, end) = std::str::from_utf8(parts.next()?).ok()?.split_once(' ')?;
-            let message = parts.next()?.to_vec();
-            let end = match end {
+            let mut head = std::str::from_utf8(parts.next()?).ok()?.splitn(3, ' ');
+            let seq = head.next()?;
+            let end = match head.next()? {
                 "1" => true,
                 "0" => false,
                 _ => return None,
             };
-            Wake::Entry(token.to_owned(), (seq.parse().ok()?, message, end))
+            let writer = match head.next() {
+                Some("") => return None,
+                w => w.map(str::to_owned),
+            };
+            let message = parts.next()?.to_vec();
+            Wake::Entry(token.to_owned(), (seq.parse().ok()?, message, end), writer)
+        }
+        b'a' => {
+            let (holder, seq) = std::str::from_utf8(rest).ok()?.split_once('\n')?;
+            let seq = match seq {
+                "-" => None,
+                n => Some(n.parse().ok()?),
+            };
+            Wake::Ack(holder.to_owned(), seq)
         }
         _ => return None,
     };
@@ -335,10 +389,29 @@ mod tests {
         let id = RequestId::String("up-7".into());
         let p = payload(&sid, &Wake::Cancel(id.clone()));
         assert_eq!(parse(p.as_bytes()), Some((sid.as_str(), Wake::Cancel(id))));
-        let entry = Wake::Entry("r-1.ab".into(), (7, b"{\"a\":\"x\\ny\"}".to_vec(), true));
+        let entry = Wake::Entry(
+            "r-1.ab".into(),
+            (7, b"{\"a\":\"x\\ny\"}".to_vec(), true),
+            Some("r-2".into()),
+        );
         let p = payload(&sid, &entry);
         assert_eq!(parse(p.as_bytes()), Some((sid.as_str(), entry)));
-        let bare = Wake::Entry("r-1.ab".into(), (8, Vec::new(), true));
+        // What a replica from before acks publishes.
+        let older = Wake::Entry("r-1.ab".into(), (9, b"{}".to_vec(), false), None);
+        assert_eq!(
+            parse(format!("e{sid}r-1.ab\n9 0\n{{}}").as_bytes()),
+            Some((sid.as_str(), older))
+        );
+        assert_eq!(parse(format!("e{sid}r-1.ab\n9 0 \n{{}}").as_bytes()), None);
+        for ack in [
+            Wake::Ack("p:h:{x}:3".into(), Some(12)),
+            Wake::Ack("p:h:{x}:g".into(), None),
+        ] {
+            let p = payload(&sid, &ack);
+            assert_eq!(parse(p.as_bytes()), Some((sid.as_str(), ack)));
+        }
+        assert_eq!(parse(format!("a{sid}p:h:{{x}}:3\nten").as_bytes()), None);
+        let bare = Wake::Entry("r-1.ab".into(), (8, Vec::new(), true), None);
         assert_eq!(
             parse(payload(&sid, &bare).as_bytes()),
             Some((sid.as_str(), bare))
