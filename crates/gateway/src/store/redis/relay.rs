@@ -345,11 +345,12 @@ impl RedisSessions {
                     }
                 }
                 progress.sent(after);
-                self.acked(sid, holder_key, &inbox, after, acks).await;
                 if end {
                     debug!("stream finished");
                     return true;
                 }
+                // Not after the end: the exchange that wrote it is over.
+                self.acked(sid, holder_key, &inbox, after, acks).await;
             }
             if waiter.rx.has_changed().unwrap_or(true) {
                 read = true;
@@ -397,11 +398,11 @@ impl RedisSessions {
                         }
                     }
                     progress.sent(after);
-                    self.acked(sid, holder_key, &inbox, after, acks).await;
                     if entry.end {
                         debug!("stream finished");
                         return true;
                     }
+                    self.acked(sid, holder_key, &inbox, after, acks).await;
                 }
                 if read {
                     continue;
