@@ -24,6 +24,7 @@ pub mod mirrored;
 pub mod outbound;
 pub mod parts;
 pub mod request_state;
+pub mod self_wake;
 pub mod sse;
 pub mod throttle;
 #[cfg(feature = "tls")]

@@ -42,6 +42,7 @@ use crate::body::GatewayBody;
 use crate::clock::now_ms as clock;
 use crate::inbound::{BodyLimits, RequestBody, SlowBodies};
 use crate::outbound::{self, ConnMeter};
+use crate::self_wake::SelfWakes;
 use crate::tls::ServerTls;
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -644,6 +645,8 @@ async fn drive<IO, T, S, F>(
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
     tokio::pin!(conn);
+    // The handlers run inside this task and wake it as they read their bodies.
+    let self_wakes = SelfWakes::default();
     // Once set, the connection is finishing: only this deadline is watched.
     let mut draining: Option<tokio::time::Instant> = None;
     loop {
@@ -669,7 +672,7 @@ async fn drive<IO, T, S, F>(
             },
         };
         tokio::select! {
-            res = conn.as_mut() => {
+            res = std::future::poll_fn(|cx| self_wakes.poll(conn.as_mut(), cx)) => {
                 if let Err(e) = res {
                     debug!(error = %e, "connection ended with an error");
                 }
