@@ -61,7 +61,10 @@ impl RedisFeed<'_> {
             return;
         };
         let backlog = &self.sessions.backlog;
-        let gave_up = self.gave_up.lock().map(|g| g.clone()).unwrap_or_default();
+        // Always taken after `remote` (as in `give_up`).
+        let Ok(gave_up) = self.gave_up.lock() else {
+            return;
+        };
         for (holder, seq, elsewhere) in appended {
             if gave_up.contains(holder) {
                 continue;
@@ -269,6 +272,7 @@ impl RedisSessions {
     ) -> Vec<Appended> {
         let ctx = Ctx {
             done_upstream: last.then(|| id.clone()),
+            appended: Some(Mutex::default()),
             ..Ctx::default()
         };
         let fed = self
@@ -287,7 +291,9 @@ impl RedisSessions {
                 warn!(error = %e, "upstream message not stored; the lease will redo it");
             }
         }
-        ctx.appended.into_inner().unwrap_or_default()
+        ctx.appended
+            .and_then(|a| a.into_inner().ok())
+            .unwrap_or_default()
     }
 
     /// The exchange ended without an answer: lost (`refusal` `None`: the machine

@@ -228,11 +228,11 @@ struct Ctx {
     /// Where that first exchange is left for the host request's handler to drive
     /// itself (no hand-off to a task and back on the common path), when it asks.
     inline: Option<Mutex<Option<Running>>>,
-    /// Set when the step is stored: the last sequence number it appended to each
-    /// stream, by the stream's holder key, and whether another replica's relay holds
-    /// that stream (what an exchange waits for its relay to send before feeding more,
-    /// see `backlog`).
-    appended: Mutex<Vec<Appended>>,
+    /// Asked for by an exchange's feed (the only reader), set when the step is stored:
+    /// the last sequence number it appended to each stream, by the stream's holder
+    /// key, and whether another replica's relay holds that stream (what an exchange
+    /// waits for its relay to send before feeding more, see `backlog`).
+    appended: Option<Mutex<Vec<Appended>>>,
 }
 
 /// What a stored step appended to one stream: its holder key, the last sequence
@@ -720,13 +720,12 @@ impl RedisSessions {
                         self.versions
                             .insert(sid.to_owned(), remember(v, blob, Some(record), touched));
                     }
-                    if let Ok(mut last) = ctx.appended.lock() {
+                    if let Some(Ok(mut last)) = ctx.appended.as_ref().map(Mutex::lock) {
                         last.clear();
                         for a in &ops.xadd {
-                            let seq = a.s.parse().unwrap_or(0);
                             match last.iter_mut().find(|(h, _, _)| *h == a.h) {
-                                Some(l) => l.1 = l.1.max(seq),
-                                None => last.push((a.h.clone(), seq, remote.contains(&a.h))),
+                                Some(l) => l.1 = l.1.max(a.s),
+                                None => last.push((a.h.clone(), a.s, remote.contains(&a.h))),
                             }
                         }
                     }
@@ -916,7 +915,7 @@ impl RedisSessions {
                 }
                 ops.xadd.push(Append {
                     k: key.clone(),
-                    s: meta.seq.to_string(),
+                    s: meta.seq,
                     m: Some(bytes),
                     e: last,
                     h: holder.clone(),
@@ -928,7 +927,7 @@ impl RedisSessions {
                 meta.seq += 1;
                 ops.xadd.push(Append {
                     k: key,
-                    s: meta.seq.to_string(),
+                    s: meta.seq,
                     m: None,
                     e: true,
                     h: holder.clone(),

@@ -232,7 +232,7 @@ pub(super) struct Append {
     /// The stream key.
     pub(super) k: String,
     /// Its sequence number (entry id `0-s`).
-    pub(super) s: String,
+    pub(super) s: u64,
     /// The message, absent on a bare end marker.
     pub(super) m: Option<Vec<u8>>,
     /// Whether it ends the stream.
@@ -329,7 +329,7 @@ impl Ops {
         fn opt(s: Option<&String>) -> Cow<'_, [u8]> {
             Cow::Borrowed(s.map_or(&b""[..], |s| s.as_bytes()))
         }
-        fn count(n: usize) -> Cow<'static, [u8]> {
+        fn number(n: impl std::fmt::Display) -> Cow<'static, [u8]> {
             Cow::Owned(n.to_string().into_bytes())
         }
         let mut flags = String::new();
@@ -371,18 +371,18 @@ impl Ops {
             text(&self.wk),
         ]);
         args.extend([
-            count(self.xadd.len()),
-            count(self.lease_new.len()),
-            count(self.cancel.len()),
-            count(self.lease_del.len()),
-            count(self.del.len()),
-            count(self.hold.len()),
-            count(self.publish.len()),
+            number(self.xadd.len()),
+            number(self.lease_new.len()),
+            number(self.cancel.len()),
+            number(self.lease_del.len()),
+            number(self.del.len()),
+            number(self.hold.len()),
+            number(self.publish.len()),
         ]);
         for x in &self.xadd {
             args.extend([
                 text(&x.k),
-                text(&x.s),
+                number(x.s),
                 Cow::Borrowed(x.m.as_deref().unwrap_or_default()),
                 Cow::Borrowed(if x.e { &b"1"[..] } else { &b""[..] }),
                 text(&x.h),
@@ -457,7 +457,7 @@ mod tests {
             xadd: vec![
                 Append {
                     k: "x1".into(),
-                    s: "1".into(),
+                    s: 1,
                     m: Some(b"MSG".to_vec()),
                     e: true,
                     h: "h1".into(),
@@ -465,7 +465,7 @@ mod tests {
                 },
                 Append {
                     k: "x2".into(),
-                    s: "4".into(),
+                    s: 4,
                     m: None,
                     e: true,
                     h: "h2".into(),
