@@ -657,7 +657,10 @@ async fn wait_pending(
 /// polled: a message the exchange delivers during that poll must not wake the task
 /// that is running it, because a task woken during its own poll is requeued as a
 /// yield, which makes the runtime wake an idle worker for nothing (twice per request
-/// before this was done, per `perf record -e sched:sched_wakeup`).
+/// before this was done, per `perf record -e sched:sched_wakeup`). Over HTTP/1 the
+/// listener's `SelfWakes` would absorb such a wake too (the handler runs in the
+/// connection's task); over HTTP/2 each stream's handler is a task of its own, which
+/// that wrapper does not cover, so the clearing here is what avoids the yield.
 async fn wait_stream(
     handle: &SessionHandle,
     stream: &PeerStream,
