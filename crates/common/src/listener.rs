@@ -617,16 +617,18 @@ async fn drive<IO, T, S, F>(
         parts.extensions.insert(info.clone());
         let (body, clock) = RequestBody::new(incoming);
         // Over the process's budget of unwritten answers, the service is not asked.
+        // Boxed once here: the handler's future is large (every path's state inline),
+        // and unboxed it was copied each time it moved (into this block, out of the
+        // closure, into hyper's slot): thousands of bytes per request.
         let fut = (outbound::pending() <= max_pending)
-            .then(|| service(Request::from_parts(parts, body), &info, &hooked));
+            .then(|| Box::pin(service(Request::from_parts(parts, body), &info, &hooked)));
         let (limits, slow, peer) = (body_limits, slow.clone(), info.peer.ip());
         let meter = st.out.clone();
         async move {
-            let Some(fut) = fut else {
+            let Some(mut fut) = fut else {
                 drop(guard);
                 return Ok::<_, Infallible>(outbound::over_budget());
             };
-            tokio::pin!(fut);
             let response = tokio::select! {
                 r = &mut fut => r,
                 () = clock.expired(&limits, &slow, peer) => {
