@@ -301,6 +301,7 @@ async fn upstream_notifications_and_failed_tool_calls_invalidate() {
         "fresh again after the listen was acknowledged"
     );
     // list_changed drops it at once (TTL is 10 minutes).
+    up.wait_held(&listen.id).await;
     up.push(
         &listen.id,
         json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed",
@@ -334,6 +335,7 @@ async fn upstream_notifications_and_failed_tool_calls_invalidate() {
     )
     .await;
     assert_eq!(count(&up, "resources/read"), 2);
+    up.wait_held(&second.id).await;
     up.push(
         &second.id,
         json!({"jsonrpc": "2.0", "method": "notifications/resources/updated",

@@ -184,6 +184,7 @@ async fn upstream_down_mid_round() {
             .find(|s| s.params()["name"] == "hang")
     })
     .await;
+    sc.up.wait_held(&held.id).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     sc.up.end(&held.id);
     let resp = stream.next_message().await.expect("response");
@@ -491,6 +492,7 @@ async fn host_gone_before_first_message_keeps_upstream_call() {
         "the gateway answered before its first message"
     );
     let call = sc.up.wait_method("tools/call", 1).await.remove(0);
+    sc.up.wait_held(&call.id).await;
     // Past the point where the POST would have become an SSE stream.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
@@ -543,10 +545,7 @@ async fn last_event_id_resumes_broken_get_stream() {
             .find(|s| s.params()["notifications"]["resourceSubscriptions"] == json!([uri]))
     })
     .await;
-    eventually(WAIT, "listen stream registered", || {
-        (!sc.up.was_closed(&listen.id)).then_some(())
-    })
-    .await;
+    sc.up.wait_held(&listen.id).await;
     let updated = |n: u32| {
         json!({"jsonrpc": "2.0", "method": "notifications/resources/updated",
                "params": {"uri": format!("{uri}#{n}"), "_meta": {SUBSCRIPTION_ID: listen.id}}})

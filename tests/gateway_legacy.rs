@@ -732,10 +732,7 @@ async fn subscribe_listens_upstream_and_notifies_on_get_stream(rev: &str) {
             sc.up.wait_closed(&earlier.id).await;
         }
     }
-    eventually(WAIT, "listen stream registered", || {
-        (!sc.up.was_closed(&listen.id)).then_some(())
-    })
-    .await;
+    sc.up.wait_held(&listen.id).await;
     sc.up.push(
         &listen.id,
         json!({"jsonrpc": "2.0", "method": "notifications/resources/updated",

@@ -443,6 +443,7 @@ async fn a_host_that_does_not_read_is_cut_off_and_resumes() {
         .await;
     let mut stream = reply.sse();
     let call = rig.up.wait_method("tools/call", 1).await.remove(0);
+    rig.up.wait_held(&call.id).await;
     let chunk = "c".repeat(8 * 1024);
     // Far more than the socket buffers can hold, while the host reads nothing.
     for i in 0..1500 {

@@ -145,6 +145,7 @@ async fn h2_upstream_multiplexes_and_cancellation_resets_one_stream() {
         !up.was_closed(&up_b),
         "the other stream on the connection was reset too"
     );
+    up.wait_held(&up_b).await;
     up.push(
         &up_b,
         complete(&up_b, json!({"content": [], "isError": false})),

@@ -312,10 +312,7 @@ async fn listens_are_reopened_on_the_other_instance_when_theirs_goes_away() {
     })
     .await;
     // The re-opened listen carries notifications to the host's GET stream.
-    eventually(WAIT, "the survivor's listen stream to be held", || {
-        (!survivor.was_closed(&session_listen.id)).then_some(())
-    })
-    .await;
+    survivor.wait_held(&session_listen.id).await;
     survivor.push(
         &session_listen.id,
         json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed",

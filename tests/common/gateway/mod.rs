@@ -1011,6 +1011,21 @@ impl Upstream {
         self.state.finished.lock().unwrap().contains(id)
     }
 
+    /// Waits until the held stream of upstream request `id` is open and can
+    /// take [`Upstream::push`]. A request is recorded as seen before its
+    /// script runs, so seeing it does not mean its stream is held yet.
+    pub async fn wait_held(&self, id: &Value) {
+        eventually(
+            WAIT,
+            &format!("the held stream of upstream request {id}"),
+            || {
+                let held = self.state.feeds.lock().unwrap().contains_key(&id_key(id));
+                held.then_some(())
+            },
+        )
+        .await;
+    }
+
     /// Waits until the gateway closed the held stream of upstream request `id`.
     pub async fn wait_closed(&self, id: &Value) {
         eventually(
@@ -1023,10 +1038,8 @@ impl Upstream {
 
     /// Sends `msg` on the held stream of upstream request `id`.
     pub fn push(&self, id: &Value, msg: Value) {
-        let feeds = self.state.feeds.lock().unwrap();
-        let tx = feeds
-            .get(&id_key(id))
-            .unwrap_or_else(|| panic!("no open upstream stream for {id}"));
+        let tx = self.state.feeds.lock().unwrap().get(&id_key(id)).cloned();
+        let tx = tx.unwrap_or_else(|| panic!("no open upstream stream for {id}"));
         tx.send(msg).expect("stream task alive");
     }
 
