@@ -40,12 +40,19 @@ struct RedisFeed<'a> {
     sid: &'a str,
     /// What the last message's step appended.
     appended: Mutex<Vec<Appended>>,
-    /// The streams this exchange feeds whose relay is on another replica, by holder
-    /// key: their progress lives as long as this exchange waits for it.
-    remote: Mutex<Vec<(String, Arc<Progress>)>>,
+    /// The remote relays this exchange follows, and those it gave up on.
+    followed: Mutex<Followed>,
+}
+
+/// The streams an exchange feeds whose relay is on another replica.
+#[derive(Default)]
+struct Followed {
+    /// Followed relays by holder key: their progress lives as long as this exchange
+    /// waits for it.
+    remote: Vec<(String, Arc<Progress>)>,
     /// Streams whose remote relay did not keep up within the limit: not followed
     /// again by this exchange.
-    gave_up: Mutex<Vec<String>>,
+    gave_up: Vec<String>,
 }
 
 /// Streams of one exchange whose remote relays are followed (an exchange feeds one
@@ -57,14 +64,11 @@ impl RedisFeed<'_> {
     /// followed from just before what the step appended (the relay acks from there),
     /// unless it already is; one that did not is no longer followed.
     fn follow(&self, appended: &[Appended]) {
-        let Ok(mut remote) = self.remote.lock() else {
+        let Ok(mut guard) = self.followed.lock() else {
             return;
         };
+        let Followed { remote, gave_up } = &mut *guard;
         let backlog = &self.sessions.backlog;
-        // Always taken after `remote` (as in `give_up`).
-        let Ok(gave_up) = self.gave_up.lock() else {
-            return;
-        };
         for (holder, seq, elsewhere) in appended {
             if gave_up.contains(holder) {
                 continue;
@@ -96,27 +100,26 @@ impl RedisFeed<'_> {
     /// A remote relay that did not catch up within the limit (its replica may be
     /// gone) is no longer waited for.
     fn give_up(&self, holder: &str) {
-        let Ok(mut remote) = self.remote.lock() else {
+        let Ok(mut guard) = self.followed.lock() else {
             return;
         };
+        let Followed { remote, gave_up } = &mut *guard;
         let Some(i) = remote.iter().position(|(h, _)| h == holder) else {
             // A relay of this replica: it ends itself when its host stalls too long.
             return;
         };
         let (h, p) = remote.remove(i);
         self.sessions.backlog.unregister(&h, &p);
-        if let Ok(mut g) = self.gave_up.lock() {
-            if g.len() < REMOTE_FOLLOWED {
-                g.push(h);
-            }
+        if gave_up.len() < REMOTE_FOLLOWED {
+            gave_up.push(h);
         }
     }
 }
 
 impl Drop for RedisFeed<'_> {
     fn drop(&mut self) {
-        if let Ok(remote) = self.remote.get_mut() {
-            for (h, p) in remote.drain(..) {
+        if let Ok(followed) = self.followed.get_mut() {
+            for (h, p) in followed.remote.drain(..) {
                 self.sessions.backlog.unregister(&h, &p);
             }
         }
@@ -212,8 +215,7 @@ impl RedisSessions {
             gw: &gw,
             sid: &sid,
             appended: Mutex::default(),
-            remote: Mutex::default(),
-            gave_up: Mutex::default(),
+            followed: Mutex::default(),
         };
         tokio::select! {
             () = driver::exchange(&gw, &running.start, &running.forwarded, running.head.as_deref(), &feed) => {}
