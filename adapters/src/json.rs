@@ -170,7 +170,49 @@ impl<'de> Visitor<'de> for Seed<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
+
+    /// Any JSON value: strings with control characters, quotes, backslashes and
+    /// non-ASCII text (the escapes that make text longer than its bytes), integers and
+    /// floats of every size, nested arrays and objects.
+    fn any_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            "[\\x00-\\x1f\"\\\\a-zé😀]{0,12}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 64, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::vec(("[\\x00-\\x1f\"a-zé]{0,6}", inner), 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn the_length_bound_is_never_below_the_written_length(v in any_value()) {
+            let text = serde_json::to_vec(&v).unwrap();
+            prop_assert_eq!(written_len(&v), text.len());
+            prop_assert!(encoded_len_bound(&v) >= text.len(), "{} < {}", encoded_len_bound(&v), text.len());
+            if let Value::Object(m) = &v {
+                prop_assert_eq!(object_len_bound(m), encoded_len_bound(&v));
+            }
+        }
+    }
+
+    #[test]
+    fn the_length_bound_is_tight_for_the_longest_escapes() {
+        let v = json!({"\u{1}": ["\u{1f}", null, false], "": {}});
+        assert_eq!(written_len(&v), 38);
+        // One comma too many for the array and one for the object.
+        assert_eq!(encoded_len_bound(&v), 40);
+    }
 
     #[test]
     fn canonical_text_ignores_member_order() {
@@ -338,4 +380,54 @@ pub fn canonical_filtered(
     let mut out = String::new();
     write_members(members, &mut out);
     out
+}
+
+/// An upper bound on the length of `value`'s compact JSON text, found by walking the
+/// tree instead of writing it: each string counts as if every byte needed the longest
+/// escape (`\u00XX`, six bytes), each number is written to find its length. A check
+/// against a byte limit can skip writing the text whenever the bound is within it.
+pub fn encoded_len_bound(value: &Value) -> usize {
+    // Quotes around a string, and the worst escape of each of its bytes.
+    fn string(s: &str) -> usize {
+        2 + 6 * s.len()
+    }
+    match value {
+        Value::Null => 4,
+        Value::Bool(_) => 5,
+        Value::Number(n) => written_len(n),
+        Value::String(s) => string(s),
+        Value::Array(items) => {
+            // Brackets and the commas between items.
+            2 + items.len() + items.iter().map(encoded_len_bound).sum::<usize>()
+        }
+        Value::Object(members) => object_len_bound(members),
+    }
+}
+
+/// [`encoded_len_bound`] of an object given as its map.
+pub fn object_len_bound(members: &Map<String, Value>) -> usize {
+    // Braces, and per member its colon and the comma before the next.
+    2 + members
+        .iter()
+        .map(|(k, v)| 2 + 6 * k.len() + 2 + encoded_len_bound(v))
+        .sum::<usize>()
+}
+
+/// The exact length of the compact JSON text of `value`, counted as it is written
+/// (nothing is kept).
+pub fn written_len(value: &impl serde::Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a `Value` (or a string, or a number) into memory does not fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }

@@ -7,7 +7,7 @@ use crate::capabilities::{self, InputCheck};
 use crate::downgrade;
 use crate::error::{failure_response, Failure, SessionError};
 use crate::event::{BatchId, Event, PeerStream, UpstreamRole};
-use crate::json::JsonText;
+use crate::json::{self, JsonText};
 use crate::jsonrpc::{
     EnvelopeError, ErrorCode, ErrorObject, Message, Notification, Request, RequestId, Response,
 };
@@ -1758,8 +1758,9 @@ impl Session {
         if link.is_some() {
             task_calls::declare_extension(&mut first);
         }
-        let size = upstream_request_size(&request.method, &first);
-        if size > self.config.max_upstream_message {
+        if let Some(size) =
+            upstream_request_over(&request.method, &first, self.config.max_upstream_message)
+        {
             self.ended(
                 &request.id,
                 usage::Method::from_name(&request.method),
@@ -1834,8 +1835,8 @@ impl Session {
     /// Sends `method` for `legacy` unless the upstream could not take it (the round's
     /// answers made it too large): then the request fails.
     fn send_checked(&mut self, legacy: &RequestId, method: &str, params: Map<String, Value>) {
-        let size = upstream_request_size(method, &params);
-        if size > self.config.max_upstream_message {
+        if let Some(size) = upstream_request_over(method, &params, self.config.max_upstream_message)
+        {
             let failure = Failure::AnswersTooLarge {
                 size,
                 limit: self.config.max_upstream_message,
@@ -2552,23 +2553,17 @@ impl Session {
 }
 
 /// Bytes of the upstream request `method` + `params` makes, envelope and a minted id
-/// included (measured by serializing into a counter, nothing is kept).
-fn upstream_request_size(method: &str, params: &Map<String, Value>) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    let _ = serde_json::to_writer(&mut count, params);
-    let _ = serde_json::to_writer(&mut count, method);
+/// included, when they are more than `limit`. Most requests are far below it: their
+/// bound ([`json::object_len_bound`]) shows that without writing them out.
+fn upstream_request_over(method: &str, params: &Map<String, Value>, limit: usize) -> Option<usize> {
     // `{"id":"<prefix>-u<n>","jsonrpc":"2.0","method":,"params":}`
-    count.0 + 96
+    const ENVELOPE: usize = 96;
+    let bound = json::object_len_bound(params) + 2 + 6 * method.len() + ENVELOPE;
+    if bound <= limit {
+        return None;
+    }
+    let size = json::written_len(params) + json::written_len(&method) + ENVELOPE;
+    (size > limit).then_some(size)
 }
 
 /// The peer's `clientInfo` in the shape both eras' `Implementation` has, or `None`

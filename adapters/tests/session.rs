@@ -464,6 +464,33 @@ fn requests_the_upstream_could_not_take_are_refused() {
     };
     assert!(size > 4096 && limit == 2048);
     assert!(drain(&mut s).is_empty());
+    // The size that counts is the written one: 400 plain bytes fit, 400 control
+    // characters (six bytes each once escaped) do not, and the error gives it exactly.
+    for (id, text, fits) in [
+        (10, "x".repeat(400), true),
+        (11, "\u{1}".repeat(400), false),
+    ] {
+        let params = json!({"name": "t", "arguments": {"text": text}});
+        let outcome = s.handle_peer_message(request(id, "tools/call", params.clone()), T0);
+        let events = drain(&mut s);
+        if fits {
+            outcome.unwrap();
+            assert_eq!(
+                upstream(&events).params.unwrap()["arguments"],
+                params["arguments"]
+            );
+        } else {
+            let Err(SessionError::TooLargeForUpstream { size, .. }) = outcome else {
+                panic!("{outcome:?}");
+            };
+            let written = serde_json::to_vec(&params).unwrap().len();
+            assert!(
+                size > written && size < written + 1024,
+                "{size} against {written}"
+            );
+            assert!(events.is_empty());
+        }
+    }
     // A host answer that would make the retry too large fails the request, naming
     // the limit, and nothing goes upstream.
     let events = call_with_input(&mut s, 2, json!({"r": {"method": "roots/list"}}), T0);
