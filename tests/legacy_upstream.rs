@@ -32,7 +32,6 @@ use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -263,7 +262,7 @@ async fn the_probe_names_a_modern_upstream() {
         "--listen",
         "127.0.0.1:0",
         "--demo",
-        dir.to_str().unwrap(),
+        dir.path().to_str().unwrap(),
     ]);
     let addr = serve.addr("modern server");
     let prober = EraProber::default();
@@ -347,7 +346,7 @@ async fn a_failed_assumption_is_probed_again() {
         "--listen",
         "127.0.0.1:0",
         "--demo",
-        dir.to_str().unwrap(),
+        dir.path().to_str().unwrap(),
     ]);
     let addr = serve.addr("modern server");
     let url = format!("http://{addr}/mcp");
@@ -932,7 +931,7 @@ async fn a_legacy_upstream_replaced_by_a_modern_one_is_probed_again() {
         "--listen",
         &format!("127.0.0.1:{port}"),
         "--demo",
-        dir.to_str().unwrap(),
+        dir.path().to_str().unwrap(),
     ]);
     let initialize = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {},
@@ -1018,13 +1017,10 @@ async fn era_modern_probes_nothing_and_a_bad_era_is_refused() {
     assert!(stderr.contains("not an upstream era"), "{stderr}");
 }
 
-fn tempdir() -> PathBuf {
-    let mut r = [0u8; 8];
-    getrandom::fill(&mut r).expect("random");
-    let d = std::env::temp_dir().join(format!(
-        "dualera-legacy-upstream-{}",
-        dualera::digest::hex(&r)
-    ));
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
+/// A directory of its own for one test's workspace, removed when the test ends.
+fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("dualera-legacy-upstream-")
+        .tempdir()
+        .expect("temp dir")
 }

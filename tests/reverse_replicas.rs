@@ -31,20 +31,18 @@ struct Pair {
     _redis: RedisServer,
     gateways: Vec<Option<Gateway>>,
     lb: HaProxy,
-    _dir: std::path::PathBuf,
+    _dir: tempfile::TempDir,
 }
 
 impl Pair {
     fn start() -> Self {
         let py = PyServer::spawn("streamable-http");
         let redis = RedisServer::start();
-        let dir = std::env::temp_dir().join(format!(
-            "dualera-reverse-replicas-{}-{}",
-            std::process::id(),
-            free_port()
-        ));
-        std::fs::create_dir_all(&dir).expect("config dir");
-        let config = dir.join("dualera.toml");
+        let dir = tempfile::Builder::new()
+            .prefix("dualera-reverse-replicas-")
+            .tempdir()
+            .expect("config dir");
+        let config = dir.path().join("dualera.toml");
         // The same state keys on every replica: each verifies what the other sealed.
         std::fs::write(
             &config,

@@ -33,11 +33,12 @@ impl Drop for Proc {
     }
 }
 
-fn tmp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("dualera-wires-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("tmp dir");
-    d
+/// A directory of its own for one test, removed when the returned guard is dropped.
+fn tmp_dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("dualera-wires-{tag}-"))
+        .tempdir()
+        .expect("tmp dir")
 }
 
 /// Spawns `dualera ARGS` and returns it with the first `http://…` address its stderr
@@ -91,7 +92,10 @@ fn pki() -> &'static Pki {
         let (cert, key) = ca
             .issue(&["127.0.0.1", "localhost"], Validity::Current)
             .expect("leaf");
-        let dir = tmp_dir("pki");
+        // Kept for the whole run (the files back a static), under the target's tmp.
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("dualera-wires-pki-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("pki dir");
         let write = |name: &str, text: &str| {
             let p = dir.join(name);
             std::fs::write(&p, text).expect("write");
@@ -571,9 +575,10 @@ impl Peer {
 }
 
 async fn scenarios(up: Up, down: Down, tls: bool) {
-    let dir = tmp_dir(&format!("{up:?}-{down:?}-{tls}"));
-    let (ws, repo) = demo_dir(&dir);
-    let wire = open(up, down, tls, &dir).await;
+    let guard = tmp_dir(&format!("{up:?}-{down:?}-{tls}"));
+    let dir = guard.path();
+    let (ws, repo) = demo_dir(dir);
+    let wire = open(up, down, tls, dir).await;
     let mut peer = Peer {
         wire,
         next: 0,
@@ -641,7 +646,6 @@ async fn scenarios(up: Up, down: Down, tls: bool) {
         3
     );
     drop(peer);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 macro_rules! matrix {
@@ -695,8 +699,9 @@ fn children_of(parent: u32) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stdio_upstream_child_killed_mid_round_then_restarted() {
-    let dir = tmp_dir("kill");
-    let (ws, _) = demo_dir(&dir);
+    let guard = tmp_dir("kill");
+    let dir = guard.path();
+    let (ws, _) = demo_dir(dir);
     let demo = dir.to_string_lossy().into_owned();
     let seed = Command::new(BIN)
         .args(["serve", "--stdio", "--demo", &demo])
@@ -783,7 +788,6 @@ async fn stdio_upstream_child_killed_mid_round_then_restarted() {
         .await;
     assert_ne!(r["isError"], true, "{r}");
     assert_eq!(peer.tps(&ws).await, before - 1);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Gateway shutdown ends open HTTP+SSE streams instead of waiting out the grace period
@@ -791,7 +795,8 @@ async fn stdio_upstream_child_killed_mid_round_then_restarted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_sse_stream_ends_promptly_on_gateway_shutdown() {
     use dualera::gateway::{Gateway, GatewayConfig, HttpUpstream, Upstream};
-    let dir = tmp_dir("sse-shutdown");
+    let guard = tmp_dir("sse-shutdown");
+    let dir = guard.path();
     let demo = dir.to_string_lossy().into_owned();
     let (_up, upstream) = spawn_listening(
         &["serve", "--demo", &demo, "--listen", "127.0.0.1:0"],
@@ -847,5 +852,4 @@ async fn http_sse_stream_ends_promptly_on_gateway_shutdown() {
         "serve did not return promptly: {served:?}"
     );
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -600,14 +600,16 @@ mod tests {
         }
     }
 
-    /// A JWKS file of its own for each caller: tests run in parallel, and one test
-    /// rewriting a shared file would let another read it half-written.
-    fn jwks_file() -> std::path::PathBuf {
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("dualera-oauth-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("jwks-{n}.json"));
+    /// A JWKS file of its own for each caller (tests run in parallel, and one test
+    /// rewriting a shared file would let another read it half-written), removed when
+    /// the returned path is dropped.
+    fn jwks_file() -> tempfile::TempPath {
+        let path = tempfile::Builder::new()
+            .prefix("dualera-jwks-")
+            .suffix(".json")
+            .tempfile()
+            .unwrap()
+            .into_temp_path();
         // An Ed25519 public key (RFC 8037 §A.2).
         std::fs::write(
             &path,
