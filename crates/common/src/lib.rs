@@ -18,6 +18,7 @@ pub mod digest;
 pub mod endpoint;
 pub mod framing;
 pub mod guard;
+pub mod header_names;
 pub mod inbound;
 pub mod listener;
 pub mod mirrored;

@@ -8,7 +8,7 @@ use crate::config::ForwardedHeaders;
 use crate::listener::ConnInfo;
 use http::header::{HeaderMap, HeaderName, HeaderValue, FORWARDED};
 use http::Request;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -26,8 +26,35 @@ use crate::guard::requested_host;
 
 fn node(ip: IpAddr) -> String {
     match ip {
-        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V4(v4) => v4_text(v4),
         IpAddr::V6(v6) => format!("\"[{v6}]\""),
+    }
+}
+
+/// The address as text, as every request's forwarded headers write it: written by
+/// hand, since `Display` goes through the formatting machinery (padding, width) and
+/// cost half of what making the headers of a pass-through request did.
+fn v4_text(ip: Ipv4Addr) -> String {
+    let mut out = String::with_capacity(15);
+    for (i, octet) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        if octet >= 100 {
+            out.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            out.push(char::from(b'0' + octet / 10 % 10));
+        }
+        out.push(char::from(b'0' + octet % 10));
+    }
+    out
+}
+
+fn ip_text(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4_text(v4),
+        IpAddr::V6(v6) => v6.to_string(),
     }
 }
 
@@ -73,7 +100,7 @@ impl Forwarded {
         match mode {
             ForwardedHeaders::None => {}
             ForwardedHeaders::XForwarded => {
-                let chain = joined(&X_FORWARDED_FOR, conn.peer.ip().to_string());
+                let chain = joined(&X_FORWARDED_FOR, ip_text(conn.peer.ip()));
                 if let Ok(v) = HeaderValue::from_str(&chain) {
                     headers.push((X_FORWARDED_FOR, v));
                 }
@@ -153,6 +180,28 @@ mod tests {
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.to_str().unwrap().to_owned())
+    }
+
+    #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        // Every mix of one-, two- and three-digit octets, at every place.
+        let edges = [0u8, 1, 9, 10, 99, 100, 199, 200, 255];
+        for a in edges {
+            for b in edges {
+                for c in edges {
+                    for d in edges {
+                        let ip = Ipv4Addr::new(a, b, c, d);
+                        assert_eq!(v4_text(ip), ip.to_string());
+                    }
+                }
+            }
+        }
+        for n in (0..=u32::MAX).step_by(65_537) {
+            let ip = Ipv4Addr::from(n);
+            assert_eq!(v4_text(ip), ip.to_string());
+        }
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(ip_text(v6), "2001:db8::1");
     }
 
     #[test]

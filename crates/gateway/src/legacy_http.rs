@@ -12,6 +12,7 @@ use super::store::{Lookup, SessionStore, StoreError};
 use super::trace::TraceContext;
 use super::{text, GatewayConfig, Route};
 use crate::body::{empty, full, GatewayBody};
+use crate::header_names::{LAST_EVENT_ID, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::inbound::RequestBody;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
 use dualera_adapters::{
@@ -88,7 +89,7 @@ pub(super) fn rpc_error(
 
 pub(super) fn with_session_header(mut r: Response<GatewayBody>, id: &str) -> Response<GatewayBody> {
     if let Ok(v) = HeaderValue::from_str(id) {
-        r.headers_mut().insert("mcp-session-id", v);
+        r.headers_mut().insert(MCP_SESSION_ID, v);
     }
     r
 }
@@ -116,7 +117,7 @@ async fn front<S: SessionStore>(
     req: Request<RequestBody>,
     forwarded: Forwarded,
 ) -> Response<GatewayBody> {
-    if let Some(v) = req.headers().get("mcp-protocol-version") {
+    if let Some(v) = req.headers().get(&MCP_PROTOCOL_VERSION) {
         let known = v
             .to_str()
             .is_ok_and(|v| ProtocolVersion::LEGACY.contains(&v));
@@ -137,7 +138,7 @@ async fn front<S: SessionStore>(
     // Borrowed from the request's head, which lives as long as this call.
     let session_header = req
         .headers()
-        .get("mcp-session-id")
+        .get(&MCP_SESSION_ID)
         .and_then(|v| v.to_str().ok());
     let existing = match session_header {
         None => None,
@@ -403,7 +404,7 @@ pub(super) fn internal() -> Response<GatewayBody> {
 /// `basic/transports.mdx`, Resumability). Anything else is no resumption.
 pub(super) fn last_event_id(headers: &http::HeaderMap) -> Option<(u64, u64)> {
     let (a, b) = headers
-        .get("last-event-id")?
+        .get(&LAST_EVENT_ID)?
         .to_str()
         .ok()?
         .split_once('.')?;

@@ -17,8 +17,8 @@
 // The pieces shared with the server live in `dualera-common`; imported at the root so
 // that `crate::body`, `crate::config`, … name them from every module of this crate.
 use dualera_common::{
-    bearer, clock, config, digest, endpoint, framing, inbound, listener, request_state, sse,
-    throttle, tls,
+    bearer, clock, config, digest, endpoint, framing, header_names, inbound, listener,
+    request_state, sse, throttle, tls,
 };
 
 pub mod admin;
@@ -45,6 +45,7 @@ pub mod websocket;
 mod wire;
 
 use crate::config::ForwardedHeaders;
+use crate::header_names::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::inbound::RequestBody;
 use crate::listener::{ConnHook, ConnInfo, ListenerConfig};
 use dualera_adapters::version::is_modern_or_later;
@@ -960,10 +961,10 @@ async fn serve_endpoint(
     // `v999.0.0`) to be refused by the upstream with `-32022`, the request id and
     // the versions it supports, as the modern era requires.
     let modern = h
-        .get("mcp-protocol-version")
+        .get(&MCP_PROTOCOL_VERSION)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| is_modern_or_later(v) || !ProtocolVersion::LEGACY.contains(&v))
-        && !h.contains_key("mcp-session-id");
+        && !h.contains_key(&MCP_SESSION_ID);
     if modern {
         let legacy = match gw.config.era {
             // The common case answers without a future of its own.

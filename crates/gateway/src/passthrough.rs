@@ -8,6 +8,7 @@ use super::trace::TraceContext;
 use super::upstream::{HttpUpstream, StdioUpstream, UpstreamError};
 use super::{cache, Route};
 use crate::body::{full, BoxError, ChannelBody, GatewayBody};
+use crate::header_names::{MCP_METHOD, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::inbound::RequestBody;
 use crate::sse;
 use bytes::Bytes;
@@ -87,10 +88,10 @@ pub(super) async fn forward(
     let h = req.headers();
     // Bounded label: a method outside the table is `_OTHER`.
     let method = h
-        .get("mcp-method")
+        .get(&MCP_METHOD)
         .and_then(|v| v.to_str().ok())
         .map_or(Method::Other, Method::from_name);
-    let revision = h.get("mcp-protocol-version").cloned();
+    let revision = h.get(&MCP_PROTOCOL_VERSION).cloned();
     let span = tracing::debug_span!(
         "passthrough",
         method = method.as_str(),
@@ -123,7 +124,7 @@ pub(super) async fn forward(
 /// The `MCP-Protocol-Version` a request names (for the report's row of its client).
 fn revision_of(headers: &HeaderMap) -> &str {
     headers
-        .get("mcp-protocol-version")
+        .get(&MCP_PROTOCOL_VERSION)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
 }
@@ -285,7 +286,7 @@ async fn forward_http(
     let cacheable = gateway.cache.cacheable(&parts.headers);
     let discover = parts
         .headers
-        .get("mcp-method")
+        .get(&MCP_METHOD)
         .is_some_and(|m| m == "server/discover");
     if cacheable.is_some() || discover {
         // Boxed, like every branch but the plain relay below: hyper moves a request's
@@ -329,7 +330,7 @@ pub(super) async fn forward_legacy(
         session = tracing::field::Empty
     );
     if !span.is_disabled() {
-        if let Some(id) = parts.headers.get("mcp-session-id") {
+        if let Some(id) = parts.headers.get(&MCP_SESSION_ID) {
             let tag = crate::digest::short_digest(id.as_bytes(), 4);
             span.record("session", tag.as_str());
         }
@@ -343,7 +344,7 @@ pub(super) async fn forward_legacy(
     // Matrix", Legacy → Modern). The era is probed again in the background (rate
     // limited); meanwhile the answer is relayed as it is.
     let opening =
-        !parts.headers.contains_key("mcp-session-id") && parts.method == http::Method::POST;
+        !parts.headers.contains_key(&MCP_SESSION_ID) && parts.method == http::Method::POST;
     match send(gateway, parts, body).instrument(span).await {
         Ok(resp) => {
             let status = resp.status();
@@ -394,7 +395,7 @@ async fn read_whole(
     let discover = (gateway.config.era == crate::config::UpstreamEra::Auto
         && parts
             .headers
-            .get("mcp-method")
+            .get(&MCP_METHOD)
             .is_some_and(|m| m == "server/discover"))
     .then(|| (parts.clone(), bytes.clone()));
     let resp = match send(gateway, parts, full(bytes)).await {

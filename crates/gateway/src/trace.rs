@@ -15,6 +15,7 @@
 //! gateway does not create spans of its own in the trace (it exports none), so it
 //! forwards the parent id unchanged; its `tracing` spans carry the trace id as a field.
 
+use crate::header_names::{TRACEPARENT, TRACESTATE};
 use http::header::{HeaderMap, HeaderValue};
 use serde_json::Value;
 
@@ -66,13 +67,13 @@ impl TraceContext {
     /// From a request's headers (`None` without a valid `traceparent`; exactly one is
     /// allowed). Several `tracestate` lines are joined; an invalid one is dropped.
     pub fn from_headers(headers: &HeaderMap) -> Option<Self> {
-        let mut parents = headers.get_all("traceparent").iter();
+        let mut parents = headers.get_all(&TRACEPARENT).iter();
         let parent = parents.next()?;
         if parents.next().is_some() || !parent.to_str().is_ok_and(valid_traceparent) {
             return None;
         }
         let states: Vec<&str> = headers
-            .get_all("tracestate")
+            .get_all(&TRACESTATE)
             .iter()
             .map(|v| v.to_str().unwrap_or("\u{0}"))
             .collect();

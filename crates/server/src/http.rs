@@ -8,6 +8,7 @@ use super::router::{Handled, Listen, MirroredHeaders};
 use super::{Server, Sink};
 use crate::body::{empty, full, ChannelBody, GatewayBody};
 use crate::guard;
+use crate::header_names::{MCP_METHOD, MCP_NAME, MCP_PROTOCOL_VERSION};
 use crate::inbound::RequestBody;
 use crate::listener::{ConnInfo, ListenerConfig};
 use bytes::Bytes;
@@ -87,7 +88,7 @@ fn json_response(status: StatusCode, body: Vec<u8>) -> Response<GatewayBody> {
     r
 }
 
-fn header_str(h: &HeaderMap, name: &str) -> Option<String> {
+fn header_str(h: &HeaderMap, name: &http::header::HeaderName) -> Option<String> {
     h.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
 }
 
@@ -215,10 +216,10 @@ async fn handle(
         // The tool's scopes, checked before the body is read: over HTTP a `tools/call`
         // names its tool in `Mcp-Name`, and the router refuses any body that disagrees.
         let is_call = headers
-            .get("mcp-method")
+            .get(&MCP_METHOD)
             .is_some_and(|m| m.as_bytes() == b"tools/call");
         let tool = headers
-            .get("mcp-name")
+            .get(&MCP_NAME)
             .and_then(|v| v.to_str().ok())
             .and_then(super::router::decode_header_value);
         if let (true, Some(tool)) = (is_call, tool) {
@@ -231,9 +232,9 @@ async fn handle(
         LOCAL_PRINCIPAL.to_owned()
     };
     let mirrored = MirroredHeaders {
-        protocol_version: header_str(headers, "mcp-protocol-version"),
-        method: header_str(headers, "mcp-method"),
-        name: header_str(headers, "mcp-name"),
+        protocol_version: header_str(headers, &MCP_PROTOCOL_VERSION),
+        method: header_str(headers, &MCP_METHOD),
+        name: header_str(headers, &MCP_NAME),
         params: headers
             .iter()
             .filter_map(|(name, value)| {

@@ -15,8 +15,8 @@
 // The pieces shared with the gateway live in `dualera-common`; imported at the root so
 // that `crate::body`, `crate::config`, … name them from every module of this crate.
 use dualera_common::{
-    bearer, body, config, digest, endpoint, framing, guard, inbound, listener, request_state, sse,
-    tls,
+    bearer, body, config, digest, endpoint, framing, guard, header_names, inbound, listener,
+    request_state, sse, tls,
 };
 
 pub mod access;

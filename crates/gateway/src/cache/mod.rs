@@ -31,6 +31,7 @@ pub(super) mod passthrough;
 
 pub use key::{AuthContext, Cacheable, Caller, RequestKey};
 
+use crate::header_names::MCP_METHOD;
 use bytes::Bytes;
 use dashmap::DashMap;
 use key::{Audience, Scope};
@@ -451,7 +452,7 @@ impl ResponseCache {
         if !self.config.enabled {
             return None;
         }
-        Cacheable::from_method(headers.get("mcp-method")?.to_str().ok()?)
+        Cacheable::from_method(headers.get(&MCP_METHOD)?.to_str().ok()?)
     }
 
     fn find(&self, request: &Arc<RequestKey>, caller: &Caller, verbatim: bool) -> Found {

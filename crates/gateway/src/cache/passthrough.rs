@@ -13,6 +13,7 @@
 use super::key::{self, Cacheable, Caller};
 use super::{Begin, Fetch, ResponseCache};
 use crate::body::{full, BoxError, GatewayBody};
+use crate::header_names::{MCP_METHOD, MCP_NAME, MCP_PROTOCOL_VERSION};
 use crate::sse;
 use crate::upstream::encode_header_value;
 use bytes::Bytes;
@@ -47,7 +48,7 @@ pub(crate) async fn lookup(
     limit: usize,
 ) -> Lookup {
     let parsed = headers
-        .get("mcp-protocol-version")
+        .get(&MCP_PROTOCOL_VERSION)
         .and_then(|v| v.to_str().ok())
         .and_then(|version| key::parse_request(body, cache.route(), method, version))
         .filter(|p| servable(headers, p));
@@ -90,7 +91,7 @@ fn servable(headers: &HeaderMap, parsed: &key::ParsedRequest) -> bool {
     let accept = accept || !headers.contains_key(header::ACCEPT);
     let name_ok = match parsed.key.uri.as_deref() {
         Some(uri) => headers
-            .get("mcp-name")
+            .get(&MCP_NAME)
             .is_some_and(|v| v.as_bytes() == encode_header_value(uri).as_bytes()),
         None => parsed.key.method != Cacheable::ResourcesRead,
     };
@@ -177,11 +178,11 @@ pub(crate) struct ToolCall {
 impl ToolCall {
     /// `Some` for a `tools/call` (by its headers) while the cache is on.
     pub(crate) fn watch(cache: &ResponseCache, headers: &HeaderMap) -> Option<Self> {
-        if !cache.enabled() || headers.get("mcp-method")? != "tools/call" {
+        if !cache.enabled() || headers.get(&MCP_METHOD)? != "tools/call" {
             return None;
         }
         Some(Self {
-            tool: headers.get("mcp-name")?.clone(),
+            tool: headers.get(&MCP_NAME)?.clone(),
         })
     }
 

@@ -32,6 +32,7 @@ use super::telemetry::ConnectionTelemetry;
 use super::trace::TraceContext;
 use super::upstream::legacy::{LegacyError, LegacyTransport, PoolKey};
 use super::{body, GatewayBody, RequestBody, Route};
+use crate::header_names::{MCP_METHOD, MCP_NAME, MCP_PROTOCOL_VERSION};
 use crate::request_state::StateCodec;
 use dualera_adapters::jsonrpc::{self, ErrorCode, ErrorObject, Message, Request};
 use dualera_adapters::reverse::{
@@ -184,13 +185,13 @@ pub(super) async fn handle(
     let (parts, body) = req.into_parts();
     let revision = parts
         .headers
-        .get("mcp-protocol-version")
+        .get(&MCP_PROTOCOL_VERSION)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
     let method = parts
         .headers
-        .get("mcp-method")
+        .get(&MCP_METHOD)
         .and_then(|v| v.to_str().ok())
         .map_or(Method::Other, Method::from_name);
     let bytes = match super::passthrough::read_body(body, gw.config.max_body_bytes).await {
@@ -241,12 +242,13 @@ pub(super) async fn handle_read(
     let relay = Relay { forwarded, trace };
     let version = parts
         .headers
-        .get("mcp-protocol-version")
+        .get(&MCP_PROTOCOL_VERSION)
         .and_then(|v| v.to_str().ok());
-    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    let header =
+        |name: &http::header::HeaderName| parts.headers.get(name).and_then(|v| v.to_str().ok());
     let routing = envelope::Routing {
-        method: header("mcp-method"),
-        name: header("mcp-name"),
+        method: header(&MCP_METHOD),
+        name: header(&MCP_NAME),
     };
     if let Err(e) = envelope::check(&request.method, request.params.as_ref(), version, routing) {
         let method = Method::from_name(&request.method).as_str();

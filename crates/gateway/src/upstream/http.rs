@@ -17,6 +17,7 @@ use super::{Denial, UpstreamError};
 use super::{Exchange, Item, OnBehalf};
 use crate::body::{full, GatewayBody};
 use crate::config::UpstreamHttp2;
+use crate::header_names::{MCP_METHOD, MCP_NAME, MCP_PROTOCOL_VERSION};
 use crate::sse;
 use crate::tls::{TlsError, TlsFailure};
 use base64::engine::general_purpose::STANDARD;
@@ -251,11 +252,6 @@ impl HttpUpstream {
         })))
     }
 }
-
-const MCP_PROTOCOL_VERSION: http::header::HeaderName =
-    http::header::HeaderName::from_static("mcp-protocol-version");
-const MCP_METHOD: http::header::HeaderName = http::header::HeaderName::from_static("mcp-method");
-const MCP_NAME: http::header::HeaderName = http::header::HeaderName::from_static("mcp-name");
 
 /// An upstream SSE response body decoded into messages, one body frame at a time:
 /// the next frame is read only once every message of the last one was taken.

@@ -18,6 +18,7 @@ pub use self::stdio::StdioUpstream;
 
 use super::forwarded::Forwarded;
 use super::trace::TraceContext;
+use crate::header_names::{TRACEPARENT, TRACESTATE};
 use ::http::header::{self as h, HeaderMap, HeaderValue};
 use ::http::StatusCode;
 use bytes::Bytes;
@@ -138,9 +139,9 @@ impl OnBehalf<'_> {
             headers.insert(h::AUTHORIZATION, auth.clone());
         }
         if let Some(t) = self.trace {
-            headers.insert("traceparent", t.traceparent().clone());
+            headers.insert(TRACEPARENT, t.traceparent().clone());
             if let Some(state) = t.tracestate() {
-                headers.insert("tracestate", state.clone());
+                headers.insert(TRACESTATE, state.clone());
             }
         }
         if let Some(f) = self.forwarded {

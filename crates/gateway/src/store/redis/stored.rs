@@ -9,6 +9,7 @@
 //! the call), and the session machine itself, serialized by the adapters.
 
 use crate::driver;
+use crate::header_names::{TRACEPARENT, TRACESTATE};
 use crate::trace::TraceContext;
 use dualera_adapters::{PeerStream, RequestId, Session, UpstreamRole};
 use http::header::HeaderValue;
@@ -218,9 +219,9 @@ impl driver::CallContext for Calls<'_> {
         let meta = self.streams.iter().find(|s| &s.peer == peer)?;
         let (parent, state) = meta.trace.as_ref()?;
         let mut headers = http::HeaderMap::new();
-        headers.insert("traceparent", HeaderValue::from_str(parent).ok()?);
+        headers.insert(TRACEPARENT, HeaderValue::from_str(parent).ok()?);
         if let Some(state) = state.as_deref().and_then(|s| HeaderValue::from_str(s).ok()) {
-            headers.insert("tracestate", state);
+            headers.insert(TRACESTATE, state);
         }
         TraceContext::from_headers(&headers).map(Arc::new)
     }

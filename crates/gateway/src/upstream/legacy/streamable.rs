@@ -9,6 +9,7 @@
 
 use super::{parse_one, pump_events, Core, Inner, LegacyError, SessionOptions, SseBody};
 use crate::body::full;
+use crate::header_names::{LAST_EVENT_ID, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::upstream::{OnBehalf, UpstreamClient, UpstreamError};
 use bytes::Bytes;
 use dualera_adapters::jsonrpc::{Message, Request, RequestId};
@@ -92,10 +93,10 @@ impl Streamable {
             on_behalf.apply(headers);
             if let Ok(l) = self.learned.lock() {
                 if let Some(id) = &l.session_id {
-                    headers.insert("mcp-session-id", id.clone());
+                    headers.insert(MCP_SESSION_ID, id.clone());
                 }
                 if let Some(v) = &l.protocol_version {
-                    headers.insert("mcp-protocol-version", v.clone());
+                    headers.insert(MCP_PROTOCOL_VERSION, v.clone());
                 }
             }
         }
@@ -146,7 +147,7 @@ impl Streamable {
         if initialize && status.is_success() {
             let id = resp
                 .headers()
-                .get("mcp-session-id")
+                .get(&MCP_SESSION_ID)
                 .filter(|v| valid_session_id(v))
                 .cloned();
             if let Ok(mut l) = self.learned.lock() {
@@ -249,7 +250,7 @@ impl Streamable {
                     .request(Method::GET, OnBehalf::default())
                     .header(header::ACCEPT, "text/event-stream");
                 if let Some(id) = last_event.as_deref() {
-                    b = b.header("last-event-id", id);
+                    b = b.header(LAST_EVENT_ID, id);
                 }
                 let Ok(req) = b.body(crate::body::empty()) else {
                     return;
@@ -404,7 +405,7 @@ impl Streamable {
         let from = HeaderValue::from_str(from)
             .map_err(|_| LegacyError::protocol("the event id is no header value"))?;
         let req = b
-            .header("last-event-id", from)
+            .header(LAST_EVENT_ID, from)
             .body(crate::body::empty())
             .map_err(|e| LegacyError::protocol(e.to_string()))?;
         let resp = tokio::time::timeout(super::OPEN_TIMEOUT, self.client.client().request(req))
