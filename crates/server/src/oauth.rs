@@ -822,7 +822,7 @@ mod tests {
         s.issuers = vec![IssuerSection {
             issuer: "https://login.example/tenant-b/v2.0".into(),
             provider: Some(crate::config::IdentityProvider::Okta),
-            jwks_file: Some(jwks.clone()),
+            jwks_file: Some(jwks.to_path_buf()),
             required_claims: Some([("cid".to_owned(), vec!["app-1".to_owned()])].into()),
             ..IssuerSection::default()
         }];
