@@ -167,6 +167,9 @@ impl HttpUpstream {
         let mut req = Request::new(full(Bytes::from(request.to_vec())));
         *req.method_mut() = http::Method::POST;
         *req.uri_mut() = self.uri.clone();
+        // Room for every header below and the on-behalf ones (authorization, trace
+        // context, three forwarded): the map would otherwise grow, and rehash, twice.
+        *req.headers_mut() = http::HeaderMap::with_capacity(12 + params.len());
         let h = req.headers_mut();
         h.insert(
             header::CONTENT_TYPE,
