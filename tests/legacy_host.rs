@@ -76,12 +76,14 @@ fn start_up(dir: &std::path::Path) -> Up {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripted_legacy_host_against_up() {
-    let dir = std::env::temp_dir().join(format!("dualera-legacy-host-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let up = start_up(&dir);
+    let guard = tempfile::Builder::new()
+        .prefix("dualera-legacy-host-")
+        .tempdir()
+        .expect("temp dir");
+    // `up --dir` makes the directory itself.
+    let up = start_up(&guard.path().join("up"));
     let result = legacy_host::run(&up.gateway, &up.workspace, &up.repo, false).await;
     drop(up);
-    let _ = std::fs::remove_dir_all(&dir);
     if let Err(e) = result {
         panic!("legacy host script failed: {e}");
     }

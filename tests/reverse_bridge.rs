@@ -576,8 +576,11 @@ async fn a_host_that_leaves_cancels_its_call_upstream() {
 #[tokio::test]
 async fn a_round_not_retried_in_time_expires_and_is_cancelled_upstream() {
     let py = PyServer::spawn("streamable-http");
-    let dir = std::env::temp_dir().join(format!("reverse-bridge-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let guard = tempfile::Builder::new()
+        .prefix("dualera-reverse-bridge-")
+        .tempdir()
+        .expect("temp dir");
+    let dir = guard.path();
     let config = dir.join("expiry.toml");
     std::fs::write(
         &config,
@@ -608,7 +611,6 @@ async fn a_round_not_retried_in_time_expires_and_is_cancelled_upstream() {
     assert_eq!(status, 400, "{late}");
     assert_eq!(late["error"]["code"], -32602, "{late}");
     assert_eq!(late["error"]["data"]["reason"], "expiredState", "{late}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]

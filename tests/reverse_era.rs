@@ -252,8 +252,11 @@ async fn listen_subscribes_upstream_and_relays_the_servers_notifications() {
 #[tokio::test]
 async fn a_listener_whose_wait_runs_out_ends_gracefully() {
     let py = PyServer::spawn("streamable-http-notify");
-    let dir = std::env::temp_dir().join(format!("reverse-era-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let guard = tempfile::Builder::new()
+        .prefix("dualera-reverse-era-")
+        .tempdir()
+        .expect("temp dir");
+    let dir = guard.path();
     let config = dir.join("listen.toml");
     std::fs::write(&config, "[gateway]\nlive_request_timeout_max_secs = 2\n").expect("config");
     let gw = Gateway::spawn(&[
@@ -283,7 +286,6 @@ async fn a_listener_whose_wait_runs_out_ends_gracefully() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// One request with `token`; the status, `WWW-Authenticate` and body.
@@ -424,8 +426,11 @@ async fn translated_lists_are_private_with_no_ttl_unless_configured() {
     assert_eq!(listed[0]["result"]["ttlMs"], 0, "{listed:?}");
     assert_eq!(listed[0]["result"]["cacheScope"], "private", "{listed:?}");
     drop(gw);
-    let dir = std::env::temp_dir().join(format!("reverse-era-cache-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let guard = tempfile::Builder::new()
+        .prefix("dualera-reverse-era-cache-")
+        .tempdir()
+        .expect("temp dir");
+    let dir = guard.path();
     let config = dir.join("cache.toml");
     std::fs::write(
         &config,
@@ -445,5 +450,4 @@ async fn translated_lists_are_private_with_no_ttl_unless_configured() {
         "params": { "_meta": meta() } });
     let (_, found) = post(&gw.url(), &[], &discover).await;
     assert_eq!(found[0]["result"]["ttlMs"], 60000, "{found:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -200,8 +200,11 @@ fn wire_run(
 fn every_vector_passes_against_dualera_over_http_and_stdio() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("adapters/vectors");
     let vectors: Vec<Vector> = format::load_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
-    let tmp = std::env::temp_dir().join(format!("dualera-vectors-kit-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
+    let guard = tempfile::Builder::new()
+        .prefix("dualera-vectors-kit-")
+        .tempdir()
+        .expect("temp dir");
+    let tmp = guard.path();
     // One gateway configuration per distinct set of assumed settings.
     let mut groups: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
     groups.insert("{}".into(), Map::new());
@@ -222,11 +225,10 @@ fn every_vector_passes_against_dualera_over_http_and_stdio() {
         .collect();
     // The two wires are mostly waiting on timers: run them side by side.
     let (http, stdio) = std::thread::scope(|s| {
-        let h = s.spawn(|| wire_run(Transport::StreamableHttp, &groups, &tmp));
-        let o = s.spawn(|| wire_run(Transport::Stdio, &groups, &tmp));
+        let h = s.spawn(|| wire_run(Transport::StreamableHttp, &groups, tmp));
+        let o = s.spawn(|| wire_run(Transport::Stdio, &groups, tmp));
         (h.join().expect("http run"), o.join().expect("stdio run"))
     });
-    let _ = std::fs::remove_dir_all(&tmp);
     let mut failures = Vec::new();
     for (wire, runs) in [
         (Transport::StreamableHttp, &http),
@@ -289,8 +291,11 @@ fn first_difference(report: &Value) -> String {
 /// and a broken or silent bridge is scored, not waited on forever.
 #[test]
 fn the_kit_catches_differences() {
-    let tmp = std::env::temp_dir().join(format!("dualera-vectors-neg-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
+    let guard = tempfile::Builder::new()
+        .prefix("dualera-vectors-neg-")
+        .tempdir()
+        .expect("temp dir");
+    let tmp = guard.path();
     let quick = ["--strict", "--step-timeout", "2"];
     let run_stdio = |dir: &Path, out: &str| {
         let mut extra: Vec<&str> = quick.to_vec();
@@ -300,7 +305,7 @@ fn the_kit_catches_differences() {
     };
 
     // A different message: named at the field, shown as a diff.
-    let dir = tampered(&tmp, "forward", |v| {
+    let dir = tampered(tmp, "forward", |v| {
         v["steps"][4]["expect"][0]["message"]["params"]["arguments"]["q"] = "y".into();
     });
     let (report, table, code) = run_stdio(&dir, "message");
@@ -317,7 +322,7 @@ fn the_kit_catches_differences() {
 
     // An output that comes too early: the bridge retries a state-only round after
     // 250 ms, the vector claims 1000 ms later.
-    let dir = tampered(&tmp, "mrtr_state_only", |v| {
+    let dir = tampered(tmp, "mrtr_state_only", |v| {
         for s in v["steps"].as_array_mut().unwrap() {
             if s["from"] == "timer" {
                 s["at"] = (s["at"].as_u64().unwrap() + 1000).into();
@@ -329,7 +334,7 @@ fn the_kit_catches_differences() {
     assert!(d.contains("before the step's time"), "{d}");
 
     // A missing output.
-    let dir = tampered(&tmp, "initialized_and_ping", |v| {
+    let dir = tampered(tmp, "initialized_and_ping", |v| {
         v["steps"][2]["expect"] = serde_json::json!([{"to": "peer", "stream": "standalone", "message": {"jsonrpc": "2.0", "method": "notifications/never"}}]);
     });
     let (report, _, _) = run_stdio(&dir, "missing");
@@ -378,19 +383,19 @@ fn the_kit_catches_differences() {
         let extra = ["--strict", "--step-timeout", "2", "--vectors", d.as_str()];
         run_kit_report(&bridge, &extra, &tmp.join(out)).0
     };
-    let dir = tampered(&tmp, "http_session", |v| {
+    let dir = tampered(tmp, "http_session", |v| {
         v["steps"][2]["http"]["status"] = 201.into()
     });
     let d = first_difference(&run_http(&dir, "status"));
     assert!(d.contains("HTTP status 202, expected 201"), "{d}");
     // Without a TTL the result is not cached, so the second session asks again.
-    let dir = tampered(&tmp, "discover_cache_shared", |v| {
+    let dir = tampered(tmp, "discover_cache_shared", |v| {
         v["steps"][1]["message"]["result"]["ttlMs"] = 0.into();
     });
     let d = first_difference(&run_http(&dir, "absent"));
     assert!(d.contains("must not be sent"), "{d}");
     // A relayed challenge is matched byte for byte: one scope off is a difference.
-    let dir = tampered(&tmp, "denied_initialize", |v| {
+    let dir = tampered(tmp, "denied_initialize", |v| {
         let h = &mut v["steps"][0]["http"]["headers"]["www-authenticate"];
         *h = h
             .as_str()
@@ -401,7 +406,7 @@ fn the_kit_catches_differences() {
     let d = first_difference(&run_http(&dir, "challenge"));
     assert!(d.contains("HTTP header www-authenticate"), "{d}");
     // So is the token a retry carries upstream: the re-sent answer's, not the first.
-    let dir = tampered(&tmp, "mrtr_denied_retry", |v| {
+    let dir = tampered(tmp, "mrtr_denied_retry", |v| {
         let step = v["steps"]
             .as_array_mut()
             .unwrap()
@@ -413,5 +418,4 @@ fn the_kit_catches_differences() {
     });
     let d = first_difference(&run_http(&dir, "token"));
     assert!(d.contains("upstream request header authorization"), "{d}");
-    let _ = std::fs::remove_dir_all(&tmp);
 }
