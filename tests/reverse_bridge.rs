@@ -475,25 +475,7 @@ async fn a_stdio_legacy_upstream_is_bridged_too() {
 async fn under_auto_a_modern_hosts_first_discover_finds_the_legacy_server() {
     let py = PyServer::spawn("streamable-http");
     let gw = Gateway::spawn_era("auto", &["--upstream", &py.url("/mcp")]);
-    let (status, discover) = post(
-        &gw.url(),
-        None,
-        &json!({ "jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": { "_meta": meta() } }),
-    )
-    .await;
-    assert_eq!(status, 200, "{discover}");
-    assert_eq!(
-        discover["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "legacy-fixture",
-        "{discover}"
-    );
-    // The era is remembered: the next request goes to the bridge at once.
-    let (_, added) = post(
-        &gw.url(),
-        None,
-        &call(2, "add", json!({ "a": 20, "b": 22 })),
-    )
-    .await;
-    assert_eq!(text(&added), "42");
+    discover_finds_the_legacy_fixture(&gw).await;
     assert_eq!(
         py.count("POST /mcp initialize").await,
         2,
@@ -507,6 +489,12 @@ async fn under_auto_a_modern_hosts_first_discover_finds_the_legacy_server() {
 #[tokio::test]
 async fn under_auto_a_modern_hosts_first_discover_finds_a_legacy_stdio_server() {
     let gw = Gateway::spawn_era("auto", &["--upstream-cmd", &stdio_command()]);
+    discover_finds_the_legacy_fixture(&gw).await;
+}
+
+/// A modern host's first `server/discover` under `auto` is bridged to the legacy
+/// fixture, and the era is remembered: the next request goes to the bridge at once.
+async fn discover_finds_the_legacy_fixture(gw: &Gateway) {
     let (status, discover) = post(
         &gw.url(),
         None,

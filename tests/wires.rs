@@ -3,7 +3,10 @@
 //! wire. Plus the stdio upstream's restart: a child killed mid-round fails that request
 //! and the next call succeeds.
 
+mod common;
+
 use bytes::Bytes;
+use common::gateway::{pki, Proc};
 use dualera::sse;
 use dualera_adapters::jsonrpc::{self, Message, Notification, Request, RequestId, Response};
 use futures_util::{SinkExt, StreamExt};
@@ -12,9 +15,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
@@ -22,16 +24,6 @@ use tokio::sync::mpsc;
 
 const BIN: &str = env!("CARGO_BIN_EXE_dualera");
 const WAIT: Duration = Duration::from_secs(30);
-
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A directory of its own for one test, removed when the returned guard is dropped.
 fn tmp_dir(tag: &str) -> tempfile::TempDir {
@@ -41,30 +33,11 @@ fn tmp_dir(tag: &str) -> tempfile::TempDir {
         .expect("tmp dir")
 }
 
-/// Spawns `dualera ARGS` and returns it with the first `http://…` address its stderr
-/// names after `marker`.
+/// Spawns `dualera ARGS`; the process and the URL it announced after `marker`.
 fn spawn_listening(args: &[&str], marker: &str) -> (Proc, String) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env("DUALERA_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn dualera");
-    let err = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(err).lines();
-    let addr = loop {
-        let line = lines
-            .next()
-            .expect("child exited early")
-            .expect("read stderr");
-        if let Some(rest) = line.split(marker).nth(1) {
-            let url = rest.split_whitespace().next().unwrap_or_default();
-            break url.trim_end_matches(',').to_owned();
-        }
-    };
-    std::thread::spawn(move || for _ in lines.by_ref() {});
-    (Proc(child), addr)
+    let p = Proc::spawn(args, marker);
+    let url = p.url.clone();
+    (p, url)
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -73,50 +46,6 @@ enum Up {
     /// `dualera serve --tls-cert/--tls-key`, fronted with `--upstream-ca`.
     Https,
     Stdio,
-}
-
-/// A private CA and a certificate for 127.0.0.1 (files), made once per run.
-struct Pki {
-    ca: PathBuf,
-    cert: PathBuf,
-    key: PathBuf,
-    client: Arc<rustls::ClientConfig>,
-}
-
-fn pki() -> &'static Pki {
-    static PKI: std::sync::OnceLock<Pki> = std::sync::OnceLock::new();
-    PKI.get_or_init(|| {
-        use dualera::tls::{ThrowawayCa, Validity};
-        use rustls::pki_types::pem::PemObject;
-        let ca = ThrowawayCa::new("wires test CA").expect("CA");
-        let (cert, key) = ca
-            .issue(&["127.0.0.1", "localhost"], Validity::Current)
-            .expect("leaf");
-        // Kept for the whole run (the files back a static), under the target's tmp.
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("dualera-wires-pki-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("pki dir");
-        let write = |name: &str, text: &str| {
-            let p = dir.join(name);
-            std::fs::write(&p, text).expect("write");
-            p
-        };
-        let mut roots = rustls::RootCertStore::empty();
-        for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca.cert_pem().as_bytes()) {
-            roots.add(c.expect("pem")).expect("root");
-        }
-        let client = rustls::ClientConfig::builder_with_provider(dualera::tls::provider())
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        Pki {
-            ca: write("ca.pem", ca.cert_pem()),
-            cert: write("cert.pem", &cert),
-            key: write("key.pem", &key),
-            client: Arc::new(client),
-        }
-    })
 }
 
 fn tls_listener_args() -> Vec<String> {
@@ -720,7 +649,7 @@ async fn stdio_upstream_child_killed_mid_round_then_restarted() {
         ],
         "listening on ",
     );
-    let gw_pid = gw.0.id();
+    let gw_pid = gw.pid();
     let (tx, from_test) = mpsc::channel(64);
     let (to_test, rx) = mpsc::channel(64);
     tokio::spawn(streamable_http(url, from_test, to_test));
