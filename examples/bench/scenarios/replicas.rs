@@ -152,6 +152,58 @@ impl Redis {
     pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// What a round trip costs Redis on this machine before any command of ours runs:
+    /// Redis CPU µs per `PING`, and per call of a script that does nothing but receive
+    /// a step's arguments (one key, 40 arguments, a `state_bytes` state), each sent
+    /// `n` times in sequence on one connection, as a replica's steps are with one host.
+    pub(crate) fn round_trip_floor(&self, state_bytes: usize, n: usize) -> Res<(f64, f64)> {
+        use std::io::{BufRead, BufReader};
+        let stream = std::net::TcpStream::connect(("127.0.0.1", self.port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        stream.set_nodelay(true)?;
+        let mut writer = stream.try_clone()?;
+        let mut reader = BufReader::new(stream);
+        let encode = |args: &[&str]| {
+            let mut req = format!("*{}\r\n", args.len());
+            for a in args {
+                let _ = write!(req, "${}\r\n{a}\r\n", a.len());
+            }
+            req.into_bytes()
+        };
+        // Every reply here is one line (`+PONG`, `:1`, `$40` then the digest).
+        let mut line = String::new();
+        let mut call = |req: &[u8]| -> Res<String> {
+            writer.write_all(req)?;
+            line.clear();
+            reader.read_line(&mut line)?;
+            if line.starts_with('$') {
+                line.clear();
+                reader.read_line(&mut line)?;
+            }
+            if line.starts_with('-') || line.is_empty() {
+                return Err(format!("redis: {}", line.trim()).into());
+            }
+            Ok(line.trim().to_owned())
+        };
+        let sha = call(&encode(&["SCRIPT", "LOAD", "return 1"]))?;
+        let state = "s".repeat(state_bytes.clamp(1, 1 << 20));
+        let mut args: Vec<String> = vec!["EVALSHA".into(), sha, "1".into(), "dualera:floor".into()];
+        args.push("1".into());
+        args.push(state);
+        args.extend((0..38).map(|i| format!("dualera:floor:argument:{i}")));
+        let script: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut per_call = |req: Vec<u8>| -> Res<f64> {
+            let cpu0 = cpu_of(self.pid());
+            for _ in 0..n {
+                call(&req)?;
+            }
+            Ok((cpu_of(self.pid()) - cpu0) * 1e6 / n.max(1) as f64)
+        };
+        let ping = per_call(encode(&["PING"]))?;
+        let noop = per_call(encode(&script))?;
+        Ok((ping, noop))
+    }
 }
 
 /// A TCP proxy in front of Redis that counts its clients' writes: a client sends
@@ -730,6 +782,22 @@ pub(crate) async fn replicas(
         md,
         "\nOne session's serialized state after a flow: {state_bytes} bytes."
     );
+    // Redis's CPU per flow cannot go below its round trips' own cost: the scripts'
+    // round trips at the no-op script's, the others at a PING's.
+    let (ping_us, noop_us) =
+        redis.round_trip_floor(usize::try_from(state_bytes).unwrap_or(usize::MAX), 5000)?;
+    let script_trips = scripts_per_flow.min(flow_trips);
+    let floor_us = script_trips * noop_us + (flow_trips - script_trips) * ping_us;
+    let _ = writeln!(
+        md,
+        "\nThe floor under Redis's CPU per flow on this machine, with one host: a round trip costs Redis {} µs for a `PING` and {} µs for a script that does nothing but receive a step's arguments (one key, 40 arguments, a {state_bytes}-byte state; 5,000 of each in sequence on one connection). {} round trips per flow, {} of them scripts: **{} µs per flow before any command runs** (target ≤ 400 µs; measured above {} µs).",
+        fmt_f(ping_us, 1),
+        fmt_f(noop_us, 1),
+        fmt_f(flow_trips, 1),
+        fmt_f(script_trips, 1),
+        fmt_f(floor_us, 0),
+        fmt_f(cpu_us[2], 0)
+    );
     eprintln!(
         "  per flow: Redis commands {} (rounds) / {} ({hosts} hosts), scripts {} at {} µs each; per-step total {} commands, {} round trips (any replica), {} commands, {} round trips (one replica); state {state_bytes} bytes",
         fmt_f(commands_per_flow, 1),
@@ -757,7 +825,9 @@ pub(crate) async fn replicas(
                "redis_bytes_per_idle_session": per_session,
                "redis_commands_per_flow": commands_per_flow, "load_redis_commands_per_flow": load_commands_per_flow,
                "steps": step_json, "state_bytes": state_bytes, "flow_commands": flow_cmds,
-               "flow_commands_one_replica": flow_totals[1].0, "flow_round_trips_one_replica": flow_totals[1].1, "flow_round_trips": flow_trips}),
+               "flow_commands_one_replica": flow_totals[1].0, "flow_round_trips_one_replica": flow_totals[1].1, "flow_round_trips": flow_trips,
+               "redis_cpu_us_per_ping": ping_us, "redis_cpu_us_per_noop_script": noop_us,
+               "redis_cpu_us_floor_per_flow": floor_us}),
     );
     Ok(())
 }
