@@ -785,12 +785,12 @@ pub(crate) async fn replicas(
     // Redis's CPU per flow cannot go below its round trips' own cost: the scripts'
     // round trips at the no-op script's, the others at a PING's.
     let (ping_us, noop_us) =
-        redis.round_trip_floor(usize::try_from(state_bytes).unwrap_or(usize::MAX), 5000)?;
+        redis.round_trip_floor(usize::try_from(state_bytes).unwrap_or(usize::MAX), 20_000)?;
     let script_trips = scripts_per_flow.min(flow_trips);
     let floor_us = script_trips * noop_us + (flow_trips - script_trips) * ping_us;
     let _ = writeln!(
         md,
-        "\nThe floor under Redis's CPU per flow on this machine, with one host: a round trip costs Redis {} µs for a `PING` and {} µs for a script that does nothing but receive a step's arguments (one key, 40 arguments, a {state_bytes}-byte state; 5,000 of each in sequence on one connection). {} round trips per flow, {} of them scripts: **{} µs per flow before any command runs** (target ≤ 400 µs; measured above {} µs).",
+        "\nThe floor under Redis's CPU per flow on this machine, with one host: a round trip costs Redis {} µs for a `PING` and {} µs for a script that does nothing but receive a step's arguments (one key, 40 arguments, a {state_bytes}-byte state; 20,000 of each in sequence on one connection). {} round trips per flow, {} of them scripts: **{} µs per flow before any command runs** (target ≤ 400 µs; measured above {} µs).",
         fmt_f(ping_us, 1),
         fmt_f(noop_us, 1),
         fmt_f(flow_trips, 1),
