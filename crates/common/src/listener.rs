@@ -629,7 +629,11 @@ async fn drive<IO, T, S, F>(
                 drop(guard);
                 return Ok::<_, Infallible>(outbound::over_budget());
             };
+            // The handler first: a body that came with its head is read on this first
+            // poll, and the clock, finding it finished, never arms its timer (a timer
+            // registered and cancelled per request, otherwise, half the time).
             let response = tokio::select! {
+                biased;
                 r = &mut fut => r,
                 () = clock.expired(&limits, &slow, peer) => {
                     debug!(
