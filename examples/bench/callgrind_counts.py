@@ -16,6 +16,13 @@ the gateway's instructions for that phase alone, divided by its request count:
   accepted on a second connection while the call's SSE stream stays open;
 - `pass-through`: the same `tools/call notes_list` from a modern (2026-07-28) client.
 
+With `--session-store redis://HOST:PORT/DB` the gateway keeps its legacy sessions in
+that Redis (a throw-away one: the bench's replicas scenario starts its own, this script
+does not), as one replica: every request on the replica that holds the stream, the
+"one replica" column of the bench's per-step table. Its background (lease and holder
+renewals, the sweeper) runs during each phase too and is counted with it; the phases
+last seconds under callgrind, so that is a few hundred instructions per request.
+
 Usage (a profiling build: release with debug info, so the dumps name functions):
 
     cargo build --profile profiling --all-features --locked --bin dualera
@@ -202,6 +209,8 @@ def main():
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--flows", type=int, default=50)
     ap.add_argument("--sessions", type=int, default=50)
+    ap.add_argument("--session-store", default=None,
+                    help="redis://… : legacy sessions in that Redis (one replica)")
     ap.add_argument("--port", type=int, default=0,
                     help="the server listens on PORT, the gateway on PORT+1 (0: any)")
     o = ap.parse_args()
@@ -226,7 +235,11 @@ def main():
         with open(gw_cfg, "w") as f:
             f.write("[gateway]\nmax_sessions = 10000\nmax_sessions_per_caller = 10000\n"
                     "session_idle_ttl_secs = 7200\nlive_request_timeout_secs = 3600\n"
-                    "max_in_flight = 64\n\n[cache]\nenabled = false\n")
+                    "max_in_flight = 64\n")
+            if o.session_store:
+                f.write(f'session_store = "{o.session_store}"\n'
+                        f'session_key_prefix = "callgrind-{secrets.token_hex(4)}:"\n')
+            f.write("\n[cache]\nenabled = false\n")
         env = dict(os.environ, DUALERA_LOG="warn")
         listen = lambda k: f"127.0.0.1:{o.port + k if o.port else 0}"
         server, host, sport = spawn([o.dualera, "serve", "--listen", listen(0),
