@@ -217,8 +217,18 @@ impl RedisSessions {
             appended: Mutex::default(),
             followed: Mutex::default(),
         };
+        // Boxed: inline, the upstream stack's future (about 12 KB) would make this one,
+        // and every wrapper that takes it by value (the abort handle, the span, the
+        // boxed inline exchange), that much larger, copied at each move (54 KB before).
+        let exchange = Box::pin(driver::exchange(
+            &gw,
+            &running.start,
+            &running.forwarded,
+            running.head.as_deref(),
+            &feed,
+        ));
         tokio::select! {
-            () = driver::exchange(&gw, &running.start, &running.forwarded, running.head.as_deref(), &feed) => {}
+            () = exchange => {}
             () = renew => {
                 info!("lease lost; exchange abandoned");
             }
