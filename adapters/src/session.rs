@@ -302,8 +302,8 @@ enum RetiredKind {
 
 /// A bounded memory of ids that were finished, oldest forgotten first. Serialized as
 /// its cap and the ids with their kind, oldest first.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(into = "RetiredData", try_from = "RetiredData")]
+#[derive(Debug, Clone, Deserialize)]
+#[serde(try_from = "RetiredData")]
 struct Retired {
     order: VecDeque<RequestId>,
     /// Retired live and upstream ids: minted here.
@@ -361,52 +361,97 @@ impl Retired {
 /// (`r`) and the kinds as one string (`k`: `a` answered, `x` abandoned): a session's
 /// 16 retired ids take about 150 bytes rather than 600, in every shared step's state.
 /// Ids that are not all strings, and snapshots written before, use `ids`: pairs of an
-/// id and its kind; both forms are read.
-#[derive(Serialize, Deserialize)]
+/// id and its kind; both forms are read. Written from a borrow ([`RetiredRef`]).
+#[derive(Deserialize)]
 struct RetiredData {
     cap: usize,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     ids: Vec<(RequestId, RetiredKind)>,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(default)]
     p: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     r: Vec<String>,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(default)]
     k: String,
 }
 
-impl From<Retired> for RetiredData {
-    fn from(r: Retired) -> Self {
-        let Retired {
-            order,
-            mut kinds,
-            cap,
-        } = r;
-        let ids: Vec<(RequestId, RetiredKind)> = order
-            .into_iter()
-            .filter_map(|id| kinds.remove(&id).map(|k| (id, k)))
-            .collect();
-        let texts: Option<Vec<&str>> = ids
-            .iter()
-            .map(|(id, _)| match id {
-                RequestId::String(s) => Some(s.as_str()),
-                RequestId::Number(_) => None,
-            })
-            .collect();
-        let Some(texts) = texts.filter(|t| !t.is_empty()) else {
-            return Self {
-                cap,
-                ids,
-                p: String::new(),
-                r: Vec::new(),
-                k: String::new(),
-            };
+/// [`RetiredData`] borrowed from a [`Retired`], for writing it: the same fields,
+/// without cloning the ring and its map as `#[serde(into)]` would (every shared
+/// step stores its session's state, so this runs twice per replicated call).
+#[derive(Serialize)]
+struct RetiredRef<'a> {
+    cap: usize,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    ids: Vec<(&'a RequestId, RetiredKind)>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    p: &'a str,
+    #[serde(skip_serializing_if = "Rests::is_empty")]
+    r: Rests<'a>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    k: String,
+}
+
+/// The ids' rests after their common prefix, written as a sequence of strings.
+struct Rests<'a> {
+    texts: Vec<&'a str>,
+    common: usize,
+}
+
+impl Rests<'_> {
+    fn is_empty(&self) -> bool {
+        self.texts.is_empty()
+    }
+}
+
+impl Serialize for Rests<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.texts.iter().map(|t| &t[self.common..]))
+    }
+}
+
+impl Serialize for Retired {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        // Oldest first, as they were retired; one pass for the compact form, whose ids
+        // are all strings (minted here), else the pairs.
+        let ids = || {
+            self.order
+                .iter()
+                .filter_map(|id| self.kinds.get(id).map(|k| (id, *k)))
         };
-        let mut common = texts[0].len();
+        let mut texts = Vec::with_capacity(self.order.len());
+        let mut k = String::with_capacity(self.order.len());
+        for (id, kind) in ids() {
+            let RequestId::String(text) = id else {
+                texts.clear();
+                break;
+            };
+            texts.push(text.as_str());
+            k.push(match kind {
+                RetiredKind::Answered => 'a',
+                RetiredKind::Abandoned => 'x',
+            });
+        }
+        if texts.is_empty() {
+            return RetiredRef {
+                cap: self.cap,
+                ids: ids().collect(),
+                p: "",
+                r: Rests { texts, common: 0 },
+                k: String::new(),
+            }
+            .serialize(serializer);
+        }
+        let first = texts[0].as_bytes();
+        let mut common = first.len();
         for t in &texts[1..] {
-            common = texts[0]
-                .bytes()
-                .zip(t.bytes())
+            let t = t.as_bytes();
+            // Usually the whole prefix matches: one comparison of slices.
+            if t.len() >= common && t[..common] == first[..common] {
+                continue;
+            }
+            common = first
+                .iter()
+                .zip(t)
                 .take(common)
                 .take_while(|(a, b)| a == b)
                 .count();
@@ -414,19 +459,14 @@ impl From<Retired> for RetiredData {
         while !texts[0].is_char_boundary(common) {
             common -= 1;
         }
-        Self {
-            cap,
+        RetiredRef {
+            cap: self.cap,
             ids: Vec::new(),
-            p: texts[0][..common].to_owned(),
-            r: texts.iter().map(|t| t[common..].to_owned()).collect(),
-            k: ids
-                .iter()
-                .map(|(_, kind)| match kind {
-                    RetiredKind::Answered => 'a',
-                    RetiredKind::Abandoned => 'x',
-                })
-                .collect(),
+            p: &texts[0][..common],
+            k,
+            r: Rests { texts, common },
         }
+        .serialize(serializer)
     }
 }
 
