@@ -83,6 +83,15 @@ impl ReportConfig {
 /// Keeps what is printable of `s`: no control or bidirectional-formatting characters,
 /// surrounding white space trimmed, at most `max` characters (an ellipsis marks a cut).
 pub fn sanitize(s: &str, max: usize) -> String {
+    // The usual name or version, printable ASCII with nothing to trim, is kept as it
+    // is (a shared session's step sanitizes its host's on every step).
+    if s.len() <= max
+        && s.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+        && !s.starts_with(' ')
+        && !s.ends_with(' ')
+    {
+        return s.to_owned();
+    }
     let kept: String = s
         .chars()
         .filter(|c| !c.is_control() && !is_invisible_format(*c))
@@ -675,6 +684,11 @@ mod tests {
         assert_eq!(sanitize(" a\u{1b}[31mb\u{202e}c\n ", 10), "a[31mbc");
         assert_eq!(sanitize("abcdef", 4), "abc…");
         assert_eq!(sanitize("\u{200b}", 4), "");
+        // The printable-ASCII shortcut agrees with the general path.
+        assert_eq!(sanitize("claude-code 1.2", 15), "claude-code 1.2");
+        assert_eq!(sanitize(" padded ", 15), "padded");
+        assert_eq!(sanitize("abcd", 4), "abcd");
+        assert_eq!(sanitize("abcde", 4), "abc…");
     }
 
     #[test]
