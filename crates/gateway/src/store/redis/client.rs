@@ -14,7 +14,7 @@
 use crate::store::StoreError;
 use redis::aio::AsyncPushSender;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Script, Value as RValue};
+use redis::{Client, ErrorKind, Script, ServerErrorKind, Value as RValue};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -561,13 +561,32 @@ impl Redis {
         state: &[u8],
         effects: &[std::borrow::Cow<'_, [u8]>],
     ) -> Result<Stored, StoreError> {
-        let mut c = self.commands.clone();
-        let mut invocation = self.step.key(session);
-        invocation.arg(version).arg(state);
+        // The command is written once, into one buffer: a `ScriptInvocation` keeps
+        // each of the step's ~40 arguments in an allocation of its own, then copies
+        // them all into the command it sends.
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.step.get_hash())
+            .arg(1)
+            .arg(session)
+            .arg(version)
+            .arg(state);
         for e in effects {
-            invocation.arg(e.as_ref());
+            cmd.arg(e.as_ref());
         }
-        let reply: RValue = self.bounded(invocation.invoke_async(&mut c)).await?;
+        let mut c = self.commands.clone();
+        let reply: RValue = self
+            .bounded(async {
+                match cmd.query_async(&mut c).await {
+                    // Redis restarted (or flushed its scripts): load it, send again,
+                    // as `ScriptInvocation::invoke_async` does.
+                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        self.step.load_async(&mut c).await?;
+                        cmd.query_async(&mut c).await
+                    }
+                    reply => reply,
+                }
+            })
+            .await?;
         let RValue::Array(items) = reply else {
             return Err(corrupt("the step script answered something else".into()));
         };

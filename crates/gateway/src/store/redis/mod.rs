@@ -682,7 +682,10 @@ impl RedisSessions {
                 }
             };
             let (ops, mut after) = self.plan(sid, &mut record, now, ctx, touched);
-            let blob = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt {
+            // Sized for the state it replaces: grown from serde_json's default of 128
+            // bytes, the buffer was reallocated and copied four or five times a step.
+            let mut blob = Vec::with_capacity(state.len() + 128);
+            serde_json::to_writer(&mut blob, &record).map_err(|e| StoreError::Corrupt {
                 reason: format!("session record: {e}"),
             })?;
             let nothing = after.starts.is_empty()
@@ -769,10 +772,10 @@ impl RedisSessions {
     ) -> (Ops, After) {
         let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
         let mut ops = Ops {
-            ttl: ttl.to_string(),
+            ttl: decimal(ttl),
             sid: sid.to_owned(),
-            now: now.to_string(),
-            keep: self.replay.to_string(),
+            now: decimal(now),
+            keep: decimal(self.replay),
             me: self.replica.clone(),
             wk: self.keys.wake_all(),
             timers: self.keys.timers(),
@@ -827,7 +830,7 @@ impl RedisSessions {
                 ops.lease_new.push(NewLease {
                     k: k.clone(),
                     o: self.replica.clone(),
-                    d: (now + self.lease_ms()).to_string(),
+                    d: decimal(now + self.lease_ms()),
                     r: serde_json::to_vec(&rec).unwrap_or_default(),
                 });
                 k
@@ -943,7 +946,7 @@ impl RedisSessions {
                     // The POST's own relay starts after these, holding the stream
                     // from this very transaction.
                     ops.hold
-                        .push((holder.clone(), relay.token.clone(), hold_ms().to_string()));
+                        .push((holder.clone(), relay.token.clone(), decimal(hold_ms())));
                 }
                 after.streaming.push(Handing {
                     relay,
@@ -984,9 +987,9 @@ impl RedisSessions {
         let due = record.machine.poll_timeout().map(|t| t.as_millis());
         ops.tw = due != record.due || ctx.timer || ctx.tomb;
         record.due = due;
-        ops.due = due.map(|d| d.to_string());
+        ops.due = due.map(decimal);
         if ctx.tomb {
-            ops.tomb = Some(ttl.min(60_000).to_string());
+            ops.tomb = Some(decimal(ttl.min(60_000)));
             for s in &record.streams {
                 ops.del.push(self.keys.stream(sid, s.number));
                 ops.del.push(self.keys.holder(sid, Some(s.number)));
@@ -1784,17 +1787,28 @@ fn hold_ms() -> u64 {
 fn connection_token(replica: &str) -> String {
     let mut bytes = [0u8; 12];
     let _ = getrandom::fill(&mut bytes);
-    format!("{replica}.{}", hex(&bytes))
+    let random = hex(&bytes);
+    let mut token = String::with_capacity(replica.len() + 1 + random.len());
+    token.push_str(replica);
+    token.push('.');
+    token.push_str(&random);
+    token
 }
 
 fn auth_text(auth: Option<&HeaderValue>) -> Option<String> {
     auth.and_then(|a| a.to_str().ok()).map(str::to_owned)
 }
 
+/// A number as a script argument: without `Display`'s formatter, several times the
+/// work for the handful of numbers every step passes.
+fn decimal(n: impl itoa::Integer) -> String {
+    itoa::Buffer::new().format(n).to_owned()
+}
+
 fn id_text(id: &RequestId) -> String {
     match id {
         RequestId::String(s) => s.clone(),
-        RequestId::Number(n) => n.to_string(),
+        RequestId::Number(n) => decimal(*n),
     }
 }
 

@@ -330,8 +330,8 @@ impl Ops {
         fn opt(s: Option<&String>) -> Cow<'_, [u8]> {
             Cow::Borrowed(s.map_or(&b""[..], |s| s.as_bytes()))
         }
-        fn number(n: impl std::fmt::Display) -> Cow<'static, [u8]> {
-            Cow::Owned(n.to_string().into_bytes())
+        fn number(n: impl itoa::Integer) -> Cow<'static, [u8]> {
+            Cow::Owned(itoa::Buffer::new().format(n).as_bytes().to_vec())
         }
         let mut flags = String::new();
         if self.touch {
