@@ -35,9 +35,10 @@ pub(super) struct Keys {
     wake_all: String,
 }
 
-/// The parts, joined: key names are built on every step, and `format!` (through
-/// `Formatter::pad` for each part) cost about 1.7k instructions a name.
-fn name(parts: &[&str]) -> String {
+/// The parts, joined: key names (and connection tokens) are built on every step, and
+/// `format!` (through `Formatter::pad` for each part) cost about 1.7k instructions a
+/// name.
+pub(super) fn name(parts: &[&str]) -> String {
     let mut s = String::with_capacity(parts.iter().map(|p| p.len()).sum());
     for p in parts {
         s.push_str(p);

@@ -1787,20 +1787,15 @@ fn hold_ms() -> u64 {
 fn connection_token(replica: &str) -> String {
     let mut bytes = [0u8; 12];
     let _ = getrandom::fill(&mut bytes);
-    let random = hex(&bytes);
-    let mut token = String::with_capacity(replica.len() + 1 + random.len());
-    token.push_str(replica);
-    token.push('.');
-    token.push_str(&random);
-    token
+    keys::name(&[replica, ".", &hex(&bytes)])
 }
 
 fn auth_text(auth: Option<&HeaderValue>) -> Option<String> {
     auth.and_then(|a| a.to_str().ok()).map(str::to_owned)
 }
 
-/// A number as a script argument: without `Display`'s formatter, several times the
-/// work for the handful of numbers every step passes.
+/// A number as a script argument (here and in `stored::Ops::args`): without
+/// `Display`'s formatter, several times the work for the handful every step passes.
 fn decimal(n: impl itoa::Integer) -> String {
     itoa::Buffer::new().format(n).to_owned()
 }

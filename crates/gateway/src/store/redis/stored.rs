@@ -331,7 +331,7 @@ impl Ops {
             Cow::Borrowed(s.map_or(&b""[..], |s| s.as_bytes()))
         }
         fn number(n: impl itoa::Integer) -> Cow<'static, [u8]> {
-            Cow::Owned(itoa::Buffer::new().format(n).as_bytes().to_vec())
+            Cow::Owned(super::decimal(n).into_bytes())
         }
         let mut flags = String::new();
         if self.touch {
