@@ -302,7 +302,7 @@ enum RetiredKind {
 
 /// A bounded memory of ids that were finished, oldest forgotten first. Serialized as
 /// its cap and the ids with their kind, oldest first.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(try_from = "RetiredData")]
 struct Retired {
     order: VecDeque<RequestId>,
