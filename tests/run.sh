@@ -9,6 +9,8 @@
 # installs the pinned suite and a Node 22 into .cache/conformance; same closing line),
 # then authorization end to end (tests/auth/run.py: oidc-provider, the modern server as
 # OAuth resource server behind the gateway, both SDKs as hosts; same closing line).
+# Right after the cargo tests, the chaos soak, 40 s per session store (tests/soak.sh: in
+# memory, then on a throw-away Redis).
 # Between the interop suite and conformance, the adapter test kit's third-party
 # scoreboard (tests/kit/run.sh: `dualera vectors run` against the pinned mcp-remote;
 # its failures are the score).
@@ -21,6 +23,7 @@ bash tests/services/debian.sh
 # pinned TypeScript SDK (tests/legacy_upstream.rs, tests/reverse_*.rs).
 python3 tests/interop/run.py --prepare-legacy-peers
 cargo test --workspace --locked --all-features "$@"
+bash tests/soak.sh
 python3 tests/interop/run.py
 bash tests/kit/run.sh
 bash tests/conformance/run.sh
