@@ -281,3 +281,77 @@ async fn modern_client_completes_mrtr_round_through_gateway() {
     assert_eq!(second["result"]["structuredContent"]["deleted"], a);
     assert_eq!(count_notes(&d.server.url, &d.ws, "Gone").await, 1);
 }
+
+/// A modern request whose body does not come with its head is relayed whole: its
+/// first part, already taken on the handler's first poll, then the rest as it
+/// arrives, with a declared length and chunked; the answer is the server's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_arriving_in_parts_is_relayed_whole() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let d = Direct::new();
+    let body = modern_request(
+        json!(7),
+        "tools/call",
+        json!({"name": "notes_list", "arguments": {"workspaceUri": d.ws.notes_uri}}),
+        json!({}),
+    );
+    let mut extra = String::new();
+    for (k, v) in headers_of(&body) {
+        extra.push_str(&format!("{k}: {v}\r\n"));
+    }
+    let body = serde_json::to_vec(&body).unwrap();
+    let (one, two) = body.split_at(body.len() / 2);
+    let u: http::Uri = d.gateway.url.parse().unwrap();
+    let authority = u.authority().unwrap().to_string();
+    for chunked in [false, true] {
+        let mut s = tokio::net::TcpStream::connect(&authority)
+            .await
+            .expect("connect");
+        let framing = if chunked {
+            "Transfer-Encoding: chunked\r\n".to_owned()
+        } else {
+            format!("Content-Length: {}\r\n", body.len())
+        };
+        let head = format!(
+            "POST {} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nConnection: close\r\n{extra}{framing}\r\n",
+            u.path()
+        );
+        let part = |p: &[u8]| {
+            if chunked {
+                let mut c = format!("{:x}\r\n", p.len()).into_bytes();
+                c.extend_from_slice(p);
+                c.extend_from_slice(b"\r\n");
+                c
+            } else {
+                p.to_vec()
+            }
+        };
+        let mut first = head.into_bytes();
+        first.extend(part(one));
+        s.write_all(&first).await.expect("head and first part");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let mut rest = part(two);
+        if chunked {
+            rest.extend_from_slice(b"0\r\n\r\n");
+        }
+        s.write_all(&rest).await.expect("second part");
+        let mut answer = Vec::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            s.read_to_end(&mut answer),
+        )
+        .await
+        .expect("answered in time")
+        .expect("read the answer");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "chunked {chunked}: {answer}"
+        );
+        assert!(
+            answer.contains(r#""resultType":"complete""#) && answer.contains(r#""id":7"#),
+            "chunked {chunked}: {answer}"
+        );
+    }
+}

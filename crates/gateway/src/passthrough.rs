@@ -1,5 +1,6 @@
 //! Modern pass-through: a 2026-07-28 request is proxied without its body being parsed
-//! or buffered. Headers are kept except hop-by-hop ones, the upstream status is kept,
+//! or waited for (a body that came with its head is sent as it is, one still arriving
+//! streams). Headers are kept except hop-by-hop ones, the upstream status is kept,
 //! SSE flows frame by frame, and a client that goes away drops the upstream request.
 
 use super::forwarded::Forwarded;
@@ -250,6 +251,51 @@ fn bad_gateway(body: Bytes) -> Response<GatewayBody> {
     r
 }
 
+/// The body a relay sends upstream: taken whole when it came with its head (nearly
+/// every request: its one frame is ready on the handler's first poll), else streamed
+/// as it arrives (what was already taken first); within `limit` either way (413
+/// beyond it; 400 when the connection failed while it was read), never parsed.
+///
+/// Taking it on that first poll is what lets the listener's body clock find it
+/// finished and never arm its deadline timer (`dualera_common::inbound::BodyClock`).
+/// Streamed, the body was first polled by the upstream connection's task, after the
+/// clock had armed a timer; a timer due before the runtime's next wake-up costs a
+/// write to wake its I/O driver, and that thread a wake-up, on every request.
+fn relay_body(mut body: RequestBody, limit: usize) -> Result<GatewayBody, StatusCode> {
+    use futures_util::{FutureExt, StreamExt};
+    use http_body_util::{BodyStream, StreamBody};
+    use hyper::body::Body as _;
+    let first = match body.frame().now_or_never() {
+        // Still arriving: polled again, with a real waker, by whoever sends it.
+        None => return Ok(limited(body, limit)),
+        Some(None) => return Ok(crate::body::empty()),
+        Some(Some(Err(_))) => return Err(StatusCode::BAD_REQUEST),
+        Some(Some(Ok(frame))) => frame,
+    };
+    let first = match first.into_data() {
+        Ok(data) if data.len() > limit => return Err(StatusCode::PAYLOAD_TOO_LARGE),
+        Ok(data) if body.is_end_stream() => return Ok(full(data)),
+        Ok(data) => hyper::body::Frame::data(data),
+        Err(frame) => frame,
+    };
+    let rest = futures_util::stream::once(std::future::ready(Ok::<_, crate::inbound::BodyError>(
+        first,
+    )))
+    .chain(BodyStream::new(body));
+    Ok(limited(StreamBody::new(rest), limit))
+}
+
+/// `body` as sent upstream: cut off with an error past `limit` bytes.
+fn limited<B>(body: B, limit: usize) -> GatewayBody
+where
+    B: hyper::body::Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    Limited::new(body, limit)
+        .map_err(|e| -> BoxError { e })
+        .boxed()
+}
+
 /// A relayed request's head with the forwarded headers applied, and its body; `None`
 /// when its declared length is over `limit` (413 before a byte is read).
 fn admit(
@@ -297,9 +343,10 @@ async fn forward_http(
         .await;
     }
     let tool_call = cache::passthrough::ToolCall::watch(&gateway.cache, &parts.headers);
-    let body: GatewayBody = Limited::new(body, limit)
-        .map_err(|e| -> BoxError { e })
-        .boxed();
+    let body = match relay_body(body, limit) {
+        Ok(body) => body,
+        Err(status) => return status_only(status),
+    };
     match send(gateway, parts, body).await {
         Ok(resp) => match tool_call {
             Some(call) => call.observe(&gateway.cache, downstream(resp)),
@@ -335,9 +382,10 @@ pub(super) async fn forward_legacy(
             span.record("session", tag.as_str());
         }
     }
-    let body: GatewayBody = Limited::new(body, limit)
-        .map_err(|e| -> BoxError { e })
-        .boxed();
+    let body = match relay_body(body, limit) {
+        Ok(body) => body,
+        Err(status) => return status_only(status),
+    };
     // A 4xx to an `initialize` (no session yet; 401/403 are challenges) means the
     // upstream may no longer be the legacy server it was remembered as: a modern one
     // answers `initialize` with an error (`basic/versioning.mdx`, "Compatibility
