@@ -365,6 +365,13 @@ pub(crate) struct RedisSessions {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Where other replicas reach this one ([`Self::advertise`]).
     advertise_url: Option<String>,
+    /// Names this replica's connections ([`Self::token`]).
+    tokens: Tokens,
+    /// Ticks every [`HOLD_TICK`] (a task of [`Self::start`]): every relay of this
+    /// replica renews its hold and sends its keep-alive on it. One timer for all of
+    /// them, where a timer per relay made each new stream move the runtime's next
+    /// wake-up earlier (a write to wake its I/O driver, once per replicated flow).
+    hold_tick: tokio::sync::watch::Sender<()>,
 }
 
 impl std::fmt::Debug for RedisSessions {
@@ -416,6 +423,8 @@ impl RedisSessions {
             discovers: Mutex::new(Vec::new()),
             tasks: Mutex::new(Vec::new()),
             advertise_url: store.advertise_url.clone(),
+            tokens: Tokens::new(&store.replica_id),
+            hold_tick: tokio::sync::watch::Sender::new(()),
         }))
     }
 
@@ -424,9 +433,9 @@ impl RedisSessions {
         &self.replica
     }
 
-    /// A new connection token of this replica (see [`connection_token`]).
+    /// A new connection token of this replica (see [`Tokens`]).
     fn token(&self) -> String {
-        connection_token(&self.replica)
+        self.tokens.next()
     }
 
     /// Whether the store answered the last command.
@@ -455,8 +464,18 @@ impl RedisSessions {
         let subs = tokio::spawn(self.wakes.clone().run(self.redis.clone()));
         // The sweeper's tick also keeps readiness current while no traffic flows.
         let sweeper = tokio::spawn(exchange::sweep(self.clone(), gw.clone()));
+        let me = self.clone();
+        let holds = tokio::spawn(async move {
+            let mut every = tokio::time::interval(HOLD_TICK);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            every.tick().await;
+            loop {
+                every.tick().await;
+                me.hold_tick.send_replace(());
+            }
+        });
         if let Ok(mut t) = self.tasks.lock() {
-            t.extend([cancels, subs, sweeper]);
+            t.extend([cancels, subs, sweeper, holds]);
         }
         info!(replica = %self.replica, "shared session store in use");
     }
@@ -1782,12 +1801,37 @@ fn hold_ms() -> u64 {
     u64::try_from(HOLD.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// A token naming one connection of `replica`: `REPLICA.RANDOM` (the step script
-/// reads whom to wake from the part before the last dot).
-fn connection_token(replica: &str) -> String {
-    let mut bytes = [0u8; 12];
-    let _ = getrandom::fill(&mut bytes);
-    keys::name(&[replica, ".", &hex(&bytes)])
+/// Tokens naming this replica's connections: `REPLICA.RANDOM` then a count, in hex
+/// (the step script reads whom to wake from the part before the last dot). Only
+/// unique, never secret (a token stays inside Redis and this replica): the random part
+/// is drawn once, so that a restarted replica of the same name does not repeat the
+/// tokens of its previous life, and a connection costs a counter increment rather than
+/// a `getrandom` call (two per replicated flow before).
+struct Tokens {
+    prefix: String,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Tokens {
+    fn new(replica: &str) -> Self {
+        let mut bytes = [0u8; 8];
+        if getrandom::fill(&mut bytes).is_err() {
+            // No randomness: the start time still tells this life from the previous.
+            let nanos = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            bytes = (nanos as u64 ^ u64::from(std::process::id()).rotate_left(32)).to_be_bytes();
+        }
+        Self {
+            prefix: keys::name(&[replica, ".", &hex(&bytes)]),
+            next: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> String {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        keys::name(&[&self.prefix, &hex(&n.to_be_bytes())])
+    }
 }
 
 fn auth_text(auth: Option<&HeaderValue>) -> Option<String> {

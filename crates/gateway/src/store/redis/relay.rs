@@ -12,7 +12,7 @@
 
 use super::backlog::{self, Progress};
 use super::wake::{self, Inbox, Waiter, Wake};
-use super::{hold_ms, Ctx, DeciderGuard, RedisSessions, StepError, HOLD_TICK};
+use super::{hold_ms, Ctx, DeciderGuard, RedisSessions, StepError};
 use crate::body::{ChannelBody, GatewayBody, MeteredSender, SendError};
 use crate::digest::log_tag;
 use crate::legacy_http::STREAM_QUEUE;
@@ -321,8 +321,9 @@ impl RedisSessions {
         let session = self.keys.session(sid);
         let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
         let mut next_keepalive = tokio::time::Instant::now() + self.keepalive;
-        let mut tick = tokio::time::interval(HOLD_TICK);
-        tick.tick().await;
+        // This replica's hold tick (shared by its relays): the first renewal comes
+        // within a tick, well inside the hold.
+        let mut tick = self.hold_tick.subscribe();
         loop {
             let handed = inbox.notify.notified();
             let mut handed = std::pin::pin!(handed);
@@ -416,7 +417,11 @@ impl RedisSessions {
                         read = true;
                     }
                     () = &mut handed => {}
-                    _ = tick.tick() => {
+                    ticked = tick.changed() => {
+                        if ticked.is_err() {
+                            // The store stopped (its tasks with it).
+                            return false;
+                        }
                         if tokio::time::Instant::now() >= next_keepalive {
                             next_keepalive = tokio::time::Instant::now() + self.keepalive;
                             match tx.try_send(sse::keepalive()) {
