@@ -419,7 +419,7 @@ impl RedisSessions {
                     () = &mut handed => {}
                     ticked = tick.changed() => {
                         if ticked.is_err() {
-                            // The store stopped (its tasks with it).
+                            // The store itself is gone.
                             return false;
                         }
                         if tokio::time::Instant::now() >= next_keepalive {
