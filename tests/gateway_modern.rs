@@ -284,10 +284,13 @@ async fn modern_client_completes_mrtr_round_through_gateway() {
 
 /// A modern request whose body does not come with its head is relayed whole: its
 /// first part, already taken on the handler's first poll, then the rest as it
-/// arrives, with a declared length and chunked; the answer is the server's.
+/// arrives, with a declared length and chunked; the answer is the server's. Over
+/// HTTP/1.1 on a raw connection (TLS in the TLS run), so the parts are the test's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_arriving_in_parts_is_relayed_whole() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+    impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
     let d = Direct::new();
     let body = modern_request(
         json!(7),
@@ -304,9 +307,19 @@ async fn a_body_arriving_in_parts_is_relayed_whole() {
     let u: http::Uri = d.gateway.url.parse().unwrap();
     let authority = u.authority().unwrap().to_string();
     for chunked in [false, true] {
-        let mut s = tokio::net::TcpStream::connect(&authority)
+        let tcp = tokio::net::TcpStream::connect(&authority)
             .await
             .expect("connect");
+        let mut s: Box<dyn Io> = if tls() {
+            let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+            let tls = tokio_rustls::TlsConnector::from(pki().client.clone())
+                .connect(name, tcp)
+                .await
+                .expect("TLS handshake");
+            Box::new(tls)
+        } else {
+            Box::new(tcp)
+        };
         let framing = if chunked {
             "Transfer-Encoding: chunked\r\n".to_owned()
         } else {
