@@ -29,6 +29,18 @@ pub fn empty() -> GatewayBody {
     Empty::new().map_err(|never| match never {}).boxed()
 }
 
+/// `body` as one of ours, cut off with an error past `max` bytes: a relayed body
+/// (a request sent upstream, an answer passed back) is never read whole first.
+pub fn limited<B>(body: B, max: usize) -> GatewayBody
+where
+    B: Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    http_body_util::Limited::new(body, max)
+        .map_err(|e| -> BoxError { e })
+        .boxed()
+}
+
 /// A body fed by a channel: each message is one frame, sent as soon as it arrives
 /// (no buffering), ending when every sender is gone.
 #[derive(Debug)]

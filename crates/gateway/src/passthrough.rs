@@ -8,7 +8,7 @@ use super::telemetry::ConnectionTelemetry;
 use super::trace::TraceContext;
 use super::upstream::{HttpUpstream, StdioUpstream, UpstreamError};
 use super::{cache, Route};
-use crate::body::{full, BoxError, ChannelBody, GatewayBody};
+use crate::body::{full, limited, BoxError, ChannelBody, GatewayBody};
 use crate::header_names::{MCP_METHOD, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::inbound::RequestBody;
 use crate::sse;
@@ -283,17 +283,6 @@ fn relay_body(mut body: RequestBody, limit: usize) -> Result<GatewayBody, Status
     )))
     .chain(BodyStream::new(body));
     Ok(limited(StreamBody::new(rest), limit))
-}
-
-/// `body` as sent upstream: cut off with an error past `limit` bytes.
-fn limited<B>(body: B, limit: usize) -> GatewayBody
-where
-    B: hyper::body::Body<Data = Bytes> + Send + Sync + 'static,
-    B::Error: Into<BoxError>,
-{
-    Limited::new(body, limit)
-        .map_err(|e| -> BoxError { e })
-        .boxed()
 }
 
 /// A relayed request's head with the forwarded headers applied, and its body; `None`

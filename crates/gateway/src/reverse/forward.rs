@@ -12,10 +12,10 @@
 
 use crate::passthrough::strip_hop_by_hop;
 use crate::store::redis::RedisSessions;
-use dualera_common::body::{BoxError, GatewayBody};
+use dualera_common::body::{limited, GatewayBody};
 use http::header::{self, HeaderValue};
 use http::{Request, Response, Uri};
-use http_body_util::{BodyExt as _, Full, Limited};
+use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -108,9 +108,6 @@ impl Forwarder {
             .map_err(|e| ForwardError::Unreachable(e.to_string()))?;
         let (mut head, body) = response.into_parts();
         strip_hop_by_hop(&mut head.headers);
-        let body: GatewayBody = Limited::new(body, max_bytes)
-            .map_err(|e| -> BoxError { e })
-            .boxed();
-        Ok(Response::from_parts(head, body))
+        Ok(Response::from_parts(head, limited(body, max_bytes)))
     }
 }
