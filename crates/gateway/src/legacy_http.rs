@@ -7,8 +7,9 @@
 //! (`store::redis`) — is the store's business; what their machines' events mean is the
 //! driver's (`driver`).
 
+use super::driver::HeadWatch;
 use super::forwarded::Forwarded;
-use super::store::{Lookup, SessionStore, StoreError};
+use super::store::{Feeding, Lookup, SessionStore, StepError, Stepped, StoreError};
 use super::trace::TraceContext;
 use super::{text, GatewayConfig, Route};
 use crate::body::{empty, full, GatewayBody};
@@ -24,7 +25,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::warn;
+use tracing::{debug, warn};
 
 /// Messages queued towards one live SSE connection before it counts as stalled.
 pub(super) const STREAM_QUEUE: usize = 256;
@@ -165,7 +166,7 @@ async fn front<S: SessionStore>(
             ),
         },
         Method::DELETE => match existing {
-            Some(h) => store.delete(gw, &h).await,
+            Some(h) => delete(gw, store, &h, auth.as_ref()).await,
             None => rpc_error(
                 StatusCode::BAD_REQUEST,
                 None,
@@ -304,8 +305,85 @@ async fn post<S: SessionStore>(
     };
     match parsed {
         Parsed::Single(Message::Request(r)) => store.request(gw, &handle, r, cx).await,
-        Parsed::Single(other) => store.message(gw, &handle, other, cx.auth).await,
+        Parsed::Single(other) => message(gw, store, &handle, other, cx.auth).await,
         Parsed::Batch(items) => store.batch(gw, &handle, items, cx).await,
+    }
+}
+
+/// A notification or a reply to a live request: `202`, or `400` when refused.
+async fn message<S: SessionStore>(
+    gw: &Arc<Route>,
+    store: &S,
+    session: &S::Session,
+    message: Message,
+    auth: Option<HeaderValue>,
+) -> Response<GatewayBody> {
+    let head = Arc::new(HeadWatch::default());
+    let kind = match &message {
+        Message::Response(_) => "reply",
+        _ => "notification",
+    };
+    let feeding = Feeding {
+        auth: auth.as_ref(),
+        head: Some(&head),
+    };
+    // Cloned per attempt: a shared store feeds again after a conflicting writer.
+    let Stepped { fed, mut exchange } = store
+        .step(gw, session, feeding, |machine, now| {
+            machine.handle_peer_message(message.clone(), now)
+        })
+        .await;
+    store.served(session, kind);
+    match fed {
+        Ok(()) => {
+            // An answer that completes a round starts the upstream retry on behalf
+            // of this POST: a 401/403 for it answers this POST, and the round waits
+            // for the answer again.
+            if exchange.0.is_some() {
+                exchange.wait_head(&head).await;
+            } else if Arc::strong_count(&head) > 1 {
+                head.settle(HEAD_WAIT).await;
+            }
+            drop(exchange);
+            match head.finish() {
+                Some(denial) => denial.response(),
+                None => accepted(),
+            }
+        }
+        // A reply to a live request the gateway gave up on: accepted, dropped.
+        Err(StepError::Refused(e)) if e.is_dropped() => {
+            debug!(session = %store.tag(session), error = %e, "late or duplicate reply dropped");
+            accepted()
+        }
+        Err(StepError::Refused(e)) => {
+            warn!(session = %store.tag(session), error = %e, "peer message refused");
+            refusal(None, &e)
+        }
+        Err(StepError::NotFound { anonymous }) => {
+            session_missing(gw, auth.as_ref(), anonymous).await
+        }
+        Err(StepError::Store(e)) => store_unavailable(None, &e),
+        Err(StepError::Broken) => internal(),
+    }
+}
+
+/// `DELETE`: the session ends; `200`.
+async fn delete<S: SessionStore>(
+    gw: &Arc<Route>,
+    store: &S,
+    session: &S::Session,
+    auth: Option<&HeaderValue>,
+) -> Response<GatewayBody> {
+    match store.end(gw, session).await {
+        Ok(()) => {
+            store.served(session, "delete");
+            let mut r = Response::new(empty());
+            *r.status_mut() = StatusCode::OK;
+            r
+        }
+        Err(StepError::NotFound { anonymous }) => session_missing(gw, auth, anonymous).await,
+        Err(StepError::Store(e)) => store_unavailable(None, &e),
+        Err(StepError::Broken | StepError::Refused(())) => internal(),
     }
 }
 

@@ -11,7 +11,7 @@
 //! handler stops waiting; every other exchange is a task from the start.
 
 use crate::auth::BindingKey;
-use crate::body::{empty, full, ChannelBody, GatewayBody, MeteredSender, SendError};
+use crate::body::{full, ChannelBody, GatewayBody, MeteredSender, SendError};
 use crate::driver::{self, Ended, HeadWatch, Out};
 use crate::forwarded::Forwarded;
 use crate::legacy_http::{
@@ -20,7 +20,9 @@ use crate::legacy_http::{
     HEAD_WAIT, INIT_WAIT, STREAM_QUEUE,
 };
 use crate::sse;
-use crate::store::{Lookup, SessionStore, StoreError};
+use crate::store::{
+    Detachable, Exchange, Feeding, Lookup, SessionStore, StepError, Stepped, StoreError,
+};
 use crate::telemetry::{SessionTelemetry, WIRE_HTTP};
 use crate::trace::TraceContext;
 use crate::{cache, GatewayConfig, Route};
@@ -36,9 +38,9 @@ use dualera_adapters::{
 use futures_util::future::{abortable, AbortHandle};
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
@@ -233,9 +235,6 @@ struct Shared {
     standalone_auth: Option<HeaderValue>,
 }
 
-/// One upstream exchange, abortable through its entry in `upstream_tasks`.
-type Exchange = Pin<Box<dyn Future<Output = ()> + Send>>;
-
 /// See [`Shared::inline`].
 enum InlineSlot {
     /// Nobody is waiting inline: exchanges are spawned.
@@ -257,26 +256,11 @@ impl std::fmt::Debug for InlineSlot {
     }
 }
 
-/// An exchange a POST handler drives; if the handler stops before it finishes (it got
-/// its first message, or its client went away) the rest runs as a task, so dropping
-/// the handler never cancels upstream work.
-struct Detachable(Option<Exchange>);
-
-impl Detachable {
-    /// Closes the inline slot, taking the exchange `perform` left there, if any.
-    fn take(s: &mut Shared) -> Self {
-        match std::mem::replace(&mut s.inline, InlineSlot::Closed) {
-            InlineSlot::Taken(exchange) => Self(Some(exchange)),
-            InlineSlot::Open(_) | InlineSlot::Closed => Self(None),
-        }
-    }
-}
-
-impl Drop for Detachable {
-    fn drop(&mut self) {
-        if let (Some(rest), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
-            rt.spawn(rest);
-        }
+/// Closes the inline slot, taking the exchange `perform` left there, if any.
+fn take_inline(s: &mut Shared) -> Detachable {
+    match std::mem::replace(&mut s.inline, InlineSlot::Closed) {
+        InlineSlot::Taken(exchange) => Detachable(Some(exchange)),
+        InlineSlot::Open(_) | InlineSlot::Closed => Detachable(None),
     }
 }
 
@@ -381,17 +365,6 @@ impl SessionStore for Sessions {
         request(gw, handle, r, cx.auth, cx.trace).await
     }
 
-    async fn message(
-        &self,
-        gw: &Arc<Route>,
-        handle: &Arc<SessionHandle>,
-        other: Message,
-        auth: Option<HeaderValue>,
-    ) -> Response<GatewayBody> {
-        handle.touch();
-        message(gw, handle, other, auth).await
-    }
-
     async fn batch(
         &self,
         gw: &Arc<Route>,
@@ -413,73 +386,68 @@ impl SessionStore for Sessions {
         Box::pin(get(gw, handle, headers, auth)).await
     }
 
-    async fn delete(&self, _gw: &Arc<Route>, h: &Arc<SessionHandle>) -> Response<GatewayBody> {
-        self.remove(&h.id);
-        h.close();
-        info!(session = %h.tag, "session deleted by the peer");
-        let mut r = Response::new(empty());
-        *r.status_mut() = StatusCode::OK;
-        r
-    }
-}
-
-/// A notification or a reply to a live request on an in-memory session.
-async fn message(
-    gw: &Arc<Route>,
-    handle: &Arc<SessionHandle>,
-    other: Message,
-    auth: Option<HeaderValue>,
-) -> Response<GatewayBody> {
-    let watch = Arc::new(HeadWatch::default());
-    let (result, mut inline) = {
+    async fn step<T, R, F>(
+        &self,
+        gw: &Arc<Route>,
+        handle: &Arc<SessionHandle>,
+        feeding: Feeding<'_>,
+        mut feed: F,
+    ) -> Stepped<T, R>
+    where
+        T: Send,
+        R: Send,
+        F: FnMut(&mut Session, Timestamp) -> Result<T, R> + Send,
+    {
+        handle.touch();
         let Ok(mut s) = handle.shared.lock() else {
-            return internal();
+            return Stepped {
+                fed: Err(StepError::Broken),
+                exchange: Detachable(None),
+            };
         };
-        s.inline = InlineSlot::Open(watch.clone());
-        let r = s.machine.handle_peer_message(other, now());
-        perform(gw, handle, &mut s, auth.as_ref());
-        (r, Detachable::take(&mut s))
-    };
-    // An answer that completes a round starts the upstream retry on behalf of
-    // this POST: a 401/403 for it answers this POST, and the round waits for
-    // the answer again.
-    if inline.0.is_some() {
-        wait_head(&watch, &mut inline).await;
-    }
-    drop(inline);
-    if let Some(denial) = watch.finish() {
-        return denial.response();
-    }
-    match result {
-        Ok(()) => accepted(),
-        // A reply to a live request the gateway gave up on: accepted, dropped.
-        Err(e) if e.is_dropped() => {
-            debug!(session = %handle.tag, error = %e, "late or duplicate reply dropped");
-            accepted()
+        if s.machine.state() == SessionState::Closed {
+            // Ended (DELETE, eviction) after the front found it: 404, as for any
+            // session that ended.
+            return Stepped {
+                fed: Err(StepError::NotFound {
+                    anonymous: handle.anonymous,
+                }),
+                exchange: Detachable(None),
+            };
         }
-        Err(e) => {
-            warn!(session = %handle.tag, error = %e, "peer message refused");
-            refusal(None, &e)
+        if let Some(head) = feeding.head {
+            s.inline = InlineSlot::Open(head.clone());
+        }
+        let fed = feed(&mut s.machine, now()).map_err(StepError::Refused);
+        // Performed even when refused: the machine's observation of it (an overload
+        // counts) is recorded.
+        perform(gw, handle, &mut s, feeding.auth);
+        Stepped {
+            fed,
+            exchange: take_inline(&mut s),
         }
     }
-}
 
-/// Drives `inline` until the upstream accepted or refused it (or [`HEAD_WAIT`]).
-async fn wait_head(watch: &HeadWatch, inline: &mut Detachable) {
-    let sleep = tokio::time::sleep(HEAD_WAIT);
-    tokio::pin!(sleep);
-    std::future::poll_fn(|cx| {
-        if let Some(exchange) = inline.0.as_mut() {
-            if exchange.as_mut().poll(cx).is_ready() {
-                inline.0 = None;
-            }
+    async fn end(&self, _gw: &Arc<Route>, h: &Arc<SessionHandle>) -> Result<(), StepError<()>> {
+        // Another DELETE (or eviction) ended it since the front found it.
+        if self.remove(&h.id).is_none() {
+            return Err(StepError::NotFound {
+                anonymous: h.anonymous,
+            });
         }
-        if inline.0.is_none() || watch.settled() {
-            return Poll::Ready(());
+        h.close();
+        Ok(())
+    }
+
+    fn tag<'a>(&self, h: &'a Arc<SessionHandle>) -> Cow<'a, str> {
+        Cow::Borrowed(&h.tag)
+    }
+
+    fn served(&self, h: &Arc<SessionHandle>, what: &'static str) {
+        if what == "delete" {
+            info!(session = %h.tag, "session deleted by the peer");
         }
-        sleep.as_mut().poll(cx)
-    })
-    .await;
+    }
 }
 
 async fn initialize(
@@ -560,7 +528,7 @@ async fn initialize(
         }
         s.inline = InlineSlot::Open(watch.clone());
         perform(gw, &handle, &mut s, auth.as_ref());
-        Detachable::take(&mut s)
+        take_inline(&mut s)
     };
     let outcome = wait_pending(&handle, &stream, INIT_WAIT, &mut inline, &watch).await;
     drop(inline);
@@ -771,7 +739,7 @@ fn feed_request(
     }
     s.inline = InlineSlot::Open(watch.clone());
     perform(gw, handle, &mut s, auth.as_ref());
-    Ok(Detachable::take(&mut s))
+    Ok(take_inline(&mut s))
 }
 
 fn batch(
@@ -871,14 +839,14 @@ async fn get(
             return internal();
         };
         let r = open_get(gw, handle, &mut s, headers, auth, &watch);
-        (r, Detachable::take(&mut s))
+        (r, take_inline(&mut s))
     };
     // Opening the stream may start `subscriptions/listen` with this GET's token: its
     // 401/403 answers the GET, and the stream is closed again. Without one, the
     // upstream is asked about the token all the same (a bound session only).
     let mut denied = None;
     if inline.0.is_some() {
-        wait_head(&watch, &mut inline).await;
+        inline.wait_head(&watch).await;
     } else if probe_auth.is_some() && !handle.anonymous {
         denied = crate::auth::upstream_denial(gw, probe_auth.as_ref())
             .await

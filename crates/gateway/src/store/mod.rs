@@ -36,15 +36,18 @@ pub(super) mod redis;
 #[path = "no_redis.rs"]
 pub(super) mod redis;
 
-use super::legacy_http::PostContext;
+use super::driver::HeadWatch;
+use super::legacy_http::{PostContext, HEAD_WAIT};
 use crate::body::GatewayBody;
 use crate::Route;
 use dualera_adapters::jsonrpc::EnvelopeError;
-use dualera_adapters::{Message, Request};
+use dualera_adapters::{Message, Request, Session, Timestamp};
 use http::header::HeaderValue;
 use http::{HeaderMap, Response};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 /// Which store holds legacy Streamable HTTP sessions (`[gateway] session_store`).
@@ -193,12 +196,132 @@ pub(super) enum Lookup<H> {
     },
 }
 
-/// One legacy HTTP operation's inputs, as the front (`legacy_http::handle`) hands them
-/// to a store once the headers, body and envelope were checked. A POST's
-/// [`PostContext`] carries its `Authorization`, forwarded headers and trace context.
+/// One upstream exchange, driven by whoever holds it.
+pub(super) type Exchange = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The first upstream exchange a step started, left for the host request's handler to
+/// drive itself (no hand-off to a task and back on the common path). Dropped before it
+/// finishes — the handler got its answer, or its client went away — the rest runs as
+/// a task: a host request that stops waiting never cancels upstream work (2025-11-25:
+/// a disconnection is not a cancellation).
+pub(super) struct Detachable(pub(super) Option<Exchange>);
+
+impl Detachable {
+    /// Drives the exchange until the upstream accepted or refused it (`head`), it
+    /// ended, or [`HEAD_WAIT`] passed. The exchange itself settles `head`, from inside
+    /// its own poll, so nothing else needs to wake this wait.
+    pub(super) async fn wait_head(&mut self, head: &HeadWatch) {
+        if self.0.is_none() {
+            return;
+        }
+        let sleep = tokio::time::sleep(HEAD_WAIT);
+        tokio::pin!(sleep);
+        std::future::poll_fn(|cx| {
+            if let Some(exchange) = self.0.as_mut() {
+                if exchange.as_mut().poll(cx).is_ready() {
+                    self.0 = None;
+                }
+            }
+            if self.0.is_none() || head.settled() {
+                return Poll::Ready(());
+            }
+            sleep.as_mut().poll(cx)
+        })
+        .await;
+    }
+}
+
+impl Drop for Detachable {
+    fn drop(&mut self) {
+        if let (Some(rest), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(rest);
+        }
+    }
+}
+
+/// Why a step stored nothing.
+#[derive(Debug)]
+pub(super) enum StepError<R> {
+    /// No such session for this caller (or it ended); `anonymous` when one of that
+    /// id exists and was opened without credentials.
+    NotFound { anonymous: bool },
+    /// The store failed.
+    Store(StoreError),
+    /// The session's state is unusable (a panic while it was held): `500`.
+    Broken,
+    /// The input was refused; nothing changed but what the machine observed.
+    Refused(R),
+}
+
+impl<R> From<StoreError> for StepError<R> {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+/// Who feeds a step: the host request in hand, if one is.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Feeding<'a> {
+    /// Its `Authorization`: the upstream calls the step starts carry it.
+    pub(super) auth: Option<&'a HeaderValue>,
+    /// Told whether the upstream accepted the first exchange the step starts, which
+    /// the step then leaves to the caller ([`Stepped::exchange`]).
+    pub(super) head: Option<&'a Arc<HeadWatch>>,
+}
+
+/// What a step did: `feed`'s value (or why nothing was stored), and the first exchange
+/// it started when the caller passed a head watch.
+pub(super) struct Stepped<T, R> {
+    pub(super) fed: Result<T, StepError<R>>,
+    pub(super) exchange: Detachable,
+}
+
+/// Where the sessions of the Streamable HTTP front live. The front
+/// (`legacy_http`) writes each operation once over the narrow part — [`find`],
+/// [`step`], [`end`] — and hands the operations whose answer is a stream (a
+/// request's POST, a batch, a GET) to the store whole, with their inputs checked: a
+/// POST's [`PostContext`] carries its `Authorization`, forwarded headers and trace
+/// context.
+///
+/// [`find`]: SessionStore::find
+/// [`step`]: SessionStore::step
+/// [`end`]: SessionStore::end
 pub(super) trait SessionStore: Send + Sync {
     /// A session found for a caller (what the operations below act on).
     type Session: Send + Sync;
+
+    /// One step of the session's machine: load its state, `feed` it one input, plan,
+    /// store what changed (compare-and-set on the version, with the messages appended
+    /// to their streams, where the state is shared), then perform the rest (upstream
+    /// exchanges started, cancelled; leases; timers). `feed` may run more than once
+    /// (a conflicting writer); an `Err` from it stores nothing but the machine's
+    /// observations.
+    fn step<T, R, F>(
+        &self,
+        gw: &Arc<Route>,
+        session: &Self::Session,
+        feeding: Feeding<'_>,
+        feed: F,
+    ) -> impl Future<Output = Stepped<T, R>> + Send
+    where
+        T: Send,
+        R: Send,
+        F: FnMut(&mut Session, Timestamp) -> Result<T, R> + Send;
+
+    /// The session ends (`DELETE`): its machine closes, its streams end, its upstream
+    /// work is cancelled.
+    fn end(
+        &self,
+        gw: &Arc<Route>,
+        session: &Self::Session,
+    ) -> impl Future<Output = Result<(), StepError<()>>> + Send;
+
+    /// What logs name the session by ([`crate::digest::log_tag`], never the id).
+    fn tag<'a>(&self, session: &'a Self::Session) -> std::borrow::Cow<'a, str>;
+
+    /// One line at `info` per operation served, where the store logs them (the shared
+    /// store: which replica served which session's request).
+    fn served(&self, session: &Self::Session, what: &'static str);
 
     /// The session `id`, if it exists and is bound to `authorization`'s caller.
     /// `NotFound` becomes 404. A store that checks existence inside each operation
@@ -227,15 +350,6 @@ pub(super) trait SessionStore: Send + Sync {
         cx: PostContext,
     ) -> impl Future<Output = Response<GatewayBody>> + Send;
 
-    /// A notification or a reply to a live request: 202, or 400 when refused.
-    fn message(
-        &self,
-        gw: &Arc<Route>,
-        session: &Self::Session,
-        message: Message,
-        authorization: Option<HeaderValue>,
-    ) -> impl Future<Output = Response<GatewayBody>> + Send;
-
     /// A JSON-RPC batch (2025-03-26).
     fn batch(
         &self,
@@ -252,13 +366,6 @@ pub(super) trait SessionStore: Send + Sync {
         session: &Self::Session,
         headers: &HeaderMap,
         authorization: Option<HeaderValue>,
-    ) -> impl Future<Output = Response<GatewayBody>> + Send;
-
-    /// `DELETE`: the session ends.
-    fn delete(
-        &self,
-        gw: &Arc<Route>,
-        session: &Self::Session,
     ) -> impl Future<Output = Response<GatewayBody>> + Send;
 }
 

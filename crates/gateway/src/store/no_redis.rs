@@ -3,12 +3,12 @@
 //! ([`client::check_url`]), so no value of these types ever exists; they only keep
 //! the store's callers the same in both builds.
 
-use super::{Lookup, RedisStoreConfig, SessionStore, StoreError};
+use super::{Feeding, Lookup, RedisStoreConfig, SessionStore, StepError, Stepped, StoreError};
 use crate::body::GatewayBody;
 use crate::legacy_http::PostContext;
 use crate::{GatewayConfig, Route};
 use dualera_adapters::jsonrpc::EnvelopeError;
-use dualera_adapters::{Message, Request};
+use dualera_adapters::{Message, Request, Session, Timestamp};
 use dualera_common::parts::NotBuilt;
 use http::header::HeaderValue;
 use http::{HeaderMap, Response};
@@ -102,16 +102,6 @@ impl SessionStore for Arc<RedisSessions> {
         match *session {}
     }
 
-    async fn message(
-        &self,
-        _gw: &Arc<Route>,
-        session: &RedisSession,
-        _message: Message,
-        _authorization: Option<HeaderValue>,
-    ) -> Response<GatewayBody> {
-        match *session {}
-    }
-
     async fn batch(
         &self,
         _gw: &Arc<Route>,
@@ -132,7 +122,30 @@ impl SessionStore for Arc<RedisSessions> {
         match *session {}
     }
 
-    async fn delete(&self, _gw: &Arc<Route>, session: &RedisSession) -> Response<GatewayBody> {
+    async fn step<T, R, F>(
+        &self,
+        _gw: &Arc<Route>,
+        session: &RedisSession,
+        _feeding: Feeding<'_>,
+        _feed: F,
+    ) -> Stepped<T, R>
+    where
+        T: Send,
+        R: Send,
+        F: FnMut(&mut Session, Timestamp) -> Result<T, R> + Send,
+    {
+        match *session {}
+    }
+
+    async fn end(&self, _gw: &Arc<Route>, session: &RedisSession) -> Result<(), StepError<()>> {
+        match *session {}
+    }
+
+    fn tag<'a>(&self, session: &'a RedisSession) -> std::borrow::Cow<'a, str> {
+        match *session {}
+    }
+
+    fn served(&self, session: &RedisSession, _what: &'static str) {
         match *session {}
     }
 }

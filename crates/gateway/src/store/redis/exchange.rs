@@ -17,10 +17,11 @@
 use super::backlog::{self, Progress, Room};
 use super::client::SweepTick;
 use super::stored::{LeaseRecord, Record};
-use super::{wall_ms, Appended, Ctx, RedisSessions, Running, StepError};
+use super::{wall_ms, Appended, Ctx, RedisSessions, Running};
 use crate::digest::log_tag;
 use crate::driver::{self, Ended};
 use crate::forwarded::Forwarded;
+use crate::store::StepError;
 use crate::Route;
 use dualera_adapters::session::Denied;
 use dualera_adapters::{Message, PeerStream, RequestId, UpstreamRole};
@@ -298,6 +299,7 @@ impl RedisSessions {
             Ok(()) => {}
             Err(StepError::Refused(e)) => debug!(error = %e, "upstream message refused"),
             Err(StepError::NotFound { .. }) => debug!("session gone; upstream message dropped"),
+            Err(StepError::Broken) => {}
             Err(StepError::Store(e)) => {
                 // The lease survives: past its deadline a replica redoes the exchange.
                 warn!(error = %e, "upstream message not stored; the lease will redo it");
@@ -384,7 +386,7 @@ impl RedisSessions {
                 let _ = self.redis.delete(&[], &self.keys.timers(), &[sid]).await;
             }
             Err(StepError::Store(e)) => debug!(error = %e, "timer not fired"),
-            Err(StepError::Refused(())) => {}
+            Err(StepError::Refused(()) | StepError::Broken) => {}
         }
     }
 

@@ -42,7 +42,7 @@ use self::keys::{valid_session_id, Keys};
 use self::stored::{Append, LeaseRecord, NewLease, Ops, Record};
 use self::wake::{Handed, Inbox, Wake, Wakes};
 use crate::auth::BindingKey;
-use crate::body::{empty, full, GatewayBody};
+use crate::body::{full, GatewayBody};
 use crate::digest::log_tag;
 use crate::driver::{self, HeadWatch, Out};
 use crate::forwarded::Forwarded;
@@ -50,7 +50,10 @@ use crate::legacy_http::{
     self, accepted, mint_session_id, refusal, rpc_error, session_missing, store_unavailable,
     with_session_header, PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, INIT_WAIT,
 };
-use crate::store::{Lookup, RedisStoreConfig, SessionStore, StoreError};
+use crate::store::{
+    Detachable, Exchange, Feeding, Lookup, RedisStoreConfig, SessionStore, StepError, Stepped,
+    StoreError,
+};
 use crate::telemetry::WIRE_HTTP;
 use crate::{cache, GatewayConfig, Route};
 use dashmap::DashMap;
@@ -192,24 +195,6 @@ fn remember(
     }))
 }
 
-/// Why a step did not store anything.
-#[derive(Debug)]
-enum StepError<R> {
-    /// No such session for this caller (or it ended); `anonymous` when one of that
-    /// id exists and was opened without credentials.
-    NotFound { anonymous: bool },
-    /// The store failed.
-    Store(StoreError),
-    /// The input was refused; nothing changed.
-    Refused(R),
-}
-
-impl<R> From<StoreError> for StepError<R> {
-    fn from(e: StoreError) -> Self {
-        Self::Store(e)
-    }
-}
-
 /// Who fed a step.
 #[derive(Debug, Default)]
 struct Ctx {
@@ -238,9 +223,6 @@ struct Ctx {
 /// What a stored step appended to one stream: its holder key, the last sequence
 /// number, whether another replica's relay holds it.
 type Appended = (String, u64, bool);
-
-/// One upstream exchange, driven by whoever holds it.
-type Exchange = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// An upstream exchange to run once a step is stored, and what it runs under here.
 #[derive(Debug)]
@@ -1416,6 +1398,7 @@ impl RedisSessions {
                 return refusal(Some(id), &e);
             }
             Err(StepError::Refused(Some(e))) => return refusal(Some(id), &e),
+            Err(StepError::Broken) => return legacy_http::internal(),
         };
         let exchange = self.inline_exchange(gw, &s.id, &ctx);
         drop(ctx);
@@ -1432,57 +1415,6 @@ impl RedisSessions {
         match decision {
             Decision::Json(body) => json_body(body),
             _ => self.post_relay(&s.id, number, guard, waiter).await,
-        }
-    }
-
-    async fn message(
-        self: &Arc<Self>,
-        gw: &Arc<Route>,
-        s: &RedisSession,
-        message: Message,
-        auth: Option<HeaderValue>,
-    ) -> Response<GatewayBody> {
-        let head = Arc::new(HeadWatch::default());
-        let ctx = Self::ctx(s, auth.as_ref(), Some(head.clone()));
-        let kind = match &message {
-            Message::Response(_) => "reply",
-            _ => "notification",
-        };
-        let fed = self
-            .step(gw, &s.id, &ctx, |record, now| {
-                record.machine.handle_peer_message(message.clone(), now)
-            })
-            .await;
-        let exchange = self.inline_exchange(gw, &s.id, &ctx);
-        drop(ctx);
-        info!(session = %log_tag(&s.id), replica = %self.replica, method = kind, "legacy message served");
-        match fed {
-            // A reply to a live request the gateway gave up on: accepted, dropped (the
-            // step stored its observation).
-            Err(StepError::Refused(e)) if e.is_dropped() => {
-                debug!(session = %log_tag(&s.id), error = %e, "late or duplicate reply dropped");
-                accepted()
-            }
-            Ok(()) => {
-                // An answer that completes a round starts the retry on behalf of this
-                // POST (the exchange holds the head): a 401/403 for it answers this
-                // POST, and the round waits for the answer again.
-                if Arc::strong_count(&head) > 1 || exchange.is_some() {
-                    drive(head.settle(HEAD_WAIT), exchange).await;
-                }
-                match head.finish() {
-                    Some(denial) => denial.response(),
-                    None => accepted(),
-                }
-            }
-            Err(StepError::NotFound { anonymous }) => {
-                Self::missing(gw, auth.as_ref(), anonymous).await
-            }
-            Err(StepError::Store(e)) => store_unavailable(None, &e),
-            Err(StepError::Refused(e)) => {
-                warn!(session = %log_tag(&s.id), error = %e, "peer message refused");
-                refusal(None, &e)
-            }
         }
     }
 
@@ -1528,6 +1460,7 @@ impl RedisSessions {
             }
             Err(StepError::Store(e)) => return store_unavailable(None, &e),
             Err(StepError::Refused(e)) => return refusal(None, &e),
+            Err(StepError::Broken) => return legacy_http::internal(),
         };
         for e in &refused {
             warn!(session = %log_tag(&s.id), error = %e, "batch element refused");
@@ -1609,6 +1542,7 @@ impl RedisSessions {
                     }
                     StepError::Store(e) => store_unavailable(None, &e),
                     StepError::Refused(e) => refusal(None, &e),
+                    StepError::Broken => legacy_http::internal(),
                 };
             }
         };
@@ -1640,36 +1574,6 @@ impl RedisSessions {
         }
         info!(session = %log_tag(&s.id), replica = %self.replica, stream = number, "standalone stream opened");
         self.relay_with(gw, &s.id, number, seq, None, true, token, true)
-    }
-
-    async fn delete(
-        self: &Arc<Self>,
-        gw: &Arc<Route>,
-        s: &RedisSession,
-        auth: Option<&HeaderValue>,
-    ) -> Response<GatewayBody> {
-        let ctx = Ctx {
-            binding: Some(s.binding.clone()),
-            tomb: true,
-            ..Ctx::default()
-        };
-        let closed = self
-            .step(gw, &s.id, &ctx, |record, _now| {
-                record.machine.close();
-                Ok::<(), ()>(())
-            })
-            .await;
-        match closed {
-            Ok(()) => {
-                info!(session = %log_tag(&s.id), replica = %self.replica, "session deleted by the peer");
-                let mut r = Response::new(empty());
-                *r.status_mut() = StatusCode::OK;
-                r
-            }
-            Err(StepError::NotFound { anonymous }) => Self::missing(gw, auth, anonymous).await,
-            Err(StepError::Store(e)) => store_unavailable(None, &e),
-            Err(StepError::Refused(())) => legacy_http::internal(),
-        }
     }
 }
 
@@ -1889,16 +1793,6 @@ impl SessionStore for Arc<RedisSessions> {
         RedisSessions::request(self, gw, session, request, cx).await
     }
 
-    async fn message(
-        &self,
-        gw: &Arc<Route>,
-        session: &RedisSession,
-        message: Message,
-        authorization: Option<HeaderValue>,
-    ) -> Response<GatewayBody> {
-        RedisSessions::message(self, gw, session, message, authorization).await
-    }
-
     async fn batch(
         &self,
         gw: &Arc<Route>,
@@ -1919,8 +1813,52 @@ impl SessionStore for Arc<RedisSessions> {
         RedisSessions::stream(self, gw, session, headers, authorization).await
     }
 
-    async fn delete(&self, gw: &Arc<Route>, session: &RedisSession) -> Response<GatewayBody> {
-        let auth = (!session.anonymous).then(|| HeaderValue::from_static("present"));
-        RedisSessions::delete(self, gw, session, auth.as_ref()).await
+    async fn step<T, R, F>(
+        &self,
+        gw: &Arc<Route>,
+        session: &RedisSession,
+        feeding: Feeding<'_>,
+        mut feed: F,
+    ) -> Stepped<T, R>
+    where
+        T: Send,
+        R: Send,
+        F: FnMut(&mut Session, Timestamp) -> Result<T, R> + Send,
+    {
+        let ctx = RedisSessions::ctx(session, feeding.auth, feeding.head.cloned());
+        let fed = RedisSessions::step(self, gw, &session.id, &ctx, |record, now| {
+            feed(&mut record.machine, now)
+        })
+        .await;
+        let exchange = Detachable(self.inline_exchange(gw, &session.id, &ctx));
+        Stepped { fed, exchange }
+    }
+
+    async fn end(&self, gw: &Arc<Route>, session: &RedisSession) -> Result<(), StepError<()>> {
+        let ctx = Ctx {
+            binding: Some(session.binding.clone()),
+            tomb: true,
+            ..Ctx::default()
+        };
+        RedisSessions::step(self, gw, &session.id, &ctx, |record, _now| {
+            record.machine.close();
+            Ok::<(), ()>(())
+        })
+        .await
+    }
+
+    fn tag<'a>(&self, session: &'a RedisSession) -> std::borrow::Cow<'a, str> {
+        std::borrow::Cow::Owned(log_tag(&session.id))
+    }
+
+    fn served(&self, session: &RedisSession, what: &'static str) {
+        match what {
+            "delete" => {
+                info!(session = %log_tag(&session.id), replica = %self.replica, "session deleted by the peer");
+            }
+            method => {
+                info!(session = %log_tag(&session.id), replica = %self.replica, method, "legacy message served");
+            }
+        }
     }
 }

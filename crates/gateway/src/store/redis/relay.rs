@@ -12,11 +12,12 @@
 
 use super::backlog::{self, Progress};
 use super::wake::{self, Inbox, Waiter, Wake};
-use super::{hold_ms, Ctx, DeciderGuard, RedisSessions, StepError};
+use super::{hold_ms, Ctx, DeciderGuard, RedisSessions};
 use crate::body::{ChannelBody, GatewayBody, MeteredSender, SendError};
 use crate::digest::log_tag;
 use crate::legacy_http::STREAM_QUEUE;
 use crate::sse;
+use crate::store::StepError;
 use crate::Route;
 use bytes::Bytes;
 use http::Response;
