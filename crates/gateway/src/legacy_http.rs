@@ -9,7 +9,9 @@
 
 use super::driver::HeadWatch;
 use super::forwarded::Forwarded;
-use super::store::{Feeding, Lookup, SessionStore, StepError, Stepped, StoreError};
+use super::store::{
+    Feeding, Lookup, Served, SessionStore, StepError, StepState, Stepped, StoreError,
+};
 use super::trace::TraceContext;
 use super::{text, GatewayConfig, Route};
 use crate::body::{empty, full, GatewayBody};
@@ -17,15 +19,15 @@ use crate::header_names::{LAST_EVENT_ID, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::inbound::RequestBody;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
 use dualera_adapters::{
-    Config as MachineConfig, ErrorCode, ErrorObject, Message, ProtocolVersion, RequestId,
-    Response as RpcResponse,
+    Config as MachineConfig, ErrorCode, ErrorObject, Message, PeerStream, ProtocolVersion,
+    RequestId, Response as RpcResponse,
 };
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// Messages queued towards one live SSE connection before it counts as stalled.
 pub(super) const STREAM_QUEUE: usize = 256;
@@ -304,10 +306,73 @@ async fn post<S: SessionStore>(
         };
     };
     match parsed {
-        Parsed::Single(Message::Request(r)) => store.request(gw, &handle, r, cx).await,
+        Parsed::Single(Message::Request(r)) => request(gw, store, &handle, r, cx).await,
         Parsed::Single(other) => message(gw, store, &handle, other, cx.auth).await,
         Parsed::Batch(items) => store.batch(gw, &handle, items, cx).await,
     }
+}
+
+/// A request on a session: JSON when answered at once, else an SSE stream.
+async fn request<S: SessionStore>(
+    gw: &Arc<Route>,
+    store: &S,
+    session: &S::Session,
+    r: dualera_adapters::Request,
+    cx: PostContext,
+) -> Response<GatewayBody> {
+    let PostContext { auth, trace, .. } = cx;
+    let id = r.id.clone();
+    let peer = PeerStream::Request(id.clone());
+    let mut post = store.post(session, &peer);
+    let head = Arc::new(HeadWatch::default());
+    let feeding = Feeding {
+        auth: auth.as_ref(),
+        head: Some(&head),
+    };
+    store.served(session, Served::Request(&id, &r.method));
+    let Stepped { fed, mut exchange } = store
+        .step(gw, session, feeding, r, |state, r, now| {
+            if state.busy(&peer) {
+                return Err(None);
+            }
+            let number = state.open(&peer, trace.as_ref(), auth.as_ref());
+            let machine = state.machine();
+            match machine.handle_peer_message(Message::Request(r), now) {
+                Ok(()) => Ok((number, machine.has_call(&id))),
+                Err(e) => Err(Some(e)),
+            }
+        })
+        .await;
+    let (number, forwarded) = match fed {
+        Ok(fed) => fed,
+        Err(StepError::Refused(None)) => {
+            // Refused before the machine sees it (its stream must survive), in the
+            // machine's own words, as every other wire says it.
+            let e = dualera_adapters::SessionError::DuplicateRequestId { id: id.clone() };
+            return refusal(Some(id), &e);
+        }
+        Err(StepError::Refused(Some(e))) => {
+            info!(session = %store.tag(session), error = %e, "request refused");
+            return refusal(Some(id), &e);
+        }
+        Err(StepError::NotFound { anonymous }) => {
+            return session_missing(gw, auth.as_ref(), anonymous).await
+        }
+        Err(StepError::Store(e)) => return store_unavailable(Some(id), &e),
+        Err(StepError::Broken) => return internal(),
+    };
+    // A request answered without any live round gets a plain JSON response. Nothing
+    // is committed before the upstream accepted the exchange: its 401/403 must reach
+    // the host as HTTP on this POST.
+    store
+        .first_message(&mut post, &mut exchange, forwarded.then_some(&*head))
+        .await;
+    drop(exchange);
+    if let Some(denial) = head.finish() {
+        store.forget(session, post);
+        return denial.response();
+    }
+    store.respond(gw, session, post, number).await
 }
 
 /// A notification or a reply to a live request: `202`, or `400` when refused.
@@ -327,13 +392,12 @@ async fn message<S: SessionStore>(
         auth: auth.as_ref(),
         head: Some(&head),
     };
-    // Cloned per attempt: a shared store feeds again after a conflicting writer.
     let Stepped { fed, mut exchange } = store
-        .step(gw, session, feeding, |machine, now| {
-            machine.handle_peer_message(message.clone(), now)
+        .step(gw, session, feeding, message, |state, message, now| {
+            state.machine().handle_peer_message(message, now)
         })
         .await;
-    store.served(session, kind);
+    store.served(session, Served::Message(kind));
     match fed {
         Ok(()) => {
             // An answer that completes a round starts the upstream retry on behalf
@@ -376,7 +440,7 @@ async fn delete<S: SessionStore>(
 ) -> Response<GatewayBody> {
     match store.end(gw, session).await {
         Ok(()) => {
-            store.served(session, "delete");
+            store.served(session, Served::Delete);
             let mut r = Response::new(empty());
             *r.status_mut() = StatusCode::OK;
             r

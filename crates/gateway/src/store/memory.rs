@@ -21,7 +21,8 @@ use crate::legacy_http::{
 };
 use crate::sse;
 use crate::store::{
-    Detachable, Exchange, Feeding, Lookup, SessionStore, StepError, Stepped, StoreError,
+    Detachable, Exchange, Feeding, Lookup, Served, SessionStore, StepError, StepState, Stepped,
+    StoreError,
 };
 use crate::telemetry::{SessionTelemetry, WIRE_HTTP};
 use crate::trace::TraceContext;
@@ -256,6 +257,49 @@ impl std::fmt::Debug for InlineSlot {
     }
 }
 
+/// A session's state while a step holds its lock ([`SessionStore::step`]).
+pub(crate) struct StepOn<'s> {
+    handle: &'s SessionHandle,
+    s: &'s mut Shared,
+    /// The stream the step opened: forgotten again if the machine refuses the input.
+    opened: Option<PeerStream>,
+}
+
+impl StepState for StepOn<'_> {
+    fn machine(&mut self) -> &mut Session {
+        &mut self.s.machine
+    }
+
+    fn busy(&self, peer: &PeerStream) -> bool {
+        self.s.streams.get(peer).is_some_and(|st| !st.finished)
+    }
+
+    fn open(
+        &mut self,
+        peer: &PeerStream,
+        trace: Option<&Arc<TraceContext>>,
+        // Kept by `perform` for the calls this step starts (`driver::CallContext`).
+        _auth: Option<&HeaderValue>,
+    ) -> u64 {
+        open_pending(self.handle, self.s, peer.clone());
+        if let PeerStream::Request(id) = peer {
+            self.s.telemetry.request_started(id);
+        }
+        self.opened = Some(peer.clone());
+        let Some(st) = self.s.streams.get_mut(peer) else {
+            return 0;
+        };
+        st.trace = trace.cloned();
+        st.number
+    }
+}
+
+/// A request's POST waiting for its stream's first message.
+pub(crate) struct Post {
+    handle: Arc<SessionHandle>,
+    stream: PeerStream,
+}
+
 /// Closes the inline slot, taking the exchange `perform` left there, if any.
 fn take_inline(s: &mut Shared) -> Detachable {
     match std::mem::replace(&mut s.inline, InlineSlot::Closed) {
@@ -354,17 +398,6 @@ impl SessionStore for Sessions {
         .await
     }
 
-    async fn request(
-        &self,
-        gw: &Arc<Route>,
-        handle: &Arc<SessionHandle>,
-        r: dualera_adapters::Request,
-        cx: PostContext,
-    ) -> Response<GatewayBody> {
-        handle.touch();
-        request(gw, handle, r, cx.auth, cx.trace).await
-    }
-
     async fn batch(
         &self,
         gw: &Arc<Route>,
@@ -386,17 +419,22 @@ impl SessionStore for Sessions {
         Box::pin(get(gw, handle, headers, auth)).await
     }
 
-    async fn step<T, R, F>(
+    type State<'s> = StepOn<'s>;
+    type Post = Post;
+
+    async fn step<I, T, R, F>(
         &self,
         gw: &Arc<Route>,
         handle: &Arc<SessionHandle>,
         feeding: Feeding<'_>,
+        input: I,
         mut feed: F,
     ) -> Stepped<T, R>
     where
+        I: Clone + Send + Sync,
         T: Send,
         R: Send,
-        F: FnMut(&mut Session, Timestamp) -> Result<T, R> + Send,
+        F: for<'s> FnMut(&mut StepOn<'s>, I, Timestamp) -> Result<T, R> + Send,
     {
         handle.touch();
         let Ok(mut s) = handle.shared.lock() else {
@@ -418,13 +456,75 @@ impl SessionStore for Sessions {
         if let Some(head) = feeding.head {
             s.inline = InlineSlot::Open(head.clone());
         }
-        let fed = feed(&mut s.machine, now()).map_err(StepError::Refused);
+        let mut on = StepOn {
+            handle,
+            s: &mut s,
+            opened: None,
+        };
+        let fed = feed(&mut on, input, now()).map_err(StepError::Refused);
+        let opened = on.opened.take();
+        if fed.is_err() {
+            // Nothing but the observation of the refusal changes: a stream the step
+            // opened goes again.
+            if let Some(stream) = opened {
+                forget_stream(&mut s, &stream);
+            }
+        }
         // Performed even when refused: the machine's observation of it (an overload
         // counts) is recorded.
         perform(gw, handle, &mut s, feeding.auth);
         Stepped {
             fed,
             exchange: take_inline(&mut s),
+        }
+    }
+
+    fn post(&self, handle: &Arc<SessionHandle>, peer: &PeerStream) -> Post {
+        Post {
+            handle: handle.clone(),
+            stream: peer.clone(),
+        }
+    }
+
+    async fn first_message(
+        &self,
+        post: &mut Post,
+        inline: &mut Detachable,
+        head: Option<&HeadWatch>,
+    ) {
+        let (handle, stream) = (&post.handle, &post.stream);
+        let denied = || head.is_some_and(HeadWatch::denied);
+        let ready = |st: &StreamState| {
+            st.finished || st.pending.as_ref().is_none_or(|p| !p.is_empty()) || denied()
+        };
+        wait_stream(handle, stream, FIRST_MESSAGE_WAIT, inline, ready).await;
+        if let Some(head) = head {
+            if inline.0.is_some() && !head.settled() {
+                let more = HEAD_WAIT.saturating_sub(FIRST_MESSAGE_WAIT);
+                wait_stream(handle, stream, more, inline, |st| {
+                    ready(st) || head.settled()
+                })
+                .await;
+            }
+        }
+    }
+
+    async fn respond(
+        &self,
+        gw: &Arc<Route>,
+        _handle: &Arc<SessionHandle>,
+        post: Post,
+        _number: u64,
+    ) -> Response<GatewayBody> {
+        let Ok(mut s) = post.handle.shared.lock() else {
+            return internal();
+        };
+        respond_on(gw, &post.handle, &mut s, &post.stream)
+    }
+
+    fn forget(&self, _handle: &Arc<SessionHandle>, post: Post) {
+        if let Ok(mut s) = post.handle.shared.lock() {
+            forget_stream(&mut s, &post.stream);
         }
     }
 
@@ -443,9 +543,15 @@ impl SessionStore for Sessions {
         Cow::Borrowed(&h.tag)
     }
 
-    fn served(&self, h: &Arc<SessionHandle>, what: &'static str) {
-        if what == "delete" {
-            info!(session = %h.tag, "session deleted by the peer");
+    fn served(&self, h: &Arc<SessionHandle>, what: Served<'_>) {
+        match what {
+            Served::Request(id, method) => {
+                debug!(session = %h.tag, rpc.id = %id, method = %dualera_adapters::echo::echo(method), "legacy request served");
+            }
+            Served::Message(kind) => {
+                debug!(session = %h.tag, method = kind, "legacy message served")
+            }
+            Served::Delete => info!(session = %h.tag, "session deleted by the peer"),
         }
     }
 }
@@ -664,82 +770,6 @@ async fn wait_stream(
         sleep.as_mut().poll(cx)
     })
     .await;
-}
-
-async fn request(
-    gw: &Arc<Route>,
-    handle: &Arc<SessionHandle>,
-    r: dualera_adapters::Request,
-    auth: Option<HeaderValue>,
-    trace: Option<Arc<TraceContext>>,
-) -> Response<GatewayBody> {
-    let stream = PeerStream::Request(r.id.clone());
-    let watch = Arc::new(HeadWatch::default());
-    let mut inline = match feed_request(gw, handle, r, &stream, auth, trace, &watch) {
-        Ok(inline) => inline,
-        Err(refused) => return *refused,
-    };
-    // A request answered without any live round gets a plain JSON response.
-    let ready = |st: &StreamState| {
-        st.finished || st.pending.as_ref().is_none_or(|p| !p.is_empty()) || watch.denied()
-    };
-    wait_stream(handle, &stream, FIRST_MESSAGE_WAIT, &mut inline, ready).await;
-    // Nothing is committed before the upstream accepted the exchange: its 401/403
-    // must reach the host as HTTP on this POST.
-    if inline.0.is_some() && !watch.settled() {
-        let more = HEAD_WAIT.saturating_sub(FIRST_MESSAGE_WAIT);
-        wait_stream(handle, &stream, more, &mut inline, |st| {
-            ready(st) || watch.settled()
-        })
-        .await;
-    }
-    drop(inline);
-    let Ok(mut s) = handle.shared.lock() else {
-        return internal();
-    };
-    if let Some(denial) = watch.finish() {
-        forget_stream(&mut s, &stream);
-        return denial.response();
-    }
-    respond_on(gw, handle, &mut s, &stream)
-}
-
-/// Feeds a request to the machine; returns the first upstream exchange it started,
-/// for the caller to drive.
-fn feed_request(
-    gw: &Arc<Route>,
-    handle: &Arc<SessionHandle>,
-    r: dualera_adapters::Request,
-    stream: &PeerStream,
-    auth: Option<HeaderValue>,
-    trace: Option<Arc<TraceContext>>,
-    watch: &Arc<HeadWatch>,
-) -> Result<Detachable, Box<Response<GatewayBody>>> {
-    let id = r.id.clone();
-    let Ok(mut s) = handle.shared.lock() else {
-        return Err(Box::new(internal()));
-    };
-    if s.streams.get(stream).is_some_and(|st| !st.finished) {
-        // Refused before the machine sees it (its stream must survive), in the
-        // machine's own words, as every other wire says it.
-        let e = dualera_adapters::SessionError::DuplicateRequestId { id: id.clone() };
-        return Err(Box::new(refusal(Some(id), &e)));
-    }
-    open_pending(handle, &mut s, stream.clone());
-    if let Some(st) = s.streams.get_mut(stream) {
-        st.trace = trace;
-    }
-    s.telemetry.request_started(&id);
-    if let Err(e) = s.machine.handle_peer_message(Message::Request(r), now()) {
-        forget_stream(&mut s, stream);
-        // Nothing changed but the observation of the refusal (an overload counts).
-        perform(gw, handle, &mut s, None);
-        info!(session = %handle.tag, error = %e, "request refused");
-        return Err(Box::new(refusal(Some(id), &e)));
-    }
-    s.inline = InlineSlot::Open(watch.clone());
-    perform(gw, handle, &mut s, auth.as_ref());
-    Ok(take_inline(&mut s))
 }
 
 fn batch(

@@ -38,10 +38,11 @@ pub(super) mod redis;
 
 use super::driver::HeadWatch;
 use super::legacy_http::{PostContext, HEAD_WAIT};
+use super::trace::TraceContext;
 use crate::body::GatewayBody;
 use crate::Route;
 use dualera_adapters::jsonrpc::EnvelopeError;
-use dualera_adapters::{Message, Request, Session, Timestamp};
+use dualera_adapters::{Message, PeerStream, Request, RequestId, Session, Timestamp};
 use http::header::HeaderValue;
 use http::{HeaderMap, Response};
 use std::future::Future;
@@ -276,37 +277,106 @@ pub(super) struct Stepped<T, R> {
     pub(super) exchange: Detachable,
 }
 
+/// What a step sees of a session's state: its machine and its streams.
+pub(super) trait StepState {
+    /// The session's machine.
+    fn machine(&mut self) -> &mut Session;
+    /// A stream for `peer` is open and has not sent its last message.
+    fn busy(&self, peer: &PeerStream) -> bool;
+    /// Opens the stream of a host request's POST: its number (the first part of its
+    /// event ids). Every upstream attempt of the request carries `trace`, and `auth`
+    /// until another host request of it brings its own.
+    fn open(
+        &mut self,
+        peer: &PeerStream,
+        trace: Option<&Arc<TraceContext>>,
+        auth: Option<&HeaderValue>,
+    ) -> u64;
+}
+
+/// An operation a store served, for its log line ([`SessionStore::served`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Served<'a> {
+    /// A request, with its method as the host spelled it.
+    Request(&'a RequestId, &'a str),
+    /// A notification or a reply.
+    Message(&'static str),
+    /// `DELETE`.
+    Delete,
+}
+
 /// Where the sessions of the Streamable HTTP front live. The front
 /// (`legacy_http`) writes each operation once over the narrow part — [`find`],
-/// [`step`], [`end`] — and hands the operations whose answer is a stream (a
-/// request's POST, a batch, a GET) to the store whole, with their inputs checked: a
-/// POST's [`PostContext`] carries its `Authorization`, forwarded headers and trace
-/// context.
+/// [`step`], [`end`], and for a request's POST [`post`], [`first_message`],
+/// [`respond`] — and hands the rest (`initialize`, a batch, a GET) to the store
+/// whole, with their inputs checked: a POST's [`PostContext`] carries its
+/// `Authorization`, forwarded headers and trace context.
 ///
 /// [`find`]: SessionStore::find
 /// [`step`]: SessionStore::step
 /// [`end`]: SessionStore::end
+/// [`post`]: SessionStore::post
+/// [`first_message`]: SessionStore::first_message
+/// [`respond`]: SessionStore::respond
 pub(super) trait SessionStore: Send + Sync {
     /// A session found for a caller (what the operations below act on).
     type Session: Send + Sync;
 
-    /// One step of the session's machine: load its state, `feed` it one input, plan,
+    /// A session's state while a step holds it ([`StepState`]).
+    type State<'s>: StepState
+    where
+        Self: 's;
+
+    /// A POST waiting for its stream's first message ([`SessionStore::post`]).
+    type Post: Send;
+
+    /// One step of the session's machine: load its state, `feed` it `input`, plan,
     /// store what changed (compare-and-set on the version, with the messages appended
     /// to their streams, where the state is shared), then perform the rest (upstream
     /// exchanges started, cancelled; leases; timers). `feed` may run more than once
-    /// (a conflicting writer); an `Err` from it stores nothing but the machine's
-    /// observations.
-    fn step<T, R, F>(
+    /// (a conflicting writer), each time with a copy of `input`; an `Err` from it
+    /// stores nothing but the machine's observations.
+    fn step<I, T, R, F>(
         &self,
         gw: &Arc<Route>,
         session: &Self::Session,
         feeding: Feeding<'_>,
+        input: I,
         feed: F,
     ) -> impl Future<Output = Stepped<T, R>> + Send
     where
+        I: Clone + Send + Sync,
         T: Send,
         R: Send,
-        F: FnMut(&mut Session, Timestamp) -> Result<T, R> + Send;
+        F: for<'s> FnMut(&mut Self::State<'s>, I, Timestamp) -> Result<T, R> + Send;
+
+    /// Before the step that opens a POST's stream for `peer`: what will wait for its
+    /// first message (registered first, so that no message is missed).
+    fn post(&self, session: &Self::Session, peer: &PeerStream) -> Self::Post;
+
+    /// Waits up to [`FIRST_MESSAGE_WAIT`](super::legacy_http::FIRST_MESSAGE_WAIT) for the stream's first message, driving the
+    /// step's `exchange` meanwhile; with `head`, no answer is committed before the
+    /// upstream accepted (or refused) the exchange, up to [`HEAD_WAIT`].
+    fn first_message(
+        &self,
+        post: &mut Self::Post,
+        exchange: &mut Detachable,
+        head: Option<&HeadWatch>,
+    ) -> impl Future<Output = ()> + Send;
+
+    /// The POST's answer: JSON when its stream carried only its final message, else an
+    /// SSE stream of what it carried so far and everything that follows.
+    fn respond(
+        &self,
+        gw: &Arc<Route>,
+        session: &Self::Session,
+        post: Self::Post,
+        number: u64,
+    ) -> impl Future<Output = Response<GatewayBody>> + Send;
+
+    /// The POST is answered otherwise (the upstream refused the credentials): its
+    /// stream is forgotten.
+    fn forget(&self, session: &Self::Session, post: Self::Post);
 
     /// The session ends (`DELETE`): its machine closes, its streams end, its upstream
     /// work is cancelled.
@@ -321,7 +391,7 @@ pub(super) trait SessionStore: Send + Sync {
 
     /// One line at `info` per operation served, where the store logs them (the shared
     /// store: which replica served which session's request).
-    fn served(&self, session: &Self::Session, what: &'static str);
+    fn served(&self, session: &Self::Session, what: Served<'_>);
 
     /// The session `id`, if it exists and is bound to `authorization`'s caller.
     /// `NotFound` becomes 404. A store that checks existence inside each operation
@@ -338,15 +408,6 @@ pub(super) trait SessionStore: Send + Sync {
         &self,
         gw: &Arc<Route>,
         init: Request,
-        cx: PostContext,
-    ) -> impl Future<Output = Response<GatewayBody>> + Send;
-
-    /// A request on a session: JSON when answered at once, else an SSE stream.
-    fn request(
-        &self,
-        gw: &Arc<Route>,
-        session: &Self::Session,
-        request: Request,
         cx: PostContext,
     ) -> impl Future<Output = Response<GatewayBody>> + Send;
 

@@ -3,12 +3,17 @@
 //! ([`client::check_url`]), so no value of these types ever exists; they only keep
 //! the store's callers the same in both builds.
 
-use super::{Feeding, Lookup, RedisStoreConfig, SessionStore, StepError, Stepped, StoreError};
+use super::{
+    Detachable, Feeding, Lookup, RedisStoreConfig, Served, SessionStore, StepError, StepState,
+    Stepped, StoreError,
+};
 use crate::body::GatewayBody;
+use crate::driver::HeadWatch;
 use crate::legacy_http::PostContext;
+use crate::trace::TraceContext;
 use crate::{GatewayConfig, Route};
 use dualera_adapters::jsonrpc::EnvelopeError;
-use dualera_adapters::{Message, Request, Session, Timestamp};
+use dualera_adapters::{Message, PeerStream, Request, Session, Timestamp};
 use dualera_common::parts::NotBuilt;
 use http::header::HeaderValue;
 use http::{HeaderMap, Response};
@@ -71,6 +76,29 @@ impl RedisSessions {
     }
 }
 
+/// A step's state and a waiting POST of the Redis store: none in this build.
+#[derive(Debug)]
+pub(crate) enum Never {}
+
+impl StepState for Never {
+    fn machine(&mut self) -> &mut Session {
+        match *self {}
+    }
+
+    fn busy(&self, _peer: &PeerStream) -> bool {
+        match *self {}
+    }
+
+    fn open(
+        &mut self,
+        _peer: &PeerStream,
+        _trace: Option<&Arc<TraceContext>>,
+        _auth: Option<&HeaderValue>,
+    ) -> u64 {
+        match *self {}
+    }
+}
+
 impl SessionStore for Arc<RedisSessions> {
     type Session = RedisSession;
 
@@ -90,16 +118,6 @@ impl SessionStore for Arc<RedisSessions> {
         _cx: PostContext,
     ) -> Response<GatewayBody> {
         match **self {}
-    }
-
-    async fn request(
-        &self,
-        _gw: &Arc<Route>,
-        session: &RedisSession,
-        _request: Request,
-        _cx: PostContext,
-    ) -> Response<GatewayBody> {
-        match *session {}
     }
 
     async fn batch(
@@ -122,19 +140,51 @@ impl SessionStore for Arc<RedisSessions> {
         match *session {}
     }
 
-    async fn step<T, R, F>(
+    type State<'s> = Never;
+    type Post = Never;
+
+    async fn step<I, T, R, F>(
         &self,
         _gw: &Arc<Route>,
         session: &RedisSession,
         _feeding: Feeding<'_>,
+        _input: I,
         _feed: F,
     ) -> Stepped<T, R>
     where
+        I: Clone + Send + Sync,
         T: Send,
         R: Send,
-        F: FnMut(&mut Session, Timestamp) -> Result<T, R> + Send,
+        F: for<'s> FnMut(&mut Never, I, Timestamp) -> Result<T, R> + Send,
     {
         match *session {}
+    }
+
+    fn post(&self, session: &RedisSession, _peer: &PeerStream) -> Never {
+        match *session {}
+    }
+
+    async fn first_message(
+        &self,
+        post: &mut Never,
+        _exchange: &mut Detachable,
+        _head: Option<&HeadWatch>,
+    ) {
+        match *post {}
+    }
+
+    async fn respond(
+        &self,
+        _gw: &Arc<Route>,
+        _session: &RedisSession,
+        post: Never,
+        _number: u64,
+    ) -> Response<GatewayBody> {
+        match post {}
+    }
+
+    fn forget(&self, _session: &RedisSession, post: Never) {
+        match post {}
     }
 
     async fn end(&self, _gw: &Arc<Route>, session: &RedisSession) -> Result<(), StepError<()>> {
@@ -145,7 +195,7 @@ impl SessionStore for Arc<RedisSessions> {
         match *session {}
     }
 
-    fn served(&self, session: &RedisSession, _what: &'static str) {
+    fn served(&self, session: &RedisSession, _what: Served<'_>) {
         match *session {}
     }
 }

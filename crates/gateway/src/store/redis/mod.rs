@@ -40,7 +40,7 @@ use self::backlog::{Backlog, Progress};
 use self::client::{Checked, Loaded, Redis, Stored as CasResult};
 use self::keys::{valid_session_id, Keys};
 use self::stored::{Append, LeaseRecord, NewLease, Ops, Record};
-use self::wake::{Handed, Inbox, Wake, Wakes};
+use self::wake::{Handed, Inbox, Waiter, Wake, Wakes};
 use crate::auth::BindingKey;
 use crate::body::{full, GatewayBody};
 use crate::digest::log_tag;
@@ -51,8 +51,8 @@ use crate::legacy_http::{
     with_session_header, PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, INIT_WAIT,
 };
 use crate::store::{
-    Detachable, Exchange, Feeding, Lookup, RedisStoreConfig, SessionStore, StepError, Stepped,
-    StoreError,
+    Detachable, Exchange, Feeding, Lookup, RedisStoreConfig, Served, SessionStore, StepError,
+    Stepped, StoreError,
 };
 use crate::telemetry::WIRE_HTTP;
 use crate::{cache, GatewayConfig, Route};
@@ -1350,74 +1350,6 @@ impl RedisSessions {
         }
     }
 
-    async fn request(
-        self: &Arc<Self>,
-        gw: &Arc<Route>,
-        s: &RedisSession,
-        r: Request,
-        cx: PostContext,
-    ) -> Response<GatewayBody> {
-        let PostContext { auth, trace, .. } = cx;
-        let id = r.id.clone();
-        let peer = PeerStream::Request(id.clone());
-        let guard = self.deciding(&s.id, &peer);
-        // Registered before the step: a wake-up for the stream from then on is seen.
-        let waiter = self.wakes.waiter(&s.id);
-        let head = Arc::new(HeadWatch::default());
-        let ctx = Self::ctx(s, auth.as_ref(), Some(head.clone()));
-        let fed = self
-            .step(gw, &s.id, &ctx, |record, now| {
-                if record.stream(&peer).is_some_and(|st| !st.finished) {
-                    return Err(None);
-                }
-                let n = record.open_stream(peer.clone());
-                record.set_trace(&peer, trace.as_deref());
-                if let Some(a) = &ctx.auth {
-                    record.set_auth(Some(id.clone()), Some(a.clone()));
-                }
-                match record
-                    .machine
-                    .handle_peer_message(Message::Request(r.clone()), now)
-                {
-                    Ok(()) => Ok((n, record.machine.has_call(&id))),
-                    Err(e) => Err(Some(e)),
-                }
-            })
-            .await;
-        info!(session = %log_tag(&s.id), replica = %self.replica, rpc.id = %id, method = %dualera_adapters::echo::echo(&r.method), "legacy request served");
-        let (number, forwarded) = match fed {
-            Ok(n) => n,
-            Err(StepError::NotFound { anonymous }) => {
-                return Self::missing(gw, auth.as_ref(), anonymous).await
-            }
-            Err(StepError::Store(e)) => return store_unavailable(Some(id), &e),
-            Err(StepError::Refused(None)) => {
-                // Refused before the machine sees it (its stream must survive), in the
-                // machine's own words, as every other wire says it.
-                let e = SessionError::DuplicateRequestId { id: id.clone() };
-                return refusal(Some(id), &e);
-            }
-            Err(StepError::Refused(Some(e))) => return refusal(Some(id), &e),
-            Err(StepError::Broken) => return legacy_http::internal(),
-        };
-        let exchange = self.inline_exchange(gw, &s.id, &ctx);
-        drop(ctx);
-        let decision = drive(
-            guard.decide(FIRST_MESSAGE_WAIT, forwarded.then_some(&*head)),
-            exchange,
-        )
-        .await;
-        // Nothing is committed before the upstream accepted the exchange: its 401/403
-        // reaches the host as HTTP on this POST.
-        if let Some(denial) = head.finish() {
-            return denial.response();
-        }
-        match decision {
-            Decision::Json(body) => json_body(body),
-            _ => self.post_relay(&s.id, number, guard, waiter).await,
-        }
-    }
-
     async fn batch(
         self: &Arc<Self>,
         gw: &Arc<Route>,
@@ -1608,6 +1540,14 @@ fn json_body(body: Vec<u8>) -> Response<GatewayBody> {
     r
 }
 
+/// A request's POST waiting for its stream's first message: its decider, the wake-up
+/// its relay will wait on, and what was decided.
+pub(crate) struct Post {
+    guard: DeciderGuard,
+    waiter: Waiter,
+    decision: Decision,
+}
+
 /// Removes a POST's deciders when it is answered (as JSON, or its relay ended).
 struct DeciderGuard {
     sessions: Arc<RedisSessions>,
@@ -1783,16 +1723,6 @@ impl SessionStore for Arc<RedisSessions> {
         RedisSessions::initialize(self, gw, init, cx).await
     }
 
-    async fn request(
-        &self,
-        gw: &Arc<Route>,
-        session: &RedisSession,
-        request: Request,
-        cx: PostContext,
-    ) -> Response<GatewayBody> {
-        RedisSessions::request(self, gw, session, request, cx).await
-    }
-
     async fn batch(
         &self,
         gw: &Arc<Route>,
@@ -1813,25 +1743,76 @@ impl SessionStore for Arc<RedisSessions> {
         RedisSessions::stream(self, gw, session, headers, authorization).await
     }
 
-    async fn step<T, R, F>(
+    type State<'s> = Record;
+    type Post = Post;
+
+    async fn step<I, T, R, F>(
         &self,
         gw: &Arc<Route>,
         session: &RedisSession,
         feeding: Feeding<'_>,
+        input: I,
         mut feed: F,
     ) -> Stepped<T, R>
     where
+        I: Clone + Send + Sync,
         T: Send,
         R: Send,
-        F: FnMut(&mut Session, Timestamp) -> Result<T, R> + Send,
+        F: for<'s> FnMut(&mut Record, I, Timestamp) -> Result<T, R> + Send,
     {
         let ctx = RedisSessions::ctx(session, feeding.auth, feeding.head.cloned());
+        // Fed again from the current state after a conflicting writer: a copy each time.
         let fed = RedisSessions::step(self, gw, &session.id, &ctx, |record, now| {
-            feed(&mut record.machine, now)
+            feed(record, input.clone(), now)
         })
         .await;
         let exchange = Detachable(self.inline_exchange(gw, &session.id, &ctx));
         Stepped { fed, exchange }
+    }
+
+    fn post(&self, session: &RedisSession, peer: &PeerStream) -> Post {
+        let guard = self.deciding(&session.id, peer);
+        // Registered before the step: a wake-up for the stream from then on is seen.
+        let waiter = self.wakes.waiter(&session.id);
+        Post {
+            guard,
+            waiter,
+            decision: Decision::Deciding,
+        }
+    }
+
+    async fn first_message(
+        &self,
+        post: &mut Post,
+        exchange: &mut Detachable,
+        head: Option<&HeadWatch>,
+    ) {
+        post.decision = drive(
+            post.guard.decide(FIRST_MESSAGE_WAIT, head),
+            exchange.0.take(),
+        )
+        .await;
+    }
+
+    async fn respond(
+        &self,
+        _gw: &Arc<Route>,
+        session: &RedisSession,
+        post: Post,
+        number: u64,
+    ) -> Response<GatewayBody> {
+        match post.decision {
+            Decision::Json(body) => json_body(body),
+            _ => {
+                self.post_relay(&session.id, number, post.guard, post.waiter)
+                    .await
+            }
+        }
+    }
+
+    fn forget(&self, _session: &RedisSession, post: Post) {
+        // The stream stays in the state, finished by the machine; the deciders go.
+        drop(post);
     }
 
     async fn end(&self, gw: &Arc<Route>, session: &RedisSession) -> Result<(), StepError<()>> {
@@ -1851,13 +1832,17 @@ impl SessionStore for Arc<RedisSessions> {
         std::borrow::Cow::Owned(log_tag(&session.id))
     }
 
-    fn served(&self, session: &RedisSession, what: &'static str) {
+    fn served(&self, session: &RedisSession, what: Served<'_>) {
+        let tag = log_tag(&session.id);
         match what {
-            "delete" => {
-                info!(session = %log_tag(&session.id), replica = %self.replica, "session deleted by the peer");
+            Served::Request(id, method) => {
+                info!(session = %tag, replica = %self.replica, rpc.id = %id, method = %dualera_adapters::echo::echo(method), "legacy request served");
             }
-            method => {
-                info!(session = %log_tag(&session.id), replica = %self.replica, method, "legacy message served");
+            Served::Message(kind) => {
+                info!(session = %tag, replica = %self.replica, method = kind, "legacy message served");
+            }
+            Served::Delete => {
+                info!(session = %tag, replica = %self.replica, "session deleted by the peer");
             }
         }
     }

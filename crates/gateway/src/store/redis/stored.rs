@@ -10,6 +10,7 @@
 
 use crate::driver;
 use crate::header_names::{TRACEPARENT, TRACESTATE};
+use crate::store::StepState;
 use crate::trace::TraceContext;
 use dualera_adapters::{PeerStream, RequestId, Session, UpstreamRole};
 use http::header::HeaderValue;
@@ -82,7 +83,7 @@ impl From<StreamWire> for StreamMeta {
 
 /// A shared session.
 #[derive(Debug, Serialize, Deserialize)]
-pub(super) struct Record {
+pub(crate) struct Record {
     /// The binding key (principal, else token digest) the session is bound to, hex.
     pub(super) binding: String,
     /// Opened without credentials.
@@ -189,6 +190,30 @@ impl Record {
         if let Some(v) = value {
             self.auth.push((legacy, v));
         }
+    }
+}
+
+impl StepState for Record {
+    fn machine(&mut self) -> &mut Session {
+        &mut self.machine
+    }
+
+    fn busy(&self, peer: &PeerStream) -> bool {
+        self.stream(peer).is_some_and(|st| !st.finished)
+    }
+
+    fn open(
+        &mut self,
+        peer: &PeerStream,
+        trace: Option<&Arc<TraceContext>>,
+        auth: Option<&HeaderValue>,
+    ) -> u64 {
+        let number = self.open_stream(peer.clone());
+        self.set_trace(peer, trace.map(|t| &**t));
+        if let (PeerStream::Request(id), Some(auth)) = (peer, super::auth_text(auth)) {
+            self.set_auth(Some(id.clone()), Some(auth));
+        }
+        number
     }
 }
 
