@@ -308,7 +308,7 @@ async fn post<S: SessionStore>(
     match parsed {
         Parsed::Single(Message::Request(r)) => request(gw, store, &handle, r, cx).await,
         Parsed::Single(other) => message(gw, store, &handle, other, cx.auth).await,
-        Parsed::Batch(items) => store.batch(gw, &handle, items, cx).await,
+        Parsed::Batch(items) => batch(gw, store, &handle, items, cx).await,
     }
 }
 
@@ -323,7 +323,7 @@ async fn request<S: SessionStore>(
     let PostContext { auth, trace, .. } = cx;
     let id = r.id.clone();
     let peer = PeerStream::Request(id.clone());
-    let mut post = store.post(session, &peer);
+    let mut post = store.post(session);
     let head = Arc::new(HeadWatch::default());
     let feeding = Feeding {
         auth: auth.as_ref(),
@@ -335,7 +335,9 @@ async fn request<S: SessionStore>(
             if state.busy(&peer) {
                 return Err(None);
             }
+            state.started(&id);
             let number = state.open(&peer, trace.as_ref(), auth.as_ref());
+            store.bind(session, &mut post, &peer);
             let machine = state.machine();
             match machine.handle_peer_message(Message::Request(r), now) {
                 Ok(()) => Ok((number, machine.has_call(&id))),
@@ -372,6 +374,61 @@ async fn request<S: SessionStore>(
         store.forget(session, post);
         return denial.response();
     }
+    store.respond(gw, session, post, number).await
+}
+
+/// A JSON-RPC batch (2025-03-26): its responses as one JSON array, or an SSE stream
+/// when they take longer; `202` when it held only notifications and replies. Its
+/// upstream calls carry its token; a 401/403 for one of them reaches the host as that
+/// element's error in the batch's answer (one HTTP answer for many).
+async fn batch<S: SessionStore>(
+    gw: &Arc<Route>,
+    store: &S,
+    session: &S::Session,
+    items: Vec<Result<Message, jsonrpc::EnvelopeError>>,
+    cx: PostContext,
+) -> Response<GatewayBody> {
+    let PostContext { auth, trace, .. } = cx;
+    let mut post = store.post(session);
+    let feeding = Feeding {
+        auth: auth.as_ref(),
+        head: None,
+    };
+    let Stepped { fed, mut exchange } = store
+        .step(gw, session, feeding, items, |state, items, now| {
+            for item in &items {
+                if let Ok(Message::Request(r)) = item {
+                    state.started(&r.id);
+                }
+            }
+            let outcome = state.machine().handle_peer_batch(items, now)?;
+            // Its stream is known only once the machine numbered the batch.
+            let number = outcome.batch.map(|b| {
+                let peer = PeerStream::Batch(b);
+                let number = state.open(&peer, trace.as_ref(), auth.as_ref());
+                store.bind(session, &mut post, &peer);
+                number
+            });
+            Ok::<_, dualera_adapters::SessionError>((number, outcome.refused))
+        })
+        .await;
+    let (number, refused) = match fed {
+        Ok(fed) => fed,
+        Err(StepError::Refused(e)) => return refusal(None, &e),
+        Err(StepError::NotFound { anonymous }) => {
+            return session_missing(gw, auth.as_ref(), anonymous).await
+        }
+        Err(StepError::Store(e)) => return store_unavailable(None, &e),
+        Err(StepError::Broken) => return internal(),
+    };
+    for e in &refused {
+        warn!(session = %store.tag(session), error = %e, "batch element refused");
+    }
+    let Some(number) = number else {
+        return accepted();
+    };
+    store.first_message(&mut post, &mut exchange, None).await;
+    drop(exchange);
     store.respond(gw, session, post, number).await
 }
 

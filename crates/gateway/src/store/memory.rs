@@ -15,9 +15,9 @@ use crate::body::{full, ChannelBody, GatewayBody, MeteredSender, SendError};
 use crate::driver::{self, Ended, HeadWatch, Out};
 use crate::forwarded::Forwarded;
 use crate::legacy_http::{
-    accepted, internal, last_event_id, machine_config, mint_session_id, refusal, rpc_error,
-    sessions_refused, with_session_header, PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT,
-    HEAD_WAIT, INIT_WAIT, STREAM_QUEUE,
+    internal, last_event_id, machine_config, mint_session_id, rpc_error, sessions_refused,
+    with_session_header, PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, INIT_WAIT,
+    STREAM_QUEUE,
 };
 use crate::sse;
 use crate::store::{
@@ -29,7 +29,6 @@ use crate::trace::TraceContext;
 use crate::{cache, GatewayConfig, Route};
 use bytes::Bytes;
 use dashmap::DashMap;
-use dualera_adapters::jsonrpc::{self};
 use dualera_adapters::replay::ReplayRing;
 use dualera_adapters::usage::Feature;
 use dualera_adapters::{
@@ -274,6 +273,10 @@ impl StepState for StepOn<'_> {
         self.s.streams.get(peer).is_some_and(|st| !st.finished)
     }
 
+    fn started(&mut self, id: &RequestId) {
+        self.s.telemetry.request_started(id);
+    }
+
     fn open(
         &mut self,
         peer: &PeerStream,
@@ -282,9 +285,6 @@ impl StepState for StepOn<'_> {
         _auth: Option<&HeaderValue>,
     ) -> u64 {
         open_pending(self.handle, self.s, peer.clone());
-        if let PeerStream::Request(id) = peer {
-            self.s.telemetry.request_started(id);
-        }
         self.opened = Some(peer.clone());
         let Some(st) = self.s.streams.get_mut(peer) else {
             return 0;
@@ -294,10 +294,11 @@ impl StepState for StepOn<'_> {
     }
 }
 
-/// A request's POST waiting for its stream's first message.
+/// A POST waiting for its stream's first message.
 pub(crate) struct Post {
     handle: Arc<SessionHandle>,
-    stream: PeerStream,
+    /// Its stream, once the step opened it.
+    stream: Option<PeerStream>,
 }
 
 /// Closes the inline slot, taking the exchange `perform` left there, if any.
@@ -398,17 +399,6 @@ impl SessionStore for Sessions {
         .await
     }
 
-    async fn batch(
-        &self,
-        gw: &Arc<Route>,
-        handle: &Arc<SessionHandle>,
-        items: Vec<Result<Message, jsonrpc::EnvelopeError>>,
-        cx: PostContext,
-    ) -> Response<GatewayBody> {
-        handle.touch();
-        batch(gw, handle, items, cx.auth, cx.trace)
-    }
-
     async fn stream(
         &self,
         gw: &Arc<Route>,
@@ -479,11 +469,15 @@ impl SessionStore for Sessions {
         }
     }
 
-    fn post(&self, handle: &Arc<SessionHandle>, peer: &PeerStream) -> Post {
+    fn post(&self, handle: &Arc<SessionHandle>) -> Post {
         Post {
             handle: handle.clone(),
-            stream: peer.clone(),
+            stream: None,
         }
+    }
+
+    fn bind(&self, _handle: &Arc<SessionHandle>, post: &mut Post, peer: &PeerStream) {
+        post.stream = Some(peer.clone());
     }
 
     async fn first_message(
@@ -492,7 +486,9 @@ impl SessionStore for Sessions {
         inline: &mut Detachable,
         head: Option<&HeadWatch>,
     ) {
-        let (handle, stream) = (&post.handle, &post.stream);
+        let (handle, Some(stream)) = (&post.handle, &post.stream) else {
+            return;
+        };
         let denied = || head.is_some_and(HeadWatch::denied);
         let ready = |st: &StreamState| {
             st.finished || st.pending.as_ref().is_none_or(|p| !p.is_empty()) || denied()
@@ -516,15 +512,15 @@ impl SessionStore for Sessions {
         post: Post,
         _number: u64,
     ) -> Response<GatewayBody> {
-        let Ok(mut s) = post.handle.shared.lock() else {
+        let (Some(stream), Ok(mut s)) = (&post.stream, post.handle.shared.lock()) else {
             return internal();
         };
-        respond_on(gw, &post.handle, &mut s, &post.stream)
+        respond_on(gw, &post.handle, &mut s, stream)
     }
 
     fn forget(&self, _handle: &Arc<SessionHandle>, post: Post) {
-        if let Ok(mut s) = post.handle.shared.lock() {
-            forget_stream(&mut s, &post.stream);
+        if let (Some(stream), Ok(mut s)) = (&post.stream, post.handle.shared.lock()) {
+            forget_stream(&mut s, stream);
         }
     }
 
@@ -770,46 +766,6 @@ async fn wait_stream(
         sleep.as_mut().poll(cx)
     })
     .await;
-}
-
-fn batch(
-    gw: &Arc<Route>,
-    handle: &Arc<SessionHandle>,
-    items: Vec<Result<Message, jsonrpc::EnvelopeError>>,
-    auth: Option<HeaderValue>,
-    trace: Option<Arc<TraceContext>>,
-) -> Response<GatewayBody> {
-    let Ok(mut s) = handle.shared.lock() else {
-        return internal();
-    };
-    for item in &items {
-        if let Ok(Message::Request(r)) = item {
-            s.telemetry.request_started(&r.id);
-        }
-    }
-    // A batch's upstream calls carry its token; a 401/403 for one of them reaches the
-    // peer as that element's error in the batch's response (one HTTP answer for many).
-    // The stream id of the batch is known only after feeding; buffer by peeking the
-    // next batch id is not possible, so feed and then adopt whatever the batch emitted.
-    let outcome = s.machine.handle_peer_batch(items, now());
-    let outcome = match outcome {
-        Ok(o) => o,
-        Err(e) => return refusal(None, &e),
-    };
-    for refused in &outcome.refused {
-        warn!(session = %handle.tag, error = %refused, "batch element refused");
-    }
-    let Some(batch) = outcome.batch else {
-        perform(gw, handle, &mut s, auth.as_ref());
-        return accepted();
-    };
-    let stream = PeerStream::Batch(batch);
-    open_pending(handle, &mut s, stream.clone());
-    if let Some(st) = s.streams.get_mut(&stream) {
-        st.trace = trace;
-    }
-    perform(gw, handle, &mut s, auth.as_ref());
-    respond_on(gw, handle, &mut s, &stream)
 }
 
 /// After feeding a request: JSON when it was answered at once, else an SSE stream

@@ -41,8 +41,7 @@ use super::legacy_http::{PostContext, HEAD_WAIT};
 use super::trace::TraceContext;
 use crate::body::GatewayBody;
 use crate::Route;
-use dualera_adapters::jsonrpc::EnvelopeError;
-use dualera_adapters::{Message, PeerStream, Request, RequestId, Session, Timestamp};
+use dualera_adapters::{PeerStream, Request, RequestId, Session, Timestamp};
 use http::header::HeaderValue;
 use http::{HeaderMap, Response};
 use std::future::Future;
@@ -283,6 +282,9 @@ pub(super) trait StepState {
     fn machine(&mut self) -> &mut Session;
     /// A stream for `peer` is open and has not sent its last message.
     fn busy(&self, peer: &PeerStream) -> bool;
+    /// A host request arrived (where the state lives in this process, its duration is
+    /// timed from here).
+    fn started(&mut self, id: &RequestId);
     /// Opens the stream of a host request's POST: its number (the first part of its
     /// event ids). Every upstream attempt of the request carries `trace`, and `auth`
     /// until another host request of it brings its own.
@@ -308,8 +310,7 @@ pub(super) enum Served<'a> {
 /// Where the sessions of the Streamable HTTP front live. The front
 /// (`legacy_http`) writes each operation once over the narrow part — [`find`],
 /// [`step`], [`end`], and for a request's POST [`post`], [`first_message`],
-/// [`respond`] — and hands the rest (`initialize`, a batch, a GET) to the store
-/// whole, with their inputs checked: a POST's [`PostContext`] carries its
+/// [`respond`] — and hands the rest (`initialize`, a GET) to the store whole, with their inputs checked: a POST's [`PostContext`] carries its
 /// `Authorization`, forwarded headers and trace context.
 ///
 /// [`find`]: SessionStore::find
@@ -350,9 +351,14 @@ pub(super) trait SessionStore: Send + Sync {
         R: Send,
         F: for<'s> FnMut(&mut Self::State<'s>, I, Timestamp) -> Result<T, R> + Send;
 
-    /// Before the step that opens a POST's stream for `peer`: what will wait for its
-    /// first message (registered first, so that no message is missed).
-    fn post(&self, session: &Self::Session, peer: &PeerStream) -> Self::Post;
+    /// Before the step that opens a POST's stream: what will wait for its first
+    /// message (registered first, so that no wake-up is missed).
+    fn post(&self, session: &Self::Session) -> Self::Post;
+
+    /// Inside that step, once the stream is open: `post` waits on `peer`'s stream
+    /// (the step's messages for it are kept for the POST to answer with, not only
+    /// appended). Binding again to the same stream changes nothing.
+    fn bind(&self, session: &Self::Session, post: &mut Self::Post, peer: &PeerStream);
 
     /// Waits up to [`FIRST_MESSAGE_WAIT`](super::legacy_http::FIRST_MESSAGE_WAIT) for the stream's first message, driving the
     /// step's `exchange` meanwhile; with `head`, no answer is committed before the
@@ -408,15 +414,6 @@ pub(super) trait SessionStore: Send + Sync {
         &self,
         gw: &Arc<Route>,
         init: Request,
-        cx: PostContext,
-    ) -> impl Future<Output = Response<GatewayBody>> + Send;
-
-    /// A JSON-RPC batch (2025-03-26).
-    fn batch(
-        &self,
-        gw: &Arc<Route>,
-        session: &Self::Session,
-        items: Vec<Result<Message, EnvelopeError>>,
         cx: PostContext,
     ) -> impl Future<Output = Response<GatewayBody>> + Send;
 

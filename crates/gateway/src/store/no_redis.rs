@@ -12,8 +12,7 @@ use crate::driver::HeadWatch;
 use crate::legacy_http::PostContext;
 use crate::trace::TraceContext;
 use crate::{GatewayConfig, Route};
-use dualera_adapters::jsonrpc::EnvelopeError;
-use dualera_adapters::{Message, PeerStream, Request, Session, Timestamp};
+use dualera_adapters::{PeerStream, Request, RequestId, Session, Timestamp};
 use dualera_common::parts::NotBuilt;
 use http::header::HeaderValue;
 use http::{HeaderMap, Response};
@@ -89,6 +88,10 @@ impl StepState for Never {
         match *self {}
     }
 
+    fn started(&mut self, _id: &RequestId) {
+        match *self {}
+    }
+
     fn open(
         &mut self,
         _peer: &PeerStream,
@@ -118,16 +121,6 @@ impl SessionStore for Arc<RedisSessions> {
         _cx: PostContext,
     ) -> Response<GatewayBody> {
         match **self {}
-    }
-
-    async fn batch(
-        &self,
-        _gw: &Arc<Route>,
-        session: &RedisSession,
-        _items: Vec<Result<Message, EnvelopeError>>,
-        _cx: PostContext,
-    ) -> Response<GatewayBody> {
-        match *session {}
     }
 
     async fn stream(
@@ -160,7 +153,11 @@ impl SessionStore for Arc<RedisSessions> {
         match *session {}
     }
 
-    fn post(&self, session: &RedisSession, _peer: &PeerStream) -> Never {
+    fn post(&self, session: &RedisSession) -> Never {
+        match *session {}
+    }
+
+    fn bind(&self, session: &RedisSession, _post: &mut Never, _peer: &PeerStream) {
         match *session {}
     }
 

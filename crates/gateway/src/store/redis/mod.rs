@@ -47,7 +47,7 @@ use crate::digest::log_tag;
 use crate::driver::{self, HeadWatch, Out};
 use crate::forwarded::Forwarded;
 use crate::legacy_http::{
-    self, accepted, mint_session_id, refusal, rpc_error, session_missing, store_unavailable,
+    self, mint_session_id, refusal, rpc_error, session_missing, store_unavailable,
     with_session_header, PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, INIT_WAIT,
 };
 use crate::store::{
@@ -57,11 +57,10 @@ use crate::store::{
 use crate::telemetry::WIRE_HTTP;
 use crate::{cache, GatewayConfig, Route};
 use dashmap::DashMap;
-use dualera_adapters::jsonrpc::EnvelopeError;
 use dualera_adapters::usage::{Feature, Observation};
 use dualera_adapters::{
     Config as MachineConfig, ErrorCode, Message, PeerStream, Request, RequestId, Session,
-    SessionError, SessionState, Timestamp, UpstreamRole,
+    SessionState, Timestamp, UpstreamRole,
 };
 use http::header::{self, HeaderValue};
 use http::{HeaderMap, Response, StatusCode};
@@ -1328,18 +1327,6 @@ impl RedisSessions {
         with_session_header(response, &sid)
     }
 
-    fn deciding(self: &Arc<Self>, sid: &str, peer: &PeerStream) -> DeciderGuard {
-        let decider = Arc::new(Decider::new(self.token()));
-        self.wakes.register(&decider.token, decider.inbox.clone());
-        self.deciders
-            .insert((sid.to_owned(), peer.clone()), decider.clone());
-        DeciderGuard {
-            sessions: self.clone(),
-            keys: vec![(sid.to_owned(), peer.clone())],
-            decider,
-        }
-    }
-
     fn ctx(s: &RedisSession, auth: Option<&HeaderValue>, head: Option<Arc<HeadWatch>>) -> Ctx {
         Ctx {
             binding: Some(s.binding.clone()),
@@ -1347,62 +1334,6 @@ impl RedisSessions {
             inline: head.is_some().then(|| Mutex::new(None)),
             head,
             ..Ctx::default()
-        }
-    }
-
-    async fn batch(
-        self: &Arc<Self>,
-        gw: &Arc<Route>,
-        s: &RedisSession,
-        items: Vec<Result<Message, EnvelopeError>>,
-        cx: PostContext,
-    ) -> Response<GatewayBody> {
-        let PostContext { auth, trace, .. } = cx;
-        // A batch's upstream calls carry its token; a 401/403 for one of them reaches
-        // the peer as that element's error in the batch's response.
-        let ctx = Self::ctx(s, auth.as_ref(), None);
-        let decider = Arc::new(Decider::new(self.token()));
-        self.wakes.register(&decider.token, decider.inbox.clone());
-        let waiter = self.wakes.waiter(&s.id);
-        let mut registered: Vec<(String, PeerStream)> = Vec::new();
-        let fed = self
-            .step(gw, &s.id, &ctx, |record, now| {
-                let outcome = record.machine.handle_peer_batch(clone_items(&items), now)?;
-                let stream = outcome.batch.map(|b| {
-                    let peer = PeerStream::Batch(b);
-                    let n = record.open_stream(peer.clone());
-                    record.set_trace(&peer, trace.as_deref());
-                    self.deciders
-                        .insert((s.id.clone(), peer.clone()), decider.clone());
-                    registered.push((s.id.clone(), peer));
-                    n
-                });
-                Ok::<_, SessionError>((stream, outcome.refused))
-            })
-            .await;
-        let guard = DeciderGuard {
-            sessions: self.clone(),
-            keys: registered,
-            decider,
-        };
-        let (stream, refused) = match fed {
-            Ok(v) => v,
-            Err(StepError::NotFound { anonymous }) => {
-                return Self::missing(gw, auth.as_ref(), anonymous).await
-            }
-            Err(StepError::Store(e)) => return store_unavailable(None, &e),
-            Err(StepError::Refused(e)) => return refusal(None, &e),
-            Err(StepError::Broken) => return legacy_http::internal(),
-        };
-        for e in &refused {
-            warn!(session = %log_tag(&s.id), error = %e, "batch element refused");
-        }
-        let Some(number) = stream else {
-            return accepted();
-        };
-        match guard.decide(FIRST_MESSAGE_WAIT, None).await {
-            Decision::Json(body) => json_body(body),
-            _ => self.post_relay(&s.id, number, guard, waiter).await,
         }
     }
 
@@ -1627,16 +1558,6 @@ impl Drop for DeciderGuard {
     }
 }
 
-fn clone_items(items: &[Result<Message, EnvelopeError>]) -> Vec<Result<Message, EnvelopeError>> {
-    items
-        .iter()
-        .map(|i| match i {
-            Ok(m) => Ok(m.clone()),
-            Err(e) => Err(e.clone()),
-        })
-        .collect()
-}
-
 fn wall_ms_ts() -> Timestamp {
     Timestamp::from_millis(wall_ms())
 }
@@ -1723,16 +1644,6 @@ impl SessionStore for Arc<RedisSessions> {
         RedisSessions::initialize(self, gw, init, cx).await
     }
 
-    async fn batch(
-        &self,
-        gw: &Arc<Route>,
-        session: &RedisSession,
-        items: Vec<Result<Message, EnvelopeError>>,
-        cx: PostContext,
-    ) -> Response<GatewayBody> {
-        RedisSessions::batch(self, gw, session, items, cx).await
-    }
-
     async fn stream(
         &self,
         gw: &Arc<Route>,
@@ -1770,15 +1681,31 @@ impl SessionStore for Arc<RedisSessions> {
         Stepped { fed, exchange }
     }
 
-    fn post(&self, session: &RedisSession, peer: &PeerStream) -> Post {
-        let guard = self.deciding(&session.id, peer);
+    fn post(&self, session: &RedisSession) -> Post {
+        let decider = Arc::new(Decider::new(self.token()));
+        self.wakes.register(&decider.token, decider.inbox.clone());
         // Registered before the step: a wake-up for the stream from then on is seen.
         let waiter = self.wakes.waiter(&session.id);
         Post {
-            guard,
+            guard: DeciderGuard {
+                sessions: self.clone(),
+                keys: Vec::new(),
+                decider,
+            },
             waiter,
             decision: Decision::Deciding,
         }
+    }
+
+    fn bind(&self, session: &RedisSession, post: &mut Post, peer: &PeerStream) {
+        let key = (session.id.clone(), peer.clone());
+        if post.guard.keys.contains(&key) {
+            return;
+        }
+        // Before the step is stored: its plan finds the decider of the stream.
+        self.deciders
+            .insert(key.clone(), post.guard.decider.clone());
+        post.guard.keys.push(key);
     }
 
     async fn first_message(

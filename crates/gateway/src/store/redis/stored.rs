@@ -202,6 +202,9 @@ impl StepState for Record {
         self.stream(peer).is_some_and(|st| !st.finished)
     }
 
+    // A step of a shared session lives no longer than the step: nothing to time here.
+    fn started(&mut self, _id: &RequestId) {}
+
     fn open(
         &mut self,
         peer: &PeerStream,
