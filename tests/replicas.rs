@@ -475,6 +475,49 @@ async fn records_expire_bound_and_leave_a_tombstone() {
     );
 }
 
+/// A 2025-03-26 batch on another replica than the one that opened its session: its
+/// answers as one JSON array; a batch of notifications only, 202; a batch on a later
+/// revision's session, `-32600`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_answered_by_any_replica() {
+    let c = Cluster::start(2, &[]).await;
+    let mut host = Legacy::new(&c.url(0));
+    host.initialize("2025-03-26", json!({})).await;
+    host.url = c.url(1);
+    let batch = json!([
+        {"jsonrpc": "2.0", "id": 10, "method": "ping"},
+        {"jsonrpc": "2.0", "method": "notifications/roots/list_changed"},
+        {"jsonrpc": "2.0", "id": 11, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": 12, "method": "tools/call", "params": {"name": "notes_list",
+            "arguments": {"workspaceUri": c.ws.notes_uri}}},
+    ]);
+    let reply = host.post(&batch).await;
+    assert_eq!(reply.status, 200);
+    let answer = match reply.body {
+        Body::Json(v) => v,
+        Body::Sse(mut s) => s.next_message().await.expect("the batch's answer"),
+        other => panic!("{other:?}"),
+    };
+    let items = answer.as_array().expect("an array");
+    let mut ids: Vec<i64> = items.iter().filter_map(|i| i["id"].as_i64()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [10, 11, 12], "{answer}");
+    assert!(items.iter().all(|i| i.get("result").is_some()), "{answer}");
+    host.url = c.url(0);
+    let notes = json!([{"jsonrpc": "2.0", "method": "notifications/roots/list_changed"}]);
+    assert_eq!(host.post(&notes).await.status, 202);
+
+    let mut later = Legacy::new(&c.url(1));
+    later.initialize(REV, json!({})).await;
+    later.url = c.url(0);
+    let refused = later
+        .post(&json!([{"jsonrpc": "2.0", "id": 1, "method": "ping"}]))
+        .await;
+    assert_eq!(refused.status, 400);
+    let v = refused.json();
+    assert_eq!(v["error"]["code"], -32600, "{v}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_get_stream_per_session_across_replicas() {
     let c = Cluster::start(2, &[]).await;
