@@ -10,7 +10,7 @@
 use super::driver::HeadWatch;
 use super::forwarded::Forwarded;
 use super::store::{
-    Feeding, Lookup, Served, SessionStore, StepError, StepState, Stepped, StoreError,
+    Feeding, Held, Lookup, Served, SessionStore, StepError, StepState, Stepped, StoreError,
 };
 use super::trace::TraceContext;
 use super::{text, GatewayConfig, Route};
@@ -156,10 +156,10 @@ async fn front<S: SessionStore>(
     match *req.method() {
         Method::POST => post(gw, store, req, existing, auth, forwarded).await,
         Method::GET => match existing {
-            Some(h) => {
-                let headers = req.headers().clone();
-                store.stream(gw, &h, &headers, auth).await
-            }
+            Some(h) => match last_event_id(req.headers()) {
+                Some((number, after)) => store.resume(gw, &h, number, after, auth.as_ref()).await,
+                None => standalone(gw, store, &h, auth).await,
+            },
             None => rpc_error(
                 StatusCode::BAD_REQUEST,
                 None,
@@ -430,6 +430,91 @@ async fn batch<S: SessionStore>(
     store.first_message(&mut post, &mut exchange, None).await;
     drop(exchange);
     store.respond(gw, session, post, number).await
+}
+
+/// `GET` without `Last-Event-ID`: the session's standalone stream, one connection at a
+/// time.
+async fn standalone<S: SessionStore>(
+    gw: &Arc<Route>,
+    store: &S,
+    session: &S::Session,
+    auth: Option<HeaderValue>,
+) -> Response<GatewayBody> {
+    let hold = match store.hold(session).await {
+        Ok(hold) => hold,
+        Err(Held::Conflict) => {
+            return rpc_error(
+                StatusCode::CONFLICT,
+                None,
+                ErrorCode::INVALID_REQUEST,
+                "Conflict: this session already has a GET stream open".into(),
+            )
+        }
+        Err(Held::Failed(e)) => return step_failed(gw, auth.as_ref(), e).await,
+    };
+    let head = Arc::new(HeadWatch::default());
+    let feeding = Feeding {
+        auth: auth.as_ref(),
+        head: Some(&head),
+    };
+    let Stepped { fed, mut exchange } = store
+        .step(gw, session, feeding, (), |state, (), _now| {
+            let at = state.open_standalone(auth.as_ref());
+            state.machine().handle_standalone_opened().map(|()| at)
+        })
+        .await;
+    let (number, seq) = match fed {
+        Ok(at) => at,
+        Err(e) => {
+            store.release(session, hold).await;
+            return match e {
+                StepError::Refused(e) => refusal(None, &e),
+                e => step_failed(gw, auth.as_ref(), e.map_refused(|_| ())).await,
+            };
+        }
+    };
+    // Opening the stream may start `subscriptions/listen` with this GET's token: its
+    // 401/403 answers the GET, and the stream is closed again. Without one, the
+    // upstream is asked about the token all the same (a bound session only).
+    let mut denied = None;
+    if exchange.0.is_some() {
+        exchange.wait_head(&head).await;
+    } else if Arc::strong_count(&head) > 1 {
+        head.settle(HEAD_WAIT).await;
+    } else if auth.is_some() && !store.anonymous(session) {
+        denied = super::auth::upstream_denial(gw, auth.as_ref())
+            .await
+            .map(Box::new);
+    }
+    drop(exchange);
+    if let Some(denial) = head.finish().or(denied) {
+        store.release(session, hold).await;
+        let closed = store
+            .step(gw, session, Feeding::default(), (), |state, (), _now| {
+                state.close_standalone();
+                state.machine().handle_standalone_closed()
+            })
+            .await;
+        if let Err(StepError::Store(e)) = closed.fed {
+            warn!(error = %e, "standalone stream close not recorded");
+        }
+        return denial.response();
+    }
+    store.attach(gw, session, hold, number, seq)
+}
+
+/// The answer to a step that could not run (its input was not refused: that answer
+/// is the machine's).
+async fn step_failed(
+    gw: &Arc<Route>,
+    auth: Option<&HeaderValue>,
+    e: StepError<()>,
+) -> Response<GatewayBody> {
+    match e {
+        StepError::NotFound { anonymous } => session_missing(gw, auth, anonymous).await,
+        StepError::Store(e) => store_unavailable(None, &e),
+        StepError::Broken | StepError::Refused(()) => internal(),
+    }
 }
 
 /// A notification or a reply to a live request: `202`, or `400` when refused.

@@ -15,14 +15,13 @@ use crate::body::{full, ChannelBody, GatewayBody, MeteredSender, SendError};
 use crate::driver::{self, Ended, HeadWatch, Out};
 use crate::forwarded::Forwarded;
 use crate::legacy_http::{
-    internal, last_event_id, machine_config, mint_session_id, rpc_error, sessions_refused,
-    with_session_header, PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, INIT_WAIT,
-    STREAM_QUEUE,
+    internal, machine_config, mint_session_id, rpc_error, sessions_refused, with_session_header,
+    PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, INIT_WAIT, STREAM_QUEUE,
 };
 use crate::sse;
 use crate::store::{
-    Detachable, Exchange, Feeding, Lookup, Served, SessionStore, StepError, StepState, Stepped,
-    StoreError,
+    Detachable, Exchange, Feeding, Held, Lookup, Served, SessionStore, StepError, StepState,
+    Stepped, StoreError,
 };
 use crate::telemetry::{SessionTelemetry, WIRE_HTTP};
 use crate::trace::TraceContext;
@@ -233,6 +232,8 @@ struct Shared {
     /// The `Authorization` of the open standalone GET, for `subscriptions/listen`;
     /// dropped when that GET closes.
     standalone_auth: Option<HeaderValue>,
+    /// A `GET` holds the standalone stream and has not attached yet ([`Hold`]).
+    standalone_held: bool,
 }
 
 /// See [`Shared::inline`].
@@ -277,6 +278,30 @@ impl StepState for StepOn<'_> {
         self.s.telemetry.request_started(id);
     }
 
+    fn open_standalone(&mut self, auth: Option<&HeaderValue>) -> (u64, u64) {
+        let stream = PeerStream::Standalone;
+        if !self.s.streams.contains_key(&stream) {
+            open_pending(self.handle, self.s, stream.clone());
+            if let Some(st) = self.s.streams.get_mut(&stream) {
+                // Announced by its priming event from the start: never answered as JSON.
+                st.pending = None;
+            }
+        }
+        self.s.telemetry.feature(Feature::GetStream);
+        self.s.standalone_auth = auth.cloned();
+        self.s
+            .streams
+            .get(&stream)
+            .map_or((0, 0), |st| (st.number, st.seq))
+    }
+
+    fn close_standalone(&mut self) {
+        if let Some(st) = self.s.streams.get_mut(&PeerStream::Standalone) {
+            st.tx = None;
+        }
+        self.s.standalone_auth = None;
+    }
+
     fn open(
         &mut self,
         peer: &PeerStream,
@@ -291,6 +316,18 @@ impl StepState for StepOn<'_> {
         };
         st.trace = trace.cloned();
         st.number
+    }
+}
+
+/// The standalone stream held for a `GET` until it attaches; dropped before that (the
+/// `GET` went away, or was refused), the hold goes.
+pub(crate) struct Hold(Option<Arc<SessionHandle>>);
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if let Some(Ok(mut s)) = self.0.as_ref().map(|h| h.shared.lock()) {
+            s.standalone_held = false;
+        }
     }
 }
 
@@ -399,18 +436,77 @@ impl SessionStore for Sessions {
         .await
     }
 
-    async fn stream(
+    type State<'s> = StepOn<'s>;
+    type Post = Post;
+    type Hold = Hold;
+
+    async fn resume(
         &self,
         gw: &Arc<Route>,
         handle: &Arc<SessionHandle>,
-        headers: &http::HeaderMap,
-        auth: Option<HeaderValue>,
+        number: u64,
+        after: u64,
+        _auth: Option<&HeaderValue>,
     ) -> Response<GatewayBody> {
-        Box::pin(get(gw, handle, headers, auth)).await
+        handle.touch();
+        let Ok(mut s) = handle.shared.lock() else {
+            return internal();
+        };
+        resume(gw, handle, &mut s, number, after)
     }
 
-    type State<'s> = StepOn<'s>;
-    type Post = Post;
+    async fn hold(&self, handle: &Arc<SessionHandle>) -> Result<Hold, Held> {
+        let Ok(mut s) = handle.shared.lock() else {
+            return Err(Held::Failed(StepError::Broken));
+        };
+        let connected = s
+            .streams
+            .get(&PeerStream::Standalone)
+            .is_some_and(|st| st.tx.as_ref().is_some_and(|t| !t.is_closed()));
+        if connected || s.standalone_held {
+            return Err(Held::Conflict);
+        }
+        s.standalone_held = true;
+        Ok(Hold(Some(handle.clone())))
+    }
+
+    async fn release(&self, _handle: &Arc<SessionHandle>, hold: Hold) {
+        drop(hold);
+    }
+
+    fn attach(
+        &self,
+        gw: &Arc<Route>,
+        handle: &Arc<SessionHandle>,
+        mut hold: Hold,
+        number: u64,
+        seq: u64,
+    ) -> Response<GatewayBody> {
+        // Let go here, under the lock below, not by `Drop` (which takes the lock).
+        drop(hold.0.take());
+        let Ok(mut s) = handle.shared.lock() else {
+            return internal();
+        };
+        let Some(st) = s.streams.get_mut(&PeerStream::Standalone) else {
+            return internal();
+        };
+        // The priming event names where the step opened the stream; what the stream
+        // carried since (the ring) follows it.
+        let backlog = std::iter::once(sse::prime(&format!("{number}.{seq}")))
+            .chain(st.ring.after(seq).cloned())
+            .collect();
+        let (tx, body) = ChannelBody::metered(backlog, STREAM_QUEUE, handle.max_buffered);
+        watch_standalone(gw.clone(), handle.clone(), tx.clone());
+        st.tx = Some(tx);
+        // Connected: the hold is no longer what keeps a second GET out.
+        s.standalone_held = false;
+        rearm(gw, handle, &s);
+        crate::body::sse_response(body)
+    }
+
+    fn anonymous(&self, handle: &Arc<SessionHandle>) -> bool {
+        handle.anonymous
+    }
 
     async fn step<I, T, R, F>(
         &self,
@@ -603,6 +699,7 @@ async fn initialize(
             init_trace: trace,
             call_auth: HashMap::new(),
             standalone_auth: None,
+            standalone_held: false,
         }),
         last_used: AtomicU64::new(now().as_millis()),
         timer_at: AtomicU64::new(0),
@@ -811,122 +908,41 @@ fn respond_on(
     crate::body::sse_response(body)
 }
 
-async fn get(
-    gw: &Arc<Route>,
-    handle: &Arc<SessionHandle>,
-    headers: &http::HeaderMap,
-    auth: Option<HeaderValue>,
-) -> Response<GatewayBody> {
-    handle.touch();
-    let watch = Arc::new(HeadWatch::default());
-    let probe_auth = auth.clone();
-    let (response, mut inline) = {
-        let Ok(mut s) = handle.shared.lock() else {
-            return internal();
-        };
-        let r = open_get(gw, handle, &mut s, headers, auth, &watch);
-        (r, take_inline(&mut s))
-    };
-    // Opening the stream may start `subscriptions/listen` with this GET's token: its
-    // 401/403 answers the GET, and the stream is closed again. Without one, the
-    // upstream is asked about the token all the same (a bound session only).
-    let mut denied = None;
-    if inline.0.is_some() {
-        inline.wait_head(&watch).await;
-    } else if probe_auth.is_some() && !handle.anonymous {
-        denied = crate::auth::upstream_denial(gw, probe_auth.as_ref())
-            .await
-            .map(Box::new);
-    }
-    drop(inline);
-    if let Some(denial) = watch.finish().or(denied) {
-        if let Ok(mut s) = handle.shared.lock() {
-            if let Some(st) = s.streams.get_mut(&PeerStream::Standalone) {
-                st.tx = None;
-            }
-            s.standalone_auth = None;
-            let _ = s.machine.handle_standalone_closed();
-            perform(gw, handle, &mut s, None);
-        }
-        return denial.response();
-    }
-    response
-}
-
-/// Attaches a GET to a stream: a resumed one (`Last-Event-ID`) or the standalone one.
-fn open_get(
+/// `GET` with `Last-Event-ID`: stream `number` again after event `after`.
+fn resume(
     gw: &Arc<Route>,
     handle: &Arc<SessionHandle>,
     s: &mut Shared,
-    headers: &http::HeaderMap,
-    auth: Option<HeaderValue>,
-    watch: &Arc<HeadWatch>,
+    number: u64,
+    after: u64,
 ) -> Response<GatewayBody> {
-    let body = if let Some((number, after)) = last_event_id(headers) {
-        let Some(stream) = s.by_number.get(&number).cloned() else {
-            return rpc_error(
-                StatusCode::NOT_FOUND,
-                None,
-                ErrorCode::INVALID_REQUEST,
-                "Unknown Last-Event-ID: that stream can no longer be resumed".into(),
-            );
-        };
-        // A stream still `pending` was never announced to the peer (its events are
-        // not encoded yet): it cannot be resumed.
-        let Some(st) = s.streams.get_mut(&stream).filter(|st| st.pending.is_none()) else {
-            return rpc_error(
-                StatusCode::NOT_FOUND,
-                None,
-                ErrorCode::INVALID_REQUEST,
-                "Unknown Last-Event-ID: that stream can no longer be resumed".into(),
-            );
-        };
-        if st.ring.has_gap_after(after) {
-            warn!(session = %handle.tag, stream = number, "resumption gap: older events were dropped");
-        }
-        let backlog = st.ring.after(after).cloned().collect();
-        let (tx, body) = ChannelBody::metered(backlog, STREAM_QUEUE, handle.max_buffered);
-        if !st.finished {
-            st.tx = Some(tx);
-            rearm(gw, handle, s);
-        }
-        s.telemetry.feature(Feature::Resumption);
-        debug!(session = %handle.tag, stream = number, after, "stream resumed");
-        body
-    } else {
-        let stream = PeerStream::Standalone;
-        if s.streams
-            .get(&stream)
-            .is_some_and(|st| st.tx.as_ref().is_some_and(|t| !t.is_closed()))
-        {
-            return rpc_error(
-                StatusCode::CONFLICT,
-                None,
-                ErrorCode::INVALID_REQUEST,
-                "Conflict: this session already has a GET stream open".into(),
-            );
-        }
-        if !s.streams.contains_key(&stream) {
-            open_pending(handle, s, stream.clone());
-            if let Some(st) = s.streams.get_mut(&stream) {
-                st.pending = None;
-            }
-        }
-        let Some(st) = s.streams.get_mut(&stream) else {
-            return internal();
-        };
-        let prime = vec![sse::prime(&format!("{}.{}", st.number, st.seq))];
-        let (tx, body) = ChannelBody::metered(prime, STREAM_QUEUE, handle.max_buffered);
-        watch_standalone(gw.clone(), handle.clone(), tx.clone());
-        st.tx = Some(tx);
-        s.telemetry.feature(Feature::GetStream);
-        // Kept only while this GET is open: `subscriptions/listen` runs on its behalf.
-        s.standalone_auth = auth;
-        s.inline = InlineSlot::Open(watch.clone());
-        let _ = s.machine.handle_standalone_opened();
-        perform(gw, handle, s, None);
-        body
+    let unknown = || {
+        rpc_error(
+            StatusCode::NOT_FOUND,
+            None,
+            ErrorCode::INVALID_REQUEST,
+            "Unknown Last-Event-ID: that stream can no longer be resumed".into(),
+        )
     };
+    let Some(stream) = s.by_number.get(&number).cloned() else {
+        return unknown();
+    };
+    // A stream still `pending` was never announced to the peer (its events are not
+    // encoded yet): it cannot be resumed.
+    let Some(st) = s.streams.get_mut(&stream).filter(|st| st.pending.is_none()) else {
+        return unknown();
+    };
+    if st.ring.has_gap_after(after) {
+        warn!(session = %handle.tag, stream = number, "resumption gap: older events were dropped");
+    }
+    let backlog = st.ring.after(after).cloned().collect();
+    let (tx, body) = ChannelBody::metered(backlog, STREAM_QUEUE, handle.max_buffered);
+    if !st.finished {
+        st.tx = Some(tx);
+        rearm(gw, handle, s);
+    }
+    s.telemetry.feature(Feature::Resumption);
+    debug!(session = %handle.tag, stream = number, after, "stream resumed");
     crate::body::sse_response(body)
 }
 

@@ -43,7 +43,7 @@ use crate::body::GatewayBody;
 use crate::Route;
 use dualera_adapters::{PeerStream, Request, RequestId, Session, Timestamp};
 use http::header::HeaderValue;
-use http::{HeaderMap, Response};
+use http::Response;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -253,6 +253,18 @@ pub(super) enum StepError<R> {
     Refused(R),
 }
 
+impl<R> StepError<R> {
+    /// The same failure with the refusal mapped.
+    pub(super) fn map_refused<Q>(self, f: impl FnOnce(R) -> Q) -> StepError<Q> {
+        match self {
+            Self::NotFound { anonymous } => StepError::NotFound { anonymous },
+            Self::Store(e) => StepError::Store(e),
+            Self::Broken => StepError::Broken,
+            Self::Refused(r) => StepError::Refused(f(r)),
+        }
+    }
+}
+
 impl<R> From<StoreError> for StepError<R> {
     fn from(e: StoreError) -> Self {
         Self::Store(e)
@@ -285,6 +297,12 @@ pub(super) trait StepState {
     /// A host request arrived (where the state lives in this process, its duration is
     /// timed from here).
     fn started(&mut self, id: &RequestId);
+    /// Opens the standalone stream (or finds it open) for a `GET` carrying `auth`
+    /// (kept while that `GET` is open: `subscriptions/listen` runs on its behalf): its
+    /// number and last sequence number.
+    fn open_standalone(&mut self, auth: Option<&HeaderValue>) -> (u64, u64);
+    /// The standalone stream's `GET` went away: its credentials go too.
+    fn close_standalone(&mut self);
     /// Opens the stream of a host request's POST: its number (the first part of its
     /// event ids). Every upstream attempt of the request carries `trace`, and `auth`
     /// until another host request of it brings its own.
@@ -294,6 +312,15 @@ pub(super) trait StepState {
         trace: Option<&Arc<TraceContext>>,
         auth: Option<&HeaderValue>,
     ) -> u64;
+}
+
+/// Why the standalone stream could not be held for a `GET`.
+#[derive(Debug)]
+pub(super) enum Held {
+    /// Another `GET` holds it: `409`.
+    Conflict,
+    /// What kept a step from running.
+    Failed(StepError<()>),
 }
 
 /// An operation a store served, for its log line ([`SessionStore::served`]).
@@ -310,7 +337,8 @@ pub(super) enum Served<'a> {
 /// Where the sessions of the Streamable HTTP front live. The front
 /// (`legacy_http`) writes each operation once over the narrow part — [`find`],
 /// [`step`], [`end`], and for a request's POST [`post`], [`first_message`],
-/// [`respond`] — and hands the rest (`initialize`, a GET) to the store whole, with their inputs checked: a POST's [`PostContext`] carries its
+/// [`respond`], for a `GET` [`hold`] and [`attach`] — and hands the rest
+/// (`initialize`, a resumption) to the store whole, with their inputs checked: a POST's [`PostContext`] carries its
 /// `Authorization`, forwarded headers and trace context.
 ///
 /// [`find`]: SessionStore::find
@@ -319,6 +347,8 @@ pub(super) enum Served<'a> {
 /// [`post`]: SessionStore::post
 /// [`first_message`]: SessionStore::first_message
 /// [`respond`]: SessionStore::respond
+/// [`hold`]: SessionStore::hold
+/// [`attach`]: SessionStore::attach
 pub(super) trait SessionStore: Send + Sync {
     /// A session found for a caller (what the operations below act on).
     type Session: Send + Sync;
@@ -330,6 +360,9 @@ pub(super) trait SessionStore: Send + Sync {
 
     /// A POST waiting for its stream's first message ([`SessionStore::post`]).
     type Post: Send;
+
+    /// The standalone stream held for a `GET` ([`SessionStore::hold`]).
+    type Hold: Send;
 
     /// One step of the session's machine: load its state, `feed` it `input`, plan,
     /// store what changed (compare-and-set on the version, with the messages appended
@@ -417,14 +450,42 @@ pub(super) trait SessionStore: Send + Sync {
         cx: PostContext,
     ) -> impl Future<Output = Response<GatewayBody>> + Send;
 
-    /// `GET`: the standalone stream, or the resumption of a stream by `Last-Event-ID`.
-    fn stream(
+    /// `GET` with `Last-Event-ID`: stream `number` again from after event `after`, on
+    /// this connection (the stream's previous connection, if any, ends).
+    fn resume(
         &self,
         gw: &Arc<Route>,
         session: &Self::Session,
-        headers: &HeaderMap,
-        authorization: Option<HeaderValue>,
+        number: u64,
+        after: u64,
+        authorization: Option<&HeaderValue>,
     ) -> impl Future<Output = Response<GatewayBody>> + Send;
+
+    /// The standalone `GET` stream is one connection at a time: held for this `GET`
+    /// until it attaches ([`SessionStore::attach`]) or lets go.
+    fn hold(
+        &self,
+        session: &Self::Session,
+    ) -> impl Future<Output = Result<Self::Hold, Held>> + Send;
+
+    /// The standalone stream was not opened after all (the upstream refused the
+    /// credentials): the hold goes.
+    fn release(&self, session: &Self::Session, hold: Self::Hold)
+        -> impl Future<Output = ()> + Send;
+
+    /// The held standalone stream, opened by a step at (`number`, `seq`), answers this
+    /// `GET`: a priming event, what the stream carried since, and what follows.
+    fn attach(
+        &self,
+        gw: &Arc<Route>,
+        session: &Self::Session,
+        hold: Self::Hold,
+        number: u64,
+        seq: u64,
+    ) -> Response<GatewayBody>;
+
+    /// The session was opened without credentials.
+    fn anonymous(&self, session: &Self::Session) -> bool;
 }
 
 /// The shared store's counters, read at each scrape (registered only when a

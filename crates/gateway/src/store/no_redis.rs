@@ -4,8 +4,8 @@
 //! the store's callers the same in both builds.
 
 use super::{
-    Detachable, Feeding, Lookup, RedisStoreConfig, Served, SessionStore, StepError, StepState,
-    Stepped, StoreError,
+    Detachable, Feeding, Held, Lookup, RedisStoreConfig, Served, SessionStore, StepError,
+    StepState, Stepped, StoreError,
 };
 use crate::body::GatewayBody;
 use crate::driver::HeadWatch;
@@ -15,7 +15,7 @@ use crate::{GatewayConfig, Route};
 use dualera_adapters::{PeerStream, Request, RequestId, Session, Timestamp};
 use dualera_common::parts::NotBuilt;
 use http::header::HeaderValue;
-use http::{HeaderMap, Response};
+use http::Response;
 use std::sync::Arc;
 
 pub(crate) mod client {
@@ -92,6 +92,14 @@ impl StepState for Never {
         match *self {}
     }
 
+    fn open_standalone(&mut self, _auth: Option<&HeaderValue>) -> (u64, u64) {
+        match *self {}
+    }
+
+    fn close_standalone(&mut self) {
+        match *self {}
+    }
+
     fn open(
         &mut self,
         _peer: &PeerStream,
@@ -123,18 +131,43 @@ impl SessionStore for Arc<RedisSessions> {
         match **self {}
     }
 
-    async fn stream(
+    type State<'s> = Never;
+    type Post = Never;
+    type Hold = Never;
+
+    async fn resume(
         &self,
         _gw: &Arc<Route>,
         session: &RedisSession,
-        _headers: &HeaderMap,
-        _authorization: Option<HeaderValue>,
+        _number: u64,
+        _after: u64,
+        _authorization: Option<&HeaderValue>,
     ) -> Response<GatewayBody> {
         match *session {}
     }
 
-    type State<'s> = Never;
-    type Post = Never;
+    async fn hold(&self, session: &RedisSession) -> Result<Never, Held> {
+        match *session {}
+    }
+
+    async fn release(&self, session: &RedisSession, _hold: Never) {
+        match *session {}
+    }
+
+    fn attach(
+        &self,
+        _gw: &Arc<Route>,
+        session: &RedisSession,
+        _hold: Never,
+        _number: u64,
+        _seq: u64,
+    ) -> Response<GatewayBody> {
+        match *session {}
+    }
+
+    fn anonymous(&self, session: &RedisSession) -> bool {
+        match *session {}
+    }
 
     async fn step<I, T, R, F>(
         &self,

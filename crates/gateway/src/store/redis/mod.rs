@@ -47,11 +47,11 @@ use crate::digest::log_tag;
 use crate::driver::{self, HeadWatch, Out};
 use crate::forwarded::Forwarded;
 use crate::legacy_http::{
-    self, mint_session_id, refusal, rpc_error, session_missing, store_unavailable,
-    with_session_header, PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, INIT_WAIT,
+    self, mint_session_id, rpc_error, session_missing, store_unavailable, with_session_header,
+    PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, INIT_WAIT,
 };
 use crate::store::{
-    Detachable, Exchange, Feeding, Lookup, RedisStoreConfig, Served, SessionStore, StepError,
+    Detachable, Exchange, Feeding, Held, Lookup, RedisStoreConfig, Served, SessionStore, StepError,
     Stepped, StoreError,
 };
 use crate::telemetry::WIRE_HTTP;
@@ -63,13 +63,13 @@ use dualera_adapters::{
     SessionState, Timestamp, UpstreamRole,
 };
 use http::header::{self, HeaderValue};
-use http::{HeaderMap, Response, StatusCode};
+use http::{Response, StatusCode};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 /// How often a stream's relay renews its hold and checks its connection.
 const HOLD_TICK: Duration = Duration::from_secs(2);
@@ -1337,106 +1337,34 @@ impl RedisSessions {
         }
     }
 
-    async fn stream(
+    /// `GET` with `Last-Event-ID`: relayed from the stream's entries after `after`.
+    async fn resume(
         self: &Arc<Self>,
         gw: &Arc<Route>,
         s: &RedisSession,
-        headers: &HeaderMap,
-        auth: Option<HeaderValue>,
+        number: u64,
+        after: u64,
+        auth: Option<&HeaderValue>,
     ) -> Response<GatewayBody> {
-        if let Some((number, after)) = legacy_http::last_event_id(headers) {
-            let record = match self.read(&s.id, &s.binding).await {
-                Ok(Ok(r)) => r,
-                Ok(Err(anonymous)) => return Self::missing(gw, auth.as_ref(), anonymous).await,
-                Err(e) => return store_unavailable(None, &e),
-            };
-            let Some(meta) = record.by_number(number) else {
-                return rpc_error(
-                    StatusCode::NOT_FOUND,
-                    None,
-                    ErrorCode::INVALID_REQUEST,
-                    "Unknown Last-Event-ID: that stream can no longer be resumed".into(),
-                );
-            };
-            let standalone = meta.peer == PeerStream::Standalone;
-            let holder = (!standalone).then_some(number);
-            Self::feature(gw, &record.machine, Feature::Resumption);
-            info!(session = %log_tag(&s.id), replica = %self.replica, stream = number, after, "stream resumed");
-            return self
-                .open_relay(&s.id, number, after, holder, standalone, false)
-                .await;
-        }
-        // The standalone stream: one connection at a time.
-        let token = self.token();
-        let holder_key = self.keys.holder(&s.id, None);
-        match self.redis.hold(&holder_key, &token, hold_ms(), true).await {
-            Ok(true) => {}
-            Ok(false) => {
-                return rpc_error(
-                    StatusCode::CONFLICT,
-                    None,
-                    ErrorCode::INVALID_REQUEST,
-                    "Conflict: this session already has a GET stream open".into(),
-                )
-            }
+        let record = match self.read(&s.id, &s.binding).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(anonymous)) => return Self::missing(gw, auth, anonymous).await,
             Err(e) => return store_unavailable(None, &e),
-        }
-        let head = Arc::new(HeadWatch::default());
-        let ctx = Self::ctx(s, auth.as_ref(), Some(head.clone()));
-        let opened = self
-            .step(gw, &s.id, &ctx, |record, _now| {
-                let meta = match record.stream(&PeerStream::Standalone) {
-                    Some(m) => (m.number, m.seq),
-                    None => (record.open_stream(PeerStream::Standalone), 0),
-                };
-                // Kept only while this GET is open: `subscriptions/listen` runs on its
-                // behalf.
-                record.set_auth(None, ctx.auth.clone());
-                record.machine.handle_standalone_opened().map(|()| meta)
-            })
-            .await;
-        let (number, seq) = match opened {
-            Ok(m) => m,
-            Err(e) => {
-                let _ = self.redis.release_holder(&holder_key, &token).await;
-                return match e {
-                    StepError::NotFound { anonymous } => {
-                        Self::missing(gw, auth.as_ref(), anonymous).await
-                    }
-                    StepError::Store(e) => store_unavailable(None, &e),
-                    StepError::Refused(e) => refusal(None, &e),
-                    StepError::Broken => legacy_http::internal(),
-                };
-            }
         };
-        // Opening the stream may start `subscriptions/listen` with this GET's token:
-        // its 401/403 answers the GET, and the stream is closed again. Without one,
-        // the upstream is asked about the token all the same (a bound session only).
-        let exchange = self.inline_exchange(gw, &s.id, &ctx);
-        drop(ctx);
-        let mut denied = None;
-        if Arc::strong_count(&head) > 1 || exchange.is_some() {
-            drive(head.settle(HEAD_WAIT), exchange).await;
-        } else if auth.is_some() && !s.anonymous {
-            denied = crate::auth::upstream_denial(gw, auth.as_ref())
-                .await
-                .map(Box::new);
-        }
-        if let Some(denial) = head.finish().or(denied) {
-            let _ = self.redis.release_holder(&holder_key, &token).await;
-            let closed = self
-                .step(gw, &s.id, &Ctx::default(), |record, _now| {
-                    record.set_auth(None, None);
-                    record.machine.handle_standalone_closed()
-                })
-                .await;
-            if let Err(StepError::Store(e)) = closed {
-                warn!(error = %e, "standalone stream close not recorded");
-            }
-            return denial.response();
-        }
-        info!(session = %log_tag(&s.id), replica = %self.replica, stream = number, "standalone stream opened");
-        self.relay_with(gw, &s.id, number, seq, None, true, token, true)
+        let Some(meta) = record.by_number(number) else {
+            return rpc_error(
+                StatusCode::NOT_FOUND,
+                None,
+                ErrorCode::INVALID_REQUEST,
+                "Unknown Last-Event-ID: that stream can no longer be resumed".into(),
+            );
+        };
+        let standalone = meta.peer == PeerStream::Standalone;
+        let holder = (!standalone).then_some(number);
+        Self::feature(gw, &record.machine, Feature::Resumption);
+        info!(session = %log_tag(&s.id), replica = %self.replica, stream = number, after, "stream resumed");
+        self.open_relay(&s.id, number, after, holder, standalone, false)
+            .await
     }
 }
 
@@ -1469,6 +1397,12 @@ fn json_body(body: Vec<u8>) -> Response<GatewayBody> {
         HeaderValue::from_static("application/json"),
     );
     r
+}
+
+/// The standalone stream held for a `GET`: its holder key and this connection's token.
+pub(crate) struct Hold {
+    key: String,
+    token: String,
 }
 
 /// A request's POST waiting for its stream's first message: its decider, the wake-up
@@ -1644,18 +1578,50 @@ impl SessionStore for Arc<RedisSessions> {
         RedisSessions::initialize(self, gw, init, cx).await
     }
 
-    async fn stream(
+    type State<'s> = Record;
+    type Post = Post;
+    type Hold = Hold;
+
+    async fn resume(
         &self,
         gw: &Arc<Route>,
         session: &RedisSession,
-        headers: &HeaderMap,
-        authorization: Option<HeaderValue>,
+        number: u64,
+        after: u64,
+        authorization: Option<&HeaderValue>,
     ) -> Response<GatewayBody> {
-        RedisSessions::stream(self, gw, session, headers, authorization).await
+        RedisSessions::resume(self, gw, session, number, after, authorization).await
     }
 
-    type State<'s> = Record;
-    type Post = Post;
+    async fn hold(&self, session: &RedisSession) -> Result<Hold, Held> {
+        let token = self.token();
+        let key = self.keys.holder(&session.id, None);
+        match self.redis.hold(&key, &token, hold_ms(), true).await {
+            Ok(true) => Ok(Hold { key, token }),
+            Ok(false) => Err(Held::Conflict),
+            Err(e) => Err(Held::Failed(StepError::Store(e))),
+        }
+    }
+
+    async fn release(&self, _session: &RedisSession, hold: Hold) {
+        let _ = self.redis.release_holder(&hold.key, &hold.token).await;
+    }
+
+    fn attach(
+        &self,
+        gw: &Arc<Route>,
+        session: &RedisSession,
+        hold: Hold,
+        number: u64,
+        seq: u64,
+    ) -> Response<GatewayBody> {
+        info!(session = %log_tag(&session.id), replica = %self.replica, stream = number, "standalone stream opened");
+        self.relay_with(gw, &session.id, number, seq, None, true, hold.token, true)
+    }
+
+    fn anonymous(&self, session: &RedisSession) -> bool {
+        session.anonymous
+    }
 
     async fn step<I, T, R, F>(
         &self,

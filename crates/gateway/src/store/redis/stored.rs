@@ -205,6 +205,19 @@ impl StepState for Record {
     // A step of a shared session lives no longer than the step: nothing to time here.
     fn started(&mut self, _id: &RequestId) {}
 
+    fn open_standalone(&mut self, auth: Option<&HeaderValue>) -> (u64, u64) {
+        let at = match self.stream(&PeerStream::Standalone) {
+            Some(m) => (m.number, m.seq),
+            None => (self.open_stream(PeerStream::Standalone), 0),
+        };
+        self.set_auth(None, super::auth_text(auth));
+        at
+    }
+
+    fn close_standalone(&mut self) {
+        self.set_auth(None, None);
+    }
+
     fn open(
         &mut self,
         peer: &PeerStream,
