@@ -1,13 +1,15 @@
 //! Legacy Streamable HTTP (2025-03-26 … 2025-11-25), the front every session store
 //! shares: the `Origin`/version checks, the session lookup and its binding, the body
-//! and the envelope, then the store's operation (`store::SessionStore`); and the
-//! answers both stores give alike (refusals, `404`, `Last-Event-ID` parsing).
+//! and the envelope; then each operation — a request's POST, a batch, a notification
+//! or reply, `DELETE`, the standalone `GET` — written once over the store's narrow part
+//! (`store::SessionStore`: a step, a POST's wait and answer, the standalone stream's
+//! hold); and the answers every store gives alike (refusals, `404`, `Last-Event-ID`
+//! parsing).
 //!
 //! Where the sessions live — this process (`store::memory`) or Redis
 //! (`store::redis`) — is the store's business; what their machines' events mean is the
 //! driver's (`driver`).
 
-use super::driver::HeadWatch;
 use super::forwarded::Forwarded;
 use super::store::{
     Feeding, Held, Lookup, Served, SessionStore, StepError, StepState, Stepped, StoreError,

@@ -11,22 +11,33 @@
 //!   compare-and-set on a version in one script, and only then performs the rest.
 //!
 //! ```text
-//!   legacy_http::handle ──► Origin/version checks, body, parse, binding
-//!        │                    │
-//!        ▼                    ▼
-//!   SessionStore::{initialize, request, message, batch, stream, delete}
+//!   legacy_http ──► headers, session lookup and binding, body, envelope; then each
+//!        │           operation written once over the trait's narrow part:
+//!        │             message, DELETE          step / end
+//!        │             request, batch           post, step (+ bind), first_message, respond
+//!        │             standalone GET           hold, step, head or token probe, attach
+//!        ▼
+//!   SessionStore ──► step: load, feed (a StepState: machine + streams), plan,
+//!        │                  store (CAS + append), perform (exchanges, leases, timers)
 //!        ├─ memory::Sessions        (lock, feed, plan, perform)
 //!        └─ redis::RedisSessions    (load, feed, plan, CAS + append, perform)
+//!   and whole, where the stores have nothing in common to share:
+//!        initialize (admission in this process / a create script) and resumption by
+//!        `Last-Event-ID` (a replay ring / the stream's entries relayed).
 //! ```
 //!
-//! The trait is one HTTP operation wide rather than a bare load/compare-and-set: what
-//! a stream *is* differs between the two (a live connection and a replay ring here,
-//! an entry log relayed by whichever replica holds the host's connection there), and
-//! the answer to a POST — JSON or a stream — is decided where the stream lives.
+//! The step is one operation (load, compare-and-set, append) rather than three: the
+//! in-memory store's "load" is its lock and its "compare-and-set" the unlock, so
+//! split calls would either hold a lock across them or make the in-memory store
+//! serialize its state as the shared one must (measured: 2.6× a legacy call's
+//! instructions). What a stream *is* stays each store's: a live connection and a
+//! replay ring here, an entry log relayed by whichever replica holds the host's
+//! connection there; so how a POST waits for its first message and answers (JSON or a
+//! stream) is behind [`SessionStore::first_message`] and [`SessionStore::respond`].
 //!
 //! The single-channel wires (stdio, WebSocket, 2024-11-05 HTTP+SSE) hold one
 //! connection per session, which cannot move between processes: they stay in memory
-//! whatever the store (`pipe`).
+//! whatever the store (`pipe`), on `driver::run`.
 
 pub(super) mod memory;
 // Redis is the `redis` feature; without it, `no_redis` refuses a `redis://` store.
