@@ -10,6 +10,7 @@
 //! (`store::redis`) — is the store's business; what their machines' events mean is the
 //! driver's (`driver`).
 
+use super::driver::HeadWatch;
 use super::forwarded::Forwarded;
 use super::store::{
     Feeding, Held, Lookup, Served, SessionStore, StepError, StepState, Stepped, StoreError,
