@@ -360,11 +360,7 @@ async fn request<S: SessionStore>(
             info!(session = %store.tag(session), error = %e, "request refused");
             return refusal(Some(id), &e);
         }
-        Err(StepError::NotFound { anonymous }) => {
-            return session_missing(gw, auth.as_ref(), anonymous).await
-        }
-        Err(StepError::Store(e)) => return store_unavailable(Some(id), &e),
-        Err(StepError::Broken) => return internal(),
+        Err(e) => return step_failed(gw, auth.as_ref(), Some(id), e.map_refused(drop)).await,
     };
     // A request answered without any live round gets a plain JSON response. Nothing
     // is committed before the upstream accepted the exchange: its 401/403 must reach
@@ -418,11 +414,7 @@ async fn batch<S: SessionStore>(
     let (number, refused) = match fed {
         Ok(fed) => fed,
         Err(StepError::Refused(e)) => return refusal(None, &e),
-        Err(StepError::NotFound { anonymous }) => {
-            return session_missing(gw, auth.as_ref(), anonymous).await
-        }
-        Err(StepError::Store(e)) => return store_unavailable(None, &e),
-        Err(StepError::Broken) => return internal(),
+        Err(e) => return step_failed(gw, auth.as_ref(), None, e.map_refused(drop)).await,
     };
     for e in &refused {
         warn!(session = %store.tag(session), error = %e, "batch element refused");
@@ -453,7 +445,7 @@ async fn standalone<S: SessionStore>(
                 "Conflict: this session already has a GET stream open".into(),
             )
         }
-        Err(Held::Failed(e)) => return step_failed(gw, auth.as_ref(), e).await,
+        Err(Held::Failed(e)) => return step_failed(gw, auth.as_ref(), None, e).await,
     };
     let head = Arc::new(HeadWatch::default());
     let feeding = Feeding {
@@ -472,7 +464,7 @@ async fn standalone<S: SessionStore>(
             store.release(session, hold).await;
             return match e {
                 StepError::Refused(e) => refusal(None, &e),
-                e => step_failed(gw, auth.as_ref(), e.map_refused(|_| ())).await,
+                e => step_failed(gw, auth.as_ref(), None, e.map_refused(drop)).await,
             };
         }
     };
@@ -506,16 +498,18 @@ async fn standalone<S: SessionStore>(
     store.attach(gw, session, hold, number, seq)
 }
 
-/// The answer to a step that could not run (its input was not refused: that answer
-/// is the machine's).
+/// The answer to a step that could not run: the session is gone for this caller, the
+/// store failed, or its state is unusable (a refused input is answered by its caller,
+/// in the machine's words). `id`: the request's, for its JSON-RPC error.
 async fn step_failed(
     gw: &Arc<Route>,
     auth: Option<&HeaderValue>,
+    id: Option<RequestId>,
     e: StepError<()>,
 ) -> Response<GatewayBody> {
     match e {
         StepError::NotFound { anonymous } => session_missing(gw, auth, anonymous).await,
-        StepError::Store(e) => store_unavailable(None, &e),
+        StepError::Store(e) => store_unavailable(id, &e),
         StepError::Broken | StepError::Refused(()) => internal(),
     }
 }
@@ -568,11 +562,7 @@ async fn message<S: SessionStore>(
             warn!(session = %store.tag(session), error = %e, "peer message refused");
             refusal(None, &e)
         }
-        Err(StepError::NotFound { anonymous }) => {
-            session_missing(gw, auth.as_ref(), anonymous).await
-        }
-        Err(StepError::Store(e)) => store_unavailable(None, &e),
-        Err(StepError::Broken) => internal(),
+        Err(e) => step_failed(gw, auth.as_ref(), None, e.map_refused(drop)).await,
     }
 }
 
@@ -590,9 +580,7 @@ async fn delete<S: SessionStore>(
             *r.status_mut() = StatusCode::OK;
             r
         }
-        Err(StepError::NotFound { anonymous }) => session_missing(gw, auth, anonymous).await,
-        Err(StepError::Store(e)) => store_unavailable(None, &e),
-        Err(StepError::Broken | StepError::Refused(())) => internal(),
+        Err(e) => step_failed(gw, auth, None, e).await,
     }
 }
 

@@ -281,11 +281,8 @@ impl StepState for StepOn<'_> {
     fn open_standalone(&mut self, auth: Option<&HeaderValue>) -> (u64, u64) {
         let stream = PeerStream::Standalone;
         if !self.s.streams.contains_key(&stream) {
-            open_pending(self.handle, self.s, stream.clone());
-            if let Some(st) = self.s.streams.get_mut(&stream) {
-                // Announced by its priming event from the start: never answered as JSON.
-                st.pending = None;
-            }
+            // Announced by its priming event from the start: never answered as JSON.
+            open_pending(self.handle, self.s, stream.clone(), false, None);
         }
         self.s.telemetry.feature(Feature::GetStream);
         self.s.standalone_auth = auth.cloned();
@@ -309,13 +306,8 @@ impl StepState for StepOn<'_> {
         // Kept by `perform` for the calls this step starts (`driver::CallContext`).
         _auth: Option<&HeaderValue>,
     ) -> u64 {
-        open_pending(self.handle, self.s, peer.clone());
         self.opened = Some(peer.clone());
-        let Some(st) = self.s.streams.get_mut(peer) else {
-            return 0;
-        };
-        st.trace = trace.cloned();
-        st.number
+        open_pending(self.handle, self.s, peer.clone(), true, trace.cloned())
     }
 }
 
@@ -715,7 +707,7 @@ async fn initialize(
         let Ok(mut s) = handle.shared.lock() else {
             return internal();
         };
-        open_pending(&handle, &mut s, stream.clone());
+        open_pending(&handle, &mut s, stream.clone(), true, None);
         s.telemetry.request_started(&init.id);
         if let Err(e) = s.machine.handle_peer_message(Message::Request(init), now()) {
             return rpc_error(
@@ -774,7 +766,15 @@ async fn initialize(
     with_session_header(r, &id)
 }
 
-fn open_pending(handle: &SessionHandle, s: &mut Shared, stream: PeerStream) {
+/// Opens a stream towards the peer: its number. `pending`: its messages are kept as
+/// JSON until its POST decides between JSON and SSE ([`StreamState::pending`]).
+fn open_pending(
+    handle: &SessionHandle,
+    s: &mut Shared,
+    stream: PeerStream,
+    pending: bool,
+    trace: Option<Arc<TraceContext>>,
+) -> u64 {
     s.next_stream += 1;
     let number = s.next_stream;
     s.by_number.insert(number, stream.clone());
@@ -785,12 +785,13 @@ fn open_pending(handle: &SessionHandle, s: &mut Shared, stream: PeerStream) {
             seq: 0,
             ring: ReplayRing::new(handle.replay, handle.replay_bytes),
             tx: None,
-            pending: Some(Vec::new()),
+            pending: pending.then(Vec::new),
             finished: false,
             waiter: None,
-            trace: None,
+            trace,
         },
     );
+    number
 }
 
 /// Waits until the pending stream finished (its last message arrived), up to `limit`,
@@ -1144,13 +1145,9 @@ fn deliver(
     last: bool,
 ) {
     if !s.streams.contains_key(stream) {
-        // A stream the peer never opened (e.g. standalone before any GET): keep the
-        // events so a later GET can... no: the standalone stream only carries what is
-        // sent while it is open, so open a detached one that buffers for resumption.
-        open_pending(handle, s, stream.clone());
-        if let Some(st) = s.streams.get_mut(stream) {
-            st.pending = None;
-        }
+        // A stream the peer never opened (the standalone one before any GET): opened
+        // detached, its events kept in the ring for a resumption.
+        open_pending(handle, s, stream.clone(), false, None);
     }
     let Some(st) = s.streams.get_mut(stream) else {
         return;
