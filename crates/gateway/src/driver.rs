@@ -264,6 +264,106 @@ pub(super) trait Feed: Sync {
     fn ended(&self, id: &RequestId, ended: Ended) -> impl Future<Output = ()> + Send;
 }
 
+/// What a new session's `initialize` came to ([`handshake`]).
+pub(super) struct Handshake {
+    /// The answer to the host's `initialize` (`None`: no answer, the upstream gave
+    /// none in time or the exchange ended without one).
+    pub(super) answer: Option<Vec<u8>>,
+    /// What the machine observed meanwhile, recorded once the session is stored.
+    pub(super) observed: Vec<Observation>,
+}
+
+/// Runs a new session's `initialize`, already fed to `machine`, until it is answered:
+/// the machine's plan after each step, its `server/discover` exchange driven here, its
+/// messages and end fed back whole. The session is not stored anywhere until this
+/// succeeded, so every store starts sessions the same way and stores only ready
+/// ones; `now` is the clock of the store that will keep the machine. A refusal of
+/// the caller's credentials comes back as it is: no session is minted.
+pub(super) async fn handshake(
+    route: &Route,
+    machine: &mut Session,
+    auth: Option<&HeaderValue>,
+    trace: Option<&Arc<TraceContext>>,
+    forwarded: &Forwarded,
+    now: impl Fn() -> Timestamp,
+) -> Result<Handshake, Box<Denial>> {
+    let mut observed = Vec::new();
+    let mut calls = Fixed { auth, trace };
+    loop {
+        let mut plan = self::plan(machine, &mut calls, auth);
+        observed.append(&mut plan.observed);
+        let answer = plan.out.into_iter().find_map(|out| match out {
+            Out::Message {
+                bytes, last: true, ..
+            } => Some(bytes),
+            _ => None,
+        });
+        if answer.is_some() {
+            // What else the answer's step said, the session not stored yet: only its
+            // observations count.
+            let mut rest = self::plan(machine, &mut calls, None);
+            observed.append(&mut rest.observed);
+            return Ok(Handshake { answer, observed });
+        }
+        let Some(start) = plan.starts.into_iter().next() else {
+            return Ok(Handshake {
+                answer: None,
+                observed,
+            });
+        };
+        let head = HeadWatch::default();
+        let collected = Collect::default();
+        exchange(route, &start, forwarded, Some(&head), &collected).await;
+        if let Some(denial) = head.finish() {
+            return Err(denial);
+        }
+        let at = now();
+        let id = &start.id;
+        let (got, ended) = collected.take();
+        // The discover's answer, fed whole (its notifications, if any, first).
+        for m in got {
+            let _ = machine.handle_upstream_message(Some(id.clone()), m, at);
+        }
+        let _ = match ended {
+            Some(Ended::Lost(Some((reason, message)))) => {
+                machine.handle_upstream_refused(id, reason, message, at)
+            }
+            Some(Ended::Lost(None)) => machine.handle_upstream_lost(id, at),
+            _ => Ok(()),
+        };
+    }
+}
+
+/// The exchange of a session still being opened: its messages and its end, fed to
+/// the machine once it is over.
+#[derive(Default)]
+struct Collect(std::sync::Mutex<(Vec<Message>, Option<Ended>)>);
+
+impl Collect {
+    fn take(self) -> (Vec<Message>, Option<Ended>) {
+        self.0
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Feed for Collect {
+    async fn room(&self, _: &UpstreamRole) {}
+
+    async fn message(&self, _: &RequestId, message: Message, _: bool) -> bool {
+        if let Ok(mut c) = self.0.lock() {
+            c.0.push(message);
+        }
+        true
+    }
+
+    async fn ended(&self, _: &RequestId, ended: Ended) {
+        if let Ok(mut c) = self.0.lock() {
+            c.1 = Some(ended);
+        }
+    }
+}
+
 /// Runs one upstream exchange to its end through the route's upstream path. `head`:
 /// the host request waiting to learn whether the upstream accepted the exchange.
 pub(super) async fn exchange<F: Feed>(

@@ -10,10 +10,11 @@
 //! (`store::redis`) — is the store's business; what their machines' events mean is the
 //! driver's (`driver`).
 
-use super::driver::HeadWatch;
+use super::driver::{self, HeadWatch};
 use super::forwarded::Forwarded;
 use super::store::{
-    Feeding, Held, Lookup, Served, SessionStore, StepError, StepState, Stepped, StoreError,
+    Created, Feeding, Held, Lookup, NotCreated, Served, SessionStore, StepError, StepState,
+    Stepped, StoreError,
 };
 use super::trace::TraceContext;
 use super::{text, GatewayConfig, Route};
@@ -23,7 +24,7 @@ use crate::inbound::RequestBody;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
 use dualera_adapters::{
     Config as MachineConfig, ErrorCode, ErrorObject, Message, PeerStream, ProtocolVersion,
-    RequestId, Response as RpcResponse,
+    RequestId, Response as RpcResponse, SessionState,
 };
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
@@ -298,7 +299,8 @@ async fn post<S: SessionStore>(
     let Some(handle) = existing else {
         return match parsed {
             Parsed::Single(Message::Request(r)) if r.method == "initialize" => {
-                store.initialize(gw, r, cx).await
+                // Once per session, and large: boxed, out of every request's future.
+                Box::pin(initialize(gw, store, r, cx)).await
             }
             _ => rpc_error(
                 StatusCode::BAD_REQUEST,
@@ -312,6 +314,104 @@ async fn post<S: SessionStore>(
         Parsed::Single(Message::Request(r)) => request(gw, store, &handle, r, cx).await,
         Parsed::Single(other) => message(gw, store, &handle, other, cx.auth).await,
         Parsed::Batch(items) => batch(gw, store, &handle, items, cx).await,
+    }
+}
+
+/// `initialize` without a session: the machine's handshake with the upstream runs
+/// before any store keeps the session, and the store admits it only once it is ready.
+async fn initialize<S: SessionStore>(
+    gw: &Arc<Route>,
+    store: &S,
+    init: dualera_adapters::Request,
+    cx: PostContext,
+) -> Response<GatewayBody> {
+    let PostContext {
+        auth,
+        forwarded,
+        trace,
+        peer,
+    } = cx;
+    let arrived = std::time::Instant::now();
+    let init_id = init.id.clone();
+    let Some(sid) = mint_session_id() else {
+        return internal();
+    };
+    let mut machine = store.new_machine(&sid);
+    if let Some(d) = crate::cache::legacy::discover_for_initialize(&gw.cache, auth.as_ref()) {
+        let _ = machine.handle_discover_shared(d);
+    }
+    if let Err(e) = machine.handle_peer_message(Message::Request(init), store.now()) {
+        return rpc_error(
+            StatusCode::BAD_REQUEST,
+            Some(init_id),
+            ErrorCode::INVALID_REQUEST,
+            format!("Invalid request: {e}"),
+        );
+    }
+    let handshake = driver::handshake(
+        gw,
+        &mut machine,
+        auth.as_ref(),
+        trace.as_ref(),
+        &forwarded,
+        || store.now(),
+    );
+    let (answer, observed) = match tokio::time::timeout(INIT_WAIT, handshake).await {
+        Ok(Ok(driver::Handshake {
+            answer: Some(answer),
+            observed,
+        })) => (answer, observed),
+        Ok(Err(denial)) => {
+            // The upstream refused the caller's credentials: its status and challenge
+            // go back as they are, and no session is minted.
+            info!(
+                status = denial.status.as_u16(),
+                "initialize refused by the upstream"
+            );
+            return denial.response();
+        }
+        Ok(Ok(driver::Handshake { answer: None, .. })) | Err(_) => {
+            return rpc_error(
+                StatusCode::GATEWAY_TIMEOUT,
+                Some(init_id),
+                ErrorCode::INTERNAL_ERROR,
+                "the upstream server did not answer in time".into(),
+            )
+        }
+    };
+    let mut response = Response::new(full(answer));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if machine.state() != SessionState::Ready {
+        // A failed initialize leaves no session behind.
+        return response;
+    }
+    let created = Created {
+        sid,
+        machine,
+        observed,
+        init: (init_id.clone(), arrived),
+        auth,
+        forwarded,
+        trace,
+        peer,
+    };
+    let sid = created.sid.clone();
+    match store.create(gw, created).await {
+        Ok(()) => with_session_header(response, &sid),
+        Err(NotCreated::Full) => sessions_refused(
+            Some(init_id),
+            StatusCode::SERVICE_UNAVAILABLE,
+            gw.config.max_sessions,
+        ),
+        Err(NotCreated::CallerFull) => sessions_refused(
+            Some(init_id),
+            StatusCode::TOO_MANY_REQUESTS,
+            gw.config.max_sessions_per_caller,
+        ),
+        Err(NotCreated::Store(e)) => store_unavailable(Some(init_id), &e),
     }
 }
 

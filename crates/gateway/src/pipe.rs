@@ -26,7 +26,7 @@ pub(super) async fn run_session<W: Wire>(
     forwarded: Arc<Forwarded>,
 ) {
     let transport = W::TRANSPORT;
-    let mut machine = gw.legacy.new_machine(transport);
+    let mut machine = gw.legacy.wire_machine(transport);
     let telemetry = gw.telemetry.session(transport);
     if let Some(d) =
         super::cache::legacy::discover_for_initialize(&gw.cache, authorization.as_ref())

@@ -316,8 +316,14 @@ pub struct SessionTelemetry {
 impl SessionTelemetry {
     /// A request of the peer arrived (call before feeding it to the machine).
     pub(super) fn request_started(&mut self, id: &RequestId) {
+        self.request_started_at(id, Instant::now());
+    }
+
+    /// A request of the peer arrived at `at` (before this telemetry existed: the
+    /// `initialize` that opened the session).
+    pub(super) fn request_started_at(&mut self, id: &RequestId, at: Instant) {
         if self.started.len() < MAX_TIMED {
-            self.started.entry(id.clone()).or_insert_with(Instant::now);
+            self.started.entry(id.clone()).or_insert(at);
         }
     }
 

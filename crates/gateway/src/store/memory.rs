@@ -15,17 +15,16 @@ use crate::body::{full, ChannelBody, GatewayBody, MeteredSender, SendError};
 use crate::driver::{self, Ended, HeadWatch, Out};
 use crate::forwarded::Forwarded;
 use crate::legacy_http::{
-    internal, machine_config, mint_session_id, rpc_error, sessions_refused, with_session_header,
-    PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, INIT_WAIT, STREAM_QUEUE,
+    internal, machine_config, rpc_error, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, STREAM_QUEUE,
 };
 use crate::sse;
 use crate::store::{
-    Detachable, Exchange, Feeding, Held, Lookup, Served, SessionStore, StepError, StepState,
-    Stepped, StoreError,
+    Created, Detachable, Exchange, Feeding, Held, Lookup, NotCreated, Served, SessionStore,
+    StepError, StepState, Stepped, StoreError,
 };
 use crate::telemetry::{SessionTelemetry, WIRE_HTTP};
 use crate::trace::TraceContext;
-use crate::{cache, GatewayConfig, Route};
+use crate::{GatewayConfig, Route};
 use bytes::Bytes;
 use dashmap::DashMap;
 use dualera_adapters::replay::ReplayRing;
@@ -170,8 +169,9 @@ impl Sessions {
         Some(handle.tag.clone())
     }
 
-    /// A machine for a new session on `transport`, with ids of its own.
-    pub(crate) fn new_machine(&self, transport: &str) -> Session {
+    /// A machine for a new session of a single-channel wire (`transport`), with ids
+    /// of its own.
+    pub(crate) fn wire_machine(&self, transport: &str) -> Session {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let prefix = format!(
             "dualera-{transport}{}",
@@ -408,24 +408,73 @@ impl SessionStore for Sessions {
         })
     }
 
-    async fn initialize(
-        &self,
-        gw: &Arc<Route>,
-        init: dualera_adapters::Request,
-        cx: PostContext,
-    ) -> Response<GatewayBody> {
-        let caller = BindingKey::of(gw.config.session_binding, cx.auth.as_ref())
-            .caller(cx.auth.is_none(), cx.peer);
-        // Once per session, and large: boxed, out of every request's future.
-        Box::pin(initialize(
-            gw,
-            init,
-            cx.auth,
-            cx.forwarded,
-            cx.trace,
+    fn new_machine(&self, sid: &str) -> Session {
+        let prefix = format!("dualera-{}", crate::digest::log_tag(sid));
+        Session::with_shared_config(self.machine.clone(), prefix)
+    }
+
+    fn now(&self) -> Timestamp {
+        now()
+    }
+
+    async fn create(&self, gw: &Arc<Route>, created: Created) -> Result<(), NotCreated> {
+        let Created {
+            sid,
+            machine,
+            observed,
+            init: (init_id, arrived),
+            auth,
+            forwarded,
+            trace,
+            peer,
+        } = created;
+        let caller =
+            BindingKey::of(gw.config.session_binding, auth.as_ref()).caller(auth.is_none(), peer);
+        self.admit(&caller).map_err(|refused| match refused {
+            Refused::Full => NotCreated::Full,
+            Refused::CallerFull => NotCreated::CallerFull,
+        })?;
+        let tag = crate::digest::log_tag(&sid);
+        let mut telemetry = gw.telemetry.session(WIRE_HTTP);
+        telemetry.request_started_at(&init_id, arrived);
+        for o in observed {
+            telemetry.observe(o, &machine);
+        }
+        let handle = Arc::new(SessionHandle {
+            id: sid.as_str().into(),
+            tag: tag.as_str().into(),
+            binding: BindingKey::of(gw.config.session_binding, auth.as_ref()),
             caller,
-        ))
-        .await
+            anonymous: auth.is_none(),
+            forwarded,
+            shared: Mutex::new(Shared {
+                machine,
+                streams: HashMap::new(),
+                by_number: HashMap::default(),
+                finished_order: VecDeque::new(),
+                next_stream: 0,
+                upstream_tasks: HashMap::default(),
+                inline: InlineSlot::Closed,
+                telemetry,
+                init_trace: trace,
+                call_auth: HashMap::new(),
+                standalone_auth: None,
+                standalone_held: false,
+            }),
+            last_used: AtomicU64::new(now().as_millis()),
+            timer_at: AtomicU64::new(0),
+            wake: Notify::new(),
+            replay: gw.config.replay_buffer,
+            replay_bytes: gw.config.replay_buffer_bytes,
+            max_buffered: gw.config.max_buffered_bytes,
+        });
+        if let Ok(s) = handle.shared.lock() {
+            // The machine's first deadline, if it has one, from now on.
+            rearm(gw, &handle, &s);
+        }
+        self.insert(handle);
+        info!(session = %tag, sessions = self.len(), "legacy session opened");
+        Ok(())
     }
 
     type State<'s> = StepOn<'s>;
@@ -640,132 +689,6 @@ impl SessionStore for Sessions {
     }
 }
 
-async fn initialize(
-    gw: &Arc<Route>,
-    init: dualera_adapters::Request,
-    auth: Option<HeaderValue>,
-    forwarded: Forwarded,
-    trace: Option<Arc<TraceContext>>,
-    caller: BindingKey,
-) -> Response<GatewayBody> {
-    let binding = BindingKey::of(gw.config.session_binding, auth.as_ref());
-    if let Err(refused) = gw.legacy.admit(&caller) {
-        return match refused {
-            Refused::Full => sessions_refused(
-                Some(init.id),
-                StatusCode::SERVICE_UNAVAILABLE,
-                gw.config.max_sessions,
-            ),
-            Refused::CallerFull => sessions_refused(
-                Some(init.id),
-                StatusCode::TOO_MANY_REQUESTS,
-                gw.config.max_sessions_per_caller,
-            ),
-        };
-    }
-    let Some(id) = mint_session_id() else {
-        return internal();
-    };
-    let tag = crate::digest::log_tag(&id);
-    let mut machine =
-        Session::with_shared_config(gw.legacy.machine.clone(), format!("dualera-{tag}"));
-    if let Some(d) = cache::legacy::discover_for_initialize(&gw.cache, auth.as_ref()) {
-        let _ = machine.handle_discover_shared(d);
-    }
-    let handle = Arc::new(SessionHandle {
-        id: id.as_str().into(),
-        tag: tag.as_str().into(),
-        binding,
-        caller,
-        anonymous: auth.is_none(),
-        forwarded,
-        shared: Mutex::new(Shared {
-            machine,
-            streams: HashMap::new(),
-            by_number: HashMap::default(),
-            finished_order: VecDeque::new(),
-            next_stream: 0,
-            upstream_tasks: HashMap::default(),
-            inline: InlineSlot::Closed,
-            telemetry: gw.telemetry.session(WIRE_HTTP),
-            init_trace: trace,
-            call_auth: HashMap::new(),
-            standalone_auth: None,
-            standalone_held: false,
-        }),
-        last_used: AtomicU64::new(now().as_millis()),
-        timer_at: AtomicU64::new(0),
-        wake: Notify::new(),
-        replay: gw.config.replay_buffer,
-        replay_bytes: gw.config.replay_buffer_bytes,
-        max_buffered: gw.config.max_buffered_bytes,
-    });
-    let stream = PeerStream::Request(init.id.clone());
-    let init_id = init.id.clone();
-    let watch = Arc::new(HeadWatch::default());
-    let mut inline = {
-        let Ok(mut s) = handle.shared.lock() else {
-            return internal();
-        };
-        open_pending(&handle, &mut s, stream.clone(), true, None);
-        s.telemetry.request_started(&init.id);
-        if let Err(e) = s.machine.handle_peer_message(Message::Request(init), now()) {
-            return rpc_error(
-                StatusCode::BAD_REQUEST,
-                Some(init_id),
-                ErrorCode::INVALID_REQUEST,
-                format!("Invalid request: {e}"),
-            );
-        }
-        s.inline = InlineSlot::Open(watch.clone());
-        perform(gw, &handle, &mut s, auth.as_ref());
-        take_inline(&mut s)
-    };
-    let outcome = wait_pending(&handle, &stream, INIT_WAIT, &mut inline, &watch).await;
-    drop(inline);
-    if let Some(denial) = watch.finish() {
-        // The upstream refused the caller's credentials: its status and challenge go
-        // back as they are, and no session is minted.
-        handle.close();
-        info!(
-            status = denial.status.as_u16(),
-            "initialize refused by the upstream"
-        );
-        return denial.response();
-    }
-    let Some(messages) = outcome else {
-        handle.close();
-        return rpc_error(
-            StatusCode::GATEWAY_TIMEOUT,
-            Some(init_id),
-            ErrorCode::INTERNAL_ERROR,
-            "the upstream server did not answer in time".into(),
-        );
-    };
-    let ready = handle
-        .shared
-        .lock()
-        .map(|s| s.machine.state() == SessionState::Ready)
-        .unwrap_or(false);
-    let body = messages.last().cloned().unwrap_or_default();
-    let mut r = Response::new(full(body));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    if !ready {
-        // A failed initialize leaves no session behind.
-        handle.close();
-        return r;
-    }
-    // Idle time counts from now, not from when `initialize` arrived: a slow discover
-    // must not make the new session look idle before the peer could use it.
-    handle.touch();
-    gw.legacy.insert(handle.clone());
-    info!(session = %tag, sessions = gw.legacy.len(), "legacy session opened");
-    with_session_header(r, &id)
-}
-
 /// Opens a stream towards the peer: its number. `pending`: its messages are kept as
 /// JSON until its POST decides between JSON and SSE ([`StreamState::pending`]).
 fn open_pending(
@@ -792,30 +715,6 @@ fn open_pending(
         },
     );
     number
-}
-
-/// Waits until the pending stream finished (its last message arrived), up to `limit`,
-/// driving `inline` meanwhile.
-async fn wait_pending(
-    handle: &SessionHandle,
-    stream: &PeerStream,
-    limit: Duration,
-    inline: &mut Detachable,
-    watch: &HeadWatch,
-) -> Option<Vec<Vec<u8>>> {
-    wait_stream(handle, stream, limit, inline, |st| {
-        st.finished || watch.denied()
-    })
-    .await;
-    let mut s = handle.shared.lock().ok()?;
-    let st = s.streams.get_mut(stream)?;
-    if !st.finished {
-        return None;
-    }
-    let pending = st.pending.take();
-    // Answered as JSON: no event id ever reached the peer.
-    forget_stream(&mut s, stream);
-    pending
 }
 
 /// Waits until `ready` holds for the stream (or it is gone), up to `limit`, while

@@ -48,11 +48,12 @@ pub(super) mod redis;
 pub(super) mod redis;
 
 use super::driver::HeadWatch;
-use super::legacy_http::{PostContext, HEAD_WAIT};
+use super::forwarded::Forwarded;
+use super::legacy_http::HEAD_WAIT;
 use super::trace::TraceContext;
 use crate::body::GatewayBody;
 use crate::Route;
-use dualera_adapters::{PeerStream, Request, RequestId, Session, Timestamp};
+use dualera_adapters::{Observation, PeerStream, RequestId, Session, Timestamp};
 use http::header::HeaderValue;
 use http::Response;
 use std::future::Future;
@@ -325,6 +326,36 @@ pub(super) trait StepState {
     ) -> u64;
 }
 
+/// A session whose `initialize` succeeded, for its store to keep
+/// ([`SessionStore::create`]).
+pub(super) struct Created {
+    /// Its id.
+    pub(super) sid: String,
+    /// Its machine, ready.
+    pub(super) machine: Session,
+    /// What the machine observed during the handshake.
+    pub(super) observed: Vec<Observation>,
+    /// The `initialize` request's id, and when it arrived (its duration is timed).
+    pub(super) init: (RequestId, std::time::Instant),
+    /// The `initialize`'s `Authorization`, forwarded headers, trace context and peer.
+    pub(super) auth: Option<HeaderValue>,
+    pub(super) forwarded: Forwarded,
+    pub(super) trace: Option<Arc<TraceContext>>,
+    pub(super) peer: Option<std::net::IpAddr>,
+}
+
+/// Why a session was not stored.
+#[derive(Debug)]
+pub(super) enum NotCreated {
+    /// `max_sessions` reached, and every session has a request in flight: `503`.
+    Full,
+    /// The caller holds `max_sessions_per_caller`, all busy: `429`.
+    CallerFull,
+    /// The store failed.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))] // the shared store only
+    Store(StoreError),
+}
+
 /// Why the standalone stream could not be held for a `GET`.
 #[derive(Debug)]
 pub(super) enum Held {
@@ -346,11 +377,12 @@ pub(super) enum Served<'a> {
 }
 
 /// Where the sessions of the Streamable HTTP front live. The front
-/// (`legacy_http`) writes each operation once over the narrow part — [`find`],
-/// [`step`], [`end`], and for a request's POST [`post`], [`first_message`],
-/// [`respond`], for a `GET` [`hold`] and [`attach`] — and hands the rest
-/// (`initialize`, a resumption) to the store whole, with their inputs checked: a POST's [`PostContext`] carries its
-/// `Authorization`, forwarded headers and trace context.
+/// (`legacy_http`) writes each operation once over the narrow part: [`find`],
+/// [`step`], [`end`]; for `initialize` a machine ([`new_machine`]) that the driver
+/// takes through its handshake before the store keeps it ([`create`]); for a
+/// request's POST [`post`], [`first_message`], [`respond`]; for a `GET` [`hold`] and
+/// [`attach`]. Only a resumption by `Last-Event-ID` is the store's whole
+/// ([`resume`]): what it replays from is what a stream *is* in each store.
 ///
 /// [`find`]: SessionStore::find
 /// [`step`]: SessionStore::step
@@ -360,6 +392,9 @@ pub(super) enum Served<'a> {
 /// [`respond`]: SessionStore::respond
 /// [`hold`]: SessionStore::hold
 /// [`attach`]: SessionStore::attach
+/// [`new_machine`]: SessionStore::new_machine
+/// [`create`]: SessionStore::create
+/// [`resume`]: SessionStore::resume
 pub(super) trait SessionStore: Send + Sync {
     /// A session found for a caller (what the operations below act on).
     type Session: Send + Sync;
@@ -453,13 +488,20 @@ pub(super) trait SessionStore: Send + Sync {
         authorization: Option<&HeaderValue>,
     ) -> impl Future<Output = Result<Lookup<Self::Session>, StoreError>> + Send;
 
-    /// `initialize` without a session: start one.
-    fn initialize(
+    /// A new session's machine (`sid`: its id, for the ids the machine mints).
+    fn new_machine(&self, sid: &str) -> Session;
+
+    /// The clock of this store's machines.
+    fn now(&self) -> Timestamp;
+
+    /// Stores a session whose `initialize` succeeded (its machine is ready): admission
+    /// (`max_sessions`, `max_sessions_per_caller`, evicting idle sessions to make
+    /// room) is decided here.
+    fn create(
         &self,
         gw: &Arc<Route>,
-        init: Request,
-        cx: PostContext,
-    ) -> impl Future<Output = Response<GatewayBody>> + Send;
+        created: Created,
+    ) -> impl Future<Output = Result<(), NotCreated>> + Send;
 
     /// `GET` with `Last-Event-ID`: stream `number` again from after event `after`, on
     /// this connection (the stream's previous connection, if any, ends).

@@ -4,15 +4,14 @@
 //! the store's callers the same in both builds.
 
 use super::{
-    Detachable, Feeding, Held, Lookup, RedisStoreConfig, Served, SessionStore, StepError,
-    StepState, Stepped, StoreError,
+    Created, Detachable, Feeding, Held, Lookup, NotCreated, RedisStoreConfig, Served, SessionStore,
+    StepError, StepState, Stepped, StoreError,
 };
 use crate::body::GatewayBody;
 use crate::driver::HeadWatch;
-use crate::legacy_http::PostContext;
 use crate::trace::TraceContext;
 use crate::{GatewayConfig, Route};
-use dualera_adapters::{PeerStream, Request, RequestId, Session, Timestamp};
+use dualera_adapters::{PeerStream, RequestId, Session, Timestamp};
 use dualera_common::parts::NotBuilt;
 use http::header::HeaderValue;
 use http::Response;
@@ -122,12 +121,15 @@ impl SessionStore for Arc<RedisSessions> {
         match **self {}
     }
 
-    async fn initialize(
-        &self,
-        _gw: &Arc<Route>,
-        _init: Request,
-        _cx: PostContext,
-    ) -> Response<GatewayBody> {
+    fn new_machine(&self, _sid: &str) -> Session {
+        match **self {}
+    }
+
+    fn now(&self) -> Timestamp {
+        match **self {}
+    }
+
+    async fn create(&self, _gw: &Arc<Route>, _created: Created) -> Result<(), NotCreated> {
         match **self {}
     }
 

@@ -47,20 +47,19 @@ use crate::digest::log_tag;
 use crate::driver::{self, HeadWatch, Out};
 use crate::forwarded::Forwarded;
 use crate::legacy_http::{
-    self, mint_session_id, rpc_error, session_missing, store_unavailable, with_session_header,
-    PostContext, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, INIT_WAIT,
+    self, rpc_error, session_missing, store_unavailable, FINISHED_KEPT, FIRST_MESSAGE_WAIT,
+    HEAD_WAIT,
 };
 use crate::store::{
-    Detachable, Exchange, Feeding, Held, Lookup, RedisStoreConfig, Served, SessionStore, StepError,
-    Stepped, StoreError,
+    Created, Detachable, Exchange, Feeding, Held, Lookup, NotCreated, RedisStoreConfig, Served,
+    SessionStore, StepError, Stepped, StoreError,
 };
 use crate::telemetry::WIRE_HTTP;
-use crate::{cache, GatewayConfig, Route};
+use crate::{GatewayConfig, Route};
 use dashmap::DashMap;
 use dualera_adapters::usage::{Feature, Observation};
 use dualera_adapters::{
-    Config as MachineConfig, ErrorCode, Message, PeerStream, Request, RequestId, Session,
-    SessionState, Timestamp, UpstreamRole,
+    Config as MachineConfig, ErrorCode, PeerStream, RequestId, Session, Timestamp, UpstreamRole,
 };
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
@@ -232,36 +231,6 @@ struct Running {
     head: Option<Arc<HeadWatch>>,
     /// The forwarded headers of the request that opened the session.
     forwarded: Forwarded,
-}
-
-/// The exchange of a session still being opened: its messages and its end, fed to
-/// the machine once it is over.
-#[derive(Default)]
-struct Collect(Mutex<(Vec<Message>, Option<driver::Ended>)>);
-
-impl Collect {
-    fn take(self) -> (Vec<Message>, Option<driver::Ended>) {
-        self.0
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-impl driver::Feed for Collect {
-    async fn room(&self, _: &UpstreamRole) {}
-
-    async fn message(&self, _: &RequestId, message: Message, _: bool) -> bool {
-        if let Ok(mut c) = self.0.lock() {
-            c.0.push(message);
-        }
-        true
-    }
-
-    async fn ended(&self, _: &RequestId, ended: driver::Ended) {
-        if let Ok(mut c) = self.0.lock() {
-            c.1 = Some(ended);
-        }
-    }
 }
 
 /// One stream's messages in a step: the stream, its messages with "is last", and
@@ -1114,124 +1083,19 @@ impl RedisSessions {
         session_missing(gw, auth, anonymous).await
     }
 
-    async fn initialize(
-        self: &Arc<Self>,
-        gw: &Arc<Route>,
-        init: Request,
-        cx: PostContext,
-    ) -> Response<GatewayBody> {
-        // Counted by binding across replicas (a caller without credentials is not
-        // told apart by its address here: the shared record has no field for it).
-        let PostContext {
+    /// Stores a session whose `initialize` succeeded, with admission in the same
+    /// script (CREATE): `max_sessions` and `max_sessions_per_caller` are counted by
+    /// binding across replicas (a caller without credentials is not told apart by its
+    /// address here: the shared record has no field for it).
+    async fn create(self: &Arc<Self>, gw: &Arc<Route>, created: Created) -> Result<(), NotCreated> {
+        let Created {
+            sid,
+            machine,
+            observed,
             auth,
             forwarded,
-            trace,
             ..
-        } = cx;
-        let init_id = init.id.clone();
-        let Some(sid) = mint_session_id() else {
-            return legacy_http::internal();
-        };
-        let mut machine = self.new_machine(&sid);
-        if let Some(d) = cache::legacy::discover_for_initialize(&gw.cache, auth.as_ref()) {
-            let _ = machine.handle_discover_shared(d);
-        }
-        if let Err(e) = machine.handle_peer_message(Message::Request(init), wall_ms_ts()) {
-            return rpc_error(
-                StatusCode::BAD_REQUEST,
-                Some(init_id),
-                ErrorCode::INVALID_REQUEST,
-                format!("Invalid request: {e}"),
-            );
-        }
-        // The session exists only once `initialize` succeeded: until then it lives
-        // here, and its discover exchange is driven inline.
-        let mut observed = Vec::new();
-        let answer = tokio::time::timeout(INIT_WAIT, async {
-            loop {
-                let mut plan = driver::plan(
-                    &mut machine,
-                    &mut driver::Fixed {
-                        auth: auth.as_ref(),
-                        trace: trace.as_ref(),
-                    },
-                    auth.as_ref(),
-                );
-                observed.append(&mut plan.observed);
-                let answer = plan.out.into_iter().find_map(|out| match out {
-                    Out::Message {
-                        bytes, last: true, ..
-                    } => Some(bytes),
-                    _ => None,
-                });
-                if let Some(a) = answer {
-                    return Ok(Some(a));
-                }
-                let Some(start) = plan.starts.into_iter().next() else {
-                    return Ok(None);
-                };
-                // The discover's answer, fed whole (its notifications, if any, first).
-                let head = HeadWatch::default();
-                let collected = Collect::default();
-                driver::exchange(gw, &start, &forwarded, Some(&head), &collected).await;
-                // The upstream refused the caller's credentials: its status and
-                // challenge go back as they are, and no session is minted.
-                if let Some(denial) = head.finish() {
-                    return Err(denial);
-                }
-                let now = wall_ms_ts();
-                let id = &start.id;
-                let (got, ended) = collected.take();
-                for m in got {
-                    let _ = machine.handle_upstream_message(Some(id.clone()), m, now);
-                }
-                let _ = match ended {
-                    Some(driver::Ended::Lost(Some((reason, message)))) => {
-                        machine.handle_upstream_refused(id, reason, message, now)
-                    }
-                    Some(driver::Ended::Lost(None)) => machine.handle_upstream_lost(id, now),
-                    _ => Ok(()),
-                };
-            }
-        })
-        .await;
-        let body = match answer {
-            Ok(Ok(Some(body))) => body,
-            Ok(Err(denial)) => {
-                info!(
-                    status = denial.status.as_u16(),
-                    "initialize refused by the upstream"
-                );
-                return denial.response();
-            }
-            Ok(Ok(None)) | Err(_) => {
-                return rpc_error(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    Some(init_id),
-                    ErrorCode::INTERNAL_ERROR,
-                    "the upstream server did not answer in time".into(),
-                )
-            }
-        };
-        let mut response = Response::new(full(body));
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if machine.state() != SessionState::Ready {
-            return response;
-        }
-        // What else the answer's step said, the session not stored yet: only its
-        // observations count.
-        let mut rest = driver::plan(
-            &mut machine,
-            &mut driver::Fixed {
-                auth: auth.as_ref(),
-                trace: trace.as_ref(),
-            },
-            None,
-        );
-        observed.append(&mut rest.observed);
+        } = created;
         let discover = machine.discover().cloned();
         let digest = discover.as_deref().map(Self::discover_digest);
         // A digest this replica stored or read is sent without its result (CREATE
@@ -1257,9 +1121,11 @@ impl RedisSessions {
             due: None,
             machine,
         };
-        let Ok(blob) = serde_json::to_vec(&record) else {
-            return legacy_http::internal();
-        };
+        let blob = serde_json::to_vec(&record).map_err(|e| {
+            NotCreated::Store(StoreError::Corrupt {
+                reason: format!("session record: {e}"),
+            })
+        })?;
         let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
         let (sk1, sk2) = self.keys.session_parts();
         let mut ops = serde_json::json!({
@@ -1301,22 +1167,14 @@ impl RedisSessions {
             Ok(n @ 2..) => {
                 info!(evicted = n - 1, "idle session evicted to make room");
             }
-            Ok(-1) => {
-                return legacy_http::sessions_refused(
-                    Some(init_id),
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    self.max_sessions,
-                )
+            Ok(-1) => return Err(NotCreated::Full),
+            Ok(-2) => return Err(NotCreated::CallerFull),
+            Ok(n) => {
+                return Err(NotCreated::Store(StoreError::Corrupt {
+                    reason: format!("create script answered {n}"),
+                }))
             }
-            Ok(-2) => {
-                return legacy_http::sessions_refused(
-                    Some(init_id),
-                    StatusCode::TOO_MANY_REQUESTS,
-                    self.max_per_caller,
-                )
-            }
-            Ok(_) => return legacy_http::internal(),
-            Err(e) => return store_unavailable(Some(init_id), &e),
+            Err(e) => return Err(NotCreated::Store(e)),
         }
         self.observe(gw, &record.machine, observed);
         // Its next step here starts from what was just stored (version 1, see CREATE):
@@ -1324,7 +1182,7 @@ impl RedisSessions {
         self.versions
             .insert(sid.clone(), remember("1".into(), blob, Some(record), now));
         info!(session = %log_tag(&sid), replica = %self.replica, "legacy session opened");
-        with_session_header(response, &sid)
+        Ok(())
     }
 
     fn ctx(s: &RedisSession, auth: Option<&HeaderValue>, head: Option<Arc<HeadWatch>>) -> Ctx {
@@ -1569,13 +1427,16 @@ impl SessionStore for Arc<RedisSessions> {
         }))
     }
 
-    async fn initialize(
-        &self,
-        gw: &Arc<Route>,
-        init: Request,
-        cx: PostContext,
-    ) -> Response<GatewayBody> {
-        RedisSessions::initialize(self, gw, init, cx).await
+    fn new_machine(&self, sid: &str) -> Session {
+        RedisSessions::new_machine(self, sid)
+    }
+
+    fn now(&self) -> Timestamp {
+        wall_ms_ts()
+    }
+
+    async fn create(&self, gw: &Arc<Route>, created: Created) -> Result<(), NotCreated> {
+        RedisSessions::create(self, gw, created).await
     }
 
     type State<'s> = Record;
