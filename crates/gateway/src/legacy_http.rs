@@ -1,10 +1,11 @@
 //! Legacy Streamable HTTP (2025-03-26 … 2025-11-25), the front every session store
 //! shares: the `Origin`/version checks, the session lookup and its binding, the body
-//! and the envelope; then each operation — a request's POST, a batch, a notification
-//! or reply, `DELETE`, the standalone `GET` — written once over the store's narrow part
-//! (`store::SessionStore`: a step, a POST's wait and answer, the standalone stream's
-//! hold); and the answers every store gives alike (refusals, `404`, `Last-Event-ID`
-//! parsing).
+//! and the envelope; then each operation — `initialize`, a request's POST, a batch, a
+//! notification or reply, `DELETE`, the standalone `GET` — written once over the
+//! store's narrow part (`store::SessionStore`: a new machine and its creation once the
+//! driver's handshake made it ready, a step, a POST's wait and answer, the standalone
+//! stream's hold); and the answers every store gives alike (refusals, `404`,
+//! `Last-Event-ID` parsing).
 //!
 //! Where the sessions live — this process (`store::memory`) or Redis
 //! (`store::redis`) — is the store's business; what their machines' events mean is the

@@ -16,13 +16,15 @@
 //!        │             message, DELETE          step / end
 //!        │             request, batch           post, step (+ bind), first_message, respond
 //!        │             standalone GET           hold, step, head or token probe, attach
+//!        │             initialize               new_machine, driver::handshake, create
 //!        ▼
 //!   SessionStore ──► step: load, feed (a StepState: machine + streams), plan,
 //!        │                  store (CAS + append), perform (exchanges, leases, timers)
 //!        ├─ memory::Sessions        (lock, feed, plan, perform)
 //!        └─ redis::RedisSessions    (load, feed, plan, CAS + append, perform)
-//!   and whole, where the stores have nothing in common to share:
-//!        initialize (admission in this process / a create script) and resumption by
+//!   initialize: the driver's handshake on a new machine (`new_machine`), then
+//!        `create` (admission in this process / a create script);
+//!   and whole, where the stores have nothing in common to share: resumption by
 //!        `Last-Event-ID` (a replay ring / the stream's entries relayed).
 //! ```
 //!
