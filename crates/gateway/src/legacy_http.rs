@@ -386,7 +386,13 @@ async fn initialize<S: SessionStore>(
         HeaderValue::from_static("application/json"),
     );
     if machine.state() != SessionState::Ready {
-        // A failed initialize leaves no session behind.
+        // A failed initialize leaves no session behind; the request is counted all
+        // the same (its outcome and duration).
+        let mut telemetry = gw.telemetry.session(crate::telemetry::WIRE_HTTP);
+        telemetry.request_started_at(&init_id, arrived);
+        for o in observed {
+            telemetry.observe(o, &machine);
+        }
         return response;
     }
     let created = Created {
