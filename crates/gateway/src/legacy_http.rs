@@ -473,7 +473,12 @@ async fn request<S: SessionStore>(
     // is committed before the upstream accepted the exchange: its 401/403 must reach
     // the host as HTTP on this POST.
     store
-        .first_message(&mut post, &mut exchange, forwarded.then_some(&*head))
+        .first_message(
+            session,
+            &mut post,
+            &mut exchange,
+            forwarded.then_some(&*head),
+        )
         .await;
     drop(exchange);
     if let Some(denial) = head.finish() {
@@ -529,7 +534,9 @@ async fn batch<S: SessionStore>(
     let Some(number) = number else {
         return accepted();
     };
-    store.first_message(&mut post, &mut exchange, None).await;
+    store
+        .first_message(session, &mut post, &mut exchange, None)
+        .await;
     drop(exchange);
     store.respond(gw, session, post, number).await
 }

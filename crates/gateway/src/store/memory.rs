@@ -323,12 +323,8 @@ impl Drop for Hold {
     }
 }
 
-/// A POST waiting for its stream's first message.
-pub(crate) struct Post {
-    handle: Arc<SessionHandle>,
-    /// Its stream, once the step opened it.
-    stream: Option<PeerStream>,
-}
+/// A POST waiting for its stream's first message: the stream, once the step opened it.
+pub(crate) struct Post(Option<PeerStream>);
 
 /// Closes the inline slot, taking the exchange `perform` left there, if any.
 fn take_inline(s: &mut Shared) -> Detachable {
@@ -606,24 +602,22 @@ impl SessionStore for Sessions {
         }
     }
 
-    fn post(&self, handle: &Arc<SessionHandle>) -> Post {
-        Post {
-            handle: handle.clone(),
-            stream: None,
-        }
+    fn post(&self, _handle: &Arc<SessionHandle>) -> Post {
+        Post(None)
     }
 
     fn bind(&self, _handle: &Arc<SessionHandle>, post: &mut Post, peer: &PeerStream) {
-        post.stream = Some(peer.clone());
+        post.0 = Some(peer.clone());
     }
 
     async fn first_message(
         &self,
+        handle: &Arc<SessionHandle>,
         post: &mut Post,
         inline: &mut Detachable,
         head: Option<&HeadWatch>,
     ) {
-        let (handle, Some(stream)) = (&post.handle, &post.stream) else {
+        let Some(stream) = &post.0 else {
             return;
         };
         let denied = || head.is_some_and(HeadWatch::denied);
@@ -645,18 +639,18 @@ impl SessionStore for Sessions {
     async fn respond(
         &self,
         gw: &Arc<Route>,
-        _handle: &Arc<SessionHandle>,
+        handle: &Arc<SessionHandle>,
         post: Post,
         _number: u64,
     ) -> Response<GatewayBody> {
-        let (Some(stream), Ok(mut s)) = (&post.stream, post.handle.shared.lock()) else {
+        let (Some(stream), Ok(mut s)) = (&post.0, handle.shared.lock()) else {
             return internal();
         };
-        respond_on(gw, &post.handle, &mut s, stream)
+        respond_on(gw, handle, &mut s, stream)
     }
 
-    fn forget(&self, _handle: &Arc<SessionHandle>, post: Post) {
-        if let (Some(stream), Ok(mut s)) = (&post.stream, post.handle.shared.lock()) {
+    fn forget(&self, handle: &Arc<SessionHandle>, post: Post) {
+        if let (Some(stream), Ok(mut s)) = (&post.0, handle.shared.lock()) {
             forget_stream(&mut s, stream);
         }
     }

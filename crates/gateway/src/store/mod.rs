@@ -446,6 +446,7 @@ pub(super) trait SessionStore: Send + Sync {
     /// upstream accepted (or refused) the exchange, up to [`HEAD_WAIT`].
     fn first_message(
         &self,
+        session: &Self::Session,
         post: &mut Self::Post,
         exchange: &mut Detachable,
         head: Option<&HeadWatch>,

@@ -198,6 +198,7 @@ impl SessionStore for Arc<RedisSessions> {
 
     async fn first_message(
         &self,
+        _session: &RedisSession,
         post: &mut Never,
         _exchange: &mut Detachable,
         _head: Option<&HeadWatch>,

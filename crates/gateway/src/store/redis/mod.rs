@@ -1537,6 +1537,7 @@ impl SessionStore for Arc<RedisSessions> {
 
     async fn first_message(
         &self,
+        _session: &RedisSession,
         post: &mut Post,
         exchange: &mut Detachable,
         head: Option<&HeadWatch>,
