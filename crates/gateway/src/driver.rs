@@ -1,10 +1,16 @@
 //! The one driver of the legacy session machine: what every store and every wire
 //! shares when it feeds `adapters::Session` and carries out what it asked for.
 //!
-//! The machine is fed in three places — the in-memory Streamable HTTP store
-//! (`legacy_http`), the Redis store (`replicas`) and the single-channel wires (`pipe`:
-//! stdio, WebSocket, HTTP+SSE) — but what its events mean is decided here, once:
+//! The machine lives in three places between its inputs — under a lock in the
+//! in-memory Streamable HTTP store (`store::memory`), in Redis (`store::redis`, a
+//! load and compare-and-set per input), owned by a task on the single-channel wires
+//! (`pipe`: stdio, WebSocket, HTTP+SSE, through [`run`]) — but what its inputs and its
+//! events mean is decided here, once:
 //!
+//! - [`feed`] feeds every input no host request carries: an upstream message, how an
+//!   upstream exchange ended, the machine's deadline. (A host's messages are fed by
+//!   the front of its wire: `legacy_http`, written once over the store trait, and
+//!   `pipe`.)
 //! - [`plan`] drains the machine after a step into a [`Plan`]: the messages for the
 //!   peer in order, the upstream exchanges to start with what each carries (the
 //!   credentials and trace context of the host request that caused it, DESIGN.md
@@ -27,8 +33,9 @@ use super::trace::TraceContext;
 use super::upstream::{Denial, OnBehalf, UpstreamError};
 use super::Route;
 use dualera_adapters::reverse;
+use dualera_adapters::session::Denied;
 use dualera_adapters::{Event, Failure, Message, PeerStream, RequestId, Session, UpstreamRole};
-use dualera_adapters::{Observation, Request, SessionState, Timestamp};
+use dualera_adapters::{Observation, Request, SessionError, SessionState, Timestamp};
 use http::header::HeaderValue;
 use serde_json::Value;
 use std::future::Future;
@@ -235,7 +242,7 @@ pub(super) fn carried(
 }
 
 /// How an upstream exchange ended.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) enum Ended {
     /// The upstream answered (or the feed stopped taking messages).
     Done,
@@ -319,18 +326,80 @@ pub(super) async fn handshake(
         }
         let at = now();
         let id = &start.id;
-        let (got, ended) = collected.take();
+        let (got, end) = collected.take();
         // The discover's answer, fed whole (its notifications, if any, first).
-        for m in got {
-            let _ = machine.handle_upstream_message(Some(id.clone()), m, at);
+        let on = || Some(id.clone());
+        for message in got {
+            let _ = feed(machine, Input::Upstream { on: on(), message }, at);
         }
-        let _ = match ended {
-            Some(Ended::Lost(Some((reason, message)))) => {
-                machine.handle_upstream_refused(id, reason, message, at)
-            }
-            Some(Ended::Lost(None)) => machine.handle_upstream_lost(id, at),
-            _ => Ok(()),
-        };
+        if let Some(ended) = end {
+            let id = id.clone();
+            let _ = feed(machine, Input::Ended { id, ended }, at);
+        }
+    }
+}
+
+/// An input of a session machine that no host request carries.
+#[derive(Debug, Clone)]
+pub(super) enum Input {
+    /// A message from the upstream; `on`: the upstream request whose exchange
+    /// (response stream) carried it, if one did.
+    Upstream {
+        on: Option<RequestId>,
+        message: Message,
+    },
+    /// An upstream exchange ended (its answer, if any, was fed as a message before).
+    Ended { id: RequestId, ended: Ended },
+    /// The machine's deadline passed.
+    Timer,
+}
+
+/// Feeds the legacy machine one input that no host request carries. Every store and
+/// wire feeds these through here — the memory store under its session lock, the Redis
+/// store inside a step, the single-channel wires in [`run`] — so what each means is
+/// decided once, as [`plan`] decides what the machine's events mean. `Ok(Some(_))`: an
+/// exchange ended with the credentials denied ([`ended`]).
+pub(super) fn feed(
+    machine: &mut Session,
+    input: Input,
+    now: Timestamp,
+) -> Result<Option<Denied>, SessionError> {
+    match input {
+        Input::Upstream { on, message } => machine
+            .handle_upstream_message(on, message, now)
+            .map(|()| None),
+        Input::Ended { id, ended } => self::ended(machine, &id, ended, now),
+        Input::Timer => {
+            machine.handle_timeout(now);
+            Ok(None)
+        }
+    }
+}
+
+/// Feeds the end of upstream exchange `id` to the machine. What each way of ending
+/// means is decided here, once, for every store and wire:
+///
+/// - answered: nothing more (the answer was fed as a message);
+/// - lost: the machine retries the request or fails it;
+/// - refused for a reason of the gateway's own (a TLS refusal): the request fails
+///   with that reason;
+/// - the credentials denied, and the host request that caused the call answered with
+///   the upstream's 401/403: the machine forgets the attempt or parks its round until
+///   the answer is sent again ([`Denied`]), which the store may have to act on (what
+///   it keeps for the forgotten request).
+fn ended(
+    machine: &mut Session,
+    id: &RequestId,
+    ended: Ended,
+    now: Timestamp,
+) -> Result<Option<Denied>, SessionError> {
+    match ended {
+        Ended::Done => Ok(None),
+        Ended::Lost(None) => machine.handle_upstream_lost(id, now).map(|()| None),
+        Ended::Lost(Some((reason, message))) => machine
+            .handle_upstream_refused(id, reason, message, now)
+            .map(|()| None),
+        Ended::Denied => machine.handle_upstream_denied(id, now).map(Some),
     }
 }
 
@@ -533,20 +602,12 @@ pub(super) trait Machine {
     type Event;
     /// Why the machine refused a message.
     type Error: std::fmt::Display;
-    /// Feeds one message from the upstream; `on`: the upstream request whose exchange
-    /// (response stream) carried it, if one did.
-    fn feed_upstream(
-        &mut self,
-        on: Option<&RequestId>,
-        message: Message,
-        now: Timestamp,
-    ) -> Result<(), Self::Error>;
+    /// Feeds one input that no host request carries ([`Input`]).
+    fn feed(&mut self, input: Input, now: Timestamp) -> Result<(), Self::Error>;
     /// The next thing the machine asks for, in order.
     fn poll_event(&mut self) -> Option<Self::Event>;
-    /// When [`Machine::handle_timeout`] is due next, if ever.
+    /// When the machine's next deadline falls ([`Input::Timer`]), if it has one.
     fn poll_timeout(&self) -> Option<Timestamp>;
-    /// Hands in the time once a deadline passed.
-    fn handle_timeout(&mut self, now: Timestamp);
     /// Whether the machine is over (closed or failed).
     fn is_closed(&self) -> bool;
     /// Ends the machine: what is in progress fails, what it still asks for is queued.
@@ -556,22 +617,14 @@ pub(super) trait Machine {
 impl Machine for Session {
     type Event = Event;
     type Error = dualera_adapters::SessionError;
-    fn feed_upstream(
-        &mut self,
-        on: Option<&RequestId>,
-        message: Message,
-        now: Timestamp,
-    ) -> Result<(), Self::Error> {
-        self.handle_upstream_message(on.cloned(), message, now)
+    fn feed(&mut self, input: Input, now: Timestamp) -> Result<(), Self::Error> {
+        feed(self, input, now).map(|_| ())
     }
     fn poll_event(&mut self) -> Option<Event> {
         Session::poll_event(self)
     }
     fn poll_timeout(&self) -> Option<Timestamp> {
         Session::poll_timeout(self)
-    }
-    fn handle_timeout(&mut self, now: Timestamp) {
-        Session::handle_timeout(self, now);
     }
     fn is_closed(&self) -> bool {
         self.state() == SessionState::Closed
@@ -584,22 +637,28 @@ impl Machine for Session {
 impl Machine for reverse::LegacySession {
     type Event = reverse::Event;
     type Error = reverse::ReverseError;
-    fn feed_upstream(
-        &mut self,
-        on: Option<&RequestId>,
-        message: Message,
-        now: Timestamp,
-    ) -> Result<(), Self::Error> {
-        self.handle_upstream_message(on, message, now)
+    fn feed(&mut self, input: Input, now: Timestamp) -> Result<(), Self::Error> {
+        match input {
+            Input::Upstream { on, message } => {
+                self.handle_upstream_message(on.as_ref(), message, now)
+            }
+            Input::Ended {
+                ended: Ended::Done, ..
+            } => Ok(()),
+            // A legacy upstream has no credentials of its own to refuse, and no reason
+            // of the gateway's to tell: the call fails or is retried as lost.
+            Input::Ended { id, .. } => self.handle_upstream_lost(&id, now),
+            Input::Timer => {
+                self.handle_timeout(now);
+                Ok(())
+            }
+        }
     }
     fn poll_event(&mut self) -> Option<reverse::Event> {
         reverse::LegacySession::poll_event(self)
     }
     fn poll_timeout(&self) -> Option<Timestamp> {
         reverse::LegacySession::poll_timeout(self)
-    }
-    fn handle_timeout(&mut self, now: Timestamp) {
-        reverse::LegacySession::handle_timeout(self, now);
     }
     fn is_closed(&self) -> bool {
         matches!(
@@ -618,16 +677,12 @@ pub(super) enum Inbox<H> {
     /// From the host: what its wire carries (a message, a request and where its
     /// answer goes, the host leaving), fed by [`Io::feed`].
     Host(H),
-    /// A message from the upstream.
-    Upstream {
-        on: Option<RequestId>,
-        message: Message,
-    },
-    /// An upstream exchange ended (`id`), or the upstream session as a whole (`None`:
-    /// the server forgot it).
-    Ended { id: Option<RequestId>, ended: Ended },
-    /// The machine's next deadline passed.
-    Timer,
+    /// From the upstream (a message, an exchange's end) or the clock: fed by the
+    /// driver ([`feed`]).
+    Input(Input),
+    /// The upstream forgot the session as a whole (the reverse bridge's upstream
+    /// session expired), fed by [`Io::feed`].
+    Forgotten,
     /// That side went away, or the IO side has nothing more to do: the machine ends.
     Closed(Side),
 }
@@ -644,8 +699,12 @@ pub(super) trait Io<M: Machine> {
     fn instant(&self, t: Timestamp) -> tokio::time::Instant;
     /// Waits for the next input. Bounded queues only: a side that is not read waits.
     fn recv(&mut self, machine: &M) -> impl Future<Output = Inbox<Self::Host>> + Send;
-    /// Feeds a host item or an exchange's end; false when the machine is over.
+    /// Feeds a host item, or the upstream's forgetting the session; false when the
+    /// machine is over.
     fn feed(&mut self, machine: &mut M, inbox: Inbox<Self::Host>) -> impl Future<Output = bool>;
+    /// The upstream exchange `id` ended (fed to the machine next): what the IO side
+    /// kept for it can go.
+    fn ended(&mut self, _id: &RequestId) {}
     /// Carries out everything the machine asked for; false when the machine is over.
     fn perform(&mut self, machine: &mut M) -> impl Future<Output = bool>;
     /// After the machine closed: carries out its last events, lets go of what is open.
@@ -670,13 +729,15 @@ pub(super) async fn run<M: Machine, I: Io<M>>(mut machine: M, mut io: I) {
                     Some(d) => tokio::time::sleep_until(d).await,
                     None => std::future::pending().await,
                 }
-            } => Inbox::Timer,
+            } => Inbox::Input(Input::Timer),
         };
         match inbox {
-            Inbox::Timer => machine.handle_timeout(io.now()),
-            Inbox::Upstream { on, message } => {
-                if let Err(e) = machine.feed_upstream(on.as_ref(), message, io.now()) {
-                    debug!(error = %e, "upstream message refused by the machine");
+            Inbox::Input(input) => {
+                if let Input::Ended { id, .. } = &input {
+                    io.ended(id);
+                }
+                if let Err(e) = machine.feed(input, io.now()) {
+                    debug!(error = %e, "input refused by the machine");
                 }
             }
             Inbox::Closed(side) => {

@@ -4,7 +4,7 @@
 //! peer and the upstream say, and carries out its events. Every stream the machine
 //! names maps onto the wire's one direction towards the host.
 
-use super::driver::{self, Ended, Inbox, Io as _, Out, Side};
+use super::driver::{self, Ended, Inbox, Input, Io as _, Out, Side};
 use super::forwarded::Forwarded;
 use super::telemetry::SessionTelemetry;
 use super::wire::Wire;
@@ -102,24 +102,13 @@ impl<W: Wire> driver::Io<Session> for Pipe<W> {
     async fn feed(&mut self, machine: &mut Session, inbox: Inbox<Vec<u8>>) -> bool {
         match inbox {
             Inbox::Host(line) => self.peer(machine, &line).await,
-            Inbox::Ended {
-                id: Some(id),
-                ended,
-            } => {
-                self.tasks.remove(&id);
-                let now = self.now();
-                let _ = match ended {
-                    Ended::Done => Ok(()),
-                    Ended::Lost(Some((reason, message))) => {
-                        machine.handle_upstream_refused(&id, reason, message, now)
-                    }
-                    // No host request waits on a pipe's exchange head.
-                    Ended::Lost(None) | Ended::Denied => machine.handle_upstream_lost(&id, now),
-                };
-            }
-            _ => {}
+            Inbox::Input(_) | Inbox::Forgotten | Inbox::Closed(_) => {}
         }
         true
+    }
+
+    fn ended(&mut self, id: &RequestId) {
+        self.tasks.remove(id);
     }
 
     async fn perform(&mut self, machine: &mut Session) -> bool {
@@ -245,11 +234,15 @@ impl driver::Feed for PipeFeed {
 
     async fn message(&self, id: &RequestId, message: Message, _last: bool) -> bool {
         let on = Some(id.clone());
-        self.0.send(Inbox::Upstream { on, message }).await.is_ok()
+        let input = Input::Upstream { on, message };
+        self.0.send(Inbox::Input(input)).await.is_ok()
     }
 
     async fn ended(&self, id: &RequestId, ended: Ended) {
-        let id = Some(id.clone());
-        let _ = self.0.send(Inbox::Ended { id, ended }).await;
+        let input = Input::Ended {
+            id: id.clone(),
+            ended,
+        };
+        let _ = self.0.send(Inbox::Input(input)).await;
     }
 }

@@ -6,7 +6,7 @@
 //! handed to the waiting host request.
 
 use super::Clock;
-use crate::driver::{self, Ended, Inbox, Side};
+use crate::driver::{self, Ended, Inbox, Input, Side};
 use crate::forwarded::Forwarded;
 use crate::trace::TraceContext;
 use crate::upstream::era::Target;
@@ -173,17 +173,17 @@ impl driver::Io<LegacySession> for Partition {
                     // Without one (a stream of the whole session), the machine gives a
                     // server request to the one call in progress and refuses it when
                     // several are.
-                    Some((on, Ok(message))) => return Inbox::Upstream { on, message },
+                    Some((on, Ok(message))) => return Inbox::Input(Input::Upstream { on, message }),
                     // The server forgot the session.
                     Some((_, Err(LegacyError::Expired))) => {
-                        return Inbox::Ended { id: None, ended: Ended::Lost(None) };
+                        return Inbox::Forgotten;
                     }
                     Some((on, Err(e))) => {
                         debug!(error = %e, "upstream answer stream broke");
                         // That request's answer will not come: its call fails instead
                         // of waiting for good.
                         if let Some(id) = on {
-                            return Inbox::Ended { id: Some(id), ended: Ended::Lost(None) };
+                            return Inbox::Input(Input::Ended { id, ended: Ended::Lost(None) });
                         }
                     }
                     None => return Inbox::Closed(Side::Upstream),
@@ -210,11 +210,7 @@ impl driver::Io<LegacySession> for Partition {
                 machine.handle_host_gone(key);
                 true
             }
-            Inbox::Ended { id: None, .. } => self.expired(machine, &[]).await,
-            Inbox::Ended { id: Some(id), .. } => {
-                let _ = machine.handle_upstream_lost(&id, self.clock.now());
-                true
-            }
+            Inbox::Forgotten => self.expired(machine, &[]).await,
             _ => true,
         }
     }

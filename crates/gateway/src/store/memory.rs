@@ -12,7 +12,7 @@
 
 use crate::auth::BindingKey;
 use crate::body::{full, ChannelBody, GatewayBody, MeteredSender, SendError};
-use crate::driver::{self, Ended, HeadWatch, Out};
+use crate::driver::{self, Ended, HeadWatch, Input, Out};
 use crate::forwarded::Forwarded;
 use crate::legacy_http::{
     internal, machine_config, rpc_error, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, STREAM_QUEUE,
@@ -1128,44 +1128,34 @@ impl driver::Feed for MemoryFeed {
     }
 
     async fn message(&self, id: &RequestId, message: Message, _last: bool) -> bool {
-        let Ok(mut s) = self.handle.shared.lock() else {
-            return false;
-        };
-        if let Err(e) = s
-            .machine
-            .handle_upstream_message(Some(id.clone()), message, now())
-        {
-            debug!(session = %self.handle.tag, error = %e, "upstream message refused");
-        }
-        perform(&self.gw, &self.handle, &mut s, None);
-        true
+        let on = Some(id.clone());
+        feed(&self.gw, &self.handle, Input::Upstream { on, message })
     }
 
     async fn ended(&self, id: &RequestId, ended: Ended) {
-        let Ok(mut s) = self.handle.shared.lock() else {
-            return;
-        };
-        s.upstream_tasks.remove(id);
-        match ended {
-            Ended::Done => {}
-            Ended::Denied => {
-                if let Ok(Denied::Round { legacy, live }) =
-                    s.machine.handle_upstream_denied(id, now())
-                {
-                    debug!(session = %self.handle.tag, rpc.id = %legacy, live = %live, "round parked until the answer is sent again");
-                }
-            }
-            Ended::Lost(Some((reason, message))) => {
-                let _ = s
-                    .machine
-                    .handle_upstream_refused(id, reason, message, now());
-            }
-            Ended::Lost(None) => {
-                let _ = s.machine.handle_upstream_lost(id, now());
-            }
-        }
-        perform(&self.gw, &self.handle, &mut s, None);
+        let id = id.clone();
+        feed(&self.gw, &self.handle, Input::Ended { id, ended });
     }
+}
+
+/// Feeds one input that no host request carries ([`driver::feed`]) under the
+/// session's lock, and performs what it asked for; false when the lock is unusable.
+fn feed(gw: &Arc<Route>, handle: &Arc<SessionHandle>, input: Input) -> bool {
+    let Ok(mut s) = handle.shared.lock() else {
+        return false;
+    };
+    if let Input::Ended { id, .. } = &input {
+        s.upstream_tasks.remove(id);
+    }
+    match driver::feed(&mut s.machine, input, now()) {
+        Ok(Some(Denied::Round { legacy, live })) => {
+            debug!(session = %handle.tag, rpc.id = %legacy, live = %live, "round parked until the answer is sent again");
+        }
+        Ok(_) => {}
+        Err(e) => debug!(session = %handle.tag, error = %e, "input refused by the machine"),
+    }
+    perform(gw, handle, &mut s, None);
+    true
 }
 
 /// Messages a POST handler's stream may gather before the handler attaches its
@@ -1299,14 +1289,15 @@ async fn timer_loop(gw: Arc<Route>, handle: Arc<SessionHandle>) {
             () = tokio::time::sleep_until(at) => {}
             () = handle.wake.notified() => continue,
         }
-        let Ok(mut s) = handle.shared.lock() else {
+        if machine_at.is_some_and(|m| m <= tokio::time::Instant::now())
+            && !feed(&gw, &handle, Input::Timer)
+        {
             return;
-        };
-        if machine_at.is_some_and(|m| m <= tokio::time::Instant::now()) {
-            s.machine.handle_timeout(now());
-            perform(&gw, &handle, &mut s, None);
         }
         if tokio::time::Instant::now() >= next_keepalive {
+            let Ok(mut s) = handle.shared.lock() else {
+                return;
+            };
             next_keepalive = tokio::time::Instant::now() + keepalive;
             let mut lost_standalone = false;
             for (stream, st) in s.streams.iter_mut() {

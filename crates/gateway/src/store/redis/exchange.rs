@@ -11,20 +11,20 @@
 //!
 //! The sweeper also fires the machines' timers: every replica claims due sessions from
 //! a shared sorted set (moving them a few seconds ahead, so a replica that dies while
-//! handling one leaves it to another) and feeds `handle_timeout`. Both looks are one
-//! script, one round trip per tick.
+//! handling one leaves it to another) and feeds each its timer input (`driver::feed`).
+//! Both looks are one script, one round trip per tick.
 
 use super::backlog::{self, Progress, Room};
 use super::client::SweepTick;
 use super::stored::{LeaseRecord, Record};
 use super::{wall_ms, Appended, Ctx, RedisSessions, Running};
 use crate::digest::log_tag;
-use crate::driver::{self, Ended};
+use crate::driver::{self, Ended, Input};
 use crate::forwarded::Forwarded;
 use crate::store::StepError;
 use crate::Route;
 use dualera_adapters::session::Denied;
-use dualera_adapters::{Message, PeerStream, RequestId, UpstreamRole};
+use dualera_adapters::{Message, PeerStream, RequestId, SessionError, UpstreamRole};
 use futures_util::future::abortable;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -167,14 +167,11 @@ impl driver::Feed for RedisFeed<'_> {
     }
 
     async fn ended(&self, id: &RequestId, ended: Ended) {
-        match ended {
-            Ended::Done => {}
-            Ended::Denied => self.sessions.denied_upstream(self.gw, self.sid, id).await,
-            Ended::Lost(refusal) => {
-                self.sessions
-                    .lost_upstream(self.gw, self.sid, id, refusal)
-                    .await;
-            }
+        // Answered: the step that fed the answer dropped the lease already.
+        if !matches!(ended, Ended::Done) {
+            self.sessions
+                .ended_upstream(self.gw, self.sid, id, ended)
+                .await;
         }
     }
 }
@@ -288,15 +285,12 @@ impl RedisSessions {
             appended: Some(Mutex::default()),
             ..Ctx::default()
         };
+        let on = Some(id.clone());
         let fed = self
-            .step(gw, sid, &ctx, |record, now| {
-                record
-                    .machine
-                    .handle_upstream_message(Some(id.clone()), message.clone(), now)
-            })
+            .feed(gw, sid, &ctx, Input::Upstream { on, message })
             .await;
         match fed {
-            Ok(()) => {}
+            Ok(_) => {}
             Err(StepError::Refused(e)) => debug!(error = %e, "upstream message refused"),
             Err(StepError::NotFound { .. }) => debug!("session gone; upstream message dropped"),
             Err(StepError::Broken) => {}
@@ -310,62 +304,51 @@ impl RedisSessions {
             .unwrap_or_default()
     }
 
-    /// The exchange ended without an answer: lost (`refusal` `None`: the machine
-    /// retries or fails the request as it does in memory), or refused for a reason of
-    /// its own (too large for the upstream, a TLS refusal …: the legacy request fails
-    /// with it).
-    async fn lost_upstream(
+    /// The exchange ended without an answer ([`driver::feed`] says what each way
+    /// means), its lease dropped in the same step.
+    async fn ended_upstream(
         self: &Arc<Self>,
         gw: &Arc<Route>,
         sid: &str,
         id: &RequestId,
-        refusal: Option<(&'static str, String)>,
+        ended: Ended,
     ) {
         let ctx = Ctx {
             done_upstream: Some(id.clone()),
             ..Ctx::default()
         };
-        let fed = self
-            .step(gw, sid, &ctx, |record, now| match &refusal {
-                Some((reason, message)) => {
-                    record
-                        .machine
-                        .handle_upstream_refused(id, reason, message.clone(), now)
-                }
-                None => record.machine.handle_upstream_lost(id, now),
-            })
-            .await;
-        if let Err(StepError::Store(e)) = fed {
-            warn!(error = %e, "lost upstream request not stored");
-        }
-    }
-
-    /// The upstream refused the credentials of a call whose host request answers
-    /// with that refusal: the machine forgets a first attempt (and its stream) or
-    /// parks the round until the answer is sent again.
-    async fn denied_upstream(self: &Arc<Self>, gw: &Arc<Route>, sid: &str, id: &RequestId) {
-        let ctx = Ctx {
-            done_upstream: Some(id.clone()),
-            ..Ctx::default()
-        };
-        let fed = self
-            .step(gw, sid, &ctx, |record, now| {
-                let outcome = record.machine.handle_upstream_denied(id, now)?;
-                if let Denied::Request { legacy } = &outcome {
-                    record.forget(&PeerStream::Request(legacy.clone()));
-                    record.set_auth(Some(legacy.clone()), None);
-                }
-                Ok::<_, dualera_adapters::SessionError>(outcome)
-            })
-            .await;
+        let id = id.clone();
+        let fed = self.feed(gw, sid, &ctx, Input::Ended { id, ended }).await;
         match fed {
-            Ok(Denied::Round { legacy, live }) => {
+            Ok(Some(Denied::Round { legacy, live })) => {
                 debug!(rpc.id = %legacy, live = %live, "round parked until the answer is sent again");
             }
             Ok(_) => {}
-            Err(StepError::Store(e)) => warn!(error = %e, "refused upstream request not stored"),
+            Err(StepError::Store(e)) => warn!(error = %e, "ended upstream request not stored"),
             Err(_) => {}
         }
+    }
+
+    /// Feeds one input that no host request carries ([`driver::feed`]) as a step of
+    /// its own. Denied credentials forget what the session keeps for a first attempt
+    /// the machine forgot (its stream, its credential): the host may send the request
+    /// again, with others.
+    async fn feed(
+        self: &Arc<Self>,
+        gw: &Arc<Route>,
+        sid: &str,
+        ctx: &Ctx,
+        input: Input,
+    ) -> Result<Option<Denied>, StepError<SessionError>> {
+        self.step(gw, sid, ctx, |record, now| {
+            let outcome = driver::feed(&mut record.machine, input.clone(), now)?;
+            if let Some(Denied::Request { legacy }) = &outcome {
+                record.forget(&PeerStream::Request(legacy.clone()));
+                record.set_auth(Some(legacy.clone()), None);
+            }
+            Ok(outcome)
+        })
+        .await
     }
 
     /// Fires one session's due timers.
@@ -374,19 +357,13 @@ impl RedisSessions {
             timer: true,
             ..Ctx::default()
         };
-        let fed = self
-            .step(&gw, &sid, &ctx, |record, now| {
-                record.machine.handle_timeout(now);
-                Ok::<(), ()>(())
-            })
-            .await;
-        match fed {
-            Ok(()) => {}
+        match self.feed(&gw, &sid, &ctx, Input::Timer).await {
+            Ok(_) => {}
             Err(StepError::NotFound { .. }) => {
                 let _ = self.redis.delete(&[], &self.keys.timers(), &[sid]).await;
             }
             Err(StepError::Store(e)) => debug!(error = %e, "timer not fired"),
-            Err(StepError::Refused(()) | StepError::Broken) => {}
+            Err(StepError::Refused(_) | StepError::Broken) => {}
         }
     }
 
