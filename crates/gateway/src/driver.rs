@@ -754,3 +754,191 @@ pub(super) async fn run<M: Machine, I: Io<M>>(mut machine: M, mut io: I) {
     machine.close();
     io.finish(&mut machine).await;
 }
+
+#[cfg(test)]
+mod tests {
+    //! [`feed`] decides, for every store and wire, what each input no host request
+    //! carries means: these pin each meaning on the machine itself.
+    use super::*;
+    use dualera_adapters::{Config, Notification, Response};
+    use serde_json::json;
+
+    const T0: Timestamp = Timestamp::from_millis(0);
+
+    /// What the machine asks for (its observations left out).
+    fn drain(s: &mut Session) -> Vec<Event> {
+        std::iter::from_fn(|| s.poll_event())
+            .filter(|e| !matches!(e, Event::Observed(_)))
+            .collect()
+    }
+
+    fn request(id: i64, method: &str, params: Value) -> Message {
+        Message::Request(Request {
+            id: RequestId::from_value(&json!(id)).unwrap(),
+            method: method.into(),
+            params: Some(params),
+        })
+    }
+
+    /// A 2025-11-25 session past `initialize`, whose peer takes elicitations.
+    fn ready(config: Config) -> Session {
+        let mut s = Session::new(config);
+        s.handle_discover(json!({"resultType": "complete",
+            "supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}}))
+            .unwrap();
+        let init = json!({"protocolVersion": "2025-11-25",
+            "capabilities": {"elicitation": {}}, "clientInfo": {"name": "h", "version": "1"}});
+        s.handle_peer_message(request(0, "initialize", init), T0)
+            .unwrap();
+        let initialized = Notification {
+            method: "notifications/initialized".into(),
+            params: None,
+        };
+        s.handle_peer_message(Message::Notification(initialized), T0)
+            .unwrap();
+        drain(&mut s);
+        assert_eq!(s.state(), SessionState::Ready);
+        s
+    }
+
+    /// Starts the peer's `tools/call` 1: the id of the upstream request it caused.
+    fn call(s: &mut Session) -> RequestId {
+        s.handle_peer_message(request(1, "tools/call", json!({"name": "t"})), T0)
+            .unwrap();
+        drain(s)
+            .into_iter()
+            .find_map(|e| match e {
+                Event::ToUpstream { request, .. } => Some(request.id),
+                _ => None,
+            })
+            .expect("an upstream request")
+    }
+
+    /// The upstream's answer to `up`, as a message on its exchange.
+    fn answered(up: &RequestId, result: Value) -> Input {
+        Input::Upstream {
+            on: Some(up.clone()),
+            message: Message::Response(Response::result(up.clone(), result)),
+        }
+    }
+
+    /// The response to the peer among `events`.
+    fn to_peer(events: &[Event]) -> Option<&Response> {
+        events.iter().find_map(|e| match e {
+            Event::ToPeer {
+                message: Message::Response(r),
+                ..
+            } => Some(r),
+            _ => None,
+        })
+    }
+
+    fn failed(events: &[Event]) -> Option<&Failure> {
+        events.iter().find_map(|e| match e {
+            Event::RequestFailed { failure, .. } => Some(failure),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn an_answer_is_a_message_and_the_end_after_it_adds_nothing() {
+        let mut s = ready(Config::default());
+        let up = call(&mut s);
+        let result = json!({"resultType": "complete", "content": [{"type": "text", "text": "ok"}]});
+        assert!(matches!(feed(&mut s, answered(&up, result), T0), Ok(None)));
+        let events = drain(&mut s);
+        let answer = to_peer(&events).expect("the call's answer");
+        assert_eq!(answer.outcome.as_ref().unwrap()["content"][0]["text"], "ok");
+        let end = Input::Ended {
+            id: up,
+            ended: Ended::Done,
+        };
+        assert!(matches!(feed(&mut s, end, T0), Ok(None)));
+        assert!(drain(&mut s).is_empty());
+        assert_eq!(s.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_lost_exchange_fails_the_call_as_the_tools_result() {
+        let mut s = ready(Config::default());
+        let up = call(&mut s);
+        let end = Input::Ended {
+            id: up,
+            ended: Ended::Lost(None),
+        };
+        assert!(matches!(feed(&mut s, end, T0), Ok(None)));
+        let events = drain(&mut s);
+        assert!(matches!(failed(&events), Some(Failure::UpstreamLost)));
+        let answer = to_peer(&events).expect("the call's answer");
+        assert_eq!(answer.outcome.as_ref().unwrap()["isError"], true);
+        assert_eq!(s.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_refusal_of_the_gateways_own_fails_the_call_with_its_reason() {
+        let mut s = ready(Config::default());
+        let up = call(&mut s);
+        let refused = Ended::Lost(Some(("tlsUnknownIssuer", "certificate refused".into())));
+        let end = Input::Ended {
+            id: up,
+            ended: refused,
+        };
+        assert!(matches!(feed(&mut s, end, T0), Ok(None)));
+        let events = drain(&mut s);
+        let error = to_peer(&events)
+            .and_then(|r| r.outcome.as_ref().err())
+            .expect("a JSON-RPC error, not a tool result");
+        assert_eq!(error.data.as_ref().unwrap()["reason"], "tlsUnknownIssuer");
+    }
+
+    #[test]
+    fn denied_credentials_forget_a_first_attempt_and_tell_the_peer_nothing() {
+        let mut s = ready(Config::default());
+        let up = call(&mut s);
+        let end = Input::Ended {
+            id: up,
+            ended: Ended::Denied,
+        };
+        let legacy = RequestId::from_value(&json!(1)).unwrap();
+        assert_eq!(
+            feed(&mut s, end, T0).unwrap(),
+            Some(Denied::Request { legacy })
+        );
+        assert!(drain(&mut s)
+            .iter()
+            .all(|e| !matches!(e, Event::ToPeer { .. })));
+        assert_eq!(s.in_flight(), 0);
+    }
+
+    #[test]
+    fn the_timer_fails_a_round_whose_live_request_went_unanswered() {
+        let mut config = Config::default();
+        config.live_timeout = Duration::from_millis(100);
+        let mut s = ready(config);
+        let up = call(&mut s);
+        let form = json!({"method": "elicitation/create", "params": {"mode": "form",
+            "message": "ok?", "requestedSchema": {"type": "object", "properties": {}}}});
+        let round = json!({"resultType": "input_required", "requestState": "st",
+            "inputRequests": {"a": form}});
+        feed(&mut s, answered(&up, round), T0).unwrap();
+        let events = drain(&mut s);
+        assert!(events.iter().any(|e| matches!(
+            e,
+            Event::ToPeer {
+                message: Message::Request(_),
+                ..
+            }
+        )));
+        assert_eq!(s.poll_timeout(), Some(Timestamp::from_millis(100)));
+        assert!(matches!(
+            feed(&mut s, Input::Timer, Timestamp::from_millis(99)),
+            Ok(None)
+        ));
+        assert!(drain(&mut s).is_empty());
+        feed(&mut s, Input::Timer, Timestamp::from_millis(100)).unwrap();
+        let events = drain(&mut s);
+        assert!(matches!(failed(&events), Some(Failure::LiveTimeout { .. })));
+        assert!(to_peer(&events).is_some());
+        assert_eq!(s.in_flight(), 0);
+    }
+}
