@@ -424,8 +424,8 @@ impl SessionStore for Sessions {
             trace,
             peer,
         } = created;
-        let caller =
-            BindingKey::of(gw.config.session_binding, auth.as_ref()).caller(auth.is_none(), peer);
+        let binding = BindingKey::of(gw.config.session_binding, auth.as_ref());
+        let caller = binding.caller(auth.is_none(), peer);
         self.admit(&caller).map_err(|refused| match refused {
             Refused::Full => NotCreated::Full,
             Refused::CallerFull => NotCreated::CallerFull,
@@ -439,7 +439,7 @@ impl SessionStore for Sessions {
         let handle = Arc::new(SessionHandle {
             id: sid.as_str().into(),
             tag: tag.as_str().into(),
-            binding: BindingKey::of(gw.config.session_binding, auth.as_ref()),
+            binding,
             caller,
             anonymous: auth.is_none(),
             forwarded,
