@@ -325,16 +325,21 @@ pub(super) async fn handshake(
             return Err(denial);
         }
         let at = now();
-        let id = &start.id;
         let (got, end) = collected.take();
         // The discover's answer, fed whole (its notifications, if any, first).
-        let on = || Some(id.clone());
         for message in got {
-            let _ = feed(machine, Input::Upstream { on: on(), message }, at);
+            let on = Some(start.id.clone());
+            let _ = feed(machine, Input::Upstream { on, message }, at);
         }
         if let Some(ended) = end {
-            let id = id.clone();
-            let _ = feed(machine, Input::Ended { id, ended }, at);
+            let _ = feed(
+                machine,
+                Input::Ended {
+                    id: start.id,
+                    ended,
+                },
+                at,
+            );
         }
     }
 }
