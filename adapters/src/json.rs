@@ -275,11 +275,34 @@ mod tests {
 /// A legacy session holds its peer's `clientInfo` and mapped capabilities for its
 /// whole life and reads them once per upstream request. As `Value` trees they cost a
 /// B-tree node per object (over 600 bytes each, most of an idle session); as text, a
-/// few dozen bytes, for a parse of a small object per read. Serialized (the shared
-/// store's snapshot, which is JSON), it is the value itself, unchanged on the wire.
-#[derive(Clone, serde::Serialize, serde::Deserialize)]
-#[serde(transparent)]
+/// few dozen bytes, for a parse of a small object per read. Serialized as JSON, it is
+/// the value itself, unchanged on the wire; in a binary format (the shared store's
+/// snapshot), the text as a string.
+#[derive(Clone)]
 pub struct JsonText(Box<serde_json::value::RawValue>);
+
+impl serde::Serialize for JsonText {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            serde::Serialize::serialize(&self.0, serializer)
+        } else {
+            // A `RawValue` is a token only serde_json understands.
+            serializer.serialize_str(self.0.get())
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for JsonText {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        if deserializer.is_human_readable() {
+            return Box::<serde_json::value::RawValue>::deserialize(deserializer).map(Self);
+        }
+        let text = String::deserialize(deserializer)?;
+        serde_json::value::RawValue::from_string(text)
+            .map(Self)
+            .map_err(serde::de::Error::custom)
+    }
+}
 
 impl JsonText {
     /// The compact text of `value`.

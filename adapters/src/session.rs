@@ -302,8 +302,7 @@ enum RetiredKind {
 
 /// A bounded memory of ids that were finished, oldest forgotten first. Serialized as
 /// its cap and the ids with their kind, oldest first.
-#[derive(Debug, Deserialize)]
-#[serde(try_from = "RetiredData")]
+#[derive(Debug)]
 struct Retired {
     order: VecDeque<RequestId>,
     /// Retired live and upstream ids: minted here.
@@ -362,17 +361,27 @@ impl Retired {
 /// 16 retired ids take about 150 bytes rather than 600, in every shared step's state.
 /// Ids that are not all strings, and snapshots written before, use `ids`: pairs of an
 /// id and its kind; both forms are read. Written from a borrow ([`RetiredRef`]).
+/// Read with its strings borrowed from the snapshot where the format allows: a
+/// replica that did not write a session's last step reads its state whole, and
+/// these ids are most of its strings.
 #[derive(Deserialize)]
-struct RetiredData {
+struct RetiredData<'a> {
     cap: usize,
     #[serde(default)]
     ids: Vec<(RequestId, RetiredKind)>,
-    #[serde(default)]
-    p: String,
-    #[serde(default)]
-    r: Vec<String>,
-    #[serde(default)]
-    k: String,
+    #[serde(default, borrow)]
+    p: snapshot::Text<'a>,
+    #[serde(default, borrow)]
+    r: Vec<snapshot::Text<'a>>,
+    #[serde(default, borrow)]
+    k: snapshot::Text<'a>,
+}
+
+impl<'de> Deserialize<'de> for Retired {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let data = RetiredData::deserialize(deserializer)?;
+        Self::try_from(data).map_err(serde::de::Error::custom)
+    }
 }
 
 /// [`RetiredData`] borrowed from a [`Retired`], for writing it: the same fields,
@@ -470,25 +479,32 @@ impl Serialize for Retired {
     }
 }
 
-impl TryFrom<RetiredData> for Retired {
+impl TryFrom<RetiredData<'_>> for Retired {
     type Error = &'static str;
 
-    fn try_from(data: RetiredData) -> Result<Self, Self::Error> {
-        if data.r.len() != data.k.len() {
+    fn try_from(data: RetiredData<'_>) -> Result<Self, Self::Error> {
+        let (prefix, kinds) = (data.p.as_str(), data.k.as_str());
+        if data.r.len() != kinds.len() {
             return Err("retired ids and kinds differ in number");
         }
         if !data.ids.is_empty() && !data.r.is_empty() {
             return Err("retired ids given in both forms");
         }
-        let compact = data.r.iter().zip(data.k.bytes()).map(|(rest, kind)| {
+        let count = data.ids.len() + data.r.len();
+        let compact = data.r.iter().zip(kinds.bytes()).map(|(rest, kind)| {
             let kind = match kind {
                 b'a' => RetiredKind::Answered,
                 b'x' => RetiredKind::Abandoned,
                 _ => return Err("unknown retired kind"),
             };
-            Ok((RequestId::String(format!("{}{rest}", data.p)), kind))
+            let mut id = String::with_capacity(prefix.len() + rest.as_str().len());
+            id.push_str(prefix);
+            id.push_str(rest.as_str());
+            Ok((RequestId::String(id), kind))
         });
         let mut retired = Retired::new(data.cap);
+        retired.order.reserve(count.min(retired.cap));
+        retired.kinds.reserve(count.min(retired.cap));
         for pair in data.ids.into_iter().map(Ok).chain(compact) {
             let (id, kind) = pair?;
             if retired.kinds.contains_key(&id) {
