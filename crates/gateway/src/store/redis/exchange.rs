@@ -16,7 +16,7 @@
 
 use super::backlog::{self, Progress, Room};
 use super::client::SweepTick;
-use super::stored::{LeaseRecord, Record};
+use super::stored::{codec, LeaseRecord, Record};
 use super::{wall_ms, Appended, Ctx, RedisSessions, Running};
 use crate::digest::log_tag;
 use crate::driver::{self, Ended, Input};
@@ -381,7 +381,7 @@ impl RedisSessions {
         record: Vec<u8>,
         previous: String,
     ) {
-        let Ok(rec) = serde_json::from_slice::<LeaseRecord>(&record) else {
+        let Ok(rec) = codec::decode::<LeaseRecord>(&record, "lease record") else {
             warn!("unreadable lease dropped");
             self.drop_lease(&lease).await;
             return;

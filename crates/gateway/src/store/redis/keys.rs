@@ -4,7 +4,7 @@
 //!
 //! | name | type | what | TTL |
 //! |---|---|---|---|
-//! | `P s:{SID}` | hash: `v` version, `d` state (JSON), `gone` tombstone | the record and the machine | idle TTL, refreshed by every step, open stream and lease |
+//! | `P s:{SID}` | hash: `v` version, `d` state (MessagePack; JSON from builds before), `gone` tombstone | the record and the machine | idle TTL, refreshed by every step, open stream and lease |
 //! | `P x:{SID}:N` | stream, entry ids `0-SEQ`, fields `m` message, `e` end | SSE stream N (event ids `N.SEQ`) | idle TTL from its last entry |
 //! | `P h:{SID}:N` / `:g` | string: a connection token | the live connection relaying stream N / the GET stream | a few seconds, renewed while it relays |
 //! | `P l:{SID}:UPID` | hash: `owner`, `deadline`, `rec` | the lease of a running upstream exchange | idle TTL |

@@ -39,7 +39,7 @@ mod wake;
 use self::backlog::{Backlog, Progress};
 use self::client::{Checked, Loaded, Redis, Stored as CasResult};
 use self::keys::{valid_session_id, Keys};
-use self::stored::{Append, LeaseRecord, NewLease, Ops, Record};
+use self::stored::{codec, Append, LeaseRecord, NewLease, Ops, Record};
 use self::wake::{Handed, Inbox, Waiter, Wake, Wakes};
 use crate::auth::BindingKey;
 use crate::body::{full, GatewayBody};
@@ -521,10 +521,7 @@ impl RedisSessions {
     // ----- steps ------------------------------------------------------------------
 
     async fn decode(&self, state: &[u8]) -> Result<Record, StoreError> {
-        let mut record: Record =
-            serde_json::from_slice(state).map_err(|e| StoreError::Corrupt {
-                reason: format!("session record: {e}"),
-            })?;
+        let mut record: Record = codec::decode(state, "session record")?;
         let discover = match &record.discover {
             Some(digest) => self.discover(digest).await?,
             None => None,
@@ -654,9 +651,7 @@ impl RedisSessions {
             // Sized for the state it replaces: grown from serde_json's default of 128
             // bytes, the buffer was reallocated and copied four or five times a step.
             let mut blob = Vec::with_capacity(state.len() + 128);
-            serde_json::to_writer(&mut blob, &record).map_err(|e| StoreError::Corrupt {
-                reason: format!("session record: {e}"),
-            })?;
+            codec::encode(&record, &mut blob, "session record")?;
             let nothing = after.starts.is_empty()
                 && after.cancels.is_empty()
                 && ops.xadd.is_empty()
@@ -800,7 +795,7 @@ impl RedisSessions {
                     k: k.clone(),
                     o: self.replica.clone(),
                     d: decimal(now + self.lease_ms()),
-                    r: serde_json::to_vec(&rec).unwrap_or_default(),
+                    r: codec::to_vec(&rec, "lease record").unwrap_or_default(),
                 });
                 k
             });
@@ -1121,11 +1116,7 @@ impl RedisSessions {
             due: None,
             machine,
         };
-        let blob = serde_json::to_vec(&record).map_err(|e| {
-            NotCreated::Store(StoreError::Corrupt {
-                reason: format!("session record: {e}"),
-            })
-        })?;
+        let blob = codec::to_vec(&record, "session record").map_err(NotCreated::Store)?;
         let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
         let (sk1, sk2) = self.keys.session_parts();
         let mut ops = serde_json::json!({

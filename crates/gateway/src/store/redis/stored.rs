@@ -20,9 +20,10 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// One SSE stream of a session, stored as an array (`[number, peer, seq, finished,
-/// trace]`, see [`StreamWire`]).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(into = "StreamWire", from = "StreamWire")]
+/// trace]`: a session keeps up to 17 of them in every step's state, and
+/// `[7,{"Request":8},2,true,null]` is 35 bytes of JSON where the object naming each
+/// field was 62). Records written before as objects are still read.
+#[derive(Debug, Clone)]
 pub(super) struct StreamMeta {
     /// Its number (first part of every event id).
     pub(super) number: u64,
@@ -37,47 +38,66 @@ pub(super) struct StreamMeta {
     pub(super) trace: Option<(String, Option<String>)>,
 }
 
-/// A stream as stored: an array, since a session keeps up to 17 of them in every
-/// step's state (`[7,{"Request":8},2,true,null]` is 35 bytes; the object naming each
-/// field was 62). Records written before as objects are still read.
-#[derive(Serialize, Deserialize)]
-#[serde(untagged)]
-enum StreamWire {
-    Compact(u64, PeerStream, u64, bool, Option<(String, Option<String>)>),
-    Named {
-        number: u64,
-        peer: PeerStream,
-        seq: u64,
-        finished: bool,
-        #[serde(default)]
-        trace: Option<(String, Option<String>)>,
-    },
-}
-
-impl From<StreamMeta> for StreamWire {
-    fn from(m: StreamMeta) -> Self {
-        Self::Compact(m.number, m.peer, m.seq, m.finished, m.trace)
+impl Serialize for StreamMeta {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple;
+        let mut t = serializer.serialize_tuple(5)?;
+        t.serialize_element(&self.number)?;
+        t.serialize_element(&self.peer)?;
+        t.serialize_element(&self.seq)?;
+        t.serialize_element(&self.finished)?;
+        t.serialize_element(&self.trace)?;
+        t.end()
     }
 }
 
-impl From<StreamWire> for StreamMeta {
-    fn from(w: StreamWire) -> Self {
-        match w {
-            StreamWire::Compact(number, peer, seq, finished, trace)
-            | StreamWire::Named {
-                number,
-                peer,
-                seq,
-                finished,
-                trace,
-            } => Self {
-                number,
-                peer,
-                seq,
-                finished,
-                trace,
-            },
+/// A stream as records before the array form wrote it.
+#[derive(Deserialize)]
+struct StreamNamed {
+    number: u64,
+    peer: PeerStream,
+    seq: u64,
+    finished: bool,
+    #[serde(default)]
+    trace: Option<(String, Option<String>)>,
+}
+
+impl<'de> Deserialize<'de> for StreamMeta {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::{Error, MapAccess, SeqAccess, Visitor};
+        struct Either;
+        impl<'de> Visitor<'de> for Either {
+            type Value = StreamMeta;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a stream: [number, peer, seq, finished, trace]")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<StreamMeta, A::Error> {
+                let missing = || A::Error::invalid_length(5, &self);
+                let meta = StreamMeta {
+                    number: seq.next_element()?.ok_or_else(missing)?,
+                    peer: seq.next_element()?.ok_or_else(missing)?,
+                    seq: seq.next_element()?.ok_or_else(missing)?,
+                    finished: seq.next_element()?.ok_or_else(missing)?,
+                    trace: seq.next_element()?.ok_or_else(missing)?,
+                };
+                if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    return Err(A::Error::invalid_length(6, &self));
+                }
+                Ok(meta)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<StreamMeta, A::Error> {
+                let n =
+                    StreamNamed::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(StreamMeta {
+                    number: n.number,
+                    peer: n.peer,
+                    seq: n.seq,
+                    finished: n.finished,
+                    trace: n.trace,
+                })
+            }
         }
+        deserializer.deserialize_any(Either)
     }
 }
 
@@ -293,7 +313,7 @@ pub(super) struct NewLease {
     pub(super) o: String,
     /// Deadline, ms since the Unix epoch.
     pub(super) d: String,
-    /// What another replica needs to redo the exchange ([`LeaseRecord`], JSON).
+    /// What another replica needs to redo the exchange ([`LeaseRecord`], [`codec`]).
     pub(super) r: Vec<u8>,
 }
 
@@ -308,6 +328,57 @@ pub(super) struct LeaseRecord {
     pub(super) headers: Vec<(String, String)>,
     /// Why it was sent.
     pub(super) role: UpstreamRole,
+}
+
+/// How a session's record and a lease's are written: MessagePack, fields by name
+/// (`rmp_serde::to_vec_named`: fields that are skipped when empty keep their meaning,
+/// and a record written by an older build still loads). Every step writes its
+/// session's record and most read one; as JSON, writing it was a fifth of a
+/// replicated flow's instructions, most of them spent escaping strings that need no
+/// escaping, and reading it parsed them back. Records written as JSON by earlier
+/// builds (they start with `{`, which no MessagePack map does) are still read.
+pub(super) mod codec {
+    use crate::store::StoreError;
+    use serde::de::DeserializeOwned;
+    use serde::Serialize;
+
+    /// Appends `value`'s encoding to `into`.
+    pub(in crate::store::redis) fn encode(
+        value: &impl Serialize,
+        into: &mut Vec<u8>,
+        what: &str,
+    ) -> Result<(), StoreError> {
+        value
+            .serialize(&mut rmp_serde::Serializer::new(into).with_struct_map())
+            .map_err(|e| StoreError::Corrupt {
+                reason: format!("{what}: {e}"),
+            })
+    }
+
+    /// `value`'s encoding.
+    pub(in crate::store::redis) fn to_vec(
+        value: &impl Serialize,
+        what: &str,
+    ) -> Result<Vec<u8>, StoreError> {
+        let mut out = Vec::new();
+        encode(value, &mut out, what)?;
+        Ok(out)
+    }
+
+    /// Reads what [`encode`] wrote, or the JSON an earlier build wrote.
+    pub(in crate::store::redis) fn decode<T: DeserializeOwned>(
+        bytes: &[u8],
+        what: &str,
+    ) -> Result<T, StoreError> {
+        let decoded = if bytes.first() == Some(&b'{') {
+            serde_json::from_slice(bytes).map_err(|e| e.to_string())
+        } else {
+            rmp_serde::from_slice(bytes).map_err(|e| e.to_string())
+        };
+        decoded.map_err(|e| StoreError::Corrupt {
+            reason: format!("{what}: {e}"),
+        })
+    }
 }
 
 /// The effects of one step, executed by the step script in the same transaction as
@@ -452,6 +523,7 @@ impl Ops {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::StoreError;
     use dualera_adapters::{Config, Session};
 
     fn record(streams: &str) -> String {
@@ -476,6 +548,53 @@ mod tests {
         let again: Record = serde_json::from_str(&text).unwrap();
         assert_eq!(serde_json::to_string(&again).unwrap(), text);
         assert!(serde_json::from_str::<Record>(&record(r#"[[7,{"Request":8},2]]"#)).is_err());
+    }
+
+    /// A session's record in the middle of an elicitation round, as an earlier build
+    /// wrote it (JSON).
+    const MID_ROUND: &str = r#"{"binding":"a577e84ffde90079a002f8c0a5e9c44df2c0ebc9e208838a4cf1c8ac89a08ac2","anonymous":true,"discover":"6be7ac6628a2680c37dd0f006b97e0625b53974e830c1105d7927cad2e8543b8","streams":[[7,{"Request":7},2,true,null],[10,{"Request":10},1,false,null],[11,"Standalone",3,false,["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01","k=v"]]],"finished":[7],"next_stream":10,"auth":[[10,"Bearer t0k3n"],[null,"Bearer g"]],"forwarded":[["x-forwarded-for","127.0.0.1"],["x-forwarded-proto","http"],["x-forwarded-host","127.0.0.1:35549"]],"b":true,"t":1796410265883,"machine":{"id_prefix":"dualera-ce80b210","state":"Ready","revision":"2025-11-25","client_info":{"name":"dualera-callgrind","version":"0"},"client_capabilities":{"elicitation":{"form":{}}},"log_level":null,"init":null,"initialized_notified":true,"calls":[[10,{"seq":22,"method":"tools/call","params":{"arguments":{"title":"callgrind-2","workspaceUri":"file:///srv/notes"},"name":"notes_delete"},"stream":{"Request":10},"rounds":1,"phase":{"Upstream":"dualera-ce80b210-u13"},"url_elicitations":[],"tools_refreshed":false,"answered":{"round":{"request_state":"eyJ2IjoxLCJraWQiOiJiIiwic3ViIjoibG9jYWwiLCJtZXRob2QiOiJ0b29scy9jYWxsIiwidGFyZ2V0Ijoibm90ZXNfZGVsZXRlIiwiYXJncyI6IjM2OTcxM2FkMWIxMjJiNmZjZjRjMGY4MWEwZDZjYTJmNzU5NWE0MGJlODBhN2FlN2YyYTI3YjZlMTAxMjA1NWUiLCJwaGFzZSI6ImNvbmZpcm0iLCJyb3VuZCI6MSwibm9uY2UiOiI5Yzg5YWMzZWM1ZDFkYTkwYzUxMDU1NmVjNDhlZWRmNSIsImV4cCI6MTc5NjQxMDI2NTg4MywiZGF0YSI6eyJjYW5kaWRhdGVzIjpbIm5vdGUtMiJdLCJvZmZlciI6ImFsbCIsIndvcmtzcGFjZSI6ImZpbGU6Ly8vdG1wL21vbi14djdydXNrNi9ub3RlcyJ9fQ.YLC-dG1QkNb07RvMO35Je5tTtkxw4-_RxP7JPJ_Dy7E","pending":{},"responses":{"delete_choice":{"action":"accept","content":{"confirm":true,"note_id":"note-2"}}}},"live_id":"dualera-ce80b210-l2","live":{"seq":24,"legacy":10,"key":"delete_choice","method":"elicitation/create","kind":"ElicitationForm","deadline":1796410265883,"hard_deadline":1796410265883}},"link":null}]],"live":[],"upstream":[["dualera-ce80b210-u13",{"seq":25,"role":{"Call":{"legacy":10,"round":1}}}]],"retired_live":{"cap":16,"p":"dualera-ce80b210-l","r":["1","2"],"k":"aa"},"retired_upstream":{"cap":16,"p":"dualera-ce80b210-u","r":["1","2","3","4","5","6","7","8","9","10","11","12"],"k":"aaaaaaaaaaaa"},"batches":[],"subscriptions":[],"standalone_open":false,"listen":null,"ping":null,"tool_headers":{},"host_tasks":false,"tasks":null,"next_upstream":13,"next_live":2,"next_elicitation":0,"next_batch":0,"next_seq":25}}"#;
+
+    #[test]
+    fn records_are_message_pack_by_field_name_and_json_ones_still_load() {
+        let r: Record = codec::decode(MID_ROUND.as_bytes(), "record").unwrap();
+        let packed = codec::to_vec(&r, "record").unwrap();
+        assert_ne!(packed[0], b'{');
+        assert!(
+            packed.len() * 10 < MID_ROUND.len() * 9,
+            "{} bytes packed, {} as JSON",
+            packed.len(),
+            MID_ROUND.len()
+        );
+        let again: Record = codec::decode(&packed, "record").unwrap();
+        // Nothing lost: written as JSON again, it is the record it was read from.
+        assert_eq!(serde_json::to_string(&again).unwrap(), MID_ROUND);
+        // Deterministic: a step that changes nothing writes the same bytes.
+        assert_eq!(codec::to_vec(&again, "record").unwrap(), packed);
+        for cut in [0, 1, packed.len() / 2, packed.len() - 1] {
+            assert!(matches!(
+                codec::decode::<Record>(&packed[..cut], "record"),
+                Err(StoreError::Corrupt { reason }) if reason.starts_with("record: ")
+            ));
+        }
+    }
+
+    #[test]
+    fn a_lease_record_carries_its_request_unchanged() {
+        let request: serde_json::Value = serde_json::from_str(
+            r#"{"id":"d-u13","jsonrpc":"2.0","method":"tools/call","params":{"_meta":{"k":[1,-2,3.5,null,true,18446744073709551615]},"name":"n\u0000\"q"}}"#,
+        )
+        .unwrap();
+        let rec = LeaseRecord {
+            sid: "s".into(),
+            request: request.clone(),
+            headers: vec![("mcp-param-name".into(), "n".into())],
+            role: UpstreamRole::Discover,
+        };
+        let back: LeaseRecord =
+            codec::decode(&codec::to_vec(&rec, "lease").unwrap(), "lease").unwrap();
+        assert_eq!(back.request, request);
+        assert_eq!(back.headers, rec.headers);
+        assert!(matches!(back.role, UpstreamRole::Discover));
     }
 
     #[test]
