@@ -162,7 +162,7 @@ async fn front<S: SessionStore>(
         Method::POST => post(gw, store, req, existing, auth, forwarded).await,
         Method::GET => match existing {
             Some(h) => match last_event_id(req.headers()) {
-                Some((number, after)) => store.resume(gw, &h, number, after, auth.as_ref()).await,
+                Some((number, after)) => resume(gw, store, &h, number, after, auth.as_ref()).await,
                 None => standalone(gw, store, &h, auth).await,
             },
             None => rpc_error(
@@ -539,6 +539,28 @@ async fn batch<S: SessionStore>(
         .await;
     drop(exchange);
     store.respond(gw, session, post, number).await
+}
+
+/// `GET` with `Last-Event-ID`: stream `number` again after event `after` (the
+/// event ids are `number.seq`, see [`last_event_id`]), or why not.
+async fn resume<S: SessionStore>(
+    gw: &Arc<Route>,
+    store: &S,
+    session: &S::Session,
+    number: u64,
+    after: u64,
+    auth: Option<&HeaderValue>,
+) -> Response<GatewayBody> {
+    match store.resume(gw, session, number, after).await {
+        Ok(stream) => stream,
+        Err(StepError::Refused(())) => rpc_error(
+            StatusCode::NOT_FOUND,
+            None,
+            ErrorCode::INVALID_REQUEST,
+            "Unknown Last-Event-ID: that stream can no longer be resumed".into(),
+        ),
+        Err(e) => step_failed(gw, auth, None, e).await,
+    }
 }
 
 /// `GET` without `Last-Event-ID`: the session's standalone stream, one connection at a

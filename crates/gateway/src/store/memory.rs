@@ -15,7 +15,7 @@ use crate::body::{full, ChannelBody, GatewayBody, MeteredSender, SendError};
 use crate::driver::{self, Ended, HeadWatch, Input, Out};
 use crate::forwarded::Forwarded;
 use crate::legacy_http::{
-    internal, machine_config, rpc_error, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, STREAM_QUEUE,
+    internal, machine_config, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT, STREAM_QUEUE,
 };
 use crate::sse;
 use crate::store::{
@@ -30,12 +30,12 @@ use dashmap::DashMap;
 use dualera_adapters::replay::ReplayRing;
 use dualera_adapters::usage::Feature;
 use dualera_adapters::{
-    Config as MachineConfig, Denied, ErrorCode, Message, PeerStream, RequestId, Session,
-    SessionState, Timestamp, UpstreamRole,
+    Config as MachineConfig, Denied, Message, PeerStream, RequestId, Session, SessionState,
+    Timestamp, UpstreamRole,
 };
 use futures_util::future::{abortable, AbortHandle};
 use http::header::{self, HeaderValue};
-use http::{Response, StatusCode};
+use http::Response;
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -483,13 +483,12 @@ impl SessionStore for Sessions {
         handle: &Arc<SessionHandle>,
         number: u64,
         after: u64,
-        _auth: Option<&HeaderValue>,
-    ) -> Response<GatewayBody> {
+    ) -> Result<Response<GatewayBody>, StepError<()>> {
         handle.touch();
         let Ok(mut s) = handle.shared.lock() else {
-            return internal();
+            return Err(StepError::Broken);
         };
-        resume(gw, handle, &mut s, number, after)
+        resume(gw, handle, &mut s, number, after).ok_or(StepError::Refused(()))
     }
 
     async fn hold(&self, handle: &Arc<SessionHandle>) -> Result<Hold, Held> {
@@ -802,30 +801,22 @@ fn respond_on(
     crate::body::sse_response(body)
 }
 
-/// `GET` with `Last-Event-ID`: stream `number` again after event `after`.
+/// `GET` with `Last-Event-ID`: stream `number` again after event `after`, on this
+/// connection; `None` when the session has no such stream to resume.
 fn resume(
     gw: &Arc<Route>,
     handle: &Arc<SessionHandle>,
     s: &mut Shared,
     number: u64,
     after: u64,
-) -> Response<GatewayBody> {
-    let unknown = || {
-        rpc_error(
-            StatusCode::NOT_FOUND,
-            None,
-            ErrorCode::INVALID_REQUEST,
-            "Unknown Last-Event-ID: that stream can no longer be resumed".into(),
-        )
-    };
-    let Some(stream) = s.by_number.get(&number).cloned() else {
-        return unknown();
-    };
+) -> Option<Response<GatewayBody>> {
+    let stream = s.by_number.get(&number).cloned()?;
     // A stream still `pending` was never announced to the peer (its events are not
     // encoded yet): it cannot be resumed.
-    let Some(st) = s.streams.get_mut(&stream).filter(|st| st.pending.is_none()) else {
-        return unknown();
-    };
+    let st = s
+        .streams
+        .get_mut(&stream)
+        .filter(|st| st.pending.is_none())?;
     if st.ring.has_gap_after(after) {
         warn!(session = %handle.tag, stream = number, "resumption gap: older events were dropped");
     }
@@ -837,7 +828,7 @@ fn resume(
     }
     s.telemetry.feature(Feature::Resumption);
     debug!(session = %handle.tag, stream = number, after, "stream resumed");
-    crate::body::sse_response(body)
+    Some(crate::body::sse_response(body))
 }
 
 /// Tells the machine as soon as the host hangs up its GET stream (hyper drops the

@@ -17,6 +17,7 @@
 //!        │             request, batch           post, step (+ bind), first_message, respond
 //!        │             standalone GET           hold, step, head or token probe, attach
 //!        │             initialize               new_machine, driver::handshake, create
+//!        │             GET with Last-Event-ID   resume
 //!        ▼
 //!   SessionStore ──► step: load, feed (a StepState: machine + streams), plan,
 //!        │                  store (CAS + append), perform (exchanges, leases, timers)
@@ -24,8 +25,8 @@
 //!        └─ redis::RedisSessions    (load, feed, plan, CAS + append, perform)
 //!   initialize: the driver's handshake on a new machine (`new_machine`), then
 //!        `create` (admission in this process / a create script);
-//!   and whole, where the stores have nothing in common to share: resumption by
-//!        `Last-Event-ID` (a replay ring / the stream's entries relayed).
+//!   resumption by `Last-Event-ID`: `resume` (a replay ring / the stream's entries
+//!        relayed), its refusals and failures answered by the front.
 //! ```
 //!
 //! The step is one operation (load, compare-and-set, append) rather than three: the
@@ -383,8 +384,8 @@ pub(super) enum Served<'a> {
 /// [`step`], [`end`]; for `initialize` a machine ([`new_machine`]) that the driver
 /// takes through its handshake before the store keeps it ([`create`]); for a
 /// request's POST [`post`], [`first_message`], [`respond`]; for a `GET` [`hold`] and
-/// [`attach`]. Only a resumption by `Last-Event-ID` is the store's whole
-/// ([`resume`]): what it replays from is what a stream *is* in each store.
+/// [`attach`]; for a `GET` with `Last-Event-ID` [`resume`] (what it replays from is
+/// what a stream *is* in each store; the front answers its failures).
 ///
 /// [`find`]: SessionStore::find
 /// [`step`]: SessionStore::step
@@ -507,15 +508,16 @@ pub(super) trait SessionStore: Send + Sync {
     ) -> impl Future<Output = Result<(), NotCreated>> + Send;
 
     /// `GET` with `Last-Event-ID`: stream `number` again from after event `after`, on
-    /// this connection (the stream's previous connection, if any, ends).
+    /// this connection (the stream's previous connection, if any, ends). Refused
+    /// when the session has no such stream the peer was told of (never announced,
+    /// answered as JSON, or forgotten): the front answers that, as every failure.
     fn resume(
         &self,
         gw: &Arc<Route>,
         session: &Self::Session,
         number: u64,
         after: u64,
-        authorization: Option<&HeaderValue>,
-    ) -> impl Future<Output = Response<GatewayBody>> + Send;
+    ) -> impl Future<Output = Result<Response<GatewayBody>, StepError<()>>> + Send;
 
     /// The standalone `GET` stream is one connection at a time: held for this `GET`
     /// until it attaches ([`SessionStore::attach`]) or lets go.

@@ -143,8 +143,7 @@ impl SessionStore for Arc<RedisSessions> {
         session: &RedisSession,
         _number: u64,
         _after: u64,
-        _authorization: Option<&HeaderValue>,
-    ) -> Response<GatewayBody> {
+    ) -> Result<Response<GatewayBody>, StepError<()>> {
         match *session {}
     }
 

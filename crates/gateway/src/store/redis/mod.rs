@@ -46,10 +46,7 @@ use crate::body::{full, GatewayBody};
 use crate::digest::log_tag;
 use crate::driver::{self, HeadWatch, Out};
 use crate::forwarded::Forwarded;
-use crate::legacy_http::{
-    self, rpc_error, session_missing, store_unavailable, FINISHED_KEPT, FIRST_MESSAGE_WAIT,
-    HEAD_WAIT,
-};
+use crate::legacy_http::{self, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT};
 use crate::store::{
     Created, Detachable, Exchange, Feeding, Held, Lookup, NotCreated, RedisStoreConfig, Served,
     SessionStore, StepError, Stepped, StoreError,
@@ -59,10 +56,10 @@ use crate::{GatewayConfig, Route};
 use dashmap::DashMap;
 use dualera_adapters::usage::{Feature, Observation};
 use dualera_adapters::{
-    Config as MachineConfig, ErrorCode, PeerStream, RequestId, Session, Timestamp, UpstreamRole,
+    Config as MachineConfig, PeerStream, RequestId, Session, Timestamp, UpstreamRole,
 };
 use http::header::{self, HeaderValue};
-use http::{Response, StatusCode};
+use http::Response;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::sync::{Arc, Mutex};
@@ -1068,16 +1065,6 @@ impl RedisSessions {
 
     // ----- operations -------------------------------------------------------------
 
-    /// The 404 (or the upstream's challenge, see `legacy_http::session_missing`) for a
-    /// session this caller cannot use.
-    async fn missing(
-        gw: &Arc<Route>,
-        auth: Option<&HeaderValue>,
-        anonymous: bool,
-    ) -> Response<GatewayBody> {
-        session_missing(gw, auth, anonymous).await
-    }
-
     /// Stores a session whose `initialize` succeeded, with admission in the same
     /// script (CREATE): `max_sessions` and `max_sessions_per_caller` are counted by
     /// binding across replicas (a caller without credentials is not told apart by its
@@ -1193,27 +1180,19 @@ impl RedisSessions {
         s: &RedisSession,
         number: u64,
         after: u64,
-        auth: Option<&HeaderValue>,
-    ) -> Response<GatewayBody> {
-        let record = match self.read(&s.id, &s.binding).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(anonymous)) => return Self::missing(gw, auth, anonymous).await,
-            Err(e) => return store_unavailable(None, &e),
+    ) -> Result<Response<GatewayBody>, StepError<()>> {
+        let record = match self.read(&s.id, &s.binding).await? {
+            Ok(r) => r,
+            Err(anonymous) => return Err(StepError::NotFound { anonymous }),
         };
-        let Some(meta) = record.by_number(number) else {
-            return rpc_error(
-                StatusCode::NOT_FOUND,
-                None,
-                ErrorCode::INVALID_REQUEST,
-                "Unknown Last-Event-ID: that stream can no longer be resumed".into(),
-            );
-        };
+        let meta = record.by_number(number).ok_or(StepError::Refused(()))?;
         let standalone = meta.peer == PeerStream::Standalone;
         let holder = (!standalone).then_some(number);
         Self::feature(gw, &record.machine, Feature::Resumption);
         info!(session = %log_tag(&s.id), replica = %self.replica, stream = number, after, "stream resumed");
-        self.open_relay(&s.id, number, after, holder, standalone, false)
-            .await
+        Ok(self
+            .open_relay(&s.id, number, after, holder, standalone, false)
+            .await)
     }
 }
 
@@ -1440,9 +1419,8 @@ impl SessionStore for Arc<RedisSessions> {
         session: &RedisSession,
         number: u64,
         after: u64,
-        authorization: Option<&HeaderValue>,
-    ) -> Response<GatewayBody> {
-        RedisSessions::resume(self, gw, session, number, after, authorization).await
+    ) -> Result<Response<GatewayBody>, StepError<()>> {
+        RedisSessions::resume(self, gw, session, number, after).await
     }
 
     async fn hold(&self, session: &RedisSession) -> Result<Hold, Held> {
