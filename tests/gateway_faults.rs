@@ -474,16 +474,7 @@ async fn last_event_id_resumes_broken_stream() {
     assert_eq!(rig.hop.seen_method("tools/call").len(), 2);
 
     // A stream the session never told of: nothing to resume, and the session stays.
-    let unknown = host.get(Some("999.0")).await;
-    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
-    let body = unknown.json();
-    assert_eq!(body["error"]["code"], -32600, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.starts_with("Unknown Last-Event-ID")),
-        "{body}"
-    );
+    host.get(Some("999.0")).await.assert_unresumable();
     let ping = json!({"jsonrpc": "2.0", "id": "after", "method": "ping"});
     assert_eq!(host.post(&ping).await.json()["result"], json!({}));
 }

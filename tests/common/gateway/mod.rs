@@ -1492,6 +1492,20 @@ impl Reply {
             other => panic!("expected an SSE body, got HTTP {} {other:?}", self.status),
         }
     }
+
+    /// The answer to a `Last-Event-ID` that names no stream of the session: 404 with
+    /// `-32600`, saying so.
+    pub fn assert_unresumable(self) {
+        assert_eq!(self.status, StatusCode::NOT_FOUND);
+        let body = self.json();
+        assert_eq!(body["error"]["code"], -32600, "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("Unknown Last-Event-ID")),
+            "{body}"
+        );
+    }
 }
 
 /// How a live request was answered.
