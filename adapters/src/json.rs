@@ -9,6 +9,7 @@
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
 
@@ -266,6 +267,42 @@ mod tests {
             Err(JsonError::Syntax { .. })
         ));
         assert!(matches!(parse(b"{"), Err(JsonError::Syntax { .. })));
+    }
+}
+
+/// A string deserialized borrowed from its input where the format allows (a binary
+/// format always; JSON when the string has no escapes), else owned: for readers that
+/// only look at a string (a cache key's member names, a snapshot's retired ids) and
+/// would otherwise allocate each one.
+#[derive(Debug, Default)]
+pub struct Str<'a>(pub Cow<'a, str>);
+
+impl Str<'_> {
+    /// The string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Borrowing;
+        impl<'de> Visitor<'de> for Borrowing {
+            type Value = Cow<'de, str>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Cow::Borrowed(v))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Cow::Owned(v.to_owned()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Cow::Owned(v))
+            }
+        }
+        deserializer.deserialize_str(Borrowing).map(Str)
     }
 }
 

@@ -370,11 +370,11 @@ struct RetiredData<'a> {
     #[serde(default)]
     ids: Vec<(RequestId, RetiredKind)>,
     #[serde(default, borrow)]
-    p: snapshot::Text<'a>,
+    p: json::Str<'a>,
     #[serde(default, borrow)]
-    r: Vec<snapshot::Text<'a>>,
+    r: Vec<json::Str<'a>>,
     #[serde(default, borrow)]
-    k: snapshot::Text<'a>,
+    k: json::Str<'a>,
 }
 
 impl<'de> Deserialize<'de> for Retired {

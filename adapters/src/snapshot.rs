@@ -29,7 +29,6 @@ use crate::jsonrpc::{Message, RequestId};
 use crate::revision::Revision;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::Hash;
 
@@ -60,39 +59,6 @@ impl<'de> Deserialize<'de> for Message {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let value = serde_json::Value::deserialize(deserializer)?;
         Self::from_value(value).map_err(|e| D::Error::custom(e.to_string()))
-    }
-}
-
-/// A string read from a snapshot, borrowed from it when the format allows (a binary
-/// format always; JSON when the string has no escapes), else owned.
-#[derive(Default)]
-pub(crate) struct Text<'a>(Cow<'a, str>);
-
-impl Text<'_> {
-    pub(crate) fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Borrowing;
-        impl<'de> serde::de::Visitor<'de> for Borrowing {
-            type Value = Cow<'de, str>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Cow::Borrowed(v))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Cow::Owned(v.to_owned()))
-            }
-            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-                Ok(Cow::Owned(v))
-            }
-        }
-        deserializer.deserialize_str(Borrowing).map(Text)
     }
 }
 

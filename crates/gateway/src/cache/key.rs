@@ -11,6 +11,7 @@
 //! numbers the parser cannot hold exactly (a fraction, an exponent, an integer beyond
 //! 64 bits: two such literals may read as one value the upstream tells apart).
 
+use dualera_adapters::json::Str;
 use http::header::HeaderValue;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -428,31 +429,6 @@ impl<'de: 'a, 'a> Deserialize<'de> for Envelope<'a> {
             }
         }
         d.deserialize_map(V(std::marker::PhantomData))
-    }
-}
-
-/// A JSON string, borrowed from the body when it has no escapes.
-struct Str<'a>(Cow<'a, str>);
-
-impl<'de> Deserialize<'de> for Str<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Str<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Str<'de>, E> {
-                Ok(Str(Cow::Borrowed(s)))
-            }
-            fn visit_str<E>(self, s: &str) -> Result<Str<'de>, E> {
-                Ok(Str(Cow::Owned(s.to_owned())))
-            }
-            fn visit_string<E>(self, s: String) -> Result<Str<'de>, E> {
-                Ok(Str(Cow::Owned(s)))
-            }
-        }
-        d.deserialize_str(V)
     }
 }
 
