@@ -123,8 +123,14 @@ pub(super) enum Note {
 }
 
 impl Plan {
-    /// Logs what the step left to say, for the session tagged `session`.
-    pub(super) fn log(&mut self, session: &str) {
+    /// Logs what the step left to say, for the session tagged `tag()` (asked only
+    /// when there is something to log: a tag may be a digest to work out).
+    pub(super) fn log<T: AsRef<str>>(&mut self, tag: impl FnOnce() -> T) {
+        if self.notes.is_empty() {
+            return;
+        }
+        let tag = tag();
+        let session = tag.as_ref();
         for note in self.notes.drain(..) {
             match note {
                 Note::Failed { legacy, failure } => {

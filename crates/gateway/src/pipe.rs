@@ -216,7 +216,7 @@ impl<W: Wire> Pipe<W> {
                 t.abort();
             }
         }
-        plan.log("pipe");
+        plan.log(|| "pipe");
         for o in plan.observed {
             self.telemetry.observe(o, machine);
         }

@@ -993,7 +993,7 @@ fn perform(
             h.abort();
         }
     }
-    plan.log(&handle.tag);
+    plan.log(|| &*handle.tag);
     for o in plan.observed {
         s.telemetry.observe(o, &s.machine);
     }

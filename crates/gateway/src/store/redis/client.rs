@@ -563,9 +563,19 @@ impl Redis {
     ) -> Result<Stored, StoreError> {
         // The command is written once, into one buffer: a `ScriptInvocation` keeps
         // each of the step's ~40 arguments in an allocation of its own, then copies
-        // them all into the command it sends.
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.step.get_hash())
+        // them all into the command it sends. The buffer is sized for all of them
+        // up front (grown from empty, it was reallocated about eight times a step).
+        let hash = self.step.get_hash();
+        let bytes = effects.iter().map(|e| e.len()).sum::<usize>()
+            + "EVALSHA".len()
+            + hash.len()
+            + 1
+            + session.len()
+            + version.len()
+            + state.len();
+        let mut cmd = redis::Cmd::with_capacity(6 + effects.len(), bytes);
+        cmd.arg("EVALSHA")
+            .arg(hash)
             .arg(1)
             .arg(session)
             .arg(version)

@@ -23,6 +23,7 @@ use crate::driver::{self, Ended, Input};
 use crate::forwarded::Forwarded;
 use crate::store::StepError;
 use crate::Route;
+use dualera_adapters::jsonrpc;
 use dualera_adapters::session::Denied;
 use dualera_adapters::{Message, PeerStream, RequestId, SessionError, UpstreamRole};
 use futures_util::future::abortable;
@@ -386,7 +387,7 @@ impl RedisSessions {
             self.drop_lease(&lease).await;
             return;
         };
-        let Ok(Message::Request(request)) = Message::from_value(rec.request) else {
+        let Ok(Message::Request(request)) = jsonrpc::parse(&rec.request.0) else {
             self.drop_lease(&lease).await;
             return;
         };
