@@ -221,7 +221,73 @@ async fn a_stream_resumes_through_the_balancer_after_its_replica_dies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_is_taken_over_when_its_replica_dies() {
     let mut c = Cluster::start(3, &[]).await;
-    seed_tps(&c, 2).await;
+    take_over_a_retry(&mut c, |_, _| {}).await;
+}
+
+/// With `session_record_format = "json"` (the new replicas of a rolling upgrade while
+/// older ones still serve), every record a replica writes is the JSON builds before
+/// MessagePack records read, the lease's request a JSON object as they read it, and
+/// the replicas work on it as before: a retry's lease read back and taken over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_records_for_a_rolling_upgrade_are_what_older_builds_read() {
+    let mut c = Cluster::start(3, &[("session_record_format", "\"json\"")]).await;
+    take_over_a_retry(&mut c, |c, sid| {
+        let record = bulk(c, &["HGET", &format!("dualera:s:{{{sid}}}"), "d"]);
+        let record: Value = serde_json::from_str(&record)
+            .unwrap_or_else(|e| panic!("the session record is JSON ({e}): {record:?}"));
+        assert!(record["binding"].is_string(), "{record}");
+        assert!(record["machine"]["calls"].is_array(), "{record}");
+        let leases = c
+            .redis
+            .command(&["KEYS", &format!("dualera:l:{{{sid}}}:*")]);
+        let lease = leases
+            .lines()
+            .nth(2)
+            .unwrap_or_else(|| panic!("the running retry's lease: {leases:?}"));
+        let rec = bulk(c, &["HGET", lease, "rec"]);
+        let rec: Value = serde_json::from_str(&rec)
+            .unwrap_or_else(|e| panic!("the lease record is JSON ({e}): {rec:?}"));
+        assert_eq!(rec["sid"], sid, "{rec}");
+        assert_eq!(rec["request"]["method"], "tools/call", "{rec}");
+        assert!(
+            rec["request"]["params"]["inputResponses"].is_object(),
+            "the retry, as a JSON object: {rec}"
+        );
+    })
+    .await;
+    // Each replica says at start how it writes records.
+    let said: Vec<Option<String>> = c
+        .gateways
+        .iter()
+        .flatten()
+        .filter_map(|g| {
+            g.log()
+                .into_iter()
+                .find(|l| l.contains("shared session store in use"))
+        })
+        .map(|l| field(&l, "records"))
+        .collect();
+    assert_eq!(said, vec![Some("json".to_owned()); 2], "the live replicas");
+}
+
+/// A bulk string reply's text.
+fn bulk(c: &Cluster, args: &[&str]) -> String {
+    let reply = c.redis.command(args);
+    let (len, rest) = reply
+        .strip_prefix('$')
+        .and_then(|r| r.split_once("\r\n"))
+        .unwrap_or_else(|| panic!("{args:?} answered {reply:?}"));
+    let len: usize = len
+        .parse()
+        .unwrap_or_else(|_| panic!("{args:?} answered {reply:?}"));
+    rest[..len].to_owned()
+}
+
+/// The first retry of an elicitation flow is held upstream until the replica running
+/// it is killed; another replica takes its lease over and completes the round.
+/// `while_held` looks at the cluster (and the session id) while the retry is held.
+async fn take_over_a_retry(c: &mut Cluster, while_held: impl FnOnce(&Cluster, &str)) {
+    seed_tps(c, 2).await;
     let retries = Arc::new(AtomicUsize::new(0));
     let counted = retries.clone();
     // The first retry is held upstream long enough to kill the replica running it.
@@ -236,7 +302,7 @@ async fn a_retry_is_taken_over_when_its_replica_dies() {
     host.initialize(REV, caps()).await;
     let call = host.mint();
     let mut stream = host
-        .request_with_id(call.clone(), "tools/call", delete_args(&c))
+        .request_with_id(call.clone(), "tools/call", delete_args(c))
         .await
         .sse();
     let (live, _) = until_elicitation(&mut stream).await;
@@ -256,6 +322,7 @@ async fn a_retry_is_taken_over_when_its_replica_dies() {
         (retries.load(Ordering::SeqCst) >= 1).then_some(())
     })
     .await;
+    while_held(c, &sid(&host));
     c.kill9(2);
     posted.abort();
     // Another replica takes the lease over and completes the round.

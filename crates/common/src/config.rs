@@ -411,6 +411,12 @@ pub struct GatewaySection {
     /// How long one shared-store command may take before the request fails with
     /// `sessionStoreUnavailable`, in ms (default 2000).
     pub session_store_timeout_ms: Option<u64>,
+    /// How this replica writes session and lease records to the shared session
+    /// store: `"msgpack"` (default) or `"json"`, the only form builds before
+    /// MessagePack records read. Set `"json"` on the new replicas while older ones
+    /// still serve (a rolling upgrade), then drop it once none is left. Both forms
+    /// are always read.
+    pub session_record_format: Option<String>,
     /// The URL (`http://HOST:PORT`) other replicas reach this one at, registered in
     /// the shared session store: a reverse-bridge retry that lands on another replica
     /// is forwarded there (only with a `redis://` session store). The

@@ -301,6 +301,7 @@ impl GatewayConfig {
             s.session_key_prefix.as_deref(),
             s.upstream_lease_ms.map(Duration::from_millis),
             s.session_store_timeout_ms.map(Duration::from_millis),
+            s.session_record_format.as_deref(),
         )?;
         match &mut parsed {
             store::SessionStoreConfig::Redis(r) => {

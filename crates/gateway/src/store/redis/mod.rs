@@ -48,8 +48,8 @@ use crate::driver::{self, HeadWatch, Out};
 use crate::forwarded::Forwarded;
 use crate::legacy_http::{self, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT};
 use crate::store::{
-    Created, Detachable, Exchange, Feeding, Held, Lookup, NotCreated, RedisStoreConfig, Served,
-    SessionStore, StepError, Stepped, StoreError,
+    Created, Detachable, Exchange, Feeding, Held, Lookup, NotCreated, RecordFormat,
+    RedisStoreConfig, Served, SessionStore, StepError, Stepped, StoreError,
 };
 use crate::telemetry::WIRE_HTTP;
 use crate::{GatewayConfig, Route};
@@ -312,6 +312,8 @@ pub(crate) struct RedisSessions {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Where other replicas reach this one ([`Self::advertise`]).
     advertise_url: Option<String>,
+    /// How records are written ([`stored::codec`]).
+    format: RecordFormat,
     /// Names this replica's connections ([`Self::token`]).
     tokens: Tokens,
     /// Ticks every [`HOLD_TICK`] (a task of [`Self::start`]): every relay of this
@@ -370,6 +372,7 @@ impl RedisSessions {
             discovers: Mutex::new(Vec::new()),
             tasks: Mutex::new(Vec::new()),
             advertise_url: store.advertise_url.clone(),
+            format: store.record_format,
             tokens: Tokens::new(&store.replica_id),
             hold_tick: tokio::sync::watch::Sender::new(()),
         }))
@@ -424,7 +427,7 @@ impl RedisSessions {
         if let Ok(mut t) = self.tasks.lock() {
             t.extend([cancels, subs, sweeper, holds]);
         }
-        info!(replica = %self.replica, "shared session store in use");
+        info!(replica = %self.replica, records = self.format.as_str(), "shared session store in use");
     }
 
     /// Registers this replica's `advertise_url` under its id, for
@@ -648,7 +651,7 @@ impl RedisSessions {
             // Sized for the state it replaces: grown from serde_json's default of 128
             // bytes, the buffer was reallocated and copied four or five times a step.
             let mut blob = Vec::with_capacity(state.len() + 128);
-            codec::encode(&record, &mut blob, "session record")?;
+            codec::encode(self.format, &record, &mut blob, "session record")?;
             let nothing = after.starts.is_empty()
                 && after.cancels.is_empty()
                 && ops.xadd.is_empty()
@@ -784,7 +787,7 @@ impl RedisSessions {
                 let k = self.keys.lease(sid, &id_text(&start.id));
                 let rec = LeaseRecord {
                     sid: sid.to_owned(),
-                    request: start.message.to_value(),
+                    request: stored::RequestText(start.message.to_vec()),
                     headers: start.headers.clone(),
                     role: start.role.clone(),
                 };
@@ -792,7 +795,7 @@ impl RedisSessions {
                     k: k.clone(),
                     o: self.replica.clone(),
                     d: decimal(now + self.lease_ms()),
-                    r: codec::to_vec(&rec, "lease record").unwrap_or_default(),
+                    r: codec::to_vec(self.format, &rec, "lease record").unwrap_or_default(),
                 });
                 k
             });
@@ -1032,7 +1035,7 @@ impl RedisSessions {
             }
         }
         let mut plan = after.plan;
-        plan.log(&log_tag(sid));
+        plan.log(|| log_tag(sid));
         let mut starts = after.starts.into_iter();
         if let Some(slot) = &ctx.inline {
             if let (Ok(mut slot), Some(first)) = (slot.lock(), starts.next()) {
@@ -1103,7 +1106,8 @@ impl RedisSessions {
             due: None,
             machine,
         };
-        let blob = codec::to_vec(&record, "session record").map_err(NotCreated::Store)?;
+        let blob =
+            codec::to_vec(self.format, &record, "session record").map_err(NotCreated::Store)?;
         let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
         let (sk1, sk2) = self.keys.session_parts();
         let mut ops = serde_json::json!({

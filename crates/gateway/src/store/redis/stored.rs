@@ -323,49 +323,113 @@ pub(super) struct LeaseRecord {
     /// The session.
     pub(super) sid: String,
     /// The upstream request, as sent.
-    pub(super) request: serde_json::Value,
+    pub(super) request: RequestText,
     /// Its `Mcp-Param-*` headers.
     pub(super) headers: Vec<(String, String)>,
     /// Why it was sent.
     pub(super) role: UpstreamRole,
 }
 
+/// A lease's upstream request: its JSON text, written as one MessagePack string (in
+/// a JSON record, the request itself).
+/// Packed as a tree (a map per object, every member name and value written on its
+/// own), it cost a replica about 16k instructions per upstream exchange (three a
+/// flow): building the tree from the message, packing it, dropping it; written as
+/// text, about 12k. Records written before carry it as a tree (a map), which is
+/// still read. Not `adapters::json::JsonText`, which serializes the same way: that
+/// one holds a `RawValue`, whose construction from text parses it again, and reads
+/// only its own form.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct RequestText(pub(super) Vec<u8>);
+
+impl Serialize for RequestText {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::Error;
+        let text = std::str::from_utf8(&self.0)
+            .map_err(|_| S::Error::custom("a request's text is not UTF-8"))?;
+        if serializer.is_human_readable() {
+            // JSON: the request itself, as builds before wrote it.
+            let raw: &serde_json::value::RawValue =
+                serde_json::from_str(text).map_err(S::Error::custom)?;
+            raw.serialize(serializer)
+        } else {
+            serializer.serialize_str(text)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RequestText {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::{Error, MapAccess, Visitor};
+        struct Either;
+        impl<'de> Visitor<'de> for Either {
+            type Value = RequestText;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a request's JSON text, or the request as a map")
+            }
+            fn visit_str<E: Error>(self, v: &str) -> Result<RequestText, E> {
+                Ok(RequestText(v.as_bytes().to_vec()))
+            }
+            fn visit_string<E: Error>(self, v: String) -> Result<RequestText, E> {
+                Ok(RequestText(v.into_bytes()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RequestText, A::Error> {
+                let tree = serde_json::Value::deserialize(
+                    serde::de::value::MapAccessDeserializer::new(map),
+                )?;
+                serde_json::to_vec(&tree)
+                    .map(RequestText)
+                    .map_err(A::Error::custom)
+            }
+        }
+        deserializer.deserialize_any(Either)
+    }
+}
+
 /// How a session's record and a lease's are written: MessagePack, fields by name
-/// (`rmp_serde::to_vec_named`: fields that are skipped when empty keep their meaning,
-/// and a record written by an older build still loads). Every step writes its
-/// session's record and most read one; as JSON, writing it was a fifth of a
-/// replicated flow's instructions, most of them spent escaping strings that need no
-/// escaping, and reading it parsed them back. Records written as JSON by earlier
-/// builds (they start with `{`, which no MessagePack map does) are still read.
+/// (fields that are skipped when empty keep their meaning, and a record written by an
+/// older build still loads). Every step writes its session's record and most read
+/// one; as JSON, writing it was a fifth of a replicated flow's instructions, most of
+/// them spent escaping strings that need no escaping, and reading it parsed them back.
+/// Records written as JSON (by earlier builds, or by a replica told to with
+/// `session_record_format = "json"` during a rolling upgrade: they start with `{`,
+/// which no MessagePack map does) are always read; written as JSON, a record is the
+/// text those builds wrote.
 pub(super) mod codec {
-    use crate::store::StoreError;
+    use crate::store::{RecordFormat, StoreError};
     use serde::de::DeserializeOwned;
     use serde::Serialize;
 
     /// Appends `value`'s encoding to `into`.
     pub(in crate::store::redis) fn encode(
+        format: RecordFormat,
         value: &impl Serialize,
         into: &mut Vec<u8>,
         what: &str,
     ) -> Result<(), StoreError> {
-        value
-            .serialize(&mut rmp_serde::Serializer::new(into).with_struct_map())
-            .map_err(|e| StoreError::Corrupt {
-                reason: format!("{what}: {e}"),
-            })
+        let written = match format {
+            RecordFormat::MessagePack => value
+                .serialize(&mut rmp_serde::Serializer::new(into).with_struct_map())
+                .map_err(|e| e.to_string()),
+            RecordFormat::Json => serde_json::to_writer(into, value).map_err(|e| e.to_string()),
+        };
+        written.map_err(|e| StoreError::Corrupt {
+            reason: format!("{what}: {e}"),
+        })
     }
 
     /// `value`'s encoding.
     pub(in crate::store::redis) fn to_vec(
+        format: RecordFormat,
         value: &impl Serialize,
         what: &str,
     ) -> Result<Vec<u8>, StoreError> {
         let mut out = Vec::new();
-        encode(value, &mut out, what)?;
+        encode(format, value, &mut out, what)?;
         Ok(out)
     }
 
-    /// Reads what [`encode`] wrote, or the JSON an earlier build wrote.
+    /// Reads what [`encode`] wrote, in either format.
     pub(in crate::store::redis) fn decode<T: DeserializeOwned>(
         bytes: &[u8],
         what: &str,
@@ -523,7 +587,7 @@ impl Ops {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::StoreError;
+    use crate::store::{RecordFormat, StoreError};
     use dualera_adapters::{Config, Session};
 
     fn record(streams: &str) -> String {
@@ -557,7 +621,7 @@ mod tests {
     #[test]
     fn records_are_message_pack_by_field_name_and_json_ones_still_load() {
         let r: Record = codec::decode(MID_ROUND.as_bytes(), "record").unwrap();
-        let packed = codec::to_vec(&r, "record").unwrap();
+        let packed = codec::to_vec(RecordFormat::MessagePack, &r, "record").unwrap();
         assert_ne!(packed[0], b'{');
         assert!(
             packed.len() * 10 < MID_ROUND.len() * 9,
@@ -569,7 +633,16 @@ mod tests {
         // Nothing lost: written as JSON again, it is the record it was read from.
         assert_eq!(serde_json::to_string(&again).unwrap(), MID_ROUND);
         // Deterministic: a step that changes nothing writes the same bytes.
-        assert_eq!(codec::to_vec(&again, "record").unwrap(), packed);
+        assert_eq!(
+            codec::to_vec(RecordFormat::MessagePack, &again, "record").unwrap(),
+            packed
+        );
+        // Told to write JSON (a rolling upgrade), a replica writes the text the earlier
+        // build wrote.
+        assert_eq!(
+            codec::to_vec(RecordFormat::Json, &again, "record").unwrap(),
+            MID_ROUND.as_bytes()
+        );
         for cut in [0, 1, packed.len() / 2, packed.len() - 1] {
             assert!(matches!(
                 codec::decode::<Record>(&packed[..cut], "record"),
@@ -580,21 +653,48 @@ mod tests {
 
     #[test]
     fn a_lease_record_carries_its_request_unchanged() {
-        let request: serde_json::Value = serde_json::from_str(
-            r#"{"id":"d-u13","jsonrpc":"2.0","method":"tools/call","params":{"_meta":{"k":[1,-2,3.5,null,true,18446744073709551615]},"name":"n\u0000\"q"}}"#,
-        )
-        .unwrap();
+        let text = r#"{"id":"d-u13","jsonrpc":"2.0","method":"tools/call","params":{"_meta":{"k":[1,-2,3.5,null,true,18446744073709551615]},"name":"n\u0000\"q"}}"#;
         let rec = LeaseRecord {
             sid: "s".into(),
-            request: request.clone(),
+            request: RequestText(text.as_bytes().to_vec()),
             headers: vec![("mcp-param-name".into(), "n".into())],
             role: UpstreamRole::Discover,
         };
-        let back: LeaseRecord =
-            codec::decode(&codec::to_vec(&rec, "lease").unwrap(), "lease").unwrap();
-        assert_eq!(back.request, request);
+        let packed = codec::to_vec(RecordFormat::MessagePack, &rec, "lease").unwrap();
+        let back: LeaseRecord = codec::decode(&packed, "lease").unwrap();
+        assert_eq!(back.request.0, text.as_bytes(), "the text, byte for byte");
         assert_eq!(back.headers, rec.headers);
         assert!(matches!(back.role, UpstreamRole::Discover));
+
+        // Earlier builds packed the request as a tree, and before that wrote the
+        // record as JSON: both still give the same request.
+        #[derive(Serialize)]
+        struct Tree<'a> {
+            sid: &'a str,
+            request: serde_json::Value,
+            headers: &'a [(String, String)],
+            role: &'a UpstreamRole,
+        }
+        let tree: serde_json::Value = serde_json::from_str(text).unwrap();
+        let old = Tree {
+            sid: "s",
+            request: tree.clone(),
+            headers: &rec.headers,
+            role: &rec.role,
+        };
+        // Told to write JSON, a replica writes the request as the tree those builds
+        // read.
+        let json = codec::to_vec(RecordFormat::Json, &rec, "lease").unwrap();
+        assert_eq!(json, serde_json::to_vec(&old).unwrap());
+        for bytes in [
+            codec::to_vec(RecordFormat::MessagePack, &old, "lease").unwrap(),
+            json,
+        ] {
+            let back: LeaseRecord = codec::decode(&bytes, "lease").unwrap();
+            let again: serde_json::Value = serde_json::from_slice(&back.request.0).unwrap();
+            assert_eq!(again, tree);
+            assert_eq!(back.headers, rec.headers);
+        }
     }
 
     #[test]
