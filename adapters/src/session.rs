@@ -610,7 +610,6 @@ pub struct Session {
     /// Boxed, like `listen`: set only while `initialize` waits, and the machine is
     /// inline in every session's allocation (8 bytes of it instead of 48).
     init: Option<Box<PendingInit>>,
-    initialized_notified: bool,
     #[serde(with = "snapshot::pairs")]
     calls: HashMap<RequestId, Call>,
     #[serde(with = "snapshot::pairs")]
@@ -672,7 +671,6 @@ impl Session {
             log_level: None,
             discover: None,
             init: None,
-            initialized_notified: false,
             calls: HashMap::new(),
             live: OwnMap::default(),
             upstream: OwnMap::default(),
@@ -738,11 +736,6 @@ impl Session {
     /// The log level set with `logging/setLevel`, if any.
     pub fn log_level(&self) -> Option<&str> {
         self.log_level.as_deref()
-    }
-
-    /// Whether the peer has sent `notifications/initialized`.
-    pub fn initialized_notified(&self) -> bool {
-        self.initialized_notified
     }
 
     /// Legacy requests currently forwarded upstream (or waiting for the peer's input).
@@ -1166,7 +1159,16 @@ impl Session {
     fn peer_notification(&mut self, notification: Notification, now: Timestamp) {
         let params = notification.params.as_ref();
         match notification.method.as_str() {
-            "notifications/initialized" => self.initialized_notified = true,
+            // Not recorded: nothing reads it. The server's side of the lifecycle
+            // ("SHOULD NOT send requests other than pings and logging before
+            // receiving the initialized notification", 2025-11-25
+            // basic/lifecycle) holds without it, since every request this machine
+            // sends the peer belongs to a round of one of the peer's own requests,
+            // which its side of the same rule keeps after the notification. A
+            // snapshot's `initialized_notified` from an earlier build is ignored, and
+            // an earlier build reads its absence as `false`, a value it never used
+            // either: a store keeps no write for this notification.
+            "notifications/initialized" => {}
             "notifications/cancelled" => {
                 self.observe(Observation::Used(Feature::Cancellation));
                 let Some(id) = notification.cancelled_request() else {
