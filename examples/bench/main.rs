@@ -66,6 +66,13 @@
 //!   gateway with sessions in memory, flows alternating one by one; then Redis memory
 //!   per idle session at `--replica-sessions` (10k) sessions.
 //!
+//! `--pin NAME=CPUS` (repeatable) confines a kind of process to some CPUs with
+//! `taskset`: `bench` (this process, and so every process it starts that is not named),
+//! `gateway` (every gateway, replicas included), `server`, `bare_proxy`, `redis`. On a
+//! machine whose few cores every process shares, it measures what a process costs on
+//! a core of its own, e.g. `--pin bench=0 --pin redis=1`; the report's header says
+//! what was pinned.
+//!
 //! `--profile perf` records the gateway with `perf record -g` during the selected
 //! scenarios (report and, with inferno installed, a flamegraph under bench/results/);
 //! `--profile callgrind` runs the gateway under `valgrind --tool=callgrind` (instruction
@@ -318,6 +325,11 @@ fn main() -> Res<()> {
         return legacy_server_main();
     }
     let opts = parse_opts();
+    // The machine's CPUs, counted before `--pin bench=…` narrows what this process sees.
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    set_pins(opts.pins.clone());
+    // Before the runtime's threads exist, so that they inherit the mask.
+    pin("bench", std::process::id())?;
     let mut env = setup(&opts)?;
     if opts.profile == Some(Profile::Perf)
         && !Command::new("perf")
@@ -404,15 +416,24 @@ fn main() -> Res<()> {
         eprintln!("bench: FAILED: {e}");
     }
     let (targets_md, targets_json) = report.targets();
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let commit = git(&["rev-parse", "--short", "HEAD"]);
     let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
     let rtt = opts
         .upstream_rtt_ms
         .map(|ms| format!(", the modern server {ms} ms round trip away (a delaying relay)"))
         .unwrap_or_default();
+    let pinned = if opts.pins.is_empty() {
+        String::new()
+    } else {
+        let list: Vec<String> = opts
+            .pins
+            .iter()
+            .map(|(n, c)| format!("{n} on CPU {c}"))
+            .collect();
+        format!(", pinned: {}", list.join(", "))
+    };
     let mut md = format!(
-        "## Benchmark results ({}){}{rtt}\n\ncommit {commit}{}, binary {}, {cpus} CPUs, load average {load_start} at start / {} at end, {:.0} s, scenarios: {}{}\n\n",
+        "## Benchmark results ({}){}{rtt}{pinned}\n\ncommit {commit}{}, binary {}, {cpus} CPUs, load average {load_start} at start / {} at end, {:.0} s, scenarios: {}{}\n\n",
         env.stamp,
         if env.tls.is_some() { " — upstream over TLS" } else { "" },
         if dirty { " + local changes" } else { "" },
@@ -436,7 +457,7 @@ fn main() -> Res<()> {
         let _ = writeln!(md, "**The run failed:** {e}");
     }
     let js = json!({
-        "stamp": env.stamp, "tls": env.tls.is_some(), "upstream_rtt_ms": opts.upstream_rtt_ms, "commit": commit, "dirty": dirty, "binary": env.bin.display().to_string(), "cpus": cpus,
+        "stamp": env.stamp, "tls": env.tls.is_some(), "upstream_rtt_ms": opts.upstream_rtt_ms, "pins": opts.pins.iter().map(|(n, c)| (n.clone(), json!(c))).collect::<serde_json::Map<_, _>>(), "commit": commit, "dirty": dirty, "binary": env.bin.display().to_string(), "cpus": cpus,
         "load_start": load_start, "load_end": load_avg(),
         "options": {"rounds": opts.rounds, "secs": opts.secs, "concurrency": opts.concurrency,
                     "sessions": opts.session_levels, "pending": opts.pending, "pending_sessions": opts.pending_sessions},

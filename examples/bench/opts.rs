@@ -30,7 +30,13 @@ pub(crate) struct Opts {
     pub(crate) cache_requests: Option<Vec<String>>,
     /// Round-trip time added to every packet to and from the modern server (netem).
     pub(crate) upstream_rtt_ms: Option<f64>,
+    /// `--pin NAME=CPUS`: the CPUs each kind of process may run on (`taskset` lists).
+    pub(crate) pins: Vec<(String, String)>,
 }
+
+/// The processes `--pin` can place: the bench itself (and so every process it starts
+/// that is not named), and the kinds it starts.
+pub(crate) const PINNABLE: &[&str] = &["bench", "gateway", "server", "bare_proxy", "redis"];
 
 pub(crate) fn usage() -> ! {
     eprintln!(
@@ -41,7 +47,9 @@ pub(crate) fn usage() -> ! {
          \x20            [--dualera PATH (another build of the binary, e.g. to compare before/after)]\n\
          \x20            [--tls (the modern server on HTTPS; enables the h2 scenario)]\n\
          \x20            [--cache-requests tools/list,server/discover,mixed]\n\
-         \x20            [--upstream-rtt-ms MS (the modern server MS round trip away, behind a delaying relay)]"
+         \x20            [--upstream-rtt-ms MS (the modern server MS round trip away, behind a delaying relay)]\n\
+         \x20            [--pin NAME=CPUS (repeatable; NAME: bench, gateway, server, bare_proxy, redis;\n\
+         \x20             CPUS: a taskset list such as 1 or 0,2-3; e.g. --pin bench=0 --pin redis=1)]"
     );
     std::process::exit(2)
 }
@@ -69,6 +77,7 @@ pub(crate) fn parse_opts() -> Opts {
         tls: false,
         upstream_rtt_ms: None,
         cache_requests: None,
+        pins: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -118,6 +127,20 @@ pub(crate) fn parse_opts() -> Opts {
                     usage()
                 }
                 o.upstream_rtt_ms = Some(ms);
+            }
+            "--pin" => {
+                let v = val();
+                let (name, cpus) = v.split_once('=').unwrap_or_else(|| usage());
+                let list_ok = !cpus.is_empty()
+                    && cpus.len() <= 64
+                    && cpus
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || b == b',' || b == b'-');
+                if !PINNABLE.contains(&name) || !list_ok {
+                    usage()
+                }
+                o.pins.retain(|(n, _)| n != name);
+                o.pins.push((name.to_owned(), cpus.to_owned()));
             }
             _ => usage(),
         }

@@ -61,6 +61,39 @@ pub(crate) fn relay_main(args: &[String]) -> Res<()> {
     Ok(())
 }
 
+/// `--pin`, set once at start-up: the CPU list of each kind of process named there.
+static PINS: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+
+pub(crate) fn set_pins(pins: Vec<(String, String)>) {
+    let _ = PINS.set(pins);
+}
+
+/// The `--pin` entries, for the report.
+pub(crate) fn pins() -> &'static [(String, String)] {
+    PINS.get().map_or(&[], Vec::as_slice)
+}
+
+/// Confines every thread of `pid` to the CPUs `--pin` gives processes of kind `name`
+/// (`taskset -a -p -c`); nothing when it names none. Threads started later inherit
+/// the mask. A process that cannot be pinned fails the run: its figures would not be
+/// what the report says they are.
+pub(crate) fn pin(name: &str, pid: u32) -> Res<()> {
+    let Some((_, cpus)) = pins().iter().find(|(n, _)| n == name) else {
+        return Ok(());
+    };
+    let ok = Command::new("taskset")
+        .args(["-a", "-p", "-c", cpus.as_str(), &pid.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("--pin {name}={cpus}: `taskset` could not pin process {pid}").into())
+    }
+}
+
 /// A child process this benchmark started; terminated (SIGTERM, then SIGKILL) on drop.
 pub(crate) struct Proc {
     pub(crate) name: String,
@@ -105,6 +138,7 @@ impl Proc {
             Ok((scheme, a)) => {
                 p.addr = a.parse()?;
                 p.scheme = scheme;
+                pin(name, p.child.id())?;
             }
             Err(_) => {
                 return Err(format!(

@@ -45,6 +45,7 @@ impl Redis {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        pin("redis", r.child.id())?;
         Ok(r)
     }
 

@@ -1561,16 +1561,17 @@ impl SessionStore for Arc<RedisSessions> {
     }
 
     fn served(&self, session: &RedisSession, what: Served<'_>) {
-        let tag = log_tag(&session.id);
+        // The tag (a SHA-256 of the id) is worked out inside each macro, so only when
+        // the event is logged.
         match what {
             Served::Request(id, method) => {
-                info!(session = %tag, replica = %self.replica, rpc.id = %id, method = %dualera_adapters::echo::echo(method), "legacy request served");
+                info!(session = %log_tag(&session.id), replica = %self.replica, rpc.id = %id, method = %dualera_adapters::echo::echo(method), "legacy request served");
             }
             Served::Message(kind) => {
-                info!(session = %tag, replica = %self.replica, method = kind, "legacy message served");
+                info!(session = %log_tag(&session.id), replica = %self.replica, method = kind, "legacy message served");
             }
             Served::Delete => {
-                info!(session = %tag, replica = %self.replica, "session deleted by the peer");
+                info!(session = %log_tag(&session.id), replica = %self.replica, "session deleted by the peer");
             }
         }
     }
