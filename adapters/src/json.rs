@@ -57,8 +57,19 @@ pub fn parse(bytes: &[u8]) -> Result<Value, JsonError> {
 /// (which keeps the first of the duplicates), so a caller can still read, say, a
 /// top-level id for its error response.
 pub fn parse_lenient(bytes: &[u8]) -> Result<(Value, Option<JsonError>), JsonError> {
+    // Text checked once as a whole is read without checking each string again, which
+    // the byte reader does string by string (about 2 % of a legacy call). Bytes that
+    // are not UTF-8 go through the byte reader, whose error says where.
+    match std::str::from_utf8(bytes) {
+        Ok(text) => parse_with(serde_json::Deserializer::from_str(text)),
+        Err(_) => parse_with(serde_json::Deserializer::from_slice(bytes)),
+    }
+}
+
+fn parse_with<'de, R: serde_json::de::Read<'de>>(
+    mut de: serde_json::Deserializer<R>,
+) -> Result<(Value, Option<JsonError>), JsonError> {
     let dup = RefCell::new(None);
-    let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = Seed {
         dup: &dup,
         depth: 0,
