@@ -5,7 +5,10 @@
 //! keeps the last value, while an audit layer or another parser may keep the first: for
 //! `{"action":"decline","action":"accept"}` one reads a refusal and the other consent.
 //! Every message either program parses goes through [`parse`], which refuses such
-//! text instead of picking a winner.
+//! text instead of picking a winner. The way back, values to compact text as
+//! serde_json writes it, is [`write`].
+
+pub mod write;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};

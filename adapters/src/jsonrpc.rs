@@ -5,6 +5,7 @@
 //! with the request id when it could be read). Params stay a `Value`: what a method's
 //! params mean is the handler's business, not the envelope's.
 
+use crate::json::write;
 use serde_json::{Map, Value};
 use std::fmt;
 
@@ -431,11 +432,21 @@ impl Message {
     /// (members in the same sorted order), written straight from the fields. Every
     /// message crossing the gateway goes through here, so no intermediate tree is built.
     pub fn to_vec(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(128);
+        // The envelope's members and an id take under 64 bytes.
+        let hint = |v: &Option<Value>| v.as_ref().map_or(0, write::len_hint);
+        let body = match self {
+            Self::Request(r) => r.method.len() + hint(&r.params),
+            Self::Notification(n) => n.method.len() + hint(&n.params),
+            Self::Response(r) => match &r.outcome {
+                Ok(v) => write::len_hint(v),
+                Err(e) => e.message.len() + hint(&e.data),
+            },
+        };
+        let mut out = Vec::with_capacity(64 + body);
         let params = |out: &mut Vec<u8>, p: &Option<Value>| {
             if let Some(p) = p {
                 out.extend_from_slice(b",\"params\":");
-                write_json(out, p);
+                write::value(out, p);
             }
         };
         match self {
@@ -443,12 +454,12 @@ impl Message {
                 out.extend_from_slice(b"{\"id\":");
                 write_id(&mut out, &r.id);
                 out.extend_from_slice(b",\"jsonrpc\":\"2.0\",\"method\":");
-                write_json(&mut out, &r.method);
+                write::string(&mut out, &r.method);
                 params(&mut out, &r.params);
             }
             Self::Notification(n) => {
                 out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":");
-                write_json(&mut out, &n.method);
+                write::string(&mut out, &n.method);
                 params(&mut out, &n.params);
             }
             Self::Response(r) => {
@@ -459,10 +470,10 @@ impl Message {
                     out.extend_from_slice(e.code.0.to_string().as_bytes());
                     if let Some(d) = &e.data {
                         out.extend_from_slice(b",\"data\":");
-                        write_json(&mut out, d);
+                        write::value(&mut out, d);
                     }
                     out.extend_from_slice(b",\"message\":");
-                    write_json(&mut out, &e.message);
+                    write::string(&mut out, &e.message);
                     out.extend_from_slice(b"},");
                 }
                 if let Some(id) = &r.id {
@@ -473,7 +484,7 @@ impl Message {
                 out.extend_from_slice(b"\"jsonrpc\":\"2.0\"");
                 if let Ok(v) = &r.outcome {
                     out.extend_from_slice(b",\"result\":");
-                    write_json(&mut out, v);
+                    write::value(&mut out, v);
                 }
             }
         }
@@ -482,16 +493,10 @@ impl Message {
     }
 }
 
-/// Appends `v` as compact JSON. Writing to a `Vec` cannot fail, and neither can
-/// serializing a `Value` or a `str` (their keys are strings).
-fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
-    let _ = serde_json::to_writer(&mut *out, v);
-}
-
 fn write_id(out: &mut Vec<u8>, id: &RequestId) {
     match id {
         RequestId::Number(n) => out.extend_from_slice(n.to_string().as_bytes()),
-        RequestId::String(s) => write_json(out, s.as_str()),
+        RequestId::String(s) => write::string(out, s),
     }
 }
 

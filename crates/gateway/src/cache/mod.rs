@@ -34,6 +34,7 @@ pub use key::{AuthContext, Cacheable, Caller, RequestKey};
 use crate::header_names::MCP_METHOD;
 use bytes::Bytes;
 use dashmap::DashMap;
+use dualera_adapters::json::write as json_write;
 use key::{Audience, Scope};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -603,11 +604,9 @@ impl ResponseCache {
             return false;
         }
         const HEAD: &[u8] = br#"{"id":0,"jsonrpc":"2.0","result":"#;
-        let mut out = Vec::with_capacity(256);
+        let mut out = Vec::with_capacity(HEAD.len() + 1 + json_write::len_hint(result));
         out.extend_from_slice(HEAD);
-        if serde_json::to_writer(&mut out, result).is_err() {
-            return false;
-        }
+        json_write::value(&mut out, result);
         let end = out.len();
         out.push(b'}');
         let id = 6..7;

@@ -482,7 +482,8 @@ impl RedisSessions {
     // ----- discover results -------------------------------------------------------
 
     fn discover_digest(value: &Value) -> String {
-        let bytes = serde_json::to_vec(value).unwrap_or_default();
+        let mut bytes = Vec::new();
+        dualera_adapters::json::write::value(&mut bytes, value);
         hex(&Sha256::digest(&bytes))
     }
 
