@@ -52,41 +52,34 @@ pub struct InputRequired {
     pub request_state: Option<String>,
 }
 
-/// Reads an `input_required` result.
-pub fn parse_input_required(result: &Value) -> Result<InputRequired, Failure> {
+/// Reads an `input_required` result, taking its state and requests out of it.
+pub fn parse_input_required(result: Value) -> Result<InputRequired, Failure> {
     let malformed = |reason| Failure::MalformedInputRequired { reason };
-    let obj = result
-        .as_object()
-        .ok_or(malformed("the result is not an object"))?;
-    let request_state = match obj.get("requestState") {
+    let Value::Object(mut obj) = result else {
+        return Err(malformed("the result is not an object"));
+    };
+    let request_state = match obj.remove("requestState") {
         None => None,
-        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::String(s)) => Some(s),
         Some(_) => return Err(malformed("requestState is not a string")),
     };
     let mut requests = BTreeMap::new();
-    match obj.get("inputRequests") {
+    match obj.remove("inputRequests") {
         None => {}
         Some(Value::Object(map)) => {
             for (key, entry) in map {
-                let entry = entry
-                    .as_object()
-                    .ok_or(malformed("an input request is not an object"))?;
-                let method = entry
-                    .get("method")
-                    .and_then(Value::as_str)
-                    .ok_or(malformed("an input request has no method"))?;
-                let params = match entry.get("params") {
+                let Value::Object(mut entry) = entry else {
+                    return Err(malformed("an input request is not an object"));
+                };
+                let Some(Value::String(method)) = entry.remove("method") else {
+                    return Err(malformed("an input request has no method"));
+                };
+                let params = match entry.remove("params") {
                     None => Map::new(),
-                    Some(Value::Object(p)) => p.clone(),
+                    Some(Value::Object(p)) => p,
                     Some(_) => return Err(malformed("input request params are not an object")),
                 };
-                requests.insert(
-                    key.clone(),
-                    InputRequest {
-                        method: method.to_owned(),
-                        params,
-                    },
-                );
+                requests.insert(key, InputRequest { method, params });
             }
         }
         Some(_) => return Err(malformed("inputRequests is not an object")),
@@ -168,7 +161,7 @@ mod tests {
     fn parses_and_retries() {
         let r = json!({"resultType": "input_required", "requestState": "a\u{e9}b==",
             "inputRequests": {"k": {"method": "roots/list"}}});
-        let parsed = parse_input_required(&r).unwrap();
+        let parsed = parse_input_required(r).unwrap();
         assert_eq!(parsed.requests["k"].method, "roots/list");
         let original: Map<String, Value> =
             serde_json::from_value(json!({"name": "t", "requestState": "forged"})).unwrap();
@@ -179,8 +172,8 @@ mod tests {
             Value::Object(retry),
             json!({"name": "t", "inputResponses": {"k": {"roots": []}}, "requestState": "a\u{e9}b=="})
         );
-        assert!(parse_input_required(&json!({"resultType": "input_required"})).is_err());
-        assert!(parse_input_required(&json!({"requestState": 1})).is_err());
-        assert!(parse_input_required(&json!({"inputRequests": {"k": {}}})).is_err());
+        assert!(parse_input_required(json!({"resultType": "input_required"})).is_err());
+        assert!(parse_input_required(json!({"requestState": 1})).is_err());
+        assert!(parse_input_required(json!({"inputRequests": {"k": {}}})).is_err());
     }
 }

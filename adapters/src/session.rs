@@ -2096,7 +2096,7 @@ impl Session {
             let max_rounds = self.config.max_rounds;
             return self.fail_call(legacy, call, Failure::RoundLimit { max_rounds }, "");
         }
-        let parsed = match mrtr::parse_input_required(&result) {
+        let parsed = match mrtr::parse_input_required(result) {
             Ok(parsed) => parsed,
             Err(failure) => return self.fail_call(legacy, call, failure, ""),
         };
