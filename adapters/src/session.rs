@@ -304,7 +304,9 @@ enum RetiredKind {
 /// its cap and the ids with their kind, oldest first.
 #[derive(Debug)]
 struct Retired {
-    order: VecDeque<RequestId>,
+    /// The ids oldest first, each with its kind: writing the ring (every replicated
+    /// step does) then looks nothing up.
+    order: VecDeque<(RequestId, RetiredKind)>,
     /// Retired live and upstream ids: minted here.
     kinds: OwnMap<RequestId, RetiredKind>,
     cap: usize,
@@ -313,7 +315,7 @@ struct Retired {
 impl Retired {
     fn remove(&mut self, id: &RequestId) {
         if self.kinds.remove(id).is_some() {
-            self.order.retain(|o| o != id);
+            self.order.retain(|(o, _)| o != id);
         }
     }
 
@@ -326,13 +328,22 @@ impl Retired {
     }
 
     fn insert(&mut self, id: RequestId, kind: RetiredKind) {
-        if self.kinds.insert(id.clone(), kind).is_none() {
-            self.order.push_back(id);
-            while self.order.len() > self.cap {
-                if let Some(old) = self.order.pop_front() {
-                    self.kinds.remove(&old);
+        match self.kinds.insert(id.clone(), kind) {
+            None => {
+                self.order.push_back((id, kind));
+                while self.order.len() > self.cap {
+                    if let Some((old, _)) = self.order.pop_front() {
+                        self.kinds.remove(&old);
+                    }
                 }
             }
+            // Retired again with another kind: it keeps its place, with the new kind.
+            Some(was) if was != kind => {
+                if let Some(entry) = self.order.iter_mut().find(|(o, _)| *o == id) {
+                    entry.1 = kind;
+                }
+            }
+            Some(_) => {}
         }
     }
 
@@ -344,7 +355,7 @@ impl Retired {
     fn set_cap(&mut self, cap: usize) {
         self.cap = cap.max(1);
         while self.order.len() > self.cap {
-            if let Some(old) = self.order.pop_front() {
+            if let Some((old, _)) = self.order.pop_front() {
                 self.kinds.remove(&old);
             }
         }
@@ -422,11 +433,7 @@ impl Serialize for Retired {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         // Oldest first, as they were retired; one pass for the compact form, whose ids
         // are all strings (minted here), else the pairs.
-        let ids = || {
-            self.order
-                .iter()
-                .filter_map(|id| self.kinds.get(id).map(|k| (id, *k)))
-        };
+        let ids = || self.order.iter().map(|(id, kind)| (id, *kind));
         let mut texts = Vec::with_capacity(self.order.len());
         let mut k = String::with_capacity(self.order.len());
         for (id, kind) in ids() {
