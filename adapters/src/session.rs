@@ -29,6 +29,11 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 /// possible and foldhash replaces std's slower SipHash. Maps keyed by ids a peer
 /// chooses (`calls`, keyed by the legacy request id) keep SipHash.
 type OwnMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// For `skip_serializing_if`: a counter that has not moved.
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -212,8 +217,9 @@ struct Call {
     /// accepts that attempt: if it refuses the credentials (HTTP 401/403) the round
     /// waits again for its last answer ([`Session::handle_upstream_denied`]).
     answered: Option<Answered>,
-    /// What the call does for a task (see [`crate::tasks`]); `None` for a plain call.
-    #[serde(default)]
+    /// What the call does for a task (see [`crate::tasks`]); `None` for a plain call
+    /// (and then not written: every build that knew it reads it missing as `None`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     link: Option<Link>,
 }
 
@@ -592,7 +598,11 @@ pub struct Footprint {
 /// keep it in a shared store and feed its next message in another process: serialize
 /// after draining [`poll_event`](Self::poll_event), deserialize, then
 /// [`restore`](Self::restore) the driver's [`Config`] and the discover result. See
-/// [`crate::snapshot`] for what is left out and why.
+/// [`crate::snapshot`] for what is left out and why. A member that holds its default
+/// (an empty map, `None`, `false`, a zero counter) is not written: a shared store
+/// writes a session's state at every step, and most of its members are empty between
+/// requests; read back, a missing member takes the value [`Session::new`] gives it,
+/// as it does in a snapshot an older build wrote.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Session {
@@ -611,38 +621,48 @@ pub struct Session {
     /// What the peer declared in `initialize`, mapped to the modern form (the legacy
     /// form itself is not kept: nothing after `initialize` reads it).
     client_capabilities: JsonText,
+    #[serde(skip_serializing_if = "Option::is_none")]
     log_level: Option<String>,
     #[serde(skip)]
     discover: Option<Arc<Value>>,
     /// Boxed, like `listen`: set only while `initialize` waits, and the machine is
     /// inline in every session's allocation (8 bytes of it instead of 48).
+    #[serde(skip_serializing_if = "Option::is_none")]
     init: Option<Box<PendingInit>>,
-    #[serde(with = "snapshot::pairs")]
+    #[serde(with = "snapshot::pairs", skip_serializing_if = "HashMap::is_empty")]
     calls: HashMap<RequestId, Call>,
-    #[serde(with = "snapshot::pairs")]
+    #[serde(with = "snapshot::pairs", skip_serializing_if = "HashMap::is_empty")]
     live: OwnMap<RequestId, Live>,
-    #[serde(with = "snapshot::pairs")]
+    #[serde(with = "snapshot::pairs", skip_serializing_if = "HashMap::is_empty")]
     upstream: OwnMap<RequestId, UpstreamEntry>,
     retired_live: Retired,
     retired_upstream: Retired,
-    #[serde(with = "snapshot::pairs")]
+    #[serde(with = "snapshot::pairs", skip_serializing_if = "HashMap::is_empty")]
     batches: OwnMap<BatchId, Batch>,
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
     subscriptions: BTreeSet<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     standalone_open: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
     listen: Option<Box<Listen>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     ping: Option<RequestId>,
     /// `x-mcp-header` parameters of the upstream's tools, by tool name, as learned from
     /// the `tools/list` results that passed through.
-    #[serde(with = "snapshot::sorted")]
+    #[serde(with = "snapshot::sorted", skip_serializing_if = "HashMap::is_empty")]
     tool_headers: HashMap<String, Vec<ParamHeader>>,
     /// The peer is a 2025-11-25 host that declared the `tasks` capability.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     host_tasks: bool,
     /// The tasks this session created; `Some` when tasks are offered to the peer
     /// (it declared them and the upstream offers the extension).
+    #[serde(skip_serializing_if = "Option::is_none")]
     tasks: Option<Book>,
     next_upstream: u64,
     next_live: u64,
+    #[serde(skip_serializing_if = "is_zero")]
     next_elicitation: u64,
+    #[serde(skip_serializing_if = "is_zero")]
     next_batch: u64,
     next_seq: u64,
     #[serde(skip)]

@@ -446,6 +446,74 @@ fn a_snapshot_leaves_out_config_and_discover_and_keeps_its_prefix() {
     assert_eq!(minted, Some(RequestId::String("p7-u1".into())));
 }
 
+/// Members holding their default are not written, and a snapshot that writes them
+/// (as builds before did) reads as the same session.
+#[test]
+fn empty_members_are_left_out_and_still_read_when_written() {
+    let mut s = Session::new(config());
+    s.handle_discover(discover()).unwrap();
+    s.handle_peer_message(
+        request(
+            RequestId::Number(0),
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "h", "version": "1"}}),
+        ),
+        Timestamp::from_millis(0),
+    )
+    .unwrap();
+    drain(&mut s);
+    let text = serde_json::to_string(&s).unwrap();
+    for member in [
+        "log_level",
+        "init",
+        "calls",
+        "live",
+        "upstream",
+        "batches",
+        "subscriptions",
+        "standalone_open",
+        "listen",
+        "ping",
+        "tool_headers",
+        "host_tasks",
+        "tasks",
+        "next_elicitation",
+        "next_batch",
+    ] {
+        assert!(
+            !text.contains(&format!("\"{member}\":")),
+            "{member}: {text}"
+        );
+    }
+    let mut written: Value = serde_json::from_str(&text).unwrap();
+    let full = json!({"log_level": null, "init": null, "calls": [], "live": [],
+        "upstream": [], "batches": [], "subscriptions": [], "standalone_open": false,
+        "listen": null, "ping": null, "tool_headers": {}, "host_tasks": false,
+        "tasks": null, "next_elicitation": 0, "next_batch": 0});
+    for (k, v) in full.as_object().unwrap() {
+        written[k] = v.clone();
+    }
+    let older: Session = serde_json::from_value(written).unwrap();
+    assert_eq!(serde_json::to_string(&older).unwrap(), text);
+    // Both answer the next request alike.
+    let (_, back) = round_trip(&s);
+    let older = older.restore(config(), s.discover().cloned());
+    for mut session in [back, older] {
+        session
+            .handle_peer_message(
+                request(RequestId::Number(1), "tools/call", json!({"name": "t"})),
+                Timestamp::from_millis(1),
+            )
+            .unwrap();
+        let sent = drain(&mut session).into_iter().find_map(|e| match e {
+            Event::ToUpstream { request, .. } => Some(request.id),
+            _ => None,
+        });
+        assert_eq!(sent, Some(RequestId::String("p7-u1".into())));
+    }
+}
+
 #[test]
 fn corrupt_snapshots_are_refused() {
     for bad in [
