@@ -193,18 +193,31 @@ mod tests {
     /// non-ASCII text (the escapes that make text longer than its bytes), integers and
     /// floats of every size, nested arrays and objects.
     fn any_value() -> impl Strategy<Value = Value> {
+        values(
+            "[\\x00-\\x1f\"\\\\a-zé😀]{0,12}",
+            "[\\x00-\\x1f\"a-zé]{0,6}",
+        )
+    }
+
+    /// JSON values whose strings match `text` and whose member names match `names`
+    /// (regular expressions), with integers and floats of every size, nested arrays
+    /// and objects.
+    pub(in crate::json) fn values(
+        text: &'static str,
+        names: &'static str,
+    ) -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),
             any::<i64>().prop_map(Value::from),
             any::<u64>().prop_map(Value::from),
             any::<f64>().prop_map(Value::from),
-            "[\\x00-\\x1f\"\\\\a-zé😀]{0,12}".prop_map(Value::from),
+            text.prop_map(Value::from),
         ];
-        leaf.prop_recursive(4, 64, 6, |inner| {
+        leaf.prop_recursive(4, 64, 6, move |inner| {
             prop_oneof![
                 prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-                prop::collection::vec(("[\\x00-\\x1f\"a-zé]{0,6}", inner), 0..6)
+                prop::collection::vec((names, inner), 0..6)
                     .prop_map(|m| Value::Object(m.into_iter().collect())),
             ]
         })

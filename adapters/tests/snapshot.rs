@@ -405,8 +405,8 @@ proptest! {
     }
 }
 
-#[test]
-fn a_snapshot_leaves_out_config_and_discover_and_keeps_its_prefix() {
+/// A session through `initialize` (2025-11-25), its events drained.
+fn initialized() -> Session {
     let mut s = Session::new(config());
     s.handle_discover(discover()).unwrap();
     s.handle_peer_message(
@@ -420,6 +420,12 @@ fn a_snapshot_leaves_out_config_and_discover_and_keeps_its_prefix() {
     )
     .unwrap();
     drain(&mut s);
+    s
+}
+
+#[test]
+fn a_snapshot_leaves_out_config_and_discover_and_keeps_its_prefix() {
+    let s = initialized();
     let text = serde_json::to_string(&s).unwrap();
     assert!(text.contains("\"id_prefix\":\"p7\""), "{text}");
     assert!(
@@ -450,19 +456,7 @@ fn a_snapshot_leaves_out_config_and_discover_and_keeps_its_prefix() {
 /// (as builds before did) reads as the same session.
 #[test]
 fn empty_members_are_left_out_and_still_read_when_written() {
-    let mut s = Session::new(config());
-    s.handle_discover(discover()).unwrap();
-    s.handle_peer_message(
-        request(
-            RequestId::Number(0),
-            "initialize",
-            json!({"protocolVersion": "2025-11-25", "capabilities": {},
-                   "clientInfo": {"name": "h", "version": "1"}}),
-        ),
-        Timestamp::from_millis(0),
-    )
-    .unwrap();
-    drain(&mut s);
+    let s = initialized();
     let text = serde_json::to_string(&s).unwrap();
     for member in [
         "log_level",

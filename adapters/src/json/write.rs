@@ -162,26 +162,12 @@ mod tests {
         out
     }
 
-    /// Any JSON value, its strings drawn mostly from the bytes that need escaping and
-    /// their neighbours (0x1f, 0x20, `!`, `#`, `[`, `]`, DEL), with non-ASCII text, at
-    /// lengths on both sides of a word.
+    /// Any JSON value, its strings and member names drawn mostly from the bytes that
+    /// need escaping and their neighbours (0x1f, 0x20, `!`, `#`, `[`, `]`, DEL), with
+    /// non-ASCII text, at lengths on both sides of a word.
     fn any_value() -> impl Strategy<Value = Value> {
-        let text = "[\\x00-\\x21\"#\\\\\\[\\]\\x7fa-zé😀]{0,20}";
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(Value::from),
-            any::<u64>().prop_map(Value::from),
-            any::<f64>().prop_map(Value::from),
-            text.prop_map(Value::from),
-        ];
-        leaf.prop_recursive(4, 64, 6, move |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-                prop::collection::vec((text, inner), 0..6)
-                    .prop_map(|m| Value::Object(m.into_iter().collect())),
-            ]
-        })
+        const TEXT: &str = "[\\x00-\\x21\"#\\\\\\[\\]\\x7fa-zé😀]{0,20}";
+        crate::json::tests::values(TEXT, TEXT)
     }
 
     proptest! {
