@@ -29,13 +29,13 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 /// possible and foldhash replaces std's slower SipHash. Maps keyed by ids a peer
 /// chooses (`calls`, keyed by the legacy request id) keep SipHash.
 type OwnMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// For `skip_serializing_if`: a counter that has not moved.
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
-use std::sync::Arc;
-use std::time::Duration;
 
 mod task_calls;
 

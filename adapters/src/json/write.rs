@@ -5,7 +5,7 @@
 //! `requestState` the server sealed, an elicitation's message and schema, a tool's text
 //! content. serde_json looks each byte of a string up in its escape table before moving
 //! on, which made writing strings the largest single cost of a legacy elicitation flow
-//! (a sixth of its instructions went to writing and parsing JSON). Here a string is
+//! (a quarter of its instructions went to parsing and writing JSON). Here a string is
 //! searched eight bytes at a time for the only bytes JSON must escape (a control
 //! character, `"`, `\`), and the runs between them are copied whole. What comes out is
 //! byte for byte what `serde_json::to_writer` writes for the same value (the members in
