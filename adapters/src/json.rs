@@ -465,6 +465,7 @@ fn write_canonical(v: &Value, out: &mut String) {
             }
             out.push(']');
         }
+        Value::String(text) => write::string(out, text),
         other => out.push_str(&other.to_string()),
     }
 }
@@ -476,7 +477,7 @@ fn write_members<'a>(members: impl IntoIterator<Item = (&'a String, &'a Value)>,
         if i > 0 {
             out.push(',');
         }
-        out.push_str(&Value::String(k.clone()).to_string());
+        write::string(out, k);
         out.push(':');
         write_canonical(v, out);
     }

@@ -10,7 +10,9 @@
 //! character, `"`, `\`), and the runs between them are copied whole. What comes out is
 //! byte for byte what `serde_json::to_writer` writes for the same value (the members in
 //! the map's order, the same escapes, numbers written by serde_json itself): the
-//! property test below holds it to that.
+//! property test below holds it to that. The canonical forms that digests and cache
+//! keys are taken over ([`crate::json::canonical`], the gateway's cache key) write
+//! their strings with [`string`] too, into a `String`.
 
 use serde_json::Value;
 
@@ -75,21 +77,49 @@ pub fn len_hint(value: &Value) -> usize {
     }
 }
 
+/// Where JSON text is written: bytes on their way to a socket, or a `String` (the
+/// canonical forms that keys and digests are taken over).
+pub trait Text {
+    /// Appends `s`.
+    fn put(&mut self, s: &str);
+    /// Makes room for `additional` more bytes.
+    fn room(&mut self, additional: usize);
+}
+
+impl Text for Vec<u8> {
+    fn put(&mut self, s: &str) {
+        self.extend_from_slice(s.as_bytes());
+    }
+    fn room(&mut self, additional: usize) {
+        self.reserve(additional);
+    }
+}
+
+impl Text for String {
+    fn put(&mut self, s: &str) {
+        self.push_str(s);
+    }
+    fn room(&mut self, additional: usize) {
+        self.reserve(additional);
+    }
+}
+
 /// Appends `s` as a JSON string: quoted, with serde_json's escapes (`\"`, `\\`, the
 /// short forms `\b` `\t` `\n` `\f` `\r`, `\u00XX` in lower-case hex for the other
 /// control characters; nothing else escaped).
-pub fn string(out: &mut Vec<u8>, s: &str) {
+pub fn string(out: &mut (impl Text + ?Sized), s: &str) {
     let bytes = s.as_bytes();
-    out.reserve(bytes.len() + 2);
-    out.push(b'"');
+    out.room(bytes.len() + 2);
+    out.put("\"");
     let mut start = 0;
     while let Some(at) = next_escape(bytes, start) {
-        out.extend_from_slice(&bytes[start..at]);
+        // Escaped bytes are ASCII: the runs between them are whole characters.
+        out.put(s.get(start..at).unwrap_or_default());
         escape(out, bytes[at]);
         start = at + 1;
     }
-    out.extend_from_slice(&bytes[start..]);
-    out.push(b'"');
+    out.put(s.get(start..).unwrap_or_default());
+    out.put("\"");
 }
 
 /// The index of the first byte at or after `from` that JSON must escape.
@@ -129,25 +159,31 @@ fn needs_escape(c: u8) -> bool {
 }
 
 /// Appends the escape of `c`, one of the bytes [`needs_escape`] names.
-fn escape(out: &mut Vec<u8>, c: u8) {
+fn escape(out: &mut (impl Text + ?Sized), c: u8) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let short = match c {
-        b'"' => b'"',
-        b'\\' => b'\\',
-        0x08 => b'b',
-        b'\t' => b't',
-        b'\n' => b'n',
-        0x0c => b'f',
-        b'\r' => b'r',
+        b'"' => "\\\"",
+        b'\\' => "\\\\",
+        0x08 => "\\b",
+        b'\t' => "\\t",
+        b'\n' => "\\n",
+        0x0c => "\\f",
+        b'\r' => "\\r",
         _ => {
-            out.extend_from_slice(b"\\u00");
-            out.push(HEX[usize::from(c >> 4)]);
-            out.push(HEX[usize::from(c & 0xf)]);
+            let code = [
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(c >> 4)],
+                HEX[usize::from(c & 0xf)],
+            ];
+            // Six ASCII bytes.
+            out.put(std::str::from_utf8(&code).unwrap_or_default());
             return;
         }
     };
-    out.push(b'\\');
-    out.push(short);
+    out.put(short);
 }
 
 #[cfg(test)]
@@ -183,7 +219,11 @@ mod tests {
             let s = format!("{}{}xyz", "a".repeat(prefix), char::from(c));
             let mut out = Vec::new();
             string(&mut out, &s);
-            prop_assert_eq!(out, serde_json::to_vec(&s).unwrap());
+            prop_assert_eq!(&out, &serde_json::to_vec(&s).unwrap());
+            // Into a `String` (the canonical forms), the same text.
+            let mut text = String::new();
+            string(&mut text, &s);
+            prop_assert_eq!(text.as_bytes(), &out[..]);
         }
     }
 

@@ -11,6 +11,7 @@
 //! numbers the parser cannot hold exactly (a fraction, an exponent, an integer beyond
 //! 64 bits: two such literals may read as one value the upstream tells apart).
 
+use dualera_adapters::json::write as json_write;
 use dualera_adapters::json::Str;
 use http::header::HeaderValue;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -251,7 +252,7 @@ impl RequestKey {
                         text.push(',');
                     }
                     first = false;
-                    write_string(&mut text, k);
+                    json_write::string(&mut text, k);
                     text.push(':');
                     v.write(&mut text);
                 }
@@ -494,7 +495,7 @@ impl<'a> Canonical<'a> {
                 use std::fmt::Write as _;
                 let _ = write!(out, "{n}");
             }
-            Self::String(s) => write_string(out, s),
+            Self::String(s) => json_write::string(out, s),
             Self::Array(a) => {
                 out.push('[');
                 for (i, v) in a.iter().enumerate() {
@@ -511,26 +512,13 @@ impl<'a> Canonical<'a> {
                     if i > 0 {
                         out.push(',');
                     }
-                    write_string(out, k);
+                    json_write::string(out, k);
                     out.push(':');
                     v.write(out);
                 }
                 out.push('}');
             }
         }
-    }
-}
-
-/// `s` as serde_json writes it: quoted, with `"`, the backslash and control characters escaped
-/// (nothing else is).
-fn write_string(out: &mut String, s: &str) {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
-        out.push('"');
-        out.push_str(s);
-        out.push('"');
-    } else {
-        // serde_json's escaping of a string cannot fail.
-        out.push_str(&serde_json::to_string(s).unwrap_or_default());
     }
 }
 
