@@ -107,6 +107,28 @@ async fn any_replica_serves_any_request_of_a_session() {
         "{result}"
     );
     assert_eq!(count_notes(&c.server.url, &c.ws, "TPS report").await, 2);
+    assert!(
+        stream.drain().await.is_empty(),
+        "the result ended the stream"
+    );
+
+    // The finished stream resumes on C, which never held it: the record keeps a
+    // finished stream as its number, its entries stay in Redis.
+    host.url = cc.clone();
+    let mut replay = host
+        .send(
+            http::Method::GET,
+            None,
+            &[
+                ("last-event-id", event.as_str()),
+                ("accept", "text/event-stream"),
+            ],
+        )
+        .await
+        .sse();
+    let replayed = replay.drain().await;
+    assert_eq!(replayed.len(), 1, "the result only: {replayed:?}");
+    assert_eq!(replayed[0], result, "replayed as it was sent");
 
     // A second call on C, cancelled from A: its stream ends, nothing is deleted, and
     // the upstream attempt is abandoned.
@@ -136,10 +158,13 @@ async fn any_replica_serves_any_request_of_a_session() {
     let served = c.served_by(&session, "legacy");
     assert_eq!(served, vec![0, 1, 2], "replicas that logged the session");
 
-    // DELETE on A, then a request on B: 404.
+    // DELETE on A, then a request on B: 404. The finished streams' entries go too.
+    let entries = format!("dualera:x:{{{session}}}:*");
+    assert_eq!(keys_matching(&c, &entries), 2, "two streams' entries");
     host.url = a.clone();
     let del = host.send(http::Method::DELETE, None, &[]).await;
     assert_eq!(del.status, 200);
+    assert_eq!(keys_matching(&c, &entries), 0, "no stream left");
     host.url = b.clone();
     let gone = host
         .post(&json!({"jsonrpc": "2.0", "id": 99, "method": "tools/list"}))

@@ -861,6 +861,10 @@ impl RedisSessions {
                 }
             }
             if record.stream(&peer).is_none() {
+                if messages.is_empty() {
+                    // Nothing to close: the stream finished, or was answered as JSON.
+                    continue;
+                }
                 // A stream the peer has not opened (the GET stream before any GET):
                 // its messages are kept for a later resumption.
                 record.open_stream(peer.clone());
@@ -925,6 +929,7 @@ impl RedisSessions {
                 record.finished.push_back(n);
             }
         }
+        record.settle_finished();
         while record.finished.len() > FINISHED_KEPT {
             if let Some(n) = record.finished.pop_front() {
                 record.streams.retain(|s| s.number != n);
@@ -955,9 +960,9 @@ impl RedisSessions {
         ops.due = due.map(decimal);
         if ctx.tomb {
             ops.tomb = Some(decimal(ttl.min(60_000)));
-            for s in &record.streams {
-                ops.del.push(self.keys.stream(sid, s.number));
-                ops.del.push(self.keys.holder(sid, Some(s.number)));
+            for n in record.numbers() {
+                ops.del.push(self.keys.stream(sid, n));
+                ops.del.push(self.keys.holder(sid, Some(n)));
             }
             ops.del.push(self.keys.holder(sid, None));
             ops.publish
@@ -1190,8 +1195,7 @@ impl RedisSessions {
             Ok(r) => r,
             Err(anonymous) => return Err(StepError::NotFound { anonymous }),
         };
-        let meta = record.by_number(number).ok_or(StepError::Refused(()))?;
-        let standalone = meta.peer == PeerStream::Standalone;
+        let standalone = record.resumable(number).ok_or(StepError::Refused(()))?;
         let holder = (!standalone).then_some(number);
         Self::feature(gw, &record.machine, Feature::Resumption);
         info!(session = %log_tag(&s.id), replica = %self.replica, stream = number, after, "stream resumed");

@@ -112,7 +112,11 @@ pub(crate) struct Record {
     /// Digest of the shared `server/discover` result.
     #[serde(default)]
     pub(super) discover: Option<String>,
-    /// The streams towards the peer.
+    /// The streams towards the peer: the live ones, and the standalone stream also
+    /// once finished. A finished request or batch stream is kept as its number only
+    /// (in `finished`): every step writes this table, and 16 finished streams were
+    /// two fifths of the record's encoding. (Records of earlier builds list them here
+    /// too; a step drops them.)
     #[serde(default)]
     pub(super) streams: Vec<StreamMeta>,
     /// Numbers of finished streams, oldest first (kept for resumption, bounded).
@@ -151,8 +155,32 @@ impl Record {
         self.streams.iter_mut().find(|s| &s.peer == peer)
     }
 
-    pub(super) fn by_number(&self, number: u64) -> Option<&StreamMeta> {
-        self.streams.iter().find(|s| s.number == number)
+    /// Whether stream `number` can be resumed, and if so whether it is the standalone
+    /// stream.
+    pub(super) fn resumable(&self, number: u64) -> Option<bool> {
+        match self.streams.iter().find(|s| s.number == number) {
+            Some(meta) => Some(meta.peer == PeerStream::Standalone),
+            None => self.finished.contains(&number).then_some(false),
+        }
+    }
+
+    /// Drops the finished request and batch streams from the table (see
+    /// [`Record::streams`]): a resumption needs only their numbers, and no message
+    /// goes to them again.
+    pub(super) fn settle_finished(&mut self) {
+        self.streams
+            .retain(|s| !s.finished || s.peer == PeerStream::Standalone);
+    }
+
+    /// The number of every stream whose entries may still be in Redis.
+    pub(super) fn numbers(&self) -> impl Iterator<Item = u64> + '_ {
+        let live = self.streams.iter().map(|s| s.number);
+        let finished = self
+            .finished
+            .iter()
+            .copied()
+            .filter(|n| !self.streams.iter().any(|s| s.number == *n));
+        live.chain(finished)
     }
 
     /// Opens a new stream for `peer` (replacing a finished one of the same name).
@@ -612,6 +640,32 @@ mod tests {
         let again: Record = serde_json::from_str(&text).unwrap();
         assert_eq!(serde_json::to_string(&again).unwrap(), text);
         assert!(serde_json::from_str::<Record>(&record(r#"[[7,{"Request":8},2]]"#)).is_err());
+    }
+
+    #[test]
+    fn finished_request_streams_are_kept_as_their_numbers() {
+        // As earlier builds wrote it: a finished request stream in the table.
+        let older = record(
+            r#"[[7,{"Request":8},2,true,null],[8,{"Batch":1},1,true,null],
+                [9,"Standalone",4,true,null],[10,{"Request":9},1,false,null]]"#,
+        );
+        let mut r: Record = serde_json::from_str(&older).unwrap();
+        r.finished = [7, 8, 9].into();
+        r.settle_finished();
+        let left: Vec<u64> = r.streams.iter().map(|s| s.number).collect();
+        assert_eq!(
+            left,
+            [9, 10],
+            "the finished standalone stream and the live one"
+        );
+        assert_eq!(r.resumable(7), Some(false));
+        assert_eq!(r.resumable(8), Some(false));
+        assert_eq!(r.resumable(9), Some(true));
+        assert_eq!(r.resumable(10), Some(false));
+        assert_eq!(r.resumable(11), None, "never told of");
+        let mut numbers: Vec<u64> = r.numbers().collect();
+        numbers.sort_unstable();
+        assert_eq!(numbers, [7, 8, 9, 10], "each once");
     }
 
     /// A session's record in the middle of an elicitation round, as an earlier build
