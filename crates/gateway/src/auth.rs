@@ -20,7 +20,7 @@
 //! [`fingerprint`], a short digest.
 
 use super::passthrough::strip_hop_by_hop;
-use super::upstream::{Denial, OnBehalf, UpstreamError};
+use super::upstream::{Denial, OnBehalf, Outbound, UpstreamError};
 use super::{text, Route};
 use crate::body::{empty, full, BoxError, GatewayBody};
 use crate::config::SessionBinding;
@@ -220,6 +220,7 @@ pub(super) async fn upstream_denial(
         ..OnBehalf::default()
     };
     // The head decides: a 401/403 comes before any message.
+    let probe = Outbound::from(probe);
     let asked = gw.upstream.exchange(&probe, on_behalf, &[]);
     match tokio::time::timeout(PROBE_WAIT, asked).await {
         Ok(Err(UpstreamError::Denied(d))) => Some(*d),

@@ -30,7 +30,7 @@
 use super::auth::fingerprint;
 use super::forwarded::Forwarded;
 use super::trace::TraceContext;
-use super::upstream::{Denial, OnBehalf, UpstreamError};
+use super::upstream::{Denial, OnBehalf, Outbound, UpstreamError};
 use super::Route;
 use dualera_adapters::reverse;
 use dualera_adapters::session::Denied;
@@ -93,8 +93,9 @@ pub(super) struct Start {
     pub(super) role: UpstreamRole,
     /// The upstream request's id.
     pub(super) id: RequestId,
-    /// The upstream request, built once (`Message::Request`).
-    pub(super) message: Message,
+    /// The upstream request, built once (`Message::Request`), and its text once
+    /// written (a lease's record and the transport share it).
+    pub(super) message: Outbound,
     /// `Mcp-Param-*` headers.
     pub(super) headers: Vec<(String, String)>,
     /// The `Authorization` it carries.
@@ -202,7 +203,7 @@ impl Plan {
                 plan.starts.push(Start {
                     role,
                     id: request.id.clone(),
-                    message: Message::Request(request),
+                    message: Message::Request(request).into(),
                     headers,
                     auth,
                     trace,

@@ -449,7 +449,7 @@ impl Route {
     pub(crate) async fn exchange(
         &self,
         role: &dualera_adapters::UpstreamRole,
-        request: &dualera_adapters::Message,
+        request: &upstream::Outbound,
         on_behalf: upstream::OnBehalf<'_>,
         params: &[(String, String)],
     ) -> Result<upstream::Exchange, upstream::UpstreamError> {
@@ -466,7 +466,7 @@ impl Route {
         // `basic/versioning.mdx` starts era detection with: answered the legacy way,
         // it sends the era probe on (in the background; this host request fails as
         // it would have).
-        let id = match request {
+        let id = match request.message() {
             dualera_adapters::Message::Request(r) if r.method == "server/discover" => r.id.clone(),
             _ => return exchange,
         };

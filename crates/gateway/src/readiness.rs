@@ -19,7 +19,7 @@
 
 use super::upstream::era::Era;
 use super::upstream::legacy::LegacyTransport;
-use super::upstream::{OnBehalf, UpstreamError, UpstreamPool};
+use super::upstream::{OnBehalf, Outbound, UpstreamError, UpstreamPool};
 use super::Gateway;
 use dualera_adapters::session::{
     META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_PROTOCOL_VERSION,
@@ -254,7 +254,9 @@ async fn probe(
     timeout: Duration,
     legacy: bool,
 ) -> (Result<(), String>, Vec<String>) {
-    let request = discover_request(RequestId::String(format!("dualera-ready-{n}")));
+    let request = Outbound::from(discover_request(RequestId::String(format!(
+        "dualera-ready-{n}"
+    ))));
     let results = pool.probe_each(&request, timeout).await;
     let several = results.len() > 1;
     let mut ok = false;

@@ -12,7 +12,7 @@
 
 use super::key::{Cacheable, Caller, RequestKey};
 use super::{Begin, Fetch, ResponseCache};
-use crate::upstream::{Exchange, Item, OnBehalf, UpstreamError, UpstreamPool};
+use crate::upstream::{Exchange, Item, OnBehalf, Outbound, UpstreamError, UpstreamPool};
 use dualera_adapters::{ErrorCode, Message, ProtocolVersion, RequestId, Response, UpstreamRole};
 use http::header::HeaderValue;
 use serde_json::Value;
@@ -44,11 +44,11 @@ pub(crate) async fn exchange(
     cache: &Arc<ResponseCache>,
     upstream: &UpstreamPool,
     role: &UpstreamRole,
-    request: &Message,
+    request: &Outbound,
     on_behalf: OnBehalf<'_>,
     params: &[(String, String)],
 ) -> Result<Exchange, UpstreamError> {
-    let r = match request {
+    let r = match request.message() {
         Message::Request(r) if cache.enabled() && !matches!(role, UpstreamRole::Listen) => Some(r),
         _ => None,
     };

@@ -15,7 +15,7 @@
 //! closed only once the new one is acknowledged, so lists are never unwatched.
 
 use super::{Cacheable, Invalidate, ResponseCache};
-use crate::upstream::{OnBehalf, UpstreamError, UpstreamPool};
+use crate::upstream::{OnBehalf, Outbound, UpstreamError, UpstreamPool};
 use dualera_adapters::{Message, ProtocolVersion, Request, RequestId};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -209,7 +209,11 @@ async fn run(cache: Arc<ResponseCache>, upstream: Arc<UpstreamPool>) {
 
 async fn discover(upstream: &UpstreamPool) -> Option<Value> {
     let outcome = match upstream
-        .exchange(&request("server/discover", None), OnBehalf::default(), &[])
+        .exchange(
+            &Outbound::from(request("server/discover", None)),
+            OnBehalf::default(),
+            &[],
+        )
         .await
     {
         Ok(exchange) => exchange.response().await,
@@ -296,7 +300,10 @@ async fn listen_one(
     ack: oneshot::Sender<()>,
 ) {
     let mut ack = Some(ack);
-    let msg = request("subscriptions/listen", Some(("notifications", filter)));
+    let msg = Outbound::from(request(
+        "subscriptions/listen",
+        Some(("notifications", filter)),
+    ));
     let outcome = async {
         let mut exchange = upstream.exchange(&msg, OnBehalf::default(), &[]).await?;
         while let Some(item) = exchange.next().await {

@@ -21,7 +21,7 @@
 //! translation machine performs the real one on the sessions it uses.
 
 use super::legacy::{LegacyError, LegacySession, LegacyTransport, SessionOptions};
-use super::{HttpUpstream, OnBehalf, UpstreamClient, UpstreamError};
+use super::{HttpUpstream, OnBehalf, Outbound, UpstreamClient, UpstreamError};
 use crate::config::UpstreamEra;
 use dualera_adapters::jsonrpc::{ErrorCode, Message, Notification, Request, RequestId};
 use http::header::HeaderValue;
@@ -340,7 +340,7 @@ impl EraProber {
                         UpstreamClient::clone(client),
                         *max_message,
                     );
-                    let request = discover_request();
+                    let request = Outbound::from(discover_request());
                     let answer = tokio::time::timeout(self.step, async {
                         up.exchange(&request, on_behalf, &[])
                             .await?

@@ -14,7 +14,7 @@
 //! cloned from one client.
 
 use super::{Denial, UpstreamError};
-use super::{Exchange, Item, OnBehalf};
+use super::{Exchange, Item, OnBehalf, Outbound};
 use crate::body::{full, GatewayBody};
 use crate::config::UpstreamHttp2;
 use crate::header_names::{MCP_METHOD, MCP_NAME, MCP_PROTOCOL_VERSION};
@@ -22,7 +22,6 @@ use crate::sse;
 use crate::tls::{TlsError, TlsFailure};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use bytes::Bytes;
 use dualera_adapters::jsonrpc::{self, Message};
 use dualera_adapters::ProtocolVersion;
 use http::header::{self, HeaderValue};
@@ -153,18 +152,18 @@ impl HttpUpstream {
     /// the upstream stream, which is how 2026-07-28 cancels a request over HTTP.
     pub async fn exchange(
         &self,
-        request: &Message,
+        request: &Outbound,
         on_behalf: OnBehalf<'_>,
         params: &[(String, String)],
     ) -> Result<Exchange, UpstreamError> {
-        let Message::Request(r) = request else {
+        let Message::Request(r) = request.message() else {
             return Err(UpstreamError::Protocol {
                 detail: "only requests are exchanged".into(),
             });
         };
         // The head is written into the request's own map with names known at compile
         // time: a `Request::builder` parses every name and moves itself per header.
-        let mut req = Request::new(full(Bytes::from(request.to_vec())));
+        let mut req = Request::new(full(request.text()));
         *req.method_mut() = http::Method::POST;
         *req.uri_mut() = self.uri.clone();
         // Room for every header below and the on-behalf ones (authorization, trace

@@ -6,6 +6,7 @@ pub mod era;
 mod exchange;
 mod http;
 pub mod legacy;
+mod outbound;
 mod pool;
 mod stdio;
 
@@ -13,6 +14,7 @@ pub use self::exchange::{Exchange, Item};
 pub use self::http::{
     encode_header_value, Connector, HttpUpstream, UpstreamClient, UpstreamOptions,
 };
+pub use self::outbound::Outbound;
 pub use self::pool::{InstanceStatus, PoolError, UpstreamPool};
 pub use self::stdio::StdioUpstream;
 
@@ -22,7 +24,6 @@ use crate::header_names::{TRACEPARENT, TRACESTATE};
 use ::http::header::{self as h, HeaderMap, HeaderValue};
 use ::http::StatusCode;
 use bytes::Bytes;
-use dualera_adapters::Message;
 
 /// An upstream's 401 or 403: relayed to the host request that caused it, unchanged
 /// (the gateway is a transparent resource proxy; see `gateway::auth`).
@@ -170,7 +171,7 @@ impl Upstream {
     /// stdio transport has no headers and MAY ignore them.
     pub async fn exchange(
         &self,
-        request: &Message,
+        request: &Outbound,
         on_behalf: OnBehalf<'_>,
         params: &[(String, String)],
     ) -> Result<Exchange, UpstreamError> {
@@ -178,11 +179,11 @@ impl Upstream {
         // `DUALERA_LOG=dualera::wire=trace` prints the gateway→upstream transcript.
         let wire = tracing::enabled!(target: "dualera::wire", tracing::Level::TRACE);
         if wire {
-            tracing::trace!(target: "dualera::wire", direction = "to-upstream", body = %String::from_utf8_lossy(&request.to_vec()));
+            tracing::trace!(target: "dualera::wire", direction = "to-upstream", body = %String::from_utf8_lossy(&request.text()));
         }
         let exchange = match self {
             Self::Http(h) => h.exchange(request, on_behalf, params).await?,
-            Self::Stdio(s) => s.exchange(request).await?,
+            Self::Stdio(s) => s.exchange(request.message()).await?,
         };
         Ok(if wire {
             exchange.inspect(|m| {

@@ -24,7 +24,7 @@
 //! its requests to the route's pool.
 
 use super::balance::{Backoff, Pick, RoundMemory, Selector, State};
-use super::{Exchange, HttpUpstream, OnBehalf, StdioUpstream, Upstream, UpstreamError};
+use super::{Exchange, HttpUpstream, OnBehalf, Outbound, StdioUpstream, Upstream, UpstreamError};
 use dualera_adapters::Message;
 use serde_json::Value;
 use std::future::Future;
@@ -214,11 +214,11 @@ impl UpstreamPool {
     /// goes back to it, and a listen on it ends when it is found down.
     pub async fn exchange(
         &self,
-        request: &Message,
+        request: &Outbound,
         on_behalf: OnBehalf<'_>,
         params: &[(String, String)],
     ) -> Result<Exchange, UpstreamError> {
-        let (listen, after) = match request {
+        let (listen, after) = match request.message() {
             Message::Request(r) if self.instances.len() > 1 => (
                 r.method == "subscriptions/listen",
                 r.params
@@ -320,7 +320,7 @@ impl UpstreamPool {
     /// instance order, recorded into the instances' health.
     pub async fn probe_each(
         &self,
-        request: &Message,
+        request: &Outbound,
         timeout: std::time::Duration,
     ) -> Vec<(
         String,

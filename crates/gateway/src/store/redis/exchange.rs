@@ -411,7 +411,7 @@ impl RedisSessions {
             start: driver::Start {
                 role: rec.role,
                 id: request.id.clone(),
-                message: Message::Request(request),
+                message: Message::Request(request).into(),
                 headers: rec.headers,
                 auth,
                 trace,

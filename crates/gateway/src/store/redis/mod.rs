@@ -788,7 +788,7 @@ impl RedisSessions {
                 let k = self.keys.lease(sid, &id_text(&start.id));
                 let rec = LeaseRecord {
                     sid: sid.to_owned(),
-                    request: stored::RequestText(start.message.to_vec()),
+                    request: stored::RequestText(start.message.text()),
                     headers: start.headers.clone(),
                     role: start.role.clone(),
                 };

@@ -12,6 +12,7 @@ use crate::driver;
 use crate::header_names::{TRACEPARENT, TRACESTATE};
 use crate::store::StepState;
 use crate::trace::TraceContext;
+use bytes::Bytes;
 use dualera_adapters::{PeerStream, RequestId, Session, UpstreamRole};
 use http::header::HeaderValue;
 use serde::{Deserialize, Serialize};
@@ -368,7 +369,7 @@ pub(super) struct LeaseRecord {
 /// one holds a `RawValue`, whose construction from text parses it again, and reads
 /// only its own form.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct RequestText(pub(super) Vec<u8>);
+pub(super) struct RequestText(pub(super) Bytes);
 
 impl Serialize for RequestText {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -396,17 +397,17 @@ impl<'de> Deserialize<'de> for RequestText {
                 f.write_str("a request's JSON text, or the request as a map")
             }
             fn visit_str<E: Error>(self, v: &str) -> Result<RequestText, E> {
-                Ok(RequestText(v.as_bytes().to_vec()))
+                Ok(RequestText(Bytes::copy_from_slice(v.as_bytes())))
             }
             fn visit_string<E: Error>(self, v: String) -> Result<RequestText, E> {
-                Ok(RequestText(v.into_bytes()))
+                Ok(RequestText(Bytes::from(v.into_bytes())))
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RequestText, A::Error> {
                 let tree = serde_json::Value::deserialize(
                     serde::de::value::MapAccessDeserializer::new(map),
                 )?;
                 serde_json::to_vec(&tree)
-                    .map(RequestText)
+                    .map(|v| RequestText(Bytes::from(v)))
                     .map_err(A::Error::custom)
             }
         }
@@ -736,7 +737,7 @@ mod tests {
         let text = r#"{"id":"d-u13","jsonrpc":"2.0","method":"tools/call","params":{"_meta":{"k":[1,-2,3.5,null,true,18446744073709551615]},"name":"n\u0000\"q"}}"#;
         let rec = LeaseRecord {
             sid: "s".into(),
-            request: RequestText(text.as_bytes().to_vec()),
+            request: RequestText(Bytes::copy_from_slice(text.as_bytes())),
             headers: vec![("mcp-param-name".into(), "n".into())],
             role: UpstreamRole::Discover,
         };
