@@ -23,14 +23,14 @@ use crate::{v2025_06_18, v2025_11_25};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// A map keyed by ids this machine mints (upstream request ids, live request ids, batch
 /// numbers). No peer chooses these keys, so flooding one bucket (HashDoS) is not
 /// possible and foldhash replaces std's slower SipHash. Maps keyed by ids a peer
 /// chooses (`calls`, keyed by the legacy request id) keep SipHash.
 type OwnMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-use std::sync::Arc;
-use std::time::Duration;
 
 /// For `skip_serializing_if`: a counter that has not moved.
 fn is_zero(n: &u64) -> bool {
