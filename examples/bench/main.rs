@@ -88,6 +88,7 @@ mod legacy_client;
 mod legacy_server;
 mod opts;
 mod procs;
+mod redis_client;
 mod report;
 mod stats;
 mod scenarios {
@@ -323,6 +324,9 @@ fn main() -> Res<()> {
     }
     if args.first().map(String::as_str) == Some("legacy-server") {
         return legacy_server_main();
+    }
+    if args.first().map(String::as_str) == Some("redis-client-floor") {
+        return redis_client::redis_client_floor_main(&args[1..]);
     }
     let opts = parse_opts();
     // The machine's CPUs, counted before `--pin bench=…` narrows what this process sees.

@@ -207,6 +207,63 @@ impl Redis {
     }
 }
 
+/// What one Redis round trip costs the process making it ([`crate::redis_client`]),
+/// CPU µs per call: `PING` and the no-op script through the gateway's own client, and
+/// `PING` over a blocking socket.
+pub(crate) struct ClientFloor {
+    pub(crate) ping_us: f64,
+    pub(crate) script_us: f64,
+    pub(crate) blocking_ping_us: f64,
+}
+
+impl Redis {
+    /// Runs `bench redis-client-floor` against this Redis, pinned as the gateways are
+    /// (`--pin gateway=…`; else it shares this process's CPUs, as they do).
+    pub(crate) fn client_floor(&self, state_bytes: usize, n: usize) -> Res<ClientFloor> {
+        use std::io::{BufRead, BufReader};
+        let mut child = Command::new(std::env::current_exe()?)
+            .args([
+                "redis-client-floor".to_owned(),
+                self.port.to_string(),
+                state_bytes.to_string(),
+                n.to_string(),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let result = (|| -> Res<ClientFloor> {
+            let mut out = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+            let mut line = String::new();
+            out.read_line(&mut line)?;
+            if line.trim() != "ready" {
+                return Err(format!("redis-client-floor: {}", line.trim()).into());
+            }
+            pin("gateway", child.id())?;
+            writeln!(child.stdin.take().ok_or("no stdin")?)?;
+            line.clear();
+            out.read_line(&mut line)?;
+            let v: Value = serde_json::from_str(line.trim())
+                .map_err(|e| format!("redis-client-floor printed {:?}: {e}", line.trim()))?;
+            let field = |k: &str| v[k].as_f64().ok_or(format!("redis-client-floor: no {k}"));
+            Ok(ClientFloor {
+                ping_us: field("ping_us")?,
+                script_us: field("script_us")?,
+                blocking_ping_us: field("blocking_ping_us")?,
+            })
+        })();
+        if result.is_err() {
+            let _ = child.kill();
+        }
+        let status = child.wait()?;
+        let floor = result?;
+        if !status.success() {
+            return Err(format!("redis-client-floor exited with {status}").into());
+        }
+        Ok(floor)
+    }
+}
+
 /// A TCP proxy in front of Redis that counts its clients' writes: a client sends
 /// each command, or each pipeline, in one write, so with one flow at a time a write
 /// is one round trip. Used for the per-step figures only (it adds a hop).
@@ -799,6 +856,23 @@ pub(crate) async fn replicas(
         fmt_f(floor_us, 0),
         fmt_f(cpu_us[2], 0)
     );
+    // The gateways' side of the same round trips: a replicated flow does the in-memory
+    // flow's work and makes them, so its CPU cannot go below their sum.
+    let client = redis.client_floor(usize::try_from(state_bytes).unwrap_or(usize::MAX), 20_000)?;
+    let client_us = script_trips * client.script_us + (flow_trips - script_trips) * client.ping_us;
+    let client_floor_ratio = (cpu_us[0] + client_us) / cpu_us[0].max(1e-9);
+    let _ = writeln!(
+        md,
+        "\nThe floor under the gateways' CPU per replicated flow, the same way: a round trip costs the process making it {} µs for a `PING` and {} µs for that script through the gateway's own Redis client (redis-rs's `ConnectionManager` on a multi-threaded tokio runtime, configured as the store configures it, one call at a time; a blocking socket's `PING` costs {} µs, the kernel's share). The flow's {} round trips: **{} µs per flow**; a replicated flow does what the in-memory flow does ({} µs) and makes them, so its gateways cannot go below **{}× the in-memory flow's CPU** before they encode, decode or store anything (target ≤ 1.5×; measured above {}×).",
+        fmt_f(client.ping_us, 1),
+        fmt_f(client.script_us, 1),
+        fmt_f(client.blocking_ping_us, 1),
+        fmt_f(flow_trips, 1),
+        fmt_f(client_us, 0),
+        fmt_f(cpu_us[0], 0),
+        fmt_f(client_floor_ratio, 2),
+        fmt_f(cpu_us[1] / cpu_us[0].max(1e-9), 2)
+    );
     eprintln!(
         "  per flow: Redis commands {} (rounds) / {} ({hosts} hosts), scripts {} at {} µs each; per-step total {} commands, {} round trips (any replica), {} commands, {} round trips (one replica); state {state_bytes} bytes",
         fmt_f(commands_per_flow, 1),
@@ -828,7 +902,10 @@ pub(crate) async fn replicas(
                "steps": step_json, "state_bytes": state_bytes, "flow_commands": flow_cmds,
                "flow_commands_one_replica": flow_totals[1].0, "flow_round_trips_one_replica": flow_totals[1].1, "flow_round_trips": flow_trips,
                "redis_cpu_us_per_ping": ping_us, "redis_cpu_us_per_noop_script": noop_us,
-               "redis_cpu_us_floor_per_flow": floor_us}),
+               "redis_cpu_us_floor_per_flow": floor_us,
+               "client_cpu_us_per_ping": client.ping_us, "client_cpu_us_per_noop_script": client.script_us,
+               "client_cpu_us_per_blocking_ping": client.blocking_ping_us,
+               "gateway_cpu_us_floor_per_flow": client_us, "gateway_cpu_floor_ratio": client_floor_ratio}),
     );
     Ok(())
 }

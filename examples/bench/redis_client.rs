@@ -1,0 +1,129 @@
+//! `bench redis-client-floor PORT STATE_BYTES N`: what one Redis round trip costs the
+//! process that makes it, with the client the gateway's Redis store uses (redis-rs's
+//! `ConnectionManager`, configured as the store configures it, on a multi-threaded
+//! tokio runtime as the gateway's), one call at a time as a replica's steps are with
+//! one host. The replicas scenario runs it as a process of its own, pinned as the
+//! gateways are, so that its CPU is nobody else's.
+//!
+//! Three kinds, `N` calls each: `PING`; a script that does nothing but receive a
+//! step's arguments (one key, 40 arguments, a `STATE_BYTES` state), sent as the store
+//! sends its step (one `EVALSHA` command, under a timeout); and `PING` over a plain
+//! blocking socket, the kernel's share alone. It prints `ready` once connected, waits
+//! for a line on stdin (the parent pins it in between), and prints one JSON line: CPU
+//! µs of this process per round trip for each kind.
+
+use crate::Res;
+use std::io::{BufRead, Read, Write};
+use std::time::Duration;
+
+/// The store's bound on every command (`session_store_timeout_ms`'s default).
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// CPU time of every thread of this process, in nanoseconds (`schedstat`: time on a
+/// CPU, user and system alike, at nanosecond resolution).
+fn cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+pub(crate) fn redis_client_floor_main(args: &[String]) -> Res<()> {
+    let [port, state_bytes, n] = args else {
+        return Err("usage: bench redis-client-floor PORT STATE_BYTES N".into());
+    };
+    let port: u16 = port.parse()?;
+    let state_bytes: usize = state_bytes.parse::<usize>()?.clamp(1, 1 << 20);
+    let n: usize = n.parse::<usize>()?.max(1);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let url = format!("redis://127.0.0.1:{port}/0");
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(TIMEOUT))
+        .set_response_timeout(Some(TIMEOUT))
+        .set_number_of_retries(1);
+    let (manager, sha) = runtime.block_on(async {
+        let mut manager = redis::Client::open(url.as_str())?
+            .get_connection_manager_with_config(config)
+            .await?;
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg("return 1")
+            .query_async(&mut manager)
+            .await?;
+        Ok::<_, redis::RedisError>((manager, sha))
+    })?;
+    let mut raw = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    raw.set_nodelay(true)?;
+    raw.set_read_timeout(Some(TIMEOUT))?;
+    println!("ready");
+    std::io::stdout().flush()?;
+    std::io::stdin().lock().read_line(&mut String::new())?;
+
+    let state = vec![b's'; state_bytes];
+    let arguments: Vec<String> = (0..38)
+        .map(|i| format!("dualera:floor:argument:{i}"))
+        .collect();
+    // One task making every call in turn, as a replica's steps of one host's flows.
+    let timed = |script: bool| -> Res<f64> {
+        let mut manager = manager.clone();
+        let (sha, state, arguments) = (sha.clone(), state.clone(), arguments.clone());
+        let t0 = cpu_ns();
+        runtime.block_on(async move {
+            tokio::spawn(async move {
+                for _ in 0..n {
+                    let cmd = if script {
+                        let mut c = redis::cmd("EVALSHA");
+                        c.arg(&sha).arg(1).arg("dualera:floor").arg(1).arg(&state);
+                        for a in &arguments {
+                            c.arg(a);
+                        }
+                        c
+                    } else {
+                        redis::cmd("PING")
+                    };
+                    let reply = tokio::time::timeout(
+                        TIMEOUT,
+                        cmd.query_async::<redis::Value>(&mut manager),
+                    )
+                    .await
+                    .map_err(|_| "redis: no reply within the timeout".to_owned())?
+                    .map_err(|e| format!("redis: {e}"))?;
+                    if matches!(reply, redis::Value::ServerError(_)) {
+                        return Err(format!("redis: {reply:?}"));
+                    }
+                }
+                Ok(())
+            })
+            .await
+            .map_err(|e| e.to_string())?
+        })?;
+        Ok((cpu_ns() - t0) as f64 / 1e3 / n as f64)
+    };
+    let ping = timed(false)?;
+    let script = timed(true)?;
+    let t0 = cpu_ns();
+    let mut reply = [0u8; 64];
+    for _ in 0..n {
+        raw.write_all(b"*1\r\n$4\r\nPING\r\n")?;
+        let mut got = 0;
+        while got < 7 {
+            let k = raw.read(&mut reply[got..])?;
+            if k == 0 {
+                return Err("redis closed the connection".into());
+            }
+            got += k;
+        }
+    }
+    let blocking = (cpu_ns() - t0) as f64 / 1e3 / n as f64;
+    println!(
+        "{}",
+        serde_json::json!({"ping_us": ping, "script_us": script, "blocking_ping_us": blocking})
+    );
+    Ok(())
+}
