@@ -64,7 +64,10 @@
 //!   (`session_store = "redis://…"`; each flow's requests alternate between them, so the
 //!   answer's retry runs on the replica that does not hold the stream) against one
 //!   gateway with sessions in memory, flows alternating one by one; then Redis memory
-//!   per idle session at `--replica-sessions` (10k) sessions.
+//!   per idle session at `--replica-sessions` (10k) sessions, and the floors under
+//!   both CPU targets: the flow's round trips priced on Redis's side and on the
+//!   gateways' (`bench redis-client-floor`: the store's own Redis client in a process
+//!   of its own, pinned as the gateways are).
 //!
 //! `--pin NAME=CPUS` (repeatable) confines a kind of process to some CPUs with
 //! `taskset`: `bench` (this process, and so every process it starts that is not named),
