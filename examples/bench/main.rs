@@ -65,9 +65,12 @@
 //!   answer's retry runs on the replica that does not hold the stream) against one
 //!   gateway with sessions in memory, flows alternating one by one; then Redis memory
 //!   per idle session at `--replica-sessions` (10k) sessions, and the floors under
-//!   both CPU targets: the flow's round trips priced on Redis's side and on the
-//!   gateways' (`bench redis-client-floor`: the store's own Redis client in a process
-//!   of its own, pinned as the gateways are).
+//!   both CPU targets: a timed flow's round trips (its session already open) priced
+//!   on Redis's side and on the gateways' (`bench redis-client-floor`: the store's own
+//!   Redis client in a process of its own, pinned as the gateways are). With several
+//!   hosts at once it also prints every process's CPU per flow, the machine's busy
+//!   share, and what the ≥ 0.7× capacity target leaves the replicas against their
+//!   floor with as many callers at once.
 //!
 //! `--pin NAME=CPUS` (repeatable) confines a kind of process to some CPUs with
 //! `taskset`: `bench` (this process, and so every process it starts that is not named),

@@ -176,17 +176,41 @@ pub(crate) fn rss_of(pid: u32) -> Res<u64> {
     Ok(kb * 1024)
 }
 
-/// CPU time (user + system) a process used so far, in seconds.
-pub(crate) fn cpu_of(pid: u32) -> f64 {
+/// Clock ticks per second, the unit of `/proc`'s CPU times.
+fn clock_ticks() -> f64 {
     static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let ticks = *TICKS.get_or_init(|| {
+    *TICKS.get_or_init(|| {
         Command::new("getconf")
             .arg("CLK_TCK")
             .output()
             .ok()
             .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
             .unwrap_or(100.0)
-    });
+    })
+}
+
+/// The whole machine's CPU time so far, in seconds summed over its CPUs: how much of it
+/// was busy (neither idle nor waiting for I/O), and all of it.
+pub(crate) fn machine_cpu() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return (0.0, 0.0);
+    };
+    // user nice system idle iowait irq softirq steal (guest time is inside user's).
+    let f: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    let all: f64 = f.iter().sum();
+    let idle = f.get(3).copied().unwrap_or(0.0) + f.get(4).copied().unwrap_or(0.0);
+    ((all - idle) / clock_ticks(), all / clock_ticks())
+}
+
+/// CPU time (user + system) a process used so far, in seconds.
+pub(crate) fn cpu_of(pid: u32) -> f64 {
+    let ticks = clock_ticks();
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0.0;
     };

@@ -1,4 +1,4 @@
-//! `bench redis-client-floor PORT STATE_BYTES N`: what one Redis round trip costs the
+//! `bench redis-client-floor PORT STATE_BYTES N [CALLERS]`: what one Redis round trip costs the
 //! process that makes it, with the client the gateway's Redis store uses (redis-rs's
 //! `ConnectionManager`, configured as the store configures it, on a multi-threaded
 //! tokio runtime as the gateway's), one call at a time as a replica's steps are with
@@ -8,9 +8,13 @@
 //! Three kinds, `N` calls each: `PING`; a script that does nothing but receive a
 //! step's arguments (one key, 40 arguments, a `STATE_BYTES` state), sent as the store
 //! sends its step (one `EVALSHA` command, under a timeout); and `PING` over a plain
-//! blocking socket, the kernel's share alone. It prints `ready` once connected, waits
-//! for a line on stdin (the parent pins it in between), and prints one JSON line: CPU
-//! µs of this process per round trip for each kind.
+//! blocking socket, the kernel's share alone. Then the script again with `CALLERS`
+//! (default 8) callers at once, each making its calls one at a time, half of them on
+//! each of two connections: what a round trip costs the two replicas, and Redis
+//! (its `INFO cpu`, read before and after), when that many hosts' steps overlap, as in
+//! the scenario's capacity rounds. It prints `ready` once connected, waits for a line
+//! on stdin (the parent pins it in between), and prints one JSON line: CPU µs per
+//! round trip for each kind.
 
 use crate::Res;
 use std::io::{BufRead, Read, Write};
@@ -33,8 +37,10 @@ fn cpu_ns() -> u64 {
 }
 
 pub(crate) fn redis_client_floor_main(args: &[String]) -> Res<()> {
-    let [port, state_bytes, n] = args else {
-        return Err("usage: bench redis-client-floor PORT STATE_BYTES N".into());
+    let (port, state_bytes, n, callers) = match args {
+        [p, s, n] => (p, s, n, 8),
+        [p, s, n, c] => (p, s, n, c.parse::<usize>()?.clamp(1, 64)),
+        _ => return Err("usage: bench redis-client-floor PORT STATE_BYTES N [CALLERS]".into()),
     };
     let port: u16 = port.parse()?;
     let state_bytes: usize = state_bytes.parse::<usize>()?.clamp(1, 1 << 20);
@@ -47,16 +53,19 @@ pub(crate) fn redis_client_floor_main(args: &[String]) -> Res<()> {
         .set_connection_timeout(Some(TIMEOUT))
         .set_response_timeout(Some(TIMEOUT))
         .set_number_of_retries(1);
-    let (manager, sha) = runtime.block_on(async {
-        let mut manager = redis::Client::open(url.as_str())?
-            .get_connection_manager_with_config(config)
+    let (manager, other, sha) = runtime.block_on(async {
+        let client = redis::Client::open(url.as_str())?;
+        let mut manager = client
+            .get_connection_manager_with_config(config.clone())
             .await?;
+        // The second replica's connection, for the callers at once.
+        let other = client.get_connection_manager_with_config(config).await?;
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg("return 1")
             .query_async(&mut manager)
             .await?;
-        Ok::<_, redis::RedisError>((manager, sha))
+        Ok::<_, redis::RedisError>((manager, other, sha))
     })?;
     let mut raw = std::net::TcpStream::connect(("127.0.0.1", port))?;
     raw.set_nodelay(true)?;
@@ -69,39 +78,70 @@ pub(crate) fn redis_client_floor_main(args: &[String]) -> Res<()> {
     let arguments: Vec<String> = (0..38)
         .map(|i| format!("dualera:floor:argument:{i}"))
         .collect();
-    // One task making every call in turn, as a replica's steps of one host's flows.
-    let timed = |script: bool| -> Res<f64> {
-        let mut manager = manager.clone();
-        let (sha, state, arguments) = (sha.clone(), state.clone(), arguments.clone());
-        let t0 = cpu_ns();
-        runtime.block_on(async move {
-            tokio::spawn(async move {
-                for _ in 0..n {
-                    let cmd = if script {
-                        let mut c = redis::cmd("EVALSHA");
-                        c.arg(&sha).arg(1).arg("dualera:floor").arg(1).arg(&state);
-                        for a in &arguments {
-                            c.arg(a);
-                        }
-                        c
-                    } else {
-                        redis::cmd("PING")
-                    };
-                    // A server error comes back as `Err` (redis-rs extracts it).
-                    tokio::time::timeout(TIMEOUT, cmd.query_async::<redis::Value>(&mut manager))
-                        .await
-                        .map_err(|_| "redis: no reply within the timeout".to_owned())?
-                        .map_err(|e| format!("redis: {e}"))?;
-                }
-                Ok::<(), String>(())
-            })
-            .await
-            .map_err(|e| e.to_string())?
-        })?;
-        Ok((cpu_ns() - t0) as f64 / 1e3 / n as f64)
+    let command = |script: bool| {
+        if script {
+            let mut c = redis::cmd("EVALSHA");
+            c.arg(&sha).arg(1).arg("dualera:floor").arg(1).arg(&state);
+            for a in &arguments {
+                c.arg(a);
+            }
+            c
+        } else {
+            redis::cmd("PING")
+        }
     };
-    let ping = timed(false)?;
-    let script = timed(true)?;
+    // `callers` tasks at once, caller `i` on connection `i % 2`, `calls` calls each made
+    // one at a time, as the replicas' steps of that many hosts' flows.
+    let timed = |script: bool, callers: usize, calls: usize| -> Res<f64> {
+        let cmd = command(script);
+        let t0 = cpu_ns();
+        runtime.block_on(async {
+            let mut tasks = tokio::task::JoinSet::new();
+            for i in 0..callers {
+                let mut conn = if i % 2 == 0 {
+                    manager.clone()
+                } else {
+                    other.clone()
+                };
+                let cmd = cmd.clone();
+                tasks.spawn(async move {
+                    for _ in 0..calls {
+                        // A server error comes back as `Err` (redis-rs extracts it).
+                        tokio::time::timeout(TIMEOUT, cmd.query_async::<redis::Value>(&mut conn))
+                            .await
+                            .map_err(|_| "redis: no reply within the timeout".to_owned())?
+                            .map_err(|e| format!("redis: {e}"))?;
+                    }
+                    Ok::<(), String>(())
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                done.map_err(|e| e.to_string())??;
+            }
+            Ok::<(), String>(())
+        })?;
+        Ok((cpu_ns() - t0) as f64 / 1e3 / (callers * calls) as f64)
+    };
+    // Redis's CPU so far (`INFO cpu`, seconds with microseconds), both its user and
+    // system time.
+    let redis_cpu = || -> Res<f64> {
+        let mut conn = manager.clone();
+        let info: String =
+            runtime.block_on(redis::cmd("INFO").arg("cpu").query_async(&mut conn))?;
+        let field = |k: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .ok_or(format!("redis INFO cpu has no {k}"))
+        };
+        Ok(field("used_cpu_sys")? + field("used_cpu_user")?)
+    };
+    let ping = timed(false, 1, n)?;
+    let script = timed(true, 1, n)?;
+    let per_caller = n.div_ceil(callers);
+    let r0 = redis_cpu()?;
+    let script_at_once = timed(true, callers, per_caller)?;
+    let redis_script_at_once = (redis_cpu()? - r0) * 1e6 / (callers * per_caller) as f64;
     let t0 = cpu_ns();
     let mut reply = [0u8; 64];
     for _ in 0..n {
@@ -118,7 +158,9 @@ pub(crate) fn redis_client_floor_main(args: &[String]) -> Res<()> {
     let blocking = (cpu_ns() - t0) as f64 / 1e3 / n as f64;
     println!(
         "{}",
-        serde_json::json!({"ping_us": ping, "script_us": script, "blocking_ping_us": blocking})
+        serde_json::json!({"ping_us": ping, "script_us": script, "blocking_ping_us": blocking,
+            "callers": callers, "script_at_once_us": script_at_once,
+            "redis_script_at_once_us": redis_script_at_once})
     );
     Ok(())
 }

@@ -209,17 +209,26 @@ impl Redis {
 
 /// What one Redis round trip costs the process making it ([`crate::redis_client`]),
 /// CPU µs per call: `PING` and the no-op script through the gateway's own client, and
-/// `PING` over a blocking socket.
+/// `PING` over a blocking socket; then the script with `callers` callers at once on
+/// two connections, and what each of those calls cost Redis.
 pub(crate) struct ClientFloor {
     pub(crate) ping_us: f64,
     pub(crate) script_us: f64,
     pub(crate) blocking_ping_us: f64,
+    pub(crate) callers: usize,
+    pub(crate) script_at_once_us: f64,
+    pub(crate) redis_script_at_once_us: f64,
 }
 
 impl Redis {
     /// Runs `bench redis-client-floor` against this Redis, pinned as the gateways are
     /// (`--pin gateway=…`; else it shares this process's CPUs, as they do).
-    pub(crate) fn client_floor(&self, state_bytes: usize, n: usize) -> Res<ClientFloor> {
+    pub(crate) fn client_floor(
+        &self,
+        state_bytes: usize,
+        n: usize,
+        callers: usize,
+    ) -> Res<ClientFloor> {
         use std::io::{BufRead, BufReader};
         let mut child = Command::new(std::env::current_exe()?)
             .args([
@@ -227,6 +236,7 @@ impl Redis {
                 self.port.to_string(),
                 state_bytes.to_string(),
                 n.to_string(),
+                callers.to_string(),
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -250,6 +260,9 @@ impl Redis {
                 ping_us: field("ping_us")?,
                 script_us: field("script_us")?,
                 blocking_ping_us: field("blocking_ping_us")?,
+                callers: field("callers")? as usize,
+                script_at_once_us: field("script_at_once_us")?,
+                redis_script_at_once_us: field("redis_script_at_once_us")?,
             })
         })();
         if result.is_err() {
@@ -342,6 +355,10 @@ pub(crate) const STEP_PASSES: [&str; 2] = [
     "any replica (requests on one replica, the elicitation's answer on the other)",
     "one replica (all of a flow on the replica holding its SSE connection)",
 ];
+
+/// The step that opens a flow's session: the per-step passes open one per flow, the
+/// timed rounds and the capacity runs open theirs once and run every flow on it.
+pub(crate) const OPEN_STEP: &str = "initialize + notifications/initialized";
 
 /// How long a step is given to finish what it started in the background (a relay's
 /// last read, a wake-up) before its figures are read.
@@ -455,7 +472,7 @@ pub(crate) async fn replica_steps(
             };
             meter.reset()?;
             let mut c = LegacyClient::open_pair(a, b).await?;
-            meter.mark("initialize + notifications/initialized").await?;
+            meter.mark(OPEN_STEP).await?;
             let title = format!("replica-steps-{pass}-{k}");
             c.tool_metered(
                 "notes_create",
@@ -656,10 +673,21 @@ pub(crate) async fn replicas(
     let mut load_cpu = [0.0f64; 3];
     let mut load_flows = [0usize; 2];
     let mut load_commands = 0u64;
+    // Per variant, over its capacity slices: the modern server's CPU, this process's
+    // (the hosts), and the machine's busy and total CPU time.
+    let mut load_server = [0.0f64; 2];
+    let mut load_hosts = [0.0f64; 2];
+    let mut load_machine = [(0.0f64, 0.0f64); 2];
+    let mut load_wall = [0.0f64; 2];
     for round in 0..opts.rounds {
         let mut this = [0.0f64; 2];
         for k in 0..2 {
             let v = (round + k) % 2;
+            let (server0, hosts0, machine0) = (
+                cpu_of(server.pid()),
+                cpu_of(std::process::id()),
+                machine_cpu(),
+            );
             let cpu0 = [
                 cpu_of(memory.pid()),
                 cpu_of(first.pid()) + cpu_of(second.pid()),
@@ -683,6 +711,12 @@ pub(crate) async fn replicas(
                 load_commands += redis.commands_since(&stats0)?.values().sum::<u64>();
                 (n, took)
             };
+            load_server[v] += cpu_of(server.pid()) - server0;
+            load_hosts[v] += cpu_of(std::process::id()) - hosts0;
+            let (busy, all) = machine_cpu();
+            load_machine[v].0 += busy - machine0.0;
+            load_machine[v].1 += all - machine0.1;
+            load_wall[v] += took;
             load_flows[v] += n;
             this[v] = n as f64 / took.max(1e-9);
             load_rates[v].push(this[v]);
@@ -800,6 +834,8 @@ pub(crate) async fn replicas(
     );
     let mut step_json = Vec::new();
     let mut flow_totals = [(0.0, 0.0); 2];
+    // The round trips of the steps a timed flow makes (all but the session's opening).
+    let mut timed_trips = [0.0; 2];
     for (pass, steps) in passes.iter().enumerate() {
         let _ = writeln!(
             md,
@@ -814,6 +850,9 @@ pub(crate) async fn replicas(
             let n = (*n).max(1) as f64;
             flow_cmds += cmds / n;
             flow_trips += trips / n;
+            if *step != OPEN_STEP {
+                timed_trips[pass] += trips / n;
+            }
             let by_name = names
                 .iter()
                 .map(|(k, v)| format!("{k} {}", fmt_f(*v as f64 / n, 1)))
@@ -836,6 +875,9 @@ pub(crate) async fn replicas(
         flow_totals[pass] = (flow_cmds, flow_trips);
     }
     let (flow_cmds, flow_trips) = flow_totals[0];
+    // The floors price the flows the CPU figures were measured on: those run on an open
+    // session, so the opening step's round trips are not theirs.
+    let timed = timed_trips[0];
     let _ = writeln!(
         md,
         "\nOne session's serialized state after a flow: {state_bytes} bytes."
@@ -844,13 +886,14 @@ pub(crate) async fn replicas(
     // round trips at the no-op script's, the others at a PING's.
     let (ping_us, noop_us) =
         redis.round_trip_floor(usize::try_from(state_bytes).unwrap_or(usize::MAX), 20_000)?;
-    let script_trips = scripts_per_flow.min(flow_trips);
-    let floor_us = script_trips * noop_us + (flow_trips - script_trips) * ping_us;
+    let script_trips = scripts_per_flow.min(timed);
+    let floor_us = script_trips * noop_us + (timed - script_trips) * ping_us;
     let _ = writeln!(
         md,
-        "\nThe floor under Redis's CPU per flow on this machine, with one host: a round trip costs Redis {} µs for a `PING` and {} µs for a script that does nothing but receive a step's arguments (one key, 40 arguments, a {state_bytes}-byte state; 20,000 of each in sequence on one connection). {} round trips per flow, {} of them scripts: **{} µs per flow before any command runs** (target ≤ 400 µs; measured above {} µs).",
+        "\nThe floor under Redis's CPU per flow on this machine, with one host: a round trip costs Redis {} µs for a `PING` and {} µs for a script that does nothing but receive a step's arguments (one key, 40 arguments, a {state_bytes}-byte state; 20,000 of each in sequence on one connection). A timed flow runs on an open session: {} round trips (the whole flow's {} without the opening step's), {} of them scripts: **{} µs per flow before any command runs** (target ≤ 400 µs; measured above {} µs).",
         fmt_f(ping_us, 1),
         fmt_f(noop_us, 1),
+        fmt_f(timed, 1),
         fmt_f(flow_trips, 1),
         fmt_f(script_trips, 1),
         fmt_f(floor_us, 0),
@@ -858,36 +901,52 @@ pub(crate) async fn replicas(
     );
     // The gateways' side of the same round trips: a replicated flow does the in-memory
     // flow's work and makes them, so its CPU cannot go below their sum.
-    let client = redis.client_floor(usize::try_from(state_bytes).unwrap_or(usize::MAX), 20_000)?;
-    let client_us = script_trips * client.script_us + (flow_trips - script_trips) * client.ping_us;
+    let client = redis.client_floor(
+        usize::try_from(state_bytes).unwrap_or(usize::MAX),
+        20_000,
+        hosts,
+    )?;
+    let client_us = script_trips * client.script_us + (timed - script_trips) * client.ping_us;
     let client_floor_ratio = (cpu_us[0] + client_us) / cpu_us[0].max(1e-9);
     let _ = writeln!(
         md,
-        "\nThe floor under the gateways' CPU per replicated flow, the same way: a round trip costs the process making it {} µs for a `PING` and {} µs for that script through the gateway's own Redis client (redis-rs's `ConnectionManager` on a multi-threaded tokio runtime, configured as the store configures it, one call at a time; a blocking socket's `PING` costs {} µs, the kernel's share). The flow's {} round trips: **{} µs per flow**; a replicated flow does what the in-memory flow does ({} µs) and makes them, so its gateways cannot go below **{}× the in-memory flow's CPU** before they encode, decode or store anything (target ≤ 1.5×; measured above {}×).",
+        "\nThe floor under the gateways' CPU per replicated flow, the same way: a round trip costs the process making it {} µs for a `PING` and {} µs for that script through the gateway's own Redis client (redis-rs's `ConnectionManager` on a multi-threaded tokio runtime, configured as the store configures it, one call at a time; a blocking socket's `PING` costs {} µs, the kernel's share). A timed flow's {} round trips: **{} µs per flow**; a replicated flow does what the in-memory flow does ({} µs) and makes them, so its gateways cannot go below **{}× the in-memory flow's CPU** before they encode, decode or store anything (target ≤ 1.5×; measured above {}×).",
         fmt_f(client.ping_us, 1),
         fmt_f(client.script_us, 1),
         fmt_f(client.blocking_ping_us, 1),
-        fmt_f(flow_trips, 1),
+        fmt_f(timed, 1),
         fmt_f(client_us, 0),
         fmt_f(cpu_us[0], 0),
         fmt_f(client_floor_ratio, 2),
         fmt_f(cpu_us[1] / cpu_us[0].max(1e-9), 2)
     );
+    let budget = load_budget(&LoadFigures {
+        hosts,
+        rate: load_rate,
+        flows: load_flows,
+        wall: load_wall,
+        machine: load_machine,
+        server: load_server,
+        hosts_cpu: load_hosts,
+        gateway: [load_cpu[0], load_cpu[1]],
+        redis: load_cpu[2],
+        trips: timed,
+        client: &client,
+    });
+    md.push_str(&budget.text);
     eprintln!(
-        "  per flow: Redis commands {} (rounds) / {} ({hosts} hosts), scripts {} at {} µs each; per-step total {} commands, {} round trips (any replica), {} commands, {} round trips (one replica); state {state_bytes} bytes",
+        "  per flow: Redis commands {} (rounds) / {} ({hosts} hosts), scripts {} at {} µs each; per-step total {} commands, {} round trips (any replica; {} without the opening step), {} commands, {} round trips (one replica); state {state_bytes} bytes",
         fmt_f(commands_per_flow, 1),
         fmt_f(load_commands_per_flow, 1),
         fmt_f(scripts_per_flow, 1),
         fmt_f(script_us_per_call, 1),
         fmt_f(flow_cmds, 1),
         fmt_f(flow_trips, 1),
+        fmt_f(timed, 1),
         fmt_f(flow_totals[1].0, 1),
         fmt_f(flow_totals[1].1, 1)
     );
-    report.add(
-        "replicas",
-        md,
-        json!({"memory_flows_per_s": rate[0], "replicas_flows_per_s": rate[1], "ratio": ratio,
+    let mut figures = json!({"memory_flows_per_s": rate[0], "replicas_flows_per_s": rate[1], "ratio": ratio,
                "per_round_memory": rates[0], "per_round_replicas": rates[1],
                "gateway_cpu_us_per_flow_memory": cpu_us[0], "gateway_cpu_us_per_flow_replicas": cpu_us[1],
                "redis_cpu_us_per_flow": cpu_us[2], "idle_sessions": opened.len(),
@@ -900,12 +959,141 @@ pub(crate) async fn replicas(
                "redis_bytes_per_idle_session": per_session,
                "redis_commands_per_flow": commands_per_flow, "load_redis_commands_per_flow": load_commands_per_flow,
                "steps": step_json, "state_bytes": state_bytes, "flow_commands": flow_cmds,
-               "flow_commands_one_replica": flow_totals[1].0, "flow_round_trips_one_replica": flow_totals[1].1, "flow_round_trips": flow_trips,
+               "flow_commands_one_replica": flow_totals[1].0, "flow_round_trips_one_replica": flow_totals[1].1, "flow_round_trips": flow_trips, "timed_flow_round_trips": timed,
+               "timed_flow_round_trips_one_replica": timed_trips[1],
                "redis_cpu_us_per_ping": ping_us, "redis_cpu_us_per_noop_script": noop_us,
                "redis_cpu_us_floor_per_flow": floor_us,
                "client_cpu_us_per_ping": client.ping_us, "client_cpu_us_per_noop_script": client.script_us,
                "client_cpu_us_per_blocking_ping": client.blocking_ping_us,
-               "gateway_cpu_us_floor_per_flow": client_us, "gateway_cpu_floor_ratio": client_floor_ratio}),
-    );
+               "gateway_cpu_us_floor_per_flow": client_us, "gateway_cpu_floor_ratio": client_floor_ratio});
+    figures["client_callers_at_once"] = json!(client.callers);
+    figures["client_cpu_us_per_script_at_once"] = json!(client.script_at_once_us);
+    figures["redis_cpu_us_per_script_at_once"] = json!(client.redis_script_at_once_us);
+    figures["load"] = budget.json;
+    report.add("replicas", md, figures);
     Ok(())
+}
+
+/// The capacity rounds' figures per variant (0 in memory, 1 replicated), summed over
+/// each variant's slices: CPU seconds of each process, the machine's busy and total
+/// CPU seconds, wall seconds.
+pub(crate) struct LoadFigures<'a> {
+    pub(crate) hosts: usize,
+    pub(crate) rate: [f64; 2],
+    pub(crate) flows: [usize; 2],
+    pub(crate) wall: [f64; 2],
+    pub(crate) machine: [(f64, f64); 2],
+    pub(crate) server: [f64; 2],
+    pub(crate) hosts_cpu: [f64; 2],
+    pub(crate) gateway: [f64; 2],
+    pub(crate) redis: f64,
+    /// Round trips per timed flow (the per-step table's, the opening step's left out).
+    pub(crate) trips: f64,
+    pub(crate) client: &'a ClientFloor,
+}
+
+/// The capacity target's budget, written out.
+pub(crate) struct LoadBudget {
+    pub(crate) text: String,
+    pub(crate) json: Value,
+}
+
+/// Where a flow's CPU goes with several hosts at once, and what the ≥ 0.7× capacity
+/// target leaves the replicas of it. A CPU budget, not a model of the latency: the
+/// in-memory variant does not keep the machine busy either, so it says how much
+/// the replicas may spend per flow if everything else stayed as cheap per flow as it
+/// is in memory and the processes got as much CPU as they did, or all of it.
+pub(crate) fn load_budget(f: &LoadFigures<'_>) -> LoadBudget {
+    let per_flow = |secs: f64, v: usize| secs * 1e6 / f.flows[v].max(1) as f64;
+    let server = [0, 1].map(|v| per_flow(f.server[v], v));
+    let hosts = [0, 1].map(|v| per_flow(f.hosts_cpu[v], v));
+    let gateway = [0, 1].map(|v| per_flow(f.gateway[v], v));
+    let redis = [0.0, per_flow(f.redis, 1)];
+    let all = [0, 1].map(|v| server[v] + hosts[v] + gateway[v] + redis[v]);
+    let busy = [0, 1].map(|v| per_flow(f.machine[v].0, v));
+    let share = [0, 1].map(|v| f.machine[v].0 / f.machine[v].1.max(1e-9));
+    // CPUs: the machine's CPU time over the wall time it was counted in.
+    let cpus = f.machine[1].1 / f.wall[1].max(1e-9);
+    let wanted = 0.7 * f.rate[0];
+    // CPU µs per second the five processes used in the replicated slices, and the
+    // whole machine's.
+    let used = all[1] * f.rate[1];
+    let whole = cpus * 1e6;
+    let others = server[0] + hosts[0];
+    let redis_floor = f.trips * f.client.redis_script_at_once_us;
+    let room = [used, whole].map(|u| u / wanted.max(1e-9) - others - redis_floor);
+    // The same with Redis as it measured, not at its floor.
+    let room_measured = room[0] - (redis[1] - redis_floor);
+    let floor = gateway[0] + f.trips * f.client.script_at_once_us;
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "\nWhere a flow's CPU goes with {} hosts at once (each process's CPU over its variant's capacity slices, per flow; the hosts are this process):\n\n| variant | modern server | hosts | gateway(s) | Redis | the five | machine busy |\n|---|---:|---:|---:|---:|---:|---:|",
+        f.hosts
+    );
+    for (v, name) in REPLICA_VARIANTS.iter().enumerate() {
+        let _ = writeln!(
+            text,
+            "| {name} | {} | {} | {} | {} | {} | {} µs ({} %) |",
+            fmt_f(server[v], 0),
+            fmt_f(hosts[v], 0),
+            fmt_f(gateway[v], 0),
+            replicated_only(v, redis[v], 0),
+            fmt_f(all[v], 0),
+            fmt_f(busy[v], 0),
+            fmt_f(share[v] * 100.0, 0)
+        );
+    }
+    let verdict = if floor > room[1] {
+        "**out of reach**: the replicas' floor alone is over what the whole machine would leave them".to_owned()
+    } else if floor > room[0] {
+        "out of reach at the CPU the processes got; within reach only if the machine got busier"
+            .to_owned()
+    } else {
+        format!(
+            "within reach by CPU: what the replicas spend above their floor ({} µs per flow) would have to fit in {} µs, {} with Redis as measured",
+            fmt_f(gateway[1] - floor, 0),
+            fmt_f(room[0] - floor, 0),
+            if room_measured > floor {
+                format!("{} µs", fmt_f(room_measured - floor, 0))
+            } else {
+                "nothing".to_owned()
+            }
+        )
+    };
+    let _ = writeln!(
+        text,
+        "\nWhat ≥ 0.7× needs: {} replicated flows/s (0.7 × {}). At the CPU the five processes got in the replicated slices ({} CPU-µs a second) that is {} µs per flow for all five; with the whole machine ({} CPUs), {} µs. With the server and the hosts at their in-memory per-flow cost ({} µs) and Redis at its floor with {} callers at once ({} round trips at {} µs: {} µs), the two replicas could spend **{} µs per flow** ({}× the in-memory gateway's {} µs), {} µs with the whole machine, {} µs with Redis as measured ({} µs). Their own floor with {} callers at once, the in-memory gateway's work and the round trips at {} µs each (two connections, as two replicas): **{} µs**; measured {} µs. So the target is {verdict}.",
+        fmt_f(wanted, 0),
+        fmt_f(f.rate[0], 0),
+        fmt_f(used, 0),
+        fmt_f(used / wanted.max(1e-9), 0),
+        fmt_f(cpus, 1),
+        fmt_f(whole / wanted.max(1e-9), 0),
+        fmt_f(others, 0),
+        f.client.callers,
+        fmt_f(f.trips, 1),
+        fmt_f(f.client.redis_script_at_once_us, 1),
+        fmt_f(redis_floor, 0),
+        fmt_f(room[0], 0),
+        fmt_f(room[0] / gateway[0].max(1e-9), 2),
+        fmt_f(gateway[0], 0),
+        fmt_f(room[1], 0),
+        fmt_f(room_measured, 0),
+        fmt_f(redis[1], 0),
+        f.client.callers,
+        fmt_f(f.client.script_at_once_us, 1),
+        fmt_f(floor, 0),
+        fmt_f(gateway[1], 0),
+    );
+    let json = json!({
+        "server_cpu_us_per_flow": server, "hosts_cpu_us_per_flow": hosts,
+        "gateway_cpu_us_per_flow": gateway, "redis_cpu_us_per_flow": redis[1],
+        "processes_cpu_us_per_flow": all, "machine_busy_us_per_flow": busy,
+        "machine_busy_share": share, "cpus": cpus, "wanted_flows_per_s": wanted,
+        "redis_floor_us_per_flow": redis_floor,
+        "replicas_room_us_per_flow": room[0], "replicas_room_us_per_flow_whole_machine": room[1],
+        "replicas_floor_us_per_flow": floor, "replicas_room_us_per_flow_redis_measured": room_measured,
+    });
+    LoadBudget { text, json }
 }
