@@ -7,8 +7,9 @@
 //!
 //! Three kinds, `N` calls each: `PING`; a script that does nothing but receive a
 //! step's arguments (one key, 40 arguments, a `STATE_BYTES` state), sent as the store
-//! sends its step (one `EVALSHA` command, under a timeout); and `PING` over a plain
-//! blocking socket, the kernel's share alone. Then the script again with `CALLERS`
+//! sends its step (one `EVALSHA` command, under a timeout; built once per caller, so a
+//! call's CPU leaves out building its arguments and stays a lower bound); and `PING`
+//! over a plain blocking socket, the kernel's share alone. Then the script again with `CALLERS`
 //! (default 8) callers at once, each making its calls one at a time, half of them on
 //! each of two connections: what a round trip costs the two replicas, and Redis
 //! (its `INFO cpu`, read before and after), when that many hosts' steps overlap, as in
