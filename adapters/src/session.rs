@@ -755,6 +755,12 @@ impl Session {
         self.client_info.as_ref().map(JsonText::value)
     }
 
+    /// The peer's `clientInfo` as the session keeps it (compact JSON text): what a
+    /// driver can compare without parsing it.
+    pub fn client_info_text(&self) -> Option<&str> {
+        self.client_info.as_ref().map(JsonText::as_str)
+    }
+
     /// The modern `clientCapabilities` sent upstream, mapped from the peer's.
     pub fn client_capabilities(&self) -> Value {
         self.client_capabilities.value()

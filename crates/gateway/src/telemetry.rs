@@ -37,6 +37,22 @@ use std::time::Instant;
 /// once than a session allows are not timed).
 const MAX_TIMED: usize = 4096;
 
+/// Host records a route keeps at hand for shared sessions' steps
+/// ([`Telemetry::shared_session`]), and the longest `clientInfo` text kept with one
+/// (a longer one is looked up in the report each time).
+const SHARED_HOSTS_KEPT: usize = 32;
+const SHARED_HOST_TEXT: usize = 1024;
+
+/// A host record found for a shared session's step, and what it was found from: the
+/// `clientInfo` text as the session keeps it, the revision and the wire.
+#[derive(Debug)]
+struct SharedHost {
+    client_info: Option<Box<str>>,
+    revision: &'static str,
+    wire: &'static str,
+    record: Arc<HostRecord>,
+}
+
 /// The gateway's metrics, report and readiness (shared by every route), and the route
 /// they are filled for: each route holds its own [`Telemetry`].
 #[derive(Debug)]
@@ -45,6 +61,12 @@ pub struct Telemetry {
     metrics: Arc<Metrics>,
     report: Arc<Report>,
     readiness: Arc<Readiness>,
+    /// The host records of the shared sessions' recent steps, latest last: a step
+    /// finds its host here by the session's `clientInfo` text, where looking it up in
+    /// the report parsed that text, cleaned its fields and hashed them, at every step
+    /// that records anything (a report record lives as long as the report, so one
+    /// kept here never goes stale).
+    shared_hosts: Mutex<std::collections::VecDeque<SharedHost>>,
 }
 
 impl Telemetry {
@@ -59,6 +81,7 @@ impl Telemetry {
             metrics,
             report,
             readiness,
+            shared_hosts: Mutex::default(),
         }
     }
 
@@ -108,15 +131,49 @@ impl Telemetry {
         let mut t = self.session(wire);
         t.shared = true;
         if let Some(revision) = machine.revision() {
-            let key = HostKey::legacy(
-                &self.route,
-                machine.client_info().as_ref(),
-                revision.version,
-                wire,
-            );
-            t.host = Some(self.report.host(key));
+            t.host = Some(self.shared_host(machine, revision.version, wire));
         }
         t
+    }
+
+    /// The report record of a shared session's host (see [`Self::shared_hosts`]).
+    fn shared_host(
+        &self,
+        machine: &Session,
+        revision: &'static str,
+        wire: &'static str,
+    ) -> Arc<HostRecord> {
+        let text = machine.client_info_text();
+        let found = |h: &SharedHost| {
+            h.revision == revision && h.wire == wire && h.client_info.as_deref() == text
+        };
+        if let Some(r) = self.shared_hosts.lock().ok().and_then(|kept| {
+            kept.iter()
+                .rev()
+                .find(|h| found(h))
+                .map(|h| h.record.clone())
+        }) {
+            return r;
+        }
+        let key = HostKey::legacy(&self.route, machine.client_info().as_ref(), revision, wire);
+        let record = self.report.host(key);
+        if text.is_some_and(|t| t.len() > SHARED_HOST_TEXT) {
+            return record;
+        }
+        if let Ok(mut kept) = self.shared_hosts.lock() {
+            if !kept.iter().any(found) {
+                if kept.len() >= SHARED_HOSTS_KEPT {
+                    kept.pop_front();
+                }
+                kept.push_back(SharedHost {
+                    client_info: text.map(Box::from),
+                    revision,
+                    wire,
+                    record: record.clone(),
+                });
+            }
+        }
+        record
     }
 
     /// An upstream exchange failed without an MCP answer.
@@ -422,5 +479,91 @@ impl SessionTelemetry {
 impl Drop for SessionTelemetry {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::readiness::Readiness;
+    use dualera_adapters::{Config, Message, Request, Timestamp};
+    use serde_json::{json, Value};
+
+    fn telemetry() -> Arc<Telemetry> {
+        let report = Arc::new(Report::in_memory(100));
+        Arc::new(Telemetry::new(
+            Arc::from("/mcp"),
+            Arc::new(Metrics::new(Vec::new(), Vec::new(), report.clone())),
+            report,
+            Arc::new(Readiness::new(Vec::new())),
+        ))
+    }
+
+    /// A 2025-11-25 session through `initialize`, sent with `client_info`.
+    fn initialized(client_info: Value) -> Session {
+        let mut s = Session::new(Config::default());
+        s.handle_discover(
+            json!({"resultType": "complete", "supportedVersions": ["2026-07-28"],
+            "capabilities": {"tools": {}}}),
+        )
+        .unwrap();
+        s.handle_peer_message(
+            Message::Request(Request {
+                id: RequestId::Number(0),
+                method: "initialize".into(),
+                params: Some(json!({"protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": client_info})),
+            }),
+            Timestamp::from_millis(0),
+        )
+        .unwrap();
+        s
+    }
+
+    fn host(t: &Arc<Telemetry>, s: &Session) -> Arc<HostRecord> {
+        t.shared_session("streamable-http", s).host.clone().unwrap()
+    }
+
+    #[test]
+    fn a_shared_sessions_host_is_found_again_without_the_report() {
+        let t = telemetry();
+        let a = initialized(json!({"name": "host-a", "version": "1"}));
+        let again = initialized(json!({"name": "host-a", "version": "1"}));
+        let b = initialized(json!({"name": "host-b", "version": "1"}));
+        let first = host(&t, &a);
+        assert_eq!(first.key().name, "host-a");
+        assert!(Arc::ptr_eq(&first, &host(&t, &again)));
+        assert!(Arc::ptr_eq(&first, &host(&t, &a)));
+        let other = host(&t, &b);
+        assert_eq!(other.key().name, "host-b");
+        assert!(!Arc::ptr_eq(&first, &other));
+        assert_eq!(t.shared_hosts.lock().unwrap().len(), 2);
+        // The same host on another wire is another report row.
+        let sse = t.shared_session("sse", &a).host.clone().unwrap();
+        assert!(!Arc::ptr_eq(&first, &sse));
+        assert_eq!(t.report.size().0, 3);
+    }
+
+    #[test]
+    fn the_kept_hosts_are_bounded_and_long_client_infos_are_not_kept() {
+        let t = telemetry();
+        for i in 0..SHARED_HOSTS_KEPT + 8 {
+            host(
+                &t,
+                &initialized(json!({"name": format!("h{i}"), "version": "1"})),
+            );
+        }
+        assert_eq!(t.shared_hosts.lock().unwrap().len(), SHARED_HOSTS_KEPT);
+        // The oldest went; found again, it is the report's record still.
+        let h0 = initialized(json!({"name": "h0", "version": "1"}));
+        let found = host(&t, &h0);
+        assert_eq!(found.key().name, "h0");
+        assert!(Arc::ptr_eq(&found, &host(&t, &h0)));
+        let long = initialized(json!({"name": "long", "version": "x".repeat(SHARED_HOST_TEXT)}));
+        let before = t.shared_hosts.lock().unwrap().len();
+        let record = host(&t, &long);
+        assert_eq!(record.key().name, "long");
+        assert!(Arc::ptr_eq(&record, &host(&t, &long)));
+        assert_eq!(t.shared_hosts.lock().unwrap().len(), before);
     }
 }

@@ -679,6 +679,8 @@ pub(crate) async fn replicas(
     let mut load_hosts = [0.0f64; 2];
     let mut load_machine = [(0.0f64, 0.0f64); 2];
     let mut load_wall = [0.0f64; 2];
+    // Context switches over the capacity slices: the gateway(s) per variant, Redis.
+    let mut load_switches = [0u64; 3];
     for round in 0..opts.rounds {
         let mut this = [0.0f64; 2];
         for k in 0..2 {
@@ -693,12 +695,18 @@ pub(crate) async fn replicas(
                 cpu_of(first.pid()) + cpu_of(second.pid()),
                 cpu_of(redis.pid()),
             ];
+            let switched = [
+                switches_of(memory.pid()),
+                switches_of(first.pid()) + switches_of(second.pid()),
+                switches_of(redis.pid()),
+            ];
             let (n, took) = if v == 0 {
                 let (back, n, took) =
                     concurrent_flows(std::mem::take(&mut locals), &ws, secs, false, &counter)
                         .await?;
                 locals = back;
                 load_cpu[0] += cpu_of(memory.pid()) - cpu0[0];
+                load_switches[0] += switches_of(memory.pid()).saturating_sub(switched[0]);
                 (n, took)
             } else {
                 let stats0 = redis.commandstats()?;
@@ -708,6 +716,9 @@ pub(crate) async fn replicas(
                 shareds = back;
                 load_cpu[1] += cpu_of(first.pid()) + cpu_of(second.pid()) - cpu0[1];
                 load_cpu[2] += cpu_of(redis.pid()) - cpu0[2];
+                load_switches[1] += (switches_of(first.pid()) + switches_of(second.pid()))
+                    .saturating_sub(switched[1]);
+                load_switches[2] += switches_of(redis.pid()).saturating_sub(switched[2]);
                 load_commands += redis.commands_since(&stats0)?.values().sum::<u64>();
                 (n, took)
             };
@@ -930,6 +941,7 @@ pub(crate) async fn replicas(
         hosts_cpu: load_hosts,
         gateway: [load_cpu[0], load_cpu[1]],
         redis: load_cpu[2],
+        switches: load_switches,
         trips: timed,
         client: &client,
     });
@@ -987,6 +999,9 @@ pub(crate) struct LoadFigures<'a> {
     pub(crate) hosts_cpu: [f64; 2],
     pub(crate) gateway: [f64; 2],
     pub(crate) redis: f64,
+    /// Context switches (every thread's, voluntary and not) of the gateway in memory,
+    /// of both replicas, and of Redis over the replicated slices.
+    pub(crate) switches: [u64; 3],
     /// Round trips per timed flow (the per-step table's, the opening step's left out).
     pub(crate) trips: f64,
     pub(crate) client: &'a ClientFloor,
@@ -1011,6 +1026,7 @@ pub(crate) fn load_budget(f: &LoadFigures<'_>) -> LoadBudget {
     let redis = [0.0, per_flow(f.redis, 1)];
     let all = [0, 1].map(|v| server[v] + hosts[v] + gateway[v] + redis[v]);
     let busy = [0, 1].map(|v| per_flow(f.machine[v].0, v));
+    let switches = [0, 1, 2].map(|i| f.switches[i] as f64 / f.flows[i.min(1)].max(1) as f64);
     let share = [0, 1].map(|v| f.machine[v].0 / f.machine[v].1.max(1e-9));
     // CPUs: the machine's CPU time over the wall time it was counted in.
     let cpus = f.machine[1].1 / f.wall[1].max(1e-9);
@@ -1044,6 +1060,14 @@ pub(crate) fn load_budget(f: &LoadFigures<'_>) -> LoadBudget {
             fmt_f(share[v] * 100.0, 0)
         );
     }
+    let _ = writeln!(
+        text,
+        "\nContext switches per flow (every thread, voluntary and involuntary): the gateway in memory {}, the two replicas {} ({}×), Redis {}. Each is a wake-up after a wait (a socket, a timer, another thread) or a preemption; the replicas wait for Redis at every round trip where the in-memory gateway runs on.",
+        fmt_f(switches[0], 1),
+        fmt_f(switches[1], 1),
+        fmt_f(switches[1] / switches[0].max(1e-9), 2),
+        fmt_f(switches[2], 1),
+    );
     let verdict = if floor > room[1] {
         "**out of reach**: the replicas' floor alone is over what the whole machine would leave them".to_owned()
     } else if floor > room[0] {
@@ -1094,6 +1118,7 @@ pub(crate) fn load_budget(f: &LoadFigures<'_>) -> LoadBudget {
         "redis_floor_us_per_flow": redis_floor,
         "replicas_room_us_per_flow": room[0], "replicas_room_us_per_flow_whole_machine": room[1],
         "replicas_floor_us_per_flow": floor, "replicas_room_us_per_flow_redis_measured": room_measured,
+        "gateway_switches_per_flow": [switches[0], switches[1]], "redis_switches_per_flow": switches[2],
     });
     LoadBudget { text, json }
 }
