@@ -39,7 +39,6 @@ temporary directory) is stopped at the end. Standard library only.
 
 import argparse
 import hashlib
-import os
 import re
 import shutil
 import socket

@@ -1026,7 +1026,13 @@ pub(crate) fn load_budget(f: &LoadFigures<'_>) -> LoadBudget {
     let redis = [0.0, per_flow(f.redis, 1)];
     let all = [0, 1].map(|v| server[v] + hosts[v] + gateway[v] + redis[v]);
     let busy = [0, 1].map(|v| per_flow(f.machine[v].0, v));
-    let switches = [0, 1, 2].map(|i| f.switches[i] as f64 / f.flows[i.min(1)].max(1) as f64);
+    // Redis's are over the replicated slices, as the replicas' are.
+    let switched = |n: u64, v: usize| n as f64 / f.flows[v].max(1) as f64;
+    let switches = [
+        switched(f.switches[0], 0),
+        switched(f.switches[1], 1),
+        switched(f.switches[2], 1),
+    ];
     let share = [0, 1].map(|v| f.machine[v].0 / f.machine[v].1.max(1e-9));
     // CPUs: the machine's CPU time over the wall time it was counted in.
     let cpus = f.machine[1].1 / f.wall[1].max(1e-9);
