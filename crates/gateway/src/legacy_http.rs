@@ -30,6 +30,8 @@ use dualera_adapters::{
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{debug, info, warn};
@@ -103,17 +105,18 @@ pub(super) fn with_session_header(mut r: Response<GatewayBody>, id: &str) -> Res
 }
 
 /// Handles one legacy request (POST, GET or DELETE on `/mcp`), in whichever store
-/// holds the gateway's sessions.
-pub(super) async fn handle(
+/// holds the gateway's sessions: that store's future, boxed once. A future is as
+/// large as the largest path it could take, and boxing moves (copies) all of it:
+/// one future over both stores would make the in-memory path copy the Redis one's
+/// size, and boxing it inside another box made every shared request copy twice.
+pub(super) fn handle(
     gw: &Arc<Route>,
     req: Request<RequestBody>,
     forwarded: Forwarded,
-) -> Response<GatewayBody> {
-    // The Redis store's future is boxed: inline, its size would be the in-memory
-    // path's too, moved (copied) on every request.
+) -> Pin<Box<dyn Future<Output = Response<GatewayBody>> + Send + '_>> {
     match gw.redis.as_ref() {
-        Some(shared) => Box::pin(front(gw, &shared.clone(), req, forwarded)).await,
-        None => front(gw, &gw.legacy, req, forwarded).await,
+        Some(shared) => Box::pin(front(gw, shared, req, forwarded)),
+        None => Box::pin(front(gw, &gw.legacy, req, forwarded)),
     }
 }
 

@@ -991,7 +991,7 @@ async fn serve_endpoint(
         // translate, the session is theirs.
         Box::pin(passthrough::forward_legacy(gw, req, &fwd)).await
     } else {
-        Box::pin(legacy_http::handle(gw, req, fwd)).await
+        legacy_http::handle(gw, req, fwd).await
     }
 }
 

@@ -391,7 +391,8 @@ impl RedisSessions {
             self.drop_lease(&lease).await;
             return;
         };
-        let session: Option<Record> = match self.redis.load(&self.keys.session(&rec.sid)).await {
+        let session: Option<Box<Record>> = match self.redis.load(&self.keys.session(&rec.sid)).await
+        {
             Ok(super::client::Loaded::Found { state, .. }) => self.decode(&state).await.ok(),
             Ok(_) => None,
             Err(e) => {

@@ -172,14 +172,14 @@ impl Decider {
 struct Remembered {
     version: String,
     state: Arc<Vec<u8>>,
-    record: Option<Record>,
+    record: Option<Box<Record>>,
     touched: u64,
 }
 
 fn remember(
     version: String,
     state: Vec<u8>,
-    record: Option<Record>,
+    record: Option<Box<Record>>,
     touched: u64,
 ) -> Arc<Mutex<Remembered>> {
     Arc::new(Mutex::new(Remembered {
@@ -521,8 +521,11 @@ impl RedisSessions {
 
     // ----- steps ------------------------------------------------------------------
 
-    async fn decode(&self, state: &[u8]) -> Result<Record, StoreError> {
-        let mut record: Record = codec::decode(state, "session record")?;
+    /// Boxed: a step's futures hold records across their awaits, and inline each one
+    /// made them larger by its size, copied whenever such a future is moved (a
+    /// request's future is moved as it is boxed).
+    async fn decode(&self, state: &[u8]) -> Result<Box<Record>, StoreError> {
+        let mut record: Box<Record> = Box::new(codec::decode(state, "session record")?);
         let discover = match &record.discover {
             Some(digest) => self.discover(digest).await?,
             None => None,
@@ -533,7 +536,11 @@ impl RedisSessions {
     }
 
     /// Reads a session without changing it.
-    async fn read(&self, sid: &str, binding: &str) -> Result<Result<Record, bool>, StoreError> {
+    async fn read(
+        &self,
+        sid: &str,
+        binding: &str,
+    ) -> Result<Result<Box<Record>, bool>, StoreError> {
         match self.redis.load(&self.keys.session(sid)).await? {
             Loaded::Found { state, .. } => {
                 let record = self.decode(&state).await?;
@@ -1167,8 +1174,10 @@ impl RedisSessions {
         self.observe(gw, &record.machine, observed);
         // Its next step here starts from what was just stored (version 1, see CREATE):
         // no read first.
-        self.versions
-            .insert(sid.clone(), remember("1".into(), blob, Some(record), now));
+        self.versions.insert(
+            sid.clone(),
+            remember("1".into(), blob, Some(Box::new(record)), now),
+        );
         info!(session = %log_tag(&sid), replica = %self.replica, "legacy session opened");
         Ok(())
     }
