@@ -394,6 +394,19 @@ fn the_kit_catches_differences() {
     });
     let d = first_difference(&run_http(&dir, "absent"));
     assert!(d.contains("must not be sent"), "{d}");
+    // A discover other than the one a step awaits is answered (a bridge's own, its
+    // cache's say, may cross the awaited one), and still named when the awaited one
+    // never comes: here the bridge forwards the host's clientInfo, the step expects
+    // another's.
+    let dir = tampered(tmp, "discover_cache_shared", |v| {
+        v["steps"][0]["expect"][0]["message"]["params"]["_meta"]
+            ["io.modelcontextprotocol/clientInfo?"]["name"] = "another-host".into();
+    });
+    let d = first_difference(&run_http(&dir, "crossed"));
+    assert!(
+        d.contains("output differs from what the vector expects") && d.contains("clientInfo"),
+        "{d}"
+    );
     // A relayed challenge is matched byte for byte: one scope off is a difference.
     let dir = tampered(tmp, "denied_initialize", |v| {
         let h = &mut v["steps"][0]["http"]["headers"]["www-authenticate"];

@@ -82,6 +82,17 @@ enum Placed {
     Unmatched(Option<Value>, Option<String>),
 }
 
+/// What `Play::auto_answer` did with an upstream request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Auto {
+    /// Left to the vector's expectations.
+    No,
+    /// Answered by the runner: background traffic.
+    Answered,
+    /// Answered, though the step expects that method (see `auto_answer`).
+    Crossed,
+}
+
 pub(crate) struct Play<'a> {
     vector: &'a Vector,
     transport: Transport,
@@ -110,6 +121,10 @@ pub(crate) struct Play<'a> {
     auto_keys: HashSet<u64>,
     /// Until when a result sent by the upstream may still be fresh in a cache.
     fresh_until: Option<Instant>,
+    /// A `server/discover` that crossed a step waiting for another one (see
+    /// `auto_answer`): the step it crossed and how it differed, reported if the
+    /// awaited one never comes.
+    crossed: Option<(usize, Difference)>,
 }
 
 impl<'a> Play<'a> {
@@ -146,6 +161,7 @@ impl<'a> Play<'a> {
             hoisted: HashMap::new(),
             auto_keys: HashSet::new(),
             fresh_until: None,
+            crossed: None,
         }
     }
 
@@ -1022,10 +1038,9 @@ impl<'a> Play<'a> {
                 });
             }
         }
-        if let Some(key) = key {
-            if self.auto_answer(step, matched, key, &output) {
-                return Ok(());
-            }
+        let auto = key.map(|key| self.auto_answer(step, matched, key, &output));
+        if auto == Some(Auto::Answered) {
+            return Ok(());
         }
         let (expected, why) = match closest {
             Placed::Unmatched(e, w) => (e, w),
@@ -1043,13 +1058,26 @@ impl<'a> Play<'a> {
             Some(w) => format!("output differs from what the vector expects {w}"),
             None => format!("unexpected output ({})", describe(&output)),
         };
-        Err(Difference {
+        let difference = Difference {
             step: Some(step.index),
             summary,
             expected,
             actual: Some(output),
             context: None,
-        })
+        };
+        if auto == Some(Auto::Crossed) {
+            // Answered; the step still waits for the discover it expects.
+            self.crossed = Some((step.index, difference));
+            return Ok(());
+        }
+        // A discover that crossed this step and was never followed by the awaited one
+        // is the first difference; what came after it follows from it.
+        if let Some((at, crossed)) = self.crossed.take() {
+            if at == step.index {
+                return Err(crossed);
+            }
+        }
+        Err(difference)
     }
 
     /// Upstream traffic left to the bridge, unless the step expects that very method:
@@ -1057,23 +1085,37 @@ impl<'a> Play<'a> {
     /// the vector's discover result; a `subscriptions/listen` (a bridge may keep one
     /// open for the host whenever it likes: on a single pipe the host's standalone
     /// stream exists from the start) held open, its cancellation absorbed; pings.
-    fn auto_answer(&mut self, step: &Step, matched: &[bool], key: u64, output: &Value) -> bool {
+    ///
+    /// A `server/discover` the step expects, that did not match what it expects, is
+    /// one of the bridge's own (its response cache's, say, with its own `clientInfo`)
+    /// crossing the awaited one: answered all the same (`Auto::Crossed`), and its
+    /// difference reported only if the awaited discover does not come.
+    fn auto_answer(&mut self, step: &Step, matched: &[bool], key: u64, output: &Value) -> Auto {
         if output.get("cancel").is_some() {
-            return self.auto_keys.contains(&key);
+            return if self.auto_keys.contains(&key) {
+                Auto::Answered
+            } else {
+                Auto::No
+            };
         }
         let Some(m) = output.get("message") else {
-            return false;
+            return Auto::No;
         };
         let Some(id) = m.get("id").cloned() else {
-            return false;
+            return Auto::No;
         };
         let method = m.get("method").and_then(Value::as_str).unwrap_or("");
         let expected_here = step.expect.iter().zip(matched).any(|(e, done)| {
             !done && e.value.pointer("/message/method").and_then(Value::as_str) == Some(method)
         });
-        if expected_here {
-            return false;
+        if expected_here && method != "server/discover" {
+            return Auto::No;
         }
+        let done = if expected_here {
+            Auto::Crossed
+        } else {
+            Auto::Answered
+        };
         let answer = match method {
             // The latest result the vector supplied, or the first it will supply (a
             // bridge may fetch it before the host says anything).
@@ -1084,19 +1126,19 @@ impl<'a> Play<'a> {
                 })
             }) {
                 Some(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
-                None => return false,
+                None => return Auto::No,
             },
             "subscriptions/listen" => {
                 self.auto_keys.insert(key);
-                return true;
+                return Auto::Answered;
             }
             "ping" => json!({"jsonrpc": "2.0", "id": id, "result": {}}),
-            _ => return false,
+            _ => return Auto::No,
         };
         self.auto_keys.insert(key);
         self.note_cacheable(&answer);
         self.upstream.send(key, &answer, None);
-        true
+        done
     }
 
     /// Remembers until when a result the upstream sent may be served from a cache
@@ -1131,6 +1173,7 @@ impl<'a> Play<'a> {
                 ));
             }
         }
+        self.crossed = None;
         let start = target.map_or_else(Instant::now, |t| t.max(Instant::now()));
         let deadline = start + self.timing.step;
         let any_expected = observable.iter().any(|o| *o);
@@ -1144,6 +1187,11 @@ impl<'a> Play<'a> {
                 break;
             }
             let Some(ev) = self.next_event(deadline).await else {
+                if let Some((at, d)) = self.crossed.take() {
+                    if at == step.index {
+                        return Err(d);
+                    }
+                }
                 return Err(self.missing(step, &matched, &observable));
             };
             self.observe(step, &mut matched, ev, target).await?;
