@@ -121,10 +121,10 @@ pub(crate) struct Play<'a> {
     auto_keys: HashSet<u64>,
     /// Until when a result sent by the upstream may still be fresh in a cache.
     fresh_until: Option<Instant>,
-    /// A `server/discover` that crossed a step waiting for another one (see
-    /// `auto_answer`): the step it crossed and how it differed, reported if the
-    /// awaited one never comes.
-    crossed: Option<(usize, Difference)>,
+    /// How a `server/discover` that crossed the step being collected differed from
+    /// the one the step awaits (see `auto_answer`): reported if that one never comes.
+    /// Lives only while the step is collected.
+    crossed: Option<Difference>,
 }
 
 impl<'a> Play<'a> {
@@ -1067,17 +1067,12 @@ impl<'a> Play<'a> {
         };
         if auto == Some(Auto::Crossed) {
             // Answered; the step still waits for the discover it expects.
-            self.crossed = Some((step.index, difference));
+            self.crossed = Some(difference);
             return Ok(());
         }
         // A discover that crossed this step and was never followed by the awaited one
         // is the first difference; what came after it follows from it.
-        if let Some((at, crossed)) = self.crossed.take() {
-            if at == step.index {
-                return Err(crossed);
-            }
-        }
-        Err(difference)
+        Err(self.crossed.take().unwrap_or(difference))
     }
 
     /// Upstream traffic left to the bridge, unless the step expects that very method:
@@ -1187,15 +1182,13 @@ impl<'a> Play<'a> {
                 break;
             }
             let Some(ev) = self.next_event(deadline).await else {
-                if let Some((at, d)) = self.crossed.take() {
-                    if at == step.index {
-                        return Err(d);
-                    }
-                }
-                return Err(self.missing(step, &matched, &observable));
+                let crossed = self.crossed.take();
+                return Err(crossed.unwrap_or_else(|| self.missing(step, &matched, &observable)));
             };
             self.observe(step, &mut matched, ev, target).await?;
         }
+        // The awaited discover came: a crossing one was the bridge's own.
+        self.crossed = None;
         if !any_expected {
             // Give the bridge a moment, keeping what it does for the next step.
             let until = Instant::now() + self.timing.settle;
