@@ -910,8 +910,11 @@ pub(crate) async fn replicas(
         fmt_f(floor_us, 0),
         fmt_f(cpu_us[2], 0)
     );
-    // The gateways' side of the same round trips: a replicated flow does the in-memory
-    // flow's work and makes them, so its CPU cannot go below their sum.
+    // The gateways' side of the same round trips, priced the same way. It bounds a
+    // replicated flow's CPU only where each round trip costs the gateways a wake-up of
+    // its own: with Redis on a core of its own, round trips added to the flow cost
+    // about this price; on shared cores they cost the gateways a third of it or less
+    // (README, "What a round trip costs inside a flow").
     let client = redis.client_floor(
         usize::try_from(state_bytes).unwrap_or(usize::MAX),
         20_000,
@@ -921,7 +924,7 @@ pub(crate) async fn replicas(
     let client_floor_ratio = (cpu_us[0] + client_us) / cpu_us[0].max(1e-9);
     let _ = writeln!(
         md,
-        "\nThe floor under the gateways' CPU per replicated flow, the same way: a round trip costs the process making it {} µs for a `PING` and {} µs for that script through the gateway's own Redis client (redis-rs's `ConnectionManager` on a multi-threaded tokio runtime, configured as the store configures it, one call at a time; a blocking socket's `PING` costs {} µs, the kernel's share). A timed flow's {} round trips: **{} µs per flow**; a replicated flow does what the in-memory flow does ({} µs) and makes them, so its gateways cannot go below **{}× the in-memory flow's CPU** before they encode, decode or store anything (target ≤ 1.5×; measured above {}×).",
+        "\nThe gateways' side of the same round trips, priced the same way: a round trip costs the process making it {} µs for a `PING` and {} µs for that script through the gateway's own Redis client (redis-rs's `ConnectionManager` on a multi-threaded tokio runtime, configured as the store configures it, one call at a time; a blocking socket's `PING` costs {} µs, the kernel's share). A timed flow's {} round trips at that price: **{} µs per flow**; with the in-memory flow's work ({} µs), **{}× the in-memory flow's CPU** before the gateways encode, decode or store anything (target ≤ 1.5×; measured above {}×). That is a floor only where every round trip costs the gateways a wake-up of its own, as with Redis on a core of its own; inside a flow on shared cores an added round trip costs them a third of that or less (README, \"What a round trip costs inside a flow\").",
         fmt_f(client.ping_us, 1),
         fmt_f(client.script_us, 1),
         fmt_f(client.blocking_ping_us, 1),
