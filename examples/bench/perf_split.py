@@ -35,6 +35,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -151,12 +152,21 @@ def split(data, pids, t0, t1):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", required=True, help="profile dir holding dualera and examples/bench")
+    ap.add_argument("--target", required=True,
+                    help="profile dir holding dualera and examples/bench")
     ap.add_argument("--dualera", help="another build of the binary (default: TARGET/dualera)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--freq", type=int, default=997)
     ap.add_argument("--secs", type=int, default=3)
     o = ap.parse_args()
+    if shutil.which("perf") is None:
+        sys.exit("perf_split: `perf` is not installed (Debian: linux-perf)")
+    binaries = (os.path.join(o.target, "examples", "bench"),
+                o.dualera or os.path.join(o.target, "dualera"))
+    for path in binaries:
+        if not os.access(path, os.X_OK):
+            sys.exit(f"perf_split: {path} is not an executable; build it first "
+                     "(see the usage above)")
     os.makedirs(o.out, exist_ok=True)
     data, lines, pids = record(o)
     if set(pids) != {"memory", "replicas"}:
