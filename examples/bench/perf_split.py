@@ -60,13 +60,17 @@ SYSCALLS = [
     ("kernel: futex", r"futex"),
     ("kernel: epoll_wait", r"epoll"),
 ]
-ROUND = re.compile(r"^\s+round (\d): in memory\s+([\d.]+) flows/s\s+2 replicas \+ Redis\s+([\d.]+)")
+# A one-host round's line (the 8-host rounds' read "round N (8 hosts each): ...").
+ROUND = re.compile(r"^\s+round \d: in memory ")
 GATEWAY_CPU = re.compile(r"gateway CPU per replicated flow .*?\| ([\d.]+) \((\d+) / (\d+) µs\)")
 
 
 def watch_processes(stop, found):
-    """Polls `ps` for the bench's gateways until `stop` is set."""
+    """Polls `ps` for the one-host rounds' gateways (one in memory, two replicas) until
+    it has them all, or until `stop` is set; later phases' gateways are not wanted."""
     while not stop.is_set():
+        if len(found.get("memory", ())) >= 1 and len(found.get("replicas", ())) >= 2:
+            return
         out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
         for line in out.splitlines():
             pid, _, args = line.strip().partition(" ")
@@ -102,7 +106,7 @@ def record(o):
 
 def window(lines):
     """The one-host rounds: from a round's length before round 1 ends to round 2's end."""
-    ends = [ts for ts, l in lines if ROUND.match(l) and "8 hosts" not in l]
+    ends = [ts for ts, l in lines if ROUND.match(l)]
     if len(ends) < 2:
         sys.exit("perf_split: the bench printed no one-host rounds")
     length = ends[1] - ends[0]
