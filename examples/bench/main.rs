@@ -94,6 +94,7 @@ mod legacy_client;
 mod legacy_server;
 mod opts;
 mod procs;
+#[cfg(feature = "redis")]
 mod redis_client;
 mod report;
 mod stats;
@@ -332,7 +333,10 @@ fn main() -> Res<()> {
         return legacy_server_main();
     }
     if args.first().map(String::as_str) == Some("redis-client-floor") {
+        #[cfg(feature = "redis")]
         return redis_client::redis_client_floor_main(&args[1..]);
+        #[cfg(not(feature = "redis"))]
+        return Err("redis-client-floor: this bench was built without the redis feature".into());
     }
     let opts = parse_opts();
     // The machine's CPUs, counted before `--pin bench=…` narrows what this process sees.

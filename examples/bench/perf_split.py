@@ -15,7 +15,8 @@ A sample whose leaf frame is the kernel's goes under its system call: socket wri
 I/O), or none (an interrupt, the scheduler). Any other sample is put under the
 innermost frame of its stack that belongs to one of these (first match from the leaf
 up): the MessagePack codec (`rmp`), the Redis client (`redis::`, its parser
-`combine::`, `tokio_util::codec`), `serde_json`, the adapters' machines, hyper, the
+`combine::`, `tokio_util::codec`, and the store's command connections,
+`store::redis_conns`), `serde_json`, the adapters' machines, hyper, the
 Redis store, the rest of the gateway, the tokio runtime, and the allocator and libc's
 copies.
 
@@ -43,11 +44,11 @@ import time
 
 COMPONENTS = [
     ("MessagePack codec", r"rmp"),
-    ("Redis client", r"^<?redis::|combine::|tokio_util::codec"),
+    ("Redis client", r"^<?redis::|combine::|tokio_util::codec|store::redis_conns"),
     ("serde_json", r"serde_json"),
     ("adapters", r"dualera_adapters"),
     ("hyper", r"hyper"),
-    ("Redis store", r"store::redis"),
+    ("Redis store", r"store::redis::"),
     ("gateway, other", r"dualera_gateway|dualera_common"),
     ("tokio runtime", r"tokio::"),
     ("allocator, copies", r"_rjem|memmove|memcpy|memcmp"),

@@ -1,9 +1,10 @@
 //! `bench redis-client-floor PORT STATE_BYTES N [CALLERS]`: what one Redis round trip costs the
-//! process that makes it, with the client the gateway's Redis store uses (redis-rs's
-//! `ConnectionManager`, configured as the store configures it, on a multi-threaded
-//! tokio runtime as the gateway's), one call at a time as a replica's steps are with
-//! one host. The replicas scenario runs it as a process of its own, pinned as the
-//! gateways are, so that its CPU is nobody else's.
+//! process that makes it, with the client the gateway's Redis store uses for its
+//! commands (`dualera_gateway::store::redis_conns`: connections the calling task drives
+//! itself, redis-rs's encoding and parser) on a multi-threaded tokio runtime as the
+//! gateway's, one call at a time as a replica's steps are with one host. The replicas
+//! scenario runs it as a process of its own, pinned as the gateways are, so that its CPU
+//! is nobody else's.
 //!
 //! Three kinds, `N` calls each: `PING`; a script that does nothing but receive a
 //! step's arguments (one key, 40 arguments, a `STATE_BYTES` state), sent as the store
@@ -11,13 +12,14 @@
 //! call's CPU leaves out building its arguments and stays a lower bound); and `PING`
 //! over a plain blocking socket, the kernel's share alone. Then the script again with `CALLERS`
 //! (default 8) callers at once, each making its calls one at a time, half of them on
-//! each of two connections: what a round trip costs the two replicas, and Redis
+//! each of two pools: what a round trip costs the two replicas, and Redis
 //! (its `INFO cpu`, read before and after), when that many hosts' steps overlap, as in
 //! the scenario's capacity rounds. It prints `ready` once connected, waits for a line
 //! on stdin (the parent pins it in between), and prints one JSON line: CPU µs per
 //! round trip for each kind.
 
 use crate::Res;
+use dualera_gateway::store::redis_conns::RedisConns;
 use std::io::{BufRead, Read, Write};
 use std::time::Duration;
 
@@ -50,24 +52,17 @@ pub(crate) fn redis_client_floor_main(args: &[String]) -> Res<()> {
         .enable_all()
         .build()?;
     let url = format!("redis://127.0.0.1:{port}/0");
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(TIMEOUT))
-        .set_response_timeout(Some(TIMEOUT))
-        .set_number_of_retries(1);
-    let (manager, other, sha) = runtime.block_on(async {
-        let client = redis::Client::open(url.as_str())?;
-        let mut manager = client
-            .get_connection_manager_with_config(config.clone())
-            .await?;
-        // The second replica's connection, for the callers at once.
-        let other = client.get_connection_manager_with_config(config).await?;
-        let sha: String = redis::cmd("SCRIPT")
+    // Two pools, as two replicas; `Arc`s, since each caller is a task of its own.
+    let pools = [
+        std::sync::Arc::new(RedisConns::new(&url)?),
+        std::sync::Arc::new(RedisConns::new(&url)?),
+    ];
+    let sha: String = runtime.block_on(
+        redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg("return 1")
-            .query_async(&mut manager)
-            .await?;
-        Ok::<_, redis::RedisError>((manager, other, sha))
-    })?;
+            .query_async(&mut pools[0].lease()),
+    )?;
     let mut raw = std::net::TcpStream::connect(("127.0.0.1", port))?;
     raw.set_nodelay(true)?;
     raw.set_read_timeout(Some(TIMEOUT))?;
@@ -91,7 +86,7 @@ pub(crate) fn redis_client_floor_main(args: &[String]) -> Res<()> {
             redis::cmd("PING")
         }
     };
-    // `callers` tasks at once, caller `i` on connection `i % 2`, `calls` calls each made
+    // `callers` tasks at once, caller `i` on pool `i % 2`, `calls` calls each made
     // one at a time, as the replicas' steps of that many hosts' flows.
     let timed = |script: bool, callers: usize, calls: usize| -> Res<f64> {
         let cmd = command(script);
@@ -99,19 +94,19 @@ pub(crate) fn redis_client_floor_main(args: &[String]) -> Res<()> {
         runtime.block_on(async {
             let mut tasks = tokio::task::JoinSet::new();
             for i in 0..callers {
-                let mut conn = if i % 2 == 0 {
-                    manager.clone()
-                } else {
-                    other.clone()
-                };
+                let pool = pools[i % 2].clone();
                 let cmd = cmd.clone();
                 tasks.spawn(async move {
                     for _ in 0..calls {
-                        // A server error comes back as `Err` (redis-rs extracts it).
-                        tokio::time::timeout(TIMEOUT, cmd.query_async::<redis::Value>(&mut conn))
-                            .await
-                            .map_err(|_| "redis: no reply within the timeout".to_owned())?
-                            .map_err(|e| format!("redis: {e}"))?;
+                        // A server error comes back as `Err` (redis-rs extracts it);
+                        // a lease per call, as the store takes one.
+                        tokio::time::timeout(
+                            TIMEOUT,
+                            cmd.query_async::<redis::Value>(&mut pool.lease()),
+                        )
+                        .await
+                        .map_err(|_| "redis: no reply within the timeout".to_owned())?
+                        .map_err(|e| format!("redis: {e}"))?;
                     }
                     Ok::<(), String>(())
                 });
@@ -126,9 +121,11 @@ pub(crate) fn redis_client_floor_main(args: &[String]) -> Res<()> {
     // Redis's CPU so far (`INFO cpu`, seconds with microseconds), both its user and
     // system time.
     let redis_cpu = || -> Res<f64> {
-        let mut conn = manager.clone();
-        let info: String =
-            runtime.block_on(redis::cmd("INFO").arg("cpu").query_async(&mut conn))?;
+        let info: String = runtime.block_on(
+            redis::cmd("INFO")
+                .arg("cpu")
+                .query_async(&mut pools[0].lease()),
+        )?;
         let field = |k: &str| {
             info.lines()
                 .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))

@@ -49,6 +49,8 @@ pub(super) mod redis;
 #[cfg(not(feature = "redis"))]
 #[path = "no_redis.rs"]
 pub(super) mod redis;
+#[cfg(feature = "redis")]
+pub mod redis_conns;
 
 use super::driver::HeadWatch;
 use super::forwarded::Forwarded;

@@ -1,16 +1,17 @@
 //! The Redis side of shared sessions: two connections per replica (commands; RESP3
 //! pub/sub), the Lua scripts that make each change atomic, and typed wrappers.
 //!
-//! Client: redis-rs (`redis` crate) with its `ConnectionManager`: one multiplexed
-//! connection that reconnects by itself (lazily: a replica starts, and serves
-//! pass-through traffic, while Redis is down), scripts sent by `EVALSHA` with a reload
-//! on `NOSCRIPT`, and RESP3 push messages with automatic resubscription for pub/sub.
-//! It is the client the Redis project maintains for Rust and is built on tokio; `fred`
-//! offers the same with a larger surface this driver would not use.
+//! Client: redis-rs (`redis` crate), the client the Redis project maintains for Rust,
+//! for every command's encoding and every reply's parsing, scripts sent by `EVALSHA`
+//! with a reload on `NOSCRIPT`. Commands go over [`RedisConns`] (connections each
+//! call's own task drives, opened lazily: a replica starts, and serves pass-through
+//! traffic, while Redis is down); pub/sub over redis-rs's `ConnectionManager`, which
+//! reconnects by itself and resubscribes automatically (RESP3 push messages).
 //!
 //! Every command is bounded by `session_store_timeout_ms`; a failure or a timeout is a
 //! [`StoreError`], which the driver answers with `sessionStoreUnavailable`.
 
+use crate::store::redis_conns::RedisConns;
 use crate::store::StoreError;
 use redis::aio::AsyncPushSender;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -406,7 +407,7 @@ pub(super) struct Entry {
 
 /// The replica's connections and scripts.
 pub(super) struct Redis {
-    commands: ConnectionManager,
+    commands: RedisConns,
     pubsub: ConnectionManager,
     timeout: Duration,
     step: Script,
@@ -456,7 +457,7 @@ impl Redis {
         timeout: Duration,
         push: impl AsyncPushSender,
     ) -> Result<Self, redis::RedisError> {
-        let commands = Client::open(url)?.get_connection_manager_lazy(manager_config(timeout))?;
+        let commands = RedisConns::new(url)?;
         let resp3 = if url.contains('?') {
             format!("{url}&protocol=resp3")
         } else {
@@ -522,7 +523,7 @@ impl Redis {
 
     /// A session's version and state.
     pub(super) async fn load(&self, session: &str) -> Result<Loaded, StoreError> {
-        let mut c = self.commands.clone();
+        let mut c = self.commands.lease();
         let (v, d, gone): (Option<String>, Option<Vec<u8>>, Option<String>) = self
             .bounded(
                 redis::cmd("HMGET")
@@ -542,7 +543,7 @@ impl Redis {
 
     /// Whether `session` is still at `version` (see [`CHECK`]); its state only when not.
     pub(super) async fn check(&self, session: &str, version: &str) -> Result<Checked, StoreError> {
-        let mut c = self.commands.clone();
+        let mut c = self.commands.lease();
         let reply: RValue = self
             .bounded(self.check.key(session).arg(version).invoke_async(&mut c))
             .await?;
@@ -591,7 +592,7 @@ impl Redis {
         for e in effects {
             cmd.arg(e.as_ref());
         }
-        let mut c = self.commands.clone();
+        let mut c = self.commands.lease();
         let reply: RValue = self
             .bounded(async {
                 match cmd.query_async(&mut c).await {
@@ -649,7 +650,7 @@ impl Redis {
         state: &[u8],
         ops: &[u8],
     ) -> Result<i64, StoreError> {
-        let mut c = self.commands.clone();
+        let mut c = self.commands.lease();
         self.bounded(
             self.create
                 .key(session)
@@ -662,14 +663,14 @@ impl Redis {
 
     /// A plain `GET`.
     pub(super) async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let mut c = self.commands.clone();
+        let mut c = self.commands.lease();
         self.bounded(redis::cmd("GET").arg(key).query_async(&mut c))
             .await
     }
 
     /// `PUBLISH` of one message (a relay's ack to the replica writing its stream).
     pub(super) async fn publish(&self, channel: &str, payload: &str) -> Result<(), StoreError> {
-        let mut c = self.commands.clone();
+        let mut c = self.commands.lease();
         self.bounded(
             redis::cmd("PUBLISH")
                 .arg(channel)
@@ -687,7 +688,7 @@ impl Redis {
         zset: &str,
         members: &[String],
     ) -> Result<(), StoreError> {
-        let mut c = self.commands.clone();
+        let mut c = self.commands.lease();
         let mut p = redis::pipe();
         if !keys.is_empty() {
             p.cmd("DEL").arg(keys).ignore();
@@ -702,7 +703,7 @@ impl Redis {
     /// `tick.claim_until`; with `tick.leases` above 0, leases past their deadline taken
     /// over by `tick.owner` until `tick.deadline`: (lease key, record, previous owner).
     pub(super) async fn sweep(&self, tick: &SweepTick<'_>) -> Result<Swept, StoreError> {
-        let mut c = self.commands.clone();
+        let mut c = self.commands.lease();
         let (due, flat): (Vec<String>, Vec<RValue>) = self
             .bounded(
                 self.sweep
@@ -740,7 +741,7 @@ impl Redis {
         deadline: u64,
         ttl: u64,
     ) -> Result<bool, StoreError> {
-        let mut c = self.commands.clone();
+        let mut c = self.commands.lease();
         let kept: i64 = self
             .bounded(
                 self.renew_lease
@@ -765,7 +766,7 @@ impl Redis {
         hold_ms: u64,
         exclusive: bool,
     ) -> Result<bool, StoreError> {
-        let mut c = self.commands.clone();
+        let mut c = self.commands.lease();
         let mut cmd = redis::cmd("SET");
         cmd.arg(holder).arg(token).arg("PX").arg(hold_ms);
         if exclusive {
@@ -784,7 +785,7 @@ impl Redis {
         hold_ms: u64,
         ttl: u64,
     ) -> Result<bool, StoreError> {
-        let mut c = self.commands.clone();
+        let mut c = self.commands.lease();
         let kept: i64 = self
             .bounded(
                 self.renew_holder
@@ -805,7 +806,7 @@ impl Redis {
         holder: &str,
         token: &str,
     ) -> Result<bool, StoreError> {
-        let mut c = self.commands.clone();
+        let mut c = self.commands.lease();
         let n: i64 = self
             .bounded(
                 self.release_holder
@@ -828,7 +829,7 @@ impl Redis {
         holder: &str,
         hold: Option<(&str, u64)>,
     ) -> Result<(Vec<Entry>, Option<String>), StoreError> {
-        let mut c = self.commands.clone();
+        let mut c = self.commands.lease();
         let mut p = redis::pipe();
         if let Some((token, ms)) = hold {
             p.cmd("SET")
