@@ -28,6 +28,15 @@ async fn get(conns: &RedisConns, key: &str) -> Option<String> {
         .expect("GET")
 }
 
+/// The error a `GET` gets.
+async fn get_fails(conns: &RedisConns, key: &str) -> redis::RedisError {
+    redis::cmd("GET")
+        .arg(key)
+        .query_async::<Option<Vec<u8>>>(&mut conns.lease())
+        .await
+        .expect_err("GET should fail")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_beyond_the_bound_wait_for_a_connection() {
     let redis = RedisServer::start();
@@ -137,11 +146,7 @@ async fn a_reply_over_the_bound_is_refused_and_its_connection_closed() {
         .query_async(&mut conns.lease())
         .await
         .expect("SET");
-    let err = redis::cmd("GET")
-        .arg("big")
-        .query_async::<Vec<u8>>(&mut conns.lease())
-        .await
-        .expect_err("a reply over the bound");
+    let err = get_fails(&conns, "big").await;
     assert!(err.to_string().contains("larger than the bound"), "{err}");
     // The rest of that reply is never read as the next call's.
     assert_eq!(get(&conns, "nothing").await, None);
@@ -176,19 +181,11 @@ async fn the_urls_password_and_database_hold_on_every_connection() {
     }
     // Without the password: Redis's own error, not a hang.
     let nopass = RedisConns::new(&format!("redis://127.0.0.1:{port}/0")).unwrap();
-    let err = redis::cmd("GET")
-        .arg("k0")
-        .query_async::<Option<String>>(&mut nopass.lease())
-        .await
-        .expect_err("no password");
+    let err = get_fails(&nopass, "k0").await;
     assert!(err.to_string().contains("NOAUTH"), "{err}");
     // A wrong one fails when the connection opens.
     let wrong = RedisConns::new(&format!("redis://:nope@127.0.0.1:{port}/0")).unwrap();
-    let err = redis::cmd("GET")
-        .arg("k0")
-        .query_async::<Option<String>>(&mut wrong.lease())
-        .await
-        .expect_err("a wrong password");
+    let err = get_fails(&wrong, "k0").await;
     assert!(
         err.to_string().contains("WRONGPASS") || err.to_string().contains("invalid"),
         "{err}"
