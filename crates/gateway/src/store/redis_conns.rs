@@ -23,12 +23,15 @@
 //!   its first command, kept after a call that completed, and closed after any other
 //!   (a failed, timed-out or cancelled call leaves the stream in an unknown place);
 //! - a reply is at most [`MAX_REPLY`] bytes;
-//! - an idle connection Redis has closed (a restart, its `timeout` setting) is found
-//!   when a call's write or read fails on it before any byte of the reply came: that
-//!   call is made once more on a new connection, and the other idle connections are
-//!   dropped (after a restart they are closed too). Redis closing a connection without
-//!   answering means it did not run the command, or went down while running it; then
-//!   the new connection is refused and the call fails as before.
+//! - an idle connection Redis has closed (a restart, its `timeout` setting, `CLIENT
+//!   KILL`) is found when a call's write or read fails on it before any byte of the
+//!   reply came: that call is made once more on a new connection, and the other idle
+//!   connections are dropped (after a restart they are closed too). Redis closes an
+//!   idle connection without reading what comes after; were it to run a command and
+//!   close the connection before answering (a `CLIENT KILL` landing between the two),
+//!   the command would run twice, as it does when a host retries a request after the
+//!   error the call would otherwise have given. Redis down: the new connection is
+//!   refused and the call fails.
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ConnectionAddr, ErrorKind, Parser, Pipeline, RedisError, RedisFuture, Value};
@@ -42,6 +45,10 @@ pub const MAX_CONNECTIONS: usize = 32;
 /// A reply's size, at most: far above anything the store reads (a session's state, a
 /// bounded read of a stream's entries), and below what a reply could grow to unbounded.
 pub const MAX_REPLY: usize = 64 << 20;
+
+/// The room a connection keeps for replies between calls: a step's reply, a session's
+/// state or a few stream entries fit in it at one read.
+const KEPT_BUFFER: usize = 16 << 10;
 
 /// Where to connect and what to say first.
 #[derive(Debug)]
@@ -79,7 +86,7 @@ enum Stream {
 
 struct Conn {
     stream: Stream,
-    /// The reply being read (kept between calls for its capacity).
+    /// The reply being read (kept between calls with up to [`KEPT_BUFFER`] of room).
     buf: Vec<u8>,
 }
 
@@ -150,7 +157,7 @@ impl RedisConns {
         };
         let mut conn = Conn {
             stream,
-            buf: Vec::new(),
+            buf: Vec::with_capacity(KEPT_BUFFER),
         };
         if self.hello_count > 0 {
             for reply in conn
@@ -244,6 +251,8 @@ impl Conn {
                 Some(end) => {
                     let replies = parse(&self.buf[..end], n);
                     self.buf.clear();
+                    // An idle connection keeps a usual reply's room, not a large one's.
+                    self.buf.shrink_to(KEPT_BUFFER);
                     return replies;
                 }
                 None if self.buf.len() < MAX_REPLY => {
