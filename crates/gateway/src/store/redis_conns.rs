@@ -64,7 +64,6 @@ pub struct RedisConns {
     /// `AUTH` and `SELECT` as the URL asks, sent on every new connection (empty when it
     /// asks neither).
     hello: Pipeline,
-    hello_count: usize,
     idle: Mutex<Vec<Conn>>,
     permits: Semaphore,
 }
@@ -108,23 +107,19 @@ impl RedisConns {
         };
         let settings = info.redis_settings();
         let mut hello = redis::pipe();
-        let mut hello_count = 0;
         if let Some(password) = settings.password() {
             let auth = hello.cmd("AUTH");
             if let Some(user) = settings.username() {
                 auth.arg(user);
             }
             auth.arg(password);
-            hello_count += 1;
         }
         if settings.db() != 0 {
             hello.cmd("SELECT").arg(settings.db());
-            hello_count += 1;
         }
         Ok(Self {
             target,
             hello,
-            hello_count,
             idle: Mutex::new(Vec::new()),
             permits: Semaphore::new(MAX_CONNECTIONS),
         })
@@ -159,9 +154,9 @@ impl RedisConns {
             stream,
             buf: Vec::with_capacity(KEPT_BUFFER),
         };
-        if self.hello_count > 0 {
+        if !self.hello.is_empty() {
             for reply in conn
-                .exchange(&self.hello.get_packed_pipeline(), self.hello_count)
+                .exchange(&self.hello.get_packed_pipeline(), self.hello.len())
                 .await?
             {
                 reply.extract_error()?;
@@ -422,7 +417,7 @@ mod tests {
     #[test]
     fn the_password_stays_out_of_debug() {
         let conns = RedisConns::new("redis://user:s3cret@127.0.0.1:6379/2").unwrap();
-        assert_eq!(conns.hello_count, 2);
+        assert_eq!(conns.hello.len(), 2);
         assert!(!format!("{conns:?}").contains("s3cret"));
     }
 }
