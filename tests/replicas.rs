@@ -503,9 +503,11 @@ async fn records_expire_bound_and_leave_a_tombstone() {
     let key = format!("dualera:s:{{{session}}}");
     assert_eq!(c.redis.int(&["EXISTS", &key]), 1);
     let ttl = c.redis.int(&["PTTL", &key]);
+    // The idle TTL (2 s) plus the touch interval (a sixteenth of it): only a step that
+    // moves the session's last use renews it.
     assert!(
-        (1..=2000).contains(&ttl),
-        "the record's TTL is the idle TTL: {ttl}"
+        (1..=2125).contains(&ttl),
+        "the record's TTL is the idle TTL plus the touch interval: {ttl}"
     );
     let mut stranger = Legacy::new(&c.url(1));
     stranger.session = host.session.clone();
@@ -575,6 +577,35 @@ async fn records_expire_bound_and_leave_a_tombstone() {
         c.redis.int(&["EXISTS", &third_key]),
         0,
         "and its record is gone"
+    );
+}
+
+/// A session outlives its last step by the idle TTL, although a step renews its TTL
+/// only when it moves the session's last use (a replica does at most once a touch
+/// interval, a sixteenth of the idle TTL): the TTL it sets covers that interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_outlives_its_last_step_by_the_idle_ttl() {
+    let c = Cluster::start(2, &[("session_idle_ttl_secs", "16")]).await;
+    let mut host = Legacy::new(&c.url(0));
+    host.initialize(REV, caps()).await;
+    let key = format!("dualera:s:{{{}}}", sid(&host));
+    // Steps inside the touch interval (1 s) after the session was made: none renews.
+    let mut last = std::time::Instant::now();
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let (_, r) = host.request("tools/list", json!({})).await;
+        assert_eq!(r.status, 200);
+        last = std::time::Instant::now();
+    }
+    let ttl = c.redis.int(&["PTTL", &key]);
+    let since = i64::try_from(last.elapsed().as_millis()).unwrap();
+    assert!(
+        ttl + since >= 16_000,
+        "the session expires {ttl} ms from now, {since} ms after its last step's answer"
+    );
+    assert!(
+        ttl <= 17_000,
+        "at most the idle TTL plus the touch interval: {ttl}"
     );
 }
 
@@ -692,6 +723,9 @@ async fn hardening_bounds_hold_for_shared_sessions() {
     let (refused, _) = another.initialize(REV, caps()).await;
     assert_eq!(refused.status, 429);
     assert!(refused.headers.contains_key("retry-after"));
+    // What kept it: the record's busy field, which the steps set and clear.
+    let key = format!("dualera:s:{{{}}}", sid(&host));
+    assert_eq!(c.redis.command(&["HGET", &key, "b"]).trim_end(), "$1\r\n1");
 
     // The answer on A, then the same answer again on B: a duplicate reply is
     // accepted (202) and dropped; the note is deleted once.
@@ -705,6 +739,7 @@ async fn hardening_bounds_hold_for_shared_sessions() {
     assert_eq!(count_notes(&c.server.url, &c.ws, "TPS report").await, 0);
 
     // Now idle: the caller's next session takes the old one's place.
+    assert_eq!(c.redis.command(&["HGET", &key, "b"]).trim_end(), "$1\r\n0");
     let (made, _) = another.initialize(REV, caps()).await;
     assert_eq!(made.status, 200);
     let gone = host

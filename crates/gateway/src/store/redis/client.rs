@@ -24,8 +24,10 @@ use std::time::Duration;
 /// (when it changed), the session count, wake-ups. `KEYS[1]` the session hash;
 /// `ARGV[1]` the version read, `ARGV[2]` the new state, then the effects as flat
 /// arguments (`stored::Ops::args`): `ARGV[3..17]` ttl, sid, now, keep, the timers,
-/// leases, sessions, caller and busy keys, the flags (`t` touch, `B`/`b` busy set or
-/// cleared, `w` write the timer), due, tomb, the discover key, this replica's name and
+/// leases, sessions and caller keys, the session hash's TTL, the flags (`t` touch:
+/// the last use moves and the session hash's TTL is renewed, `B`/`b` the hash's busy
+/// field `b` set to 1 or 0, `w` write the timer), due, tomb, the discover key, this
+/// replica's name and
 /// the broadcast channel (an absent value is empty); `ARGV[18..24]` how many stream
 /// entries (6 arguments each: key, seq, message, end, holder key, handing token),
 /// new leases (4: key, owner, deadline, record), cancellations (2: lease key, wake),
@@ -58,7 +60,7 @@ if not v then return {-1} end
 if cur[2] then return {-2} end
 if v ~= ARGV[1] then return {0, v, redis.call('HGET', KEYS[1], 'd')} end
 local ttl, sid, now, keep = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local timers, leases, sessions, caller, busyk = ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]
+local timers, leases, sessions, caller, sttl = ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]
 local flags, due, tomb, disc, me, wk = ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17]
 local function has(c) return string.find(flags, c, 1, true) ~= nil end
 local nv = tostring(tonumber(v) + 1)
@@ -68,19 +70,19 @@ if tomb ~= '' then
   redis.call('PEXPIRE', KEYS[1], tomb)
   redis.call('ZREM', sessions, sid)
   redis.call('ZREM', caller, sid)
-  redis.call('SREM', busyk, sid)
 else
-  redis.call('HSET', KEYS[1], 'v', nv, 'd', ARGV[2])
-  redis.call('PEXPIRE', KEYS[1], ttl)
+  if has('B') then
+    redis.call('HSET', KEYS[1], 'v', nv, 'd', ARGV[2], 'b', '1')
+  elseif has('b') then
+    redis.call('HSET', KEYS[1], 'v', nv, 'd', ARGV[2], 'b', '0')
+  else
+    redis.call('HSET', KEYS[1], 'v', nv, 'd', ARGV[2])
+  end
   if has('t') then
+    redis.call('PEXPIRE', KEYS[1], sttl)
     redis.call('ZADD', sessions, now, sid)
     redis.call('ZADD', caller, now, sid)
     if disc ~= '' then redis.call('PEXPIRE', disc, ttl) end
-  end
-  if has('B') then
-    redis.call('SADD', busyk, sid)
-  elseif has('b') then
-    redis.call('SREM', busyk, sid)
   end
 end
 local i = 25
@@ -198,8 +200,9 @@ return {0, cur[1], cur[3]}
 /// the longest-idle session without a request in flight (of that caller, for its own
 /// bound) is ended to make room (tombstoned, as by DELETE, and announced on the
 /// broadcast channel `wk`); only when every candidate is busy is the new one refused.
-/// `KEYS[1]` the session hash; `ARGV[1]` the state, `ARGV[2]` `{ttl, sid, now,
-/// sessions, caller, busyk, timers, cutoff, max, maxc, sk1, sk2, tomb, wk, disc, dv}` (a
+/// A session is busy while its hash's `b` is 1. `KEYS[1]` the session hash;
+/// `ARGV[1]` the state, `ARGV[2]` `{ttl, sttl, sid, now, sessions, caller, timers,
+/// cutoff, max, maxc, sk1, sk2, tomb, wk, disc, dv}` (`sttl` the session hash's TTL; a
 /// session key is `sk1 .. SID .. sk2`). The discover result `dv` is stored under `disc`
 /// when given; without it, `disc` must still be there (its TTL is renewed), else
 /// nothing is created and -3 asks for it. Returns 1 + the number of sessions evicted,
@@ -213,7 +216,6 @@ local function prune(z)
   local old = redis.call('ZRANGEBYSCORE', z, '-inf', o.cutoff, 'LIMIT', 0, 256)
   for _, sid in ipairs(old) do
     redis.call('ZREM', z, sid)
-    redis.call('SREM', o.busyk, sid)
   end
 end
 prune(o.sessions)
@@ -222,11 +224,11 @@ local function evict(z)
   local ids = redis.call('ZRANGE', z, 0, 63)
   for _, sid in ipairs(ids) do
     local k = o.sk1 .. sid .. o.sk2
-    if redis.call('HEXISTS', k, 'd') == 0 then
+    local f = redis.call('HMGET', k, 'v', 'gone', 'b')
+    if not f[1] or f[2] then
       redis.call('ZREM', z, sid)
       redis.call('ZREM', o.sessions, sid)
-      redis.call('SREM', o.busyk, sid)
-    elseif redis.call('SISMEMBER', o.busyk, sid) == 0 then
+    elseif f[3] ~= '1' then
       local c = redis.call('HGET', k, 'c')
       redis.call('HDEL', k, 'd')
       redis.call('HSET', k, 'gone', '1')
@@ -250,7 +252,7 @@ if redis.call('ZCARD', o.sessions) >= tonumber(o.max) then
   evicted = evicted + 1
 end
 redis.call('HSET', KEYS[1], 'v', '1', 'd', ARGV[1], 'c', o.caller)
-redis.call('PEXPIRE', KEYS[1], o.ttl)
+redis.call('PEXPIRE', KEYS[1], o.sttl)
 redis.call('ZADD', o.sessions, o.now, o.sid)
 redis.call('ZADD', o.caller, o.now, o.sid)
 if o.dv then redis.call('SET', o.disc, o.dv, 'PX', o.ttl) end
@@ -293,14 +295,14 @@ return {due, out}
 ";
 
 /// Renews a lease this replica holds (and the session's TTL). `KEYS` lease, leases
-/// zset, session; `ARGV` owner, deadline, ttl. Returns 0 when the lease is gone or
-/// someone else's.
+/// zset, session; `ARGV` owner, deadline, the lease's TTL, the session's. Returns 0
+/// when the lease is gone or someone else's.
 const RENEW_LEASE: &str = r"
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'deadline', ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[2], KEYS[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-if redis.call('HEXISTS', KEYS[3], 'd') == 1 then redis.call('PEXPIRE', KEYS[3], ARGV[3]) end
+if redis.call('HEXISTS', KEYS[3], 'd') == 1 then redis.call('PEXPIRE', KEYS[3], ARGV[4]) end
 return 1
 ";
 
@@ -739,7 +741,7 @@ impl Redis {
         session: &str,
         owner: &str,
         deadline: u64,
-        ttl: u64,
+        (ttl, session_ttl): (u64, u64),
     ) -> Result<bool, StoreError> {
         let mut c = self.commands.lease();
         let kept: i64 = self
@@ -751,6 +753,7 @@ impl Redis {
                     .arg(owner)
                     .arg(deadline)
                     .arg(ttl)
+                    .arg(session_ttl)
                     .invoke_async(&mut c),
             )
             .await?;

@@ -239,7 +239,7 @@ impl RedisSessions {
         let Some(lease) = lease else {
             return std::future::pending().await;
         };
-        let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
+        let ttls = (self.idle_ttl_ms(), self.session_ttl_ms());
         let every = self.lease / 3;
         let session = self.keys.session(sid);
         let zset = self.keys.leases();
@@ -254,7 +254,7 @@ impl RedisSessions {
                     &session,
                     &self.replica,
                     wall_ms() + self.lease_ms(),
-                    ttl,
+                    ttls,
                 )
                 .await
             {

@@ -4,7 +4,7 @@
 //!
 //! | name | type | what | TTL |
 //! |---|---|---|---|
-//! | `P s:{SID}` | hash: `v` version, `d` state (MessagePack; JSON from builds before), `gone` tombstone | the record and the machine | idle TTL, refreshed by every step, open stream and lease |
+//! | `P s:{SID}` | hash: `v` version, `d` state (MessagePack; JSON from builds before), `b` 1 while requests are in flight (never evicted), `gone` tombstone | the record and the machine | idle TTL plus the touch interval (a sixteenth of it, at most a minute), refreshed by a step that moves its last use (a replica does at most once a touch interval), open stream and lease |
 //! | `P x:{SID}:N` | stream, entry ids `0-SEQ`, fields `m` message, `e` end | SSE stream N (event ids `N.SEQ`) | idle TTL from its last entry |
 //! | `P h:{SID}:N` / `:g` | string: a connection token | the live connection relaying stream N / the GET stream | a few seconds, renewed while it relays |
 //! | `P l:{SID}:UPID` | hash: `owner`, `deadline`, `rec` | the lease of a running upstream exchange | idle TTL |
@@ -14,7 +14,6 @@
 //! | `P leases` | zset lease key → deadline ms | leases to take over when due | none |
 //! | `P sessions` | zset SID → last use ms | the session count (`max_sessions`), idlest first for eviction | none (pruned by age) |
 //! | `P c:BINDING` | zset SID → last use ms | one caller's sessions (`max_sessions_per_caller`) | none (pruned by age) |
-//! | `P busy` | set of SID | sessions with requests in flight (never evicted) | none (members removed by steps) |
 //! | channel `P w:REPLICA` | pub/sub | to one replica: "stream N of SID, whose connection you hold, has new entries" / "cancel upstream X of SID, whose lease you hold" | – |
 //! | channel `P w` | pub/sub | to every replica: "SID ended" (deleted, evicted), or a cancellation without a lease | – |
 //!
@@ -31,7 +30,6 @@ pub(super) struct Keys {
     timers: String,
     leases: String,
     sessions: String,
-    busy: String,
     wake_all: String,
 }
 
@@ -59,7 +57,6 @@ impl Keys {
             timers: format!("{prefix}timers"),
             leases: format!("{prefix}leases"),
             sessions: format!("{prefix}sessions"),
-            busy: format!("{prefix}busy"),
             wake_all: format!("{prefix}w"),
         }
     }
@@ -121,10 +118,6 @@ impl Keys {
     /// One caller's sessions, by its binding key (hex).
     pub(super) fn caller(&self, binding: &str) -> String {
         name(&[&self.prefix, "c:", binding])
-    }
-
-    pub(super) fn busy(&self) -> String {
-        self.busy.clone()
     }
 
     /// What a session key is around its id: `(before, after)`.

@@ -742,9 +742,9 @@ impl RedisSessions {
         ctx: &Ctx,
         touched: u64,
     ) -> (Ops, After) {
-        let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
         let mut ops = Ops {
-            ttl: decimal(ttl),
+            ttl: decimal(self.idle_ttl_ms()),
+            sttl: decimal(self.session_ttl_ms()),
             sid: sid.to_owned(),
             now: decimal(now),
             keep: decimal(self.replay),
@@ -754,7 +754,6 @@ impl RedisSessions {
             leases: self.keys.leases(),
             sessions: self.keys.sessions(),
             caller: self.keys.caller(&record.binding),
-            busyk: self.keys.busy(),
             disc: record.discover.as_ref().map(|d| self.keys.discover(d)),
             ..Ops::default()
         };
@@ -966,7 +965,7 @@ impl RedisSessions {
         record.due = due;
         ops.due = due.map(decimal);
         if ctx.tomb {
-            ops.tomb = Some(decimal(ttl.min(60_000)));
+            ops.tomb = Some(decimal(self.idle_ttl_ms().min(60_000)));
             for n in record.numbers() {
                 ops.del.push(self.keys.stream(sid, n));
                 ops.del.push(self.keys.holder(sid, Some(n)));
@@ -1002,6 +1001,19 @@ impl RedisSessions {
         u64::try_from(self.idle_ttl.as_millis() / 16)
             .unwrap_or(u64::MAX)
             .min(60_000)
+    }
+
+    fn idle_ttl_ms(&self) -> u64 {
+        u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The session hash's TTL: the idle TTL plus [`touch_ms`](Self::touch_ms). Only a
+    /// step that moves the session's last use renews it (a replica does so at most
+    /// every `touch_ms`, and remembers when), so a session is still there the whole
+    /// idle TTL after its last step, one `PEXPIRE` a step the cheaper; open streams
+    /// and leases renew it too.
+    fn session_ttl_ms(&self) -> u64 {
+        self.idle_ttl_ms().saturating_add(self.touch_ms())
     }
 
     fn lease_ms(&self) -> u64 {
@@ -1114,14 +1126,14 @@ impl RedisSessions {
             next_stream: 0,
             auth: Vec::new(),
             forwarded: forwarded.to_pairs(),
-            // CREATE leaves the session out of `busy`, and of the timers zset.
+            // CREATE leaves the session idle (no `b` field), and out of the timers zset.
             busy: false,
             due: None,
             machine,
         };
         let blob =
             codec::to_vec(self.format, &record, "session record").map_err(NotCreated::Store)?;
-        let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
+        let ttl = self.idle_ttl_ms();
         let (sk1, sk2) = self.keys.session_parts();
         let mut ops = serde_json::json!({
             "ttl": ttl.to_string(),
@@ -1129,7 +1141,7 @@ impl RedisSessions {
             "now": now.to_string(),
             "sessions": self.keys.sessions(),
             "caller": caller,
-            "busyk": self.keys.busy(),
+            "sttl": self.session_ttl_ms().to_string(),
             "timers": self.keys.timers(),
             // A live session's last use may lag by up to `touch_ms`.
             "cutoff": now.saturating_sub(ttl + self.touch_ms()).to_string(),

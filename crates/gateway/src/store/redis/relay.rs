@@ -320,7 +320,7 @@ impl RedisSessions {
         };
         let key = self.keys.stream(sid, number);
         let session = self.keys.session(sid);
-        let ttl = u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX);
+        let ttl = self.session_ttl_ms();
         let mut next_keepalive = tokio::time::Instant::now() + self.keepalive;
         // This replica's hold tick (shared by its relays): the first renewal comes
         // within a tick, well inside the hold.

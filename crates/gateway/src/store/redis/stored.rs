@@ -134,9 +134,9 @@ pub(crate) struct Record {
     /// The forwarded headers of the request that opened the session.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(super) forwarded: Vec<(String, String)>,
-    /// Whether the session is in the `busy` set, as the last step left it (a step
-    /// changes the set only when this changes; absent when not, as an idle session
-    /// is).
+    /// Whether the session hash's `b` is 1 (requests in flight), as the last step
+    /// left it (a step writes `b` only when this changes; absent when not, as an idle
+    /// session is).
     #[serde(default, rename = "b", skip_serializing_if = "std::ops::Not::not")]
     pub(super) busy: bool,
     /// The machine's next deadline as the last step wrote it to the timers zset, ms
@@ -488,12 +488,13 @@ pub(super) struct Ops {
     pub(super) sessions: String,
     /// The caller's sessions (zset SID → last use: `max_sessions_per_caller`).
     pub(super) caller: String,
-    /// The set of sessions with requests in flight (never evicted to make room).
-    pub(super) busyk: String,
-    /// This session has requests in flight after the step, when that changed.
+    /// The session hash's TTL (the idle TTL plus the touch interval), renewed on touch.
+    pub(super) sttl: String,
+    /// This session has requests in flight after the step (the hash's `b`, which keeps
+    /// it from being evicted to make room), when that changed.
     pub(super) busy: Option<bool>,
-    /// The step sets the session's last use (zsets `sessions`, `caller`) and keeps
-    /// the discover key alive.
+    /// The step sets the session's last use (zsets `sessions`, `caller`) and renews
+    /// the session hash's and the discover key's TTL.
     pub(super) touch: bool,
     /// The tombstone's TTL, when the step ends the session.
     pub(super) tomb: Option<String>,
@@ -568,7 +569,7 @@ impl Ops {
             text(&self.leases),
             text(&self.sessions),
             text(&self.caller),
-            text(&self.busyk),
+            text(&self.sttl),
             Cow::Owned(flags.into_bytes()),
             opt(self.due.as_ref()),
             opt(self.tomb.as_ref()),
@@ -789,7 +790,7 @@ mod tests {
             leases: "L".into(),
             sessions: "S".into(),
             caller: "C".into(),
-            busyk: "B".into(),
+            sttl: "61000".into(),
             busy: Some(false),
             touch: true,
             tw: true,
@@ -833,7 +834,7 @@ mod tests {
             .map(|a| String::from_utf8(a.to_vec()).unwrap())
             .collect();
         let expected = [
-            "60000", "s", "5", "64", "T", "L", "S", "C", "B", "tbw", "9", "", "", "r1",
+            "60000", "s", "5", "64", "T", "L", "S", "C", "61000", "tbw", "9", "", "", "r1",
             "w", // scalars
             "2", "1", "1", "1", "2", "1", "1", // counts
             "x1", "1", "MSG", "1", "h1", "r1.t", "x2", "4", "", "1", "h2", "", // entries
