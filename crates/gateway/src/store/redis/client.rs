@@ -27,12 +27,11 @@ use std::time::Duration;
 /// leases, sessions and caller keys, the session hash's TTL, the flags (`t` touch:
 /// the last use moves and the session hash's TTL is renewed, `B`/`b` the hash's busy
 /// field `b` set to 1 or 0, `w` write the timer), due, tomb, the discover key, this
-/// replica's name and
-/// the broadcast channel (an absent value is empty); `ARGV[18..24]` how many stream
-/// entries (6 arguments each: key, seq, message, end, holder key, handing token),
-/// new leases (4: key, owner, deadline, record), cancellations (2: lease key, wake),
-/// leases dropped (1), keys deleted (1), holders set (3: key, token, ms) and
-/// broadcasts (2: channel, payload) follow, in that order, from `ARGV[25]`.
+/// replica's name and the broadcast channel (an absent value is empty); `ARGV[18..24]`
+/// how many stream entries (6 arguments each: key, seq, message, end, holder key,
+/// handing token), new leases (4: key, owner, deadline, record), cancellations (2:
+/// lease key, wake), leases dropped (1), keys deleted (1), holders set (3: key, token,
+/// ms) and broadcasts (2: channel, payload) follow, in that order, from `ARGV[25]`.
 ///
 /// Wake-ups go to whom they concern, read from what the step touches: the entries of
 /// each stream it appended to go to the replica whose connection holds it (a holder
