@@ -70,10 +70,9 @@ if tomb ~= '' then
   redis.call('ZREM', sessions, sid)
   redis.call('ZREM', caller, sid)
 else
-  if has('B') then
-    redis.call('HSET', KEYS[1], 'v', nv, 'd', ARGV[2], 'b', '1')
-  elseif has('b') then
-    redis.call('HSET', KEYS[1], 'v', nv, 'd', ARGV[2], 'b', '0')
+  local busy = (has('B') and '1') or (has('b') and '0')
+  if busy then
+    redis.call('HSET', KEYS[1], 'v', nv, 'd', ARGV[2], 'b', busy)
   else
     redis.call('HSET', KEYS[1], 'v', nv, 'd', ARGV[2])
   end

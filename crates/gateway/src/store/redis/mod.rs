@@ -1143,8 +1143,8 @@ impl RedisSessions {
             "caller": caller,
             "sttl": self.session_ttl_ms().to_string(),
             "timers": self.keys.timers(),
-            // A live session's last use may lag by up to `touch_ms`.
-            "cutoff": now.saturating_sub(ttl + self.touch_ms()).to_string(),
+            // Past the hash's TTL (a live session's last use lags by up to `touch_ms`).
+            "cutoff": now.saturating_sub(self.session_ttl_ms()).to_string(),
             "max": self.max_sessions.to_string(),
             "maxc": self.max_per_caller.to_string(),
             "sk1": sk1,

@@ -320,7 +320,7 @@ impl RedisSessions {
         };
         let key = self.keys.stream(sid, number);
         let session = self.keys.session(sid);
-        let ttl = self.session_ttl_ms();
+        let session_ttl = self.session_ttl_ms();
         let mut next_keepalive = tokio::time::Instant::now() + self.keepalive;
         // This replica's hold tick (shared by its relays): the first renewal comes
         // within a tick, well inside the hold.
@@ -435,7 +435,7 @@ impl RedisSessions {
                                 Ok(()) => {}
                             }
                         }
-                        match self.redis.renew_holder(holder_key, &session, token, super::hold_ms(), ttl).await {
+                        match self.redis.renew_holder(holder_key, &session, token, super::hold_ms(), session_ttl).await {
                             Ok(true) => {}
                             Ok(false) => {
                                 info!("stream taken over by another connection");
