@@ -805,3 +805,180 @@ async fn a_discover_result_is_stored_once_and_again_when_it_expired() {
     let (_, r) = third.request("tools/list", json!({})).await;
     assert_eq!(r.status, 200, "the other replica serves the session");
 }
+
+/// `MONITOR` on the cluster's Redis: every command it runs (a script's included), read
+/// on a thread until [`Monitor::stop`].
+struct Monitor {
+    stream: std::net::TcpStream,
+    reader: std::thread::JoinHandle<Vec<String>>,
+}
+
+/// What [`Monitor::stop`] sends last: the reader stops once it saw it.
+const MONITOR_END: &str = "dualera-test-monitor-end";
+
+impl Monitor {
+    fn start(c: &Cluster) -> Self {
+        use std::io::{BufRead, Write};
+        let mut stream =
+            std::net::TcpStream::connect(("127.0.0.1", c.redis.port)).expect("connect to Redis");
+        stream.write_all(b"MONITOR\r\n").expect("send MONITOR");
+        let mut lines = std::io::BufReader::new(stream.try_clone().expect("a second handle"));
+        let mut ok = String::new();
+        lines.read_line(&mut ok).expect("MONITOR's answer");
+        assert_eq!(ok.trim(), "+OK", "MONITOR answered {ok:?}");
+        let reader = std::thread::spawn(move || {
+            lines
+                .lines()
+                .map_while(Result::ok)
+                .take_while(|l| !l.contains(MONITOR_END))
+                .collect::<Vec<String>>()
+        });
+        Self { stream, reader }
+    }
+
+    /// Everything Redis ran until now (a marker command sent last tells the reader
+    /// that it has seen it all).
+    fn stop(self, c: &Cluster) -> Vec<String> {
+        c.redis.command(&["ECHO", MONITOR_END]);
+        let seen = self.reader.join().expect("the MONITOR reader");
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        seen
+    }
+}
+
+/// A request's first attempt that its POST drives writes no lease when the upstream
+/// answers it before the host could resume anything: the elicitation's round ends
+/// with its `input_required` answer, in the step that delivers it. The retry writes
+/// one (its outcome goes to a stream the host already holds), as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_attempt_answered_at_once_writes_no_lease() {
+    // A lease long enough that no renewal tick (a third of it) falls inside the test.
+    let c = Cluster::start(2, &[("upstream_lease_ms", "30000")]).await;
+    seed_tps(&c, 2).await;
+    let mut host = Legacy::new(&c.lb.url());
+    host.initialize(REV, caps()).await;
+    let leases = format!("dualera:l:{{{}}}:", sid(&host));
+    let monitor = Monitor::start(&c);
+    let call = host.mint();
+    let mut stream = host
+        .request_with_id(call.clone(), "tools/call", delete_args(&c))
+        .await
+        .sse();
+    let (live, _) = until_elicitation(&mut stream).await;
+    assert_eq!(host.post(&accept(&live)).await.status, 202);
+    let result = until_response(&mut stream, &call).await;
+    assert!(
+        result["result"]["structuredContent"]["deleted"].is_string(),
+        "{result}"
+    );
+    let seen = monitor.stop(&c);
+    // The lease keys written (the lines also carry the requests).
+    let written: Vec<&str> = seen
+        .iter()
+        .filter(|l| l.contains("\"HSET\"") && l.contains(&leases))
+        .filter_map(|l| l.split(' ').nth(4))
+        .collect();
+    assert_eq!(written.len(), 1, "the retry's lease only: {written:?}");
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("\"DEL\"") && l.contains(&leases)),
+        "the retry's lease dropped with its answer"
+    );
+    assert_eq!(count_notes(&c.server.url, &c.ws, "TPS report").await, 1);
+}
+
+/// A first attempt the upstream accepted but has not answered is leased once the host
+/// can resume what it waits for: not while nothing of it showed, and before its POST's
+/// priming event. Its replica killed then, another takes the lease over, sends the
+/// attempt again, and the host gets the round on the stream it resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_attempt_is_leased_before_its_stream_shows_and_taken_over() {
+    let mut c = Cluster::start(3, &[("upstream_lease_ms", "6000")]).await;
+    seed_tps(&c, 2).await;
+    let firsts = Arc::new(AtomicUsize::new(0));
+    let counted = firsts.clone();
+    // The first attempt is accepted at once and answered after the replica's death.
+    // The lease (6 s) is renewed every 2 s: only the POST's answer writes it by 1 s.
+    c.hop.set_stream_delay(move |seen| {
+        if seen.method == "tools/call" && seen.params().get("inputResponses").is_none() {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            return (n == 0).then_some(Duration::from_secs(8));
+        }
+        None
+    });
+    let mut host = Legacy::new(&c.url(1));
+    host.initialize(REV, caps()).await;
+    let leases = format!("dualera:l:{{{}}}:*", sid(&host));
+    let call = host.mint();
+    let mut posting = Legacy::new(&host.url);
+    posting.version = host.version.clone();
+    posting.session = host.session.clone();
+    let (id, args) = (call.clone(), delete_args(&c));
+    let posted = tokio::spawn(async move { posting.request_with_id(id, "tools/call", args).await });
+    eventually(WAIT, "the first attempt to reach the upstream", || {
+        (firsts.load(Ordering::SeqCst) >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        keys_matching(&c, &leases),
+        0,
+        "no lease while nothing showed"
+    );
+    let reply = posted.await.expect("the POST");
+    assert_eq!(reply.status, 200);
+    let mut stream = reply.sse();
+    let primed = loop {
+        match stream.next_within(WAIT).await {
+            Next::Item(item) if item.id.is_some() => break item.id.expect("an id"),
+            Next::Item(_) => {}
+            other => panic!("no priming event: {other:?}"),
+        }
+    };
+    assert_eq!(
+        keys_matching(&c, &leases),
+        1,
+        "leased before the priming event"
+    );
+    let runner = c.replica_id(1).await;
+    c.kill9(1);
+    drop(stream);
+
+    host.url = c.lb.url();
+    let resumed = host
+        .send(
+            http::Method::GET,
+            None,
+            &[
+                ("last-event-id", primed.as_str()),
+                ("accept", "text/event-stream"),
+            ],
+        )
+        .await;
+    assert_eq!(resumed.status, 200, "resumed through the balancer");
+    let mut resumed = resumed.sse();
+    let (live, _) = until_elicitation(&mut resumed).await;
+    assert_eq!(firsts.load(Ordering::SeqCst), 2, "sent again by the taker");
+    assert_eq!(host.post(&accept(&live)).await.status, 202);
+    let result = until_response(&mut resumed, &call).await;
+    assert!(
+        result["result"]["structuredContent"]["deleted"].is_string(),
+        "{result}"
+    );
+    assert_eq!(
+        count_notes(&c.server.url, &c.ws, "TPS report").await,
+        1,
+        "deleted once"
+    );
+    let took_over: Vec<String> = c
+        .gateways
+        .iter()
+        .flatten()
+        .flat_map(|g| g.log())
+        .filter(|l| l.contains("lease taken over"))
+        .collect();
+    assert_eq!(took_over.len(), 1, "{took_over:?}");
+    assert_eq!(
+        field(&took_over[0], "from").as_deref(),
+        Some(runner.as_str())
+    );
+}

@@ -782,6 +782,12 @@ impl Session {
         self.calls.contains_key(id)
     }
 
+    /// Whether the upstream request `id` this machine sent is still unanswered (not
+    /// answered, cancelled or abandoned).
+    pub fn awaits_upstream(&self, id: &RequestId) -> bool {
+        self.upstream.contains_key(id)
+    }
+
     /// The resource URIs the peer subscribed to.
     pub fn subscriptions(&self) -> impl Iterator<Item = &str> {
         self.subscriptions.iter().map(String::as_str)

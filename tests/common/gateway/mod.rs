@@ -715,6 +715,9 @@ struct UpState {
     validated: AtomicUsize,
     /// A pause before the recording hop forwards a request (chosen per request).
     delay: Mutex<Option<Delay>>,
+    /// A pause between the response head the recording hop sends at once (an SSE
+    /// stream) and the answer it forwards as that stream's event (chosen per request).
+    stream_delay: Mutex<Option<Delay>>,
     connections: AtomicUsize,
     raw: Mutex<Vec<u8>>,
     conn_tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
@@ -1054,6 +1057,16 @@ impl Upstream {
         *self.state.delay.lock().unwrap() = Some(Arc::new(delay));
     }
 
+    /// Makes the recording hop answer the requests `delay` picks with an SSE stream at
+    /// once, and forward them only after the pause, their answer that stream's event:
+    /// an upstream that accepted a request and works on it.
+    pub fn set_stream_delay(
+        &self,
+        delay: impl Fn(&Seen) -> Option<Duration> + Send + Sync + 'static,
+    ) {
+        *self.state.stream_delay.lock().unwrap() = Some(Arc::new(delay));
+    }
+
     /// While down, every connection is dropped without an answer.
     pub fn set_down(&self, down: bool) {
         self.state.down.store(down, Ordering::SeqCst);
@@ -1159,6 +1172,49 @@ async fn serve_one(
         answer: None,
     };
     if let Some(target) = target {
+        let stream_delay = st.stream_delay.lock().unwrap().clone();
+        if let Some(pause) = stream_delay.and_then(|d| d(&seen)) {
+            st.seen.lock().unwrap().push(seen);
+            let (tx, rx) = mpsc::channel::<Bytes>(4);
+            tokio::spawn(async move {
+                tokio::time::sleep(pause).await;
+                let mut b = Request::builder().method(Method::POST).uri(target.clone());
+                for (k, v) in &parts.headers {
+                    if k != header::HOST {
+                        b = b.header(k, v);
+                    }
+                }
+                if let Some(a) = target.authority() {
+                    b = b.header(header::HOST, a.as_str());
+                }
+                let Ok(req) = b.body(Full::new(raw)) else {
+                    return;
+                };
+                let Ok(resp) = client.request(req).await else {
+                    return;
+                };
+                let is_sse = resp
+                    .headers()
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.starts_with("text/event-stream"));
+                let Ok(bytes) = resp.into_body().collect().await.map(|b| b.to_bytes()) else {
+                    return;
+                };
+                let event = if is_sse {
+                    bytes
+                } else {
+                    let text = String::from_utf8_lossy(&bytes).replace('\n', "");
+                    Bytes::from(format!("event: message\ndata: {text}\n\n"))
+                };
+                let _ = tx.send(event).await;
+            });
+            return Response::builder()
+                .status(StatusCode::OK)
+                .header(header::CONTENT_TYPE, "text/event-stream")
+                .body(ChannelBody(rx).boxed())
+                .map_err(up_err);
+        }
         let delay = st.delay.lock().unwrap().clone();
         if let Some(pause) = delay.and_then(|d| d(&seen)) {
             tokio::time::sleep(pause).await;

@@ -236,14 +236,15 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// `n` gateways with these extra `[gateway]` entries.
+    /// `n` gateways with these extra `[gateway]` entries (an `upstream_lease_ms` among
+    /// them replaces the cluster's 1500).
     pub async fn start(n: usize, gateway: &[(&str, &str)]) -> Self {
         let redis = RedisServer::start();
         let store = format!("{:?}", redis.url());
-        let mut entries: Vec<(&str, &str)> = vec![
-            ("session_store", store.as_str()),
-            ("upstream_lease_ms", "1500"),
-        ];
+        let mut entries: Vec<(&str, &str)> = vec![("session_store", store.as_str())];
+        if !gateway.iter().any(|(k, _)| *k == "upstream_lease_ms") {
+            entries.push(("upstream_lease_ms", "1500"));
+        }
         entries.extend_from_slice(gateway);
         let ws = Workspace::new(&entries);
         let server = Proc::serve(&ws);

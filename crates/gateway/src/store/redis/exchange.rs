@@ -7,7 +7,11 @@
 //! that dies stops renewing, and once the deadline passed any replica's sweeper takes
 //! the lease over and sends the same request again (the upstream sees it at least once,
 //! at most once per lease holder). A renewal that finds the lease gone (the request was
-//! cancelled, or answered through a replica that took over) aborts the exchange.
+//! cancelled, or answered through a replica that took over) aborts the exchange. A
+//! request's first attempt that its POST drives starts with its lease pending
+//! (`super::PendingLease`): written by the step that first shows the host anything of
+//! it, before the POST's priming event, or at the first renewal tick, whichever comes
+//! first; an answer before any of them drops it unwritten.
 //!
 //! The sweeper also fires the machines' timers: every replica claims due sessions from
 //! a shared sorted set (moving them a few seconds ahead, so a replica that dies while
@@ -198,17 +202,39 @@ impl RedisSessions {
     ) {
         let id = running.start.id.clone();
         let span = tracing::debug_span!("upstream", session = %log_tag(&sid), rpc.id = %id, role = ?running.start.role, replica = %self.replica);
-        let (work, handle) = abortable(self.clone().exchange(gw, sid.clone(), running));
+        let (work, handle) = abortable(self.clone().exchange(gw.clone(), sid.clone(), running));
         self.exchanges.insert((sid.clone(), id.clone()), handle);
         let _ = work.instrument(span).await;
-        self.exchanges.remove(&(sid, id));
+        self.exchanges.remove(&(sid.clone(), id.clone()));
+        if self.lease_pending(&sid, &id) {
+            // Ended without a stored answer (the store failed, or the session moved
+            // on elsewhere): the lease is written now if the session still awaits the
+            // answer, so that a sweeper redoes the request, as it would have had the
+            // lease been written when the exchange started.
+            tokio::spawn(self.leave_lease(gw, sid, id));
+        }
+    }
+
+    /// Writes a pending lease whose exchange ended (tried a few times, a third of the
+    /// lease apart), then forgets it.
+    async fn leave_lease(self: Arc<Self>, gw: Arc<Route>, sid: String, id: RequestId) {
+        for _ in 0..3 {
+            match self.write_leases(&gw, &sid).await {
+                Ok(()) => break,
+                Err(e) => {
+                    debug!(error = %e, "the lease of an ended exchange not written");
+                    tokio::time::sleep(self.lease / 3).await;
+                }
+            }
+        }
+        self.forget_lease(&sid, &id);
     }
 
     /// The exchange itself ([`driver::exchange`]), for as long as this replica holds
     /// its lease. A cancellation from another replica arrives on this replica's
     /// channel (the lease names it as the owner).
     async fn exchange(self: Arc<Self>, gw: Arc<Route>, sid: String, running: Running) {
-        let renew = self.renew(&sid, running.lease.as_deref());
+        let renew = self.renew(&gw, &sid, &running.start.id, running.lease.as_deref());
         let feed = RedisFeed {
             sessions: &self,
             gw: &gw,
@@ -234,8 +260,16 @@ impl RedisSessions {
         }
     }
 
-    /// Renews the lease until it is lost (never returns while it is held).
-    async fn renew(&self, sid: &str, lease: Option<&str>) {
+    /// Renews the lease until it is lost (never returns while it is held). A lease
+    /// still pending at a tick (`super::PendingLease`) is written instead, and
+    /// renewed from the next.
+    async fn renew(
+        self: &Arc<Self>,
+        gw: &Arc<Route>,
+        sid: &str,
+        id: &RequestId,
+        lease: Option<&str>,
+    ) {
         let Some(lease) = lease else {
             return std::future::pending().await;
         };
@@ -246,6 +280,19 @@ impl RedisSessions {
         let mut failures = 0u32;
         loop {
             tokio::time::sleep(every).await;
+            if self.lease_pending(sid, id) {
+                match self.write_leases(gw, sid).await {
+                    Ok(()) => failures = 0,
+                    Err(e) => {
+                        failures += 1;
+                        debug!(error = %e, "pending lease not written");
+                        if failures >= 3 {
+                            return;
+                        }
+                    }
+                }
+                continue;
+            }
             match self
                 .redis
                 .renew_lease(

@@ -22,7 +22,11 @@
 //! - The replica that receives a round's last answer runs the retry itself, under a
 //!   lease (owner + deadline, renewed at a third of it); when that replica dies, a
 //!   sweeper elsewhere takes the lease over after its deadline and sends the same
-//!   request again: upstream calls are at-least-once across a replica death.
+//!   request again: upstream calls are at-least-once across a replica death, once the
+//!   host can receive their outcome. A request's first attempt, which its own POST
+//!   drives, is leased only once that POST shows the host something to resume (or has
+//!   run a third of the lease): one answered before, as most are, costs no lease
+//!   ([`PendingLease`]).
 //! - Timers (live-request deadlines, paused rounds, subscription retries) sit in a
 //!   shared sorted set that every replica's sweeper claims from.
 //! - Nothing is served from a copy: when Redis cannot be reached, requests of shared
@@ -65,7 +69,7 @@ use sha2::{Digest, Sha256};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// How often a stream's relay renews its hold and checks its connection.
 const HOLD_TICK: Duration = Duration::from_secs(2);
@@ -208,6 +212,9 @@ struct Ctx {
     /// Where that first exchange is left for the host request's handler to drive
     /// itself (no hand-off to a task and back on the common path), when it asks.
     inline: Option<Mutex<Option<Running>>>,
+    /// The step writes the session's pending leases ([`PendingLease`]) whose exchanges
+    /// still run, though it appends nothing.
+    write_leases: bool,
     /// Asked for by an exchange's feed (the only reader), set when the step is stored:
     /// the last sequence number it appended to each stream, by the stream's holder
     /// key, and whether another replica's relay holds that stream (what an exchange
@@ -229,6 +236,33 @@ struct Running {
     /// The forwarded headers of the request that opened the session.
     forwarded: Forwarded,
 }
+
+/// The lease of a request's first attempt that its own POST drives, not written yet.
+///
+/// A lease lets another replica send a request again when the replica running it dies,
+/// so that a host still able to receive the outcome gets it. Until the POST's stream
+/// shows the host anything (its priming event or a first message) the host has
+/// nothing to resume: a replica death ends the POST with a broken connection, and a
+/// request sent again then would be a second upstream call whose answer nobody reads.
+/// So the step that starts such an exchange leaves its lease here, and it is written
+/// only by the first of: a step of the session that appends to a stream (the answer's
+/// step drops it unwritten instead), the POST answering with a stream (before its
+/// priming event), and the exchange's first renewal tick (a third of the lease). A
+/// first attempt answered at once, as most are, costs no lease: three commands when
+/// it starts and two when it ends, fewer. Retries (the outcome goes to a stream the
+/// host already holds) and every other exchange write theirs when they start.
+#[derive(Debug)]
+struct PendingLease {
+    /// The upstream request.
+    id: RequestId,
+    /// Its lease key.
+    key: String,
+    record: LeaseRecord,
+}
+
+/// Sessions with pending leases a replica keeps at most (beyond, leases are written
+/// when their exchanges start).
+const PENDING_SESSIONS: usize = 4096;
 
 /// One stream's messages in a step: the stream, its messages with "is last", and
 /// whether it was closed without a last message.
@@ -258,6 +292,11 @@ struct After {
     appended: bool,
     /// The machine's observations, recorded once the step is stored.
     observed: Vec<Observation>,
+    /// The lease the step's inline exchange leaves pending, once stored.
+    deferred: Option<PendingLease>,
+    /// Pending leases the step wrote, or dropped unwritten (the exchange ended, or was
+    /// cancelled): no longer pending once stored.
+    settled: Vec<RequestId>,
 }
 
 impl After {
@@ -303,6 +342,10 @@ pub(crate) struct RedisSessions {
     deciders: DashMap<(String, PeerStream), Arc<Decider>>,
     exchanges: DashMap<(String, RequestId), futures_util::future::AbortHandle>,
     locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// Leases of exchanges this replica runs, not written yet, by session
+    /// ([`PendingLease`]). Read and changed only by steps of the session, which hold its
+    /// lock.
+    pending_leases: DashMap<String, Vec<PendingLease>>,
     /// The last version and state this replica stored or read per session: a step
     /// starts from it and the compare-and-set says whether it is still current (a
     /// conflict returns the current state in the same round trip). Never used to
@@ -368,6 +411,7 @@ impl RedisSessions {
             deciders: DashMap::new(),
             exchanges: DashMap::new(),
             locks: DashMap::new(),
+            pending_leases: DashMap::new(),
             versions: quick_cache::sync::Cache::new(VERSIONS_KEPT),
             discovers: Mutex::new(Vec::new()),
             tasks: Mutex::new(Vec::new()),
@@ -665,6 +709,7 @@ impl RedisSessions {
                 && ops.xadd.is_empty()
                 && !ctx.tomb
                 && ctx.done_upstream.is_none()
+                && ops.lease_new.is_empty()
                 && blob == *state;
             if nothing {
                 after.revert();
@@ -678,6 +723,8 @@ impl RedisSessions {
                         continue;
                     }
                 }
+                // Only pending leases whose calls ended can be settled here: dropped.
+                self.settle_leases(sid, &mut after);
                 return Ok(value);
             }
             match self.redis.step(&key, &version, &blob, &ops.args()).await {
@@ -688,6 +735,7 @@ impl RedisSessions {
                     remote,
                 }) => {
                     self.observe(gw, &record.machine, std::mem::take(&mut after.observed));
+                    self.settle_leases(sid, &mut after);
                     if ctx.tomb {
                         self.versions.remove(sid);
                     } else {
@@ -790,21 +838,26 @@ impl RedisSessions {
             }
         }
         for start in std::mem::take(&mut plan.starts) {
+            // The first start is the one the host request's handler drives, when it asks.
+            let inline = after.starts.is_empty() && ctx.inline.is_some();
             let lease = (!matches!(start.role, UpstreamRole::Discover)).then(|| {
-                let k = self.keys.lease(sid, &id_text(&start.id));
+                let key = self.keys.lease(sid, &id_text(&start.id));
                 let rec = LeaseRecord {
                     sid: sid.to_owned(),
                     request: stored::RequestText(start.message.text()),
                     headers: start.headers.clone(),
                     role: start.role.clone(),
                 };
-                ops.lease_new.push(NewLease {
-                    k: k.clone(),
-                    o: self.replica.clone(),
-                    d: decimal(now + self.lease_ms()),
-                    r: codec::to_vec(self.format, &rec, "lease record").unwrap_or_default(),
-                });
-                k
+                if inline && self.may_defer(sid, record, &start.role) {
+                    after.deferred = Some(PendingLease {
+                        id: start.id.clone(),
+                        key: key.clone(),
+                        record: rec,
+                    });
+                } else {
+                    ops.lease_new.push(self.new_lease(key.clone(), &rec, now));
+                }
+                key
             });
             let head = if after.starts.is_empty() {
                 ctx.head.clone()
@@ -820,16 +873,25 @@ impl RedisSessions {
         }
         for (id, reason) in std::mem::take(&mut plan.cancels) {
             debug!(session = %log_tag(sid), rpc.id = %id, reason, "upstream request cancelled");
-            let lease = self.keys.lease(sid, &id_text(&id));
-            ops.cancel
-                .push((lease.clone(), wake::payload(sid, &Wake::Cancel(id.clone()))));
-            ops.lease_del.push(lease);
+            if self.lease_pending(sid, &id) {
+                // Its exchange runs here (aborted once stored), its lease unwritten.
+                after.settled.push(id.clone());
+            } else {
+                let lease = self.keys.lease(sid, &id_text(&id));
+                ops.cancel
+                    .push((lease.clone(), wake::payload(sid, &Wake::Cancel(id.clone()))));
+                ops.lease_del.push(lease);
+            }
             after.cancels.push(id);
         }
         after.observed = std::mem::take(&mut plan.observed);
         after.plan = plan;
         if let Some(id) = &ctx.done_upstream {
-            ops.lease_del.push(self.keys.lease(sid, &id_text(id)));
+            if self.lease_pending(sid, id) {
+                after.settled.push(id.clone());
+            } else {
+                ops.lease_del.push(self.keys.lease(sid, &id_text(id)));
+            }
         }
         for (peer, messages, closed) in groups {
             let decider = self
@@ -935,6 +997,25 @@ impl RedisSessions {
                 record.finished.push_back(n);
             }
         }
+        if !ops.xadd.is_empty() || ctx.write_leases {
+            // The host may see a stream from now on: the leases that let another
+            // replica finish what it waits for are written with what it sees.
+            if let Some(p) = after.deferred.take() {
+                ops.lease_new.push(self.new_lease(p.key, &p.record, now));
+            }
+            if let Some(pending) = self.pending_leases.get(sid) {
+                for p in pending.iter() {
+                    if after.settled.contains(&p.id) {
+                        continue;
+                    }
+                    if record.machine.awaits_upstream(&p.id) {
+                        ops.lease_new
+                            .push(self.new_lease(p.key.clone(), &p.record, now));
+                    }
+                    after.settled.push(p.id.clone());
+                }
+            }
+        }
         record.settle_finished();
         while record.finished.len() > FINISHED_KEPT {
             if let Some(n) = record.finished.pop_front() {
@@ -975,6 +1056,85 @@ impl RedisSessions {
                 .push((self.keys.wake_all(), wake::payload(sid, &Wake::Streams)));
         }
         (ops, after)
+    }
+
+    /// A lease to write, from now.
+    fn new_lease(&self, k: String, rec: &LeaseRecord, now: u64) -> NewLease {
+        NewLease {
+            k,
+            o: self.replica.clone(),
+            d: decimal(now + self.lease_ms()),
+            r: codec::to_vec(self.format, rec, "lease record").unwrap_or_default(),
+        }
+    }
+
+    /// Whether the lease of an exchange a step starts, which the host request's
+    /// handler drives, is left pending ([`PendingLease`]): a request's first attempt
+    /// whose stream has shown the host nothing yet, while this replica keeps few
+    /// enough.
+    fn may_defer(&self, sid: &str, record: &Record, role: &UpstreamRole) -> bool {
+        let UpstreamRole::Call { legacy, round: 0 } = role else {
+            return false;
+        };
+        let unseen = record
+            .stream(&PeerStream::Request(legacy.clone()))
+            .is_some_and(|m| m.seq == 0);
+        unseen
+            && (self.pending_leases.len() < PENDING_SESSIONS
+                || self.pending_leases.contains_key(sid))
+    }
+
+    /// Whether the lease of upstream request `id` of session `sid` is pending here.
+    fn lease_pending(&self, sid: &str, id: &RequestId) -> bool {
+        self.pending_leases
+            .get(sid)
+            .is_some_and(|l| l.iter().any(|p| &p.id == id))
+    }
+
+    /// A step is stored (or found nothing to store): the pending leases it wrote or
+    /// dropped go, the one it left pending comes.
+    fn settle_leases(&self, sid: &str, after: &mut After) {
+        if !after.settled.is_empty() {
+            if let Some(mut pending) = self.pending_leases.get_mut(sid) {
+                pending.retain(|p| !after.settled.contains(&p.id));
+            }
+            self.pending_leases.remove_if(sid, |_, l| l.is_empty());
+        }
+        if let Some(p) = after.deferred.take() {
+            self.pending_leases
+                .entry(sid.to_owned())
+                .or_default()
+                .push(p);
+        }
+    }
+
+    /// An exchange ended: a lease of it still pending is never written.
+    fn forget_lease(&self, sid: &str, id: &RequestId) {
+        if let Some(mut pending) = self.pending_leases.get_mut(sid) {
+            pending.retain(|p| &p.id != id);
+        }
+        self.pending_leases.remove_if(sid, |_, l| l.is_empty());
+    }
+
+    /// Writes the session's pending leases whose exchanges still run, in a step of
+    /// their own (see [`PendingLease`]).
+    async fn write_leases(self: &Arc<Self>, gw: &Arc<Route>, sid: &str) -> Result<(), StoreError> {
+        if !self.pending_leases.contains_key(sid) {
+            return Ok(());
+        }
+        let ctx = Ctx {
+            write_leases: true,
+            ..Ctx::default()
+        };
+        match self.step(gw, sid, &ctx, |_, _| Ok::<(), ()>(())).await {
+            Err(StepError::Store(e)) => Err(e),
+            Err(StepError::NotFound { .. }) => {
+                // The session is gone: nothing of it is redone.
+                self.pending_leases.remove(sid);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Records a stored step's observations (metrics, migration report).
@@ -1226,26 +1386,26 @@ impl RedisSessions {
     }
 }
 
-/// Awaits `wait` while driving `exchange`; if the exchange is not done by then, the
-/// rest of it runs as a task (a host request that stops waiting never cancels
-/// upstream work).
-async fn drive<T>(wait: impl std::future::Future<Output = T>, exchange: Option<Exchange>) -> T {
-    let Some(mut exchange) = exchange else {
-        return wait.await;
-    };
+/// Awaits `wait` while driving `exchange` in place: what is left of it when `wait` is
+/// done, or when the host request stops waiting (this future dropped), runs as a task
+/// once the `Detachable` is dropped. A host request that stops waiting never cancels
+/// upstream work.
+async fn drive<T>(wait: impl std::future::Future<Output = T>, exchange: &mut Detachable) -> T {
     tokio::pin!(wait);
-    let mut done = false;
-    let out = loop {
-        tokio::select! {
-            biased;
-            out = &mut wait => break out,
-            () = &mut exchange, if !done => done = true,
+    std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(out) = wait.as_mut().poll(cx) {
+            return std::task::Poll::Ready(out);
         }
-    };
-    if !done {
-        tokio::spawn(exchange);
-    }
-    out
+        if let Some(running) = exchange.0.as_mut() {
+            if running.as_mut().poll(cx).is_ready() {
+                exchange.0 = None;
+                // Its end may have decided what `wait` waits for.
+                return wait.as_mut().poll(cx);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 fn json_body(body: Vec<u8>) -> Response<GatewayBody> {
@@ -1541,16 +1701,12 @@ impl SessionStore for Arc<RedisSessions> {
         exchange: &mut Detachable,
         head: Option<&HeadWatch>,
     ) {
-        post.decision = drive(
-            post.guard.decide(FIRST_MESSAGE_WAIT, head),
-            exchange.0.take(),
-        )
-        .await;
+        post.decision = drive(post.guard.decide(FIRST_MESSAGE_WAIT, head), exchange).await;
     }
 
     async fn respond(
         &self,
-        _gw: &Arc<Route>,
+        gw: &Arc<Route>,
         session: &RedisSession,
         post: Post,
         number: u64,
@@ -1558,6 +1714,10 @@ impl SessionStore for Arc<RedisSessions> {
         match post.decision {
             Decision::Json(body) => json_body(body),
             _ => {
+                // Before its priming event, from which on the host can resume it.
+                if let Err(e) = self.write_leases(gw, &session.id).await {
+                    warn!(error = %e, "the lease of a streaming request not written");
+                }
                 self.post_relay(&session.id, number, post.guard, post.waiter)
                     .await
             }
