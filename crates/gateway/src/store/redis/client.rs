@@ -30,8 +30,9 @@ use std::time::Duration;
 /// replica's name and the broadcast channel (an absent value is empty); `ARGV[18..24]`
 /// how many stream entries (6 arguments each: key, seq, message, end, holder key,
 /// handing token), new leases (4: key, owner, deadline, record), cancellations (2:
-/// lease key, wake), leases dropped (1), keys deleted (1), holders set (3: key, token,
-/// ms) and broadcasts (2: channel, payload) follow, in that order, from `ARGV[25]`.
+/// lease key, wake), leases dropped (1), keys deleted (1; one `DEL` for all of them),
+/// holders set (3: key, token, ms) and broadcasts (2: channel, payload) follow, in that
+/// order, from `ARGV[25]`.
 ///
 /// Wake-ups go to whom they concern, read from what the step touches: the entries of
 /// each stream it appended to go to the replica whose connection holds it (a holder
@@ -126,9 +127,10 @@ for _ = 1, tonumber(ARGV[21]) do
   redis.call('ZREM', leases, ARGV[i])
   i = i + 1
 end
-for _ = 1, tonumber(ARGV[22]) do
-  redis.call('DEL', ARGV[i])
-  i = i + 1
+local ndel = tonumber(ARGV[22])
+if ndel > 0 then
+  redis.call('DEL', unpack(ARGV, i, i + ndel - 1))
+  i = i + ndel
 end
 if has('w') then
   if due ~= '' and tomb == '' then
