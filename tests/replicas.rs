@@ -56,6 +56,34 @@ async fn until_elicitation(stream: &mut SseReader) -> (Value, String) {
     }
 }
 
+/// `GET` with `Last-Event-ID` through the balancer: the stream, resumed there.
+async fn resume_through_balancer(c: &Cluster, host: &mut Legacy, event: &str) -> SseReader {
+    host.url = c.lb.url();
+    let resumed = host
+        .send(
+            http::Method::GET,
+            None,
+            &[("last-event-id", event), ("accept", "text/event-stream")],
+        )
+        .await;
+    assert_eq!(resumed.status, 200, "resumption through the balancer");
+    resumed.sse()
+}
+
+/// Reads the stream until the result of `call`: the note deleted, exactly once.
+async fn until_deleted_once(c: &Cluster, stream: &mut SseReader, call: &Value) {
+    let result = until_response(stream, call).await;
+    assert!(
+        result["result"]["structuredContent"]["deleted"].is_string(),
+        "{result}"
+    );
+    assert_eq!(
+        count_notes(&c.server.url, &c.ws, "TPS report").await,
+        1,
+        "deleted exactly once"
+    );
+}
+
 /// Reads the stream until the response to `id`.
 async fn until_response(stream: &mut SseReader, id: &Value) -> Value {
     loop {
@@ -196,31 +224,10 @@ async fn a_stream_resumes_through_the_balancer_after_its_replica_dies() {
     drop(stream);
 
     // Resume through the balancer with the last event id, answer, get the result.
-    host.url = c.lb.url();
-    let resumed = host
-        .send(
-            http::Method::GET,
-            None,
-            &[
-                ("last-event-id", event.as_str()),
-                ("accept", "text/event-stream"),
-            ],
-        )
-        .await;
-    assert_eq!(resumed.status, 200, "resumption through the balancer");
-    let mut resumed = resumed.sse();
+    let mut resumed = resume_through_balancer(&c, &mut host, &event).await;
     let answered = host.post(&accept(&live)).await;
     assert_eq!(answered.status, 202);
-    let result = until_response(&mut resumed, &call).await;
-    assert!(
-        result["result"]["structuredContent"]["deleted"].is_string(),
-        "{result}"
-    );
-    assert_eq!(
-        count_notes(&c.server.url, &c.ws, "TPS report").await,
-        1,
-        "deleted exactly once"
-    );
+    until_deleted_once(&c, &mut resumed, &call).await;
     // The live request was not replayed: the stream resumed after it.
     assert_eq!(
         c.hop
@@ -308,21 +315,36 @@ fn bulk(c: &Cluster, args: &[&str]) -> String {
     rest[..len].to_owned()
 }
 
+/// Counts the upstream `tools/call` attempts that are retries (carry `inputResponses`),
+/// or first attempts, and picks the first of them to hold for `pause`.
+fn hold_first(
+    retries: bool,
+    pause: Duration,
+) -> (
+    Arc<AtomicUsize>,
+    impl Fn(&Seen) -> Option<Duration> + Send + Sync + 'static,
+) {
+    let count = Arc::new(AtomicUsize::new(0));
+    let counted = count.clone();
+    let pick = move |seen: &Seen| {
+        let retry = seen.params().get("inputResponses").is_some();
+        if seen.method == "tools/call" && retry == retries {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            return (n == 0).then_some(pause);
+        }
+        None
+    };
+    (count, pick)
+}
+
 /// The first retry of an elicitation flow is held upstream until the replica running
 /// it is killed; another replica takes its lease over and completes the round.
 /// `while_held` looks at the cluster (and the session id) while the retry is held.
 async fn take_over_a_retry(c: &mut Cluster, while_held: impl FnOnce(&Cluster, &str)) {
     seed_tps(c, 2).await;
-    let retries = Arc::new(AtomicUsize::new(0));
-    let counted = retries.clone();
     // The first retry is held upstream long enough to kill the replica running it.
-    c.hop.set_delay(move |seen| {
-        if seen.method == "tools/call" && seen.params().get("inputResponses").is_some() {
-            let n = counted.fetch_add(1, Ordering::SeqCst);
-            return (n == 0).then_some(Duration::from_secs(4));
-        }
-        None
-    });
+    let (retries, hold) = hold_first(true, Duration::from_secs(4));
+    c.hop.set_delay(hold);
     let mut host = Legacy::new(&c.url(0));
     host.initialize(REV, caps()).await;
     let call = host.mint();
@@ -367,6 +389,11 @@ async fn take_over_a_retry(c: &mut Cluster, while_held: impl FnOnce(&Cluster, &s
         1,
         "one delete"
     );
+    assert_taken_over_once_from(c, &runner);
+}
+
+/// Exactly one replica logged taking a lease over, from `runner`.
+fn assert_taken_over_once_from(c: &Cluster, runner: &str) {
     let took_over: Vec<String> = c
         .gateways
         .iter()
@@ -375,10 +402,7 @@ async fn take_over_a_retry(c: &mut Cluster, while_held: impl FnOnce(&Cluster, &s
         .filter(|l| l.contains("lease taken over"))
         .collect();
     assert_eq!(took_over.len(), 1, "{took_over:?}");
-    assert_eq!(
-        field(&took_over[0], "from").as_deref(),
-        Some(runner.as_str())
-    );
+    assert_eq!(field(&took_over[0], "from").as_deref(), Some(runner));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -895,17 +919,10 @@ async fn a_first_attempt_answered_at_once_writes_no_lease() {
 async fn a_first_attempt_is_leased_before_its_stream_shows_and_taken_over() {
     let mut c = Cluster::start(3, &[("upstream_lease_ms", "6000")]).await;
     seed_tps(&c, 2).await;
-    let firsts = Arc::new(AtomicUsize::new(0));
-    let counted = firsts.clone();
     // The first attempt is accepted at once and answered after the replica's death.
     // The lease (6 s) is renewed every 2 s: only the POST's answer writes it by 1 s.
-    c.hop.set_stream_delay(move |seen| {
-        if seen.method == "tools/call" && seen.params().get("inputResponses").is_none() {
-            let n = counted.fetch_add(1, Ordering::SeqCst);
-            return (n == 0).then_some(Duration::from_secs(8));
-        }
-        None
-    });
+    let (firsts, hold) = hold_first(false, Duration::from_secs(8));
+    c.hop.set_stream_delay(hold);
     let mut host = Legacy::new(&c.url(1));
     host.initialize(REV, caps()).await;
     let leases = format!("dualera:l:{{{}}}:*", sid(&host));
@@ -943,42 +960,10 @@ async fn a_first_attempt_is_leased_before_its_stream_shows_and_taken_over() {
     c.kill9(1);
     drop(stream);
 
-    host.url = c.lb.url();
-    let resumed = host
-        .send(
-            http::Method::GET,
-            None,
-            &[
-                ("last-event-id", primed.as_str()),
-                ("accept", "text/event-stream"),
-            ],
-        )
-        .await;
-    assert_eq!(resumed.status, 200, "resumed through the balancer");
-    let mut resumed = resumed.sse();
+    let mut resumed = resume_through_balancer(&c, &mut host, &primed).await;
     let (live, _) = until_elicitation(&mut resumed).await;
     assert_eq!(firsts.load(Ordering::SeqCst), 2, "sent again by the taker");
     assert_eq!(host.post(&accept(&live)).await.status, 202);
-    let result = until_response(&mut resumed, &call).await;
-    assert!(
-        result["result"]["structuredContent"]["deleted"].is_string(),
-        "{result}"
-    );
-    assert_eq!(
-        count_notes(&c.server.url, &c.ws, "TPS report").await,
-        1,
-        "deleted once"
-    );
-    let took_over: Vec<String> = c
-        .gateways
-        .iter()
-        .flatten()
-        .flat_map(|g| g.log())
-        .filter(|l| l.contains("lease taken over"))
-        .collect();
-    assert_eq!(took_over.len(), 1, "{took_over:?}");
-    assert_eq!(
-        field(&took_over[0], "from").as_deref(),
-        Some(runner.as_str())
-    );
+    until_deleted_once(&c, &mut resumed, &call).await;
+    assert_taken_over_once_from(&c, &runner);
 }

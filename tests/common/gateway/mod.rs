@@ -1082,6 +1082,31 @@ impl Drop for Upstream {
     }
 }
 
+/// The recording hop's copy of a request for its target: the same headers but `Host`.
+fn forwarded(
+    target: &Uri,
+    headers: &http::HeaderMap,
+    raw: Bytes,
+) -> Result<Request<Full<Bytes>>, UpError> {
+    let mut b = Request::builder().method(Method::POST).uri(target.clone());
+    for (k, v) in headers {
+        if k != header::HOST {
+            b = b.header(k, v);
+        }
+    }
+    if let Some(a) = target.authority() {
+        b = b.header(header::HOST, a.as_str());
+    }
+    b.body(Full::new(raw)).map_err(up_err)
+}
+
+fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
 async fn serve_one(
     st: Arc<UpState>,
     handler: Option<Handler>,
@@ -1178,26 +1203,13 @@ async fn serve_one(
             let (tx, rx) = mpsc::channel::<Bytes>(4);
             tokio::spawn(async move {
                 tokio::time::sleep(pause).await;
-                let mut b = Request::builder().method(Method::POST).uri(target.clone());
-                for (k, v) in &parts.headers {
-                    if k != header::HOST {
-                        b = b.header(k, v);
-                    }
-                }
-                if let Some(a) = target.authority() {
-                    b = b.header(header::HOST, a.as_str());
-                }
-                let Ok(req) = b.body(Full::new(raw)) else {
+                let Ok(req) = forwarded(&target, &parts.headers, raw) else {
                     return;
                 };
                 let Ok(resp) = client.request(req).await else {
                     return;
                 };
-                let is_sse = resp
-                    .headers()
-                    .get(header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .is_some_and(|v| v.starts_with("text/event-stream"));
+                let is_sse = is_event_stream(resp.headers());
                 let Ok(bytes) = resp.into_body().collect().await.map(|b| b.to_bytes()) else {
                     return;
                 };
@@ -1219,25 +1231,12 @@ async fn serve_one(
         if let Some(pause) = delay.and_then(|d| d(&seen)) {
             tokio::time::sleep(pause).await;
         }
-        let mut b = Request::builder().method(Method::POST).uri(target.clone());
-        for (k, v) in &parts.headers {
-            if k != header::HOST {
-                b = b.header(k, v);
-            }
-        }
-        if let Some(a) = target.authority() {
-            b = b.header(header::HOST, a.as_str());
-        }
         let resp = client
-            .request(b.body(Full::new(raw)).map_err(up_err)?)
+            .request(forwarded(&target, &parts.headers, raw)?)
             .await
             .map_err(up_err)?;
         let (rparts, rbody) = resp.into_parts();
-        let is_sse = rparts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let is_sse = is_event_stream(&rparts.headers);
         if is_sse {
             st.seen.lock().unwrap().push(seen);
             return Ok(Response::from_parts(
