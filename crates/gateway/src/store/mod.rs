@@ -289,6 +289,27 @@ impl Detachable {
         })
         .await;
     }
+
+    /// Awaits `wait` while driving the exchange in place; what is left of it runs as a
+    /// task once this is dropped (so also when the caller stops waiting).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))] // the shared store only
+    pub(super) async fn drive_while<T>(&mut self, wait: impl Future<Output = T>) -> T {
+        tokio::pin!(wait);
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(out) = wait.as_mut().poll(cx) {
+                return Poll::Ready(out);
+            }
+            if let Some(exchange) = self.0.as_mut() {
+                if exchange.as_mut().poll(cx).is_ready() {
+                    self.0 = None;
+                    // Its end may have decided what `wait` waits for.
+                    return wait.as_mut().poll(cx);
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
 }
 
 impl Drop for Detachable {

@@ -253,10 +253,8 @@ struct Running {
 /// host already holds) and every other exchange write theirs when they start.
 #[derive(Debug)]
 struct PendingLease {
-    /// The upstream request.
+    /// The upstream request (its lease key is the usual one, `Keys::lease`).
     id: RequestId,
-    /// Its lease key.
-    key: String,
     record: LeaseRecord,
 }
 
@@ -838,8 +836,9 @@ impl RedisSessions {
             }
         }
         for start in std::mem::take(&mut plan.starts) {
-            // The first start is the one the host request's handler drives, when it asks.
-            let inline = after.starts.is_empty() && ctx.inline.is_some();
+            // The first start is the one the host request's handler drives, when it
+            // asks (and the one that host request waits on).
+            let first = after.starts.is_empty();
             let lease = (!matches!(start.role, UpstreamRole::Discover)).then(|| {
                 let key = self.keys.lease(sid, &id_text(&start.id));
                 let rec = LeaseRecord {
@@ -848,10 +847,9 @@ impl RedisSessions {
                     headers: start.headers.clone(),
                     role: start.role.clone(),
                 };
-                if inline && self.may_defer(sid, record, &start.role) {
+                if first && ctx.inline.is_some() && self.may_defer(sid, record, &start.role) {
                     after.deferred = Some(PendingLease {
                         id: start.id.clone(),
-                        key: key.clone(),
                         record: rec,
                     });
                 } else {
@@ -859,11 +857,7 @@ impl RedisSessions {
                 }
                 key
             });
-            let head = if after.starts.is_empty() {
-                ctx.head.clone()
-            } else {
-                None
-            };
+            let head = if first { ctx.head.clone() } else { None };
             after.starts.push(Running {
                 start,
                 lease,
@@ -1001,7 +995,7 @@ impl RedisSessions {
             // The host may see a stream from now on: the leases that let another
             // replica finish what it waits for are written with what it sees.
             if let Some(p) = after.deferred.take() {
-                ops.lease_new.push(self.new_lease(p.key, &p.record, now));
+                ops.lease_new.push(self.pending_lease(sid, &p, now));
             }
             if let Some(pending) = self.pending_leases.get(sid) {
                 for p in pending.iter() {
@@ -1009,8 +1003,7 @@ impl RedisSessions {
                         continue;
                     }
                     if record.machine.awaits_upstream(&p.id) {
-                        ops.lease_new
-                            .push(self.new_lease(p.key.clone(), &p.record, now));
+                        ops.lease_new.push(self.pending_lease(sid, p, now));
                     }
                     after.settled.push(p.id.clone());
                 }
@@ -1068,6 +1061,11 @@ impl RedisSessions {
         }
     }
 
+    /// A pending lease to write, from now.
+    fn pending_lease(&self, sid: &str, p: &PendingLease, now: u64) -> NewLease {
+        self.new_lease(self.keys.lease(sid, &id_text(&p.id)), &p.record, now)
+    }
+
     /// Whether the lease of an exchange a step starts, which the host request's
     /// handler drives, is left pending ([`PendingLease`]): a request's first attempt
     /// whose stream has shown the host nothing yet, while this replica keeps few
@@ -1095,10 +1093,7 @@ impl RedisSessions {
     /// dropped go, the one it left pending comes.
     fn settle_leases(&self, sid: &str, after: &mut After) {
         if !after.settled.is_empty() {
-            if let Some(mut pending) = self.pending_leases.get_mut(sid) {
-                pending.retain(|p| !after.settled.contains(&p.id));
-            }
-            self.pending_leases.remove_if(sid, |_, l| l.is_empty());
+            self.unpend(sid, |id| after.settled.contains(id));
         }
         if let Some(p) = after.deferred.take() {
             self.pending_leases
@@ -1110,8 +1105,13 @@ impl RedisSessions {
 
     /// An exchange ended: a lease of it still pending is never written.
     fn forget_lease(&self, sid: &str, id: &RequestId) {
+        self.unpend(sid, |p| p == id);
+    }
+
+    /// Drops the session's pending leases whose request ids `gone` picks.
+    fn unpend(&self, sid: &str, gone: impl Fn(&RequestId) -> bool) {
         if let Some(mut pending) = self.pending_leases.get_mut(sid) {
-            pending.retain(|p| &p.id != id);
+            pending.retain(|p| !gone(&p.id));
         }
         self.pending_leases.remove_if(sid, |_, l| l.is_empty());
     }
@@ -1384,28 +1384,6 @@ impl RedisSessions {
             .open_relay(&s.id, number, after, holder, standalone, false)
             .await)
     }
-}
-
-/// Awaits `wait` while driving `exchange` in place: what is left of it when `wait` is
-/// done, or when the host request stops waiting (this future dropped), runs as a task
-/// once the `Detachable` is dropped. A host request that stops waiting never cancels
-/// upstream work.
-async fn drive<T>(wait: impl std::future::Future<Output = T>, exchange: &mut Detachable) -> T {
-    tokio::pin!(wait);
-    std::future::poll_fn(|cx| {
-        if let std::task::Poll::Ready(out) = wait.as_mut().poll(cx) {
-            return std::task::Poll::Ready(out);
-        }
-        if let Some(running) = exchange.0.as_mut() {
-            if running.as_mut().poll(cx).is_ready() {
-                exchange.0 = None;
-                // Its end may have decided what `wait` waits for.
-                return wait.as_mut().poll(cx);
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await
 }
 
 fn json_body(body: Vec<u8>) -> Response<GatewayBody> {
@@ -1701,7 +1679,9 @@ impl SessionStore for Arc<RedisSessions> {
         exchange: &mut Detachable,
         head: Option<&HeadWatch>,
     ) {
-        post.decision = drive(post.guard.decide(FIRST_MESSAGE_WAIT, head), exchange).await;
+        post.decision = exchange
+            .drive_while(post.guard.decide(FIRST_MESSAGE_WAIT, head))
+            .await;
     }
 
     async fn respond(
