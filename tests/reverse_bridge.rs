@@ -8,6 +8,8 @@
 //! - an elicitation, a sampling request and a roots request of the server during a
 //!   call become `input_required` rounds whose retries complete with the server's
 //!   result reflecting the answer;
+//! - the session's first call waits for the standalone GET stream, the only one a
+//!   server's request that names no call comes on;
 //! - a tampered, replayed or foreign `requestState` is `-32602`;
 //! - two tokens never share an upstream session (the server's own `Mcp-Session-Id`s),
 //!   and the token reaches the server on the session it opened;
@@ -356,6 +358,36 @@ async fn sampling_and_roots_requests_become_rounds_too() {
     )
     .await;
     assert_eq!(text(&done), "roots: file:///work,file:///home");
+}
+
+/// The Python SDK sends a sampling or roots request made without naming the call it
+/// serves on the standalone GET stream only, and drops it while that stream is not
+/// open. This server answers each `GET` half a second late: a session whose first call
+/// went out before the stream's head came back would lose the request, and the call
+/// would never end.
+#[tokio::test]
+async fn the_first_call_waits_for_the_stream_the_servers_requests_come_on() {
+    let py = PyServer::spawn("streamable-http-slow-get");
+    let gw = Gateway::spawn(&py.url("/mcp"));
+    let args = json!({ "prompt": "Say hi" });
+    let (_, first) = tokio::time::timeout(
+        Duration::from_secs(10),
+        post(&gw.url(), None, &call(1, "sample", args.clone())),
+    )
+    .await
+    .expect(
+        "the sampling request reached the host (the call went out before the stream was open?)",
+    );
+    let (key, method, _, state) = round(&first);
+    assert_eq!(method, "sampling/createMessage");
+    let sampled = json!({ key: {
+        "role": "assistant",
+        "content": { "type": "text", "text": "late" },
+        "model": "test-model",
+        "stopReason": "endTurn"
+    } });
+    let (_, done) = post(&gw.url(), None, &retry(2, "sample", args, sampled, &state)).await;
+    assert_eq!(text(&done), "sampled: late");
 }
 
 #[tokio::test]

@@ -9,6 +9,13 @@ sessions and the legacy pass-through).
                                        Streamable HTTP as above, declaring
                                        `listChanged` for tools, prompts and resources
                                        and `resources.subscribe` (with handlers)
+    legacy_server.py streamable-http-slow-get
+                                       Streamable HTTP as above, answering each `GET`
+                                       (the standalone stream) half a second late: a
+                                       client that sends its first call before the
+                                       stream's head came back loses the server's
+                                       requests that belong to no request (`sample`,
+                                       `roots`), which this SDK sends on that stream
     legacy_server.py streamable-http-auth
                                        Streamable HTTP as above behind bearer tokens:
                                        without `good` or `admin` a 401 with a
@@ -394,6 +401,18 @@ def guarded(app):
     return wrapped
 
 
+def slow_get(app, seconds: float):
+    """Wraps an ASGI app so that each `GET` reaches it `seconds` late (the
+    streamable-http-slow-get mode)."""
+
+    async def wrapped(scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == "/mcp":
+            await anyio.sleep(seconds)
+        return await app(scope, receive, send)
+
+    return wrapped
+
+
 def serve_http(app) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -412,6 +431,8 @@ def main() -> None:
         serve_http(mcp.sse_app())
     elif mode == "streamable-http":
         serve_http(mcp.streamable_http_app())
+    elif mode == "streamable-http-slow-get":
+        serve_http(slow_get(mcp.streamable_http_app(), 0.5))
     elif mode == "streamable-http-auth":
         serve_http(guarded(mcp.streamable_http_app()))
     elif mode == "streamable-http-notify":

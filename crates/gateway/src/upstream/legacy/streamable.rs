@@ -26,6 +26,9 @@ const MAX_SESSION_ID: usize = 256;
 /// Reconnections of the standalone GET stream in a row that may fail before the
 /// session gives up on it.
 const GET_RETRIES: u32 = 5;
+/// The longest wait for the standalone GET stream's head before the session's first
+/// request goes out anyway (a server that holds its SSE headers until a first event).
+const GET_HEAD_WAIT: Duration = Duration::from_secs(3);
 /// Resumptions of one response stream in a row that may fail (refused, unreachable,
 /// ended with nothing new) before its request's answer is declared lost.
 const RESUME_RETRIES: u32 = 5;
@@ -157,7 +160,7 @@ impl Streamable {
         if status == StatusCode::ACCEPTED || status == StatusCode::NO_CONTENT {
             if matches!(message, Message::Notification(n) if n.method == "notifications/initialized")
             {
-                self.open_stream(inner);
+                self.open_stream(inner).await;
             }
             return Ok(());
         }
@@ -239,10 +242,21 @@ impl Streamable {
     /// from the Server") and keeps it open: reconnected with `Last-Event-ID` when it
     /// ends, given up after [`GET_RETRIES`] failures in a row. A server that offers no
     /// such stream answers `405`, which is fine.
-    fn open_stream(&self, inner: &Inner) {
+    ///
+    /// Returns once the first `GET` was answered (or failed), [`GET_HEAD_WAIT`] at
+    /// most: a server sends a request that belongs to no request of the client (an SDK
+    /// server's sampling or roots request made without naming the call it serves) on
+    /// this stream only, and drops it while the stream is not open (the Python SDK
+    /// does, without an event store). Were the session's first call sent before the
+    /// stream's head came back, the server's request for that call could be lost and
+    /// the call would never end.
+    async fn open_stream(&self, inner: &Inner) {
         let core = inner.core.clone();
         let this = self.handle();
+        // Dropped once the first `GET` has its answer (or its failure): the signal.
+        let (opened, head) = tokio::sync::oneshot::channel::<()>();
         inner.spawn(async move {
+            let mut opened = Some(opened);
             let mut last_event: Option<String> = None;
             let mut failures = 0u32;
             while core.is_alive() && failures < GET_RETRIES {
@@ -255,7 +269,9 @@ impl Streamable {
                 let Ok(req) = b.body(crate::body::empty()) else {
                     return;
                 };
-                let resp = match this.client.client().request(req).await {
+                let resp = this.client.client().request(req).await;
+                drop(opened.take());
+                let resp = match resp {
                     Ok(r) => r,
                     Err(e) => {
                         debug!(error = %e, "upstream GET stream failed");
@@ -291,6 +307,9 @@ impl Streamable {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         });
+        if tokio::time::timeout(GET_HEAD_WAIT, head).await.is_err() {
+            debug!("upstream GET stream not answered yet; the session goes on");
+        }
     }
 
     /// A copy for a task of the session's (the same client, endpoint and learned
