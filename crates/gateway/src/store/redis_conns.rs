@@ -13,9 +13,11 @@
 //! in-memory gateway's to 1.91–1.93×.
 //!
 //! What stays redis-rs's: the command's encoding (`Cmd`, `Pipeline`, `Script` through
-//! [`redis::aio::ConnectionLike`], which [`Lease`] implements), the reply's parser
-//! ([`redis::Parser`]), the URL's parsing, and every error. What this module holds is
-//! only the connection's life:
+//! [`redis::aio::ConnectionLike`], which [`Lease`] implements), the reply's type
+//! ([`Value`]), the parsing of an error reply, the URL's parsing, and every error. A
+//! reply is decoded here from the framing read to find where it ends (see `parse`:
+//! redis-rs's parser cost a third of the client's CPU per flow). Besides, this module
+//! holds only the connection's life:
 //!
 //! - at most [`MAX_CONNECTIONS`] per process; a call waits for one beyond that (under the
 //!   caller's timeout, as every store call is);
@@ -34,7 +36,7 @@
 //!   refused and the call fails.
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ConnectionAddr, ErrorKind, Parser, Pipeline, RedisError, RedisFuture, Value};
+use redis::{Cmd, ConnectionAddr, ErrorKind, Pipeline, RedisError, RedisFuture, Value};
 use std::sync::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Semaphore, SemaphorePermit};
@@ -268,28 +270,36 @@ fn too_large() -> RedisError {
     ))
 }
 
+/// Nesting deeper than this is left to redis-rs's parser (which refuses it): no reply
+/// of the store's nests more than twice.
+const MAX_DEPTH: usize = 16;
+
+/// The line at `*at` (its type byte and what follows it up to `\r\n`), moving `*at`
+/// past it; `None` while it has not all arrived.
+fn next_line<'b>(bytes: &'b [u8], at: &mut usize) -> Option<(u8, &'b [u8])> {
+    let rest = bytes.get(*at..)?;
+    let eol = rest.windows(2).position(|w| w == b"\r\n")?;
+    let kind = *rest.first()?;
+    let line = rest.get(1..eol)?;
+    *at += eol + 2;
+    Some((kind, line))
+}
+
 /// Where `n` whole replies end in `bytes`; `None` while they have not all arrived.
 ///
 /// Only the framing is read here (each line's type and length, a bulk string's bytes
 /// skipped by its length), so that a reply arriving in many reads is looked at in
-/// whole once, by redis-rs's parser, instead of parsed again from its start at each
-/// read; and so that a bulk string longer than the bound is refused from its header.
-/// The connection speaks RESP2 (no `HELLO 3` is sent): these five types are all it
-/// answers with.
+/// whole once, by [`parse`], instead of parsed again from its start at each read; and
+/// so that a bulk string longer than the bound is refused from its header. The
+/// connection speaks RESP2 (no `HELLO 3` is sent): these five types are all it answers
+/// with.
 fn replies_end(bytes: &[u8], n: usize) -> redis::RedisResult<Option<usize>> {
     let mut at = 0;
     let mut pending = n;
     while pending > 0 {
-        let Some(eol) = bytes
-            .get(at..)
-            .and_then(|rest| rest.windows(2).position(|w| w == b"\r\n"))
-            .map(|i| at + i)
-        else {
+        let Some((kind, line)) = next_line(bytes, &mut at) else {
             return Ok(None);
         };
-        let kind = bytes[at];
-        let line = &bytes[at + 1..eol];
-        at = eol + 2;
         pending -= 1;
         match kind {
             b'+' | b'-' | b':' => {}
@@ -322,27 +332,104 @@ fn replies_end(bytes: &[u8], n: usize) -> redis::RedisResult<Option<usize>> {
     Ok((at <= bytes.len()).then_some(at))
 }
 
+fn malformed(what: &'static str, line: &[u8]) -> RedisError {
+    RedisError::from((
+        ErrorKind::Parse,
+        what,
+        String::from_utf8_lossy(line).into_owned(),
+    ))
+}
+
 /// A bulk string's or an array's length; `None` for RESP2's null (`-1`).
 fn length(line: &[u8]) -> redis::RedisResult<Option<usize>> {
-    let bad = || {
-        RedisError::from((
-            ErrorKind::Parse,
-            "Redis sent a malformed length",
-            String::from_utf8_lossy(line).into_owned(),
-        ))
-    };
-    let text = std::str::from_utf8(line).map_err(|_| bad())?;
+    let text =
+        std::str::from_utf8(line).map_err(|_| malformed("Redis sent a malformed length", line))?;
     if text == "-1" {
         return Ok(None);
     }
-    text.parse::<usize>().map(Some).map_err(|_| bad())
+    text.parse::<usize>()
+        .map(Some)
+        .map_err(|_| malformed("Redis sent a malformed length", line))
 }
 
-/// The `n` replies that `bytes` holds whole (see [`replies_end`]).
+/// The `n` replies that `bytes` holds whole (see [`replies_end`]), as redis-rs's parser
+/// reads them (`+OK` is `Okay`, a null is `Nil`).
+///
+/// Decoded here, from the framing `replies_end` already walked: redis-rs's parser is
+/// built on a general parser-combinator library, and in the bench's replicated flow it
+/// was a third of the client's CPU. A reply that is or holds an error goes through
+/// redis-rs's parser, which alone builds a `ServerError` (`NOSCRIPT` after a restart,
+/// a script's error): those are rare, and their meaning stays redis-rs's.
 fn parse(bytes: &[u8], n: usize) -> redis::RedisResult<Vec<Value>> {
-    let mut parser = Parser::new();
-    let mut rest = bytes;
-    (0..n).map(|_| parser.parse_value(&mut rest)).collect()
+    let mut at = 0;
+    let mut replies = Vec::with_capacity(n);
+    for _ in 0..n {
+        let start = at;
+        match decode(bytes, &mut at, 0)? {
+            Some(v) => replies.push(v),
+            None => {
+                let one = bytes.get(start..).unwrap_or_default();
+                let len = replies_end(one, 1)?.ok_or_else(incomplete)?;
+                replies.push(redis::parse_redis_value(&one[..len])?);
+                at = start + len;
+            }
+        }
+    }
+    Ok(replies)
+}
+
+fn incomplete() -> RedisError {
+    RedisError::from((ErrorKind::Parse, "Redis sent an incomplete reply"))
+}
+
+/// The reply at `*at`, moving `*at` past it; `None` when it is or holds an error (or
+/// nests deeper than [`MAX_DEPTH`]), for redis-rs's parser to read.
+fn decode(bytes: &[u8], at: &mut usize, depth: usize) -> redis::RedisResult<Option<Value>> {
+    let (kind, line) = next_line(bytes, at).ok_or_else(incomplete)?;
+    let text = || {
+        std::str::from_utf8(line)
+            .map_err(|_| malformed("Redis sent a line that is not UTF-8", line))
+    };
+    Ok(Some(match kind {
+        b'+' => match text()? {
+            "OK" => Value::Okay,
+            status => Value::SimpleString(status.to_owned()),
+        },
+        b':' => Value::Int(
+            text()?
+                .trim()
+                .parse()
+                .map_err(|_| malformed("Redis sent a malformed integer", line))?,
+        ),
+        b'$' => match length(line)? {
+            None => Value::Nil,
+            Some(len) => {
+                let body = bytes.get(*at..*at + len).ok_or_else(incomplete)?;
+                if bytes.get(*at + len..*at + len + 2) != Some(&b"\r\n"[..]) {
+                    return Err(malformed("Redis sent a bulk string without its end", line));
+                }
+                *at += len + 2;
+                Value::BulkString(body.to_vec())
+            }
+        },
+        b'*' => match length(line)? {
+            None => Value::Nil,
+            Some(_) if depth >= MAX_DEPTH => return Ok(None),
+            Some(len) => {
+                // The elements are all there (`replies_end` found them), three bytes
+                // each at least; the room grows with them past a usual reply's size.
+                let mut items = Vec::with_capacity(len.min(1024));
+                for _ in 0..len {
+                    match decode(bytes, at, depth + 1)? {
+                        Some(v) => items.push(v),
+                        None => return Ok(None),
+                    }
+                }
+                Value::Array(items)
+            }
+        },
+        _ => return Ok(None),
+    }))
 }
 
 impl ConnectionLike for Lease<'_> {
@@ -401,6 +488,44 @@ mod tests {
         let nested = b"*2\r\n*0\r\n*-1\r\n+OK\r\n";
         assert_eq!(replies_end(nested, 1).unwrap(), Some(nested.len() - 5));
         assert_eq!(replies_end(nested, 2).unwrap(), Some(nested.len()));
+    }
+
+    #[test]
+    fn replies_decode_as_redis_rs_parses_them() {
+        let replies: &[&[u8]] = &[
+            b"+OK\r\n",
+            b"+PONG\r\n",
+            b":42\r\n",
+            b":-7\r\n",
+            b"$0\r\n\r\n",
+            b"$-1\r\n",
+            b"*-1\r\n",
+            b"*0\r\n",
+            b"$4\r\na\r\nb\r\n",
+            b"$3\r\n\xff\x00\x01\r\n",
+            b"*5\r\n:1\r\n$2\r\nv7\r\n*2\r\n$1\r\na\r\n$1\r\nb\r\n:0\r\n*0\r\n",
+            b"*2\r\n*1\r\n*1\r\n+OK\r\n$-1\r\n",
+            // Errors, alone or inside an array: redis-rs's parser reads those.
+            b"-NOSCRIPT No matching script\r\n",
+            b"-ERR unknown command\r\n",
+            b"*2\r\n:1\r\n-ERR inside\r\n",
+        ];
+        for reply in replies {
+            let ours = parse(reply, 1).unwrap();
+            let theirs = redis::parse_redis_value(reply).unwrap();
+            assert_eq!(ours, vec![theirs], "{}", String::from_utf8_lossy(reply));
+        }
+        // Several in a row, errors among them, each where it ends.
+        let all: Vec<u8> = replies.concat();
+        let ours = parse(&all, replies.len()).unwrap();
+        let theirs: Vec<Value> = replies
+            .iter()
+            .map(|r| redis::parse_redis_value(r).unwrap())
+            .collect();
+        assert_eq!(ours, theirs);
+        // A bulk string without its end, and garbage where an integer goes.
+        assert!(parse(b"$2\r\nabc\r\n", 1).is_err());
+        assert!(parse(b":x\r\n", 1).is_err());
     }
 
     #[test]
