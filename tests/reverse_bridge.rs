@@ -184,6 +184,16 @@ fn retry(id: i64, name: &str, arguments: Value, responses: Value, state: &str) -
     v
 }
 
+/// The `inputResponses` answering the sampling request `key` with the model's `text`.
+fn sampling_answer(key: &str, text: &str) -> Value {
+    json!({ key: {
+        "role": "assistant",
+        "content": { "type": "text", "text": text },
+        "model": "test-model",
+        "stopReason": "endTurn"
+    } })
+}
+
 /// The text of a complete `tools/call` result.
 fn text(answer: &Value) -> String {
     assert_eq!(answer["result"]["resultType"], "complete", "{answer}");
@@ -335,12 +345,7 @@ async fn sampling_and_roots_requests_become_rounds_too() {
         params["messages"][0]["content"]["text"], "Say hi",
         "{first}"
     );
-    let sampled = json!({ key: {
-        "role": "assistant",
-        "content": { "type": "text", "text": "hi there" },
-        "model": "test-model",
-        "stopReason": "endTurn"
-    } });
+    let sampled = sampling_answer(&key, "hi there");
     let (_, done) = post(&gw.url(), None, &retry(2, "sample", args, sampled, &state)).await;
     assert_eq!(text(&done), "sampled: hi there");
 
@@ -380,12 +385,7 @@ async fn the_first_call_waits_for_the_stream_the_servers_requests_come_on() {
     );
     let (key, method, _, state) = round(&first);
     assert_eq!(method, "sampling/createMessage");
-    let sampled = json!({ key: {
-        "role": "assistant",
-        "content": { "type": "text", "text": "late" },
-        "model": "test-model",
-        "stopReason": "endTurn"
-    } });
+    let sampled = sampling_answer(&key, "late");
     let (_, done) = post(&gw.url(), None, &retry(2, "sample", args, sampled, &state)).await;
     assert_eq!(text(&done), "sampled: late");
 }
