@@ -292,6 +292,11 @@ async fn the_probe_names_each_legacy_transport_and_remembers_it() {
         after_first["DELETE /mcp"], 1,
         "the probe's session is closed"
     );
+    assert_eq!(
+        after_first.get("GET /mcp"),
+        None,
+        "the probe opens no standalone stream: {after_first}"
+    );
     // The second probe costs the upstream nothing.
     let again = prober
         .era(&target, UpstreamEra::Auto, OnBehalf::default())
@@ -549,8 +554,8 @@ async fn open_streamable(
         client(),
         url.parse().unwrap(),
         SessionOptions {
-            max_message: MAX,
             authorization,
+            ..SessionOptions::new(MAX)
         },
     );
     era::handshake_as(&session, &json!({ "elicitation": {} }), STEP).await?;

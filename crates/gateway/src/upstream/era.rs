@@ -359,9 +359,12 @@ impl EraProber {
                         Verdict::Unknown(e) => return Err(e.into()),
                     }
                 }
+                // No standalone stream: the session is closed right after its
+                // handshake, and would wait for the stream's head before that.
                 let options = SessionOptions {
-                    max_message: *max_message,
                     authorization: on_behalf.authorization.cloned(),
+                    standalone_stream: false,
+                    ..SessionOptions::new(*max_message)
                 };
                 let session = LegacySession::streamable_http(
                     UpstreamClient::clone(client),

@@ -128,14 +128,19 @@ pub struct SessionOptions {
     /// session carries (the standalone GET stream, pings, `DELETE`): the session
     /// belongs to one authorization context ([`PoolKey`]).
     pub authorization: Option<HeaderValue>,
+    /// Whether a Streamable HTTP session opens the standalone GET stream once
+    /// initialized (and sends its first request only once that stream is open). The
+    /// era probe's session, closed right after its handshake, does not.
+    pub standalone_stream: bool,
 }
 
 impl SessionOptions {
-    /// No credentials; messages up to `max_message` bytes.
+    /// No credentials; messages up to `max_message` bytes; the standalone stream.
     pub fn new(max_message: usize) -> Self {
         Self {
             max_message,
             authorization: None,
+            standalone_stream: true,
         }
     }
 }
@@ -440,8 +445,8 @@ impl LegacySession {
                 LegacyTransport::StreamableHttp | LegacyTransport::HttpSse,
             ) => {
                 let options = SessionOptions {
-                    max_message: *max_message,
                     authorization,
+                    ..SessionOptions::new(*max_message)
                 };
                 let client = UpstreamClient::clone(client);
                 if transport == LegacyTransport::HttpSse {

@@ -158,7 +158,8 @@ impl Streamable {
             }
         }
         if status == StatusCode::ACCEPTED || status == StatusCode::NO_CONTENT {
-            if matches!(message, Message::Notification(n) if n.method == "notifications/initialized")
+            if self.options.standalone_stream
+                && matches!(message, Message::Notification(n) if n.method == "notifications/initialized")
             {
                 self.open_stream(inner).await;
             }
