@@ -14,7 +14,7 @@
 use super::driver::{self, HeadWatch};
 use super::forwarded::Forwarded;
 use super::store::{
-    Created, Feeding, Held, Lookup, NotCreated, Served, SessionStore, StepError, StepState,
+    Created, Fed, Feeding, Held, Lookup, NotCreated, Served, SessionStore, StepError, StepState,
     Stepped, StoreError,
 };
 use super::trace::TraceContext;
@@ -22,6 +22,7 @@ use super::{text, GatewayConfig, Route};
 use crate::body::{empty, full, GatewayBody};
 use crate::header_names::{LAST_EVENT_ID, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::inbound::RequestBody;
+use bytes::Bytes;
 use dualera_adapters::jsonrpc::{self, Incoming as Parsed};
 use dualera_adapters::{
     Config as MachineConfig, ErrorCode, ErrorObject, Message, PeerStream, ProtocolVersion,
@@ -315,8 +316,8 @@ async fn post<S: SessionStore>(
         };
     };
     match parsed {
-        Parsed::Single(Message::Request(r)) => request(gw, store, &handle, r, cx).await,
-        Parsed::Single(other) => message(gw, store, &handle, other, cx.auth).await,
+        Parsed::Single(Message::Request(r)) => request(gw, store, &handle, r, body, cx).await,
+        Parsed::Single(other) => message(gw, store, &handle, other, body, cx.auth).await,
         Parsed::Batch(items) => batch(gw, store, &handle, items, cx).await,
     }
 }
@@ -425,12 +426,39 @@ async fn initialize<S: SessionStore>(
     }
 }
 
+/// A body that read as one message, read again ([`Fed`]).
+fn single(body: &[u8]) -> Option<Message> {
+    match jsonrpc::parse_incoming(body) {
+        Ok(Parsed::Single(m)) => Some(m),
+        _ => None,
+    }
+}
+
+/// A body that read as one request, read again ([`Fed`]).
+fn single_request(body: &[u8]) -> Option<dualera_adapters::Request> {
+    match single(body) {
+        Some(Message::Request(r)) => Some(r),
+        _ => None,
+    }
+}
+
+/// Why a host request's step refused it.
+enum Refusal {
+    /// Its stream is still open: its id is in use.
+    Busy,
+    /// The machine's reason.
+    Machine(dualera_adapters::SessionError),
+    /// Its body did not read as it did the first time ([`Fed::take`]).
+    Unreadable,
+}
+
 /// A request on a session: JSON when answered at once, else an SSE stream.
 async fn request<S: SessionStore>(
     gw: &Arc<Route>,
     store: &S,
     session: &S::Session,
     r: dualera_adapters::Request,
+    body: Bytes,
     cx: PostContext,
 ) -> Response<GatewayBody> {
     let PostContext { auth, trace, .. } = cx;
@@ -444,32 +472,40 @@ async fn request<S: SessionStore>(
     };
     store.served(session, Served::Request(&id, &r.method));
     let Stepped { fed, mut exchange } = store
-        .step(gw, session, feeding, r, |state, r, now| {
-            if state.busy(&peer) {
-                return Err(None);
-            }
-            state.started(&id);
-            let number = state.open(&peer, trace.as_ref(), auth.as_ref());
-            store.bind(session, &mut post, &peer);
-            let machine = state.machine();
-            match machine.handle_peer_message(Message::Request(r), now) {
-                Ok(()) => Ok((number, machine.has_call(&id))),
-                Err(e) => Err(Some(e)),
-            }
-        })
+        .step(
+            gw,
+            session,
+            feeding,
+            Fed::new(r, body, single_request),
+            |state, r, now| {
+                if state.busy(&peer) {
+                    return Err(Refusal::Busy);
+                }
+                let r = r.take().ok_or(Refusal::Unreadable)?;
+                state.started(&id);
+                let number = state.open(&peer, trace.as_ref(), auth.as_ref());
+                store.bind(session, &mut post, &peer);
+                let machine = state.machine();
+                match machine.handle_peer_message(Message::Request(r), now) {
+                    Ok(()) => Ok((number, machine.has_call(&id))),
+                    Err(e) => Err(Refusal::Machine(e)),
+                }
+            },
+        )
         .await;
     let (number, forwarded) = match fed {
         Ok(fed) => fed,
-        Err(StepError::Refused(None)) => {
+        Err(StepError::Refused(Refusal::Busy)) => {
             // Refused before the machine sees it (its stream must survive), in the
             // machine's own words, as every other wire says it.
             let e = dualera_adapters::SessionError::DuplicateRequestId { id: id.clone() };
             return refusal(Some(id), &e);
         }
-        Err(StepError::Refused(Some(e))) => {
+        Err(StepError::Refused(Refusal::Machine(e))) => {
             info!(session = %store.tag(session), error = %e, "request refused");
             return refusal(Some(id), &e);
         }
+        Err(StepError::Refused(Refusal::Unreadable)) => return internal(),
         Err(e) => return step_failed(gw, auth.as_ref(), Some(id), e.map_refused(drop)).await,
     };
     // A request answered without any live round gets a plain JSON response. Nothing
@@ -659,6 +695,7 @@ async fn message<S: SessionStore>(
     store: &S,
     session: &S::Session,
     message: Message,
+    body: Bytes,
     auth: Option<HeaderValue>,
 ) -> Response<GatewayBody> {
     let head = Arc::new(HeadWatch::default());
@@ -671,9 +708,17 @@ async fn message<S: SessionStore>(
         head: Some(&head),
     };
     let Stepped { fed, mut exchange } = store
-        .step(gw, session, feeding, message, |state, message, now| {
-            state.machine().handle_peer_message(message, now)
-        })
+        .step(
+            gw,
+            session,
+            feeding,
+            Fed::new(message, body, single),
+            |state, m, now| {
+                // `None`: the body did not read as it did the first time.
+                let m = m.take().ok_or(None)?;
+                state.machine().handle_peer_message(m, now).map_err(Some)
+            },
+        )
         .await;
     store.served(session, Served::Message(kind));
     match fed {
@@ -693,14 +738,15 @@ async fn message<S: SessionStore>(
             }
         }
         // A reply to a live request the gateway gave up on: accepted, dropped.
-        Err(StepError::Refused(e)) if e.is_dropped() => {
+        Err(StepError::Refused(Some(e))) if e.is_dropped() => {
             debug!(session = %store.tag(session), error = %e, "late or duplicate reply dropped");
             accepted()
         }
-        Err(StepError::Refused(e)) => {
+        Err(StepError::Refused(Some(e))) => {
             warn!(session = %store.tag(session), error = %e, "peer message refused");
             refusal(None, &e)
         }
+        Err(StepError::Refused(None)) => internal(),
         Err(e) => step_failed(gw, auth.as_ref(), None, e.map_refused(drop)).await,
     }
 }

@@ -19,8 +19,8 @@ use crate::legacy_http::{
 };
 use crate::sse;
 use crate::store::{
-    Created, Detachable, Exchange, Feeding, Held, Lookup, NotCreated, Served, SessionStore,
-    StepError, StepState, Stepped, StoreError,
+    Created, Detachable, Exchange, Feeding, Held, Lookup, NotCreated, OwnHasher, Served,
+    SessionStore, StepError, StepState, Stepped, StoreError,
 };
 use crate::telemetry::{SessionTelemetry, WIRE_HTTP};
 use crate::trace::TraceContext;
@@ -56,11 +56,8 @@ pub(crate) fn now() -> Timestamp {
 /// local hosts do not share one bound.
 pub(crate) type Binding = BindingKey;
 
-/// The hasher of maps keyed by ids the gateway or its machine minted (session ids,
-/// stream numbers, upstream request ids): no peer chooses their keys, so HashDoS does
-/// not apply and foldhash is cheaper than SipHash. Maps keyed by a peer's request ids
-/// (`streams`, `call_auth`) or by callers (`per_caller`) keep SipHash.
-type OwnHasher = foldhash::fast::RandomState;
+// Maps keyed by a peer's request ids (`streams`, `call_auth`) or by callers
+// (`per_caller`) keep SipHash; see [`OwnHasher`].
 
 /// Live legacy sessions.
 #[derive(Debug)]

@@ -58,6 +58,7 @@ use super::legacy_http::HEAD_WAIT;
 use super::trace::TraceContext;
 use crate::body::GatewayBody;
 use crate::Route;
+use bytes::Bytes;
 use dualera_adapters::{Observation, PeerStream, RequestId, Session, Timestamp};
 use http::header::HeaderValue;
 use http::Response;
@@ -66,6 +67,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
+
+/// The hasher of maps keyed by ids the gateway or its machine minted (session ids,
+/// stream numbers, upstream request ids, connection tokens and the key names built
+/// from them), in either store: no peer chooses their keys, so HashDoS does not apply
+/// and foldhash (randomly seeded) is cheaper than SipHash. A map that also takes a
+/// peer's guess at such an id does so only for as long as one request of it runs (the
+/// shared store's per-session step locks), so a peer cannot fill it. Maps keyed by a
+/// peer's request ids or by callers keep SipHash.
+pub(crate) type OwnHasher = foldhash::fast::RandomState;
 
 /// Which store holds legacy Streamable HTTP sessions (`[gateway] session_store`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -464,6 +474,48 @@ pub(super) enum Served<'a> {
 /// [`new_machine`]: SessionStore::new_machine
 /// [`create`]: SessionStore::create
 /// [`resume`]: SessionStore::resume
+/// A host message a step is fed, with the request body it was read from: what a step
+/// may need more than once ([`SessionStore::step`]) without copying the message.
+///
+/// The shared store feeds a step again after a conflicting writer, from the current
+/// state, so it keeps a copy of its input before the first attempt. A copy of this
+/// is the body alone (a reference count), read again only when a later attempt takes
+/// it: where a deep copy of the message (its params' map and strings) was made, and
+/// dropped, for every request and reply a replica stepped.
+#[derive(Debug)]
+pub(crate) struct Fed<T> {
+    message: Option<T>,
+    body: Bytes,
+    read: fn(&[u8]) -> Option<T>,
+}
+
+impl<T> Fed<T> {
+    /// `message`, read from `body` by `read`.
+    pub(crate) fn new(message: T, body: Bytes, read: fn(&[u8]) -> Option<T>) -> Self {
+        Self {
+            message: Some(message),
+            body,
+            read,
+        }
+    }
+
+    /// The message: the one read first, else the body read again (`None` only if
+    /// reading it again gives something else, which a body read once cannot).
+    pub(crate) fn take(self) -> Option<T> {
+        self.message.or_else(|| (self.read)(&self.body))
+    }
+}
+
+impl<T> Clone for Fed<T> {
+    fn clone(&self) -> Self {
+        Self {
+            message: None,
+            body: self.body.clone(),
+            read: self.read,
+        }
+    }
+}
+
 pub(super) trait SessionStore: Send + Sync {
     /// A session found for a caller (what the operations below act on).
     type Session: Send + Sync;
@@ -483,8 +535,9 @@ pub(super) trait SessionStore: Send + Sync {
     /// store what changed (compare-and-set on the version, with the messages appended
     /// to their streams, where the state is shared), then perform the rest (upstream
     /// exchanges started, cancelled; leases; timers). `feed` may run more than once
-    /// (a conflicting writer), each time with a copy of `input`; an `Err` from it
-    /// stores nothing but the machine's observations.
+    /// (a conflicting writer): the first time with `input` itself, later with a copy
+    /// of it, made before the first (a [`Fed`] message's copy is its body); an `Err`
+    /// from it stores nothing but the machine's observations.
     fn step<I, T, R, F>(
         &self,
         gw: &Arc<Route>,
@@ -650,6 +703,26 @@ mod tests {
             SessionStoreConfig::Redis(r) => r.record_format,
             SessionStoreConfig::Memory => panic!("a redis:// store"),
         }
+    }
+
+    #[test]
+    fn a_fed_message_is_taken_first_and_its_copies_read_the_body_again() {
+        fn words(b: &[u8]) -> Option<Vec<String>> {
+            let text = std::str::from_utf8(b).ok()?;
+            (!text.is_empty()).then(|| text.split(' ').map(str::to_owned).collect())
+        }
+        let first = vec!["first".to_owned()];
+        let fed = Fed::new(first.clone(), Bytes::from_static(b"read again"), words);
+        let copy = fed.clone();
+        // The copy holds the body alone: no copy of the message is made for it.
+        assert!(copy.message.is_none());
+        assert_eq!(fed.take(), Some(first));
+        assert_eq!(
+            copy.clone().take(),
+            Some(vec!["read".into(), "again".into()])
+        );
+        let unreadable = Fed::new(vec![], Bytes::new(), words).clone();
+        assert_eq!(unreadable.take(), None);
     }
 
     #[test]

@@ -23,6 +23,7 @@
 //! limit, and one that never acks (a replica from before acks) for [`FIRST_ACK`];
 //! then the exchange no longer follows that stream.
 
+use crate::store::OwnHasher;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -114,7 +115,7 @@ impl Progress {
 /// only a weak reference, so one that ends without unregistering is not waited for.
 #[derive(Debug, Default)]
 pub(super) struct Backlog {
-    relays: Mutex<HashMap<String, Weak<Progress>>>,
+    relays: Mutex<HashMap<String, Weak<Progress>, OwnHasher>>,
 }
 
 impl Backlog {

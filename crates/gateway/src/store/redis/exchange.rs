@@ -297,7 +297,7 @@ impl RedisSessions {
                 .redis
                 .renew_lease(
                     lease,
-                    &zset,
+                    zset,
                     &session,
                     &self.replica,
                     wall_ms() + self.lease_ms(),
@@ -408,7 +408,7 @@ impl RedisSessions {
         match self.feed(&gw, &sid, &ctx, Input::Timer).await {
             Ok(_) => {}
             Err(StepError::NotFound { .. }) => {
-                let _ = self.redis.delete(&[], &self.keys.timers(), &[sid]).await;
+                let _ = self.redis.delete(&[], self.keys.timers(), &[sid]).await;
             }
             Err(StepError::Store(e)) => debug!(error = %e, "timer not fired"),
             Err(StepError::Refused(_) | StepError::Broken) => {}
@@ -418,7 +418,7 @@ impl RedisSessions {
     /// Drops a lease that cannot be redone (unreadable, or its session is gone).
     async fn drop_lease(&self, lease: &str) {
         let lease = [lease.to_owned()];
-        let _ = self.redis.delete(&lease, &self.keys.leases(), &lease).await;
+        let _ = self.redis.delete(&lease, self.keys.leases(), &lease).await;
     }
 
     /// Redoes an exchange whose lease this replica just took over.
@@ -494,8 +494,8 @@ pub(super) async fn sweep(sessions: Arc<RedisSessions>, gw: Arc<Route>) {
         let swept = sessions
             .redis
             .sweep(&SweepTick {
-                timers: &timers,
-                leases_zset: &leases,
+                timers,
+                leases_zset: leases,
                 now,
                 due_at_once: TIMERS_AT_ONCE,
                 claim_until: now + claim,

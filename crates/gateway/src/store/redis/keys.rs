@@ -103,16 +103,16 @@ impl Keys {
         name(&[&self.prefix, "d:", digest])
     }
 
-    pub(super) fn timers(&self) -> String {
-        self.timers.clone()
+    pub(super) fn timers(&self) -> &str {
+        &self.timers
     }
 
-    pub(super) fn leases(&self) -> String {
-        self.leases.clone()
+    pub(super) fn leases(&self) -> &str {
+        &self.leases
     }
 
-    pub(super) fn sessions(&self) -> String {
-        self.sessions.clone()
+    pub(super) fn sessions(&self) -> &str {
+        &self.sessions
     }
 
     /// One caller's sessions, by its binding key (hex).
@@ -126,8 +126,8 @@ impl Keys {
     }
 
     /// The channel every replica listens to; a replica's own is this, `:`, its name.
-    pub(super) fn wake_all(&self) -> String {
-        self.wake_all.clone()
+    pub(super) fn wake_all(&self) -> &str {
+        &self.wake_all
     }
 
     /// The channel of one replica.

@@ -52,7 +52,7 @@ use crate::driver::{self, HeadWatch, Out};
 use crate::forwarded::Forwarded;
 use crate::legacy_http::{self, FINISHED_KEPT, FIRST_MESSAGE_WAIT, HEAD_WAIT};
 use crate::store::{
-    Created, Detachable, Exchange, Feeding, Held, Lookup, NotCreated, RecordFormat,
+    Created, Detachable, Exchange, Feeding, Held, Lookup, NotCreated, OwnHasher, RecordFormat,
     RedisStoreConfig, Served, SessionStore, StepError, Stepped, StoreError,
 };
 use crate::telemetry::WIRE_HTTP;
@@ -88,6 +88,14 @@ const VERSIONS_KEPT: usize = 4096;
 /// reads and writes the whole record, and ids older than this are still told apart
 /// from unknown ones by their shape.
 const RETIRED_IDS: usize = 16;
+
+/// How often a session's last use moves in the `sessions` and caller zsets, for an
+/// idle TTL: a sixteenth of it, at most a minute.
+fn touch_ms(idle_ttl: Duration) -> u64 {
+    u64::try_from(idle_ttl.as_millis() / 16)
+        .unwrap_or(u64::MAX)
+        .min(60_000)
+}
 
 /// Milliseconds since the Unix epoch: the machine's clock in a shared session, so that
 /// its deadlines mean the same on every replica (their clocks must agree to well under
@@ -338,12 +346,14 @@ pub(crate) struct RedisSessions {
     /// (this replica's, and others' through their acks).
     backlog: Arc<Backlog>,
     deciders: DashMap<(String, PeerStream), Arc<Decider>>,
-    exchanges: DashMap<(String, RequestId), futures_util::future::AbortHandle>,
-    locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// By session and upstream request id (the machine's).
+    exchanges: DashMap<(String, RequestId), futures_util::future::AbortHandle, OwnHasher>,
+    /// One per session with a step running here; gone when none is.
+    locks: DashMap<String, Arc<tokio::sync::Mutex<()>>, OwnHasher>,
     /// Leases of exchanges this replica runs, not written yet, by session
     /// ([`PendingLease`]). Read and changed only by steps of the session, which hold its
     /// lock.
-    pending_leases: DashMap<String, Vec<PendingLease>>,
+    pending_leases: DashMap<String, Vec<PendingLease>, OwnHasher>,
     /// The last version and state this replica stored or read per session: a step
     /// starts from it and the compare-and-set says whether it is still current (a
     /// conflict returns the current state in the same round trip). Never used to
@@ -362,6 +372,19 @@ pub(crate) struct RedisSessions {
     /// them, where a timer per relay made each new stream move the runtime's next
     /// wake-up earlier (a write to wake its I/O driver, once per replicated flow).
     hold_tick: tokio::sync::watch::Sender<()>,
+    /// The step script's arguments that are the same for all of this replica's steps.
+    fixed: Fixed,
+}
+
+/// Numbers every step passes to its script, written once ([`stored::Ops`]).
+#[derive(Debug)]
+struct Fixed {
+    /// The idle TTL, ms.
+    ttl: String,
+    /// The session hash's TTL, ms ([`RedisSessions::session_ttl_ms`]).
+    sttl: String,
+    /// Entries kept per stream (the replay buffer).
+    keep: String,
 }
 
 impl std::fmt::Debug for RedisSessions {
@@ -391,6 +414,12 @@ impl RedisSessions {
         // This driver's timestamps are Unix milliseconds already.
         machine.unix_at_zero_ms = 0;
         let machine = Arc::new(machine);
+        let idle_ttl_ms = u64::try_from(config.session_idle_ttl.as_millis()).unwrap_or(u64::MAX);
+        let fixed = Fixed {
+            ttl: decimal(idle_ttl_ms),
+            sttl: decimal(idle_ttl_ms.saturating_add(touch_ms(config.session_idle_ttl))),
+            keep: decimal(config.replay_buffer.max(1)),
+        };
         Ok(Arc::new(Self {
             redis: Arc::new(redis),
             keys,
@@ -407,9 +436,9 @@ impl RedisSessions {
             wakes,
             backlog,
             deciders: DashMap::new(),
-            exchanges: DashMap::new(),
-            locks: DashMap::new(),
-            pending_leases: DashMap::new(),
+            exchanges: DashMap::default(),
+            locks: DashMap::default(),
+            pending_leases: DashMap::default(),
             versions: quick_cache::sync::Cache::new(VERSIONS_KEPT),
             discovers: Mutex::new(Vec::new()),
             tasks: Mutex::new(Vec::new()),
@@ -417,6 +446,7 @@ impl RedisSessions {
             format: store.record_format,
             tokens: Tokens::new(&store.replica_id),
             hold_tick: tokio::sync::watch::Sender::new(()),
+            fixed,
         }))
     }
 
@@ -649,7 +679,9 @@ impl RedisSessions {
         feed: &mut impl FnMut(&mut Record, Timestamp) -> Result<T, R>,
     ) -> Result<T, StepError<R>> {
         let key = self.keys.session(sid);
-        let cached = self.versions.get(sid).and_then(|slot| {
+        // Kept to store the next version in place: no new entry, key or slot a step.
+        let slot = self.versions.get(sid);
+        let cached = slot.as_ref().and_then(|slot| {
             let mut r = slot.lock().ok()?;
             Some((
                 r.version.clone(),
@@ -738,8 +770,19 @@ impl RedisSessions {
                         self.versions.remove(sid);
                     } else {
                         let touched = if ops.touch { now } else { touched };
-                        self.versions
-                            .insert(sid.to_owned(), remember(v, blob, Some(record), touched));
+                        let next = Remembered {
+                            version: v,
+                            state: Arc::new(blob),
+                            record: Some(record),
+                            touched,
+                        };
+                        match slot.as_ref().map(|s| s.lock()) {
+                            Some(Ok(mut r)) => *r = next,
+                            _ => {
+                                self.versions
+                                    .insert(sid.to_owned(), Arc::new(Mutex::new(next)));
+                            }
+                        }
                     }
                     if let Some(Ok(mut last)) = ctx.appended.as_ref().map(Mutex::lock) {
                         last.clear();
@@ -780,21 +823,21 @@ impl RedisSessions {
 
     /// Drains the machine's events into the script's effects and what to do after.
     /// `touched`: when this replica last moved the session's last use in the zsets.
-    fn plan(
-        &self,
-        sid: &str,
+    fn plan<'a>(
+        &'a self,
+        sid: &'a str,
         record: &mut Record,
         now: u64,
         ctx: &Ctx,
         touched: u64,
-    ) -> (Ops, After) {
+    ) -> (Ops<'a>, After) {
         let mut ops = Ops {
-            ttl: decimal(self.idle_ttl_ms()),
-            sttl: decimal(self.session_ttl_ms()),
-            sid: sid.to_owned(),
+            ttl: &self.fixed.ttl,
+            sttl: &self.fixed.sttl,
+            sid,
             now: decimal(now),
-            keep: decimal(self.replay),
-            me: self.replica.clone(),
+            keep: &self.fixed.keep,
+            me: &self.replica,
             wk: self.keys.wake_all(),
             timers: self.keys.timers(),
             leases: self.keys.leases(),
@@ -862,7 +905,7 @@ impl RedisSessions {
                 start,
                 lease,
                 head,
-                forwarded: Forwarded::from_pairs(&record.forwarded),
+                forwarded: record.forwarded(),
             });
         }
         for (id, reason) in std::mem::take(&mut plan.cancels) {
@@ -1045,8 +1088,10 @@ impl RedisSessions {
                 ops.del.push(self.keys.holder(sid, Some(n)));
             }
             ops.del.push(self.keys.holder(sid, None));
-            ops.publish
-                .push((self.keys.wake_all(), wake::payload(sid, &Wake::Streams)));
+            ops.publish.push((
+                self.keys.wake_all().to_owned(),
+                wake::payload(sid, &Wake::Streams),
+            ));
         }
         (ops, after)
     }
@@ -1158,9 +1203,7 @@ impl RedisSessions {
     /// How often a session's last use moves in the `sessions` and caller zsets: a
     /// sixteenth of the idle TTL, at most a minute.
     fn touch_ms(&self) -> u64 {
-        u64::try_from(self.idle_ttl.as_millis() / 16)
-            .unwrap_or(u64::MAX)
-            .min(60_000)
+        touch_ms(self.idle_ttl)
     }
 
     fn idle_ttl_ms(&self) -> u64 {
@@ -1286,6 +1329,7 @@ impl RedisSessions {
             next_stream: 0,
             auth: Vec::new(),
             forwarded: forwarded.to_pairs(),
+            forwarded_headers: None,
             // CREATE leaves the session idle (no `b` field), and out of the timers zset.
             busy: false,
             due: None,
@@ -1636,9 +1680,12 @@ impl SessionStore for Arc<RedisSessions> {
         F: for<'s> FnMut(&mut Record, I, Timestamp) -> Result<T, R> + Send,
     {
         let ctx = RedisSessions::ctx(session, feeding.auth, feeding.head.cloned());
-        // Fed again from the current state after a conflicting writer: a copy each time.
+        // Fed again from the current state after a conflicting writer: the first
+        // attempt takes `input`, each later one a copy of the copy made before it.
+        let spare = input.clone();
+        let mut first = Some(input);
         let fed = RedisSessions::step(self, gw, &session.id, &ctx, |record, now| {
-            feed(record, input.clone(), now)
+            feed(record, first.take().unwrap_or_else(|| spare.clone()), now)
         })
         .await;
         let exchange = Detachable(self.inline_exchange(gw, &session.id, &ctx));

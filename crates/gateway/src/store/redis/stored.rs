@@ -9,6 +9,7 @@
 //! the call), and the session machine itself, serialized by the adapters.
 
 use crate::driver;
+use crate::forwarded::Forwarded;
 use crate::header_names::{TRACEPARENT, TRACESTATE};
 use crate::store::StepState;
 use crate::trace::TraceContext;
@@ -134,6 +135,11 @@ pub(crate) struct Record {
     /// The forwarded headers of the request that opened the session.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(super) forwarded: Vec<(String, String)>,
+    /// `forwarded` as the headers an upstream request carries, built the first time an
+    /// exchange needs them: a replica keeps a record decoded between its steps, and
+    /// parsing the names and values for each exchange cost more than the copies.
+    #[serde(skip)]
+    pub(super) forwarded_headers: Option<Forwarded>,
     /// Whether the session hash's `b` is 1 (requests in flight), as the last step
     /// left it (a step writes `b` only when this changes; absent when not, as an idle
     /// session is).
@@ -148,6 +154,13 @@ pub(crate) struct Record {
 }
 
 impl Record {
+    /// The headers of `forwarded` (see [`Record::forwarded_headers`]).
+    pub(super) fn forwarded(&mut self) -> Forwarded {
+        self.forwarded_headers
+            .get_or_insert_with(|| Forwarded::from_pairs(&self.forwarded))
+            .clone()
+    }
+
     pub(super) fn stream(&self, peer: &PeerStream) -> Option<&StreamMeta> {
         self.streams.iter().find(|s| &s.peer == peer)
     }
@@ -477,19 +490,22 @@ pub(super) mod codec {
 /// The effects of one step, executed by the step script in the same transaction as
 /// the state (see `client::STEP`), which reads them as flat `ARGV` ([`Ops::args`]).
 /// Numbers are strings: Lua would print large ones in exponent form.
+///
+/// What is the same for every step of a replica (its TTLs, its name, the shared keys'
+/// names) is borrowed from it rather than written again for each step.
 #[derive(Debug, Default)]
-pub(super) struct Ops {
-    pub(super) ttl: String,
-    pub(super) sid: String,
+pub(super) struct Ops<'a> {
+    pub(super) ttl: &'a str,
+    pub(super) sid: &'a str,
     pub(super) now: String,
-    pub(super) keep: String,
-    pub(super) timers: String,
-    pub(super) leases: String,
-    pub(super) sessions: String,
+    pub(super) keep: &'a str,
+    pub(super) timers: &'a str,
+    pub(super) leases: &'a str,
+    pub(super) sessions: &'a str,
     /// The caller's sessions (zset SID → last use: `max_sessions_per_caller`).
     pub(super) caller: String,
     /// The session hash's TTL (the idle TTL plus the touch interval), renewed on touch.
-    pub(super) sttl: String,
+    pub(super) sttl: &'a str,
     /// This session has requests in flight after the step (the hash's `b`, which keeps
     /// it from being evicted to make room), when that changed.
     pub(super) busy: Option<bool>,
@@ -512,16 +528,16 @@ pub(super) struct Ops {
     /// Connection holders to set: key, token, ms (a POST's relay, decided here).
     pub(super) hold: Vec<(String, String, String)>,
     /// This replica's name (see `keys::Keys::wake_replica`).
-    pub(super) me: String,
+    pub(super) me: &'a str,
     /// The broadcast channel; a replica's own is this, `:`, its name.
-    pub(super) wk: String,
+    pub(super) wk: &'a str,
     /// Cancellations: the lease key, the wake payload for its owner.
     pub(super) cancel: Vec<(String, String)>,
     /// Broadcasts: channel, payload.
     pub(super) publish: Vec<(String, String)>,
 }
 
-impl Ops {
+impl Ops<'_> {
     /// The step script's `ARGV` after the version and the state, in the order
     /// `client::STEP` reads them: the scalars (an absent one is empty), the flags, the
     /// seven list lengths, then each list's items, flattened; messages and lease
@@ -561,21 +577,21 @@ impl Ops {
                 + 2 * self.publish.len(),
         );
         args.extend([
-            text(&self.ttl),
-            text(&self.sid),
+            text(self.ttl),
+            text(self.sid),
             text(&self.now),
-            text(&self.keep),
-            text(&self.timers),
-            text(&self.leases),
-            text(&self.sessions),
+            text(self.keep),
+            text(self.timers),
+            text(self.leases),
+            text(self.sessions),
             text(&self.caller),
-            text(&self.sttl),
+            text(self.sttl),
             Cow::Owned(flags.into_bytes()),
             opt(self.due.as_ref()),
             opt(self.tomb.as_ref()),
             opt(self.disc.as_ref()),
-            text(&self.me),
-            text(&self.wk),
+            text(self.me),
+            text(self.wk),
         ]);
         args.extend([
             number(self.xadd.len()),
@@ -782,21 +798,21 @@ mod tests {
     #[test]
     fn the_effects_are_flat_arguments_in_the_order_the_script_reads() {
         let ops = Ops {
-            ttl: "60000".into(),
-            sid: "s".into(),
+            ttl: "60000",
+            sid: "s",
             now: "5".into(),
-            keep: "64".into(),
-            timers: "T".into(),
-            leases: "L".into(),
-            sessions: "S".into(),
+            keep: "64",
+            timers: "T",
+            leases: "L",
+            sessions: "S",
             caller: "C".into(),
-            sttl: "61000".into(),
+            sttl: "61000",
             busy: Some(false),
             touch: true,
             tw: true,
             due: Some("9".into()),
-            me: "r1".into(),
-            wk: "w".into(),
+            me: "r1",
+            wk: "w",
             xadd: vec![
                 Append {
                     k: "x1".into(),

@@ -17,6 +17,7 @@
 use super::backlog::Backlog;
 use super::client::Redis;
 use super::keys::Keys;
+use crate::store::OwnHasher;
 use dualera_adapters::RequestId;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -108,9 +109,10 @@ struct Entry {
 /// A replica's wake-up fan-in.
 pub(super) struct Wakes {
     channels: [String; 2],
-    map: Mutex<HashMap<String, Entry>>,
+    /// By session id.
+    map: Mutex<HashMap<String, Entry, OwnHasher>>,
     /// The inboxes of this replica's relays, by connection token.
-    inboxes: Mutex<HashMap<String, Arc<Inbox>>>,
+    inboxes: Mutex<HashMap<String, Arc<Inbox>, OwnHasher>>,
     /// Whether both channels are subscribed.
     subscribed: watch::Sender<bool>,
     cancel: Mutex<Option<mpsc::Sender<(String, RequestId)>>>,
@@ -147,9 +149,9 @@ impl Drop for Waiter {
 impl Wakes {
     pub(super) fn new(keys: &Keys, replica: &str, backlog: Arc<Backlog>) -> Arc<Self> {
         Arc::new(Self {
-            channels: [keys.wake_replica(replica), keys.wake_all()],
-            map: Mutex::new(HashMap::new()),
-            inboxes: Mutex::new(HashMap::new()),
+            channels: [keys.wake_replica(replica), keys.wake_all().to_owned()],
+            map: Mutex::new(HashMap::default()),
+            inboxes: Mutex::new(HashMap::default()),
             subscribed: watch::channel(false).0,
             cancel: Mutex::new(None),
             backlog,
