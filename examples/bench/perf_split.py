@@ -28,7 +28,8 @@ Usage (a build with frame pointers, so that user stacks unwind; its own target d
 
 It needs `perf` with `perf_event_paranoid` allowing system-wide sampling (or root). It
 prints one table, leaves `perf.data`, the bench's output and the split as JSON in
-`--out`. Standard library only.
+`--out` (with each variant's process ids, to read `perf.data` again by process).
+Standard library only.
 """
 
 import argparse
@@ -204,6 +205,8 @@ def main():
         rows.append({"where": k, "memory": a, "replicas": b})
     with open(os.path.join(o.out, "split.json"), "w") as fh:
         json.dump({"window_s": t1 - t0, "us_per_sample": per, "rows": rows,
+                   # For reading `perf.data` again by process (`perf script -F pid,...`).
+                   "pids": {v: sorted(p) for v, p in pids.items()},
                    "samples": {"memory": nm, "replicas": nr}}, fh, indent=1)
 
 
