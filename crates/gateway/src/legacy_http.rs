@@ -442,9 +442,9 @@ fn single_request(body: &[u8]) -> Option<dualera_adapters::Request> {
     }
 }
 
-/// Why a host request's step refused it.
+/// Why a step refused a host message.
 enum Refusal {
-    /// Its stream is still open: its id is in use.
+    /// A request whose stream is still open: its id is in use.
     Busy,
     /// The machine's reason.
     Machine(dualera_adapters::SessionError),
@@ -714,9 +714,11 @@ async fn message<S: SessionStore>(
             feeding,
             Fed::new(message, body, single),
             |state, m, now| {
-                // `None`: the body did not read as it did the first time.
-                let m = m.take().ok_or(None)?;
-                state.machine().handle_peer_message(m, now).map_err(Some)
+                let m = m.take().ok_or(Refusal::Unreadable)?;
+                state
+                    .machine()
+                    .handle_peer_message(m, now)
+                    .map_err(Refusal::Machine)
             },
         )
         .await;
@@ -738,15 +740,15 @@ async fn message<S: SessionStore>(
             }
         }
         // A reply to a live request the gateway gave up on: accepted, dropped.
-        Err(StepError::Refused(Some(e))) if e.is_dropped() => {
+        Err(StepError::Refused(Refusal::Machine(e))) if e.is_dropped() => {
             debug!(session = %store.tag(session), error = %e, "late or duplicate reply dropped");
             accepted()
         }
-        Err(StepError::Refused(Some(e))) => {
+        Err(StepError::Refused(Refusal::Machine(e))) => {
             warn!(session = %store.tag(session), error = %e, "peer message refused");
             refusal(None, &e)
         }
-        Err(StepError::Refused(None)) => internal(),
+        Err(StepError::Refused(Refusal::Busy | Refusal::Unreadable)) => internal(),
         Err(e) => step_failed(gw, auth.as_ref(), None, e.map_refused(drop)).await,
     }
 }

@@ -97,6 +97,19 @@ fn touch_ms(idle_ttl: Duration) -> u64 {
         .min(60_000)
 }
 
+fn idle_ttl_ms(idle_ttl: Duration) -> u64 {
+    u64::try_from(idle_ttl.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The session hash's TTL for an idle TTL: the idle TTL plus [`touch_ms`]. Only a step
+/// that moves the session's last use renews it (a replica does so at most every
+/// `touch_ms`, and remembers when), so a session is still there the whole idle TTL
+/// after its last step, one `PEXPIRE` a step the cheaper; open streams and leases
+/// renew it too.
+fn session_ttl_ms(idle_ttl: Duration) -> u64 {
+    idle_ttl_ms(idle_ttl).saturating_add(touch_ms(idle_ttl))
+}
+
 /// Milliseconds since the Unix epoch: the machine's clock in a shared session, so that
 /// its deadlines mean the same on every replica (their clocks must agree to well under
 /// a second).
@@ -381,7 +394,7 @@ pub(crate) struct RedisSessions {
 struct Fixed {
     /// The idle TTL, ms.
     ttl: String,
-    /// The session hash's TTL, ms ([`RedisSessions::session_ttl_ms`]).
+    /// The session hash's TTL, ms ([`session_ttl_ms`]).
     sttl: String,
     /// Entries kept per stream (the replay buffer).
     keep: String,
@@ -414,11 +427,11 @@ impl RedisSessions {
         // This driver's timestamps are Unix milliseconds already.
         machine.unix_at_zero_ms = 0;
         let machine = Arc::new(machine);
-        let idle_ttl_ms = u64::try_from(config.session_idle_ttl.as_millis()).unwrap_or(u64::MAX);
+        let replay = config.replay_buffer.max(1);
         let fixed = Fixed {
-            ttl: decimal(idle_ttl_ms),
-            sttl: decimal(idle_ttl_ms.saturating_add(touch_ms(config.session_idle_ttl))),
-            keep: decimal(config.replay_buffer.max(1)),
+            ttl: decimal(idle_ttl_ms(config.session_idle_ttl)),
+            sttl: decimal(session_ttl_ms(config.session_idle_ttl)),
+            keep: decimal(replay),
         };
         Ok(Arc::new(Self {
             redis: Arc::new(redis),
@@ -428,7 +441,7 @@ impl RedisSessions {
             machine,
             idle_ttl: config.session_idle_ttl,
             keepalive: config.keepalive,
-            replay: config.replay_buffer.max(1),
+            replay,
             max_sessions: config.max_sessions,
             max_per_caller: config.max_sessions_per_caller,
             max_buffered: config.max_buffered_bytes,
@@ -1207,16 +1220,12 @@ impl RedisSessions {
     }
 
     fn idle_ttl_ms(&self) -> u64 {
-        u64::try_from(self.idle_ttl.as_millis()).unwrap_or(u64::MAX)
+        idle_ttl_ms(self.idle_ttl)
     }
 
-    /// The session hash's TTL: the idle TTL plus [`touch_ms`](Self::touch_ms). Only a
-    /// step that moves the session's last use renews it (a replica does so at most
-    /// every `touch_ms`, and remembers when), so a session is still there the whole
-    /// idle TTL after its last step, one `PEXPIRE` a step the cheaper; open streams
-    /// and leases renew it too.
+    /// The session hash's TTL ([`session_ttl_ms`]).
     fn session_ttl_ms(&self) -> u64 {
-        self.idle_ttl_ms().saturating_add(self.touch_ms())
+        session_ttl_ms(self.idle_ttl)
     }
 
     fn lease_ms(&self) -> u64 {
