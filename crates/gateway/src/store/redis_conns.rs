@@ -13,7 +13,9 @@
 //! in-memory gateway's to 1.91–1.93×.
 //!
 //! What stays redis-rs's: the command's encoding (`Cmd`, `Pipeline`, `Script` through
-//! [`redis::aio::ConnectionLike`], which [`Lease`] implements), the reply's type
+//! [`redis::aio::ConnectionLike`], which [`Lease`] implements; the two scripts every
+//! replicated step sends are written here from their arguments, the bytes `Cmd`
+//! writes, see [`Lease::query_args`]), the reply's type
 //! ([`Value`]), the parsing of an error reply, the URL's parsing, and every error. A
 //! reply is decoded here from the framing read to find where it ends (see `parse`:
 //! redis-rs's parser cost a third of the client's CPU per flow). Besides, this module
@@ -432,6 +434,50 @@ fn decode(bytes: &[u8], at: &mut usize, depth: usize) -> redis::RedisResult<Opti
     }))
 }
 
+impl Lease<'_> {
+    /// Sends one command given as its arguments (`args[0]` its name), written in the
+    /// protocol straight from them, and returns its reply; an error reply is `Err`, as
+    /// redis-rs's `query_async` makes it.
+    ///
+    /// For the commands of every replicated step (the step and version-check scripts):
+    /// through a `Cmd`, each argument was copied into the command's own buffer and then
+    /// again into the connection's, with an allocation or two per command. The bytes
+    /// are the ones `Cmd` writes (see the test).
+    pub async fn query_args<'x>(
+        &mut self,
+        args: impl Iterator<Item = &'x [u8]> + Clone,
+    ) -> redis::RedisResult<Value> {
+        self.out.clear();
+        write_command(&mut self.out, args);
+        let mut replies = self.call(0, 1).await?;
+        replies
+            .pop()
+            .ok_or_else(|| RedisError::from((ErrorKind::Parse, "no reply")))?
+            .extract_error()
+    }
+}
+
+/// Appends the command `args` (its name first) to `out` in RESP: an array of bulk
+/// strings.
+fn write_command<'x>(out: &mut Vec<u8>, args: impl Iterator<Item = &'x [u8]> + Clone) {
+    let mut digits = itoa::Buffer::new();
+    let (count, bytes) = args
+        .clone()
+        .fold((0, 0), |(n, b), a| (n + 1, b + a.len() + 2));
+    // A header is at most 1 + 20 digits + 2 bytes.
+    out.reserve(23 * (count + 1) + bytes);
+    out.push(b'*');
+    out.extend_from_slice(digits.format(count).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for arg in args {
+        out.push(b'$');
+        out.extend_from_slice(digits.format(arg.len()).as_bytes());
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
 impl ConnectionLike for Lease<'_> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
@@ -537,6 +583,34 @@ mod tests {
         assert!(replies_end(huge.as_bytes(), 1).is_err());
         let many = format!("*{}\r\n", MAX_REPLY);
         assert!(replies_end(many.as_bytes(), 1).is_err());
+    }
+
+    #[test]
+    fn commands_are_written_as_redis_rs_writes_them() {
+        let state = vec![0xffu8; 700];
+        let cases: &[&[&[u8]]] = &[
+            &[b"PING"],
+            &[
+                b"EVALSHA",
+                b"0123abcd",
+                b"1",
+                b"dualera:s:{x}",
+                b"7",
+                &state,
+                b"",
+                b"\r\n",
+            ],
+            &[b"HMGET", b"k", b"v", b"gone", b"d"],
+        ];
+        for args in cases {
+            let mut cmd = redis::Cmd::new();
+            for a in args.iter() {
+                cmd.arg(*a);
+            }
+            let mut ours = Vec::new();
+            write_command(&mut ours, args.iter().copied());
+            assert_eq!(ours, cmd.get_packed_command());
+        }
     }
 
     #[test]

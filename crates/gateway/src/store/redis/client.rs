@@ -11,7 +11,7 @@
 //! Every command is bounded by `session_store_timeout_ms`; a failure or a timeout is a
 //! [`StoreError`], which the driver answers with `sessionStoreUnavailable`.
 
-use crate::store::redis_conns::RedisConns;
+use crate::store::redis_conns::{Lease, RedisConns};
 use crate::store::StoreError;
 use redis::aio::AsyncPushSender;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -546,8 +546,15 @@ impl Redis {
     /// Whether `session` is still at `version` (see [`CHECK`]); its state only when not.
     pub(super) async fn check(&self, session: &str, version: &str) -> Result<Checked, StoreError> {
         let mut c = self.commands.lease();
-        let reply: RValue = self
-            .bounded(self.check.key(session).arg(version).invoke_async(&mut c))
+        let args: [&[u8]; 5] = [
+            b"EVALSHA",
+            self.check.get_hash().as_bytes(),
+            b"1",
+            session.as_bytes(),
+            version.as_bytes(),
+        ];
+        let reply = self
+            .bounded(eval_args(&self.check, &mut c, args.into_iter()))
             .await?;
         let RValue::Array(items) = reply else {
             return Err(corrupt("the check script answered something else".into()));
@@ -572,42 +579,20 @@ impl Redis {
         state: &[u8],
         effects: &[std::borrow::Cow<'_, [u8]>],
     ) -> Result<Stored, StoreError> {
-        // The command is written once, into one buffer: a `ScriptInvocation` keeps
-        // each of the step's ~40 arguments in an allocation of its own, then copies
-        // them all into the command it sends. The buffer is sized for all of them
-        // up front (grown from empty, it was reallocated about eight times a step).
+        // The command is written once, straight from the arguments into the
+        // connection's buffer (`Lease::query_args`), not copied into a `Cmd` first.
         let hash = self.step.get_hash();
-        let bytes = effects.iter().map(|e| e.len()).sum::<usize>()
-            + "EVALSHA".len()
-            + hash.len()
-            + 1
-            + session.len()
-            + version.len()
-            + state.len();
-        let mut cmd = redis::Cmd::with_capacity(6 + effects.len(), bytes);
-        cmd.arg("EVALSHA")
-            .arg(hash)
-            .arg(1)
-            .arg(session)
-            .arg(version)
-            .arg(state);
-        for e in effects {
-            cmd.arg(e.as_ref());
-        }
+        let head: [&[u8]; 6] = [
+            b"EVALSHA",
+            hash.as_bytes(),
+            b"1",
+            session.as_bytes(),
+            version.as_bytes(),
+            state,
+        ];
+        let args = head.into_iter().chain(effects.iter().map(|e| e.as_ref()));
         let mut c = self.commands.lease();
-        let reply: RValue = self
-            .bounded(async {
-                match cmd.query_async(&mut c).await {
-                    // Redis restarted (or flushed its scripts): load it, send again,
-                    // as `ScriptInvocation::invoke_async` does.
-                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                        self.step.load_async(&mut c).await?;
-                        cmd.query_async(&mut c).await
-                    }
-                    reply => reply,
-                }
-            })
-            .await?;
+        let reply = self.bounded(eval_args(&self.step, &mut c, args)).await?;
         let items = match reply {
             RValue::Array(items) => items,
             // Stored, with nothing handed over, woken or acked (see `STEP`).
@@ -862,6 +847,23 @@ impl Redis {
     pub(super) async fn subscribe(&self, channel: &str) -> Result<(), StoreError> {
         let mut c = self.pubsub.clone();
         self.bounded(c.subscribe(channel)).await
+    }
+}
+
+/// Runs `script` by `EVALSHA` given as its whole argument list (see
+/// `Lease::query_args`), loading it and sending the command again when Redis does not
+/// have it (a restart, a `SCRIPT FLUSH`), as `ScriptInvocation::invoke_async` does.
+async fn eval_args<'x>(
+    script: &Script,
+    c: &mut Lease<'_>,
+    args: impl Iterator<Item = &'x [u8]> + Clone,
+) -> redis::RedisResult<RValue> {
+    match c.query_args(args.clone()).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(c).await?;
+            c.query_args(args).await
+        }
+        reply => reply,
     }
 }
 

@@ -202,7 +202,15 @@ impl RedisSessions {
     ) {
         let id = running.start.id.clone();
         let span = tracing::debug_span!("upstream", session = %log_tag(&sid), rpc.id = %id, role = ?running.start.role, replica = %self.replica);
-        let (work, handle) = abortable(self.clone().exchange(gw.clone(), sid.clone(), running));
+        // Boxed where it is made: the exchange's future is about 5 KB, and held by
+        // value it was copied into the `Abortable`, into the span's wrapper and into
+        // this future's state, and this future (twice its size) copied again where its
+        // caller boxes or spawns it: tens of KB moved per replicated flow.
+        let (work, handle) = abortable(Box::pin(self.clone().exchange(
+            gw.clone(),
+            sid.clone(),
+            running,
+        )));
         self.exchanges.insert((sid.clone(), id.clone()), handle);
         let _ = work.instrument(span).await;
         self.exchanges.remove(&(sid.clone(), id.clone()));

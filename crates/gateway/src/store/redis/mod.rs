@@ -746,7 +746,7 @@ impl RedisSessions {
             // Sized for the state it replaces: grown from serde_json's default of 128
             // bytes, the buffer was reallocated and copied four or five times a step.
             let mut blob = Vec::with_capacity(state.len() + 128);
-            codec::encode(self.format, &record, &mut blob, "session record")?;
+            codec::encode_record(self.format, &mut record, &mut blob)?;
             let nothing = after.starts.is_empty()
                 && after.cancels.is_empty()
                 && ops.xadd.is_empty()
@@ -1329,7 +1329,7 @@ impl RedisSessions {
         let binding = BindingKey::of(gw.config.session_binding, auth.as_ref()).to_hex();
         let caller = self.keys.caller(&binding);
         let now = wall_ms();
-        let record = Record {
+        let mut record = Record {
             binding,
             anonymous: auth.is_none(),
             discover: digest.clone(),
@@ -1339,13 +1339,14 @@ impl RedisSessions {
             auth: Vec::new(),
             forwarded: forwarded.to_pairs(),
             forwarded_headers: None,
+            unchanging: None,
             // CREATE leaves the session idle (no `b` field), and out of the timers zset.
             busy: false,
             due: None,
             machine,
         };
-        let blob =
-            codec::to_vec(self.format, &record, "session record").map_err(NotCreated::Store)?;
+        let mut blob = Vec::new();
+        codec::encode_record(self.format, &mut record, &mut blob).map_err(NotCreated::Store)?;
         let ttl = self.idle_ttl_ms();
         let (sk1, sk2) = self.keys.session_parts();
         let mut ops = serde_json::json!({
