@@ -449,11 +449,15 @@ impl Lease<'_> {
     ) -> redis::RedisResult<Value> {
         self.out.clear();
         write_command(&mut self.out, args);
-        let mut replies = self.call(0, 1).await?;
-        replies
+        self.call_one().await?.extract_error()
+    }
+
+    /// Sends `self.out`, one command, and reads its reply.
+    async fn call_one(&mut self) -> redis::RedisResult<Value> {
+        self.call(0, 1)
+            .await?
             .pop()
-            .ok_or_else(|| RedisError::from((ErrorKind::Parse, "no reply")))?
-            .extract_error()
+            .ok_or_else(|| RedisError::from((ErrorKind::Parse, "no reply")))
     }
 }
 
@@ -483,10 +487,7 @@ impl ConnectionLike for Lease<'_> {
         Box::pin(async move {
             self.out.clear();
             cmd.write_packed_command(&mut self.out);
-            let mut replies = self.call(0, 1).await?;
-            replies
-                .pop()
-                .ok_or_else(|| RedisError::from((ErrorKind::Parse, "no reply")))
+            self.call_one().await
         })
     }
 

@@ -659,21 +659,17 @@ impl Ops<'_> {
         fn count<T>(items: &[T]) -> Cow<'static, [u8]> {
             number(u64::try_from(items.len()).unwrap_or(u64::MAX))
         }
-        // `t`, then `B` or `b`, then `w` (see `client::STEP`).
-        let flags: &'static str = match (self.touch, self.busy, self.tw) {
-            (false, None, false) => "",
-            (false, None, true) => "w",
-            (false, Some(true), false) => "B",
-            (false, Some(true), true) => "Bw",
-            (false, Some(false), false) => "b",
-            (false, Some(false), true) => "bw",
-            (true, None, false) => "t",
-            (true, None, true) => "tw",
-            (true, Some(true), false) => "tB",
-            (true, Some(true), true) => "tBw",
-            (true, Some(false), false) => "tb",
-            (true, Some(false), true) => "tbw",
+        // `t`, then `B` or `b`, then `w` (see `client::STEP`): every combination,
+        // indexed by touch (6), busy (none, set, cleared: 2) and the timer write (1).
+        const FLAGS: [&str; 12] = [
+            "", "w", "B", "Bw", "b", "bw", "t", "tw", "tB", "tBw", "tb", "tbw",
+        ];
+        let busy = match self.busy {
+            None => 0,
+            Some(true) => 1,
+            Some(false) => 2,
         };
+        let flags = FLAGS[usize::from(self.touch) * 6 + busy * 2 + usize::from(self.tw)];
         let mut args = Vec::with_capacity(
             22 + 6 * self.xadd.len()
                 + 4 * self.lease_new.len()
@@ -853,6 +849,35 @@ mod tests {
                 codec::decode::<Record>(&packed[..cut], "record"),
                 Err(StoreError::Corrupt { reason }) if reason.starts_with("record: ")
             ));
+        }
+    }
+
+    #[test]
+    fn every_flag_combination_is_written_in_the_script_order() {
+        for touch in [false, true] {
+            for busy in [None, Some(true), Some(false)] {
+                for tw in [false, true] {
+                    let ops = Ops {
+                        touch,
+                        busy,
+                        tw,
+                        ..Ops::default()
+                    };
+                    let mut expected = String::new();
+                    if touch {
+                        expected.push('t');
+                    }
+                    match busy {
+                        Some(true) => expected.push('B'),
+                        Some(false) => expected.push('b'),
+                        None => {}
+                    }
+                    if tw {
+                        expected.push('w');
+                    }
+                    assert_eq!(ops.args()[9], expected.as_bytes(), "{touch} {busy:?} {tw}");
+                }
+            }
         }
     }
 
