@@ -546,15 +546,9 @@ impl Redis {
     /// Whether `session` is still at `version` (see [`CHECK`]); its state only when not.
     pub(super) async fn check(&self, session: &str, version: &str) -> Result<Checked, StoreError> {
         let mut c = self.commands.lease();
-        let args: [&[u8]; 5] = [
-            b"EVALSHA",
-            self.check.get_hash().as_bytes(),
-            b"1",
-            session.as_bytes(),
-            version.as_bytes(),
-        ];
+        let args = [version.as_bytes()].into_iter();
         let reply = self
-            .bounded(eval_args(&self.check, &mut c, args.into_iter()))
+            .bounded(eval_args(&self.check, &mut c, session, args))
             .await?;
         let RValue::Array(items) = reply else {
             return Err(corrupt("the check script answered something else".into()));
@@ -581,18 +575,13 @@ impl Redis {
     ) -> Result<Stored, StoreError> {
         // The command is written once, straight from the arguments into the
         // connection's buffer (`Lease::query_args`), not copied into a `Cmd` first.
-        let hash = self.step.get_hash();
-        let head: [&[u8]; 6] = [
-            b"EVALSHA",
-            hash.as_bytes(),
-            b"1",
-            session.as_bytes(),
-            version.as_bytes(),
-            state,
-        ];
-        let args = head.into_iter().chain(effects.iter().map(|e| e.as_ref()));
+        let args = [version.as_bytes(), state]
+            .into_iter()
+            .chain(effects.iter().map(|e| e.as_ref()));
         let mut c = self.commands.lease();
-        let reply = self.bounded(eval_args(&self.step, &mut c, args)).await?;
+        let reply = self
+            .bounded(eval_args(&self.step, &mut c, session, args))
+            .await?;
         let items = match reply {
             RValue::Array(items) => items,
             // Stored, with nothing handed over, woken or acked (see `STEP`).
@@ -850,14 +839,23 @@ impl Redis {
     }
 }
 
-/// Runs `script` by `EVALSHA` given as its whole argument list (see
-/// `Lease::query_args`), loading it and sending the command again when Redis does not
-/// have it (a restart, a `SCRIPT FLUSH`), as `ScriptInvocation::invoke_async` does.
+/// Runs `script` on its one key `key` with `args` by `EVALSHA`, written straight from
+/// them (see `Lease::query_args`), loading the script and sending the command again
+/// when Redis does not have it (a restart, a `SCRIPT FLUSH`), as
+/// `ScriptInvocation::invoke_async` does.
 async fn eval_args<'x>(
-    script: &Script,
+    script: &'x Script,
     c: &mut Lease<'_>,
+    key: &'x str,
     args: impl Iterator<Item = &'x [u8]> + Clone,
 ) -> redis::RedisResult<RValue> {
+    let head: [&[u8]; 4] = [
+        b"EVALSHA",
+        script.get_hash().as_bytes(),
+        b"1",
+        key.as_bytes(),
+    ];
+    let args = head.into_iter().chain(args);
     match c.query_args(args.clone()).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             script.load_async(c).await?;
