@@ -124,12 +124,13 @@ enum Command {
         #[arg(long, requires = "tls_cert")]
         tls_key: Option<PathBuf>,
         /// Where legacy Streamable HTTP sessions live: "memory" (default) or
-        /// redis://HOST:PORT/DB, shared by every replica behind a load balancer.
+        /// redis://HOST:PORT/DB, shared by every replica behind a load balancer
+        /// (redis+unix:///PATH?db=DB: a Redis on this machine, over its Unix socket).
         /// Overrides [gateway] session_store.
         #[arg(long)]
         session_store: Option<String>,
         /// Where other replicas reach this one (http://HOST:PORT), registered in the
-        /// redis:// session store: a reverse-bridge retry landing on another replica
+        /// Redis session store: a reverse-bridge retry landing on another replica
         /// is forwarded here. Overrides [gateway] advertise_url.
         #[arg(long, value_name = "URL")]
         advertise_url: Option<String>,

@@ -1,7 +1,8 @@
 //! The Redis store's command connections (`store::redis_conns`) against a real Redis:
 //! the connection count stays bounded, a cancelled call leaves no reply behind for the
 //! next one, connections Redis closed are replaced without a failed call, an oversized
-//! reply is refused, and the URL's password and database hold on every connection.
+//! reply is refused, and the URL's password and database hold on every connection,
+//! over TCP and over a Unix socket.
 
 mod common;
 use common::gateway::replicas::RedisServer;
@@ -186,4 +187,26 @@ async fn the_urls_password_and_database_hold_on_every_connection() {
         err.to_string().contains("WRONGPASS") || err.to_string().contains("invalid"),
         "{err}"
     );
+    // The same over the Unix socket (`redis+unix:///PATH?db=3&pass=…`): the keys
+    // written over TCP, on database 3, on a connection Redis flags as a socket's.
+    let socket = redis.socket().display().to_string();
+    let over_socket = RedisConns::new(&format!("redis+unix://{socket}?db=3&pass=s3cret")).unwrap();
+    for i in 0..8 {
+        assert_eq!(
+            get(&over_socket, &format!("k{i}")).await,
+            Some(i.to_string())
+        );
+    }
+    let unix_gets = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async::<String>(&mut over_socket.lease())
+        .await
+        .expect("CLIENT LIST")
+        .lines()
+        .filter(|l| l.contains(&format!("addr={socket}:0")) && l.contains(" db=3 "))
+        .count();
+    assert!(unix_gets >= 1, "no connection over the socket");
+    let unauthenticated = RedisConns::new(&format!("redis+unix://{socket}?db=3")).unwrap();
+    let err = get_fails(&unauthenticated, "k0").await;
+    assert!(err.to_string().contains("NOAUTH"), "{err}");
 }

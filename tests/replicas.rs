@@ -967,3 +967,81 @@ async fn a_first_attempt_is_leased_before_its_stream_shows_and_taken_over() {
     until_deleted_once(&c, &mut resumed, &call).await;
     assert_taken_over_once_from(&c, &runner);
 }
+
+/// The clients `CLIENT LIST` shows, as (over the Unix socket, protocol, last command).
+fn redis_clients(c: &Cluster) -> Vec<(bool, String, String)> {
+    let field = |line: &str, name: &str| {
+        line.split(' ')
+            .find_map(|f| f.strip_prefix(name))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    c.redis
+        .command(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|l| l.contains("addr="))
+        .map(|l| {
+            let unix = field(l, "flags=").contains('U');
+            (unix, field(l, "resp="), field(l, "cmd="))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_sessions_over_a_unix_socket() {
+    let mut c = Cluster::start_on(2, &[], true).await;
+    seed_tps(&c, 2).await;
+    let mut host = Legacy::new(&c.url(0));
+    host.initialize(REV, caps()).await;
+
+    // The elicitation's call on B, its answer on A: A's step wakes B's stream through
+    // Redis's pub/sub, here over the socket too.
+    host.url = c.url(1);
+    let call = host.mint();
+    let reply = host
+        .request_with_id(call.clone(), "tools/call", delete_args(&c))
+        .await;
+    assert_eq!(reply.status, 200);
+    let mut stream = reply.sse();
+    let (live, _) = until_elicitation(&mut stream).await;
+    host.url = c.url(0);
+    assert_eq!(host.post(&accept(&live)).await.status, 202);
+    let result = until_response(&mut stream, &call).await;
+    assert!(
+        result["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("Deleted"),
+        "{result}"
+    );
+    assert_eq!(count_notes(&c.server.url, &c.ws, "TPS report").await, 1);
+
+    // Every connection of the replicas is on the socket: commands (RESP2) and pub/sub
+    // (RESP3), both replicas'. Over TCP only this harness's own (`CLIENT LIST`, the
+    // start's `PING`s).
+    let clients = redis_clients(&c);
+    let over_socket = |resp: &str| clients.iter().filter(|(u, r, _)| *u && r == resp).count();
+    assert!(over_socket("2") >= 2, "command connections: {clients:?}");
+    assert!(over_socket("3") >= 2, "pub/sub connections: {clients:?}");
+    assert!(
+        clients
+            .iter()
+            .all(|(u, _, cmd)| *u || cmd == "client|list" || cmd == "ping"),
+        "a replica connected over TCP: {clients:?}"
+    );
+
+    // A restart (the socket made again, the data gone): the lost session is a clean
+    // 404 and new ones work on both replicas, which reconnect by themselves.
+    c.redis.restart();
+    for i in 0..2 {
+        let mut again = Legacy::new(&c.url(i));
+        let response = eventually_initialize(&mut again).await;
+        assert!(response.get("result").is_some(), "replica {i}: {response}");
+        let (_, reply) = again.request("tools/list", json!({})).await;
+        assert_eq!(reply.status, 200, "replica {i}");
+    }
+    let reply = host
+        .post(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list"}))
+        .await;
+    assert_eq!(reply.status, 404);
+}

@@ -32,6 +32,9 @@ pub(crate) struct Opts {
     pub(crate) upstream_rtt_ms: Option<f64>,
     /// `--pin NAME=CPUS`: the CPUs each kind of process may run on (`taskset` lists).
     pub(crate) pins: Vec<(String, String)>,
+    /// `--redis-socket`: the replicas scenario's replicas reach Redis over its Unix
+    /// socket rather than TCP on loopback.
+    pub(crate) redis_socket: bool,
 }
 
 /// The processes `--pin` can place: the bench itself (and so every process it starts
@@ -49,7 +52,8 @@ pub(crate) fn usage() -> ! {
          \x20            [--cache-requests tools/list,server/discover,mixed]\n\
          \x20            [--upstream-rtt-ms MS (the modern server MS round trip away, behind a delaying relay)]\n\
          \x20            [--pin NAME=CPUS (repeatable; NAME: bench, gateway, server, bare_proxy, redis;\n\
-         \x20             CPUS: a taskset list such as 1 or 0,2-3; e.g. --pin bench=0 --pin redis=1)]"
+         \x20             CPUS: a taskset list such as 1 or 0,2-3; e.g. --pin bench=0 --pin redis=1)]\n\
+         \x20            [--redis-socket (the replicas reach Redis over its Unix socket, not TCP)]"
     );
     std::process::exit(2)
 }
@@ -78,6 +82,7 @@ pub(crate) fn parse_opts() -> Opts {
         upstream_rtt_ms: None,
         cache_requests: None,
         pins: Vec::new(),
+        redis_socket: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -109,6 +114,7 @@ pub(crate) fn parse_opts() -> Opts {
                 }
             }
             "--no-build" => o.no_build = true,
+            "--redis-socket" => o.redis_socket = true,
             "--dualera" => o.dualera = Some(PathBuf::from(val())),
             "--tls" => o.tls = true,
             "--cache-requests" => {

@@ -398,7 +398,8 @@ pub struct GatewaySection {
     pub session_binding: Option<SessionBinding>,
     /// Where legacy Streamable HTTP sessions live: `"memory"` (the default; one
     /// process) or `"redis://HOST:PORT/DB"` (shared by every replica behind a load
-    /// balancer). The `--session-store` flag wins.
+    /// balancer; `"redis+unix:///PATH?db=DB"` for a Redis on the same machine, over
+    /// its Unix socket). The `--session-store` flag wins.
     pub session_store: Option<String>,
     /// This replica's name in the shared session store (default: random at start).
     pub replica_id: Option<String>,
@@ -419,7 +420,7 @@ pub struct GatewaySection {
     pub session_record_format: Option<String>,
     /// The URL (`http://HOST:PORT`) other replicas reach this one at, registered in
     /// the shared session store: a reverse-bridge retry that lands on another replica
-    /// is forwarded there (only with a `redis://` session store). The
+    /// is forwarded there (only with a Redis session store). The
     /// `--advertise-url` flag wins.
     pub advertise_url: Option<String>,
     /// The instances of the `/mcp` route's upstream (`--upstream`, given once or more,

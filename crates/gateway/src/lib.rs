@@ -280,7 +280,7 @@ impl GatewayConfig {
     }
 
     /// [`Self::with_session_store`] with the `--advertise-url` flag too (it wins over
-    /// `[gateway] advertise_url`), refused without a `redis://` store: only replicas
+    /// `[gateway] advertise_url`), refused without a Redis store: only replicas
     /// sharing one forward reverse-bridge retries to each other.
     pub fn with_shared_store(
         mut self,
@@ -497,7 +497,7 @@ impl Route {
 /// (a session id is only ever found on the route that minted it).
 /// Why `advertise_url` alone is refused.
 const ADVERTISE_NEEDS_REDIS: &str =
-    "advertise_url (--advertise-url) needs a redis:// session_store: only replicas sharing one forward retries to each other";
+    "advertise_url (--advertise-url) needs a Redis session_store (redis:// or redis+unix://): only replicas sharing one forward retries to each other";
 
 fn redis_sessions(path: &str, config: &GatewayConfig) -> Option<Arc<store::redis::RedisSessions>> {
     let store::SessionStoreConfig::Redis(r) = &config.session_store else {

@@ -37,7 +37,8 @@ fn wait_listening(port: u16, what: &str) {
     }
 }
 
-/// A throw-away Redis on a loopback port, no persistence.
+/// A throw-away Redis on a loopback port and a Unix socket in its own directory
+/// (mode 700), no persistence.
 pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
@@ -61,6 +62,16 @@ impl RedisServer {
     /// `redis://127.0.0.1:PORT/0`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Its Unix socket's path.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("redis.sock")
+    }
+
+    /// `redis+unix:///…/redis.sock?db=0`: the same Redis over its Unix socket.
+    pub fn socket_url(&self) -> String {
+        format!("redis+unix://{}?db=0", self.socket().display())
     }
 
     /// Kills it (SIGKILL: nothing is saved, and there is no persistence anyway).
@@ -88,6 +99,10 @@ impl RedisServer {
                 &self.dir.display().to_string(),
                 "--protected-mode",
                 "yes",
+                "--unixsocket",
+                &self.socket().display().to_string(),
+                "--unixsocketperm",
+                "700",
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -239,8 +254,19 @@ impl Cluster {
     /// `n` gateways with these extra `[gateway]` entries (an `upstream_lease_ms` among
     /// them replaces the cluster's 1500).
     pub async fn start(n: usize, gateway: &[(&str, &str)]) -> Self {
+        Self::start_on(n, gateway, false).await
+    }
+
+    /// [`Self::start`], the gateways reaching Redis over its Unix socket when
+    /// `over_socket`, else over TCP.
+    pub async fn start_on(n: usize, gateway: &[(&str, &str)], over_socket: bool) -> Self {
         let redis = RedisServer::start();
-        let store = format!("{:?}", redis.url());
+        let url = if over_socket {
+            redis.socket_url()
+        } else {
+            redis.url()
+        };
+        let store = format!("{url:?}");
         let mut entries: Vec<(&str, &str)> = vec![("session_store", store.as_str())];
         if !gateway.iter().any(|(k, _)| *k == "upstream_lease_ms") {
             entries.push(("upstream_lease_ms", "1500"));

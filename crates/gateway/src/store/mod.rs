@@ -90,7 +90,8 @@ pub enum SessionStoreConfig {
 /// The shared store's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisStoreConfig {
-    /// `redis://HOST:PORT/DB`.
+    /// `redis://HOST:PORT/DB`, or `redis+unix:///PATH?db=DB` for a Redis on this
+    /// machine.
     pub url: String,
     /// This replica's name (leases and logs).
     pub replica_id: String,
@@ -159,9 +160,11 @@ impl SessionStoreConfig {
         if store == "memory" {
             return Ok(Self::Memory);
         }
-        if !store.starts_with("redis://") {
+        if !SHARED_SCHEMES.iter().any(|s| store.starts_with(s)) {
             return Err(format!(
-                "session_store must be \"memory\" or a redis://HOST:PORT/DB URL, not {store:?}"
+                "session_store must be \"memory\", redis://HOST:PORT/DB or \
+                 redis+unix:///PATH?db=DB, not {}",
+                shown(store)
             ));
         }
         if let Some(id) = replica_id {
@@ -207,6 +210,20 @@ pub fn check_advertise_url(url: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(refused())
+    }
+}
+
+/// The URL schemes of a shared store: Redis over TCP, or over a Unix socket on the
+/// same machine (`redis+unix:///PATH?db=DB`, `unix://` the same; redis-rs reads both).
+const SHARED_SCHEMES: &[&str] = &["redis://", "redis+unix://", "unix://"];
+
+/// A refused `session_store` as an error may show it: a URL by its scheme only, since
+/// the rest may hold a password; anything else (a misspelled `memory`) as given, cut
+/// to 64 characters.
+fn shown(store: &str) -> String {
+    match store.split_once("://") {
+        Some((scheme, _)) => format!("a {:?} URL", scheme.chars().take(16).collect::<String>()),
+        None => format!("{:?}", store.chars().take(64).collect::<String>()),
     }
 }
 
@@ -740,5 +757,26 @@ mod tests {
         );
         // A typo is refused even where it would not be used yet.
         assert!(SessionStoreConfig::parse("memory", None, None, None, None, Some("cbor")).is_err());
+    }
+
+    #[test]
+    fn a_shared_store_is_redis_over_tcp_or_a_unix_socket_and_a_refusal_hides_the_url() {
+        let store = |url: &str| SessionStoreConfig::parse(url, None, None, None, None, None);
+        for url in [
+            "redis://127.0.0.1:6379/0",
+            "redis+unix:///run/redis/redis.sock?db=2",
+            "unix:///run/redis/redis.sock",
+        ] {
+            match store(url).unwrap() {
+                SessionStoreConfig::Redis(r) => assert_eq!(r.url, url),
+                SessionStoreConfig::Memory => panic!("{url} is a shared store"),
+            }
+        }
+        // TLS to Redis is not built; the password in the URL stays out of the error.
+        let e = store("rediss://:hunter2@cache.example:6380/0").unwrap_err();
+        assert!(e.ends_with("not a \"rediss\" URL"), "{e}");
+        assert!(!e.contains("hunter2"), "{e}");
+        let e = store("memroy").unwrap_err();
+        assert!(e.ends_with("not \"memroy\""), "{e}");
     }
 }

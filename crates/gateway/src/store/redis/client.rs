@@ -443,7 +443,7 @@ fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_millis(500))
 }
 
-/// Checks a `redis://` URL without connecting.
+/// Checks a `redis://` or `redis+unix://` URL without connecting.
 pub(crate) fn check_url(url: &str) -> Result<(), String> {
     Client::open(url)
         .map(|_| ())
