@@ -105,8 +105,24 @@ async fn a_cancelled_call_leaves_no_reply_for_the_next() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_redis_closed_are_replaced_without_a_failed_call() {
+    closed_connections_are_replaced(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_redis_closed_are_replaced_over_a_unix_socket_too() {
+    closed_connections_are_replaced(true).await;
+}
+
+/// Connections Redis closed (`CLIENT KILL`, a restart) replaced without a failed call,
+/// and Redis down a clean failure, over TCP or over its Unix socket.
+async fn closed_connections_are_replaced(over_socket: bool) {
     let mut redis = RedisServer::start();
-    let conns = RedisConns::new(&redis.url()).unwrap();
+    let url = if over_socket {
+        redis.socket_url()
+    } else {
+        redis.url()
+    };
+    let conns = RedisConns::new(&url).unwrap();
     redis.command(&["SET", "k", "value"]);
     assert_eq!(get(&conns, "k").await.as_deref(), Some("value"));
     for round in 0..3 {
