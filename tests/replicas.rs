@@ -38,6 +38,26 @@ fn accept(live: &Value) -> Value {
         "content": {"note_id": pick, "confirm": true}}})
 }
 
+/// Reads the stream until the response to the delete `call`, which must say it deleted.
+async fn until_deleted(stream: &mut SseReader, call: &Value) -> Value {
+    let result = until_response(stream, call).await;
+    assert!(
+        result["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("Deleted"),
+        "{result}"
+    );
+    result
+}
+
+/// A raw legacy host on `url`, its session initialized.
+async fn initialized(url: &str) -> Legacy {
+    let mut host = Legacy::new(url);
+    host.initialize(REV, caps()).await;
+    host
+}
+
 /// The session id (logs name it by `dualera::digest::log_tag`).
 fn sid(host: &Legacy) -> String {
     host.session.clone().expect("a session")
@@ -54,6 +74,19 @@ async fn until_elicitation(stream: &mut SseReader) -> (Value, String) {
             return (msg, id.expect("an event id"));
         }
     }
+}
+
+/// `tools/call notes_delete` from `host` (on its current URL): the call's id, its
+/// stream, and the `elicitation/create` the stream carried.
+async fn delete_until_elicitation(c: &Cluster, host: &mut Legacy) -> (Value, SseReader, Value) {
+    let call = host.mint();
+    let reply = host
+        .request_with_id(call.clone(), "tools/call", delete_args(c))
+        .await;
+    assert_eq!(reply.status, 200);
+    let mut stream = reply.sse();
+    let (live, _) = until_elicitation(&mut stream).await;
+    (call, stream, live)
 }
 
 /// `GET` with `Last-Event-ID` through the balancer: the stream, resumed there.
@@ -102,8 +135,7 @@ async fn any_replica_serves_any_request_of_a_session() {
     let c = Cluster::start(3, &[]).await;
     seed_tps(&c, 3).await;
     let (a, b, cc) = (c.url(0), c.url(1), c.url(2));
-    let mut host = Legacy::new(&a);
-    host.initialize(REV, caps()).await;
+    let mut host = initialized(&a).await;
     let session = sid(&host);
 
     // tools/call on B: its SSE stream carries the live request.
@@ -126,14 +158,7 @@ async fn any_replica_serves_any_request_of_a_session() {
     assert_eq!(answered.status, 202);
     let moved = round_trips(&c, 0).await;
     assert!(moved > trips, "A's round trips moved: {trips} -> {moved}");
-    let result = until_response(&mut stream, &call).await;
-    assert!(
-        result["result"]["content"][0]["text"]
-            .as_str()
-            .unwrap_or_default()
-            .starts_with("Deleted"),
-        "{result}"
-    );
+    let result = until_deleted(&mut stream, &call).await;
     assert_eq!(count_notes(&c.server.url, &c.ws, "TPS report").await, 2);
     assert!(
         stream.drain().await.is_empty(),
@@ -210,8 +235,7 @@ async fn any_replica_serves_any_request_of_a_session() {
 async fn a_stream_resumes_through_the_balancer_after_its_replica_dies() {
     let mut c = Cluster::start(3, &[]).await;
     seed_tps(&c, 2).await;
-    let mut host = Legacy::new(&c.lb.url());
-    host.initialize(REV, caps()).await;
+    let mut host = initialized(&c.lb.url()).await;
     // The call lands on replica 1, whose connection then dies with it.
     host.url = c.url(1);
     let call = host.mint();
@@ -345,14 +369,8 @@ async fn take_over_a_retry(c: &mut Cluster, while_held: impl FnOnce(&Cluster, &s
     // The first retry is held upstream long enough to kill the replica running it.
     let (retries, hold) = hold_first(true, Duration::from_secs(4));
     c.hop.set_delay(hold);
-    let mut host = Legacy::new(&c.url(0));
-    host.initialize(REV, caps()).await;
-    let call = host.mint();
-    let mut stream = host
-        .request_with_id(call.clone(), "tools/call", delete_args(c))
-        .await
-        .sse();
-    let (live, _) = until_elicitation(&mut stream).await;
+    let mut host = initialized(&c.url(0)).await;
+    let (call, mut stream, live) = delete_until_elicitation(c, &mut host).await;
     // The answer reaches replica 2, which runs the retry. Its POST waits for the
     // retry's response head (a 401 would answer it), so it is sent from a task: the
     // replica dies while it waits.
@@ -408,8 +426,7 @@ fn assert_taken_over_once_from(c: &Cluster, runner: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_trouble_gives_a_clear_error_and_heals_by_itself() {
     let mut c = Cluster::start(2, &[("session_store_timeout_ms", "500")]).await;
-    let mut host = Legacy::new(&c.url(0));
-    host.initialize(REV, caps()).await;
+    let host = initialized(&c.url(0)).await;
     let admin = c.admin(0);
     readyz_until(&admin, 200, "session store: ready").await;
     c.redis.stop();
@@ -446,18 +463,25 @@ async fn redis_trouble_gives_a_clear_error_and_heals_by_itself() {
     // Redis back (empty: persistence is off): new sessions work on every replica
     // without restarting any, and the lost session is a clean 404.
     c.redis.restart();
+    back_empty(&c, &host).await;
+    readyz_until(&admin, 200, "session store: ready").await;
+}
+
+/// After Redis came back empty: new sessions work on the first two replicas without
+/// restarting either (they reconnect by themselves), and `host`'s lost session is a
+/// clean 404.
+async fn back_empty(c: &Cluster, host: &Legacy) {
     for i in 0..2 {
         let mut again = Legacy::new(&c.url(i));
         let response = eventually_initialize(&mut again).await;
         assert!(response.get("result").is_some(), "replica {i}: {response}");
         let (_, reply) = again.request("tools/list", json!({})).await;
-        assert_eq!(reply.status, 200);
+        assert_eq!(reply.status, 200, "replica {i}");
     }
     let reply = host
         .post(&json!({"jsonrpc": "2.0", "id": 6, "method": "tools/list"}))
         .await;
     assert_eq!(reply.status, 404);
-    readyz_until(&admin, 200, "session store: ready").await;
 }
 
 /// Gateway `i`'s `dualera_store_redis_round_trips_total` (its `/metrics`).
@@ -521,8 +545,7 @@ async fn eventually_initialize(host: &mut Legacy) -> Value {
 async fn records_expire_bound_and_leave_a_tombstone() {
     let c = Cluster::start(2, &[("session_idle_ttl_secs", "2"), ("max_sessions", "3")]).await;
     // The session bound across replicas: another caller's token gets 404 on either.
-    let mut host = Legacy::new(&c.url(0));
-    host.initialize(REV, caps()).await;
+    let host = initialized(&c.url(0)).await;
     let session = sid(&host);
     let key = format!("dualera:s:{{{session}}}");
     assert_eq!(c.redis.int(&["EXISTS", &key]), 1);
@@ -610,8 +633,7 @@ async fn records_expire_bound_and_leave_a_tombstone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_outlives_its_last_step_by_the_idle_ttl() {
     let c = Cluster::start(2, &[("session_idle_ttl_secs", "16")]).await;
-    let mut host = Legacy::new(&c.url(0));
-    host.initialize(REV, caps()).await;
+    let mut host = initialized(&c.url(0)).await;
     let key = format!("dualera:s:{{{}}}", sid(&host));
     // Steps inside the touch interval (1 s) after the session was made: none renews.
     let mut last = std::time::Instant::now();
@@ -679,8 +701,7 @@ async fn a_batch_is_answered_by_any_replica() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_get_stream_per_session_across_replicas() {
     let c = Cluster::start(2, &[]).await;
-    let mut host = Legacy::new(&c.url(0));
-    host.initialize(REV, caps()).await;
+    let mut host = initialized(&c.url(0)).await;
     let get = host
         .send(http::Method::GET, None, &[("accept", "text/event-stream")])
         .await;
@@ -723,15 +744,9 @@ async fn hardening_bounds_hold_for_shared_sessions() {
     )
     .await;
     seed_tps(&c, 1).await;
-    let mut host = Legacy::new(&c.url(0));
-    host.initialize(REV, caps()).await;
+    let mut host = initialized(&c.url(0)).await;
     host.url = c.url(1);
-    let call = host.mint();
-    let reply = host
-        .request_with_id(call.clone(), "tools/call", delete_args(&c))
-        .await;
-    let mut stream = reply.sse();
-    let (live, _) = until_elicitation(&mut stream).await;
+    let (call, mut stream, live) = delete_until_elicitation(&c, &mut host).await;
 
     // max_in_flight, on the other replica: 429 with Retry-After, nothing started.
     host.url = c.url(0);
@@ -879,16 +894,10 @@ async fn a_first_attempt_answered_at_once_writes_no_lease() {
     // A lease long enough that no renewal tick (a third of it) falls inside the test.
     let c = Cluster::start(2, &[("upstream_lease_ms", "30000")]).await;
     seed_tps(&c, 2).await;
-    let mut host = Legacy::new(&c.lb.url());
-    host.initialize(REV, caps()).await;
+    let mut host = initialized(&c.lb.url()).await;
     let leases = format!("dualera:l:{{{}}}:", sid(&host));
     let monitor = Monitor::start(&c);
-    let call = host.mint();
-    let mut stream = host
-        .request_with_id(call.clone(), "tools/call", delete_args(&c))
-        .await
-        .sse();
-    let (live, _) = until_elicitation(&mut stream).await;
+    let (call, mut stream, live) = delete_until_elicitation(&c, &mut host).await;
     assert_eq!(host.post(&accept(&live)).await.status, 202);
     let result = until_response(&mut stream, &call).await;
     assert!(
@@ -923,8 +932,7 @@ async fn a_first_attempt_is_leased_before_its_stream_shows_and_taken_over() {
     // The lease (6 s) is renewed every 2 s: only the POST's answer writes it by 1 s.
     let (firsts, hold) = hold_first(false, Duration::from_secs(8));
     c.hop.set_stream_delay(hold);
-    let mut host = Legacy::new(&c.url(1));
-    host.initialize(REV, caps()).await;
+    let mut host = initialized(&c.url(1)).await;
     let leases = format!("dualera:l:{{{}}}:*", sid(&host));
     let call = host.mint();
     let mut posting = Legacy::new(&host.url);
@@ -991,29 +999,15 @@ fn redis_clients(c: &Cluster) -> Vec<(bool, String, String)> {
 async fn replicas_share_sessions_over_a_unix_socket() {
     let mut c = Cluster::start_on(2, &[], true).await;
     seed_tps(&c, 2).await;
-    let mut host = Legacy::new(&c.url(0));
-    host.initialize(REV, caps()).await;
+    let mut host = initialized(&c.url(0)).await;
 
     // The elicitation's call on B, its answer on A: A's step wakes B's stream through
     // Redis's pub/sub, here over the socket too.
     host.url = c.url(1);
-    let call = host.mint();
-    let reply = host
-        .request_with_id(call.clone(), "tools/call", delete_args(&c))
-        .await;
-    assert_eq!(reply.status, 200);
-    let mut stream = reply.sse();
-    let (live, _) = until_elicitation(&mut stream).await;
+    let (call, mut stream, live) = delete_until_elicitation(&c, &mut host).await;
     host.url = c.url(0);
     assert_eq!(host.post(&accept(&live)).await.status, 202);
-    let result = until_response(&mut stream, &call).await;
-    assert!(
-        result["result"]["content"][0]["text"]
-            .as_str()
-            .unwrap_or_default()
-            .starts_with("Deleted"),
-        "{result}"
-    );
+    until_deleted(&mut stream, &call).await;
     assert_eq!(count_notes(&c.server.url, &c.ws, "TPS report").await, 1);
 
     // Every connection of the replicas is on the socket: commands (RESP2) and pub/sub
@@ -1033,15 +1027,5 @@ async fn replicas_share_sessions_over_a_unix_socket() {
     // A restart (the socket made again, the data gone): the lost session is a clean
     // 404 and new ones work on both replicas, which reconnect by themselves.
     c.redis.restart();
-    for i in 0..2 {
-        let mut again = Legacy::new(&c.url(i));
-        let response = eventually_initialize(&mut again).await;
-        assert!(response.get("result").is_some(), "replica {i}: {response}");
-        let (_, reply) = again.request("tools/list", json!({})).await;
-        assert_eq!(reply.status, 200, "replica {i}");
-    }
-    let reply = host
-        .post(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list"}))
-        .await;
-    assert_eq!(reply.status, 404);
+    back_empty(&c, &host).await;
 }
