@@ -443,12 +443,24 @@ fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_millis(500))
 }
 
-/// Checks a `redis://` or `redis+unix://` URL without connecting.
+/// Checks a `redis://` or `redis+unix://` URL without connecting: a socket path the
+/// kernel would refuse at every connection is refused at start instead.
 pub(crate) fn check_url(url: &str) -> Result<(), String> {
-    Client::open(url)
-        .map(|_| ())
-        .map_err(|e| format!("session_store: {e}"))
+    let client = Client::open(url).map_err(|e| format!("session_store: {e}"))?;
+    if let redis::ConnectionAddr::Unix(path) = client.get_connection_info().addr() {
+        let len = path.as_os_str().len();
+        if len > MAX_SOCKET_PATH {
+            return Err(format!(
+                "session_store: the socket path is {len} bytes; a Unix socket's path is at \
+                 most {MAX_SOCKET_PATH}"
+            ));
+        }
+    }
+    Ok(())
 }
+
+/// The longest path a Unix socket address holds (`sun_path`, its NUL left out).
+const MAX_SOCKET_PATH: usize = if cfg!(target_os = "linux") { 107 } else { 103 };
 
 impl Redis {
     /// Opens both connections lazily: nothing is sent until the first command, and
@@ -922,4 +934,22 @@ fn parse_entries(raw: RValue) -> Result<Vec<Entry>, StoreError> {
         out.push(entry);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_socket_path_the_kernel_would_refuse_is_refused_at_start() {
+        assert!(check_url("redis://127.0.0.1:6379/0").is_ok());
+        let dir = "/run/".to_owned() + &"d".repeat(MAX_SOCKET_PATH - 16);
+        let fits = format!("{dir}/redis.sock");
+        assert_eq!(fits.len(), MAX_SOCKET_PATH);
+        assert!(check_url(&format!("redis+unix://{fits}?db=0")).is_ok());
+        let e = check_url(&format!("redis+unix://{dir}/redis.sock1?db=0")).unwrap_err();
+        assert!(e.contains("is at most"), "{e}");
+        // A relative path is no path: redis-rs refuses it.
+        assert!(check_url("redis+unix://redis.sock").is_err());
+    }
 }
