@@ -116,13 +116,8 @@ async fn connections_redis_closed_are_replaced_over_a_unix_socket_too() {
 /// Connections Redis closed (`CLIENT KILL`, a restart) replaced without a failed call,
 /// and Redis down a clean failure, over TCP or over its Unix socket.
 async fn closed_connections_are_replaced(over_socket: bool) {
-    let mut redis = RedisServer::start();
-    let url = if over_socket {
-        redis.socket_url()
-    } else {
-        redis.url()
-    };
-    let conns = RedisConns::new(&url).unwrap();
+    let mut redis = RedisServer::start_on(over_socket);
+    let conns = RedisConns::new(&redis.store_url()).unwrap();
     redis.command(&["SET", "k", "value"]);
     assert_eq!(get(&conns, "k").await.as_deref(), Some("value"));
     for round in 0..3 {
@@ -167,7 +162,7 @@ async fn a_reply_over_the_bound_is_refused_and_its_connection_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_urls_password_and_database_hold_on_every_connection() {
-    let redis = RedisServer::start();
+    let redis = RedisServer::start_on(true);
     redis.command(&["CONFIG", "SET", "requirepass", "s3cret"]);
     let port = redis.port;
     let db3 = Arc::new(RedisConns::new(&format!("redis://:s3cret@127.0.0.1:{port}/3")).unwrap());

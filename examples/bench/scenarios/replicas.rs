@@ -2,8 +2,8 @@
 
 use crate::*;
 
-/// A throw-away Redis (no persistence) on a free loopback port and a Unix socket in
-/// its directory, killed on drop.
+/// A throw-away Redis (no persistence) on a free loopback port (and, with
+/// `--redis-socket`, a Unix socket in its directory), killed on drop.
 pub(crate) struct Redis {
     pub(crate) port: u16,
     pub(crate) child: Child,
@@ -11,7 +11,7 @@ pub(crate) struct Redis {
 }
 
 impl Redis {
-    pub(crate) fn start(env: &Env) -> Res<Self> {
+    pub(crate) fn start(env: &Env, socket: bool) -> Res<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -21,7 +21,14 @@ impl Redis {
             .into_iter()
             .find(|p| Path::new(p).exists())
             .ok_or("redis-server is not installed (bash tests/services/debian.sh redis-server)")?;
-        let child = Command::new(bin)
+        let mut command = Command::new(bin);
+        if socket {
+            command
+                .arg("--unixsocket")
+                .arg(dir.join("redis.sock"))
+                .args(["--unixsocketperm", "700"]);
+        }
+        let child = command
             .args([
                 "--port",
                 &port.to_string(),
@@ -31,11 +38,7 @@ impl Redis {
                 "",
                 "--appendonly",
                 "no",
-                "--unixsocketperm",
-                "700",
             ])
-            .arg("--unixsocket")
-            .arg(dir.join("redis.sock"))
             .arg("--dir")
             .arg(&dir)
             .stdin(Stdio::null())
@@ -58,7 +61,7 @@ impl Redis {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
-    /// The same Redis over its Unix socket.
+    /// The same Redis over its Unix socket (started with one).
     pub(crate) fn socket_url(&self) -> String {
         format!(
             "redis+unix://{}?db=0",
@@ -587,7 +590,7 @@ pub(crate) async fn replicas(
     server: &Proc,
     report: &mut Report,
 ) -> Res<()> {
-    let redis = Redis::start(env)?;
+    let redis = Redis::start(env, opts.redis_socket)?;
     // The timed rounds' replicas reach Redis over TCP, or its Unix socket when asked;
     // the per-step table's always count through a proxy on TCP.
     let url = if opts.redis_socket {

@@ -37,16 +37,22 @@ fn wait_listening(port: u16, what: &str) {
     }
 }
 
-/// A throw-away Redis on a loopback port and a Unix socket in its own directory
-/// (mode 700), no persistence.
+/// A throw-away Redis on a loopback port (and, when asked, a Unix socket in its own
+/// directory, mode 700), no persistence.
 pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
     child: Option<Child>,
+    with_socket: bool,
 }
 
 impl RedisServer {
     pub fn start() -> Self {
+        Self::start_on(false)
+    }
+
+    /// [`Self::start`], listening on [`Self::socket`] too when `with_socket`.
+    pub fn start_on(with_socket: bool) -> Self {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("dualera-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("redis dir");
@@ -54,6 +60,7 @@ impl RedisServer {
             port,
             dir,
             child: None,
+            with_socket,
         };
         r.restart();
         r
@@ -64,14 +71,24 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
-    /// Its Unix socket's path.
+    /// Its Unix socket's path (started by [`Self::start_on`] with a socket).
     pub fn socket(&self) -> PathBuf {
+        assert!(self.with_socket, "this Redis was started without a socket");
         self.dir.join("redis.sock")
     }
 
     /// `redis+unix:///…/redis.sock?db=0`: the same Redis over its Unix socket.
     pub fn socket_url(&self) -> String {
         format!("redis+unix://{}?db=0", self.socket().display())
+    }
+
+    /// The URL a gateway should use: over the socket when it was started with one.
+    pub fn store_url(&self) -> String {
+        if self.with_socket {
+            self.socket_url()
+        } else {
+            self.url()
+        }
     }
 
     /// Kills it (SIGKILL: nothing is saved, and there is no persistence anyway).
@@ -85,7 +102,14 @@ impl RedisServer {
     /// Starts it (again) on the same port, empty.
     pub fn restart(&mut self) {
         self.stop();
-        let child = Command::new(program("redis-server"))
+        let mut command = Command::new(program("redis-server"));
+        if self.with_socket {
+            command
+                .arg("--unixsocket")
+                .arg(self.socket())
+                .args(["--unixsocketperm", "700"]);
+        }
+        let child = command
             .args([
                 "--port",
                 &self.port.to_string(),
@@ -99,10 +123,6 @@ impl RedisServer {
                 &self.dir.display().to_string(),
                 "--protected-mode",
                 "yes",
-                "--unixsocket",
-                &self.socket().display().to_string(),
-                "--unixsocketperm",
-                "700",
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -260,13 +280,8 @@ impl Cluster {
     /// [`Self::start`], the gateways reaching Redis over its Unix socket when
     /// `over_socket`, else over TCP.
     pub async fn start_on(n: usize, gateway: &[(&str, &str)], over_socket: bool) -> Self {
-        let redis = RedisServer::start();
-        let url = if over_socket {
-            redis.socket_url()
-        } else {
-            redis.url()
-        };
-        let store = format!("{url:?}");
+        let redis = RedisServer::start_on(over_socket);
+        let store = format!("{:?}", redis.store_url());
         let mut entries: Vec<(&str, &str)> = vec![("session_store", store.as_str())];
         if !gateway.iter().any(|(k, _)| *k == "upstream_lease_ms") {
             entries.push(("upstream_lease_ms", "1500"));
