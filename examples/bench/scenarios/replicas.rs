@@ -1048,8 +1048,9 @@ pub(crate) struct LoadFigures<'a> {
     pub(crate) client: &'a ClientFloor,
 }
 
-/// The capacity target's budget, written out.
-pub(crate) struct LoadBudget {
+/// A target's budget, written out: the capacity target's ([`load_budget`]) or one
+/// host's ([`latency_budget`]).
+pub(crate) struct Budget {
     pub(crate) text: String,
     pub(crate) json: Value,
 }
@@ -1059,7 +1060,7 @@ pub(crate) struct LoadBudget {
 /// in-memory variant does not keep the machine busy either, so it says how much
 /// the replicas may spend per flow if everything else stayed as cheap per flow as it
 /// is in memory and the processes got as much CPU as they did, or all of it.
-pub(crate) fn load_budget(f: &LoadFigures<'_>) -> LoadBudget {
+pub(crate) fn load_budget(f: &LoadFigures<'_>) -> Budget {
     let per_flow = |secs: f64, v: usize| secs * 1e6 / f.flows[v].max(1) as f64;
     let server = [0, 1].map(|v| per_flow(f.server[v], v));
     let hosts = [0, 1].map(|v| per_flow(f.hosts_cpu[v], v));
@@ -1167,7 +1168,7 @@ pub(crate) fn load_budget(f: &LoadFigures<'_>) -> LoadBudget {
         "replicas_floor_us_per_flow": floor, "replicas_room_us_per_flow_redis_measured": room_measured,
         "gateway_switches_per_flow": [switches[0], switches[1]], "redis_switches_per_flow": switches[2],
     });
-    LoadBudget { text, json }
+    Budget { text, json }
 }
 
 /// One host's figures (0 in memory, 1 replicated): flows per second, gateway CPU per
@@ -1192,7 +1193,7 @@ pub(crate) struct LatencyFigures {
 /// then bounds that added CPU; the round trips' floors take the first part of it.
 /// Written out as the capacity target's budget is, so that every run argues this
 /// target with its own numbers.
-pub(crate) fn latency_budget(f: &LatencyFigures) -> LoadBudget {
+pub(crate) fn latency_budget(f: &LatencyFigures) -> Budget {
     const TARGET: f64 = 0.8;
     let time = f.rate.map(|r| 1e6 / r.max(1e-9));
     let allowed = time[0] / TARGET - time[0];
@@ -1201,8 +1202,10 @@ pub(crate) fn latency_budget(f: &LatencyFigures) -> LoadBudget {
     let floors = f.redis_floor + f.gateway_floor;
     let room = allowed - floors;
     let above = added - floors;
-    // Both CPU targets met exactly, the rest of the difference as measured.
-    let at_targets = time[0] + 0.5 * f.gateway[0] + 400.0 + (extra - added).max(0.0);
+    // The ratio with both CPU targets met exactly (the gateways at 1.5× the in-memory
+    // CPU, Redis at 400 µs), the rest of the difference as measured.
+    let at_targets =
+        time[0] / (time[0] + 0.5 * f.gateway[0] + 400.0 + (extra - added).max(0.0)).max(1e-9);
     let verdict = if floors > allowed {
         "**out of reach** with this many round trips: their floors alone are over what the target leaves".to_owned()
     } else {
@@ -1229,8 +1232,8 @@ pub(crate) fn latency_budget(f: &LatencyFigures) -> LoadBudget {
         fmt_f(f.gateway_floor, 0),
         fmt_f(room, 0),
         fmt_f(above, 0),
-        fmt_f(time[0] / at_targets.max(1e-9), 3),
-        if time[0] / at_targets.max(1e-9) < TARGET {
+        fmt_f(at_targets, 3),
+        if at_targets < TARGET {
             ": the one-host target asks for more than the other two together"
         } else {
             ""
@@ -1239,7 +1242,7 @@ pub(crate) fn latency_budget(f: &LatencyFigures) -> LoadBudget {
     let json = json!({
         "memory_flow_us": time[0], "replicas_flow_us": time[1], "allowed_extra_us": allowed,
         "extra_us": extra, "added_cpu_us": added, "floors_us": floors, "room_us": room,
-        "above_floors_us": above, "ratio_at_cpu_targets": time[0] / at_targets.max(1e-9),
+        "above_floors_us": above, "ratio_at_cpu_targets": at_targets,
     });
-    LoadBudget { text, json }
+    Budget { text, json }
 }
