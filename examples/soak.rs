@@ -37,8 +37,8 @@
 //! within 10 % of their baseline after the sessions and the half-open connections
 //! closed (the baseline is taken after a warm-up round on every session with two
 //! half-open bursts); their RSS stopped growing (the largest RSS of the soak's last
-//! third within 10 % of its middle third's); no process panicked. Exit status 1 when
-//! a check fails.
+//! third within 10 % of the largest before it); no process panicked. Exit status 1
+//! when a check fails.
 //!
 //! RSS is not required to return to the baseline: glibc's allocator keeps the pages
 //! of freed connection and session buffers in its arenas (fragmented, so not trimmed
@@ -1553,16 +1553,19 @@ fn fds_within(now: &Usage, base: &Usage) -> bool {
     now.fds as f64 <= base.fds as f64 * 1.10
 }
 
-/// The largest RSS in the middle and in the last third of a series of windows (None
-/// when there are fewer than three windows to compare).
+/// The largest RSS before the last third of a series of windows and the largest in
+/// it (None when there are fewer than three windows to compare). Not the middle third
+/// alone: in a short soak that is one window, and one that happens to fall between
+/// bursts (B at 67.4, 55.3 and 64.1 MiB in one 40 s run) reads as growth. A leak grows
+/// with the traffic, so the last third tops everything before it either way.
 fn plateau(series: &[u64]) -> Option<(u64, u64)> {
     let n = series.len();
     if n < 3 {
         return None;
     }
-    let mid = series[n / 3..2 * n / 3].iter().copied().max()?;
+    let before = series[..2 * n / 3].iter().copied().max()?;
     let late = series[2 * n / 3..].iter().copied().max()?;
-    Some((mid, late))
+    Some((before, late))
 }
 
 fn specs(n: usize) -> Vec<Spec> {
@@ -2043,9 +2046,9 @@ async fn run(o: Opts) -> Res<bool> {
             ),
         ),
         (
-            "gateway RSS stops growing (last third of the soak within 10 % of the middle third)",
-            plateau_a.is_some_and(|(mid, late)| late as f64 <= mid as f64 * 1.10)
-                && plateau_b.is_some_and(|(mid, late)| late as f64 <= mid as f64 * 1.10),
+            "gateway RSS stops growing (last third of the soak within 10 % of the largest before it)",
+            plateau_a.is_some_and(|(before, late)| late as f64 <= before as f64 * 1.10)
+                && plateau_b.is_some_and(|(before, late)| late as f64 <= before as f64 * 1.10),
             format!("{plateau_a:?} {plateau_b:?} (needs --secs 60 or more)"),
         ),
         (
