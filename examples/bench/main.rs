@@ -446,8 +446,14 @@ fn main() -> Res<()> {
             .collect();
         format!(", pinned: {}", list.join(", "))
     };
+    let idle = cpu_idle();
+    let idle_md = if idle.is_empty() {
+        String::new()
+    } else {
+        format!(", idle CPUs: {idle}")
+    };
     let mut md = format!(
-        "## Benchmark results ({}){}{rtt}{pinned}\n\ncommit {commit}{}, binary {}, {cpus} CPUs, load average {load_start} at start / {} at end, {:.0} s, scenarios: {}{}\n\n",
+        "## Benchmark results ({}){}{rtt}{pinned}\n\ncommit {commit}{}, binary {}, {cpus} CPUs{idle_md}, load average {load_start} at start / {} at end, {:.0} s, scenarios: {}{}\n\n",
         env.stamp,
         if env.tls.is_some() { " — upstream over TLS" } else { "" },
         if dirty { " + local changes" } else { "" },
@@ -472,7 +478,7 @@ fn main() -> Res<()> {
     }
     let js = json!({
         "stamp": env.stamp, "tls": env.tls.is_some(), "upstream_rtt_ms": opts.upstream_rtt_ms, "pins": opts.pins.iter().map(|(n, c)| (n.clone(), json!(c))).collect::<serde_json::Map<_, _>>(), "commit": commit, "dirty": dirty, "binary": env.bin.display().to_string(), "cpus": cpus,
-        "load_start": load_start, "load_end": load_avg(),
+        "load_start": load_start, "load_end": load_avg(), "cpu_idle": idle,
         "options": {"rounds": opts.rounds, "secs": opts.secs, "concurrency": opts.concurrency,
                     "sessions": opts.session_levels, "pending": opts.pending, "pending_sessions": opts.pending_sessions},
         "targets": targets_json,

@@ -46,3 +46,23 @@ pub(crate) fn load_avg() -> String {
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
 }
+
+/// How this machine's idle CPUs wait (Linux's cpuidle driver, and the guest halt
+/// polling window when the driver is `haltpoll`), empty when unreadable. Every figure
+/// of a process woken after a wait moves with it: a CPU that halts at once costs the
+/// woken process a trip through the hypervisor that one still polling does not.
+pub(crate) fn cpu_idle() -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let driver = read("/sys/devices/system/cpu/cpuidle/current_driver");
+    if driver == "haltpoll" {
+        let ns = read("/sys/module/haltpoll/parameters/guest_halt_poll_ns");
+        if !ns.is_empty() {
+            return format!("{driver} (guest halt polling up to {ns} ns)");
+        }
+    }
+    driver
+}
