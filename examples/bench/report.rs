@@ -2,6 +2,15 @@
 
 use crate::*;
 
+/// The replicas' targets (#30), for the targets table and the scenario's budgets: one
+/// host's rate against one gateway in memory, 8 hosts' capacity likewise, both
+/// replicas' CPU per flow against the in-memory gateway's, and Redis's CPU per flow.
+/// The budgets' sentences print these figures as written here.
+pub(crate) const REPLICAS_ONE_HOST: f64 = 0.8;
+pub(crate) const REPLICAS_LOAD: f64 = 0.7;
+pub(crate) const REPLICAS_GATEWAY_CPU: f64 = 1.5;
+pub(crate) const REPLICAS_REDIS_CPU_US: f64 = 400.0;
+
 /// What the replicas scenario measured, for the targets table.
 pub(crate) struct Replicas {
     /// 2 replicas + Redis over 1 in memory (flows/s), one host, flows in sequence.
@@ -123,7 +132,7 @@ impl Report {
             row(
                 "legacy MRTR flow on 2 replicas + Redis ≥ 0.8× 1 replica in memory (one host, flows in sequence)",
                 fmt_f(r.ratio, 3),
-                Some(r.ratio >= 0.8),
+                Some(r.ratio >= REPLICAS_ONE_HOST),
                 None,
             );
             row(
@@ -132,7 +141,7 @@ impl Report {
                     r.hosts
                 ),
                 fmt_f(r.load_ratio, 3),
-                Some(r.load_ratio >= 0.7),
+                Some(r.load_ratio >= REPLICAS_LOAD),
                 None,
             );
             let cpu = r.gateway_cpu_us[1] / r.gateway_cpu_us[0].max(1e-9);
@@ -144,13 +153,13 @@ impl Report {
                     fmt_f(r.gateway_cpu_us[1], 0),
                     fmt_f(r.gateway_cpu_us[0], 0)
                 ),
-                Some(cpu <= 1.5),
+                Some(cpu <= REPLICAS_GATEWAY_CPU),
                 None,
             );
             row(
                 "Redis CPU per replicated flow ≤ 400 µs (one host)",
                 format!("{} µs", fmt_f(r.redis_cpu_us, 0)),
-                Some(r.redis_cpu_us <= 400.0),
+                Some(r.redis_cpu_us <= REPLICAS_REDIS_CPU_US),
                 None,
             );
             row(

@@ -2,10 +2,6 @@
 
 use crate::*;
 
-/// The Redis target, CPU µs per replicated flow with one host (the targets
-/// table in `report.rs` checks it).
-const REDIS_TARGET_US: f64 = 400.0;
-
 /// A throw-away Redis (no persistence) on a free loopback port (and, with
 /// `--redis-socket`, a Unix socket in its directory), killed on drop.
 pub(crate) struct Redis {
@@ -957,7 +953,7 @@ pub(crate) async fn replicas(
         Some(Duration::from_secs_f64(pace_us / 1e6)),
     )?;
     let paced_floor_us = script_trips * paced_noop_us + (timed - script_trips) * paced_ping_us;
-    let redis_left = REDIS_TARGET_US - paced_floor_us;
+    let redis_left = REPLICAS_REDIS_CPU_US - paced_floor_us;
     let _ = writeln!(
         md,
         "\nThe floor under Redis's CPU per flow on this machine, with one host: a round trip costs Redis {} µs for a `PING` and {} µs for a script that does nothing but receive a step's arguments (one key, 40 arguments, a {state_bytes}-byte state; 20,000 of each in sequence on one connection). A timed flow runs on an open session: {} round trips (the whole flow's {} without the opening step's), {} of them scripts: **{} µs per flow before any command runs** (target ≤ 400 µs; measured above {} µs).",
@@ -1132,7 +1128,7 @@ pub(crate) fn load_budget(f: &LoadFigures<'_>) -> Budget {
     let share = [0, 1].map(|v| f.machine[v].0 / f.machine[v].1.max(1e-9));
     // CPUs: the machine's CPU time over the wall time it was counted in.
     let cpus = f.machine[1].1 / f.wall[1].max(1e-9);
-    let wanted = 0.7 * f.rate[0];
+    let wanted = REPLICAS_LOAD * f.rate[0];
     // CPU µs per second the five processes used in the replicated slices, and the
     // whole machine's.
     let used = all[1] * f.rate[1];
@@ -1248,9 +1244,8 @@ pub(crate) struct LatencyFigures {
 /// Written out as the capacity target's budget is, so that every run argues this
 /// target with its own numbers.
 pub(crate) fn latency_budget(f: &LatencyFigures) -> Budget {
-    const TARGET: f64 = 0.8;
     let time = f.rate.map(|r| 1e6 / r.max(1e-9));
-    let allowed = time[0] / TARGET - time[0];
+    let allowed = time[0] / REPLICAS_ONE_HOST - time[0];
     let extra = time[1] - time[0];
     let added = (f.gateway[1] - f.gateway[0]) + f.redis;
     let floors = f.redis_floor + f.gateway_floor;
@@ -1259,7 +1254,11 @@ pub(crate) fn latency_budget(f: &LatencyFigures) -> Budget {
     // The ratio with both CPU targets met exactly (the gateways at 1.5× the in-memory
     // CPU, Redis at 400 µs), the rest of the difference as measured.
     let at_targets = time[0]
-        / (time[0] + 0.5 * f.gateway[0] + REDIS_TARGET_US + (extra - added).max(0.0)).max(1e-9);
+        / (time[0]
+            + (REPLICAS_GATEWAY_CPU - 1.0) * f.gateway[0]
+            + REPLICAS_REDIS_CPU_US
+            + (extra - added).max(0.0))
+        .max(1e-9);
     let verdict = if floors > allowed {
         "**out of reach** with this many round trips: their floors alone are over what the target leaves".to_owned()
     } else {
@@ -1271,7 +1270,7 @@ pub(crate) fn latency_budget(f: &LatencyFigures) -> Budget {
     };
     let text = format!(
         "\nWhat ≥ 0.8× needs with one host: a replicated flow in {} µs (the in-memory flow's {} µs / 0.8), {} µs more than in memory; it takes {} µs more. The host sends each request after the last answer, so the difference is the CPU the replicas and Redis add on the flow's path: {} µs of gateway CPU and {} µs of Redis's, {} µs, {} % of it. Of the {} µs the target leaves, the {} round trips' floors take {} µs (Redis {} µs at one host's pace, above; the gateways {} µs), leaving **{} µs** for everything else they do; they spend {} µs. So the target is {verdict}. Both CPU targets met exactly (the gateways at 1.5×, Redis at 400 µs) would give {}×{}.\n",
-        fmt_f(time[0] / TARGET, 0),
+        fmt_f(time[0] / REPLICAS_ONE_HOST, 0),
         fmt_f(time[0], 0),
         fmt_f(allowed, 0),
         fmt_f(extra, 0),
@@ -1287,7 +1286,7 @@ pub(crate) fn latency_budget(f: &LatencyFigures) -> Budget {
         fmt_f(room, 0),
         fmt_f(above, 0),
         fmt_f(at_targets, 3),
-        if at_targets < TARGET {
+        if at_targets < REPLICAS_ONE_HOST {
             ": the one-host target asks for more than the other two together"
         } else {
             ""
