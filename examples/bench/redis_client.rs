@@ -126,13 +126,7 @@ pub(crate) fn redis_client_floor_main(args: &[String]) -> Res<()> {
                 .arg("cpu")
                 .query_async(&mut pools[0].lease()),
         )?;
-        let field = |k: &str| {
-            info.lines()
-                .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .ok_or(format!("redis INFO cpu has no {k}"))
-        };
-        Ok(field("used_cpu_sys")? + field("used_cpu_user")?)
+        Ok(crate::stats::info_cpu_seconds(&info)?)
     };
     let ping = timed(false, 1, n)?;
     let script = timed(true, 1, n)?;

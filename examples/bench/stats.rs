@@ -66,3 +66,15 @@ pub(crate) fn cpu_idle() -> String {
     }
     driver
 }
+
+/// Redis's CPU seconds so far from an `INFO cpu` reply: its user and system time, to
+/// the microsecond.
+pub(crate) fn info_cpu_seconds(info: &str) -> Result<f64, String> {
+    let field = |k: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .ok_or(format!("redis INFO cpu has no {k}"))
+    };
+    Ok(field("used_cpu_sys")? + field("used_cpu_user")?)
+}

@@ -133,14 +133,7 @@ impl Redis {
     /// microsecond; `/proc`'s figure moves in 10 ms ticks, too coarse for a batch of
     /// a thousand round trips).
     pub(crate) fn cpu_seconds(&self) -> Res<f64> {
-        let info = self.command(&["INFO", "cpu"])?;
-        let field = |k: &str| {
-            info.lines()
-                .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .ok_or(format!("redis INFO cpu has no {k}"))
-        };
-        Ok(field("used_cpu_sys")? + field("used_cpu_user")?)
+        Ok(info_cpu_seconds(&self.command(&["INFO", "cpu"])?)?)
     }
 
     /// Script calls (`EVALSHA`) and the microseconds Redis spent in them, commands
@@ -261,13 +254,9 @@ impl Redis {
             scripts.push(per_call(&script, per_batch)?);
         }
         let after = self.script_time()?;
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
         Ok(RoundTripFloor {
-            ping_us: median(&mut pings),
-            script_us: median(&mut scripts),
+            ping_us: median(&pings),
+            script_us: median(&scripts),
             script_exec_us: after.1.saturating_sub(before.1) as f64
                 / after.0.saturating_sub(before.0).max(1) as f64,
         })
