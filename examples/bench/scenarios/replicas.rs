@@ -993,7 +993,8 @@ pub(crate) async fn replicas(
     let (paced_ping_us, paced_noop_us) = (paced.ping_us, paced.script_us);
     let paced_floor_us = script_trips * paced_noop_us + (timed - script_trips) * paced_ping_us;
     let redis_left = REPLICAS_REDIS_CPU_US - paced_floor_us;
-    // A floor over the flows' own figure measured the machine's moods, not a floor.
+    // A paced figure above what Redis spent per flow measured a slower stretch of the
+    // machine, not a floor under the flows.
     let paced_credible = paced_floor_us < cpu_us[2];
     // What the steps' commands took inside Redis in the timed rounds: the flows' time
     // per script call less the no-op's at the same pace, both as `INFO commandstats`
