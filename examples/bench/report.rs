@@ -5,7 +5,7 @@ use crate::*;
 /// The replicas' targets (#30), for the targets table and the scenario's budgets: one
 /// host's rate against one gateway in memory, 8 hosts' capacity likewise, both
 /// replicas' CPU per flow against the in-memory gateway's, and Redis's CPU per flow.
-/// The budgets' sentences print these figures as written here.
+/// The table's rows and the budgets' sentences print them from here.
 pub(crate) const REPLICAS_ONE_HOST: f64 = 0.8;
 pub(crate) const REPLICAS_LOAD: f64 = 0.7;
 pub(crate) const REPLICAS_GATEWAY_CPU: f64 = 1.5;
@@ -130,14 +130,14 @@ impl Report {
         }
         if let Some(r) = &self.replicas {
             row(
-                "legacy MRTR flow on 2 replicas + Redis ≥ 0.8× 1 replica in memory (one host, flows in sequence)",
+                &format!("legacy MRTR flow on 2 replicas + Redis ≥ {REPLICAS_ONE_HOST}× 1 replica in memory (one host, flows in sequence)"),
                 fmt_f(r.ratio, 3),
                 Some(r.ratio >= REPLICAS_ONE_HOST),
                 None,
             );
             row(
                 &format!(
-                    "legacy MRTR flow on 2 replicas + Redis ≥ 0.7× 1 replica in memory ({} hosts at once)",
+                    "legacy MRTR flow on 2 replicas + Redis ≥ {REPLICAS_LOAD}× 1 replica in memory ({} hosts at once)",
                     r.hosts
                 ),
                 fmt_f(r.load_ratio, 3),
@@ -146,7 +146,7 @@ impl Report {
             );
             let cpu = r.gateway_cpu_us[1] / r.gateway_cpu_us[0].max(1e-9);
             row(
-                "gateway CPU per replicated flow (both replicas) ≤ 1.5× the in-memory flow's (one host)",
+                &format!("gateway CPU per replicated flow (both replicas) ≤ {REPLICAS_GATEWAY_CPU}× the in-memory flow's (one host)"),
                 format!(
                     "{} ({} / {} µs)",
                     fmt_f(cpu, 2),
@@ -157,7 +157,7 @@ impl Report {
                 None,
             );
             row(
-                "Redis CPU per replicated flow ≤ 400 µs (one host)",
+                &format!("Redis CPU per replicated flow ≤ {REPLICAS_REDIS_CPU_US} µs (one host)"),
                 format!("{} µs", fmt_f(r.redis_cpu_us, 0)),
                 Some(r.redis_cpu_us <= REPLICAS_REDIS_CPU_US),
                 None,

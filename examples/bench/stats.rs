@@ -1,4 +1,5 @@
-//! Medians, percentiles and the sample of one load run.
+//! Medians, percentiles and the sample of one load run; the machine's load, its idle
+//! CPUs and Redis's CPU, as the report reads them.
 
 pub(crate) fn median(v: &[f64]) -> f64 {
     if v.is_empty() {

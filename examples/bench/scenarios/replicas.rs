@@ -1003,7 +1003,7 @@ pub(crate) async fn replicas(
     let commands_per_flow_us = scripts_per_flow * commands_us;
     let _ = writeln!(
         md,
-        "\nThe floor under Redis's CPU per flow on this machine, with one host: a round trip costs Redis {} µs for a `PING` and {} µs for a script that does nothing but receive a step's arguments (one key, 40 arguments, a {state_bytes}-byte state; 20,000 of each in sequence on one connection, in five alternating batches, the median batch's price). A timed flow runs on an open session: {} round trips (the whole flow's {} without the opening step's), {} of them scripts: **{} µs per flow before any command runs** (target ≤ 400 µs; measured above {} µs).",
+        "\nThe floor under Redis's CPU per flow on this machine, with one host: a round trip costs Redis {} µs for a `PING` and {} µs for a script that does nothing but receive a step's arguments (one key, 40 arguments, a {state_bytes}-byte state; 20,000 of each in sequence on one connection, in five alternating batches, the median batch's price). A timed flow runs on an open session: {} round trips (the whole flow's {} without the opening step's), {} of them scripts: **{} µs per flow before any command runs** (target ≤ {REPLICAS_REDIS_CPU_US} µs; measured above {} µs).",
         fmt_f(ping_us, 1),
         fmt_f(noop_us, 1),
         fmt_f(timed, 1),
@@ -1018,10 +1018,10 @@ pub(crate) async fn replicas(
             fmt_f(cpu_us[2], 0)
         )
     } else if redis_left <= 0.0 {
-        "So the Redis target is **out of reach** with one host while a flow makes this many round trips: they alone cost Redis more than the 400 µs it allows.".to_owned()
+        format!("So the Redis target is **out of reach** with one host while a flow makes this many round trips: they alone cost Redis more than the {REPLICAS_REDIS_CPU_US} µs it allows.")
     } else if commands_per_flow_us > redis_left {
         format!(
-            "Together they are **over the 400 µs**: the round trips leave {} µs, so the target needs the commands at {} µs a script call or less, or fewer round trips. Redis spends {} µs a flow above the round trips here.",
+            "Together they are **over the {REPLICAS_REDIS_CPU_US} µs**: the round trips leave {} µs, so the target needs the commands at {} µs a script call or less, or fewer round trips. Redis spends {} µs a flow above the round trips here.",
             fmt_f(redis_left, 0),
             fmt_f(redis_left / scripts_per_flow.max(1e-9), 1),
             fmt_f(cpu_us[2] - paced_floor_us, 0)
@@ -1062,7 +1062,7 @@ pub(crate) async fn replicas(
     let client_floor_ratio = (cpu_us[0] + client_us) / cpu_us[0].max(1e-9);
     let _ = writeln!(
         md,
-        "\nThe gateways' side of the same round trips, priced the same way: a round trip costs the process making it {} µs for a `PING` and {} µs for that script through the gateway's own Redis client (the store's command connections, `store::redis_conns`, on a multi-threaded tokio runtime, one call at a time; a blocking socket's `PING` costs {} µs, the kernel's share). A timed flow's {} round trips at that price: **{} µs per flow**; with the in-memory flow's work ({} µs), **{}× the in-memory flow's CPU** before the gateways encode, decode or store anything (target ≤ 1.5×; measured above {}×). That is a floor only where every round trip costs the gateways a wake-up of its own, as with Redis on a core of its own; inside a flow on shared cores an added round trip costs them a third of that or less (README, \"What a round trip costs inside a flow\").",
+        "\nThe gateways' side of the same round trips, priced the same way: a round trip costs the process making it {} µs for a `PING` and {} µs for that script through the gateway's own Redis client (the store's command connections, `store::redis_conns`, on a multi-threaded tokio runtime, one call at a time; a blocking socket's `PING` costs {} µs, the kernel's share). A timed flow's {} round trips at that price: **{} µs per flow**; with the in-memory flow's work ({} µs), **{}× the in-memory flow's CPU** before the gateways encode, decode or store anything (target ≤ {REPLICAS_GATEWAY_CPU}×; measured above {}×). That is a floor only where every round trip costs the gateways a wake-up of its own, as with Redis on a core of its own; inside a flow on shared cores an added round trip costs them a third of that or less (README, \"What a round trip costs inside a flow\").",
         fmt_f(client.ping_us, 1),
         fmt_f(client.script_us, 1),
         fmt_f(client.blocking_ping_us, 1),
@@ -1254,7 +1254,7 @@ pub(crate) fn load_budget(f: &LoadFigures<'_>) -> Budget {
     };
     let _ = writeln!(
         text,
-        "\nWhat ≥ 0.7× needs: {} replicated flows/s (0.7 × {}). At the CPU the five processes got in the replicated slices ({} CPU-µs a second) that is {} µs per flow for all five; with the whole machine ({} CPUs), {} µs. With the server and the hosts at their in-memory per-flow cost ({} µs) and Redis at its floor with {} callers at once ({} round trips at {} µs: {} µs), the two replicas could spend **{} µs per flow** ({}× the in-memory gateway's {} µs), {} µs with the whole machine, {} µs with Redis as measured ({} µs). Their own floor with {} callers at once, the in-memory gateway's work and the round trips at {} µs each (two connections, as two replicas): **{} µs**; measured {} µs. So the target is {verdict}.",
+        "\nWhat ≥ {REPLICAS_LOAD}× needs: {} replicated flows/s ({REPLICAS_LOAD} × {}). At the CPU the five processes got in the replicated slices ({} CPU-µs a second) that is {} µs per flow for all five; with the whole machine ({} CPUs), {} µs. With the server and the hosts at their in-memory per-flow cost ({} µs) and Redis at its floor with {} callers at once ({} round trips at {} µs: {} µs), the two replicas could spend **{} µs per flow** ({}× the in-memory gateway's {} µs), {} µs with the whole machine, {} µs with Redis as measured ({} µs). Their own floor with {} callers at once, the in-memory gateway's work and the round trips at {} µs each (two connections, as two replicas): **{} µs**; measured {} µs. So the target is {verdict}.",
         fmt_f(wanted, 0),
         fmt_f(f.rate[0], 0),
         fmt_f(used, 0),
@@ -1341,7 +1341,7 @@ pub(crate) fn latency_budget(f: &LatencyFigures) -> Budget {
         )
     };
     let text = format!(
-        "\nWhat ≥ 0.8× needs with one host: a replicated flow in {} µs (the in-memory flow's {} µs / 0.8), {} µs more than in memory; it takes {} µs more. The host sends each request after the last answer, so the difference is the CPU the replicas and Redis add on the flow's path: {} µs of gateway CPU and {} µs of Redis's, {} µs, {} % of it. Of the {} µs the target leaves, the {} round trips' floors take {} µs (Redis {} µs {}; the gateways {} µs), leaving **{} µs** for everything else they do; they spend {} µs. So the target is {verdict}. Both CPU targets met exactly (the gateways at 1.5×, Redis at 400 µs) would give {}×{}.\n",
+        "\nWhat ≥ {REPLICAS_ONE_HOST}× needs with one host: a replicated flow in {} µs (the in-memory flow's {} µs / {REPLICAS_ONE_HOST}), {} µs more than in memory; it takes {} µs more. The host sends each request after the last answer, so the difference is the CPU the replicas and Redis add on the flow's path: {} µs of gateway CPU and {} µs of Redis's, {} µs, {} % of it. Of the {} µs the target leaves, the {} round trips' floors take {} µs (Redis {} µs {}; the gateways {} µs), leaving **{} µs** for everything else they do; they spend {} µs. So the target is {verdict}. Both CPU targets met exactly (the gateways at {REPLICAS_GATEWAY_CPU}×, Redis at {REPLICAS_REDIS_CPU_US} µs) would give {}×{}.\n",
         fmt_f(time[0] / REPLICAS_ONE_HOST, 0),
         fmt_f(time[0], 0),
         fmt_f(allowed, 0),
