@@ -2,12 +2,13 @@
 //! behind a real HAProxy (round-robin, no stickiness), in front of one `dualera serve`:
 //! any replica serves any request of a session, a stream survives the death of the
 //! replica holding it, a retry survives the death of the replica running it, and Redis
-//! trouble gives a clear error and heals by itself.
+//! trouble gives a clear error and heals by itself. Behind an HAProxy that hashes
+//! `Mcp-Session-Id`, a session's requests stay on one replica while it lives.
 
 mod common;
 use common::gateway as gateway_support;
 
-use gateway_support::replicas::{field, Cluster};
+use gateway_support::replicas::{field, Balance, Cluster};
 use gateway_support::*;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -272,6 +273,87 @@ async fn a_stream_resumes_through_the_balancer_after_its_replica_dies() {
         .await
         .assert_unresumable();
     }
+}
+
+/// Each replica's `tools/call` requests so far (`dualera_requests_total`; 0 for a
+/// killed one).
+async fn calls_served(c: &Cluster) -> Vec<f64> {
+    let mut served = Vec::new();
+    for i in 0..c.gateways.len() {
+        if c.gateways[i].is_none() {
+            served.push(0.0);
+            continue;
+        }
+        let r = raw(
+            &http_client(),
+            http::Method::GET,
+            &format!("{}/metrics", c.admin(i)),
+            &[],
+            "",
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        served.push(metric(
+            &String::from_utf8_lossy(&r.body),
+            "dualera_requests_total",
+            &[("mcp_method_name", "tools/call")],
+        ));
+    }
+    served
+}
+
+/// `tools/call notes_delete` through the host's URL, answered and deleted; returns
+/// the replica that served its calls, checking that one did: `calls` of them.
+async fn delete_on_one_replica(c: &Cluster, host: &mut Legacy, calls: f64) -> usize {
+    let before = calls_served(c).await;
+    if calls > 1.0 {
+        let (_, reply) = host
+            .request(
+                "tools/call",
+                json!({"name": "notes_list", "arguments": {"workspaceUri": c.ws.notes_uri}}),
+            )
+            .await;
+        assert_eq!(reply.status, 200);
+    }
+    let (call, mut stream, live) = delete_until_elicitation(c, host).await;
+    let answered = host.post(&accept(&live)).await;
+    assert_eq!(answered.status, 202);
+    until_deleted(&mut stream, &call).await;
+    let after = calls_served(c).await;
+    let moved: Vec<usize> = (0..after.len()).filter(|&i| after[i] > before[i]).collect();
+    assert_eq!(
+        moved.len(),
+        1,
+        "one replica served: {before:?} -> {after:?}"
+    );
+    assert_eq!(after[moved[0]] - before[moved[0]], calls);
+    moved[0]
+}
+
+/// The replicas need no stickiness, and take it when the balancer has it: with HAProxy
+/// hashing `Mcp-Session-Id` (consistently), every request of a session after its
+/// `initialize` reaches one replica, the elicitation's answer and the call's stream
+/// included, so the flow runs on the replica that holds the session's state and
+/// streams (the bench's `--replica-affinity`). When that replica dies, the hash
+/// moves the session to another, which serves it from Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_balancer_hashing_the_session_id_keeps_a_session_on_one_replica() {
+    let mut c = Cluster::start_balanced(3, &[], false, Balance::SessionHash).await;
+    seed_tps(&c, 4).await;
+    let mut last = None;
+    for _ in 0..4 {
+        let mut host = initialized(&c.lb.url()).await;
+        let home = delete_on_one_replica(&c, &mut host, 2.0).await;
+        last = Some((host, home));
+    }
+    assert_eq!(count_notes(&c.server.url, &c.ws, "TPS report").await, 0);
+
+    // The session's replica dies: the balancer's next pick for it serves it.
+    let (mut host, home) = last.expect("a session");
+    c.kill9(home);
+    seed_tps(&c, 1).await;
+    let next = delete_on_one_replica(&c, &mut host, 1.0).await;
+    assert_ne!(next, home, "another replica took the session");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,5 @@
 //! The real peers of the replica tests: a private `redis-server` (persistence off) and
-//! HAProxy (round-robin, no stickiness) in front of several `dualera gateway`
+//! HAProxy (round-robin, no stickiness; or hashing `Mcp-Session-Id`) in front of several `dualera gateway`
 //! processes that share that Redis and one `dualera serve`, everything on free
 //! loopback ports picked at run time, stopped on drop. Both come from Debian
 //! (`tests/services/debian.sh redis-server haproxy`); a missing one fails the test.
@@ -207,7 +207,8 @@ impl Drop for RedisServer {
     }
 }
 
-/// HAProxy in round-robin mode, no stickiness, in front of `backends` (`host:port`).
+/// HAProxy in front of `backends` (`host:port`): round-robin, no stickiness, unless
+/// started with another [`Balance`].
 /// Health checks every 300 ms and redispatch on a refused connection, as a
 /// production balancer in front of replicas is set up.
 pub struct HaProxy {
@@ -216,8 +217,30 @@ pub struct HaProxy {
     child: Child,
 }
 
+/// How HAProxy picks a replica: round-robin (what the replicas need no more than), or
+/// a consistent hash of `Mcp-Session-Id`, which keeps a session's requests on one
+/// replica after its `initialize` (a request without the header goes round-robin).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Balance {
+    RoundRobin,
+    SessionHash,
+}
+
+impl Balance {
+    fn lines(self) -> &'static str {
+        match self {
+            Self::RoundRobin => "  balance roundrobin\n",
+            Self::SessionHash => "  balance hdr(mcp-session-id)\n  hash-type consistent\n",
+        }
+    }
+}
+
 impl HaProxy {
     pub fn start(backends: &[String]) -> Self {
+        Self::start_with(backends, Balance::RoundRobin)
+    }
+
+    pub fn start_with(backends: &[String], balance: Balance) -> Self {
         let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("dualera-haproxy-{}-{port}", std::process::id()));
@@ -225,7 +248,8 @@ impl HaProxy {
         let mut cfg = format!(
             "global\n  maxconn 4096\n\ndefaults\n  mode http\n  timeout connect 2s\n  timeout client 120s\n  \
              timeout server 120s\n  option redispatch\n  retries 3\n\nfrontend mcp\n  bind 127.0.0.1:{port}\n  \
-             default_backend gateways\n\nbackend gateways\n  balance roundrobin\n"
+             default_backend gateways\n\nbackend gateways\n{}",
+            balance.lines()
         );
         for (i, b) in backends.iter().enumerate() {
             cfg.push_str(&format!(
@@ -280,6 +304,16 @@ impl Cluster {
     /// [`Self::start`], the gateways reaching Redis over its Unix socket when
     /// `over_socket`, else over TCP.
     pub async fn start_on(n: usize, gateway: &[(&str, &str)], over_socket: bool) -> Self {
+        Self::start_balanced(n, gateway, over_socket, Balance::RoundRobin).await
+    }
+
+    /// [`Self::start_on`] behind a balancer that picks replicas as `balance` says.
+    pub async fn start_balanced(
+        n: usize,
+        gateway: &[(&str, &str)],
+        over_socket: bool,
+        balance: Balance,
+    ) -> Self {
         let redis = RedisServer::start_on(over_socket);
         let store = format!("{:?}", redis.store_url());
         let mut entries: Vec<(&str, &str)> = vec![("session_store", store.as_str())];
@@ -294,7 +328,7 @@ impl Cluster {
             .map(|_| Some(Proc::gateway_logging(&hop.url, &ws, "info")))
             .collect();
         let backends: Vec<String> = gateways.iter().flatten().map(Proc::authority).collect();
-        let lb = HaProxy::start(&backends);
+        let lb = HaProxy::start_with(&backends, balance);
         Self {
             ws,
             redis,
