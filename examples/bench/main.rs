@@ -70,7 +70,9 @@
 //!   Redis client in a process of its own, pinned as the gateways are). With several
 //!   hosts at once it also prints every process's CPU per flow, the machine's busy
 //!   share, and what the ≥ 0.7× capacity target leaves the replicas against their
-//!   floor with as many callers at once.
+//!   floor with as many callers at once. `--replica-affinity` keeps each session of
+//!   the timed rounds and the capacity runs on one replica instead, as a balancer that
+//!   hashes `Mcp-Session-Id` would.
 //!
 //! `--pin NAME=CPUS` (repeatable) confines a kind of process to some CPUs with
 //! `taskset`: `bench` (this process, and so every process it starts that is not named),

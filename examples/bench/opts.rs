@@ -35,6 +35,10 @@ pub(crate) struct Opts {
     /// `--redis-socket`: the replicas scenario's replicas reach Redis over its Unix
     /// socket rather than TCP on loopback.
     pub(crate) redis_socket: bool,
+    /// `--replica-affinity`: the replicas scenario's timed rounds and capacity runs keep
+    /// each session on one replica, as a balancer that hashes `Mcp-Session-Id` would,
+    /// rather than alternating its requests between the two.
+    pub(crate) replica_affinity: bool,
 }
 
 /// The processes `--pin` can place: the bench itself (and so every process it starts
@@ -53,7 +57,8 @@ pub(crate) fn usage() -> ! {
          \x20            [--upstream-rtt-ms MS (the modern server MS round trip away, behind a delaying relay)]\n\
          \x20            [--pin NAME=CPUS (repeatable; NAME: bench, gateway, server, bare_proxy, redis;\n\
          \x20             CPUS: a taskset list such as 1 or 0,2-3; e.g. --pin bench=0 --pin redis=1)]\n\
-         \x20            [--redis-socket (the replicas reach Redis over its Unix socket, not TCP)]"
+         \x20            [--redis-socket (the replicas reach Redis over its Unix socket, not TCP)]\n\
+         \x20            [--replica-affinity (the replicas' timed flows keep each session on one replica)]"
     );
     std::process::exit(2)
 }
@@ -83,6 +88,7 @@ pub(crate) fn parse_opts() -> Opts {
         cache_requests: None,
         pins: Vec::new(),
         redis_socket: false,
+        replica_affinity: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -115,6 +121,7 @@ pub(crate) fn parse_opts() -> Opts {
             }
             "--no-build" => o.no_build = true,
             "--redis-socket" => o.redis_socket = true,
+            "--replica-affinity" => o.replica_affinity = true,
             "--dualera" => o.dualera = Some(PathBuf::from(val())),
             "--tls" => o.tls = true,
             "--cache-requests" => {

@@ -632,10 +632,24 @@ pub(crate) fn replicated_only(v: usize, value: f64, digits: usize) -> String {
     }
 }
 
-pub(crate) const REPLICA_VARIANTS: [&str; 2] = [
-    "1 gateway, sessions in memory",
-    "2 gateway replicas, sessions in Redis (requests alternate)",
-];
+/// The two variants' names; the replicated one says where a session's requests go.
+pub(crate) fn replica_variants(affinity: bool) -> [&'static str; 2] {
+    [
+        "1 gateway, sessions in memory",
+        if affinity {
+            "2 gateway replicas, sessions in Redis (each session on one replica)"
+        } else {
+            "2 gateway replicas, sessions in Redis (requests alternate)"
+        },
+    ]
+}
+
+/// A replicated host's session: opened on `home`, its requests and answers there
+/// with `affinity`; without it, its answers go to `other` and each flow swaps the two
+/// (see [`LegacyClient::swap`]), so that every flow steps the session on both.
+async fn replicated_host(home: SocketAddr, other: SocketAddr, affinity: bool) -> Res<LegacyClient> {
+    LegacyClient::open_pair(home, if affinity { home } else { other }).await
+}
 
 pub(crate) async fn replicas(
     env: &Env,
@@ -658,7 +672,9 @@ pub(crate) async fn replicas(
     let _perf = PerfGuard::start(env, first.pid(), "replicas");
     eprintln!("bench: replicas (load {})", load_avg());
     let mut local = LegacyClient::open(memory.addr).await?;
-    let mut shared = LegacyClient::open_pair(first.addr, second.addr).await?;
+    let affinity = opts.replica_affinity;
+    let variants = replica_variants(affinity);
+    let mut shared = replicated_host(first.addr, second.addr, affinity).await?;
     let ws = env.scratch_uri.clone();
     let secs = (opts.secs * 2.0).max(0.5);
     let mut counter = 0u64;
@@ -739,9 +755,9 @@ pub(crate) async fn replicas(
     for i in 0..hosts {
         locals.push(LegacyClient::open(memory.addr).await?);
         shareds.push(if i % 2 == 0 {
-            LegacyClient::open_pair(first.addr, second.addr).await?
+            replicated_host(first.addr, second.addr, affinity).await?
         } else {
-            LegacyClient::open_pair(second.addr, first.addr).await?
+            replicated_host(second.addr, first.addr, affinity).await?
         });
     }
     let mut load_rates: [Vec<f64>; 2] = Default::default();
@@ -846,6 +862,7 @@ pub(crate) async fn replicas(
     let commands_per_flow = commands as f64 / flows[1].max(1) as f64;
     let load_commands_per_flow = load_commands as f64 / load_flows[1].max(1) as f64;
     report.replicas = Some(Replicas {
+        affinity,
         ratio,
         load_ratio,
         hosts,
@@ -860,9 +877,14 @@ pub(crate) async fn replicas(
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "### 7. Replicas: the legacy MRTR flow (notes_create + notes_delete with one elicitation) on 2 replicas sharing Redis vs 1 gateway in memory, flows alternating one by one ({} rounds × {} s; the replicas reach Redis over {})\n",
+        "### 7. Replicas: the legacy MRTR flow (notes_create + notes_delete with one elicitation) on 2 replicas sharing Redis vs 1 gateway in memory, flows alternating one by one ({} rounds × {} s; {}the replicas reach Redis over {})\n",
         opts.rounds,
         secs * 2.0,
+        if affinity {
+            "each session's requests and answers on one replica, `--replica-affinity`; "
+        } else {
+            ""
+        },
         if opts.redis_socket {
             "its Unix socket, `--redis-socket`; the floors below are priced over TCP"
         } else {
@@ -874,7 +896,7 @@ pub(crate) async fn replicas(
         "| variant | flows/s | median flow µs | gateway CPU µs per flow | Redis CPU µs per flow | Redis commands per flow |"
     );
     let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|");
-    for (v, name) in REPLICA_VARIANTS.iter().enumerate() {
+    for (v, name) in variants.iter().enumerate() {
         let _ = writeln!(
             md,
             "| {name} | {} | {} | {} | {} | {} |",
@@ -899,7 +921,7 @@ pub(crate) async fn replicas(
         "{hosts} hosts at once per variant (capacity; variants alternate by round, {} s each):\n\n| variant | flows/s | gateway CPU µs per flow | Redis CPU µs per flow | Redis commands per flow |\n|---|---:|---:|---:|---:|",
         secs
     );
-    for (v, name) in REPLICA_VARIANTS.iter().enumerate() {
+    for (v, name) in variants.iter().enumerate() {
         let _ = writeln!(
             md,
             "| {name} | {} | {} | {} | {} |",
@@ -966,10 +988,12 @@ pub(crate) async fn replicas(
         );
         flow_totals[pass] = (flow_cmds, flow_trips);
     }
-    let (flow_cmds, flow_trips) = flow_totals[0];
     // The floors price the flows the CPU figures were measured on: those run on an open
-    // session, so the opening step's round trips are not theirs.
-    let timed = timed_trips[0];
+    // session, so the opening step's round trips are not theirs, and with affinity they
+    // are the one-replica pass's.
+    let pass = usize::from(affinity);
+    let flow_trips = flow_totals[pass].1;
+    let timed = timed_trips[pass];
     let _ = writeln!(
         md,
         "\nOne session's serialized state after a flow: {state_bytes} bytes."
@@ -1099,6 +1123,7 @@ pub(crate) async fn replicas(
         switches: load_switches,
         trips: timed,
         client: &client,
+        variants,
     });
     md.push_str(&budget.text);
     eprintln!(
@@ -1107,9 +1132,9 @@ pub(crate) async fn replicas(
         fmt_f(load_commands_per_flow, 1),
         fmt_f(scripts_per_flow, 1),
         fmt_f(script_us_per_call, 1),
-        fmt_f(flow_cmds, 1),
-        fmt_f(flow_trips, 1),
-        fmt_f(timed, 1),
+        fmt_f(flow_totals[0].0, 1),
+        fmt_f(flow_totals[0].1, 1),
+        fmt_f(timed_trips[0], 1),
         fmt_f(flow_totals[1].0, 1),
         fmt_f(flow_totals[1].1, 1)
     );
@@ -1125,14 +1150,17 @@ pub(crate) async fn replicas(
                "redis_used_memory_before": before, "redis_used_memory_after": after,
                "redis_bytes_per_idle_session": per_session,
                "redis_commands_per_flow": commands_per_flow, "load_redis_commands_per_flow": load_commands_per_flow,
-               "steps": step_json, "state_bytes": state_bytes, "flow_commands": flow_cmds,
-               "flow_commands_one_replica": flow_totals[1].0, "flow_round_trips_one_replica": flow_totals[1].1, "flow_round_trips": flow_trips, "timed_flow_round_trips": timed,
+               "steps": step_json, "state_bytes": state_bytes, "flow_commands": flow_totals[0].0,
+               "flow_commands_one_replica": flow_totals[1].0, "flow_round_trips_one_replica": flow_totals[1].1, "flow_round_trips": flow_totals[0].1, "timed_flow_round_trips": timed_trips[0],
                "timed_flow_round_trips_one_replica": timed_trips[1],
                "redis_cpu_us_per_ping": ping_us, "redis_cpu_us_per_noop_script": noop_us,
                "redis_cpu_us_floor_per_flow": floor_us,
                "client_cpu_us_per_ping": client.ping_us, "client_cpu_us_per_noop_script": client.script_us,
                "client_cpu_us_per_blocking_ping": client.blocking_ping_us,
                "gateway_cpu_us_floor_per_flow": client_us, "gateway_cpu_floor_ratio": client_floor_ratio});
+    figures["replica_affinity"] = json!(affinity);
+    // The round trips the floors priced: the one-replica pass's with affinity.
+    figures["timed_flow_round_trips_priced"] = json!(timed);
     figures["redis_paced"] = json!({"pace_us": pace_us, "calls": paced_n,
         "cpu_us_per_ping": paced_ping_us, "cpu_us_per_noop_script": paced_noop_us,
         "noop_script_exec_us": paced.script_exec_us, "cpu_us_floor_per_flow": paced_floor_us,
@@ -1165,6 +1193,8 @@ pub(crate) struct LoadFigures<'a> {
     /// Round trips per timed flow (the per-step table's, the opening step's left out).
     pub(crate) trips: f64,
     pub(crate) client: &'a ClientFloor,
+    /// The variants' names ([`replica_variants`]).
+    pub(crate) variants: [&'static str; 2],
 }
 
 /// A target's budget, written out: the capacity target's ([`load_budget`]) or one
@@ -1214,7 +1244,7 @@ pub(crate) fn load_budget(f: &LoadFigures<'_>) -> Budget {
         "\nWhere a flow's CPU goes with {} hosts at once (each process's CPU over its variant's capacity slices, per flow; the hosts are this process):\n\n| variant | modern server | hosts | gateway(s) | Redis | the five | machine busy |\n|---|---:|---:|---:|---:|---:|---:|",
         f.hosts
     );
-    for (v, name) in REPLICA_VARIANTS.iter().enumerate() {
+    for (v, name) in f.variants.iter().enumerate() {
         let _ = writeln!(
             text,
             "| {name} | {} | {} | {} | {} | {} | {} µs ({} %) |",
