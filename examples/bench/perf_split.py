@@ -24,7 +24,8 @@ Usage (a build with frame pointers, so that user stacks unwind; its own target d
 
     CARGO_TARGET_DIR=/tmp/fp RUSTFLAGS="-C force-frame-pointers=yes" \\
         cargo build --profile profiling --all-features --locked --examples --bin dualera
-    python3 examples/bench/perf_split.py --target /tmp/fp/profiling --out /tmp/split
+    python3 examples/bench/perf_split.py --target /tmp/fp/profiling --out /tmp/split \\
+        [--affinity]
 
 It needs `perf` with `perf_event_paranoid` allowing system-wide sampling (or root). It
 prints one table, leaves `perf.data`, the bench's output and the split as JSON in
@@ -90,6 +91,8 @@ def record(o):
     cmd = ["perf", "record", "-a", "-g", "-e", "cpu-clock", "-F", str(o.freq), "-k",
            "CLOCK_MONOTONIC", "-o", data, "--", bench, "--no-build", "--dualera", dualera,
            "--scenarios", "replicas", "--rounds", "2", "--secs", str(o.secs)]
+    if o.affinity:
+        cmd.append("--replica-affinity")
     found, stop = {}, threading.Event()
     t = threading.Thread(target=watch_processes, args=(stop, found), daemon=True)
     t.start()
@@ -164,6 +167,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--freq", type=int, default=997)
     ap.add_argument("--secs", type=int, default=3)
+    ap.add_argument("--affinity", action="store_true",
+                    help="each replicated session on one replica (the bench's --replica-affinity)")
     o = ap.parse_args()
     if shutil.which("perf") is None:
         sys.exit("perf_split: `perf` is not installed (Debian: linux-perf)")
