@@ -280,24 +280,17 @@ async fn a_stream_resumes_through_the_balancer_after_its_replica_dies() {
 async fn calls_served(c: &Cluster) -> Vec<f64> {
     let mut served = Vec::new();
     for i in 0..c.gateways.len() {
-        if c.gateways[i].is_none() {
-            served.push(0.0);
-            continue;
-        }
-        let r = raw(
-            &http_client(),
-            http::Method::GET,
-            &format!("{}/metrics", c.admin(i)),
-            &[],
-            "",
-        )
-        .await;
-        assert_eq!(r.status, 200);
-        served.push(metric(
-            &String::from_utf8_lossy(&r.body),
-            "dualera_requests_total",
-            &[("mcp_method_name", "tools/call")],
-        ));
+        served.push(if c.gateways[i].is_none() {
+            0.0
+        } else {
+            replica_metric(
+                c,
+                i,
+                "dualera_requests_total",
+                &[("mcp_method_name", "tools/call")],
+            )
+            .await
+        });
     }
     served
 }
@@ -568,6 +561,11 @@ async fn back_empty(c: &Cluster, host: &Legacy) {
 
 /// Gateway `i`'s `dualera_store_redis_round_trips_total` (its `/metrics`).
 async fn round_trips(c: &Cluster, i: usize) -> f64 {
+    replica_metric(c, i, "dualera_store_redis_round_trips_total", &[]).await
+}
+
+/// A metric of gateway `i`'s `/metrics`, its series with these labels summed.
+async fn replica_metric(c: &Cluster, i: usize, name: &str, labels: &[(&str, &str)]) -> f64 {
     let r = raw(
         &http_client(),
         http::Method::GET,
@@ -577,11 +575,7 @@ async fn round_trips(c: &Cluster, i: usize) -> f64 {
     )
     .await;
     assert_eq!(r.status, 200);
-    metric(
-        &String::from_utf8_lossy(&r.body),
-        "dualera_store_redis_round_trips_total",
-        &[],
-    )
+    metric(&String::from_utf8_lossy(&r.body), name, labels)
 }
 
 /// Polls `/readyz` until it answers `status` with a body containing `text`.
