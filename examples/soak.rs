@@ -2047,8 +2047,9 @@ async fn run(o: Opts) -> Res<bool> {
         ),
         (
             "gateway RSS stops growing (last third of the soak within 10 % of the largest before it)",
-            plateau_a.is_some_and(|(before, late)| late as f64 <= before as f64 * 1.10)
-                && plateau_b.is_some_and(|(before, late)| late as f64 <= before as f64 * 1.10),
+            [plateau_a, plateau_b].iter().all(|p| {
+                p.is_some_and(|(before, late)| late as f64 <= before as f64 * 1.10)
+            }),
             format!("{plateau_a:?} {plateau_b:?} (needs --secs 60 or more)"),
         ),
         (

@@ -263,6 +263,12 @@ impl Redis {
     }
 }
 
+/// `trips` round trips, `scripts` of them at a script call's price and the rest at a
+/// `PING`'s: a flow's round trips at their floor, on whichever side the prices are.
+fn priced(scripts: f64, trips: f64, script_us: f64, ping_us: f64) -> f64 {
+    scripts * script_us + (trips - scripts) * ping_us
+}
+
 /// What a round trip costs Redis before any command of ours runs
 /// ([`Redis::round_trip_floor`]).
 pub(crate) struct RoundTripFloor {
@@ -1004,7 +1010,7 @@ pub(crate) async fn replicas(
     let back_to_back = redis.round_trip_floor(state_len, 20_000, None)?;
     let (ping_us, noop_us) = (back_to_back.ping_us, back_to_back.script_us);
     let script_trips = scripts_per_flow.min(timed);
-    let floor_us = script_trips * noop_us + (timed - script_trips) * ping_us;
+    let floor_us = priced(script_trips, timed, noop_us, ping_us);
     // The same at one host's pace: a round trip every replicated flow's time over its
     // round trips, about 2.5 s of each kind.
     let pace_us = (1e6 / rate[1].max(1e-9) / timed.max(1.0)).clamp(50.0, 5_000.0);
@@ -1015,7 +1021,7 @@ pub(crate) async fn replicas(
         Some(Duration::from_secs_f64(pace_us / 1e6)),
     )?;
     let (paced_ping_us, paced_noop_us) = (paced.ping_us, paced.script_us);
-    let paced_floor_us = script_trips * paced_noop_us + (timed - script_trips) * paced_ping_us;
+    let paced_floor_us = priced(script_trips, timed, paced_noop_us, paced_ping_us);
     let redis_left = REPLICAS_REDIS_CPU_US - paced_floor_us;
     // A paced figure above what Redis spent per flow measured a slower stretch of the
     // machine, not a floor under the flows.
@@ -1082,7 +1088,7 @@ pub(crate) async fn replicas(
         20_000,
         hosts,
     )?;
-    let client_us = script_trips * client.script_us + (timed - script_trips) * client.ping_us;
+    let client_us = priced(script_trips, timed, client.script_us, client.ping_us);
     let client_floor_ratio = (cpu_us[0] + client_us) / cpu_us[0].max(1e-9);
     let _ = writeln!(
         md,
