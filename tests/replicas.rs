@@ -1105,3 +1105,79 @@ async fn replicas_share_sessions_over_a_unix_socket() {
     c.redis.restart();
     back_empty(&c, &host).await;
 }
+
+/// A `tools/call` answered with one JSON body is answered before its last step is
+/// stored: that step goes to Redis with the session's next step on the same replica,
+/// or by the replica's sweeper soon after when none comes, or when the replica shuts
+/// down. A replica killed before any of them leaves the request in flight in the shared
+/// state, as one killed while the upstream answers does, and the session goes on on
+/// the other replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_answers_step_is_stored_with_the_sessions_next() {
+    let mut c = Cluster::start(3, &[]).await;
+    seed_tps(&c, 2).await;
+    let mut host = initialized(&c.url(0)).await;
+    let key = format!("dualera:s:{{{}}}", sid(&host));
+    // The record's flag of requests in flight (`b`: "1" or "0").
+    let busy = |c: &Cluster| c.redis.command(&["HGET", &key, "b"]) == "$1\r\n1\r\n";
+    let list = json!({"name": "notes_list", "arguments": {"workspaceUri": c.ws.notes_uri}});
+
+    // Five calls one after another on one replica: one step each reaches Redis with
+    // the answer of the call before it, and the last one's answer comes after.
+    let monitor = Monitor::start(&c);
+    for _ in 0..5 {
+        listed(&mut host, &list).await;
+    }
+    eventually(WAIT, "the last answer's step stored", || {
+        (!busy(&c)).then_some(())
+    })
+    .await;
+    let seen = monitor.stop(&c);
+    let steps = seen
+        .iter()
+        .filter(|l| l.contains("\"EVALSHA\"") && l.contains(&key))
+        .count();
+    // Each stored before it answers, these five calls take eleven scripts: an
+    // admission and an answer each, and the first sent again once Redis loaded the
+    // script (`NOSCRIPT`: the first step in this Redis). Each answer's step stored with
+    // the next call's, seven; a call slower than the sweeper's wait costs one more.
+    assert!(
+        (7..=9).contains(&steps),
+        "{steps} steps stored for five calls"
+    );
+
+    // A clean shutdown stores what its replica left unstored.
+    host.url = c.url(1);
+    listed(&mut host, &list).await;
+    let stopped = c.gateways[1].as_mut().expect("gateway 1").terminate();
+    assert!(stopped, "gateway 1 stops on SIGTERM");
+    assert!(!busy(&c), "the answer's step stored at shutdown");
+
+    // Killed before it stored the answer's step: the request stays in flight in Redis,
+    // and the session goes on on another replica.
+    host.url = c.url(2);
+    listed(&mut host, &list).await;
+    c.kill9(2);
+    assert!(busy(&c), "the killed replica's answer not stored");
+    host.url = c.url(0);
+    listed(&mut host, &list).await;
+    let (call, mut stream, live) = delete_until_elicitation(&c, &mut host).await;
+    assert_eq!(host.post(&accept(&live)).await.status, 202);
+    until_deleted(&mut stream, &call).await;
+    assert_eq!(
+        host.send(http::Method::DELETE, None, &[]).await.status,
+        200,
+        "the session ends"
+    );
+}
+
+/// `tools/call notes_list` (`list`), answered with its result as one JSON body.
+async fn listed(host: &mut Legacy, list: &Value) {
+    let (_, reply) = host.request("tools/call", list.clone()).await;
+    assert_eq!(reply.status, 200);
+    let answer = reply.json();
+    assert!(
+        answer["result"]["structuredContent"].is_object(),
+        "{answer}"
+    );
+}

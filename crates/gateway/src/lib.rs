@@ -842,6 +842,7 @@ impl Gateway {
                 );
                 route.legacy.close_all();
                 if let Some(shared) = &route.redis {
+                    shared.store_all_unstored(route).await;
                     shared.stop();
                 }
                 route.sse.close_all();

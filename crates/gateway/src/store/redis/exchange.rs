@@ -181,6 +181,21 @@ impl driver::Feed for RedisFeed<'_> {
     }
 }
 
+/// Feeds a session's machine one input no host request carries, as a step does (and
+/// as a step left unstored is fed again, `super::Unstored`).
+pub(super) fn feed_input(
+    record: &mut Record,
+    input: Input,
+    now: dualera_adapters::Timestamp,
+) -> Result<Option<Denied>, SessionError> {
+    let outcome = driver::feed(&mut record.machine, input, now)?;
+    if let Some(Denied::Request { legacy }) = &outcome {
+        record.forget(&PeerStream::Request(legacy.clone()));
+        record.set_auth(Some(legacy.clone()), None);
+    }
+    Ok(outcome)
+}
+
 /// How often due timers are looked for (the sweeper's tick).
 const TIMER_PERIOD: Duration = Duration::from_millis(100);
 /// Leases past their deadline are looked for every so many ticks.
@@ -336,15 +351,27 @@ impl RedisSessions {
         message: Message,
         last: bool,
     ) -> Vec<Appended> {
+        let input = Input::Upstream {
+            on: Some(id.clone()),
+            message,
+        };
+        // The last message is kept in the context, to be fed again if its step
+        // answers before it is stored (`super::Unstored`).
+        let (replay, input) = if last {
+            (Some(input), None)
+        } else {
+            (None, Some(input))
+        };
         let ctx = Ctx {
             done_upstream: last.then(|| id.clone()),
             appended: Some(Mutex::default()),
+            replay,
             ..Ctx::default()
         };
-        let on = Some(id.clone());
-        let fed = self
-            .feed(gw, sid, &ctx, Input::Upstream { on, message })
-            .await;
+        let Some(input) = ctx.replay.as_ref().or(input.as_ref()) else {
+            return Vec::new();
+        };
+        let fed = self.feed(gw, sid, &ctx, input).await;
         match fed {
             Ok(_) => {}
             Err(StepError::Refused(e)) => debug!(error = %e, "upstream message refused"),
@@ -374,7 +401,7 @@ impl RedisSessions {
             ..Ctx::default()
         };
         let id = id.clone();
-        let fed = self.feed(gw, sid, &ctx, Input::Ended { id, ended }).await;
+        let fed = self.feed(gw, sid, &ctx, &Input::Ended { id, ended }).await;
         match fed {
             Ok(Some(Denied::Round { legacy, live })) => {
                 debug!(rpc.id = %legacy, live = %live, "round parked until the answer is sent again");
@@ -394,15 +421,10 @@ impl RedisSessions {
         gw: &Arc<Route>,
         sid: &str,
         ctx: &Ctx,
-        input: Input,
+        input: &Input,
     ) -> Result<Option<Denied>, StepError<SessionError>> {
         self.step(gw, sid, ctx, |record, now| {
-            let outcome = driver::feed(&mut record.machine, input.clone(), now)?;
-            if let Some(Denied::Request { legacy }) = &outcome {
-                record.forget(&PeerStream::Request(legacy.clone()));
-                record.set_auth(Some(legacy.clone()), None);
-            }
-            Ok(outcome)
+            feed_input(record, input.clone(), now)
         })
         .await
     }
@@ -413,7 +435,7 @@ impl RedisSessions {
             timer: true,
             ..Ctx::default()
         };
-        match self.feed(&gw, &sid, &ctx, Input::Timer).await {
+        match self.feed(&gw, &sid, &ctx, &Input::Timer).await {
             Ok(_) => {}
             Err(StepError::NotFound { .. }) => {
                 let _ = self.redis.delete(&[], self.keys.timers(), &[sid]).await;
@@ -512,6 +534,7 @@ pub(super) async fn sweep(sessions: Arc<RedisSessions>, gw: Arc<Route>) {
                 deadline: now + sessions.lease_ms(),
             })
             .await;
+        sessions.store_unstored(&gw);
         match swept {
             Ok(swept) => {
                 for sid in swept.due {

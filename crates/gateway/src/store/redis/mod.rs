@@ -7,7 +7,9 @@
 //! drain the machine's events into effects, and store the new state together with
 //! those effects in one compare-and-set script (version check; a conflict returns the
 //! current state and the step is fed again from it). Only once stored does the replica
-//! perform what the machine asked: start upstream exchanges, answer the host.
+//! perform what the machine asked: start upstream exchanges, answer the host. One
+//! step answers first: the one whose only effect is a request's answer as a JSON body,
+//! stored with the session's next step ([`Unstored`]).
 //!
 //! ```text
 //!  host ─► LB ─► replica A: load ─► feed ─► CAS{state, XADD, lease, timer, PUBLISH} ─► exchange ─► upstream
@@ -236,6 +238,9 @@ struct Ctx {
     /// The step writes the session's pending leases ([`PendingLease`]) whose exchanges
     /// still run, though it appends nothing.
     write_leases: bool,
+    /// The upstream's last message of an exchange the host request's handler drove,
+    /// to feed again if the step is answered before it is stored ([`Unstored`]).
+    replay: Option<driver::Input>,
     /// Asked for by an exchange's feed (the only reader), set when the step is stored:
     /// the last sequence number it appended to each stream, by the stream's holder
     /// key, and whether another replica's relay holds that stream (what an exchange
@@ -283,6 +288,51 @@ struct PendingLease {
 /// when their exchanges start).
 const PENDING_SESSIONS: usize = 4096;
 
+/// The last steps of requests answered with one JSON body that a session's record
+/// does not hold yet: each is answered before it is stored, then stored with the
+/// session's next step on this replica (which starts from it: one round trip where
+/// there were two), or by the sweeper once [`UNSTORED_FOR`] old, or at shutdown.
+///
+/// Only a step whose one effect is the answer and whose request's lease was never
+/// written ([`PendingLease`]) waits so; nothing waits on its being stored. The answer
+/// went out in the POST's body, which no resumption replays. No replica sends the
+/// request again: no lease of it exists. Another replica stepping the session
+/// meanwhile finds the request still in flight, as it would while the upstream
+/// answers; the next compare-and-set here then conflicts, and the answers are fed
+/// again onto the current state, their streams forgotten rather than stored. A replica
+/// that dies first leaves the request in flight in the shared state, as one that dies
+/// while the upstream answers does; the host has its answer.
+struct Unstored {
+    replays: Vec<Replay>,
+    /// When the oldest was answered.
+    since: tokio::time::Instant,
+}
+
+/// An unstored step ([`Unstored`]): the upstream's answer it fed, and the streams it
+/// answered with JSON.
+#[derive(Clone)]
+struct Replay {
+    input: driver::Input,
+    answered: Vec<PeerStream>,
+    /// The size of the answer it sent: what it counts against [`UNSTORED_BYTES`].
+    bytes: usize,
+}
+
+/// Sessions with unstored steps a replica keeps at most (beyond, steps are stored
+/// before they answer).
+const UNSTORED_SESSIONS: usize = 1024;
+/// Unstored steps one session keeps at most.
+const UNSTORED_PER_SESSION: usize = 4;
+/// The answers of unstored steps a replica keeps at most, in bytes (each keeps the
+/// upstream's answer to feed again).
+const UNSTORED_BYTES: usize = 8 << 20;
+/// How long a step waits for the session's next one before the sweeper stores it.
+const UNSTORED_FOR: Duration = Duration::from_millis(50);
+/// A step Redis did not take this long after it was answered is given up (logged).
+const UNSTORED_AT_MOST: Duration = Duration::from_secs(30);
+/// How long shutdown waits for them to be stored.
+const UNSTORED_AT_SHUTDOWN: Duration = Duration::from_secs(5);
+
 /// One stream's messages in a step: the stream, its messages with "is last", and
 /// whether it was closed without a last message.
 type Group = (PeerStream, Vec<(Vec<u8>, bool)>, bool);
@@ -305,6 +355,8 @@ struct After {
     /// What is left of the step's plan: its log lines.
     plan: driver::Plan,
     json: Vec<(Arc<Decider>, Vec<u8>)>,
+    /// The streams of `json`.
+    answered: Vec<PeerStream>,
     /// Entries for this replica's relays (they are handed over if the step script
     /// found the relay still holding the stream).
     streaming: Vec<Handing>,
@@ -367,6 +419,13 @@ pub(crate) struct RedisSessions {
     /// ([`PendingLease`]). Read and changed only by steps of the session, which hold its
     /// lock.
     pending_leases: DashMap<String, Vec<PendingLease>, OwnHasher>,
+    /// Steps answered before they were stored, by session ([`Unstored`]). Read and
+    /// changed only by steps of the session, which hold its lock.
+    unstored: DashMap<String, Unstored, OwnHasher>,
+    /// The bytes `unstored` keeps ([`UNSTORED_BYTES`]).
+    unstored_bytes: std::sync::atomic::AtomicUsize,
+    /// Shutting down: every step is stored before it answers.
+    closing: std::sync::atomic::AtomicBool,
     /// The last version and state this replica stored or read per session: a step
     /// starts from it and the compare-and-set says whether it is still current (a
     /// conflict returns the current state in the same round trip). Never used to
@@ -452,6 +511,9 @@ impl RedisSessions {
             exchanges: DashMap::default(),
             locks: DashMap::default(),
             pending_leases: DashMap::default(),
+            unstored: DashMap::default(),
+            unstored_bytes: std::sync::atomic::AtomicUsize::new(0),
+            closing: std::sync::atomic::AtomicBool::new(false),
             versions: quick_cache::sync::Cache::new(VERSIONS_KEPT),
             discovers: Mutex::new(Vec::new()),
             tasks: Mutex::new(Vec::new()),
@@ -678,7 +740,7 @@ impl RedisSessions {
             Checked::Current => Ok(None),
             Checked::Changed { version, state } => Ok(Some((version, state))),
             Checked::Missing | Checked::Gone => {
-                self.versions.remove(sid);
+                self.forget_session(sid);
                 Err(StepError::NotFound { anonymous: false })
             }
         }
@@ -709,14 +771,22 @@ impl RedisSessions {
             None => match self.redis.load(&key).await? {
                 Loaded::Found { version, state } => (version, Arc::new(state), false, None),
                 Loaded::Missing | Loaded::Gone => {
-                    return Err(StepError::NotFound { anonymous: false })
+                    self.drop_unstored(sid, |_| true);
+                    return Err(StepError::NotFound { anonymous: false });
                 }
             },
         };
         for _ in 0..MAX_ATTEMPTS {
+            let now = wall_ms();
             let mut record = match decoded.take() {
                 Some(r) => r,
-                None => self.decode(&state).await?,
+                None => {
+                    // A state read from Redis lacks the steps this replica answered
+                    // before storing them; a remembered record holds them.
+                    let mut r = self.decode(&state).await?;
+                    self.replay(sid, &mut r, now);
+                    r
+                }
             };
             if let Some(b) = &ctx.binding {
                 if !same(&record.binding, b) {
@@ -725,7 +795,6 @@ impl RedisSessions {
                     });
                 }
             }
-            let now = wall_ms();
             let value = match feed(&mut record, Timestamp::from_millis(now)) {
                 Ok(v) => v,
                 Err(r) => {
@@ -742,7 +811,29 @@ impl RedisSessions {
                     return Err(StepError::Refused(r));
                 }
             };
+            // What Redis holds of the flags the plan may change, for a step left
+            // unstored.
+            let (busy, due) = (record.busy, record.due);
             let (ops, mut after) = self.plan(sid, &mut record, now, ctx, touched);
+            if self.may_leave_unstored(sid, ctx, &ops, &after) {
+                // Answered now, encoded and stored with the session's next step (see
+                // `Unstored`). The record keeps the flags as Redis has them, so that
+                // the step that stores it writes what changed.
+                record.busy = busy;
+                record.due = due;
+                self.leave_unstored(sid, ctx, &after);
+                self.observe(gw, &record.machine, std::mem::take(&mut after.observed));
+                self.settle_leases(sid, &mut after);
+                let next = Remembered {
+                    version,
+                    state,
+                    record: Some(record),
+                    touched,
+                };
+                self.keep(sid, slot.as_ref(), next);
+                self.perform(gw, sid, after, ctx, &[], false);
+                return Ok(value);
+            }
             // Sized for the state it replaces: grown from serde_json's default of 128
             // bytes, the buffer was reallocated and copied four or five times a step.
             let mut blob = Vec::with_capacity(state.len() + 128);
@@ -780,8 +871,10 @@ impl RedisSessions {
                     self.observe(gw, &record.machine, std::mem::take(&mut after.observed));
                     self.settle_leases(sid, &mut after);
                     if ctx.tomb {
-                        self.versions.remove(sid);
+                        self.forget_session(sid);
                     } else {
+                        // The record held the unstored steps: stored with this one.
+                        self.drop_unstored(sid, |_| true);
                         let touched = if ops.touch { now } else { touched };
                         let next = Remembered {
                             version: v,
@@ -789,13 +882,7 @@ impl RedisSessions {
                             record: Some(record),
                             touched,
                         };
-                        match slot.as_ref().map(|s| s.lock()) {
-                            Some(Ok(mut r)) => *r = next,
-                            _ => {
-                                self.versions
-                                    .insert(sid.to_owned(), Arc::new(Mutex::new(next)));
-                            }
-                        }
+                        self.keep(sid, slot.as_ref(), next);
                     }
                     if let Some(Ok(mut last)) = ctx.appended.as_ref().map(Mutex::lock) {
                         last.clear();
@@ -820,7 +907,7 @@ impl RedisSessions {
                 }
                 Ok(CasResult::Missing | CasResult::Gone) => {
                     after.revert();
-                    self.versions.remove(sid);
+                    self.forget_session(sid);
                     return Err(StepError::NotFound { anonymous: false });
                 }
                 Err(e) => {
@@ -963,6 +1050,7 @@ impl RedisSessions {
                             drop(state);
                             after.json.push((d, messages[0].0.clone()));
                             record.forget(&peer);
+                            after.answered.push(peer);
                             continue;
                         }
                         // Streaming once stored and its entries handed over (see
@@ -1107,6 +1195,170 @@ impl RedisSessions {
             ));
         }
         (ops, after)
+    }
+
+    /// What this replica remembers of session `sid` after a step: in `slot`, the entry
+    /// the step started from, when there was one.
+    fn keep(&self, sid: &str, slot: Option<&Arc<Mutex<Remembered>>>, next: Remembered) {
+        match slot.map(|s| s.lock()) {
+            Some(Ok(mut r)) => *r = next,
+            _ => {
+                self.versions
+                    .insert(sid.to_owned(), Arc::new(Mutex::new(next)));
+            }
+        }
+    }
+
+    /// The session is gone, or ended here: nothing of it is remembered or left to
+    /// store.
+    fn forget_session(&self, sid: &str) {
+        self.versions.remove(sid);
+        self.drop_unstored(sid, |_| true);
+    }
+
+    /// Drops session `sid`'s unstored steps if `which` says so; whether it did.
+    fn drop_unstored(&self, sid: &str, which: impl FnOnce(&Unstored) -> bool) -> bool {
+        let Some((_, u)) = self.unstored.remove_if(sid, |_, u| which(u)) else {
+            return false;
+        };
+        let bytes: usize = u.replays.iter().map(|r| r.bytes).sum();
+        self.unstored_bytes
+            .fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
+        true
+    }
+
+    /// Whether a step may answer before it is stored ([`Unstored`]): it feeds an
+    /// exchange's final answer, the answer goes out as JSON and is all the step does
+    /// beside changing the record, and the exchange's lease was never written.
+    fn may_leave_unstored(&self, sid: &str, ctx: &Ctx, ops: &Ops<'_>, after: &After) -> bool {
+        let (Some(id), Some(_)) = (&ctx.done_upstream, &ctx.replay) else {
+            return false;
+        };
+        let bytes: usize = after.json.iter().map(|(_, b)| b.len()).sum();
+        let kept = self
+            .unstored_bytes
+            .load(std::sync::atomic::Ordering::Relaxed);
+        ops.record_only()
+            && kept.saturating_add(bytes) <= UNSTORED_BYTES
+            && !ctx.timer
+            && after.settled.contains(id)
+            && !after.json.is_empty()
+            && after.starts.is_empty()
+            && after.cancels.is_empty()
+            && after.streaming.is_empty()
+            && !self.closing.load(std::sync::atomic::Ordering::Relaxed)
+            && match self.unstored.get(sid) {
+                Some(u) => u.replays.len() < UNSTORED_PER_SESSION,
+                None => self.unstored.len() < UNSTORED_SESSIONS,
+            }
+    }
+
+    /// Keeps what a step left unstored fed, to feed it again onto a newer state.
+    fn leave_unstored(&self, sid: &str, ctx: &Ctx, after: &After) {
+        let Some(input) = ctx.replay.clone() else {
+            return;
+        };
+        let bytes = after.json.iter().map(|(_, b)| b.len()).sum();
+        self.unstored_bytes
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        let replay = Replay {
+            input,
+            answered: after.answered.clone(),
+            bytes,
+        };
+        self.unstored
+            .entry(sid.to_owned())
+            .or_insert_with(|| Unstored {
+                replays: Vec::new(),
+                since: tokio::time::Instant::now(),
+            })
+            .replays
+            .push(replay);
+    }
+
+    /// Feeds a state read from Redis what the steps this replica left unstored fed.
+    /// Their effects were performed when they answered: what the machine asks now is
+    /// dropped, and the streams they answered with JSON are forgotten. An answer the
+    /// state no longer awaits (another replica cancelled its request meanwhile) is
+    /// refused by the machine, and changes nothing.
+    fn replay(&self, sid: &str, record: &mut Record, now: u64) {
+        let Some(unstored) = self.unstored.get(sid) else {
+            return;
+        };
+        for r in &unstored.replays {
+            let _ = exchange::feed_input(record, r.input.clone(), Timestamp::from_millis(now));
+            while record.machine.poll_event().is_some() {}
+            for peer in &r.answered {
+                record.forget(peer);
+            }
+        }
+    }
+
+    /// Stores, each in a step of its own, what the sessions' steps left unstored for
+    /// [`UNSTORED_FOR`] or longer (the sweeper's tick).
+    pub(super) fn store_unstored(self: &Arc<Self>, gw: &Arc<Route>) {
+        if self.unstored.is_empty() {
+            return;
+        }
+        let due: Vec<String> = self
+            .unstored
+            .iter()
+            .filter(|u| u.since.elapsed() >= UNSTORED_FOR)
+            .map(|u| u.key().clone())
+            .collect();
+        for sid in due {
+            tokio::spawn(self.clone().store_left(gw.clone(), sid));
+        }
+    }
+
+    /// Stores what session `sid`'s steps left unstored: a step with no input, which
+    /// starts from the record that holds them.
+    async fn store_left(self: Arc<Self>, gw: Arc<Route>, sid: String) {
+        if !self.unstored.contains_key(&sid) {
+            return;
+        }
+        match self
+            .step(&gw, &sid, &Ctx::default(), |_, _| Ok::<(), ()>(()))
+            .await
+        {
+            Ok(()) | Err(StepError::NotFound { .. }) => {}
+            Err(e) => {
+                if self.drop_unstored(&sid, |u| u.since.elapsed() >= UNSTORED_AT_MOST) {
+                    warn!(session = %log_tag(&sid), "the last step of a request answered with JSON was not stored; given up");
+                } else if let StepError::Store(e) = e {
+                    debug!(session = %log_tag(&sid), error = %e, "a step left unstored is not stored yet");
+                }
+            }
+        }
+    }
+
+    /// At shutdown: every step is stored before it answers from now on, and what was
+    /// left unstored is stored (for at most [`UNSTORED_AT_SHUTDOWN`]).
+    pub(crate) async fn store_all_unstored(self: &Arc<Self>, gw: &Arc<Route>) {
+        self.closing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        // Again while any is left: a step that decided before `closing` was set may
+        // leave one after a round began.
+        let all = async {
+            while !self.unstored.is_empty() {
+                let round: Vec<_> = self
+                    .unstored
+                    .iter()
+                    .map(|u| self.clone().store_left(gw.clone(), u.key().clone()))
+                    .collect();
+                futures_util::future::join_all(round).await;
+                if !self.unstored.is_empty() {
+                    // Redis failed them: again shortly, not at once.
+                    tokio::time::sleep(UNSTORED_FOR).await;
+                }
+            }
+        };
+        if tokio::time::timeout(UNSTORED_AT_SHUTDOWN, all)
+            .await
+            .is_err()
+        {
+            warn!("steps left unstored were not all stored before shutdown");
+        }
     }
 
     /// A lease to write, from now.

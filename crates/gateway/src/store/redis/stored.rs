@@ -631,6 +631,20 @@ pub(super) struct Ops<'a> {
 }
 
 impl Ops<'_> {
+    /// The step writes the session's record and nothing beside it: no stream entry,
+    /// lease, cancellation, deletion, hold or broadcast, and it does not end the
+    /// session (its busy flag, deadline and last use are the record's too).
+    pub(super) fn record_only(&self) -> bool {
+        self.xadd.is_empty()
+            && self.lease_new.is_empty()
+            && self.lease_del.is_empty()
+            && self.del.is_empty()
+            && self.hold.is_empty()
+            && self.cancel.is_empty()
+            && self.publish.is_empty()
+            && self.tomb.is_none()
+    }
+
     /// The step script's `ARGV` after the version and the state, in the order
     /// `client::STEP` reads them: the scalars (an absent one is empty), the flags, the
     /// seven list lengths, then each list's items, flattened; messages and lease
