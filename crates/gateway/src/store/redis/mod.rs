@@ -306,6 +306,8 @@ struct Unstored {
     replays: Vec<Replay>,
     /// When the oldest was answered.
     since: tokio::time::Instant,
+    /// The sweeper's step storing them runs (one at a time, however long Redis takes).
+    storing: bool,
 }
 
 /// An unstored step ([`Unstored`]): the upstream's answer it fed, and the streams it
@@ -1271,6 +1273,7 @@ impl RedisSessions {
             .or_insert_with(|| Unstored {
                 replays: Vec::new(),
                 since: tokio::time::Instant::now(),
+                storing: false,
             })
             .replays
             .push(replay);
@@ -1300,33 +1303,44 @@ impl RedisSessions {
         if self.unstored.is_empty() {
             return;
         }
-        let due: Vec<String> = self
-            .unstored
-            .iter()
-            .filter(|u| u.since.elapsed() >= UNSTORED_FOR)
-            .map(|u| u.key().clone())
-            .collect();
+        let mut due = Vec::new();
+        for mut u in self.unstored.iter_mut() {
+            if !u.storing && u.since.elapsed() >= UNSTORED_FOR {
+                u.storing = true;
+                due.push(u.key().clone());
+            }
+        }
         for sid in due {
             tokio::spawn(self.clone().store_left(gw.clone(), sid));
         }
     }
 
     /// Stores what session `sid`'s steps left unstored: a step with no input, which
-    /// starts from the record that holds them.
+    /// starts from the record that holds them. One at a time per session from the
+    /// sweeper ([`Unstored::storing`]).
     async fn store_left(self: Arc<Self>, gw: Arc<Route>, sid: String) {
         if !self.unstored.contains_key(&sid) {
             return;
         }
+        self.store_one(&gw, &sid).await;
+        if let Some(mut u) = self.unstored.get_mut(&sid) {
+            u.storing = false;
+        }
+    }
+
+    /// The step with no input of [`Self::store_left`]; what Redis has not taken for
+    /// [`UNSTORED_AT_MOST`] is given up.
+    async fn store_one(self: &Arc<Self>, gw: &Arc<Route>, sid: &str) {
         match self
-            .step(&gw, &sid, &Ctx::default(), |_, _| Ok::<(), ()>(()))
+            .step(gw, sid, &Ctx::default(), |_, _| Ok::<(), ()>(()))
             .await
         {
             Ok(()) | Err(StepError::NotFound { .. }) => {}
             Err(e) => {
-                if self.drop_unstored(&sid, |u| u.since.elapsed() >= UNSTORED_AT_MOST) {
-                    warn!(session = %log_tag(&sid), "the last step of a request answered with JSON was not stored; given up");
+                if self.drop_unstored(sid, |u| u.since.elapsed() >= UNSTORED_AT_MOST) {
+                    warn!(session = %log_tag(sid), "the last step of a request answered with JSON was not stored; given up");
                 } else if let StepError::Store(e) = e {
-                    debug!(session = %log_tag(&sid), error = %e, "a step left unstored is not stored yet");
+                    debug!(session = %log_tag(sid), error = %e, "a step left unstored is not stored yet");
                 }
             }
         }
