@@ -788,6 +788,24 @@ impl Session {
         self.upstream.contains_key(id)
     }
 
+    /// Whether the upstream request `id` is the first attempt of a plain legacy
+    /// `tools/call`: no task, no round answered. Its answer ends the call and, unless
+    /// it opens a round, changes nothing else the session keeps (no task, subscription
+    /// or tool headers recorded), so a driver that shares sessions may answer it
+    /// before it stores that change.
+    pub fn answers_plain_call(&self, id: &RequestId) -> bool {
+        let Some(UpstreamEntry {
+            role: UpstreamRole::Call { legacy, round: 0 },
+            ..
+        }) = self.upstream.get(id)
+        else {
+            return false;
+        };
+        self.calls
+            .get(legacy)
+            .is_some_and(|c| c.method == "tools/call" && c.link.is_none() && c.rounds == 0)
+    }
+
     /// The resource URIs the peer subscribed to.
     pub fn subscriptions(&self) -> impl Iterator<Item = &str> {
         self.subscriptions.iter().map(String::as_str)

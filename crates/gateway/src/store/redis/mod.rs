@@ -8,8 +8,8 @@
 //! those effects in one compare-and-set script (version check; a conflict returns the
 //! current state and the step is fed again from it). Only once stored does the replica
 //! perform what the machine asked: start upstream exchanges, answer the host. One
-//! step answers first: the one whose only effect is a request's answer as a JSON body,
-//! stored with the session's next step ([`Unstored`]).
+//! step answers first: the one whose only effect is a plain `tools/call`'s answer as a
+//! JSON body, stored with the session's next step ([`Unstored`]).
 //!
 //! ```text
 //!  host ─► LB ─► replica A: load ─► feed ─► CAS{state, XADD, lease, timer, PUBLISH} ─► exchange ─► upstream
@@ -288,13 +288,16 @@ struct PendingLease {
 /// when their exchanges start).
 const PENDING_SESSIONS: usize = 4096;
 
-/// The last steps of requests answered with one JSON body that a session's record
-/// does not hold yet: each is answered before it is stored, then stored with the
-/// session's next step on this replica (which starts from it: one round trip where
+/// The last steps of plain `tools/call`s answered with one JSON body that a session's
+/// record does not hold yet: each is answered before it is stored, then stored with
+/// the session's next step on this replica (which starts from it: one round trip where
 /// there were two), or by the sweeper once [`UNSTORED_FOR`] old, or at shutdown.
 ///
-/// Only a step whose one effect is the answer and whose request's lease was never
-/// written ([`PendingLease`]) waits so; nothing waits on its being stored. The answer
+/// Only a step whose one effect is the answer, which ends the call and changes nothing
+/// else the session keeps (`Session::answers_plain_call`, and its footprint compared),
+/// and whose request's lease was never written ([`PendingLease`]) waits so; nothing
+/// waits on its being stored. An answer that records a task or a tool's headers is
+/// stored first: the host may rely on it at once, on any replica. The answer
 /// went out in the POST's body, which no resumption replays. No replica sends the
 /// request again: no lease of it exists. Another replica stepping the session
 /// meanwhile finds the request still in flight, as it would while the upstream
@@ -797,6 +800,14 @@ impl RedisSessions {
                     });
                 }
             }
+            // A plain call's answer may be left unstored; what the session keeps
+            // beside its calls is compared after the feed.
+            let plain = match (&ctx.done_upstream, &ctx.replay) {
+                (Some(id), Some(_)) if record.machine.answers_plain_call(id) => {
+                    Some(record.machine.footprint())
+                }
+                _ => None,
+            };
             let value = match feed(&mut record, Timestamp::from_millis(now)) {
                 Ok(v) => v,
                 Err(r) => {
@@ -817,7 +828,13 @@ impl RedisSessions {
             // unstored.
             let (busy, due) = (record.busy, record.due);
             let (ops, mut after) = self.plan(sid, &mut record, now, ctx, touched);
-            if self.may_leave_unstored(sid, ctx, &ops, &after) {
+            let kept_only_calls = plain.is_some_and(|before| {
+                let after = record.machine.footprint();
+                (before.live, before.batches, before.subscriptions)
+                    == (after.live, after.batches, after.subscriptions)
+                    && (before.tool_headers, before.tasks) == (after.tool_headers, after.tasks)
+            });
+            if kept_only_calls && self.may_leave_unstored(sid, ctx, &ops, &after) {
                 // Answered now, encoded and stored with the session's next step (see
                 // `Unstored`). The record keeps the flags as Redis has them, so that
                 // the step that stores it writes what changed.
@@ -1229,9 +1246,10 @@ impl RedisSessions {
         true
     }
 
-    /// Whether a step may answer before it is stored ([`Unstored`]): it feeds an
-    /// exchange's final answer, the answer goes out as JSON and is all the step does
-    /// beside changing the record, and the exchange's lease was never written.
+    /// Whether a step that fed a plain call's answer (`Session::answers_plain_call`,
+    /// nothing else the session keeps changed) may answer before it is stored
+    /// ([`Unstored`]): the answer goes out as JSON and is all the step does beside
+    /// changing the record, and the exchange's lease was never written.
     fn may_leave_unstored(&self, sid: &str, ctx: &Ctx, ops: &Ops<'_>, after: &After) -> bool {
         let (Some(id), Some(_)) = (&ctx.done_upstream, &ctx.replay) else {
             return false;
