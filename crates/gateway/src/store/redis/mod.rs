@@ -60,6 +60,7 @@ use crate::store::{
 use crate::telemetry::WIRE_HTTP;
 use crate::{GatewayConfig, Route};
 use dashmap::DashMap;
+use dualera_adapters::session::Footprint;
 use dualera_adapters::usage::{Feature, Observation};
 use dualera_adapters::{
     Config as MachineConfig, PeerStream, RequestId, Session, Timestamp, UpstreamRole,
@@ -296,10 +297,10 @@ const PENDING_SESSIONS: usize = 4096;
 /// Only a step whose one effect is the answer, which ends the call and changes nothing
 /// else the session keeps (`Session::answers_plain_call`, and its footprint compared),
 /// and whose request's lease was never written ([`PendingLease`]) waits so; nothing
-/// waits on its being stored. An answer that records a task or a tool's headers is
-/// stored first: the host may rely on it at once, on any replica. The answer
-/// went out in the POST's body, which no resumption replays. No replica sends the
-/// request again: no lease of it exists. Another replica stepping the session
+/// waits on its being stored. The answer went out in the POST's body, which no
+/// resumption replays. No replica sends the request again: no lease of it exists. An
+/// answer that records a task or a tool's headers is stored first: the host may rely on
+/// it at once, on any replica. Another replica stepping the session
 /// meanwhile finds the request still in flight, as it would while the upstream
 /// answers; the next compare-and-set here then conflicts, and the answers are fed
 /// again onto the current state, their streams forgotten rather than stored. A replica
@@ -828,13 +829,7 @@ impl RedisSessions {
             // unstored.
             let (busy, due) = (record.busy, record.due);
             let (ops, mut after) = self.plan(sid, &mut record, now, ctx, touched);
-            let kept_only_calls = plain.is_some_and(|before| {
-                let after = record.machine.footprint();
-                (before.live, before.batches, before.subscriptions)
-                    == (after.live, after.batches, after.subscriptions)
-                    && (before.tool_headers, before.tasks) == (after.tool_headers, after.tasks)
-            });
-            if kept_only_calls && self.may_leave_unstored(sid, ctx, &ops, &after) {
+            if self.may_leave_unstored(sid, ctx, plain, &record.machine, &ops, &after) {
                 // Answered now, encoded and stored with the session's next step (see
                 // `Unstored`). The record keeps the flags as Redis has them, so that
                 // the step that stores it writes what changed.
@@ -1246,19 +1241,33 @@ impl RedisSessions {
         true
     }
 
-    /// Whether a step that fed a plain call's answer (`Session::answers_plain_call`,
-    /// nothing else the session keeps changed) may answer before it is stored
-    /// ([`Unstored`]): the answer goes out as JSON and is all the step does beside
-    /// changing the record, and the exchange's lease was never written.
-    fn may_leave_unstored(&self, sid: &str, ctx: &Ctx, ops: &Ops<'_>, after: &After) -> bool {
-        let (Some(id), Some(_)) = (&ctx.done_upstream, &ctx.replay) else {
+    /// Whether a step that fed a plain call's answer may answer before it is stored
+    /// ([`Unstored`]): `before`, the machine's footprint before the feed when it was
+    /// such an answer (`Session::answers_plain_call`), shows nothing the session keeps
+    /// changed but its calls; the answer goes out as JSON and is all the step does
+    /// beside changing the record; and the exchange's lease was never written.
+    fn may_leave_unstored(
+        &self,
+        sid: &str,
+        ctx: &Ctx,
+        before: Option<Footprint>,
+        machine: &Session,
+        ops: &Ops<'_>,
+        after: &After,
+    ) -> bool {
+        let (Some(before), Some(id)) = (before, &ctx.done_upstream) else {
             return false;
         };
+        let now = machine.footprint();
+        let only_calls = (before.live, before.batches, before.subscriptions)
+            == (now.live, now.batches, now.subscriptions)
+            && (before.tool_headers, before.tasks) == (now.tool_headers, now.tasks);
         let bytes: usize = after.json.iter().map(|(_, b)| b.len()).sum();
         let kept = self
             .unstored_bytes
             .load(std::sync::atomic::Ordering::Relaxed);
-        ops.record_only()
+        only_calls
+            && ops.record_only()
             && kept.saturating_add(bytes) <= UNSTORED_BYTES
             && !ctx.timer
             && after.settled.contains(id)
