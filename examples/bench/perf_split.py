@@ -9,6 +9,11 @@ the samples of the one-host rounds. Those rounds alternate flows one by one betw
 gateway in memory and the two replicas, so in any stretch of them both variants run the
 same number of flows: their sample counts compare per flow as they stand.
 
+With `--capacity` it splits the capacity rounds instead (8 hosts at once, the variants
+alternating by round: one variant's gateways work while the other's idle). The
+variants run different numbers of flows there, so each variant's samples are priced
+by its own CPU per flow in those rounds (the bench's table), not by the other's.
+
 A sample whose leaf frame is the kernel's goes under its system call: socket writes
 (whose loopback TCP path runs the receiver's side too, up to waking it), socket reads,
 `futex` (a thread waking or waiting for another), `epoll_wait` (the runtime waiting for
@@ -25,7 +30,7 @@ Usage (a build with frame pointers, so that user stacks unwind; its own target d
     CARGO_TARGET_DIR=/tmp/fp RUSTFLAGS="-C force-frame-pointers=yes" \\
         cargo build --profile profiling --all-features --locked --examples --bin dualera
     python3 examples/bench/perf_split.py --target /tmp/fp/profiling --out /tmp/split \\
-        [--affinity]
+        [--affinity] [--capacity]
 
 It needs `perf` with `perf_event_paranoid` allowing system-wide sampling (or root). It
 prints one table, leaves `perf.data`, the bench's output and the split as JSON in
@@ -63,9 +68,13 @@ SYSCALLS = [
     ("kernel: futex", r"futex"),
     ("kernel: epoll_wait", r"epoll"),
 ]
-# A one-host round's line (the 8-host rounds' read "round N (8 hosts each): ...").
+# A one-host round's line, and a capacity round's.
 ROUND = re.compile(r"^\s+round \d: in memory ")
+CAPACITY_ROUND = re.compile(r"^\s+round \d \(\d+ hosts each\): ")
 GATEWAY_CPU = re.compile(r"gateway CPU per replicated flow .*?\| ([\d.]+) \((\d+) / (\d+) µs\)")
+# The capacity table's rows: each variant's gateway CPU per flow in those rounds.
+CAPACITY_HEAD = re.compile(r"^\d+ hosts at once per variant")
+CAPACITY_ROW = re.compile(r"^\| (1 gateway|2 gateway replicas)[^|]*\| [\d.]+ \| (\d+) \|")
 
 
 def watch_processes(stop, found):
@@ -109,13 +118,36 @@ def record(o):
     return data, lines, found
 
 
-def window(lines):
-    """The one-host rounds: from a round's length before round 1 ends to round 2's end."""
+def window(lines, capacity=False):
+    """The one-host rounds: from a round's length before round 1 ends to round 2's end.
+    The capacity rounds: from there to the last capacity round's end (the gateways
+    are only measured, not loaded, between the two)."""
     ends = [ts for ts, l in lines if ROUND.match(l)]
     if len(ends) < 2:
         sys.exit("perf_split: the bench printed no one-host rounds")
+    if capacity:
+        last = [ts for ts, l in lines if CAPACITY_ROUND.match(l)]
+        if not last:
+            sys.exit("perf_split: the bench printed no capacity rounds")
+        return ends[-1], last[-1]
     length = ends[1] - ends[0]
     return ends[0] - length, ends[1]
+
+
+def capacity_cpu(lines):
+    """Each variant's gateway CPU per flow in the capacity rounds, from the bench's
+    table: {"memory": µs, "replicas": µs}."""
+    cpu, inside = {}, False
+    for _, l in lines:
+        if CAPACITY_HEAD.match(l):
+            inside = True
+        elif inside:
+            m = CAPACITY_ROW.match(l)
+            if m:
+                cpu["memory" if m.group(1) == "1 gateway" else "replicas"] = int(m.group(2))
+            if len(cpu) == 2:
+                break
+    return cpu
 
 
 def split(data, pids, t0, t1):
@@ -169,6 +201,8 @@ def main():
     ap.add_argument("--secs", type=int, default=3)
     ap.add_argument("--affinity", action="store_true",
                     help="each replicated session on one replica (the bench's --replica-affinity)")
+    ap.add_argument("--capacity", action="store_true",
+                    help="split the capacity rounds (8 hosts at once), not the one-host rounds")
     o = ap.parse_args()
     if shutil.which("perf") is None:
         sys.exit("perf_split: `perf` is not installed (Debian: linux-perf)")
@@ -182,34 +216,48 @@ def main():
     data, lines, pids = record(o)
     if set(pids) != {"memory", "replicas"}:
         sys.exit(f"perf_split: did not find both variants' gateways ({sorted(pids)})")
-    t0, t1 = window(lines)
+    t0, t1 = window(lines, o.capacity)
     counts = split(data, pids, t0, t1)
-    cpu = next((m for _, l in lines for m in [GATEWAY_CPU.search(l)] if m), None)
     nm, nr = sum(counts["memory"].values()), sum(counts["replicas"].values())
+    rounds = "capacity rounds" if o.capacity else "one-host rounds"
     if not nm or not nr:
-        sys.exit("perf_split: no samples of the gateways in the one-host rounds")
-    # µs per flow a sample stands for: the in-memory gateway's CPU per flow (the bench's
-    # own figure, from /proc) over its samples in the window.
-    per = int(cpu.group(3)) / nm if cpu else None
+        sys.exit(f"perf_split: no samples of the gateways in the {rounds}")
+    # µs per flow a sample stands for, per variant: its gateway CPU per flow (the
+    # bench's own figure, from /proc) over its samples in the window. In the one-host
+    # rounds both variants run the same flows, so the in-memory figure prices both.
+    if o.capacity:
+        cap = capacity_cpu(lines)
+        per = {v: cap[v] / n for v, n in (("memory", nm), ("replicas", nr))} \
+            if len(cap) == 2 else None
+        said = (f"the bench's CPU per flow {cap['memory']} / {cap['replicas']} µs"
+                if per else "the bench's CPU per flow not found")
+    else:
+        cpu = next((m for _, l in lines for m in [GATEWAY_CPU.search(l)] if m), None)
+        per = {v: int(cpu.group(3)) / nm for v in ("memory", "replicas")} if cpu else None
+        said = f"the bench's CPU ratio {cpu.group(1) if cpu else '?'}×"
+    price = (lambda v, x: x * per[v]) if per else (lambda v, x: x)
     keys = sorted(set(counts["memory"]) | set(counts["replicas"]),
-                  key=lambda k: -(counts["replicas"][k] - counts["memory"][k]))
-    print(f"one-host rounds, {t1 - t0:.1f} s: samples in memory {nm}, both replicas {nr} "
-          f"({nr / nm:.2f}×; the bench's CPU ratio {cpu.group(1) if cpu else '?'}×)")
+                  key=lambda k: -(price("replicas", counts["replicas"][k])
+                                  - price("memory", counts["memory"][k])))
+    print(f"{rounds}, {t1 - t0:.1f} s: samples in memory {nm}, both replicas {nr} "
+          f"({nr / nm:.2f}×; {said})")
     unit = "µs per flow" if per else "samples"
     print(f"| where ({unit}) | in memory | both replicas | extra | share of the extra |")
     print("|---|---:|---:|---:|---:|")
-    extra = nr - nm
+    extra = price("replicas", nr) - price("memory", nm)
     rows = []
     for k in keys:
         a, b = counts["memory"][k], counts["replicas"][k]
         if a + b < max(3, (nm + nr) // 500):
             continue
-        f = (lambda x: f"{x * per:.0f}") if per else str
-        share = f"{100 * (b - a) / extra:.0f} %" if extra > 0 else "–"
-        print(f"| {k} | {f(a)} | {f(b)} | {f(b - a)} | {share} |")
+        pa, pb = price("memory", a), price("replicas", b)
+        f = (lambda x: f"{x:.0f}") if per else (lambda x: str(int(x)))
+        share = f"{100 * (pb - pa) / extra:.0f} %" if extra > 0 else "–"
+        print(f"| {k} | {f(pa)} | {f(pb)} | {f(pb - pa)} | {share} |")
         rows.append({"where": k, "memory": a, "replicas": b})
     with open(os.path.join(o.out, "split.json"), "w") as fh:
-        json.dump({"window_s": t1 - t0, "us_per_sample": per, "rows": rows,
+        json.dump({"rounds": rounds, "window_s": t1 - t0, "us_per_sample": per,
+                   "rows": rows,
                    # For reading `perf.data` again by process (`perf script -F pid,...`).
                    "pids": {v: sorted(p) for v, p in pids.items()},
                    "samples": {"memory": nm, "replicas": nr}}, fh, indent=1)
