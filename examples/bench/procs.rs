@@ -73,6 +73,24 @@ pub(crate) fn pins() -> &'static [(String, String)] {
     PINS.get().map_or(&[], Vec::as_slice)
 }
 
+/// Whether processes `a` and `b` may run on no CPU in common (their `Cpus_allowed`
+/// masks); `None` when either cannot be read.
+pub(crate) fn cpus_apart(a: u32, b: u32) -> Option<bool> {
+    // The mask in hex, 32-bit groups separated by commas, most significant first.
+    let mask = |pid: u32| -> Option<Vec<u32>> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let hex = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed:"))?
+            .trim();
+        hex.rsplit(',')
+            .map(|g| u32::from_str_radix(g, 16).ok())
+            .collect()
+    };
+    let (a, b) = (mask(a)?, mask(b)?);
+    Some(a.iter().zip(&b).all(|(x, y)| x & y == 0))
+}
+
 /// Confines every thread of `pid` to the CPUs `--pin` gives processes of kind `name`
 /// (`taskset -a -p -c`); nothing when it names none. Threads started later inherit
 /// the mask. A process that cannot be pinned fails the run: its figures would not be

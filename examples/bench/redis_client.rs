@@ -16,7 +16,8 @@
 //! (its `INFO cpu`, read before and after), when that many hosts' steps overlap, as in
 //! the scenario's capacity rounds. It prints `ready` once connected, waits for a line
 //! on stdin (the parent pins it in between), and prints one JSON line: CPU µs per
-//! round trip for each kind.
+//! round trip for each kind, and the wall-clock µs a `PING`'s and a script's round trip
+//! took one at a time (what a step waits for Redis before anything else it does).
 
 use crate::Res;
 use dualera_gateway::store::redis_conns::RedisConns;
@@ -128,8 +129,13 @@ pub(crate) fn redis_client_floor_main(args: &[String]) -> Res<()> {
         )?;
         Ok(crate::stats::info_cpu_seconds(&info)?)
     };
+    let wall = |started: std::time::Instant| started.elapsed().as_secs_f64() * 1e6 / n as f64;
+    let started = std::time::Instant::now();
     let ping = timed(false, 1, n)?;
+    let ping_wall = wall(started);
+    let started = std::time::Instant::now();
     let script = timed(true, 1, n)?;
+    let script_wall = wall(started);
     let per_caller = n.div_ceil(callers);
     let r0 = redis_cpu()?;
     let script_at_once = timed(true, callers, per_caller)?;
@@ -150,7 +156,9 @@ pub(crate) fn redis_client_floor_main(args: &[String]) -> Res<()> {
     let blocking = (cpu_ns() - t0) as f64 / 1e3 / n as f64;
     println!(
         "{}",
-        serde_json::json!({"ping_us": ping, "script_us": script, "blocking_ping_us": blocking,
+        serde_json::json!({"ping_us": ping, "script_us": script, "script_wall_us": script_wall,
+            "ping_wall_us": ping_wall,
+            "blocking_ping_us": blocking,
             "callers": callers, "script_at_once_us": script_at_once,
             "redis_script_at_once_us": redis_script_at_once})
     );

@@ -289,6 +289,10 @@ pub(crate) struct RoundTripFloor {
 pub(crate) struct ClientFloor {
     pub(crate) ping_us: f64,
     pub(crate) script_us: f64,
+    /// Wall-clock µs per call of the script and of `PING`, one at a time: the wait a
+    /// round trip adds to its flow before any command of ours runs.
+    pub(crate) script_wall_us: f64,
+    pub(crate) ping_wall_us: f64,
     pub(crate) blocking_ping_us: f64,
     pub(crate) callers: usize,
     pub(crate) script_at_once_us: f64,
@@ -334,6 +338,8 @@ impl Redis {
             Ok(ClientFloor {
                 ping_us: field("ping_us")?,
                 script_us: field("script_us")?,
+                script_wall_us: field("script_wall_us")?,
+                ping_wall_us: field("ping_wall_us")?,
                 blocking_ping_us: field("blocking_ping_us")?,
                 callers: field("callers")? as usize,
                 script_at_once_us: field("script_at_once_us")?,
@@ -676,6 +682,9 @@ pub(crate) async fn replicas(
     let first = env.gateway_with(server, "replica-1", &config, "warn")?;
     let second = env.gateway_with(server, "replica-2", &config, "warn")?;
     let _perf = PerfGuard::start(env, first.pid(), "replicas");
+    // Redis on CPUs of its own, apart from the replicas': then every round trip costs
+    // a replica a wake-up of its own, and the gateways' floor below is one.
+    let redis_apart = cpus_apart(redis.pid(), first.pid()).unwrap_or(false);
     eprintln!("bench: replicas (load {})", load_avg());
     let mut local = LegacyClient::open(memory.addr).await?;
     let affinity = opts.replica_affinity;
@@ -876,6 +885,7 @@ pub(crate) async fn replicas(
         redis_cpu_us: cpu_us[2],
         sessions: opened.len(),
         bytes_per_session: per_session,
+        out_of_reach: OutOfReach::default(),
     });
     let scripts_per_flow = scripts.0 as f64 / flows[1].max(1) as f64;
     let script_us_per_flow = scripts.1 as f64 / flows[1].max(1) as f64;
@@ -1090,9 +1100,15 @@ pub(crate) async fn replicas(
     )?;
     let client_us = priced(script_trips, timed, client.script_us, client.ping_us);
     let client_floor_ratio = (cpu_us[0] + client_us) / cpu_us[0].max(1e-9);
+    let gateway_out_of_reach = redis_apart && client_floor_ratio > REPLICAS_GATEWAY_CPU;
+    let gateway_verdict = match (redis_apart, gateway_out_of_reach) {
+        (true, true) => " Redis ran on CPUs of its own in this run, apart from the replicas', so it is a floor here, and the target is **out of reach** with this many round trips.",
+        (true, false) => " Redis ran on CPUs of its own in this run, apart from the replicas', so it is a floor here.",
+        (false, _) => "",
+    };
     let _ = writeln!(
         md,
-        "\nThe gateways' side of the same round trips, priced the same way: a round trip costs the process making it {} µs for a `PING` and {} µs for that script through the gateway's own Redis client (the store's command connections, `store::redis_conns`, on a multi-threaded tokio runtime, one call at a time; a blocking socket's `PING` costs {} µs, the kernel's share). A timed flow's {} round trips at that price: **{} µs per flow**; with the in-memory flow's work ({} µs), **{}× the in-memory flow's CPU** before the gateways encode, decode or store anything (target ≤ {REPLICAS_GATEWAY_CPU}×; measured above {}×). That is a floor only where every round trip costs the gateways a wake-up of its own, as with Redis on a core of its own; inside a flow on shared cores an added round trip costs them a third of that or less (README, \"What a round trip costs inside a flow\").",
+        "\nThe gateways' side of the same round trips, priced the same way: a round trip costs the process making it {} µs for a `PING` and {} µs for that script through the gateway's own Redis client (the store's command connections, `store::redis_conns`, on a multi-threaded tokio runtime, one call at a time; a blocking socket's `PING` costs {} µs, the kernel's share). A timed flow's {} round trips at that price: **{} µs per flow**; with the in-memory flow's work ({} µs), **{}× the in-memory flow's CPU** before the gateways encode, decode or store anything (target ≤ {REPLICAS_GATEWAY_CPU}×; measured above {}×). That is a floor only where every round trip costs the gateways a wake-up of its own, as with Redis on a core of its own; inside a flow on shared cores an added round trip costs them a third of that or less (README, \"What a round trip costs inside a flow\").{gateway_verdict}",
         fmt_f(client.ping_us, 1),
         fmt_f(client.script_us, 1),
         fmt_f(client.blocking_ping_us, 1),
@@ -1114,6 +1130,11 @@ pub(crate) async fn replicas(
         },
         redis_floor_paced: paced_credible,
         gateway_floor: client_us,
+        // The step scripts only: each stores a step before its effects, so the flow
+        // waits for them one after another; the other round trips are left out.
+        waits: script_trips * client.script_wall_us,
+        script_wall: client.script_wall_us,
+        scripts: script_trips,
     });
     md.push_str(&latency.text);
     let budget = load_budget(&LoadFigures {
@@ -1171,11 +1192,23 @@ pub(crate) async fn replicas(
         "cpu_us_per_ping": paced_ping_us, "cpu_us_per_noop_script": paced_noop_us,
         "noop_script_exec_us": paced.script_exec_us, "cpu_us_floor_per_flow": paced_floor_us,
         "commands_us_per_script": commands_us, "commands_us_per_flow": commands_per_flow_us});
+    figures["client_wall_us_per_ping"] = json!(client.ping_wall_us);
+    figures["client_wall_us_per_noop_script"] = json!(client.script_wall_us);
     figures["client_callers_at_once"] = json!(client.callers);
     figures["client_cpu_us_per_script_at_once"] = json!(client.script_at_once_us);
     figures["redis_cpu_us_per_script_at_once"] = json!(client.redis_script_at_once_us);
     figures["one_host"] = latency.json;
     figures["load"] = budget.json;
+    figures["redis_apart_from_replicas"] = json!(redis_apart);
+    figures["gateway_out_of_reach"] = json!(gateway_out_of_reach);
+    if let Some(r) = report.replicas.as_mut() {
+        r.out_of_reach = OutOfReach {
+            one_host: latency.out_of_reach,
+            load: budget.out_of_reach,
+            gateway: gateway_out_of_reach,
+            redis: paced_credible && redis_left <= 0.0,
+        };
+    }
     report.add("replicas", md, figures);
     Ok(())
 }
@@ -1208,6 +1241,8 @@ pub(crate) struct LoadFigures<'a> {
 pub(crate) struct Budget {
     pub(crate) text: String,
     pub(crate) json: Value,
+    /// This run's floors alone are past the target (the text says which).
+    pub(crate) out_of_reach: bool,
 }
 
 /// Where a flow's CPU goes with several hosts at once, and what the ≥ 0.7× capacity
@@ -1322,8 +1357,13 @@ pub(crate) fn load_budget(f: &LoadFigures<'_>) -> Budget {
         "replicas_room_us_per_flow": room[0], "replicas_room_us_per_flow_whole_machine": room[1],
         "replicas_floor_us_per_flow": floor, "replicas_room_us_per_flow_redis_measured": room_measured,
         "gateway_switches_per_flow": [switches[0], switches[1]], "redis_switches_per_flow": switches[2],
+        "out_of_reach": floor > room[1],
     });
-    Budget { text, json }
+    Budget {
+        text,
+        json,
+        out_of_reach: floor > room[1],
+    }
 }
 
 /// One host's figures (0 in memory, 1 replicated): flows per second, gateway CPU per
@@ -1342,6 +1382,12 @@ pub(crate) struct LatencyFigures {
     pub(crate) redis_floor_paced: bool,
     /// The gateways' CPU per flow for the same round trips.
     pub(crate) gateway_floor: f64,
+    /// The wall-clock µs the flow's step scripts take one at a time through the
+    /// store's client ([`ClientFloor::script_wall_us`]), and a script's per call.
+    pub(crate) waits: f64,
+    pub(crate) script_wall: f64,
+    /// Step scripts per timed flow.
+    pub(crate) scripts: f64,
 }
 
 /// What the ≥ 0.8× one-host target leaves the replicas and Redis. One host runs its
@@ -1357,6 +1403,10 @@ pub(crate) fn latency_budget(f: &LatencyFigures) -> Budget {
     let extra = time[1] - time[0];
     let added = (f.gateway[1] - f.gateway[0]) + f.redis;
     let floors = f.redis_floor + f.gateway_floor;
+    // Two floors, each enough alone: the CPU the round trips cost both sides, on the
+    // flow's path as the premise above checks; and the time they keep the flow
+    // waiting, which needs no premise, since a step's effects wait for its round trip.
+    let out_of_reach = floors > allowed || f.waits > allowed;
     let room = allowed - floors;
     let above = added - floors;
     // The ratio with both CPU targets met exactly (the gateways at 1.5× the in-memory
@@ -1367,8 +1417,13 @@ pub(crate) fn latency_budget(f: &LatencyFigures) -> Budget {
             + REPLICAS_REDIS_CPU_US
             + (extra - added).max(0.0))
         .max(1e-9);
-    let verdict = if floors > allowed {
-        "**out of reach** with this many round trips: their floors alone are over what the target leaves".to_owned()
+    let verdict = if out_of_reach {
+        match (floors > allowed, f.waits > allowed) {
+            (true, true) => "**out of reach** with this many round trips: their CPU floors alone, and their waits alone, are each over what the target leaves",
+            (true, false) => "**out of reach** with this many round trips: their CPU floors alone are over what the target leaves",
+            _ => "**out of reach** with this many round trips: their waits alone are over what the target leaves",
+        }
+        .to_owned()
     } else {
         format!(
             "within reach by CPU only if what the replicas and Redis spend above the round trips' floors ({} µs per flow) fits in {} µs",
@@ -1377,7 +1432,7 @@ pub(crate) fn latency_budget(f: &LatencyFigures) -> Budget {
         )
     };
     let text = format!(
-        "\nWhat ≥ {REPLICAS_ONE_HOST}× needs with one host: a replicated flow in {} µs (the in-memory flow's {} µs / {REPLICAS_ONE_HOST}), {} µs more than in memory; it takes {} µs more. The host sends each request after the last answer, so the difference is the CPU the replicas and Redis add on the flow's path: {} µs of gateway CPU and {} µs of Redis's, {} µs, {} % of it. Of the {} µs the target leaves, the {} round trips' floors take {} µs (Redis {} µs {}; the gateways {} µs), leaving **{} µs** for everything else they do; they spend {} µs. So the target is {verdict}. Both CPU targets met exactly (the gateways at {REPLICAS_GATEWAY_CPU}×, Redis at {REPLICAS_REDIS_CPU_US} µs) would give {}×{}.\n",
+        "\nWhat ≥ {REPLICAS_ONE_HOST}× needs with one host: a replicated flow in {} µs (the in-memory flow's {} µs / {REPLICAS_ONE_HOST}), {} µs more than in memory; it takes {} µs more. The host sends each request after the last answer, so the difference is the CPU the replicas and Redis add on the flow's path: {} µs of gateway CPU and {} µs of Redis's, {} µs, {} % of it. Of the {} µs the target leaves, the {} round trips' floors take {} µs (Redis {} µs {}; the gateways {} µs), leaving **{} µs** for everything else they do; they spend {} µs. The same round trips keep the flow waiting, whatever either side's CPU: each step script stores a step before its effects, and one at a time through the store's client a script's round trip takes {} µs of wall-clock time, **{} µs** for the flow's {} step scripts (its other round trips left out). So the target is {verdict}. Both CPU targets met exactly (the gateways at {REPLICAS_GATEWAY_CPU}×, Redis at {REPLICAS_REDIS_CPU_US} µs) would give {}×{}.\n",
         fmt_f(time[0] / REPLICAS_ONE_HOST, 0),
         fmt_f(time[0], 0),
         fmt_f(allowed, 0),
@@ -1398,6 +1453,9 @@ pub(crate) fn latency_budget(f: &LatencyFigures) -> Budget {
         fmt_f(f.gateway_floor, 0),
         fmt_f(room, 0),
         fmt_f(above, 0),
+        fmt_f(f.script_wall, 1),
+        fmt_f(f.waits, 0),
+        fmt_f(f.scripts, 1),
         fmt_f(at_targets, 3),
         if at_targets < REPLICAS_ONE_HOST {
             ": the one-host target asks for more than the other two together"
@@ -1410,6 +1468,11 @@ pub(crate) fn latency_budget(f: &LatencyFigures) -> Budget {
         "extra_us": extra, "added_cpu_us": added, "floors_us": floors, "room_us": room,
         "above_floors_us": above, "ratio_at_cpu_targets": at_targets,
         "redis_floor_us": f.redis_floor, "redis_floor_paced": f.redis_floor_paced,
+        "waits_us": f.waits, "out_of_reach": out_of_reach,
     });
-    Budget { text, json }
+    Budget {
+        text,
+        json,
+        out_of_reach,
+    }
 }
