@@ -30,7 +30,7 @@ Usage (a build with frame pointers, so that user stacks unwind; its own target d
     CARGO_TARGET_DIR=/tmp/fp RUSTFLAGS="-C force-frame-pointers=yes" \\
         cargo build --profile profiling --all-features --locked --examples --bin dualera
     python3 examples/bench/perf_split.py --target /tmp/fp/profiling --out /tmp/split \\
-        [--affinity] [--capacity]
+        [--affinity] [--capacity] [--pin bench=0 --pin redis=1]
 
 It needs `perf` with `perf_event_paranoid` allowing system-wide sampling (or root). It
 prints one table, leaves `perf.data`, the bench's output and the split as JSON in
@@ -102,6 +102,8 @@ def record(o):
            "--scenarios", "replicas", "--rounds", "2", "--secs", str(o.secs)]
     if o.affinity:
         cmd.append("--replica-affinity")
+    for pin in o.pin:
+        cmd += ["--pin", pin]
     found, stop = {}, threading.Event()
     t = threading.Thread(target=watch_processes, args=(stop, found), daemon=True)
     t.start()
@@ -203,6 +205,8 @@ def main():
                     help="each replicated session on one replica (the bench's --replica-affinity)")
     ap.add_argument("--capacity", action="store_true",
                     help="split the capacity rounds (8 hosts at once), not the one-host rounds")
+    ap.add_argument("--pin", action="append", default=[], metavar="NAME=CPUS",
+                    help="passed to the bench as is (repeatable): e.g. --pin bench=0 --pin redis=1")
     o = ap.parse_args()
     if shutil.which("perf") is None:
         sys.exit("perf_split: `perf` is not installed (Debian: linux-perf)")
