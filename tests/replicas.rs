@@ -1171,6 +1171,76 @@ async fn a_json_answers_step_is_stored_with_the_sessions_next() {
     );
 }
 
+/// A step that leaves the host owing an answer (here an elicitation) pushes the
+/// session's new state to the other replicas that step the session: the answer's
+/// step, on one of them, stores at its first compare-and-set instead of reading the
+/// state back from a conflict. A session only one replica steps pushes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_the_host_owes_an_answer_for_goes_to_the_other_replicas() {
+    let c = Cluster::start(2, &[]).await;
+    seed_tps(&c, 2).await;
+    let list = json!({"name": "notes_list", "arguments": {"workspaceUri": c.ws.notes_uri}});
+    let mut host = initialized(&c.url(0)).await;
+    let key = format!("dualera:s:{{{}}}", sid(&host));
+    let pushed = format!("\"r{}", sid(&host));
+    let steps = |seen: &[String]| {
+        seen.iter()
+            .filter(|l| l.contains("\"EVALSHA\"") && l.contains(&key))
+            .count()
+    };
+    let pushes = |seen: &[String]| {
+        seen.iter()
+            .filter(|l| l.contains("\"PUBLISH\"") && l.contains(&pushed))
+            .count()
+    };
+
+    // Replica 0 alone: its elicitation's state goes nowhere.
+    listed(&mut host, &list).await;
+    let monitor = Monitor::start(&c);
+    let (call, mut stream, live) = delete_until_elicitation(&c, &mut host).await;
+    assert_eq!(host.post(&accept(&live)).await.status, 202);
+    until_deleted(&mut stream, &call).await;
+    let seen = monitor.stop(&c);
+    assert_eq!(pushes(&seen), 0, "one replica pushes nothing");
+
+    // Replica 1 steps the session once, replica 0 goes on without it: what replica 1
+    // remembers is behind by then.
+    host.url = c.url(1);
+    listed(&mut host, &list).await;
+    // Its answer's step stored (by its sweeper: no next step comes to it).
+    let busy = |c: &Cluster| c.redis.command(&["HGET", &key, "b"]) == "$1\r\n1\r\n";
+    eventually(WAIT, "replica 1's answer stored", || {
+        (!busy(&c)).then_some(())
+    })
+    .await;
+    host.url = c.url(0);
+    listed(&mut host, &list).await;
+    let monitor = Monitor::start(&c);
+    let (call, mut stream, live) = delete_until_elicitation(&c, &mut host).await;
+    let seen = monitor.stop(&c);
+    assert_eq!(
+        pushes(&seen),
+        1,
+        "the elicitation's state pushed to replica 1"
+    );
+    // Replica 1 has what was pushed before the host's answer gets there (a push
+    // that came later would cost the round trip it saves, as before).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let monitor = Monitor::start(&c);
+    host.url = c.url(1);
+    assert_eq!(host.post(&accept(&live)).await.status, 202);
+    until_deleted(&mut stream, &call).await;
+    let seen = monitor.stop(&c);
+    // The answer's step and the result's; reading the state back from a conflict
+    // would take a third.
+    assert_eq!(
+        steps(&seen),
+        2,
+        "the answer's step stored at its first compare-and-set: {seen:#?}"
+    );
+    assert_eq!(pushes(&seen), 0, "nothing owed once answered");
+}
+
 /// `tools/call notes_list` (`list`), answered with its result as one JSON body.
 async fn listed(host: &mut Legacy, list: &Value) {
     let (_, reply) = host.request("tools/call", list.clone()).await;

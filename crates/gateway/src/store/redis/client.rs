@@ -26,7 +26,7 @@ use std::time::Duration;
 /// arguments (`stored::Ops::args`): `ARGV[3..17]` ttl, sid, now, keep, the timers,
 /// leases, sessions and caller keys, the session hash's TTL, the flags (`t` touch:
 /// the last use moves and the session hash's TTL is renewed, `B`/`b` the hash's busy
-/// field `b` set to 1 or 0, `w` write the timer), due, tomb, the discover key, this
+/// field `b` set to 1 or 0, `w` write the timer, `p` push the state), due, tomb, the discover key, this
 /// replica's name and the broadcast channel (an absent value is empty); `ARGV[18..24]`
 /// how many stream entries (6 arguments each: key, seq, message, end, holder key,
 /// handing token), new leases (4: key, owner, deadline, record), cancellations (2:
@@ -40,6 +40,14 @@ use std::time::Duration;
 /// `wake::payload`, which names this replica for the relay's acks); none when that is
 /// this replica (it hands the entries to its relay itself); a cancellation wakes the
 /// lease's owner.
+///
+/// The hash's `r` names the replicas that step the session (the last eight, separated
+/// by spaces; a step adds its own once). A step whose host owes an answer (`p`, see
+/// `stored::Ops::push`) publishes its new state to each of the others (`r`, the
+/// session id, the new version, a newline, the state: `wake::payload`), which keep it
+/// as the one they remember: the answer's step, on whichever of them it lands, then
+/// stores at its first compare-and-set instead of reading the state back from a
+/// conflict. A replica that steps the session only by itself publishes nothing.
 /// Returns `{1, v, handed, lw, remote}` stored (`handed`: the streams whose holder is
 /// still the token the step meant to hand its entries to; `lw` 1 when a stream another
 /// connection of this replica holds got entries; `remote`: the holder keys of the
@@ -54,7 +62,7 @@ use std::time::Duration;
 /// on an idle Redis (`examples/bench/step_script_replay.py`): more than any command
 /// the step runs but `XADD`.
 const STEP: &str = r"
-local cur = redis.call('HMGET', KEYS[1], 'v', 'gone')
+local cur = redis.call('HMGET', KEYS[1], 'v', 'gone', 'r')
 local v = cur[1]
 if not v then return {-1} end
 if cur[2] then return {-2} end
@@ -64,6 +72,17 @@ local timers, leases, sessions, caller, sttl = ARGV[7], ARGV[8], ARGV[9], ARGV[1
 local flags, due, tomb, disc, me, wk = ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17]
 local function has(c) return string.find(flags, c, 1, true) ~= nil end
 local nv = tostring(tonumber(v) + 1)
+local r = cur[3] or ''
+if not string.find(' ' .. r .. ' ', ' ' .. me .. ' ', 1, true) then
+  if r == '' then
+    r = me
+  else
+    local _, n = string.gsub(r, ' ', ' ')
+    if n >= 7 then r = string.sub(r, string.find(r, ' ', 1, true) + 1) end
+    r = r .. ' ' .. me
+  end
+  redis.call('HSET', KEYS[1], 'r', r)
+end
 if tomb ~= '' then
   redis.call('HDEL', KEYS[1], 'd')
   redis.call('HSET', KEYS[1], 'v', nv, 'gone', '1')
@@ -173,6 +192,13 @@ end
 for _ = 1, tonumber(ARGV[24]) do
   redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
   i = i + 2
+end
+if has('p') and tomb == '' then
+  for rep in string.gmatch(r, '%S+') do
+    if rep ~= me then
+      redis.call('PUBLISH', wk .. ':' .. rep, 'r' .. sid .. nv .. '\n' .. ARGV[2])
+    end
+  end
 end
 if lw == 0 and #handed == 0 and #remote == 0 then return nv end
 return {1, nv, handed, lw, remote}

@@ -31,6 +31,11 @@
 //!   ([`PendingLease`]).
 //! - Timers (live-request deadlines, paused rounds, subscription retries) sit in a
 //!   shared sorted set that every replica's sweeper claims from.
+//! - A step that leaves the host owing an answer (a live request out) pushes the new
+//!   state to the other replicas that step the session
+//!   (`RedisSessions::remember_pushed`): the answer may reach any of them, and one
+//!   that remembered an older state would read the current one back from a conflict
+//!   first.
 //! - Nothing is served from a copy: when Redis cannot be reached, requests of shared
 //!   sessions fail with `-32603` and `data.reason = "sessionStoreUnavailable"`.
 
@@ -555,6 +560,12 @@ impl RedisSessions {
     pub(crate) fn start(self: &Arc<Self>, gw: &Arc<Route>) {
         let (cancel_tx, mut cancel_rx) = tokio::sync::mpsc::channel(CANCELS_QUEUED);
         self.wakes.on_cancel(cancel_tx);
+        let weak = Arc::downgrade(self);
+        self.wakes.on_state(Box::new(move |sid, version, state| {
+            if let Some(me) = weak.upgrade() {
+                me.remember_pushed(sid, version, state);
+            }
+        }));
         let me = self.clone();
         let cancels = tokio::spawn(async move {
             while let Some((sid, id)) = cancel_rx.recv().await {
@@ -1196,6 +1207,10 @@ impl RedisSessions {
         ops.tw = due != record.due || ctx.timer || ctx.tomb;
         record.due = due;
         ops.due = due.map(decimal);
+        // The host owes an answer to a request of this step's (an elicitation, a
+        // sampling or roots request, a ping), and may send it to any replica: the
+        // others that step this session get the new state with it (`client::STEP`).
+        ops.push = !ctx.tomb && record.machine.footprint().live > 0;
         if ctx.tomb {
             ops.tomb = Some(decimal(self.idle_ttl_ms().min(60_000)));
             for n in record.numbers() {
@@ -1220,6 +1235,30 @@ impl RedisSessions {
                 self.versions
                     .insert(sid.to_owned(), Arc::new(Mutex::new(next)));
             }
+        }
+    }
+
+    /// A state another replica stored, pushed because the host owes an answer it may
+    /// send here (`client::STEP`, `p`): it replaces what this replica remembers of the
+    /// session when newer, so that the answer's step stores at its first
+    /// compare-and-set. Only a session this replica remembers; like any remembered
+    /// state, a hint the compare-and-set checks. Its record is decoded by the step that
+    /// uses it, which replays this replica's unstored steps onto it, as after a
+    /// conflict.
+    fn remember_pushed(&self, sid: &str, version: &str, state: Vec<u8>) {
+        let Some(slot) = self.versions.get(sid) else {
+            return;
+        };
+        let Ok(new) = version.parse::<u64>() else {
+            return;
+        };
+        let Ok(mut r) = slot.lock() else {
+            return;
+        };
+        if r.version.parse::<u64>().is_ok_and(|old| old < new) {
+            r.version = version.to_owned();
+            r.state = Arc::new(state);
+            r.record = None;
         }
     }
 

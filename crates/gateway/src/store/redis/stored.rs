@@ -612,6 +612,9 @@ pub(super) struct Ops<'a> {
     /// The step writes the timers zset (`due`, or its removal): the deadline changed,
     /// the step fires a claimed timer, or it ends the session.
     pub(super) tw: bool,
+    /// The step's state goes to the other replicas that step the session, which keep
+    /// it as the one they remember (the host owes an answer it may send to any).
+    pub(super) push: bool,
     /// The discover key to keep alive.
     pub(super) disc: Option<String>,
     pub(super) xadd: Vec<Append>,
@@ -673,17 +676,22 @@ impl Ops<'_> {
         fn count<T>(items: &[T]) -> Cow<'static, [u8]> {
             number(u64::try_from(items.len()).unwrap_or(u64::MAX))
         }
-        // `t`, then `B` or `b`, then `w` (see `client::STEP`): every combination,
-        // indexed by touch (6), busy (none, set, cleared: 2) and the timer write (1).
-        const FLAGS: [&str; 12] = [
-            "", "w", "B", "Bw", "b", "bw", "t", "tw", "tB", "tBw", "tb", "tbw",
+        // `t`, then `B` or `b`, then `w`, then `p` (see `client::STEP`): every
+        // combination, indexed by touch (6), busy (none, set, cleared: 2), the timer
+        // write (1), and the push (12).
+        const FLAGS: [&str; 24] = [
+            "", "w", "B", "Bw", "b", "bw", "t", "tw", "tB", "tBw", "tb", "tbw", "p", "wp", "Bp",
+            "Bwp", "bp", "bwp", "tp", "twp", "tBp", "tBwp", "tbp", "tbwp",
         ];
         let busy = match self.busy {
             None => 0,
             Some(true) => 1,
             Some(false) => 2,
         };
-        let flags = FLAGS[usize::from(self.touch) * 6 + busy * 2 + usize::from(self.tw)];
+        let flags = FLAGS[usize::from(self.push) * 12
+            + usize::from(self.touch) * 6
+            + busy * 2
+            + usize::from(self.tw)];
         let mut args = Vec::with_capacity(
             22 + 6 * self.xadd.len()
                 + 4 * self.lease_new.len()

@@ -3,7 +3,9 @@
 //! cancelled an upstream request whose lease this replica holds) and to the broadcast
 //! channel (a session ended), and fans what arrives out to its local waiters by
 //! session. A session costs no subscription, and a step wakes only the replica that
-//! relays the stream it wrote to (see `redis::STEP`).
+//! relays the stream it wrote to (see `redis::STEP`). A step whose host owes an answer
+//! also pushes the session's new state to the other replicas that step it, for what
+//! they remember.
 //!
 //! A message for a stream carries its new entries, addressed to the connection that
 //! holds it (by its token), and the replica that wrote them: that relay sends them as
@@ -98,7 +100,13 @@ pub(super) enum Wake {
     /// The relay of the stream whose holder key this is has sent up to this sequence
     /// number (`None`: it stopped).
     Ack(String, Option<u64>),
+    /// Another replica stored this version and state of the session, whose host owes
+    /// an answer (see `redis::STEP`, `p`).
+    State(String, Vec<u8>),
 }
+
+/// Where a pushed state goes ([`Wake::State`]): the session id, the version, the state.
+pub(super) type OnState = Box<dyn Fn(&str, &str, Vec<u8>) + Send + Sync>;
 
 #[derive(Debug)]
 struct Entry {
@@ -116,6 +124,7 @@ pub(super) struct Wakes {
     /// Whether both channels are subscribed.
     subscribed: watch::Sender<bool>,
     cancel: Mutex<Option<mpsc::Sender<(String, RequestId)>>>,
+    on_state: std::sync::OnceLock<OnState>,
     /// Where acks from other replicas' relays go.
     backlog: Arc<Backlog>,
 }
@@ -154,6 +163,7 @@ impl Wakes {
             inboxes: Mutex::new(HashMap::default()),
             subscribed: watch::channel(false).0,
             cancel: Mutex::new(None),
+            on_state: std::sync::OnceLock::new(),
             backlog,
         })
     }
@@ -165,6 +175,12 @@ impl Wakes {
         if let Ok(mut c) = self.cancel.lock() {
             *c = Some(tx);
         }
+    }
+
+    /// Where pushed states are delivered, on the pub/sub connection's task: `f` must
+    /// not block. Set once.
+    pub(super) fn on_state(&self, f: OnState) {
+        let _ = self.on_state.set(f);
     }
 
     /// Whether the replica's channels are subscribed: a wake-up published from now on
@@ -266,6 +282,11 @@ impl Wakes {
                     }
                     Some((_, Wake::Ack(holder, Some(seq)))) => self.backlog.acked(&holder, seq),
                     Some((_, Wake::Ack(holder, None))) => self.backlog.stopped(&holder),
+                    Some((sid, Wake::State(version, state))) => {
+                        if let Some(f) = self.on_state.get() {
+                            f(sid, &version, state);
+                        }
+                    }
                     Some((sid, Wake::Cancel(id))) => {
                         if let Ok(c) = self.cancel.lock() {
                             if let Some(tx) = c.as_ref() {
@@ -313,7 +334,9 @@ impl Wakes {
 ///   entry for the relay holding its stream with that token (written by the step
 ///   script, `redis::STEP`);
 /// - `a` SID, holder key, `\n`, SEQ or `-`: the relay holding that stream has sent up
-///   to SEQ, or has stopped (`-`).
+///   to SEQ, or has stopped (`-`);
+/// - `r` SID, version, `\n`, the state as stored: the session's new state, pushed by
+///   the step script (never built here but in tests; the state is not text).
 pub(super) fn payload(sid: &str, wake: &Wake) -> String {
     match wake {
         Wake::Streams => format!("s{sid}"),
@@ -328,6 +351,9 @@ pub(super) fn payload(sid: &str, wake: &Wake) -> String {
         ),
         Wake::Ack(holder, Some(seq)) => format!("a{sid}{holder}\n{seq}"),
         Wake::Ack(holder, None) => format!("a{sid}{holder}\n-"),
+        Wake::State(version, state) => {
+            format!("r{sid}{version}\n{}", String::from_utf8_lossy(state))
+        }
     }
 }
 
@@ -365,6 +391,14 @@ fn parse(payload: &[u8]) -> Option<(&str, Wake)> {
                 n => Some(n.parse().ok()?),
             };
             Wake::Ack(holder.to_owned(), seq)
+        }
+        b'r' => {
+            let at = rest.iter().position(|b| *b == b'\n')?;
+            let version = std::str::from_utf8(&rest[..at]).ok()?;
+            if version.is_empty() || !version.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            Wake::State(version.to_owned(), rest[at + 1..].to_vec())
         }
         _ => return None,
     };
@@ -419,6 +453,24 @@ mod tests {
             Some((sid.as_str(), bare))
         );
         assert_eq!(parse(format!("e{sid}tok\n3 2\n{{}}").as_bytes()), None);
+        // A pushed state is bytes as stored (MessagePack here), newlines included.
+        let mut pushed = format!("r{sid}42\n").into_bytes();
+        pushed.extend_from_slice(&[0x82, 0xa1, b'v', b'\n', 0xff]);
+        assert_eq!(
+            parse(&pushed),
+            Some((
+                sid.as_str(),
+                Wake::State("42".into(), vec![0x82, 0xa1, b'v', b'\n', 0xff])
+            ))
+        );
+        let text = Wake::State("7".into(), b"{}".to_vec());
+        assert_eq!(
+            parse(payload(&sid, &text).as_bytes()),
+            Some((sid.as_str(), text))
+        );
+        assert_eq!(parse(format!("r{sid}\n{{}}").as_bytes()), None);
+        assert_eq!(parse(format!("r{sid}4x\n{{}}").as_bytes()), None);
+        assert_eq!(parse(format!("r{sid}12").as_bytes()), None);
         assert_eq!(parse(b"sshort"), None);
         assert_eq!(parse(format!("x{sid}").as_bytes()), None);
     }
