@@ -14,7 +14,8 @@
 //! (default 8) callers at once, each making its calls one at a time, half of them on
 //! each of two pools: what a round trip costs the two replicas, and Redis
 //! (its `INFO cpu`, read before and after), when that many hosts' steps overlap, as in
-//! the scenario's capacity rounds. It prints `ready` once connected, waits for a line
+//! the scenario's capacity rounds. Last, what a state another replica pushes costs the
+//! one receiving it ([`push_floor`]). It prints `ready` once connected, waits for a line
 //! on stdin (the parent pins it in between), and prints one JSON line: CPU µs per
 //! round trip for each kind, and the wall-clock µs a `PING`'s and a script's round trip
 //! took one at a time (what a step waits for Redis before anything else it does).
@@ -30,14 +31,119 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 /// CPU time of every thread of this process, in nanoseconds (`schedstat`: time on a
 /// CPU, user and system alike, at nanosecond resolution).
 fn cpu_ns() -> u64 {
+    cpu_ns_but(None)
+}
+
+/// [`cpu_ns`] without thread `tid`'s.
+fn cpu_ns_but(tid: Option<&str>) -> u64 {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return 0;
     };
     tasks
         .flatten()
+        .filter(|t| tid.is_none_or(|tid| t.file_name().to_str() != Some(tid)))
         .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
         .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
         .sum()
+}
+
+/// What a replica spends on one state another replica pushed to it (`r`, see the
+/// store's step script): one message of a state's size on its pub/sub connection
+/// (redis-rs's push sender on a RESP3 connection manager, as the store subscribes;
+/// the message's parts copied out, as the store's subscriber does first), CPU µs per
+/// message. A thread of this process publishes them one at a time over a blocking
+/// socket, `pace` apart so that the receiver waits in between, as a replica waiting
+/// for its host's answer does; that thread's CPU is left out.
+fn push_floor(
+    runtime: &tokio::runtime::Runtime,
+    port: u16,
+    state_bytes: usize,
+    n: usize,
+    pace: Duration,
+) -> Res<f64> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    const CHANNEL: &str = "dualera:floor:push";
+    let got = Arc::new(AtomicUsize::new(0));
+    let counted = got.clone();
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(TIMEOUT))
+        .set_response_timeout(Some(TIMEOUT))
+        .set_push_sender(move |info: redis::PushInfo| {
+            if matches!(info.kind, redis::PushKind::Message) {
+                let parts: Vec<Vec<u8>> = info
+                    .data
+                    .iter()
+                    .filter_map(|v| match v {
+                        redis::Value::BulkString(b) => Some(b.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                if parts.len() == 2 {
+                    counted.fetch_add(1, Ordering::Release);
+                }
+            }
+            Ok::<(), redis::aio::SendError>(())
+        });
+    let url = format!("redis://127.0.0.1:{port}/0?protocol=resp3");
+    let subscriber = runtime.block_on(async {
+        let mut m = redis::Client::open(url.as_str())?
+            .get_connection_manager_with_config(config)
+            .await?;
+        m.subscribe(CHANNEL).await?;
+        Ok::<_, redis::RedisError>(m)
+    })?;
+    // What the store publishes: `r`, a session id, a version, a newline, the state.
+    let mut payload = format!("r{}42\n", "s".repeat(48)).into_bytes();
+    payload.resize(payload.len() + state_bytes, b's');
+    let mut command = format!(
+        "*3\r\n$7\r\nPUBLISH\r\n${}\r\n{CHANNEL}\r\n${}\r\n",
+        CHANNEL.len(),
+        payload.len()
+    )
+    .into_bytes();
+    command.extend_from_slice(&payload);
+    command.extend_from_slice(b"\r\n");
+    let mut raw = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    raw.set_nodelay(true)?;
+    raw.set_read_timeout(Some(TIMEOUT))?;
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let publisher = std::thread::spawn(move || -> Result<(), String> {
+        let me = std::fs::read_link("/proc/thread-self").map_err(|e| e.to_string())?;
+        let tid = me.file_name().and_then(|t| t.to_str()).map(str::to_owned);
+        tid_tx.send(tid).map_err(|e| e.to_string())?;
+        go_rx.recv().map_err(|e| e.to_string())?;
+        let mut reply = [0u8; 16];
+        for _ in 0..n {
+            std::thread::sleep(pace);
+            raw.write_all(&command).map_err(|e| e.to_string())?;
+            // `:1\r\n` (one subscriber), read to its end.
+            let mut read = 0;
+            while !reply[..read].ends_with(b"\r\n") {
+                let k = raw.read(&mut reply[read..]).map_err(|e| e.to_string())?;
+                if k == 0 || read + k >= reply.len() {
+                    return Err("redis: no PUBLISH reply".into());
+                }
+                read += k;
+            }
+        }
+        Ok(())
+    });
+    let tid = tid_rx.recv()?.ok_or("no thread id")?;
+    let t0 = cpu_ns_but(Some(&tid));
+    go_tx.send(())?;
+    publisher.join().map_err(|_| "the publisher panicked")??;
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while got.load(std::sync::atomic::Ordering::Acquire) < n {
+        if std::time::Instant::now() > deadline {
+            return Err("redis: the pushed messages did not all arrive".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let used = cpu_ns_but(Some(&tid)) - t0;
+    drop(subscriber);
+    Ok(used as f64 / 1e3 / n as f64)
 }
 
 pub(crate) fn redis_client_floor_main(args: &[String]) -> Res<()> {
@@ -154,11 +260,18 @@ pub(crate) fn redis_client_floor_main(args: &[String]) -> Res<()> {
         }
     }
     let blocking = (cpu_ns() - t0) as f64 / 1e3 / n as f64;
+    let push = push_floor(
+        &runtime,
+        port,
+        state_bytes,
+        n.min(2_000),
+        Duration::from_micros(300),
+    )?;
     println!(
         "{}",
         serde_json::json!({"ping_us": ping, "script_us": script, "script_wall_us": script_wall,
             "ping_wall_us": ping_wall,
-            "blocking_ping_us": blocking,
+            "blocking_ping_us": blocking, "push_us": push,
             "callers": callers, "script_at_once_us": script_at_once,
             "redis_script_at_once_us": redis_script_at_once})
     );

@@ -294,6 +294,9 @@ pub(crate) struct ClientFloor {
     pub(crate) script_wall_us: f64,
     pub(crate) ping_wall_us: f64,
     pub(crate) blocking_ping_us: f64,
+    /// CPU µs a replica spends on a state another replica pushed to it (one pub/sub
+    /// message of a state's size).
+    pub(crate) push_us: f64,
     pub(crate) callers: usize,
     pub(crate) script_at_once_us: f64,
     pub(crate) redis_script_at_once_us: f64,
@@ -341,6 +344,7 @@ impl Redis {
                 script_wall_us: field("script_wall_us")?,
                 ping_wall_us: field("ping_wall_us")?,
                 blocking_ping_us: field("blocking_ping_us")?,
+                push_us: field("push_us")?,
                 callers: field("callers")? as usize,
                 script_at_once_us: field("script_at_once_us")?,
                 redis_script_at_once_us: field("redis_script_at_once_us")?,
@@ -433,7 +437,7 @@ impl Drop for Redis {
 
 /// The per-step passes: where a flow's requests and answers go.
 pub(crate) const STEP_PASSES: [&str; 2] = [
-    "any replica (requests on one replica, the elicitation's answer on the other)",
+    "any replica (requests on one replica, the elicitation's answer on the other, after a flow the other way round, as in the timed rounds)",
     "one replica (all of a flow on the replica holding its SSE connection)",
 ];
 
@@ -513,8 +517,10 @@ impl<'a> StepMeter<'a> {
 /// Per step of a replicated flow (initialize, notes_create, notes_delete with its
 /// elicitation): two fresh replicas that reach Redis through a counting proxy, one
 /// flow at a time, each flow on a new session; first with requests and answers on
-/// different replicas (any replica), then with all of a flow on one replica (the one
-/// holding the SSE connection also gets the answer). Returns the steps of both
+/// different replicas (any replica; each measured flow after one, not counted, with
+/// the replicas the other way round, so that both have stepped the session as in the
+/// timed rounds), then with all of a flow on one replica (the one holding the SSE
+/// connection also gets the answer). Returns the steps of both
 /// passes, the idle background per second and the bytes of one session's serialized
 /// state after a flow.
 pub(crate) async fn replica_steps(
@@ -554,6 +560,17 @@ pub(crate) async fn replica_steps(
             meter.reset()?;
             let mut c = LegacyClient::open_pair(a, b).await?;
             meter.mark(OPEN_STEP).await?;
+            if pass == 0 {
+                // As in the timed rounds, whose flows swap the replicas: the one that
+                // gets the answer stepped the session in the flow before, and the
+                // one that gets the requests made that flow's last steps. Not
+                // counted.
+                c.swap();
+                legacy_flow(&mut c, &ws, &format!("replica-steps-before-{k}")).await?;
+                c.swap();
+                tokio::time::sleep(STEP_SETTLE).await;
+                meter.reset()?;
+            }
             let title = format!("replica-steps-{pass}-{k}");
             c.tool_metered(
                 "notes_create",
@@ -1098,7 +1115,16 @@ pub(crate) async fn replicas(
         20_000,
         hosts,
     )?;
-    let client_us = priced(script_trips, timed, client.script_us, client.ping_us);
+    // With requests alternating, the replica that gets the elicitation's answer did
+    // not make the step before it, and learns the state the other one stored once a
+    // flow: pushed to it (the store's `STEP`, `p`), or read back in a round trip,
+    // whichever it is costs it at least the cheaper of the two.
+    let learned = if affinity {
+        0.0
+    } else {
+        client.push_us.min(client.script_us)
+    };
+    let client_us = priced(script_trips, timed, client.script_us, client.ping_us) + learned;
     let client_floor_ratio = (cpu_us[0] + client_us) / cpu_us[0].max(1e-9);
     let gateway_out_of_reach = redis_apart && client_floor_ratio > REPLICAS_GATEWAY_CPU;
     let gateway_verdict = match (redis_apart, gateway_out_of_reach) {
@@ -1108,11 +1134,19 @@ pub(crate) async fn replicas(
     };
     let _ = writeln!(
         md,
-        "\nThe gateways' side of the same round trips, priced the same way: a round trip costs the process making it {} µs for a `PING` and {} µs for that script through the gateway's own Redis client (the store's command connections, `store::redis_conns`, on a multi-threaded tokio runtime, one call at a time; a blocking socket's `PING` costs {} µs, the kernel's share). A timed flow's {} round trips at that price: **{} µs per flow**; with the in-memory flow's work ({} µs), **{}× the in-memory flow's CPU** before the gateways encode, decode or store anything (target ≤ {REPLICAS_GATEWAY_CPU}×; measured above {}×). That is a floor only where every round trip costs the gateways a wake-up of its own, as with Redis on a core of its own; inside a flow on shared cores an added round trip costs them a third of that or less (README, \"What a round trip costs inside a flow\").{gateway_verdict}",
+        "\nThe gateways' side of the same round trips, priced the same way: a round trip costs the process making it {} µs for a `PING` and {} µs for that script through the gateway's own Redis client (the store's command connections, `store::redis_conns`, on a multi-threaded tokio runtime, one call at a time; a blocking socket's `PING` costs {} µs, the kernel's share). A timed flow's {} round trips at that price{}: **{} µs per flow**; with the in-memory flow's work ({} µs), **{}× the in-memory flow's CPU** before the gateways encode, decode or store anything (target ≤ {REPLICAS_GATEWAY_CPU}×; measured above {}×). That is a floor only where every round trip costs the gateways a wake-up of its own, as with Redis on a core of its own; inside a flow on shared cores an added round trip costs them a third of that or less (README, \"What a round trip costs inside a flow\").{gateway_verdict}",
         fmt_f(client.ping_us, 1),
         fmt_f(client.script_us, 1),
         fmt_f(client.blocking_ping_us, 1),
         fmt_f(timed, 1),
+        if affinity {
+            String::new()
+        } else {
+            format!(
+                ", and the state the replica that gets the elicitation's answer learns from the other once a flow, at a pushed state's price ({} µs: one pub/sub message of a state's size; a round trip's when less)",
+                fmt_f(client.push_us, 1)
+            )
+        },
         fmt_f(client_us, 0),
         fmt_f(cpu_us[0], 0),
         fmt_f(client_floor_ratio, 2),
@@ -1192,6 +1226,7 @@ pub(crate) async fn replicas(
         "cpu_us_per_ping": paced_ping_us, "cpu_us_per_noop_script": paced_noop_us,
         "noop_script_exec_us": paced.script_exec_us, "cpu_us_floor_per_flow": paced_floor_us,
         "commands_us_per_script": commands_us, "commands_us_per_flow": commands_per_flow_us});
+    figures["client_cpu_us_per_push"] = json!(client.push_us);
     figures["client_wall_us_per_ping"] = json!(client.ping_wall_us);
     figures["client_wall_us_per_noop_script"] = json!(client.script_wall_us);
     figures["client_callers_at_once"] = json!(client.callers);
