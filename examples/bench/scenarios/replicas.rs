@@ -1069,12 +1069,14 @@ pub(crate) async fn replicas(
         fmt_f(floor_us, 0),
         fmt_f(cpu_us[2], 0)
     );
+    // The round trips alone cost Redis more than its target allows.
+    let redis_out_of_reach = paced_credible && redis_left <= 0.0;
     let verdict = if !paced_credible {
         format!(
             "The round trips' figure is above what Redis spent per flow in the timed rounds ({} µs), so in this run it is no floor: the machine's wake-ups cost more while it was measured than during the flows. The budget below prices Redis's round trips back to back instead.",
             fmt_f(cpu_us[2], 0)
         )
-    } else if redis_left <= 0.0 {
+    } else if redis_out_of_reach {
         format!("So the Redis target is **out of reach** with one host while a flow makes this many round trips: they alone cost Redis more than the {REPLICAS_REDIS_CPU_US} µs it allows.")
     } else if commands_per_flow_us > redis_left {
         format!(
@@ -1241,7 +1243,7 @@ pub(crate) async fn replicas(
             one_host: latency.out_of_reach,
             load: budget.out_of_reach,
             gateway: gateway_out_of_reach,
-            redis: paced_credible && redis_left <= 0.0,
+            redis: redis_out_of_reach,
         };
     }
     report.add("replicas", md, figures);
@@ -1341,7 +1343,8 @@ pub(crate) fn load_budget(f: &LoadFigures<'_>) -> Budget {
         fmt_f(switches[1] / switches[0].max(1e-9), 2),
         fmt_f(switches[2], 1),
     );
-    let verdict = if floor > room[1] {
+    let out_of_reach = floor > room[1];
+    let verdict = if out_of_reach {
         "**out of reach**: the replicas' floor alone is over what the whole machine would leave them".to_owned()
     } else if floor > room[0] {
         "out of reach at the CPU the processes got; within reach only if the machine got busier"
@@ -1392,12 +1395,12 @@ pub(crate) fn load_budget(f: &LoadFigures<'_>) -> Budget {
         "replicas_room_us_per_flow": room[0], "replicas_room_us_per_flow_whole_machine": room[1],
         "replicas_floor_us_per_flow": floor, "replicas_room_us_per_flow_redis_measured": room_measured,
         "gateway_switches_per_flow": [switches[0], switches[1]], "redis_switches_per_flow": switches[2],
-        "out_of_reach": floor > room[1],
+        "out_of_reach": out_of_reach,
     });
     Budget {
         text,
         json,
-        out_of_reach: floor > room[1],
+        out_of_reach,
     }
 }
 

@@ -26,8 +26,9 @@ use std::time::Duration;
 /// arguments (`stored::Ops::args`): `ARGV[3..17]` ttl, sid, now, keep, the timers,
 /// leases, sessions and caller keys, the session hash's TTL, the flags (`t` touch:
 /// the last use moves and the session hash's TTL is renewed, `B`/`b` the hash's busy
-/// field `b` set to 1 or 0, `w` write the timer, `p` push the state), due, tomb, the discover key, this
-/// replica's name and the broadcast channel (an absent value is empty); `ARGV[18..24]`
+/// field `b` set to 1 or 0, `w` write the timer, `p` push the state), due, tomb, the
+/// discover key, this replica's name and the broadcast channel (an absent value is
+/// empty); `ARGV[18..24]`
 /// how many stream entries (6 arguments each: key, seq, message, end, holder key,
 /// handing token), new leases (4: key, owner, deadline, record), cancellations (2:
 /// lease key, wake), leases dropped (1), keys deleted (1; one `DEL` for all of them),
